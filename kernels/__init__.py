@@ -1,0 +1,1 @@
+"""InCore kernels; each declares its worker class, and its body is the CPU implementation."""

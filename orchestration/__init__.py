@@ -1,0 +1,1 @@
+"""Orchestration functions: they take the orchestrator `o` and submit tasks through it."""

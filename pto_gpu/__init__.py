@@ -1,0 +1,42 @@
+"""pto-gpu: PTO task graphs on a CUDA GPU, with a parallel CPU fallback.
+
+    rt = pto.Runtime()
+    result = rt.run(orchestration, *args)   # orchestration(o, *args) submits tasks via `o`
+"""
+
+from .dtypes import DataType, WorkerType, element_size
+from .errors import (
+    DeadlockError, DoubleFreeError, LayoutError, LifecycleError, ParamError, PTOError,
+    StaleVersionError, TaskError, UsageError, UseAfterFreeError,
+)
+from .kernel import Kernel, kernel
+from .orchestrator import Orchestrator
+from .overlap import Overlap
+from .params import Param, ParamKind, inout, input, output, scalar
+from .runtime import Graph, Runtime, RunResult
+from .tensor import Buffer, TensorDescriptor
+
+FLOAT32 = DataType.FLOAT32
+FLOAT16 = DataType.FLOAT16
+BFLOAT16 = DataType.BFLOAT16
+FLOAT64 = DataType.FLOAT64
+INT64 = DataType.INT64
+INT32 = DataType.INT32
+INT16 = DataType.INT16
+INT8 = DataType.INT8
+UINT64 = DataType.UINT64
+UINT8 = DataType.UINT8
+
+CUBE = WorkerType.CUBE
+VECTOR = WorkerType.VECTOR
+AI_CPU = WorkerType.AI_CPU
+ACCELERATOR = WorkerType.ACCELERATOR
+
+__all__ = [
+    "ACCELERATOR", "AI_CPU", "BFLOAT16", "CUBE", "FLOAT16", "FLOAT32", "FLOAT64", "INT16", "INT32",
+    "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
+    "DoubleFreeError", "Graph", "Kernel", "LayoutError", "LifecycleError", "Orchestrator", "Overlap",
+    "PTOError", "Param", "ParamError", "ParamKind", "RunResult", "Runtime", "StaleVersionError",
+    "TaskError", "TensorDescriptor", "UsageError", "UseAfterFreeError", "WorkerType", "element_size",
+    "inout", "input", "kernel", "output", "scalar",
+]

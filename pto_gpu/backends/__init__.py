@@ -1,0 +1,24 @@
+"""Backends: where the heap lives and how a descriptor becomes an array view.
+
+A backend is a small object with a narrow interface:
+  name, heap_base, heap_bytes     the heap ring's one allocation
+  resolve(array) -> ExternalArray the caller's array and the allocation that owns it
+  view(tensor) -> array           a kernel's view of a descriptor
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternalArray:
+    """A caller's array, located inside the allocation that owns its memory."""
+
+    owner_base: int  # byte address of the owning allocation
+    owner_nbytes: int
+    memory: object  # the backend's handle on the owning allocation (kept alive by the run)
+    data: int  # byte address of the array's element [0, ..., 0]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # bytes
+    dtype: object  # numpy dtype

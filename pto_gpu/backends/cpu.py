@@ -1,0 +1,54 @@
+"""The CPU backend: the heap is one numpy allocation and views are numpy arrays."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..errors import PTOError
+from ..params import ParamKind
+from ..tensor import BufferKind, TensorDescriptor
+from . import ExternalArray
+
+HEAP_ALIGN = 64
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self, heap_bytes: int):
+        raw = np.empty(heap_bytes + HEAP_ALIGN, dtype=np.uint8)
+        skip = -raw.ctypes.data % HEAP_ALIGN
+        self.heap = raw[skip:skip + heap_bytes]
+        self.heap_base = self.heap.ctypes.data
+        self.heap_bytes = heap_bytes
+
+    def resolve(self, array: object) -> ExternalArray:
+        if not isinstance(array, np.ndarray):
+            if hasattr(array, "__cuda_array_interface__"):
+                raise PTOError(f"o.external() got a GPU array ({type(array).__name__}) on the CPU "
+                               "backend; copy it to the host (cupy.asnumpy) or use backend='cuda'")
+            raise PTOError(f"o.external() takes a numpy array, not {type(array).__name__}")
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        low, high = np.lib.array_utils.byte_bounds(root)
+        # A flat byte view of the whole owning allocation, which kernels' views are cut from.
+        memory = np.frombuffer((ctypes.c_uint8 * (high - low)).from_address(low), dtype=np.uint8)
+        if not root.flags.writeable:
+            memory.flags.writeable = False
+        return ExternalArray(low, high - low, (memory, root), array.ctypes.data,
+                             array.shape, array.strides, array.dtype)
+
+    def run(self, task) -> None:
+        """Run a task's CPU implementation on views of its tensor params."""
+        task.kernel.cpu(*(self.view(p.value) if p.kind != ParamKind.SCALAR else p.value
+                          for p in task.params))
+
+    def view(self, tensor: TensorDescriptor) -> np.ndarray:
+        buffer = tensor.buffer
+        memory = self.heap if buffer.kind == BufferKind.HEAP else buffer.memory[0]
+        offset = tensor.byte_offset + (buffer.base - self.heap_base if buffer.kind == BufferKind.HEAP else 0)
+        return np.ndarray(tensor.shape, tensor.dtype.numpy, buffer=memory, offset=offset,
+                          strides=tensor.byte_strides)

@@ -1,0 +1,134 @@
+"""The parallel executor: a pool of CPU threads per worker class (spec 001 §7, spec 003 §4.5).
+
+The orchestration runs on the caller's thread while workers execute. Each worker class has
+a ready queue; a worker pops a task, runs its kernel (numpy BLAS and nogil kernels release
+the GIL), then completes it in the core, which hands back the consumers it made ready.
+With threshold=0 nothing starts until the orchestration ends or a ring fills; with
+threshold=N, once N tasks are pending. A ring that is full while nothing runs or waits to
+run can never drain: that raises DeadlockError at once instead of waiting.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from ..dtypes import WorkerType
+from ..errors import PTOError, TaskError
+from ..scheduler import Scheduler, Task
+from . import run_kernel
+
+WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
+
+
+class ParallelExecutor:
+    def __init__(self, scheduler: Scheduler, backend, unfreed, workers: dict[WorkerType, int],
+                 threshold: int):
+        self._scheduler = scheduler
+        self._backend = backend
+        self._unfreed = unfreed
+        self._threshold = threshold
+        self._lock = threading.Lock()
+        self._queues = {w: collections.deque() for w in WorkerType}
+        self._wake = {w: threading.Condition(self._lock) for w in WorkerType}
+        self._progress = threading.Condition(self._lock)  # the orchestrator waits on it
+        self._started = False
+        self._stopping = False
+        self._running = 0
+        self._completions = 0
+        self._seen_completions = 0
+        self._error: TaskError | None = None
+        self._threads = [
+            threading.Thread(target=self._work, args=(worker,), name=f"pto-{worker.name}-{i}", daemon=True)
+            for worker, count in workers.items() for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- the orchestrator's side ---------------------------------------------------------
+    def submitted(self, task: Task) -> None:
+        self._raise_failure()
+        ready = self._scheduler.last_was_ready()
+        with self._lock:
+            if ready:
+                self._queues[task.worker].append(task)
+            if not self._started and 0 < self._threshold <= self._scheduler.pending:
+                self._start_locked()
+            elif ready and self._started:
+                self._wake[task.worker].notify()
+
+    def make_room(self, status: int) -> None:
+        with self._lock:
+            self._start_locked()
+            while self._completions == self._seen_completions and self._error is None:
+                if self._running == 0 and not any(self._queues.values()):
+                    raise self._scheduler.deadlock(status, self._unfreed())
+                self._progress.wait(WAIT_SLICE)
+            self._seen_completions = self._completions
+        self._raise_failure()
+
+    def finish(self) -> None:
+        with self._lock:
+            self._start_locked()
+            while self._scheduler.pending and self._error is None:
+                if self._running == 0 and not any(self._queues.values()):
+                    raise PTOError(f"{self._scheduler.pending} tasks can never become ready")
+                self._progress.wait(WAIT_SLICE)
+        self._shutdown()
+        self._raise_failure()
+
+    def abort(self) -> None:
+        self._shutdown()
+
+    # --- the workers' side ---------------------------------------------------------------
+    def _work(self, worker: WorkerType) -> None:
+        queue, wake = self._queues[worker], self._wake[worker]
+        scratch = self._scheduler.ready_scratch()
+        while True:
+            with self._lock:
+                while not self._stopping and not (self._started and queue):
+                    wake.wait()
+                if self._stopping:
+                    return
+                task = queue.popleft()
+                self._running += 1
+            self._scheduler.start(task.id)
+            try:
+                run_kernel(self._backend, task)
+            except TaskError as error:
+                with self._lock:
+                    self._error = self._error or error
+                    self._running -= 1
+                    self._stopping = True
+                    self._notify_all_locked()
+                return
+            made_ready = self._scheduler.complete(task.id, scratch)
+            with self._lock:
+                for ready in made_ready:
+                    self._queues[ready.worker].append(ready)
+                    self._wake[ready.worker].notify()
+                self._running -= 1
+                self._completions += 1
+                self._progress.notify()
+
+    # --- helpers -------------------------------------------------------------------------
+    def _start_locked(self) -> None:
+        if not self._started:
+            self._started = True
+            self._notify_all_locked()
+
+    def _notify_all_locked(self) -> None:
+        for wake in self._wake.values():
+            wake.notify_all()
+        self._progress.notify_all()
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._notify_all_locked()
+        for thread in self._threads:
+            thread.join()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error

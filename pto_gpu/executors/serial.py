@@ -1,0 +1,39 @@
+"""The serial and dry executors: every task completes at submission, on the caller's thread."""
+
+from __future__ import annotations
+
+from ..scheduler import Scheduler, Task
+from . import run_kernel
+
+
+class SerialExecutor:
+    """Runs each task as it is submitted: all its producers have completed by then."""
+
+    runs_kernels = True
+
+    def __init__(self, scheduler: Scheduler, backend, unfreed):
+        self._scheduler = scheduler
+        self._backend = backend
+        self._unfreed = unfreed
+        self._scratch = scheduler.ready_scratch()
+
+    def submitted(self, task: Task) -> None:
+        if self.runs_kernels:
+            run_kernel(self._backend, task)
+        self._scheduler.complete(task.id, self._scratch)
+
+    def make_room(self, status: int) -> None:
+        # Everything submitted has completed: only the orchestration's own live set is left.
+        raise self._scheduler.deadlock(status, self._unfreed())
+
+    def finish(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+class DryExecutor(SerialExecutor):
+    """Builds the graph (dependencies, rings, reclamation) and retires tasks unrun."""
+
+    runs_kernels = False

@@ -1,0 +1,60 @@
+"""The canonical byte layout of a tensor: one int64 row that the numba core compares.
+
+A descriptor's bytes, relative to its owning buffer's base, are the "leaves"
+``lo + sum(i_k * stride_k) + [0, run)`` for ``0 <= i_k < count_k``. Dims of one
+element are dropped, dims are sorted by byte stride (largest first, so transposed views
+look like their originals), and dims that continue the contiguous innermost run or the
+next dim are merged. Two descriptors of different dtypes are then compared in bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_DIMS = 6  # canonical dims after merging; descriptors may have more before merging
+
+# Columns of a layout row.
+R_OWNER = 0  # owning buffer key: heap buffer sequence number (>= 0) or external key (< 0)
+R_LO = 1  # first byte, relative to the owner's base
+R_HI = 2  # one past the last byte (== R_LO for an empty tensor)
+R_LEVEL = 3  # Overlap level of this descriptor
+R_RUN = 4  # bytes in each contiguous leaf
+R_NDIM = 5  # canonical dims
+R_STRIDE = 6  # R_STRIDE + k: byte stride of dim k
+R_COUNT = R_STRIDE + MAX_DIMS  # R_COUNT + k: count of dim k
+ROW_WIDTH = R_COUNT + MAX_DIMS
+
+
+def layout_row(owner: int, byte_offset: int, itemsize: int, strides, repeats, level: int) -> np.ndarray:
+    """The canonical layout row of a strided tensor (strides and repeats in elements)."""
+    row = np.zeros(ROW_WIDTH, dtype=np.int64)
+    row[R_OWNER] = owner
+    row[R_LEVEL] = level
+    row[R_LO] = row[R_HI] = byte_offset
+    if any(r == 0 for r in repeats):
+        return row
+    dims = sorted(
+        ((s * itemsize, r) for s, r in zip(strides, repeats) if r != 1), reverse=True
+    )
+    run = itemsize
+    while dims and dims[-1][0] == run:
+        run *= dims.pop()[1]
+    merged: list[tuple[int, int]] = []
+    for stride, count in dims:
+        if merged and merged[-1][0] == stride * count:
+            merged[-1] = (stride, merged[-1][1] * count)
+        else:
+            merged.append((stride, count))
+    if len(merged) > MAX_DIMS:
+        from .errors import LayoutError
+
+        raise LayoutError(f"a tensor layout needs {len(merged)} dims after merging; at most {MAX_DIMS}")
+    row[R_RUN] = run
+    row[R_NDIM] = len(merged)
+    extent = run
+    for k, (stride, count) in enumerate(merged):
+        row[R_STRIDE + k] = stride
+        row[R_COUNT + k] = count
+        extent += (count - 1) * stride
+    row[R_HI] = byte_offset + extent
+    return row

@@ -1,0 +1,206 @@
+"""The orchestrator: the `o` an orchestration function receives.
+
+It turns `external`, `alloc`, `free`, `version_inc`, `scope` and `submit` into buffer
+records and core calls, checks every argument at the call (so misuse fails where it is
+written, not inside a worker), and when a ring is full asks the executor to make room.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator, Protocol
+
+import numpy as np
+
+from . import scheduler as sched
+from .core import state as cs
+from .dtypes import DataType, WorkerType, as_dtype
+from .errors import (
+    DeadlockError, DoubleFreeError, LayoutError, LifecycleError, ParamError, StaleVersionError,
+    UsageError, UseAfterFreeError,
+)
+from .kernel import Kernel
+from .layout import ROW_WIDTH
+from .params import ParamKind, as_param
+from .scheduler import Scheduler, Task
+from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
+
+
+class Executor(Protocol):
+    """What the orchestrator needs from whoever runs the tasks."""
+
+    def submitted(self, task: Task) -> None: ...
+
+    def make_room(self, status: int) -> None:
+        """Wait until a full ring (a FULL_* code) may have room, or raise DeadlockError."""
+
+
+class Recorder:
+    """The logical graph of a run: tasks and (producer, consumer) edges."""
+
+    def __init__(self):
+        self.tasks: list[Task] = []
+        self.edges: list[tuple[int, int]] = []
+
+    def add(self, task: Task, producers: np.ndarray) -> None:
+        self.tasks.append(task)
+        self.edges.extend((int(p), task.id) for p in producers)
+
+
+class Orchestrator:
+    def __init__(self, scheduler: Scheduler, backend, executor: Executor, recorder: Recorder | None):
+        self._scheduler = scheduler
+        self._state = scheduler.state
+        self._backend = backend
+        self._executor = executor
+        self._recorder = recorder
+        self._externals: dict[int, Buffer] = {}  # owner base address -> buffer
+        self._unfreed: dict[int, Buffer] = {}  # heap buffers not yet freed, by sequence number
+        self._scopes: list[list[Buffer]] = []
+        self._open = True
+
+    # --- memory --------------------------------------------------------------------------
+    def external(self, array: object) -> TensorDescriptor:
+        """A tensor over caller memory; aliases of one allocation share one owner."""
+        self._check_open()
+        ext = self._backend.resolve(array)
+        dtype = as_dtype(ext.dtype)
+        buffer = self._externals.get(ext.owner_base)
+        if buffer is None:
+            self._check_no_partial_alias(ext)
+            buffer = Buffer(-1 - len(self._externals), BufferKind.EXTERNAL, ext.owner_base,
+                            ext.owner_nbytes, ext.memory)
+            self._externals[ext.owner_base] = buffer
+        elif buffer.nbytes != ext.owner_nbytes:
+            self._check_no_partial_alias(ext)
+        if any(s % dtype.itemsize for s in ext.strides) or any(s < 0 for s in ext.strides):
+            raise LayoutError(f"external array strides {ext.strides} are negative or not a multiple "
+                              f"of its {dtype.itemsize}-byte elements; pass np.ascontiguousarray(a)")
+        return TensorDescriptor(buffer, ext.data, 0, tuple(s // dtype.itemsize for s in ext.strides),
+                                tuple(ext.shape), dtype)
+
+    def _check_no_partial_alias(self, ext) -> None:
+        lo, hi = ext.owner_base, ext.owner_base + ext.owner_nbytes
+        for other in self._externals.values():
+            if other.base < hi and lo < other.base + other.nbytes and (other.base, other.nbytes) != (lo, ext.owner_nbytes):
+                raise LayoutError(
+                    f"external memory {lo:#x}..{hi:#x} partly overlaps {other!r} without being the same "
+                    "allocation; pass the whole allocation and slice it with the tensor API")
+
+    def alloc(self, shape, dtype: DataType = DataType.FLOAT32) -> TensorDescriptor:
+        """A contiguous heap tensor; its address is fixed now, so later tasks can use it."""
+        self._check_open()
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
+            raise LayoutError(f"alloc shape {shape} must be non-negative integers")
+        dtype = as_dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        capacity = self._state.sizes.heap_bytes
+        if nbytes > capacity:
+            raise DeadlockError(f"heap ring (heap_bytes={capacity} bytes) cannot hold a buffer of "
+                                f"{nbytes} bytes for {shape} {dtype.name}; raise heap_bytes=")
+        while (seq := sched.heap_alloc(self._state, nbytes)) < 0:
+            self._wait_for_room(seq)
+        base = self._backend.heap_base + sched.heap_offset(self._state, seq)
+        buffer = Buffer(seq, BufferKind.HEAP, base, nbytes)
+        self._unfreed[seq] = buffer
+        if self._scopes:
+            self._scopes[-1].append(buffer)
+        return TensorDescriptor(buffer, base, 0, contiguous_strides(shape), shape, dtype)
+
+    def free(self, tensor: TensorDescriptor) -> None:
+        """No more uses will be added; the memory returns once every user has completed."""
+        self._check_open()
+        buffer = self._tensor_buffer(tensor, "free")
+        if buffer.kind == BufferKind.EXTERNAL:
+            raise LifecycleError(f"cannot free external {buffer!r}: the runtime never frees caller memory")
+        if buffer.freed:
+            raise DoubleFreeError(f"{buffer!r} was already freed")
+        self._release(buffer)
+
+    def _release(self, buffer: Buffer) -> None:
+        buffer.freed = True
+        del self._unfreed[buffer.key]
+        sched.buffer_free(self._state, buffer.key)
+
+    def version_inc(self, tensor: TensorDescriptor) -> TensorDescriptor:
+        """A handle to the same memory at version + 1 (SSA-style in-place update)."""
+        self._check_open()
+        self._check_usable(tensor, "version_inc")
+        return tensor.with_version(tensor.version + 1)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Frees, at exit, every buffer allocated inside that is not freed yet."""
+        self._check_open()
+        self._scopes.append([])
+        try:
+            yield
+        finally:
+            for buffer in self._scopes.pop():
+                if not buffer.freed:
+                    self._release(buffer)
+
+    # --- tasks ---------------------------------------------------------------------------
+    def submit(self, kernel: Kernel, *params: object, worker: WorkerType | None = None) -> int:
+        """Submit one kernel call; its task id (ids count from 0 within a run)."""
+        self._check_open()
+        if not isinstance(kernel, Kernel):
+            raise ParamError(f"submit() takes a @pto.kernel, not {type(kernel).__name__}")
+        checked = tuple(as_param(p, i) for i, p in enumerate(params))
+        tensors = [(i, p) for i, p in enumerate(checked) if p.kind != ParamKind.SCALAR]
+        if len(tensors) > cs.MAX_PARAMS:
+            raise ParamError(f"{kernel.name} has {len(tensors)} tensor params; at most {cs.MAX_PARAMS}")
+        rows = np.empty((len(tensors), ROW_WIDTH), np.int64)
+        kinds = np.empty(len(tensors), np.int64)
+        for row, (position, p) in enumerate(tensors):
+            self._check_usable(p.value, f"param {position} of {kernel.name}")
+            rows[row] = p.value.layout
+            kinds[row] = p.kind
+        task = Task(-1, kernel, WorkerType(kernel.worker if worker is None else worker), checked)
+        while (status := self._scheduler.try_submit(task, rows, kinds)) < 0:
+            self._wait_for_room(status)
+        for _, p in tensors:
+            if p.writes:
+                buffer = p.value.buffer
+                buffer.newest_version = max(buffer.newest_version, p.value.version)
+        if self._recorder is not None:
+            self._recorder.add(task, self._scheduler.producers_of_last())
+        self._executor.submitted(task)
+        return status
+
+    # --- checks --------------------------------------------------------------------------
+    def _wait_for_room(self, status: int) -> None:
+        self._executor.make_room(status)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise UsageError("this orchestrator's run has ended; use the `o` passed to the "
+                             "orchestration function while it runs")
+
+    def _tensor_buffer(self, tensor: object, what: str) -> Buffer:
+        if not isinstance(tensor, TensorDescriptor):
+            raise ParamError(f"{what} takes a tensor from o.external() or o.alloc(), "
+                             f"not {type(tensor).__name__}")
+        buffer = tensor.buffer
+        known = (self._externals.get(buffer.base) is buffer if buffer.kind == BufferKind.EXTERNAL
+                 else self._unfreed.get(buffer.key) is buffer or buffer.freed)
+        if not known:
+            raise UsageError(f"{what}: {buffer!r} belongs to another run")
+        return buffer
+
+    def _check_usable(self, tensor: TensorDescriptor, what: str) -> None:
+        buffer = self._tensor_buffer(tensor, what)
+        if buffer.freed:
+            raise UseAfterFreeError(f"{what}: {buffer!r} was freed")
+        if tensor.version < buffer.newest_version:
+            raise StaleVersionError(f"{what}: version {tensor.version} of {buffer!r} is stale; "
+                                    f"version {buffer.newest_version} has been written")
+
+    def close(self) -> None:
+        self._open = False
+
+    @property
+    def unfreed(self) -> list[Buffer]:
+        return list(self._unfreed.values())

@@ -1,0 +1,171 @@
+"""Overlap judgement between two layout rows of one owner, at the most precise common level.
+
+BOUNDING_BOX compares byte ranges. STRIDED_EXACT walks the leaves (contiguous byte runs)
+of one tensor, pruned to the other's byte range, and asks whether each meets the other,
+which for a nested layout (every view that slicing, `.T` and `reshape` make) is a
+successor search in O(dims): exact, including interleaved, transposed and
+differently-typed views. A non-nested layout is judged conservatively: never a false
+negative. `covers` answers whether every byte of one tensor lies in the other; a "no"
+there is allowed to be conservative, since it only keeps an older TensorMap entry alive.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+from numba import njit
+
+from .layout import MAX_DIMS, R_COUNT, R_HI, R_LEVEL, R_LO, R_NDIM, R_RUN, R_STRIDE
+
+
+class Overlap(enum.IntEnum):
+    """How precisely a descriptor's region is judged; a pair uses the lower of the two."""
+
+    BOUNDING_BOX = 0
+    STRIDED_EXACT = 1
+
+
+@njit(cache=True)
+def _index_range(base, stride, count, inner_extent, lo, hi):
+    """Indices i in [0, count) whose sub-block [base + i*stride, + inner_extent) meets [lo, hi)."""
+    first = -((-(lo - base - inner_extent + 1)) // stride)
+    last = (hi - 1 - base) // stride
+    return max(first, 0), min(last, count - 1)
+
+
+@njit(cache=True)
+def _extents(row, extent):
+    """extent[k]: bytes spanned by one sub-block at dim k (extent[ndim] is the leaf run).
+
+    Returns whether the layout is nested (each stride at least the extent below it), which
+    makes its leaves disjoint and sorted in index order.
+    """
+    nd = row[R_NDIM]
+    extent[nd] = row[R_RUN]
+    nested = True
+    for k in range(nd - 1, -1, -1):
+        stride = row[R_STRIDE + k]
+        nested = nested and stride >= extent[k + 1]
+        extent[k] = (row[R_COUNT + k] - 1) * stride + extent[k + 1]
+    return nested
+
+
+@njit(cache=True)
+def _leaf_at_or_after(row, extent, point):
+    """Start of the first leaf that ends after `point` (a nested layout, point < row's end)."""
+    offset = row[R_LO]
+    before = point < offset
+    for k in range(row[R_NDIM]):
+        if before:
+            break  # every deeper index is 0: the block's first leaf starts at `offset`
+        stride = row[R_STRIDE + k]
+        i = min((point - offset) // stride, row[R_COUNT + k] - 1)
+        if offset + i * stride + extent[k + 1] <= point:
+            i += 1  # `point` is in the gap after sub-block i; i + 1 exists, see below
+            before = True
+        offset += i * stride
+    # The gap case never runs past the last index: the enclosing block ends after `point`.
+    return offset
+
+
+@njit(cache=True)
+def _meets(row, extent, nested, lo, hi):
+    """Whether [lo, hi) shares a byte with `row` (conservatively True for non-nested layouts)."""
+    if lo >= row[R_HI] or hi <= row[R_LO]:
+        return False
+    if row[R_NDIM] == 0 or not nested:
+        return True
+    return _leaf_at_or_after(row, extent, lo) < hi
+
+
+@njit(cache=True)
+def _inside_one_leaf(row, extent, nested, lo, hi):
+    """Whether [lo, hi) lies within a single leaf of `row` (conservatively False if not nested)."""
+    if lo < row[R_LO] or hi > row[R_HI]:
+        return False
+    if row[R_NDIM] == 0:
+        return True
+    if not nested:
+        return False
+    start = _leaf_at_or_after(row, extent, lo)
+    return start <= lo and hi <= start + row[R_RUN]
+
+
+@njit(cache=True)
+def _walk(row, lo, hi, other, coverage):
+    """Walk the leaves of `row` that meet [lo, hi), testing each against `other`.
+
+    coverage False: True when any such leaf meets `other` (exact intersection).
+    coverage True: True when every leaf lies inside one leaf of `other`; [lo, hi) must
+    then span all of `row`.
+    """
+    other_extent = np.empty(MAX_DIMS + 1, dtype=np.int64)
+    other_nested = _extents(other, other_extent)
+    nd = row[R_NDIM]
+    run = row[R_RUN]
+    if nd == 0:
+        start = row[R_LO]
+        if coverage:
+            return _inside_one_leaf(other, other_extent, other_nested, start, start + run)
+        return _meets(other, other_extent, other_nested, start, start + run)
+    extent = np.empty(MAX_DIMS + 1, dtype=np.int64)
+    _extents(row, extent)
+    idx = np.empty(MAX_DIMS, dtype=np.int64)
+    last = np.empty(MAX_DIMS, dtype=np.int64)
+    base = np.empty(MAX_DIMS, dtype=np.int64)
+    base[0] = row[R_LO]
+    idx[0], last[0] = _index_range(base[0], row[R_STRIDE], row[R_COUNT], extent[1], lo, hi)
+    k = 0
+    while True:
+        if idx[k] > last[k]:
+            if k == 0:
+                return coverage
+            k -= 1
+            idx[k] += 1
+            continue
+        offset = base[k] + idx[k] * row[R_STRIDE + k]
+        if k == nd - 1:
+            if coverage:
+                if not _inside_one_leaf(other, other_extent, other_nested, offset, offset + run):
+                    return False
+            elif _meets(other, other_extent, other_nested, offset, offset + run):
+                return True
+            idx[k] += 1
+            continue
+        k += 1
+        base[k] = offset
+        idx[k], last[k] = _index_range(
+            offset, row[R_STRIDE + k], row[R_COUNT + k], extent[k + 1], lo, hi
+        )
+
+
+@njit(cache=True)
+def rows_overlap(a, b):
+    """Whether two layout rows of the same owner share a byte, at their common level."""
+    if a[R_LO] >= b[R_HI] or b[R_LO] >= a[R_HI] or a[R_LO] == a[R_HI] or b[R_LO] == b[R_HI]:
+        return False
+    if min(a[R_LEVEL], b[R_LEVEL]) == 0 or (a[R_NDIM] == 0 and b[R_NDIM] == 0):
+        return True
+    # Walk the tensor with fewer leaves, pruned to the other's byte range.
+    leaves_a = 1
+    leaves_b = 1
+    for k in range(a[R_NDIM]):
+        leaves_a *= a[R_COUNT + k]
+    for k in range(b[R_NDIM]):
+        leaves_b *= b[R_COUNT + k]
+    if leaves_a <= leaves_b:
+        return _walk(a, b[R_LO], b[R_HI], b, False)
+    return _walk(b, a[R_LO], a[R_HI], a, False)
+
+
+@njit(cache=True)
+def row_covers(outer, inner):
+    """Whether every byte of `inner` is a byte of `outer` (False may be conservative)."""
+    if inner[R_LO] == inner[R_HI]:
+        return True
+    if inner[R_LO] < outer[R_LO] or inner[R_HI] > outer[R_HI]:
+        return False
+    if outer[R_NDIM] == 0:
+        return True
+    return _walk(inner, inner[R_LO], inner[R_HI], outer, True)

@@ -1,0 +1,71 @@
+"""Task params: a tensor with its direction (input, output, inout) or a scalar."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import numbers
+
+from .errors import ParamError
+from .tensor import TensorDescriptor
+
+
+class ParamKind(enum.IntEnum):
+    INPUT = 0  # values match the core's INPUT / OUTPUT / INOUT
+    OUTPUT = 1
+    INOUT = 2
+    SCALAR = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Param:
+    kind: ParamKind
+    value: object
+
+    @property
+    def reads(self) -> bool:
+        return self.kind in (ParamKind.INPUT, ParamKind.INOUT)
+
+    @property
+    def writes(self) -> bool:
+        return self.kind in (ParamKind.OUTPUT, ParamKind.INOUT)
+
+
+def _tensor_param(kind: ParamKind, tensor: object) -> Param:
+    if not isinstance(tensor, TensorDescriptor):
+        raise ParamError(
+            f"pto.{kind.name.lower()}() takes a tensor from o.external() or o.alloc(), "
+            f"not {type(tensor).__name__}"
+        )
+    return Param(kind, tensor)
+
+
+def input(tensor: TensorDescriptor) -> Param:  # noqa: A001 - the contract's name
+    return _tensor_param(ParamKind.INPUT, tensor)
+
+
+def output(tensor: TensorDescriptor) -> Param:
+    return _tensor_param(ParamKind.OUTPUT, tensor)
+
+
+def inout(tensor: TensorDescriptor) -> Param:
+    return _tensor_param(ParamKind.INOUT, tensor)
+
+
+def scalar(value: numbers.Number) -> Param:
+    if not isinstance(value, numbers.Number):
+        raise ParamError(f"pto.scalar() takes a number, not {type(value).__name__}")
+    return Param(ParamKind.SCALAR, value)
+
+
+def as_param(value: object, position: int) -> Param:
+    """A submit argument as a Param; plain numbers are scalars, anything else is refused."""
+    if isinstance(value, Param):
+        return value
+    if isinstance(value, numbers.Number):
+        return Param(ParamKind.SCALAR, value)
+    if isinstance(value, TensorDescriptor):
+        raise ParamError(f"param {position} is a tensor without a direction: "
+                         "wrap it in pto.input(), pto.output() or pto.inout()")
+    raise ParamError(f"param {position} is a {type(value).__module__}.{type(value).__name__}; "
+                     "pass arrays through o.external() and wrap them in pto.input/output/inout")

@@ -1,0 +1,147 @@
+"""The Runtime: configuration, backend choice, and `run`, which drives one orchestration."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Callable
+
+from threadpoolctl import threadpool_limits
+
+from .backends.cpu import CpuBackend
+from .core.state import H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
+from .dtypes import WorkerType
+from .errors import PTOError, UsageError
+from .executors.parallel import ParallelExecutor
+from .executors.serial import DryExecutor, SerialExecutor
+from .orchestrator import Orchestrator, Recorder
+from .scheduler import Scheduler, Task
+
+log = logging.getLogger("pto_gpu")
+
+EXECUTORS = ("parallel", "serial", "dry")
+
+
+@dataclasses.dataclass
+class Graph:
+    """The logical graph of a recorded run: identical for every executor."""
+
+    tasks: list[Task]
+    edges: list[tuple[int, int]]
+
+
+@dataclasses.dataclass
+class RunResult:
+    num_tasks: int
+    num_edges: int
+    seconds: float
+    backend: str
+    executor: str
+    high_water: dict[str, int]  # the most each ring held at once
+    graph: Graph | None = None
+
+
+def default_workers() -> dict[WorkerType, int]:
+    cores = os.cpu_count() or 1
+    return {WorkerType.CUBE: cores, WorkerType.VECTOR: cores, WorkerType.AI_CPU: 1,
+            WorkerType.ACCELERATOR: 1}
+
+
+class Runtime:
+    """Runs orchestration functions. See design.md, "The public contract"."""
+
+    def __init__(self, backend: str = "auto", executor: str = "parallel", *,
+                 heap_bytes: int = 64 << 20, task_window: int = 1024,
+                 workers: dict[WorkerType, int] | None = None, buffer_window: int | None = None,
+                 dep_pool: int | None = None, tensormap_entries: int | None = None):
+        if executor not in EXECUTORS:
+            raise PTOError(f"executor={executor!r}; choose one of {', '.join(EXECUTORS)}")
+        self.executor = executor
+        self.sizes = Sizes(
+            task_window=task_window,
+            heap_bytes=heap_bytes,
+            buffer_window=buffer_window or 4 * task_window,
+            dep_pool=dep_pool or 8 * task_window,
+            tensormap_entries=tensormap_entries or 16 * task_window,
+        )
+        self.workers = {**default_workers(), **{WorkerType(k): v for k, v in (workers or {}).items()}}
+        if any(n < 1 for n in self.workers.values()):
+            raise PTOError(f"workers={workers}: every worker class needs at least one worker")
+        self.backend = _make_backend(backend, heap_bytes)
+        self._scheduler = Scheduler(CoreState.allocate(self.sizes))
+        self._running = False
+
+    def run(self, orchestration: Callable, *args, threshold: int = 0, record: bool = False,
+            **kwargs) -> RunResult:
+        """Run `orchestration(o, *args, **kwargs)` to completion; every task has run on return."""
+        if self._running:
+            raise UsageError("Runtime.run called while this runtime is already running an orchestration")
+        if threshold < 0:
+            raise PTOError(f"threshold={threshold} must be >= 0")
+        self._running = True
+        try:
+            return self._run(orchestration, args, kwargs, threshold, record)
+        finally:
+            self._running = False
+
+    def _run(self, orchestration, args, kwargs, threshold, record) -> RunResult:
+        scheduler = self._scheduler
+        scheduler.reset(record)
+        recorder = Recorder() if record else None
+        unfreed = []
+        executor = self._make_executor(threshold, lambda: unfreed[0].unfreed)
+        o = Orchestrator(scheduler, self.backend, executor, recorder)
+        unfreed.append(o)
+        started = time.perf_counter()
+        try:
+            with threadpool_limits(1 if self.executor == "parallel" else None):
+                orchestration(o, *args, **kwargs)
+                o.close()
+                executor.finish()
+        except BaseException:
+            executor.abort()
+            raise
+        finally:
+            o.close()
+        seconds = time.perf_counter() - started
+        header = scheduler.state.header
+        return RunResult(
+            num_tasks=int(header[H_NEXT_TASK]), num_edges=int(header[H_NUM_EDGES]), seconds=seconds,
+            backend=self.backend.name, executor=self.executor, high_water=scheduler.stats(),
+            graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
+        )
+
+    def _make_executor(self, threshold, unfreed):
+        if self.executor == "serial":
+            return SerialExecutor(self._scheduler, self.backend, unfreed)
+        if self.executor == "dry":
+            return DryExecutor(self._scheduler, self.backend, unfreed)
+        return ParallelExecutor(self._scheduler, self.backend, unfreed, self.workers, threshold)
+
+
+def _make_backend(name: str, heap_bytes: int):
+    if name == "cpu":
+        return CpuBackend(heap_bytes)
+    if name in ("auto", "cuda"):
+        reason = _cuda_unavailable()
+        if reason is None:
+            raise PTOError("the CUDA backend is not built yet; use backend='cpu'")
+        if name == "cuda":
+            raise PTOError(f"backend='cuda' needs a GPU: {reason}")
+        log.info("pto-gpu: no GPU (%s); using the CPU backend", reason)
+        return CpuBackend(heap_bytes)
+    raise PTOError(f"backend={name!r}; choose 'cpu', 'cuda' or 'auto'")
+
+
+def _cuda_unavailable() -> str | None:
+    """Why CUDA cannot be used here, or None when it can."""
+    try:
+        import cupy
+    except ImportError:
+        return "cupy is not installed"
+    try:
+        return None if cupy.cuda.is_available() else "cupy finds no CUDA device"
+    except Exception as error:  # a broken driver install is "no GPU" too
+        return f"cupy cannot reach CUDA ({error})"

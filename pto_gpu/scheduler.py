@@ -1,0 +1,152 @@
+"""The scheduler's Python face: task records, submission into the core, completion.
+
+The numba core keeps the graph state; this keeps what the core cannot hold (each task's
+kernel and params, until it completes) and turns the core's FULL_* codes into either room
+made or a DeadlockError that names the ring, its size, what holds it and what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .core import complete as core_complete
+from .core import rings
+from .core import state as cs
+from .core.submit import submit as core_submit
+from .core.tensormap import tm_free_count, tm_sweep
+from .dtypes import WorkerType
+from .errors import DeadlockError
+from .kernel import Kernel
+from .params import Param
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Task:
+    id: int
+    kernel: Kernel
+    worker: WorkerType
+    params: tuple[Param, ...]
+
+    def describe_params(self) -> str:
+        return ", ".join(f"{p.kind.name.lower()}({p.value!r})" for p in self.params)
+
+
+RING_SETTINGS = {
+    cs.FULL_TASKS: ("task ring", "task_window"),
+    cs.FULL_HEAP: ("heap ring", "heap_bytes"),
+    cs.FULL_BUFFERS: ("buffer table", "buffer_window"),
+    cs.FULL_DEPS: ("dep-list pool", "dep_pool"),
+    cs.FULL_TENSORMAP: ("TensorMap pool", "tensormap_entries"),
+}
+
+
+class Scheduler:
+    """Owns the core state of one runtime and the Python records of its live tasks."""
+
+    def __init__(self, state: cs.CoreState):
+        self.state = state
+        self.live: dict[int, Task] = {}
+        self.record = False
+
+    def reset(self, record: bool) -> None:
+        self.state.reset()
+        self.live.clear()
+        self.record = record
+
+    # --- submission ----------------------------------------------------------------------
+    def try_submit(self, task: Task, rows: np.ndarray, kinds: np.ndarray) -> int:
+        """Submit to the core; the task id, or a FULL_* code after room-making that needs no wait."""
+        s = self.state
+        # Registered before the core sees it: a worker may make it ready the moment it exists.
+        task.id = int(s.header[cs.H_NEXT_TASK])
+        self.live[task.id] = task
+        while True:
+            status = core_submit(*s.tables, s.producers, s.covered, task.kernel.id, int(task.worker),
+                                 rows, kinds)
+            if status >= 0:
+                return status
+            if status != cs.FULL_TENSORMAP or not self._make_tensormap_room(len(kinds)):
+                del self.live[task.id]
+                return status
+
+    def _make_tensormap_room(self, needed: int) -> bool:
+        """Sweep stale entries, evict retired ones, or grow when recording the full graph."""
+        s = self.state
+        tm_sweep(s.header, s.buffers, s.entries, s.buckets, False)
+        if tm_free_count(s.header, s.entries) >= needed:
+            return True
+        if self.record:
+            s.grow_tensormap()
+            return True
+        tm_sweep(s.header, s.buffers, s.entries, s.buckets, True)
+        return tm_free_count(s.header, s.entries) >= needed
+
+    def last_was_ready(self) -> bool:
+        """Whether the task just submitted had nothing to wait for (completion never reports it)."""
+        return bool(self.state.header[cs.H_LAST_READY])
+
+    def producers_of_last(self) -> np.ndarray:
+        return self.state.producers[: self.state.header[cs.H_LAST_EDGES]]
+
+    # --- execution -----------------------------------------------------------------------
+    def start(self, task_id: int) -> None:
+        core_complete.start(self.state.header, self.state.tasks, task_id)
+
+    def complete(self, task_id: int, ready_scratch: np.ndarray) -> list[Task]:
+        """Complete a task; the tasks it made ready."""
+        s = self.state
+        n = core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
+        del self.live[task_id]
+        return [self.live[int(t)] for t in ready_scratch[:n]]
+
+    def ready_scratch(self) -> np.ndarray:
+        return np.empty(len(self.state.deps), np.int64)
+
+    # --- inspection ----------------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Tasks submitted and not yet completed."""
+        return len(self.live)
+
+    def stats(self) -> dict[str, int]:
+        h = self.state.header
+        return {"task_ring": int(h[cs.H_HW_TASKS]), "heap_bytes": int(h[cs.H_HW_HEAP]),
+                "buffer_table": int(h[cs.H_HW_BUF]), "dep_pool": int(h[cs.H_HW_DEP]),
+                "tensormap": int(h[cs.H_HW_TM])}
+
+    def deadlock(self, status: int, unfreed: list) -> DeadlockError:
+        """The error for a ring that is full with nothing left that could free it."""
+        ring, setting = RING_SETTINGS[status]
+        s, h = self.state, self.state.header
+        size = getattr(s.sizes, setting)
+        if status == cs.FULL_HEAP or status == cs.FULL_BUFFERS:
+            in_use = int(h[cs.H_HEAP_HEAD] - h[cs.H_HEAP_TAIL])
+            live = int(h[cs.H_BUF_NEXT] - h[cs.H_BUF_TAIL])
+            shown = ", ".join(repr(b) for b in unfreed[:4]) + (" ..." if len(unfreed) > 4 else "")
+            holds = (f"{live} live buffers span {in_use} bytes; {len(unfreed)} of them are not "
+                     f"freed yet ({shown})")
+            advice = f"free buffers once their last use is submitted, or raise {setting}="
+        elif status == cs.FULL_TASKS:
+            holds = (f"tasks {int(h[cs.H_LAST_ALIVE])}..{int(h[cs.H_NEXT_TASK]) - 1} are live and "
+                     f"none can complete")
+            advice = f"raise {setting}= above the tasks the orchestration keeps waiting at once"
+        else:
+            holds = f"{len(self.live)} live tasks hold all {size} entries"
+            advice = f"raise {setting}="
+        unit = "bytes" if status == cs.FULL_HEAP else "entries"
+        return DeadlockError(f"{ring} ({setting}={size} {unit}) is full and nothing running can free "
+                             f"it: {holds}. To go on, {advice}")
+
+
+def heap_alloc(state: cs.CoreState, nbytes: int) -> int:
+    return rings.heap_alloc(state.header, state.buffers, nbytes)
+
+
+def heap_offset(state: cs.CoreState, seq: int) -> int:
+    return int(state.buffers[seq % state.sizes.buffer_window, cs.B_OFFSET])
+
+
+def buffer_free(state: cs.CoreState, seq: int) -> None:
+    rings.buffer_free(state.header, state.buffers, seq)

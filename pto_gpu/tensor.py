@@ -1,0 +1,248 @@
+"""Buffers and tensor descriptors: the immutable values that orchestrations pass to tasks.
+
+A `Buffer` is one owned region of memory: a heap allocation or an external array (resolved
+to the allocation that owns it). A `TensorDescriptor` is a strided view of a buffer in
+elements (index 0 outermost), with a dtype, a version and an overlap level. Slicing,
+`.T` and `reshape` return new descriptors over the same memory, checked against the
+buffer's bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from functools import cached_property
+
+import numpy as np
+
+from .dtypes import DataType
+from .errors import LayoutError
+from .layout import layout_row
+from .overlap import Overlap
+
+
+class BufferKind(enum.IntEnum):
+    HEAP = 0
+    EXTERNAL = 1
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Buffer:
+    """One owned region of memory; `key` identifies it to the TensorMap.
+
+    Heap buffers have key = their allocation sequence number (>= 0); externals a negative key.
+    `freed` and `newest_version` are the orchestrator's bookkeeping for misuse checks.
+    """
+
+    key: int
+    kind: BufferKind
+    base: int  # byte address of the first byte
+    nbytes: int
+    memory: object = None  # what keeps external memory alive (the caller's root array)
+    freed: bool = False
+    newest_version: int = 0
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.kind.name.lower()} #{self.key}, {self.nbytes} B at {self.base:#x})"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TensorDescriptor:
+    """An immutable strided view of a buffer. See the module docstring."""
+
+    buffer: Buffer
+    addr: int  # byte address that start_offset counts from
+    start_offset: int  # elements
+    strides: tuple[int, ...]  # elements, index 0 outermost
+    repeats: tuple[int, ...]
+    dtype: DataType
+    version: int = 0
+    overlap: Overlap = Overlap.STRIDED_EXACT
+
+    def __post_init__(self):
+        if len(self.strides) != len(self.repeats):
+            raise LayoutError(f"strides {self.strides} and repeats {self.repeats} differ in length")
+        if any(s < 0 for s in self.strides) or self.start_offset < 0:
+            raise LayoutError("negative strides and offsets are not supported")
+        lo, hi = self.byte_range
+        if hi > lo and (lo < 0 or hi > self.buffer.nbytes):
+            raise LayoutError(
+                f"tensor {self.shape} at bytes {lo}..{hi} lies outside its {self.buffer!r}"
+            )
+
+    def _replace(self, **changes) -> TensorDescriptor:
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        return (f"Tensor({self.dtype.name} {self.shape}, {self.buffer!r}, offset={self.start_offset}, "
+                f"strides={self.strides}, v{self.version})")
+
+    # --- shape -------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.repeats
+
+    @property
+    def ndim(self) -> int:
+        return len(self.repeats)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.repeats)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def byte_offset(self) -> int:
+        """Byte offset of element [0, ..., 0] from the owning buffer's base."""
+        return self.addr - self.buffer.base + self.start_offset * self.dtype.itemsize
+
+    @property
+    def byte_strides(self) -> tuple[int, ...]:
+        return tuple(s * self.dtype.itemsize for s in self.strides)
+
+    @property
+    def byte_range(self) -> tuple[int, int]:
+        """[first byte, one past the last byte), relative to the buffer's base."""
+        lo = self.byte_offset
+        if self.size == 0:
+            return lo, lo
+        extent = sum((r - 1) * s for r, s in zip(self.repeats, self.strides)) + 1
+        return lo, lo + extent * self.dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        """Whether the elements are dense in row-major order (dims of one element ignored)."""
+        expected = 1
+        for stride, count in zip(reversed(self.strides), reversed(self.repeats)):
+            if count != 1 and stride != expected:
+                return False
+            expected *= count
+        return True
+
+    # --- views -------------------------------------------------------------------------
+    def __getitem__(self, key) -> TensorDescriptor:
+        if not isinstance(key, tuple):
+            key = (key,)
+        if len(key) > self.ndim:
+            raise LayoutError(f"{len(key)} indices for a {self.ndim}-d tensor {self.shape}")
+        offset = self.start_offset
+        strides: list[int] = []
+        repeats: list[int] = []
+        for dim, index in enumerate(key):
+            stride, count = self.strides[dim], self.repeats[dim]
+            if isinstance(index, slice):
+                start, stop, step = _checked_slice(index, count, dim)
+                offset += start * stride
+                strides.append(stride * step)
+                repeats.append(max(0, -(-(stop - start) // step)))
+            elif isinstance(index, (int, np.integer)):
+                i = int(index) + count if index < 0 else int(index)
+                if not 0 <= i < count:
+                    raise LayoutError(f"index {index} out of bounds for dim {dim} of size {count}")
+                offset += i * stride
+            else:
+                raise LayoutError(f"unsupported index {index!r}: use ints and slices")
+        strides.extend(self.strides[len(key):])
+        repeats.extend(self.repeats[len(key):])
+        return self._replace(start_offset=offset, strides=tuple(strides), repeats=tuple(repeats))
+
+    @property
+    def T(self) -> TensorDescriptor:
+        return self._replace(strides=self.strides[::-1], repeats=self.repeats[::-1])
+
+    def reshape(self, *shape) -> TensorDescriptor:
+        """A view with a new shape, where the layout allows it without a copy."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = _resolve_shape(shape, self.size)
+        strides = _reshape_strides(self.strides, self.repeats, shape)
+        if strides is None:
+            raise LayoutError(f"cannot reshape {self.shape} with strides {self.strides} "
+                              f"to {shape} without copying")
+        return self._replace(strides=strides, repeats=shape)
+
+    def with_overlap(self, level: Overlap) -> TensorDescriptor:
+        return self._replace(overlap=Overlap(level))
+
+    def with_version(self, version: int) -> TensorDescriptor:
+        return self._replace(version=version)
+
+    @cached_property
+    def layout(self) -> np.ndarray:
+        """The canonical int64 layout row the numba core compares (see layout.py)."""
+        return layout_row(self.buffer.key, self.byte_offset, self.dtype.itemsize,
+                          self.strides, self.repeats, int(self.overlap))
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for count in reversed(shape):
+        strides.append(step)
+        step *= count
+    return tuple(reversed(strides))
+
+
+def _checked_slice(index: slice, count: int, dim: int) -> tuple[int, int, int]:
+    step = 1 if index.step is None else int(index.step)
+    if step <= 0:
+        raise LayoutError(f"slice step {step} on dim {dim}: only positive steps are supported")
+    start = 0 if index.start is None else int(index.start)
+    stop = count if index.stop is None else int(index.stop)
+    start = start + count if start < 0 else start
+    stop = stop + count if stop < 0 else stop
+    if not (0 <= start <= count and 0 <= stop <= count):
+        raise LayoutError(f"slice {index.start}:{index.stop} out of bounds for dim {dim} of size {count}")
+    return start, max(start, stop), step
+
+
+def _resolve_shape(shape: tuple, size: int) -> tuple[int, ...]:
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+        raise LayoutError(f"invalid shape {shape}")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if known == 0 or size % known:
+            raise LayoutError(f"cannot infer -1 in {shape} for {size} elements")
+        shape = tuple(size // known if s == -1 else s for s in shape)
+    if math.prod(shape) != size:
+        raise LayoutError(f"cannot reshape {size} elements to {shape}")
+    return shape
+
+
+def _reshape_strides(strides, repeats, shape):
+    """Strides for `shape` over the same elements in row-major order, or None if a copy is needed.
+
+    Old and new dims are matched in groups of equal element count; each old group must be
+    one strided run (stride[i] == stride[i+1] * count[i+1]) so it can be split any way.
+    """
+    old = [(s, r) for s, r in zip(strides, repeats) if r != 1]
+    if math.prod(shape) == 0:
+        return contiguous_strides(shape)
+    new_strides = [0] * len(shape)
+    new_dims = [i for i, n in enumerate(shape) if n != 1]
+    oi = ni = 0
+    while oi < len(old) and ni < len(new_dims):
+        o_end, n_end = oi + 1, ni + 1
+        o_prod, n_prod = old[oi][1], shape[new_dims[ni]]
+        while o_prod != n_prod:
+            if o_prod < n_prod:
+                o_prod *= old[o_end][1]
+                o_end += 1
+            else:
+                n_prod *= shape[new_dims[n_end]]
+                n_end += 1
+        for k in range(oi, o_end - 1):
+            if old[k][0] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        step = old[o_end - 1][0]
+        for k in range(n_end - 1, ni - 1, -1):
+            new_strides[new_dims[k]] = step
+            step *= shape[new_dims[k]]
+        oi, ni = o_end, n_end
+    for i, n in enumerate(shape):
+        if n == 1:
+            new_strides[i] = 1
+    return tuple(new_strides)

@@ -1,0 +1,54 @@
+"""Shared fixtures: small kernels whose results depend on every input, and runtimes."""
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+
+
+@pto.kernel(worker=pto.VECTOR)
+def fill(out, value):
+    out[...] = value
+
+
+@pto.kernel(worker=pto.VECTOR)
+def add_into(a, out):
+    """out += a (inout)."""
+    out += a
+
+
+@pto.kernel(worker=pto.VECTOR)
+def scale(a, out, factor):
+    out[...] = a * factor
+
+
+@pto.kernel(worker=pto.CUBE)
+def mix(a, b, out):
+    """out = 2a + b, over matching shapes: depends on both inputs."""
+    out[...] = 2 * a + b
+
+
+@pto.kernel(worker=pto.VECTOR)
+def noop(*_):
+    pass
+
+
+@pto.kernel(worker=pto.VECTOR)
+def explode(*_):
+    raise ValueError("planted failure")
+
+
+EXECUTORS = ["serial", "parallel"]
+
+
+@pytest.fixture(params=EXECUTORS)
+def executor(request):
+    return request.param
+
+
+def runtime(executor="serial", **kwargs) -> pto.Runtime:
+    return pto.Runtime(backend="cpu", executor=executor, **kwargs)
+
+
+def zeros(*shape, dtype=np.float32):
+    return np.zeros(shape, dtype)
