@@ -1,6 +1,5 @@
 """Tile kernels for the matmul orchestration: zero, copy, matmul-accumulate."""
 
-import numpy as np
 
 import pto_gpu as pto
 

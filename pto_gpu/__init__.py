@@ -6,14 +6,22 @@
 
 from .dtypes import DataType, WorkerType, element_size
 from .errors import (
-    DeadlockError, DoubleFreeError, LayoutError, LifecycleError, ParamError, PTOError,
-    StaleVersionError, TaskError, UsageError, UseAfterFreeError,
+    DeadlockError,
+    DoubleFreeError,
+    LayoutError,
+    LifecycleError,
+    ParamError,
+    PTOError,
+    StaleVersionError,
+    TaskError,
+    UsageError,
+    UseAfterFreeError,
 )
 from .kernel import Kernel, kernel
 from .orchestrator import Orchestrator
 from .overlap import Overlap
 from .params import Param, ParamKind, inout, input, output, scalar
-from .runtime import Graph, Runtime, RunResult
+from .runtime import Graph, RunResult, Runtime
 from .tensor import Buffer, TensorDescriptor
 
 FLOAT32 = DataType.FLOAT32

@@ -8,7 +8,7 @@ small integer id, which is what the numba core stores in the task table.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from .dtypes import WorkerType
 

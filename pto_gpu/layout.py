@@ -9,7 +9,7 @@ next dim are merged. Two descriptors of different dtypes are then compared in by
 
 from __future__ import annotations
 
-import numpy as np
+from .errors import LayoutError
 
 MAX_DIMS = 6  # canonical dims after merging; descriptors may have more before merging
 
@@ -25,17 +25,11 @@ R_COUNT = R_STRIDE + MAX_DIMS  # R_COUNT + k: count of dim k
 ROW_WIDTH = R_COUNT + MAX_DIMS
 
 
-def layout_row(owner: int, byte_offset: int, itemsize: int, strides, repeats, level: int) -> np.ndarray:
+def layout_row(owner: int, byte_offset: int, itemsize: int, strides, repeats, level: int) -> tuple:
     """The canonical layout row of a strided tensor (strides and repeats in elements)."""
-    row = np.zeros(ROW_WIDTH, dtype=np.int64)
-    row[R_OWNER] = owner
-    row[R_LEVEL] = level
-    row[R_LO] = row[R_HI] = byte_offset
-    if any(r == 0 for r in repeats):
-        return row
-    dims = sorted(
-        ((s * itemsize, r) for s, r in zip(strides, repeats) if r != 1), reverse=True
-    )
+    if 0 in repeats:
+        return (owner, byte_offset, byte_offset, level, 0, 0) + (0,) * (2 * MAX_DIMS)
+    dims = sorted(((s * itemsize, r) for s, r in zip(strides, repeats) if r != 1), reverse=True)
     run = itemsize
     while dims and dims[-1][0] == run:
         run *= dims.pop()[1]
@@ -46,15 +40,8 @@ def layout_row(owner: int, byte_offset: int, itemsize: int, strides, repeats, le
         else:
             merged.append((stride, count))
     if len(merged) > MAX_DIMS:
-        from .errors import LayoutError
-
         raise LayoutError(f"a tensor layout needs {len(merged)} dims after merging; at most {MAX_DIMS}")
-    row[R_RUN] = run
-    row[R_NDIM] = len(merged)
-    extent = run
-    for k, (stride, count) in enumerate(merged):
-        row[R_STRIDE + k] = stride
-        row[R_COUNT + k] = count
-        extent += (count - 1) * stride
-    row[R_HI] = byte_offset + extent
-    return row
+    pad = (0,) * (MAX_DIMS - len(merged))
+    extent = run + sum((count - 1) * stride for stride, count in merged)
+    return ((owner, byte_offset, byte_offset + extent, level, run, len(merged))
+            + tuple(stride for stride, _ in merged) + pad + tuple(count for _, count in merged) + pad)

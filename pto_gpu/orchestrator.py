@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 
@@ -17,12 +18,18 @@ from . import scheduler as sched
 from .core import state as cs
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import (
-    DeadlockError, DoubleFreeError, LayoutError, LifecycleError, ParamError, StaleVersionError,
-    UsageError, UseAfterFreeError,
+    DeadlockError,
+    DoubleFreeError,
+    LayoutError,
+    LifecycleError,
+    ParamError,
+    StaleVersionError,
+    UsageError,
+    UseAfterFreeError,
 )
 from .kernel import Kernel
 from .layout import ROW_WIDTH
-from .params import ParamKind, as_param
+from .params import Param, ParamKind, as_param
 from .scheduler import Scheduler, Task
 from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 
@@ -83,7 +90,8 @@ class Orchestrator:
     def _check_no_partial_alias(self, ext) -> None:
         lo, hi = ext.owner_base, ext.owner_base + ext.owner_nbytes
         for other in self._externals.values():
-            if other.base < hi and lo < other.base + other.nbytes and (other.base, other.nbytes) != (lo, ext.owner_nbytes):
+            same = (other.base, other.nbytes) == (lo, ext.owner_nbytes)
+            if other.base < hi and lo < other.base + other.nbytes and not same:
                 raise LayoutError(
                     f"external memory {lo:#x}..{hi:#x} partly overlaps {other!r} without being the same "
                     "allocation; pass the whole allocation and slice it with the tensor API")
@@ -127,7 +135,7 @@ class Orchestrator:
     def version_inc(self, tensor: TensorDescriptor) -> TensorDescriptor:
         """A handle to the same memory at version + 1 (SSA-style in-place update)."""
         self._check_open()
-        self._check_usable(tensor, "version_inc")
+        self._check_usable(tensor)
         return tensor.with_version(tensor.version + 1)
 
     @contextlib.contextmanager
@@ -148,16 +156,14 @@ class Orchestrator:
         self._check_open()
         if not isinstance(kernel, Kernel):
             raise ParamError(f"submit() takes a @pto.kernel, not {type(kernel).__name__}")
-        checked = tuple(as_param(p, i) for i, p in enumerate(params))
+        checked = tuple(p if type(p) is Param else as_param(p, i) for i, p in enumerate(params))
         tensors = [(i, p) for i, p in enumerate(checked) if p.kind != ParamKind.SCALAR]
         if len(tensors) > cs.MAX_PARAMS:
             raise ParamError(f"{kernel.name} has {len(tensors)} tensor params; at most {cs.MAX_PARAMS}")
-        rows = np.empty((len(tensors), ROW_WIDTH), np.int64)
-        kinds = np.empty(len(tensors), np.int64)
-        for row, (position, p) in enumerate(tensors):
-            self._check_usable(p.value, f"param {position} of {kernel.name}")
-            rows[row] = p.value.layout
-            kinds[row] = p.kind
+        for position, p in tensors:
+            self._check_usable(p.value, position, kernel)
+        rows = np.array([p.value.layout for _, p in tensors], np.int64).reshape(len(tensors), ROW_WIDTH)
+        kinds = np.array([p.kind for _, p in tensors], np.int64)
         task = Task(-1, kernel, WorkerType(kernel.worker if worker is None else worker), checked)
         while (status := self._scheduler.try_submit(task, rows, kinds)) < 0:
             self._wait_for_room(status)
@@ -184,13 +190,17 @@ class Orchestrator:
             raise ParamError(f"{what} takes a tensor from o.external() or o.alloc(), "
                              f"not {type(tensor).__name__}")
         buffer = tensor.buffer
-        known = (self._externals.get(buffer.base) is buffer if buffer.kind == BufferKind.EXTERNAL
-                 else self._unfreed.get(buffer.key) is buffer or buffer.freed)
+        if buffer.kind == BufferKind.EXTERNAL:
+            known = self._externals.get(buffer.base) is buffer
+        else:
+            known = self._unfreed.get(buffer.key) is buffer or buffer.freed
         if not known:
             raise UsageError(f"{what}: {buffer!r} belongs to another run")
         return buffer
 
-    def _check_usable(self, tensor: TensorDescriptor, what: str) -> None:
+    def _check_usable(self, tensor: TensorDescriptor, position: int | None = None,
+                      kernel: Kernel | None = None) -> None:
+        what = "version_inc" if kernel is None else f"param {position} of {kernel.name}"
         buffer = self._tensor_buffer(tensor, what)
         if buffer.freed:
             raise UseAfterFreeError(f"{what}: {buffer!r} was freed")

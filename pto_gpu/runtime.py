@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from threadpoolctl import threadpool_limits
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from functools import cached_property
 
 import numpy as np
 
@@ -47,32 +46,39 @@ class Buffer:
         return f"Buffer({self.kind.name.lower()} #{self.key}, {self.nbytes} B at {self.base:#x})"
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
 class TensorDescriptor:
     """An immutable strided view of a buffer. See the module docstring."""
 
-    buffer: Buffer
-    addr: int  # byte address that start_offset counts from
-    start_offset: int  # elements
-    strides: tuple[int, ...]  # elements, index 0 outermost
-    repeats: tuple[int, ...]
-    dtype: DataType
-    version: int = 0
-    overlap: Overlap = Overlap.STRIDED_EXACT
+    __slots__ = ("buffer", "addr", "start_offset", "strides", "repeats", "dtype", "version",
+                 "overlap", "_layout")
 
-    def __post_init__(self):
-        if len(self.strides) != len(self.repeats):
-            raise LayoutError(f"strides {self.strides} and repeats {self.repeats} differ in length")
-        if any(s < 0 for s in self.strides) or self.start_offset < 0:
+    def __init__(self, buffer: Buffer, addr: int, start_offset: int, strides: tuple[int, ...],
+                 repeats: tuple[int, ...], dtype: DataType, version: int = 0,
+                 overlap: Overlap = Overlap.STRIDED_EXACT):
+        strides, repeats = tuple(int(s) for s in strides), tuple(int(r) for r in repeats)
+        if len(strides) != len(repeats):
+            raise LayoutError(f"strides {strides} and repeats {repeats} differ in length")
+        if any(s < 0 for s in strides) or start_offset < 0:
             raise LayoutError("negative strides and offsets are not supported")
+        _init(self, buffer, addr, start_offset, strides, repeats, dtype, version, overlap)
         lo, hi = self.byte_range
-        if hi > lo and (lo < 0 or hi > self.buffer.nbytes):
-            raise LayoutError(
-                f"tensor {self.shape} at bytes {lo}..{hi} lies outside its {self.buffer!r}"
-            )
+        if hi > lo and (lo < 0 or hi > buffer.nbytes):
+            raise LayoutError(f"tensor {self.shape} at bytes {lo}..{hi} lies outside its {buffer!r}")
 
-    def _replace(self, **changes) -> TensorDescriptor:
-        return dataclasses.replace(self, **changes)
+    def _replace(self, start_offset=None, strides=None, repeats=None, version=None,
+                 overlap=None) -> TensorDescriptor:
+        """A derived view; callers guarantee it stays inside the buffer (slices are bounds-checked)."""
+        derived = object.__new__(TensorDescriptor)
+        _init(derived, self.buffer, self.addr,
+              self.start_offset if start_offset is None else start_offset,
+              self.strides if strides is None else strides,
+              self.repeats if repeats is None else repeats, self.dtype,
+              self.version if version is None else version,
+              self.overlap if overlap is None else overlap)
+        return derived
+
+    def __setattr__(self, name, value):
+        raise AttributeError("TensorDescriptor is immutable; slicing returns a new one")
 
     def __repr__(self) -> str:
         return (f"Tensor({self.dtype.name} {self.shape}, {self.buffer!r}, offset={self.start_offset}, "
@@ -170,11 +176,29 @@ class TensorDescriptor:
     def with_version(self, version: int) -> TensorDescriptor:
         return self._replace(version=version)
 
-    @cached_property
-    def layout(self) -> np.ndarray:
-        """The canonical int64 layout row the numba core compares (see layout.py)."""
-        return layout_row(self.buffer.key, self.byte_offset, self.dtype.itemsize,
-                          self.strides, self.repeats, int(self.overlap))
+    @property
+    def layout(self) -> tuple[int, ...]:
+        """The canonical layout row the numba core compares (see layout.py), computed once."""
+        if self._layout is None:
+            object.__setattr__(self, "_layout", layout_row(
+                self.buffer.key, self.byte_offset, self.dtype.itemsize, self.strides, self.repeats,
+                int(self.overlap)))
+        return self._layout
+
+
+_SET = object.__setattr__
+
+
+def _init(t, buffer, addr, start_offset, strides, repeats, dtype, version, overlap) -> None:
+    _SET(t, "buffer", buffer)
+    _SET(t, "addr", addr)
+    _SET(t, "start_offset", start_offset)
+    _SET(t, "strides", strides)
+    _SET(t, "repeats", repeats)
+    _SET(t, "dtype", dtype)
+    _SET(t, "version", version)
+    _SET(t, "overlap", overlap)
+    _SET(t, "_layout", None)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

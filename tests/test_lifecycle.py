@@ -33,7 +33,7 @@ def test_scope_frees_what_it_allocated_and_heap_is_reused(executor):
 def test_back_pressure_window_of_four(executor):
     def orch(o, out):
         X = o.external(out)
-        for i in range(200):
+        for _ in range(200):
             o.submit(add_into, pto.input(o.external(np.ones(3, np.float32))), pto.inout(X))
 
     out = zeros(3)

@@ -64,7 +64,8 @@ def random_program(o, xs, seed, n_ops):
             n_in = int(rng.integers(0, 3))
             n_out = int(rng.integers(1, 3))
             picks = [random_slice(rng, pool[int(rng.integers(len(pool)))]) for _ in range(n_in + n_out)]
-            kinds = [pto.input] * n_in + [pto.inout if rng.random() < 0.5 else pto.output for _ in range(n_out)]
+            kinds = [pto.input] * n_in + [
+                pto.inout if rng.random() < 0.5 else pto.output for _ in range(n_out)]
             kernel = combine_cube if rng.random() < 0.5 else combine_vector
             o.submit(kernel, n_in, *(k(t) for k, t in zip(kinds, picks)))
     for t in live:

@@ -12,7 +12,16 @@ from numba import njit
 
 from .rings import buffer_release, dep_release, retire_completed
 from .state import (
-    COMPLETED, D_TASK, H_WINDOW, PENDING, READY, RUNNING, T_BUF, T_FANIN, T_FANOUT, T_NBUF,
+    COMPLETED,
+    D_TASK,
+    H_WINDOW,
+    PENDING,
+    READY,
+    RUNNING,
+    T_BUF,
+    T_FANIN,
+    T_FANOUT,
+    T_NBUF,
     T_STATE,
 )
 

@@ -16,9 +16,34 @@ from ..layout import R_OWNER
 from ..overlap import row_covers, rows_overlap
 from .rings import dep_free_count, dep_prepend, is_done, task_ring_alloc
 from .state import (
-    B_REFS, E_NEXT, E_ROW, E_STAMP, E_TASK, FULL_DEPS, FULL_TASKS, FULL_TENSORMAP, H_BUF_CAP,
-    H_LAST_ALIVE, H_LAST_EDGES, H_LAST_READY, H_NEXT_TASK, H_NUM_EDGES, H_STAMP, H_WINDOW, INPUT, PENDING,
-    READER, READY, T_BUF, T_FANIN, T_FANOUT, T_KERNEL, T_NBUF, T_STATE, T_WORKER, WRITER,
+    B_REFS,
+    E_NEXT,
+    E_ROW,
+    E_STAMP,
+    E_TASK,
+    FULL_DEPS,
+    FULL_TASKS,
+    FULL_TENSORMAP,
+    H_BUF_CAP,
+    H_LAST_ALIVE,
+    H_LAST_EDGES,
+    H_LAST_READY,
+    H_NEXT_TASK,
+    H_NUM_EDGES,
+    H_STAMP,
+    H_WINDOW,
+    INPUT,
+    PENDING,
+    READER,
+    READY,
+    T_BUF,
+    T_FANIN,
+    T_FANOUT,
+    T_KERNEL,
+    T_NBUF,
+    T_STATE,
+    T_WORKER,
+    WRITER,
 )
 from .tensormap import chain_head, is_stale, tm_free_count, tm_insert, tm_remove
 

@@ -15,7 +15,16 @@ from numba import njit
 from ..layout import R_OWNER
 from .rings import buffer_is_live
 from .state import (
-    E_BUCKET, E_KIND, E_NEXT, E_PREV, E_ROW, E_STAMP, E_TASK, H_HW_TM, H_LAST_ALIVE, H_TM_FREE,
+    E_BUCKET,
+    E_KIND,
+    E_NEXT,
+    E_PREV,
+    E_ROW,
+    E_STAMP,
+    E_TASK,
+    H_HW_TM,
+    H_LAST_ALIVE,
+    H_TM_FREE,
     H_TM_USED,
 )
 
