@@ -141,12 +141,30 @@ def _walk(row, lo, hi, other, coverage):
 
 
 @njit(cache=True)
+def _same_lattice_overlap(a, b):
+    """Exact test for two nested rows of one outer dim with the same stride (2-D tiles).
+
+    A = {a0 + i*S + [0, ra)}, B = {b0 + j*S + [0, rb)}. With b0 - a0 = q*S + m, B's run of
+    row j starts at column m of A's row j + q and may spill into row j + q + 1.
+    """
+    stride = a[R_STRIDE]
+    q, m = divmod(b[R_LO] - a[R_LO], stride)
+    na, nb = a[R_COUNT], b[R_COUNT]
+    if m < a[R_RUN] and max(q, 0) <= min(q + nb - 1, na - 1):
+        return True
+    return m + b[R_RUN] > stride and max(q + 1, 0) <= min(q + nb, na - 1)
+
+
+@njit(cache=True)
 def rows_overlap(a, b):
     """Whether two layout rows of the same owner share a byte, at their common level."""
     if a[R_LO] >= b[R_HI] or b[R_LO] >= a[R_HI] or a[R_LO] == a[R_HI] or b[R_LO] == b[R_HI]:
         return False
     if min(a[R_LEVEL], b[R_LEVEL]) == 0 or (a[R_NDIM] == 0 and b[R_NDIM] == 0):
         return True
+    if (a[R_NDIM] == 1 and b[R_NDIM] == 1 and a[R_STRIDE] == b[R_STRIDE]
+            and a[R_STRIDE] >= a[R_RUN] and b[R_STRIDE] >= b[R_RUN]):
+        return _same_lattice_overlap(a, b)
     # Walk the tensor with fewer leaves, pruned to the other's byte range.
     leaves_a = 1
     leaves_b = 1

@@ -131,10 +131,17 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
 @njit(cache=True)
 def _sort_unique(values, count):
     """Sort values[:count] in place and drop repeats; the number left."""
-    if count == 0:
-        return 0
-    values[:count] = np.sort(values[:count])
-    kept = 1
+    if count > 32:
+        values[:count] = np.sort(values[:count])
+    else:  # the usual handful of producers: insertion sort, no allocation
+        for i in range(1, count):
+            value = values[i]
+            j = i - 1
+            while j >= 0 and values[j] > value:
+                values[j + 1] = values[j]
+                j -= 1
+            values[j + 1] = value
+    kept = min(count, 1)
     for i in range(1, count):
         if values[i] != values[kept - 1]:
             values[kept] = values[i]

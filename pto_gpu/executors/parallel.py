@@ -37,6 +37,7 @@ class ParallelExecutor:
         self._running = 0
         self._completions = 0
         self._seen_completions = 0
+        self._room_wanted = False  # the orchestrator waits for any completion, not just the last
         self._error: TaskError | None = None
         self._threads = [
             threading.Thread(target=self._work, args=(worker,), name=f"pto-{worker.name}-{i}", daemon=True)
@@ -60,10 +61,14 @@ class ParallelExecutor:
     def make_room(self, status: int) -> None:
         with self._lock:
             self._start_locked()
-            while self._completions == self._seen_completions and self._error is None:
-                if self._running == 0 and not any(self._queues.values()):
-                    raise self._scheduler.deadlock(status, self._unfreed())
-                self._progress.wait(WAIT_SLICE)
+            self._room_wanted = True
+            try:
+                while self._completions == self._seen_completions and self._error is None:
+                    if self._running == 0 and not any(self._queues.values()):
+                        raise self._scheduler.deadlock(status, self._unfreed())
+                    self._progress.wait(WAIT_SLICE)
+            finally:
+                self._room_wanted = False
             self._seen_completions = self._completions
         self._raise_failure()
 
@@ -109,7 +114,8 @@ class ParallelExecutor:
                     self._wake[ready.worker].notify()
                 self._running -= 1
                 self._completions += 1
-                self._progress.notify()
+                if self._room_wanted or not self._scheduler.pending:
+                    self._progress.notify()
 
     # --- helpers -------------------------------------------------------------------------
     def _start_locked(self) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks run with `make bench`; they report figures, they assert only correctness."""

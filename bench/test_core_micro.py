@@ -1,0 +1,128 @@
+"""Core micro-benchmarks inside njit loops (spec 001 §9.3 targets, in cycles).
+
+Each benchmark runs N operations in one njit call; ns/op = median / N.
+"""
+
+import numpy as np
+import pytest
+from numba import njit
+
+import pto_gpu as pto
+from pto_gpu.core import rings
+from pto_gpu.core import state as cs
+from pto_gpu.core.complete import complete
+from pto_gpu.core.submit import submit
+from pto_gpu.core.tensormap import tm_insert, tm_remove
+from pto_gpu.layout import layout_row
+
+N = 100_000
+
+
+def fresh(**sizes):
+    return cs.CoreState.allocate(cs.Sizes(**sizes))
+
+
+@njit(cache=True)
+def _task_ring_loop(header, tasks, n):
+    for _ in range(n):
+        task = rings.task_ring_alloc(header, tasks)
+        tasks[task & (header[cs.H_WINDOW] - 1), cs.T_STATE] = cs.COMPLETED
+        rings.retire_completed(header, tasks)
+
+
+@njit(cache=True)
+def _heap_ring_loop(header, buffers, n):
+    for _ in range(n):
+        seq = rings.heap_alloc(header, buffers, 4096)
+        rings.buffer_free(header, buffers, seq)
+
+
+@njit(cache=True)
+def _tm_insert_loop(header, entries, buckets, row, n):
+    for i in range(n):
+        entry = tm_insert(header, entries, buckets, row, i, cs.WRITER)
+        tm_remove(header, entries, buckets, entry)
+
+
+@njit(cache=True)
+def _submit_complete_loop(header, tasks, buffers, deps, entries, buckets, producers, covered, rows, kinds,
+                          ready, n):
+    for _ in range(n):
+        task = submit(header, tasks, buffers, deps, entries, buckets, producers, covered, 0, 1, rows, kinds)
+        complete(header, tasks, buffers, deps, task, ready)
+
+
+def per_op(benchmark, n):
+    benchmark.extra_info["ns_per_op"] = benchmark.stats.stats.median / n * 1e9
+
+
+def test_task_ring_alloc(benchmark):
+    s = fresh()
+    benchmark(_task_ring_loop, s.header, s.tasks, N)
+    per_op(benchmark, N)
+
+
+def test_heap_ring_alloc(benchmark):
+    s = fresh()
+    benchmark(_heap_ring_loop, s.header, s.buffers, N)
+    per_op(benchmark, N)
+
+
+def test_tensormap_insert(benchmark):
+    s = fresh()
+    row = np.array(layout_row(-1, 0, 4, (128, 1), (32, 32), 1), np.int64)
+    benchmark(_tm_insert_loop, s.header, s.entries, s.buckets, row, N)
+    per_op(benchmark, N)
+
+
+@pytest.mark.parametrize("chain", [0, 16, 256])
+def test_submit_and_complete(benchmark, chain):
+    """One task reading one tile and writing another, against `chain` live entries of its owner."""
+    s = fresh(tensormap_entries=4096)
+    for i in range(chain):  # earlier disjoint writers of other tiles of the same matrix
+        tm_insert(s.header, s.entries, s.buckets,
+                  np.array(layout_row(-1, 4096 * 128 * (i + 2), 4, (1024, 1), (32, 32), 1)), 0, cs.WRITER)
+    rows = np.array([layout_row(-1, 0, 4, (1024, 1), (32, 32), 1),
+                     layout_row(-1, 128, 4, (1024, 1), (32, 32), 1)], np.int64)
+    kinds = np.array([cs.INPUT, cs.OUTPUT], np.int64)
+    ready = np.empty(64, np.int64)
+    n = N // 10
+    benchmark(_submit_complete_loop, *s.tables, s.producers, s.covered, rows, kinds, ready, n)
+    per_op(benchmark, n)
+
+
+def test_python_submit(benchmark):
+    """The Python-level o.submit of a task with two tensor params, dry executor."""
+    @pto.kernel(worker=pto.VECTOR)
+    def k(a, b):
+        pass
+
+    n = 20_000
+
+    def orch(o, x, y):
+        a, b = o.external(x)[0:32, 0:32], o.external(y)[0:32, 32:64]
+        for _ in range(n):
+            o.submit(k, pto.input(a), pto.output(b))
+
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    benchmark(rt.run, orch, np.zeros((64, 64), np.float32), np.zeros((64, 64), np.float32))
+    per_op(benchmark, n)
+
+
+def test_python_submit_with_slicing(benchmark):
+    """o.submit plus slicing its two params from the external, as orchestrations do."""
+    @pto.kernel(worker=pto.VECTOR)
+    def k(a, b):
+        pass
+
+    n = 20_000
+
+    def orch(o, x, y):
+        X, Y = o.external(x), o.external(y)
+        for i in range(n):
+            j = (i % 32) * 32
+            o.submit(k, pto.input(X[0:32, j:j + 32]), pto.output(Y[0:32, j:j + 32]))
+
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    benchmark(rt.run, orch, np.zeros((32, 1024), np.float32), np.zeros((32, 1024), np.float32))
+    per_op(benchmark, n)
