@@ -37,7 +37,10 @@ class ParallelExecutor:
         self._running = 0
         self._completions = 0
         self._seen_completions = 0
-        self._room_wanted = False  # the orchestrator waits for any completion, not just the last
+        self._room_wanted = False  # the orchestrator waits for room in a full ring
+        # A full ring waits for a batch of completions, not one: handing the GIL back and
+        # forth per task costs more than the tasks themselves.
+        self._room_batch = max(1, scheduler.state.sizes.task_window // 8)
         self._error: TaskError | None = None
         self._threads = [
             threading.Thread(target=self._work, args=(worker,), name=f"pto-{worker.name}-{i}", daemon=True)
@@ -63,9 +66,11 @@ class ParallelExecutor:
             self._start_locked()
             self._room_wanted = True
             try:
-                while self._completions == self._seen_completions and self._error is None:
-                    if self._running == 0 and not any(self._queues.values()):
-                        raise self._scheduler.deadlock(status, self._unfreed())
+                while self._completions - self._seen_completions < self._room_batch and self._error is None:
+                    if self._idle_locked():
+                        if self._completions == self._seen_completions:
+                            raise self._scheduler.deadlock(status, self._unfreed())
+                        break  # everything drained: whatever room there will be is there now
                     self._progress.wait(WAIT_SLICE)
             finally:
                 self._room_wanted = False
@@ -76,7 +81,7 @@ class ParallelExecutor:
         with self._lock:
             self._start_locked()
             while self._scheduler.pending and self._error is None:
-                if self._running == 0 and not any(self._queues.values()):
+                if self._idle_locked():
                     raise PTOError(f"{self._scheduler.pending} tasks can never become ready")
                 self._progress.wait(WAIT_SLICE)
         self._shutdown()
@@ -114,7 +119,9 @@ class ParallelExecutor:
                     self._wake[ready.worker].notify()
                 self._running -= 1
                 self._completions += 1
-                if self._room_wanted or not self._scheduler.pending:
+                if not self._scheduler.pending or (self._room_wanted and (
+                        self._completions - self._seen_completions >= self._room_batch
+                        or self._idle_locked())):
                     self._progress.notify()
 
     # --- helpers -------------------------------------------------------------------------
@@ -122,6 +129,10 @@ class ParallelExecutor:
         if not self._started:
             self._started = True
             self._notify_all_locked()
+
+    def _idle_locked(self) -> bool:
+        """Nothing runs and nothing waits to run: no completion can come any more."""
+        return self._running == 0 and not any(self._queues.values())
 
     def _notify_all_locked(self) -> None:
         for wake in self._wake.values():

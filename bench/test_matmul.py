@@ -1,0 +1,46 @@
+"""Tiled matmul 2048x2048 float32 with 128-row tiles: pto-gpu against numpy and dask.array."""
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from orchestration.matmul import tiled_matmul
+
+N = 2048
+TILE = 128
+
+
+@pytest.fixture(scope="module")
+def operands():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((N, N)).astype(np.float32)
+    b = rng.standard_normal((N, N)).astype(np.float32)
+    return a, b, a.astype(np.float64) @ b.astype(np.float64)
+
+
+def check(c, reference):
+    # float32 sums of 2048 products: relative error well under 1e-4 of the largest entry.
+    assert np.abs(c - reference).max() <= 1e-4 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("tile", [TILE, 256])
+def test_pto_parallel(benchmark, operands, tile):
+    a, b, reference = operands
+    c = np.zeros((N, N), np.float32)
+    rt = pto.Runtime(backend="cpu")
+    benchmark.pedantic(rt.run, (tiled_matmul, a, b, c), {"tile": tile}, rounds=5, warmup_rounds=1)
+    check(c, reference)
+
+
+def test_numpy(benchmark, operands):
+    a, b, reference = operands
+    c = benchmark.pedantic(np.matmul, (a, b), rounds=5, warmup_rounds=1)
+    check(c, reference)
+
+
+def test_dask_array(benchmark, operands):
+    da = pytest.importorskip("dask.array")
+    a, b, reference = operands
+    product = da.matmul(da.from_array(a, chunks=TILE), da.from_array(b, chunks=TILE))
+    c = benchmark.pedantic(product.compute, kwargs={"scheduler": "threads"}, rounds=3, warmup_rounds=1)
+    check(c, reference)
