@@ -1,7 +1,7 @@
 """Tiled matmul (spec 001 §9.4): C = A @ B tile by tile, with explicit alloc and free."""
 
 import pto_gpu as pto
-from kernels.basic import copy, gemm_acc, zero
+from kernels.tiles import copy, matmul_acc, zero
 
 
 def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
@@ -16,7 +16,7 @@ def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
             o.submit(zero, pto.output(acc))
             for k in range(0, k_total, tile):
                 depth = min(tile, k_total - k)
-                o.submit(gemm_acc, pto.input(A[i:i + rows, k:k + depth]),
+                o.submit(matmul_acc, pto.input(A[i:i + rows, k:k + depth]),
                          pto.input(B[k:k + depth, j:j + cols]), pto.inout(acc))
             o.submit(copy, pto.input(acc), pto.output(C[i:i + rows, j:j + cols]))
             o.free(acc)

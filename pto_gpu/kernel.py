@@ -1,8 +1,13 @@
 """Kernel declarations: an InCore function recorded as plain data.
 
-`@pto.kernel(worker=...)` turns a function into a `Kernel` whose body is the CPU
-implementation; a CUDA implementation attaches to the same record. Each kernel gets a
+`@pto.kernel(worker=..., shapes=(...))` turns a function into a `Kernel` whose body is the
+CPU implementation; a CUDA implementation attaches to the same record. Each kernel gets a
 small integer id, which is what the numba core stores in the task table.
+
+`shapes` declares the tensor params' shapes, one string per tensor param in order: each
+word is a dim, either a number or a name that must be the same size wherever it appears
+("m k", "k n", "m n" for a matmul). `submit` checks them, and that the tensor params share
+one dtype unless `mixed_dtypes=True`, and names the param that is wrong.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import dataclasses
 from collections.abc import Callable
 
 from .dtypes import WorkerType
+from .errors import ParamError
 
 _REGISTRY: list[Kernel] = []
 
@@ -21,25 +27,56 @@ class Kernel:
     worker: WorkerType
     cpu: Callable
     cuda: Callable | None = None
+    shapes: tuple[tuple[str, ...], ...] | None = None
+    mixed_dtypes: bool = False
     id: int = -1
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.worker.name})"
 
+    def check(self, tensors: list) -> None:
+        """Check the tensor params (descriptors, in order) against the declaration."""
+        if self.shapes is not None:
+            if len(tensors) != len(self.shapes):
+                raise ParamError(f"{self.name} takes {len(self.shapes)} tensor params, got {len(tensors)}")
+            sizes: dict[str, tuple[int, int]] = {}
+            for index, (dims, tensor) in enumerate(zip(self.shapes, tensors)):
+                if len(dims) != tensor.ndim:
+                    raise ParamError(f"{self.name}: tensor param {index} must be {len(dims)}-d "
+                                     f"({' '.join(dims)}), got shape {tensor.shape}")
+                for dim, (word, size) in enumerate(zip(dims, tensor.shape)):
+                    if word.isdigit():
+                        if int(word) != size:
+                            raise ParamError(f"{self.name}: tensor param {index} dim {dim} must be "
+                                             f"{word}, got shape {tensor.shape}")
+                    elif word in sizes and sizes[word][0] != size:
+                        first, where = sizes[word]
+                        raise ParamError(f"{self.name}: tensor param {index} dim {dim} ({word}) is "
+                                         f"{size} but tensor param {where} has {word}={first}")
+                    else:
+                        sizes.setdefault(word, (size, index))
+        if not self.mixed_dtypes and tensors:
+            first = tensors[0].dtype
+            for index, tensor in enumerate(tensors):
+                if tensor.dtype != first:
+                    raise ParamError(f"{self.name}: tensor param {index} is {tensor.dtype.name} but "
+                                     f"tensor param 0 is {first.name}")
 
-def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None) -> Callable[[Callable], Kernel]:
+
+def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
+           shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False
+           ) -> Callable[[Callable], Kernel]:
     """Declare an InCore kernel; the decorated function is its CPU implementation.
 
     It receives one array view per tensor param and the scalar values, in param order.
     """
+    parsed = None if shapes is None else tuple(tuple(s.split()) for s in shapes)
 
     def declare(function: Callable) -> Kernel:
-        declared = Kernel(name or function.__name__, WorkerType(worker), function, id=len(_REGISTRY))
+        declared = Kernel(name or function.__name__, WorkerType(worker), function, shapes=parsed,
+                          mixed_dtypes=mixed_dtypes, id=len(_REGISTRY))
         _REGISTRY.append(declared)
         return declared
 
     return declare
 
-
-def kernel_by_id(kernel_id: int) -> Kernel:
-    return _REGISTRY[kernel_id]

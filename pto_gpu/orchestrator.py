@@ -162,6 +162,7 @@ class Orchestrator:
             raise ParamError(f"{kernel.name} has {len(tensors)} tensor params; at most {cs.MAX_PARAMS}")
         for position, p in tensors:
             self._check_usable(p.value, position, kernel)
+        kernel.check([p.value for _, p in tensors])
         rows = np.array([p.value.layout for _, p in tensors], np.int64).reshape(len(tensors), ROW_WIDTH)
         kinds = np.array([p.kind for _, p in tensors], np.int64)
         task = Task(-1, kernel, WorkerType(kernel.worker if worker is None else worker), checked)

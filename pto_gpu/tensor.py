@@ -159,6 +159,15 @@ class TensorDescriptor:
     def T(self) -> TensorDescriptor:
         return self._replace(strides=self.strides[::-1], repeats=self.repeats[::-1])
 
+    def transpose(self, *axes: int) -> TensorDescriptor:
+        """Permute the dims (all reversed when no axes are given), as numpy does."""
+        if not axes:
+            return self.T
+        if sorted(axes) != list(range(self.ndim)):
+            raise LayoutError(f"transpose axes {axes} are not a permutation of {self.ndim} dims")
+        return self._replace(strides=tuple(self.strides[a] for a in axes),
+                             repeats=tuple(self.repeats[a] for a in axes))
+
     def reshape(self, *shape) -> TensorDescriptor:
         """A view with a new shape, where the layout allows it without a copy."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
