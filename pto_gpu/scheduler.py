@@ -125,9 +125,14 @@ class Scheduler:
             in_use = int(h[cs.H_HEAP_HEAD] - h[cs.H_HEAP_TAIL])
             live = int(h[cs.H_BUF_NEXT] - h[cs.H_BUF_TAIL])
             shown = ", ".join(repr(b) for b in unfreed[:4]) + (" ..." if len(unfreed) > 4 else "")
-            holds = (f"{live} live buffers span {in_use} bytes; {len(unfreed)} of them are not "
-                     f"freed yet ({shown})")
-            advice = f"free buffers once their last use is submitted, or raise {setting}="
+            holds = (f"{live} buffers from the oldest live one on span {in_use} bytes; "
+                     f"{len(unfreed)} of them are not freed yet ({shown})")
+            if unfreed and live > len(unfreed):
+                holds += (f". The heap reclaims in allocation order, so the oldest unfreed buffer "
+                          f"{unfreed[0]!r} also holds the {live - len(unfreed)} freed buffers "
+                          "allocated after it")
+            advice = (f"free buffers once their last use is submitted, allocate long-lived buffers "
+                      f"before short-lived ones or reuse them, or raise {setting}=")
         elif status == cs.FULL_TASKS:
             holds = (f"tasks {int(h[cs.H_LAST_ALIVE])}..{int(h[cs.H_NEXT_TASK]) - 1} are live and "
                      f"none can complete")

@@ -207,3 +207,16 @@ def test_backend_selection():
         pto.Runtime(backend="cuda")
     with pytest.raises(pto.PTOError, match="power of two"):
         pto.Runtime(task_window=6)
+
+
+def test_deadlock_names_the_old_buffer_that_pins_reclamation():
+    def orch(o):
+        o.alloc((16,))  # long-lived, never freed: everything allocated after it waits behind it
+        for _ in range(20):
+            t = o.alloc((256,))
+            o.submit(fill, pto.output(t), 1.0)
+            o.free(t)
+
+    with pytest.raises(pto.DeadlockError, match=r"allocation order, so the oldest unfreed buffer "
+                                                r"Buffer\(heap #0.*also holds the \d+ freed buffers"):
+        runtime("serial", heap_bytes=4096).run(orch)
