@@ -45,10 +45,10 @@ def _tm_insert_loop(header, entries, buckets, row, n):
 
 
 @njit(cache=True)
-def _submit_complete_loop(header, tasks, buffers, deps, entries, buckets, producers, covered, rows, kinds,
+def _submit_complete_loop(header, tasks, buffers, deps, entries, buckets, producers, covered, params,
                           ready, n):
     for _ in range(n):
-        task = submit(header, tasks, buffers, deps, entries, buckets, producers, covered, 0, 1, rows, kinds)
+        task = submit(header, tasks, buffers, deps, entries, buckets, producers, covered, 0, 1, params)
         complete(header, tasks, buffers, deps, task, ready)
 
 
@@ -82,12 +82,11 @@ def test_submit_and_complete(benchmark, chain):
     for i in range(chain):  # earlier disjoint writers of other tiles of the same matrix
         tm_insert(s.header, s.entries, s.buckets,
                   np.array(layout_row(-1, 4096 * 128 * (i + 2), 4, (1024, 1), (32, 32), 1)), 0, cs.WRITER)
-    rows = np.array([layout_row(-1, 0, 4, (1024, 1), (32, 32), 1),
-                     layout_row(-1, 128, 4, (1024, 1), (32, 32), 1)], np.int64)
-    kinds = np.array([cs.INPUT, cs.OUTPUT], np.int64)
+    params = np.array([layout_row(-1, 0, 4, (1024, 1), (32, 32), 1) + (cs.INPUT,),
+                       layout_row(-1, 128, 4, (1024, 1), (32, 32), 1) + (cs.OUTPUT,)], np.int64)
     ready = np.empty(64, np.int64)
     n = N // 10
-    benchmark(_submit_complete_loop, *s.tables, s.producers, s.covered, rows, kinds, ready, n)
+    benchmark(_submit_complete_loop, *s.tables, s.producers, s.covered, params, ready, n)
     per_op(benchmark, n)
 
 

@@ -23,6 +23,8 @@ R_NDIM = 5  # canonical dims
 R_STRIDE = 6  # R_STRIDE + k: byte stride of dim k
 R_COUNT = R_STRIDE + MAX_DIMS  # R_COUNT + k: count of dim k
 ROW_WIDTH = R_COUNT + MAX_DIMS
+P_KIND = ROW_WIDTH  # a submitted param is its layout row plus its kind (INPUT, OUTPUT, INOUT)
+PARAM_WIDTH = ROW_WIDTH + 1
 
 
 def layout_row(owner: int, byte_offset: int, itemsize: int, strides, repeats, level: int) -> tuple:

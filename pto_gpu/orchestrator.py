@@ -28,7 +28,7 @@ from .errors import (
     UseAfterFreeError,
 )
 from .kernel import Kernel
-from .layout import ROW_WIDTH
+from .layout import P_KIND, PARAM_WIDTH, ROW_WIDTH
 from .params import Param, ParamKind, as_param
 from .scheduler import Scheduler, Task
 from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
@@ -65,6 +65,7 @@ class Orchestrator:
         self._externals: dict[int, Buffer] = {}  # owner base address -> buffer
         self._unfreed: dict[int, Buffer] = {}  # heap buffers not yet freed, by sequence number
         self._scopes: list[list[Buffer]] = []
+        self._params = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)  # reused by every submit
         self._open = True
 
     # --- memory --------------------------------------------------------------------------
@@ -160,13 +161,14 @@ class Orchestrator:
         tensors = [(i, p) for i, p in enumerate(checked) if p.kind != ParamKind.SCALAR]
         if len(tensors) > cs.MAX_PARAMS:
             raise ParamError(f"{kernel.name} has {len(tensors)} tensor params; at most {cs.MAX_PARAMS}")
-        for position, p in tensors:
+        rows = self._params
+        for row, (position, p) in enumerate(tensors):
             self._check_usable(p.value, position, kernel)
+            rows[row, :ROW_WIDTH] = p.value.layout
+            rows[row, P_KIND] = p.kind
         kernel.check([p.value for _, p in tensors])
-        rows = np.array([p.value.layout for _, p in tensors], np.int64).reshape(len(tensors), ROW_WIDTH)
-        kinds = np.array([p.kind for _, p in tensors], np.int64)
-        task = Task(-1, kernel, WorkerType(kernel.worker if worker is None else worker), checked)
-        while (status := self._scheduler.try_submit(task, rows, kinds)) < 0:
+        task = Task(-1, kernel, kernel.worker if worker is None else WorkerType(worker), checked)
+        while (status := self._scheduler.try_submit(task, rows[:len(tensors)])) < 0:
             self._wait_for_room(status)
         for _, p in tensors:
             if p.writes:

@@ -56,7 +56,7 @@ class Scheduler:
         self.record = record
 
     # --- submission ----------------------------------------------------------------------
-    def try_submit(self, task: Task, rows: np.ndarray, kinds: np.ndarray) -> int:
+    def try_submit(self, task: Task, params: np.ndarray) -> int:
         """Submit to the core; the task id, or a FULL_* code after room-making that needs no wait."""
         s = self.state
         # Registered before the core sees it: a worker may make it ready the moment it exists.
@@ -64,10 +64,10 @@ class Scheduler:
         self.live[task.id] = task
         while True:
             status = core_submit(*s.tables, s.producers, s.covered, task.kernel.id, int(task.worker),
-                                 rows, kinds)
+                                 params)
             if status >= 0:
                 return status
-            if status != cs.FULL_TENSORMAP or not self._make_tensormap_room(len(kinds)):
+            if status != cs.FULL_TENSORMAP or not self._make_tensormap_room(len(params)):
                 del self.live[task.id]
                 return status
 

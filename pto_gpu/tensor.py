@@ -20,6 +20,8 @@ from .errors import LayoutError
 from .layout import layout_row
 from .overlap import Overlap
 
+MAX_REMEMBERED_SLICES = 4096  # per parent descriptor
+
 
 class BufferKind(enum.IntEnum):
     HEAP = 0
@@ -50,7 +52,7 @@ class TensorDescriptor:
     """An immutable strided view of a buffer. See the module docstring."""
 
     __slots__ = ("buffer", "addr", "start_offset", "strides", "repeats", "dtype", "version",
-                 "overlap", "_layout")
+                 "overlap", "_layout", "_slices")
 
     def __init__(self, buffer: Buffer, addr: int, start_offset: int, strides: tuple[int, ...],
                  repeats: tuple[int, ...], dtype: DataType, version: int = 0,
@@ -132,6 +134,19 @@ class TensorDescriptor:
     def __getitem__(self, key) -> TensorDescriptor:
         if not isinstance(key, tuple):
             key = (key,)
+        # Orchestrations slice the same tiles over and over (A[i, k] for every j); descriptors
+        # are immutable, so each parent remembers its slices, with their layouts computed once.
+        memo_key = tuple((k.start, k.stop, k.step) if type(k) is slice else k for k in key)
+        if self._slices is None:
+            _SET(self, "_slices", {})
+        view = self._slices.get(memo_key)
+        if view is None:
+            view = self._slice(key)
+            if len(self._slices) < MAX_REMEMBERED_SLICES:
+                self._slices[memo_key] = view
+        return view
+
+    def _slice(self, key: tuple) -> TensorDescriptor:
         if len(key) > self.ndim:
             raise LayoutError(f"{len(key)} indices for a {self.ndim}-d tensor {self.shape}")
         offset = self.start_offset
@@ -186,12 +201,12 @@ class TensorDescriptor:
         return self._replace(version=version)
 
     @property
-    def layout(self) -> tuple[int, ...]:
+    def layout(self) -> np.ndarray:
         """The canonical layout row the numba core compares (see layout.py), computed once."""
         if self._layout is None:
-            object.__setattr__(self, "_layout", layout_row(
+            object.__setattr__(self, "_layout", np.array(layout_row(
                 self.buffer.key, self.byte_offset, self.dtype.itemsize, self.strides, self.repeats,
-                int(self.overlap)))
+                int(self.overlap)), np.int64))
         return self._layout
 
 
@@ -208,6 +223,7 @@ def _init(t, buffer, addr, start_offset, strides, repeats, dtype, version, overl
     _SET(t, "version", version)
     _SET(t, "overlap", overlap)
     _SET(t, "_layout", None)
+    _SET(t, "_slices", None)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

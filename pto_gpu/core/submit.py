@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..layout import R_OWNER
+from ..layout import P_KIND, R_OWNER, ROW_WIDTH
 from ..overlap import row_covers, rows_overlap
 from .rings import dep_free_count, dep_prepend, is_done, task_ring_alloc
 from .state import (
@@ -50,13 +50,13 @@ from .tensormap import chain_head, is_stale, tm_free_count, tm_insert, tm_remove
 
 @njit(cache=True)
 def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
-           kernel_id, worker, rows, kinds):
+           kernel_id, worker, params):
     """Submit one task; its id, or a FULL_* code with nothing but stale entries changed.
 
-    rows: one layout row per tensor param; kinds: INPUT, OUTPUT or INOUT per param.
+    params: one row per tensor param, its layout row then its kind (INPUT, OUTPUT or INOUT).
     On success producers[:header[H_LAST_EDGES]] holds the task's producers, ascending.
     """
-    n_params = len(kinds)
+    n_params = len(params)
     if header[H_NEXT_TASK] - header[H_LAST_ALIVE] >= header[H_WINDOW]:
         return FULL_TASKS
     if tm_free_count(header, entries) < n_params:
@@ -68,9 +68,9 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
     found = 0
     n_covered = 0
     for p in range(n_params):
-        row = rows[p]
+        row = params[p, :ROW_WIDTH]
         owner = row[R_OWNER]
-        writes = kinds[p] != INPUT
+        writes = params[p, P_KIND] != INPUT
         for kind in range(WRITER, READER + 1 if writes else READER):
             entry = chain_head(buckets, owner, kind)
             while entry >= 0:
@@ -115,8 +115,9 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
             tm_remove(header, entries, buckets, covered[i])
     n_buf = 0
     for p in range(n_params):
-        owner = rows[p, R_OWNER]
-        tm_insert(header, entries, buckets, rows[p], task_id, READER if kinds[p] == INPUT else WRITER)
+        owner = params[p, R_OWNER]
+        kind = READER if params[p, P_KIND] == INPUT else WRITER
+        tm_insert(header, entries, buckets, params[p, :ROW_WIDTH], task_id, kind)
         if owner >= 0 and not _contains(tasks[slot, T_BUF:T_BUF + n_buf], owner):
             tasks[slot, T_BUF + n_buf] = owner
             n_buf += 1
