@@ -90,26 +90,10 @@ def test_submit_and_complete(benchmark, chain):
     per_op(benchmark, n)
 
 
-def test_python_submit(benchmark):
-    """The Python-level o.submit of a task with two tensor params, dry executor."""
-    @pto.kernel(worker=pto.VECTOR)
-    def k(a, b):
-        pass
-
-    n = 20_000
-
-    def orch(o, x, y):
-        a, b = o.external(x)[0:32, 0:32], o.external(y)[0:32, 32:64]
-        for _ in range(n):
-            o.submit(k, pto.input(a), pto.output(b))
-
-    rt = pto.Runtime(backend="cpu", executor="dry")
-    benchmark(rt.run, orch, np.zeros((64, 64), np.float32), np.zeros((64, 64), np.float32))
-    per_op(benchmark, n)
-
-
-def test_python_submit_with_slicing(benchmark):
-    """o.submit plus slicing its two params from the external, as orchestrations do."""
+@pytest.mark.parametrize("slicing", [False, True], ids=["reused-descriptors", "slicing"])
+def test_python_submit(benchmark, slicing):
+    """The Python-level o.submit of a task with two tensor params, dry executor; with
+    slicing, both params are sliced from their arrays at each submit, as orchestrations do."""
     @pto.kernel(worker=pto.VECTOR)
     def k(a, b):
         pass
@@ -118,9 +102,12 @@ def test_python_submit_with_slicing(benchmark):
 
     def orch(o, x, y):
         X, Y = o.external(x), o.external(y)
+        a, b = X[0:32, 0:32], Y[0:32, 0:32]
         for i in range(n):
-            j = (i % 32) * 32
-            o.submit(k, pto.input(X[0:32, j:j + 32]), pto.output(Y[0:32, j:j + 32]))
+            if slicing:
+                j = (i % 32) * 32
+                a, b = X[0:32, j:j + 32], Y[0:32, j:j + 32]
+            o.submit(k, pto.input(a), pto.output(b))
 
     rt = pto.Runtime(backend="cpu", executor="dry")
     benchmark(rt.run, orch, np.zeros((32, 1024), np.float32), np.zeros((32, 1024), np.float32))

@@ -6,6 +6,7 @@ Row results are (m, 1) columns, so they broadcast back over their rows.
 import numpy as np
 
 import pto_gpu as pto
+from kernels.elementwise import ufunc_kernel
 
 
 @pto.kernel(worker=pto.VECTOR, shapes=("m n", "m 1"))
@@ -23,16 +24,8 @@ def col_sum(a, out):
     np.sum(a, axis=0, keepdims=True, out=out)
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m 1", "m n"))
-def row_expand_sub(a, row, out):
-    np.subtract(a, row, out=out)
+ROW_BROADCAST = ("m n", "m 1", "m n")
 
-
-@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m 1", "m n"))
-def row_expand_div(a, row, out):
-    np.divide(a, row, out=out)
-
-
-@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m 1", "m n"))
-def row_expand_mul(a, row, out):
-    np.multiply(a, row, out=out)
+row_expand_sub = ufunc_kernel("row_expand_sub", np.subtract, ROW_BROADCAST)
+row_expand_div = ufunc_kernel("row_expand_div", np.divide, ROW_BROADCAST)
+row_expand_mul = ufunc_kernel("row_expand_mul", np.multiply, ROW_BROADCAST)

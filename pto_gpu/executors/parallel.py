@@ -19,6 +19,7 @@ from ..scheduler import Scheduler, Task
 from . import run_kernel
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
+DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
 
 
 class ParallelExecutor:
@@ -42,6 +43,9 @@ class ParallelExecutor:
         # forth per task costs more than the tasks themselves.
         self._room_batch = max(1, scheduler.state.sizes.task_window // 8)
         self._error: TaskError | None = None
+        # Tasks ready at submission wait here and reach the queues in batches: waking an idle
+        # worker per task costs more than a small task does.
+        self._outbox: list[Task] = []
         self._threads = [
             threading.Thread(target=self._work, args=(worker,), name=f"pto-{worker.name}-{i}", daemon=True)
             for worker, count in workers.items() for i in range(count)
@@ -52,17 +56,25 @@ class ParallelExecutor:
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task) -> None:
         self._raise_failure()
-        ready = self._scheduler.last_was_ready()
-        with self._lock:
-            if ready:
-                self._queues[task.worker].append(task)
-            if not self._started and 0 < self._threshold <= self._scheduler.pending:
-                self._start_locked()
-            elif ready and self._started:
+        if self._scheduler.last_was_ready():
+            self._outbox.append(task)
+        threshold_reached = not self._started and 0 < self._threshold <= self._scheduler.pending
+        if len(self._outbox) >= DISPATCH_BATCH or threshold_reached:
+            with self._lock:
+                self._flush_locked()
+                if threshold_reached:
+                    self._start_locked()
+
+    def _flush_locked(self) -> None:
+        for task in self._outbox:
+            self._queues[task.worker].append(task)
+            if self._started:
                 self._wake[task.worker].notify()
+        self._outbox.clear()
 
     def make_room(self, status: int) -> None:
         with self._lock:
+            self._flush_locked()
             self._start_locked()
             self._room_wanted = True
             try:
@@ -79,6 +91,7 @@ class ParallelExecutor:
 
     def finish(self) -> None:
         with self._lock:
+            self._flush_locked()
             self._start_locked()
             while self._scheduler.pending and self._error is None:
                 if self._idle_locked():
