@@ -46,3 +46,7 @@ class ParamError(PTOError):
 
 class UsageError(PTOError):
     """An API call made in a state that does not allow it (submit outside a run, nested runs)."""
+
+
+class InvariantError(PTOError):
+    """Validation mode found the scheduler's state inconsistent: a bug in pto-gpu."""

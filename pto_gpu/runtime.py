@@ -55,7 +55,8 @@ class Runtime:
     def __init__(self, backend: str = "auto", executor: str = "parallel", *,
                  heap_bytes: int = 64 << 20, task_window: int = 1024,
                  workers: dict[WorkerType, int] | None = None, buffer_window: int | None = None,
-                 dep_pool: int | None = None, tensormap_entries: int | None = None):
+                 dep_pool: int | None = None, tensormap_entries: int | None = None,
+                 validate: bool | None = None):
         if executor not in EXECUTORS:
             raise PTOError(f"executor={executor!r}; choose one of {', '.join(EXECUTORS)}")
         self.executor = executor
@@ -71,6 +72,9 @@ class Runtime:
             raise PTOError(f"workers={workers}: every worker class needs at least one worker")
         self.backend = _make_backend(backend, heap_bytes)
         self._scheduler = Scheduler(CoreState.allocate(self.sizes))
+        # Validation mode checks every scheduler invariant after every transition (slow).
+        self._scheduler.validate = (os.environ.get("PTO_VALIDATE", "") not in ("", "0")
+                                    if validate is None else validate)
         self._running = False
 
     def run(self, orchestration: Callable, *args, threshold: int = 0, record: bool = False,
@@ -102,6 +106,7 @@ class Runtime:
                 executor.finish()
         except BaseException:
             executor.abort()
+            scheduler.reset(record)  # nothing of an unwound run stays in the rings
             raise
         finally:
             o.close()

@@ -12,12 +12,12 @@ import dataclasses
 import numpy as np
 
 from .core import complete as core_complete
-from .core import rings
+from .core import invariants, rings
 from .core import state as cs
 from .core.submit import submit as core_submit
 from .core.tensormap import tm_free_count, tm_sweep
 from .dtypes import WorkerType
-from .errors import DeadlockError
+from .errors import DeadlockError, InvariantError
 from .kernel import Kernel
 from .params import Param
 
@@ -49,6 +49,7 @@ class Scheduler:
         self.state = state
         self.live: dict[int, Task] = {}
         self.record = False
+        self.validate = False
 
     def reset(self, record: bool) -> None:
         self.state.reset()
@@ -66,6 +67,8 @@ class Scheduler:
             status = core_submit(*s.tables, s.producers, s.covered, task.kernel.id, int(task.worker),
                                  params)
             if status >= 0:
+                if self.validate:
+                    self.check_invariants(f"submitting task {status}")
                 return status
             if status != cs.FULL_TENSORMAP or not self._make_tensormap_room(len(params)):
                 del self.live[task.id]
@@ -99,10 +102,19 @@ class Scheduler:
         s = self.state
         n = core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
         del self.live[task_id]
+        if self.validate:
+            self.check_invariants(f"completing task {task_id}")
         return [self.live[int(t)] for t in ready_scratch[:n]]
 
     def ready_scratch(self) -> np.ndarray:
         return np.empty(len(self.state.deps), np.int64)
+
+    def check_invariants(self, after: str) -> None:
+        """Raise InvariantError naming the first scheduler invariant that does not hold."""
+        where = np.zeros(1, np.int64)
+        violated = invariants.check(*self.state.tables, where)
+        if violated:
+            raise InvariantError(f"after {after}: {invariants.VIOLATIONS[violated]} (at {int(where[0])})")
 
     # --- inspection ----------------------------------------------------------------------
     @property

@@ -42,9 +42,20 @@ class CpuBackend:
                              array.shape, array.strides, array.dtype)
 
     def run(self, task) -> None:
-        """Run a task's CPU implementation on views of its tensor params."""
-        task.kernel.cpu(*(self.view(p.value) if p.kind != ParamKind.SCALAR else p.value
-                          for p in task.params))
+        """Run a task's CPU implementation on views of its tensor params.
+
+        Input params are read-only views, so a kernel that writes one fails loudly instead of
+        racing with the tasks the dependency analysis let run beside it.
+        """
+        task.kernel.cpu(*(self._param_view(p) for p in task.params))
+
+    def _param_view(self, param):
+        if param.kind == ParamKind.SCALAR:
+            return param.value
+        view = self.view(param.value)
+        if param.kind == ParamKind.INPUT:
+            view.flags.writeable = False
+        return view
 
     def view(self, tensor: TensorDescriptor) -> np.ndarray:
         buffer = tensor.buffer

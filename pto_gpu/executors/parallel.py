@@ -14,7 +14,7 @@ import collections
 import threading
 
 from ..dtypes import WorkerType
-from ..errors import PTOError, TaskError
+from ..errors import PTOError
 from ..scheduler import Scheduler, Task
 from . import run_kernel
 
@@ -42,7 +42,7 @@ class ParallelExecutor:
         # A full ring waits for a batch of completions, not one: handing the GIL back and
         # forth per task costs more than the tasks themselves.
         self._room_batch = max(1, scheduler.state.sizes.task_window // 8)
-        self._error: TaskError | None = None
+        self._error: BaseException | None = None
         # Tasks ready at submission wait here and reach the queues in batches: waking an idle
         # worker per task costs more than a small task does.
         self._outbox: list[Task] = []
@@ -115,17 +115,17 @@ class ParallelExecutor:
                     return
                 task = queue.popleft()
                 self._running += 1
-            self._scheduler.start(task.id)
             try:
+                self._scheduler.start(task.id)
                 run_kernel(self._backend, task)
-            except TaskError as error:
+                made_ready = self._scheduler.complete(task.id, scratch)
+            except BaseException as error:  # a kernel's TaskError, or validation mode's finding
                 with self._lock:
                     self._error = self._error or error
                     self._running -= 1
                     self._stopping = True
                     self._notify_all_locked()
                 return
-            made_ready = self._scheduler.complete(task.id, scratch)
             with self._lock:
                 for ready in made_ready:
                     self._queues[ready.worker].append(ready)
