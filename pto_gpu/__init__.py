@@ -44,7 +44,8 @@ ACCELERATOR = WorkerType.ACCELERATOR
 __all__ = [
     "ACCELERATOR", "AI_CPU", "BFLOAT16", "CUBE", "FLOAT16", "FLOAT32", "FLOAT64", "INT16", "INT32",
     "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
-    "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError", "Orchestrator", "Overlap",
+    "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
+    "Orchestrator", "Overlap",
     "PTOError", "Param", "ParamError", "ParamKind", "RunResult", "Runtime", "StaleVersionError",
     "TaskError", "TensorDescriptor", "UsageError", "UseAfterFreeError", "WorkerType", "element_size",
     "inout", "input", "kernel", "output", "scalar",
