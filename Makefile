@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: test run bench lint clean
+.PHONY: test run bench fuzz lint clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ run: $(BIN)/.installed
 
 bench: $(BIN)/.installed-bench
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds
+
+# Differential fuzzing against the serial executor: FUZZ_EXAMPLES programs (Ctrl-C stops it),
+# from a fresh random seed each time (hypothesis prints how to reproduce a failure).
+FUZZ_EXAMPLES ?= 1000000
+fuzz: $(BIN)/.installed
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -x -q
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

@@ -1,0 +1,111 @@
+"""Random orchestrations for differential testing against the serial executor.
+
+A program is drawn from a seed: strided and transposed slices of a few external buffers
+(and of aliasing views of them in other dtypes), both overlap levels, alloc / free / scopes /
+versions, and input / output / inout params of CUBE and VECTOR kernels whose every output
+depends on every input. `describe` lists the ops, for failure reports.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import pto_gpu as pto
+
+
+def _combine(n_inputs, *views):
+    """Every output depends on every input: out = out / 2 + sum(inputs) + 1 (cast back)."""
+    with np.errstate(all="ignore"):  # reinterpreted bytes make NaNs and infs, deterministically
+        total = sum(float(v.sum(dtype=np.float64)) for v in views[:n_inputs]) % 1000.0 + 1.0
+        for out in views[n_inputs:]:
+            out[...] = (out * 0.5 + total).astype(out.dtype)
+
+
+combine_cube = pto.kernel(worker=pto.CUBE, name="combine_cube", mixed_dtypes=True)(_combine)
+combine_vector = pto.kernel(worker=pto.VECTOR, name="combine_vector", mixed_dtypes=True)(_combine)
+
+
+@pto.kernel(worker=pto.VECTOR)
+def stamp(out, value):
+    out[...] = value
+
+
+def make_buffers() -> list[np.ndarray]:
+    return [np.arange(64, dtype=np.float64).reshape(8, 8) / 7, np.ones((8, 8)), np.zeros((4, 16), np.float32)]
+
+
+def _slice(rng, t):
+    key = []
+    for n in t.shape:
+        start = int(rng.integers(0, n))
+        key.append(slice(start, int(rng.integers(start + 1, n + 1)), int(rng.integers(1, 3))))
+    view = t[tuple(key)]
+    if rng.random() < 0.2:
+        view = view.T
+    if rng.random() < 0.2:
+        view = view.with_overlap(pto.Overlap.BOUNDING_BOX)
+    return view
+
+
+def random_program(o, buffers, seed: int, n_ops: int, log: list | None = None) -> None:
+    rng = np.random.default_rng(seed)
+    externals = [o.external(b) for b in buffers]
+    # Aliases of the first buffer: a row window, and its bytes seen as float32 and uint8.
+    externals += [o.external(buffers[0][2:, :]), o.external(buffers[0].view(np.float32)),
+                  o.external(buffers[0].view(np.uint8)[:, :32])]
+    live = []
+
+    def note(*what):
+        if log is not None:
+            log.append(" ".join(str(w) for w in what))
+
+    for _ in range(n_ops):
+        r = rng.random()
+        if r < 0.12:
+            t = o.alloc((8, 8), pto.FLOAT64)
+            note("alloc", t.buffer.key)
+            o.submit(stamp, pto.output(t), float(rng.integers(10)))
+            live.append(t)
+        elif r < 0.2 and live:
+            t = live.pop(int(rng.integers(len(live))))
+            note("free", t.buffer.key)
+            o.free(t)
+        elif r < 0.25 and live:
+            i = int(rng.integers(len(live)))
+            live[i] = o.version_inc(live[i])
+            note("version_inc", live[i].buffer.key, "->", live[i].version)
+        elif r < 0.3:
+            with o.scope():
+                t = o.alloc((8, 8), pto.FLOAT64)
+                target = _slice(rng, externals[0])
+                note("scope: alloc", t.buffer.key, "stamp, combine into", target)
+                o.submit(stamp, pto.output(t), 3.0)
+                o.submit(combine_vector, 1, pto.input(t), pto.inout(target))
+        else:
+            pool = externals + live
+            n_in, n_out = int(rng.integers(0, 3)), int(rng.integers(1, 3))
+            picks = [_slice(rng, pool[int(rng.integers(len(pool)))]) for _ in range(n_in + n_out)]
+            kinds = [pto.input] * n_in + [pto.inout if rng.random() < 0.5 else pto.output
+                                          for _ in range(n_out)]
+            kernel = combine_cube if rng.random() < 0.5 else combine_vector
+            note(kernel.name, *(f"{k.__name__}({t!r})" for k, t in zip(kinds, picks)))
+            o.submit(kernel, n_in, *(k(t) for k, t in zip(kinds, picks)))
+    for t in live:
+        o.free(t)
+
+
+def run(executor: str, seed: int, n_ops: int, threshold: int = 0, **config):
+    """Run one program; (buffers after, RunResult or the DeadlockError raised)."""
+    buffers = make_buffers()
+    rt = pto.Runtime(backend="cpu", executor=executor, validate=True, **config)
+    try:
+        result = rt.run(random_program, buffers, seed, n_ops, record=True, threshold=threshold)
+    except pto.DeadlockError as error:
+        return buffers, error
+    return buffers, result
+
+
+def describe(seed: int, n_ops: int) -> str:
+    log: list[str] = []
+    pto.Runtime(backend="cpu", executor="dry").run(random_program, make_buffers(), seed, n_ops, log)
+    return "\n".join(f"  {i:3d}: {line}" for i, line in enumerate(log))
