@@ -150,7 +150,9 @@ class Scheduler:
                      f"none can complete")
             advice = f"raise {setting}= above the tasks the orchestration keeps waiting at once"
         else:
-            holds = f"{len(self.live)} live tasks hold all {size} entries"
+            used = int(h[cs.H_TM_USED] if status == cs.FULL_TENSORMAP else h[cs.H_DEP_USED])
+            holds = (f"{used} entries are held by the regions or edges of {len(self.live)} unfinished "
+                     "tasks and external arrays, and the task being submitted needs more")
             advice = f"raise {setting}="
         unit = "bytes" if status == cs.FULL_HEAP else "entries"
         return DeadlockError(f"{ring} ({setting}={size} {unit}) is full and nothing running can free "

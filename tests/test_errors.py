@@ -1,0 +1,199 @@
+"""The misuse catalogue: every way to misuse the API that we know of, and the error it gives.
+
+Each case is one test. docs/ERRORS.md is generated from the same list with the messages the
+cases actually raise (`python tests/test_errors.py > docs/ERRORS.md`), and a test fails when
+it drifts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from kernels.tiles import matmul
+
+
+@pto.kernel(worker=pto.VECTOR)
+def _noop(*_):
+    pass
+
+
+@pto.kernel(worker=pto.VECTOR)
+def _writes_its_input(a):
+    a[...] = 1
+
+
+@pto.kernel(worker=pto.VECTOR)
+def _raises(*_):
+    raise RuntimeError("kernel bug")
+
+
+@dataclasses.dataclass
+class Case:
+    what: str
+    trigger: Callable[[], object]
+    error: type
+    note: str = ""
+
+
+def run(orch, **config):
+    return lambda: pto.Runtime(backend="cpu", executor=config.pop("executor", "serial"), **config).run(orch)
+
+
+def alloc_then(action):
+    def orch(o):
+        action(o, o.alloc((4, 4)))
+    return orch
+
+
+def freed(o, t):
+    o.free(t)
+    return t
+
+
+class _GpuArray:
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def _leak_orchestrator():
+    kept = {}
+    pto.Runtime(backend="cpu").run(lambda o: kept.update(o=o))
+    kept["o"].alloc((4,))
+
+
+def _tensor_from_another_run():
+    kept = {}
+    rt = pto.Runtime(backend="cpu")
+    rt.run(lambda o: kept.update(t=o.alloc((4,))))
+    rt.run(lambda o: o.submit(_noop, pto.input(kept["t"])))
+
+
+def _nested_run():
+    rt = pto.Runtime(backend="cpu")
+    rt.run(lambda o: rt.run(lambda o2: None))
+
+
+def _hoard(o):
+    for t in [o.alloc((256,)) for _ in range(10)]:
+        o.submit(_noop, pto.output(t))
+
+
+def _pinned(o):
+    o.alloc((16,))
+    for _ in range(20):
+        t = o.alloc((256,))
+        o.submit(_noop, pto.output(t))
+        o.free(t)
+
+
+CASES = [
+    Case("use after free", run(alloc_then(lambda o, t: o.submit(_noop, pto.input(freed(o, t))))),
+         pto.UseAfterFreeError),
+    Case("double free", run(alloc_then(lambda o, t: o.free(freed(o, t)))), pto.DoubleFreeError),
+    Case("freeing an external", run(lambda o: o.free(o.external(np.zeros(4)))), pto.LifecycleError),
+    Case("freeing something that is not a tensor", run(lambda o: o.free(np.zeros(4))), pto.ParamError),
+    Case("stale version", run(alloc_then(lambda o, t: (o.submit(_noop, pto.output(o.version_inc(t))),
+                                                      o.submit(_noop, pto.input(t))))),
+         pto.StaleVersionError),
+    Case("raw array as a param", run(lambda o: o.submit(_noop, np.zeros(4))), pto.ParamError),
+    Case("tensor without a direction", run(alloc_then(lambda o, t: o.submit(_noop, t))), pto.ParamError),
+    Case("raw array in pto.input()", lambda: pto.input(np.zeros(4)), pto.ParamError),
+    Case("non-number scalar", lambda: pto.scalar("3"), pto.ParamError),
+    Case("submitting a plain function", run(lambda o: o.submit(print)), pto.ParamError),
+    Case("wrong shapes for a kernel", run(lambda o: o.submit(
+        matmul, pto.input(o.alloc((4, 8))), pto.input(o.alloc((7, 8))), pto.output(o.alloc((4, 8))))),
+         pto.ParamError),
+    Case("wrong dtype for a kernel", run(lambda o: o.submit(
+        matmul, pto.input(o.alloc((4, 8))), pto.input(o.alloc((8, 2), pto.FLOAT16)),
+        pto.output(o.alloc((4, 2))))), pto.ParamError),
+    Case("wrong number of tensor params", run(lambda o: o.submit(
+        matmul, pto.input(o.alloc((4, 8))), pto.output(o.alloc((4, 8))))), pto.ParamError),
+    Case("more than 16 tensor params", run(alloc_then(
+        lambda o, t: o.submit(_noop, *[pto.input(t)] * 17))), pto.ParamError),
+    Case("out-of-bounds slice", run(alloc_then(lambda o, t: t[0:5])), pto.LayoutError),
+    Case("out-of-bounds index", run(alloc_then(lambda o, t: t[4])), pto.LayoutError),
+    Case("more indices than dims", run(alloc_then(lambda o, t: t[0, 0, 0])), pto.LayoutError),
+    Case("negative slice step", run(alloc_then(lambda o, t: t[::-1])), pto.LayoutError,
+         "descriptors hold non-negative strides"),
+    Case("reshape that needs a copy", run(alloc_then(lambda o, t: t[:, :2].reshape(8))), pto.LayoutError),
+    Case("transpose with bad axes", run(alloc_then(lambda o, t: t.transpose(0, 0))), pto.LayoutError),
+    Case("unknown dtype", run(lambda o: o.alloc((4,), np.complex64)), pto.PTOError),
+    Case("negative alloc shape", run(lambda o: o.alloc((4, -1))), pto.LayoutError),
+    Case("alloc larger than the heap", run(lambda o: o.alloc((2048,)), heap_bytes=4096), pto.DeadlockError),
+    Case("heap too small for the buffers kept live", run(_hoard, heap_bytes=4096, executor="parallel"),
+         pto.DeadlockError),
+    Case("long-lived buffer pinning the heap ring", run(_pinned, heap_bytes=4096), pto.DeadlockError,
+         "the heap reclaims in allocation order"),
+    Case("buffer table too small", run(lambda o: [o.alloc((4,)) for _ in range(3)], buffer_window=2),
+         pto.DeadlockError),
+    Case("TensorMap pool too small for one task", run(
+        alloc_then(lambda o, t: o.submit(_noop, *[pto.input(t[i]) for i in range(4)], pto.output(t))),
+        tensormap_entries=4), pto.DeadlockError,
+         "a recording run (record=True) grows the pool instead"),
+    Case("external that is not an array", run(lambda o: o.external([1.0, 2.0])), pto.PTOError),
+    Case("GPU array on the CPU backend", run(lambda o: o.external(_GpuArray())), pto.PTOError),
+    Case("external with negative strides", run(lambda o: o.external(np.zeros(8)[::-1])), pto.LayoutError),
+    Case("orchestrator used after its run", _leak_orchestrator, pto.UsageError),
+    Case("tensor from another run", _tensor_from_another_run, pto.UsageError),
+    Case("nested runs", _nested_run, pto.UsageError),
+    Case("kernel writing an input-only param", run(
+        lambda o: o.submit(_writes_its_input, pto.input(o.external(np.zeros(4))))), pto.TaskError,
+         "inputs reach kernels as read-only views"),
+    Case("kernel that raises", run(lambda o: o.submit(_raises)), pto.TaskError,
+         "the original exception is chained; dependents never run"),
+    Case("task window not a power of two", lambda: pto.Runtime(backend="cpu", task_window=6), pto.PTOError),
+    Case("unknown executor", lambda: pto.Runtime(backend="cpu", executor="gpu"), pto.PTOError),
+    Case("unknown backend", lambda: pto.Runtime(backend="tpu"), pto.PTOError),
+    Case("a worker class with no workers", lambda: pto.Runtime(backend="cpu", workers={pto.CUBE: 0}),
+         pto.PTOError),
+    Case("negative threshold", lambda: pto.Runtime(backend="cpu").run(lambda o: None, threshold=-1),
+         pto.PTOError),
+]
+
+
+def message_of(case: Case) -> str:
+    with pytest.raises(case.error) as info:
+        case.trigger()
+    return str(info.value)
+
+
+def normalised(message: str) -> str:
+    """Addresses vary between runs; the rest of a message does not."""
+    return re.sub(r"0x[0-9a-f]+", "0x…", message)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.what for c in CASES])
+def test_misuse_gives_a_clear_error_and_the_runtime_stays_usable(case):
+    message = message_of(case)
+    assert len(message) > 20
+    out = np.zeros(2)
+    pto.Runtime(backend="cpu", executor="parallel").run(
+        lambda o: o.submit(_noop, pto.output(o.external(out))))
+
+
+def render() -> str:
+    rows = ["# Misuse catalogue", "",
+            "Every way to misuse the API that the tests know of, and the exact error it gives.",
+            "Generated by `python tests/test_errors.py > docs/ERRORS.md`; "
+            "`tests/test_errors.py` fails if this file drifts. Addresses are shown as `0x…`.", "",
+            "| # | misuse | error | message |", "|---|---|---|---|"]
+    for number, case in enumerate(CASES, 1):
+        message = normalised(message_of(case)).replace("|", "\\|").replace("\n", " ")
+        note = f" ({case.note})" if case.note else ""
+        rows.append(f"| {number} | {case.what}{note} | `{case.error.__name__}` | {message} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_errors_doc_is_current():
+    doc = pathlib.Path(__file__).parent.parent / "docs" / "ERRORS.md"
+    assert doc.read_text() == render(), "regenerate with: python tests/test_errors.py > docs/ERRORS.md"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
