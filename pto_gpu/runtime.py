@@ -63,7 +63,9 @@ class Runtime:
         self.sizes = Sizes(
             task_window=task_window,
             heap_bytes=heap_bytes,
-            buffer_window=buffer_window or 4 * task_window,
+            # Live buffers are bounded by the heap, not by the task window: a tiny window for
+            # back-pressure should not also make the buffer table tiny.
+            buffer_window=buffer_window or max(1024, 4 * task_window),
             dep_pool=dep_pool or 8 * task_window,
             tensormap_entries=tensormap_entries or 16 * task_window,
         )

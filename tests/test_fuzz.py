@@ -25,9 +25,10 @@ def test_parallel_matches_serial(seed, n_ops, window_log2, heap_slack, threshold
     _, probe = run("serial", seed, n_ops, heap_bytes=1 << 20)
     # From just big enough for the live set (the serial high-water mark) upwards.
     heap = max(64, probe.high_water["heap_bytes"]) * (1 + heap_slack) // 2 // 64 * 64 or 64
-    expected, reference = run("serial", seed, n_ops, heap_bytes=heap)
-    got, result = run("parallel", seed, n_ops, threshold, heap_bytes=heap, task_window=1 << window_log2,
-                      workers={pto.CUBE: workers, pto.VECTOR: workers})
+    config = {"heap_bytes": heap, "task_window": 1 << window_log2}  # the same for both executors
+    expected, reference = run("serial", seed, n_ops, **config)
+    got, result = run("parallel", seed, n_ops, threshold, workers={pto.CUBE: workers, pto.VECTOR: workers},
+                      **config)
     program = f"seed={seed} n_ops={n_ops}; program:\n{describe(seed, n_ops)}"
     assert type(result) is type(reference), f"serial gave {reference!r}, parallel {result!r}; {program}"
     if isinstance(reference, pto.DeadlockError):
