@@ -129,17 +129,15 @@ class Runtime:
 
 
 def _make_backend(name: str, heap_bytes: int):
+    if name not in ("cpu", "cuda", "auto"):
+        raise PTOError(f"backend={name!r}; choose 'cpu', 'cuda' or 'auto'")
     if name == "cpu":
         return CpuBackend(heap_bytes)
-    if name in ("auto", "cuda"):
-        reason = _cuda_unavailable()
-        if reason is None:
-            raise PTOError("the CUDA backend is not built yet; use backend='cpu'")
-        if name == "cuda":
-            raise PTOError(f"backend='cuda' needs a GPU: {reason}")
-        log.info("pto-gpu: no GPU (%s); using the CPU backend", reason)
-        return CpuBackend(heap_bytes)
-    raise PTOError(f"backend={name!r}; choose 'cpu', 'cuda' or 'auto'")
+    reason = _cuda_unavailable() or "the CUDA backend is not built yet"
+    if name == "cuda":
+        raise PTOError(f"backend='cuda' cannot be used: {reason}; use backend='cpu' or 'auto'")
+    log.info("pto-gpu: no CUDA (%s); using the CPU backend", reason)
+    return CpuBackend(heap_bytes)
 
 
 def _cuda_unavailable() -> str | None:
