@@ -110,7 +110,7 @@ class Orchestrator:
             raise DeadlockError(f"heap ring (heap_bytes={capacity} bytes) cannot hold a buffer of "
                                 f"{nbytes} bytes for {shape} {dtype.name}; raise heap_bytes=")
         while (seq := sched.heap_alloc(self._state, nbytes)) < 0:
-            self._wait_for_room(seq)
+            self._executor.make_room(seq)
         base = self._backend.heap_base + sched.heap_offset(self._state, seq)
         buffer = Buffer(seq, BufferKind.HEAP, base, nbytes)
         self._unfreed[seq] = buffer
@@ -169,7 +169,7 @@ class Orchestrator:
         kernel.check([p.value for _, p in tensors])
         task = Task(-1, kernel, kernel.worker if worker is None else WorkerType(worker), checked)
         while (status := self._scheduler.try_submit(task, rows[:len(tensors)])) < 0:
-            self._wait_for_room(status)
+            self._executor.make_room(status)
         for _, p in tensors:
             if p.writes:
                 buffer = p.value.buffer
@@ -180,9 +180,6 @@ class Orchestrator:
         return status
 
     # --- checks --------------------------------------------------------------------------
-    def _wait_for_room(self, status: int) -> None:
-        self._executor.make_room(status)
-
     def _check_open(self) -> None:
         if not self._open:
             raise UsageError("this orchestrator's run has ended; use the `o` passed to the "
