@@ -70,9 +70,10 @@ def test_heap_too_small_for_live_set_raises_deadlock_quickly(executor):
         for t in kept:
             o.submit(fill, pto.output(t), 0.0)
 
-    started = time.perf_counter()
-    with pytest.raises(pto.DeadlockError, match=r"heap ring \(heap_bytes=4096.*not freed.*heap_bytes="):
-        runtime(executor, heap_bytes=4096).run(hoard)
+    for _ in range(2):  # the first may include numba compiling the path; time the second
+        started = time.perf_counter()
+        with pytest.raises(pto.DeadlockError, match=r"heap ring \(heap_bytes=4096.*not freed.*heap_bytes="):
+            runtime(executor, heap_bytes=4096).run(hoard)
     assert time.perf_counter() - started < 1.0
 
 
@@ -143,10 +144,11 @@ def test_tensormap_pool_too_small_raises_deadlock_quickly(executor):
         t = o.alloc((8, 4))
         o.submit(noop, *[pto.input(t[i]) for i in range(4)], pto.output(t[4:]))  # needs 5 entries
 
-    started = time.perf_counter()
-    with pytest.raises(pto.DeadlockError, match=r"TensorMap pool \(tensormap_entries=4 entries\).*"
-                                                r"raise tensormap_entries="):
-        runtime(executor, tensormap_entries=4).run(orch)
+    for _ in range(2):  # the first may include numba compiling the path; time the second
+        started = time.perf_counter()
+        with pytest.raises(pto.DeadlockError, match=r"TensorMap pool \(tensormap_entries=4 entries\).*"
+                                                    r"raise tensormap_entries="):
+            runtime(executor, tensormap_entries=4).run(orch)
     assert time.perf_counter() - started < 1.0
     # A recording run keeps every region's history instead, growing the pool.
     assert runtime(executor, tensormap_entries=4).run(orch, record=True).num_tasks == 1
