@@ -87,3 +87,14 @@ def test_interleaved_columns_do_not_overlap():
     as_bytes = TensorDescriptor(BUFFER, 0, 0, (64, 1), (16, 64), DataType.UINT8)
     assert rows_overlap(as_bytes[:, 4:8].layout, odd.layout)
     assert not rows_overlap(as_bytes[:, 8:12].layout, odd.layout)
+
+
+def test_descriptor_views_and_contiguity():
+    t = TensorDescriptor(BUFFER, 0, 0, (32, 1), (32, 32), DataType.FLOAT32)
+    assert t.is_contiguous() and t[4:8].is_contiguous() and t[4:5, 3:9].is_contiguous()
+    assert not t[:, :8].is_contiguous() and not t.T.is_contiguous() and not t[::2].is_contiguous()
+    assert t[4:8].reshape(2, 64).strides == (64, 1)
+    assert t[:, 4:8].reshape(32, 2, 2).strides == (32, 2, 1)
+    assert t.transpose(1, 0).strides == t.T.strides == (1, 32)
+    assert t[2:10:3, 5].shape == (3,) and t[2:10:3, 5].start_offset == 2 * 32 + 5
+    assert t[-1, -2].start_offset == 31 * 32 + 30

@@ -66,11 +66,6 @@ def task_ring_alloc(header, tasks):
 
 
 @njit(cache=True)
-def task_slot(header, task_id):
-    return task_id & (header[H_WINDOW] - 1)
-
-
-@njit(cache=True)
 def is_done(header, tasks, task_id):
     """Whether a task has completed (retired ids no longer own their slot)."""
     if task_id < header[H_LAST_ALIVE]:

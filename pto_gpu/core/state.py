@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from ..errors import PTOError
 from ..layout import ROW_WIDTH
 
 MAX_PARAMS = 16  # tensor params per task (spec 003: args[16])
@@ -106,8 +107,6 @@ class Sizes:
     tensormap_buckets: int = 1024
 
     def __post_init__(self):
-        from ..errors import PTOError
-
         for name in ("task_window", "tensormap_buckets"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
