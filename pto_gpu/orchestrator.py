@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -39,8 +39,9 @@ class Executor(Protocol):
 
     def submitted(self, task: Task) -> None: ...
 
-    def make_room(self, status: int) -> None:
-        """Wait until a full ring (a FULL_* code) may have room, or raise DeadlockError."""
+    def make_room(self, status: int, unfreed: Callable[[], list[Buffer]]) -> None:
+        """Wait until a full ring (a FULL_* code) may have room, or raise DeadlockError
+        (naming the buffers `unfreed()` returns, the orchestration's own live set)."""
 
 
 class Recorder:
@@ -110,7 +111,7 @@ class Orchestrator:
             raise DeadlockError(f"heap ring (heap_bytes={capacity} bytes) cannot hold a buffer of "
                                 f"{nbytes} bytes for {shape} {dtype.name}; raise heap_bytes=")
         while (seq := sched.heap_alloc(self._state, nbytes)) < 0:
-            self._executor.make_room(seq)
+            self._executor.make_room(seq, self.unfreed)
         base = self._backend.heap_base + sched.heap_offset(self._state, seq)
         buffer = Buffer(seq, BufferKind.HEAP, base, nbytes)
         self._unfreed[seq] = buffer
@@ -169,7 +170,7 @@ class Orchestrator:
         kernel.check([p.value for _, p in tensors])
         task = Task(-1, kernel, kernel.worker if worker is None else WorkerType(worker), checked)
         while (status := self._scheduler.try_submit(task, rows[:len(tensors)])) < 0:
-            self._executor.make_room(status)
+            self._executor.make_room(status, self.unfreed)
         for _, p in tensors:
             if p.writes:
                 buffer = p.value.buffer
@@ -211,6 +212,6 @@ class Orchestrator:
     def close(self) -> None:
         self._open = False
 
-    @property
     def unfreed(self) -> list[Buffer]:
+        """Heap buffers allocated and not yet freed, oldest first."""
         return list(self._unfreed.values())

@@ -96,10 +96,8 @@ class Runtime:
         scheduler = self._scheduler
         scheduler.reset(record)
         recorder = Recorder() if record else None
-        unfreed = []
-        executor = self._make_executor(threshold, lambda: unfreed[0].unfreed)
+        executor = self._make_executor(threshold)
         o = Orchestrator(scheduler, self.backend, executor, recorder)
-        unfreed.append(o)
         started = time.perf_counter()
         try:
             with threadpool_limits(1 if self.executor == "parallel" else None):
@@ -120,12 +118,12 @@ class Runtime:
             graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
         )
 
-    def _make_executor(self, threshold, unfreed):
+    def _make_executor(self, threshold):
         if self.executor == "serial":
-            return SerialExecutor(self._scheduler, self.backend, unfreed)
+            return SerialExecutor(self._scheduler, self.backend)
         if self.executor == "dry":
-            return DryExecutor(self._scheduler, self.backend, unfreed)
-        return ParallelExecutor(self._scheduler, self.backend, unfreed, self.workers, threshold)
+            return DryExecutor(self._scheduler, self.backend)
+        return ParallelExecutor(self._scheduler, self.backend, self.workers, threshold)
 
 
 def _make_backend(name: str, heap_bytes: int):

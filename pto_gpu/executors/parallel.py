@@ -23,11 +23,9 @@ DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
 
 
 class ParallelExecutor:
-    def __init__(self, scheduler: Scheduler, backend, unfreed, workers: dict[WorkerType, int],
-                 threshold: int):
+    def __init__(self, scheduler: Scheduler, backend, workers: dict[WorkerType, int], threshold: int):
         self._scheduler = scheduler
         self._backend = backend
-        self._unfreed = unfreed
         self._threshold = threshold
         self._lock = threading.Lock()
         self._queues = {w: collections.deque() for w in WorkerType}
@@ -72,7 +70,7 @@ class ParallelExecutor:
                 self._wake[task.worker].notify()
         self._outbox.clear()
 
-    def make_room(self, status: int) -> None:
+    def make_room(self, status: int, unfreed) -> None:
         with self._lock:
             self._flush_locked()
             self._start_locked()
@@ -81,7 +79,7 @@ class ParallelExecutor:
                 while self._completions - self._seen_completions < self._room_batch and self._error is None:
                     if self._idle_locked():
                         if self._completions == self._seen_completions:
-                            raise self._scheduler.deadlock(status, self._unfreed())
+                            raise self._scheduler.deadlock(status, unfreed())
                         break  # everything drained: whatever room there will be is there now
                     self._progress.wait(WAIT_SLICE)
             finally:

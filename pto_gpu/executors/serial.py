@@ -11,10 +11,9 @@ class SerialExecutor:
 
     runs_kernels = True
 
-    def __init__(self, scheduler: Scheduler, backend, unfreed):
+    def __init__(self, scheduler: Scheduler, backend):
         self._scheduler = scheduler
         self._backend = backend
-        self._unfreed = unfreed
         self._scratch = scheduler.ready_scratch()
 
     def submitted(self, task: Task) -> None:
@@ -22,9 +21,9 @@ class SerialExecutor:
             run_kernel(self._backend, task)
         self._scheduler.complete(task.id, self._scratch)
 
-    def make_room(self, status: int) -> None:
+    def make_room(self, status: int, unfreed) -> None:
         # Everything submitted has completed: only the orchestration's own live set is left.
-        raise self._scheduler.deadlock(status, self._unfreed())
+        raise self._scheduler.deadlock(status, unfreed())
 
     def finish(self) -> None:
         pass
