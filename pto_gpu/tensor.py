@@ -204,7 +204,7 @@ class TensorDescriptor:
     def layout(self) -> np.ndarray:
         """The canonical layout row the numba core compares (see layout.py), computed once."""
         if self._layout is None:
-            object.__setattr__(self, "_layout", np.array(layout_row(
+            _SET(self, "_layout", np.array(layout_row(
                 self.buffer.key, self.byte_offset, self.dtype.itemsize, self.strides, self.repeats,
                 int(self.overlap)), np.int64))
         return self._layout
