@@ -70,7 +70,7 @@ def test_heap_ring_alloc(benchmark):
 
 def test_tensormap_insert(benchmark):
     s = fresh()
-    row = np.array(layout_row(-1, 0, 4, (128, 1), (32, 32), 1), np.int64)
+    row = np.array(layout_row(-1, 1 << 30, 0, 4, (128, 1), (32, 32), 1), np.int64)
     benchmark(_tm_insert_loop, s.header, s.entries, s.buckets, row, N)
     per_op(benchmark, N)
 
@@ -81,9 +81,10 @@ def test_submit_and_complete(benchmark, chain):
     s = fresh(tensormap_entries=4096)
     for i in range(chain):  # earlier disjoint writers of other tiles of the same matrix
         tm_insert(s.header, s.entries, s.buckets,
-                  np.array(layout_row(-1, 4096 * 128 * (i + 2), 4, (1024, 1), (32, 32), 1)), 0, cs.WRITER)
-    params = np.array([layout_row(-1, 0, 4, (1024, 1), (32, 32), 1) + (cs.INPUT,),
-                       layout_row(-1, 128, 4, (1024, 1), (32, 32), 1) + (cs.OUTPUT,)], np.int64)
+                  np.array(layout_row(-1, 1 << 30, 4096 * 128 * (i + 2), 4, (1024, 1), (32, 32), 1)),
+                  0, cs.WRITER)
+    params = np.array([layout_row(-1, 1 << 30, 0, 4, (1024, 1), (32, 32), 1) + (cs.INPUT,),
+                       layout_row(-1, 1 << 30, 128, 4, (1024, 1), (32, 32), 1) + (cs.OUTPUT,)], np.int64)
     ready = np.empty(64, np.int64)
     n = N // 10
     benchmark(_submit_complete_loop, *s.tables, s.producers, s.covered, params, ready, n)

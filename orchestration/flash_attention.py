@@ -1,9 +1,12 @@
 """Flash attention over (heads, seq, head_dim) arrays: query tiles against key/value tiles
 with the online softmax, any seq_len (the last tile may be partial)."""
 
+import numba
+
 import pto_gpu as pto
 from kernels.llm import flash_init, flash_normalise, flash_pv, flash_scores, flash_softmax_update
 from orchestration.tiling import fixed_tiles
+from pto_gpu import jit as pj
 
 
 def attend_tile(o: pto.Orchestrator, q, k, v, out, q_tile, kv_tiles, causal: bool) -> None:
@@ -41,3 +44,42 @@ def flash_attention(o: pto.Orchestrator, q, k, v, out, tile: int = 64, causal: b
         # Causal: key tiles wholly after the query tile contribute nothing, so they are skipped.
         kv_tiles = [t for t in tiles if not causal or t[0] < q_tile[0] + q_tile[1]]
         attend_tile(o, Q, K, V, OUT, q_tile, kv_tiles, causal)
+
+
+@numba.njit(cache=True)
+def attend_tile_compiled(o, kernel_ids, q, k, v, out, q_tile, kv_tiles, causal):
+    """attend_tile for compiled orchestrations: the same tasks, from njit code.
+
+    kernel_ids: the ids of flash_init, flash_scores, flash_softmax_update, flash_pv and
+    flash_normalise; kv_tiles: an (n, 2) array of (first row, rows).
+    """
+    init, scores_kernel, update, pv, normalise = kernel_ids
+    q_start, q_rows = q_tile
+    heads, dim = pj.shape(q, 0), pj.shape(q, 2)
+    widest = kv_tiles[:, 1].max()
+    dtype = pj.dtype(q)
+    pj.scope_begin(o)
+    running_max = pj.alloc(o, (heads, q_rows, 1), dtype)
+    running_sum = pj.alloc(o, (heads, q_rows, 1), dtype)
+    acc = pj.alloc(o, (heads, q_rows, dim), dtype)
+    all_scores = pj.alloc(o, (heads, q_rows, widest), dtype)
+    rescale = pj.alloc(o, (heads, q_rows, 1), dtype)
+    pj.submit(o, init, (pj.output(running_max), pj.output(running_sum), pj.output(acc)))
+    q_view = pj.narrow(q, 1, q_start, q_start + q_rows)
+    for t in range(len(kv_tiles)):
+        k_start, k_rows = kv_tiles[t, 0], kv_tiles[t, 1]
+        scores = pj.narrow(all_scores, 2, 0, k_rows)
+        pj.submit(o, scores_kernel, (pj.input(q_view), pj.input(pj.narrow(k, 1, k_start, k_start + k_rows)),
+                                     pj.output(scores)), (q_start, k_start, causal))
+        pj.submit(o, update, (pj.inout(scores), pj.inout(running_max), pj.inout(running_sum),
+                              pj.output(rescale)))
+        pj.submit(o, pv, (pj.input(scores), pj.input(pj.narrow(v, 1, k_start, k_start + k_rows)),
+                          pj.input(rescale), pj.inout(acc)))
+    pj.submit(o, normalise, (pj.input(acc), pj.input(running_sum),
+                             pj.output(pj.narrow(out, 1, q_start, q_start + q_rows))))
+    pj.scope_end(o)
+
+
+def compiled_kernel_ids() -> tuple[int, ...]:
+    """The kernel ids attend_tile_compiled takes, in its order."""
+    return tuple(k.id for k in (flash_init, flash_scores, flash_softmax_update, flash_pv, flash_normalise))

@@ -9,14 +9,16 @@ Attention is causal by masking, over every pair, so the counts are the spec's:
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 import pto_gpu as pto
 from kernels.elementwise import add
 from kernels.llm import rmsnorm, rope, swiglu
 from kernels.tiles import matmul
-from orchestration.flash_attention import attend_tile
+from orchestration.flash_attention import attend_tile, attend_tile_compiled, compiled_kernel_ids
 from orchestration.tiling import adaptive_tiles, fixed_tiles
+from pto_gpu import jit as pj
 
 EPS = 1e-6
 WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "ffn_norm")
@@ -91,6 +93,71 @@ def llama_layer(o: pto.Orchestrator, inputs: dict, adaptive: bool = False) -> No
             down = o.alloc((rows, hidden))
             o.submit(matmul, pto.input(gate), pto.input(t["w_down"]), pto.output(down))
             o.submit(add, pto.input(residual), pto.input(down), pto.output(t["out"][rs]))
+
+
+def llama_layer_compiled(o: pto.Orchestrator, inputs: dict, adaptive: bool = False) -> None:
+    """llama_layer with its loops compiled (pto_gpu.jit): the same tasks and edges."""
+    t = [o.external(inputs[name]) for name in ("x", *WEIGHTS, *WORKSPACES)]
+    seq_len = t[0].shape[0]
+    tiles = adaptive_tiles(seq_len) if adaptive else fixed_tiles(seq_len, 32)
+    tiles = np.array(tiles, np.int64).reshape(-1, 2)
+    kernel_ids = tuple(k.id for k in (rmsnorm, matmul, rope, add, swiglu))
+    o.compiled(_llama_body, *t, tiles, inputs["heads"], kernel_ids, compiled_kernel_ids())
+
+
+@numba.njit(cache=True)
+def _llama_body(o, x, wq, wk, wv, wo, w_gate, w_up, w_down, attn_norm, ffn_norm, q, k, v, attn, out,
+                tiles, heads, kernel_ids, flash_ids):
+    norm_kernel, matmul_kernel, rope_kernel, add_kernel, swiglu_kernel = kernel_ids
+    hidden = pj.shape(x, 1)
+    ffn = pj.shape(w_gate, 1)
+    dtype = pj.dtype(x)
+    for i in range(len(tiles)):  # pre-attention
+        first, rows = tiles[i, 0], tiles[i, 1]
+        pj.scope_begin(o)
+        normed = pj.alloc(o, (rows, hidden), dtype)
+        pj.submit(o, norm_kernel, (pj.input(pj.narrow(x, 0, first, first + rows)), pj.input(attn_norm),
+                                   pj.output(normed)), (EPS,))
+        for weight, result in ((wq, q), (wk, k), (wv, v)):
+            pj.submit(o, matmul_kernel, (pj.input(normed), pj.input(weight),
+                                         pj.output(pj.narrow(result, 0, first, first + rows))))
+        pj.scope_end(o)
+        pj.submit(o, rope_kernel, (pj.inout(pj.narrow(q, 0, first, first + rows)),), (first, heads))
+        pj.submit(o, rope_kernel, (pj.inout(pj.narrow(k, 0, first, first + rows)),), (first, heads))
+
+    head_dim = hidden // heads
+    q_heads, k_heads, v_heads, attn_heads = (_per_head(q, head_dim), _per_head(k, head_dim),
+                                             _per_head(v, head_dim), _per_head(attn, head_dim))
+    for i in range(len(tiles)):  # attention
+        attend_tile_compiled(o, flash_ids, q_heads, k_heads, v_heads, attn_heads,
+                             (tiles[i, 0], tiles[i, 1]), tiles, 1)
+
+    for i in range(len(tiles)):  # post-attention
+        first, rows = tiles[i, 0], tiles[i, 1]
+        pj.scope_begin(o)
+        projected = pj.alloc(o, (rows, hidden), dtype)
+        residual = pj.alloc(o, (rows, hidden), dtype)
+        normed = pj.alloc(o, (rows, hidden), dtype)
+        pj.submit(o, matmul_kernel, (pj.input(pj.narrow(attn, 0, first, first + rows)), pj.input(wo),
+                                     pj.output(projected)))
+        pj.submit(o, add_kernel, (pj.input(pj.narrow(x, 0, first, first + rows)), pj.input(projected),
+                                  pj.output(residual)))
+        pj.submit(o, norm_kernel, (pj.input(residual), pj.input(ffn_norm), pj.output(normed)), (EPS,))
+        gate = pj.alloc(o, (rows, ffn), dtype)
+        up = pj.alloc(o, (rows, ffn), dtype)
+        pj.submit(o, matmul_kernel, (pj.input(normed), pj.input(w_gate), pj.output(gate)))
+        pj.submit(o, matmul_kernel, (pj.input(normed), pj.input(w_up), pj.output(up)))
+        pj.submit(o, swiglu_kernel, (pj.inout(gate), pj.input(up)))
+        down = pj.alloc(o, (rows, hidden), dtype)
+        pj.submit(o, matmul_kernel, (pj.input(gate), pj.input(w_down), pj.output(down)))
+        pj.submit(o, add_kernel, (pj.input(residual), pj.input(down),
+                                  pj.output(pj.narrow(out, 0, first, first + rows))))
+        pj.scope_end(o)
+
+
+@numba.njit(cache=True)
+def _per_head(tensor, head_dim):  # (seq, hidden) as (heads, seq, head_dim)
+    return pj.swap(pj.split(tensor, 1, head_dim), 0, 1)
 
 
 def expected_tasks(num_tiles: int) -> int:

@@ -73,6 +73,11 @@ class Kernel:
                                      f"tensor param 0 is {first.name}")
 
 
+def registered() -> list[Kernel]:
+    """Every kernel declared so far, indexed by id."""
+    return _REGISTRY
+
+
 def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
            shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False
            ) -> Callable[[Callable], Kernel]:

@@ -20,17 +20,30 @@ R_HI = 2  # one past the last byte (== R_LO for an empty tensor)
 R_LEVEL = 3  # Overlap level of this descriptor
 R_RUN = 4  # bytes in each contiguous leaf
 R_NDIM = 5  # canonical dims
-R_STRIDE = 6  # R_STRIDE + k: byte stride of dim k
+R_SHIFT = 6  # log2 of the owner's TensorMap block size (see block_shift)
+R_STRIDE = 7  # R_STRIDE + k: byte stride of dim k
 R_COUNT = R_STRIDE + MAX_DIMS  # R_COUNT + k: count of dim k
 ROW_WIDTH = R_COUNT + MAX_DIMS
 P_KIND = ROW_WIDTH  # a submitted param is its layout row plus its kind (INPUT, OUTPUT, INOUT)
 PARAM_WIDTH = ROW_WIDTH + 1
 
 
-def layout_row(owner: int, byte_offset: int, itemsize: int, strides, repeats, level: int) -> tuple:
+MIN_BLOCK_SHIFT = 12
+BLOCKS_PER_OWNER_LOG2 = 8
+
+
+def block_shift(owner_nbytes: int) -> int:
+    """The TensorMap hashes regions by (owner, block): about 256 blocks per owner, so a tile
+    lookup walks the entries near it rather than every entry of its array."""
+    return max(MIN_BLOCK_SHIFT, (owner_nbytes - 1).bit_length() - BLOCKS_PER_OWNER_LOG2)
+
+
+def layout_row(owner: int, owner_nbytes: int, byte_offset: int, itemsize: int, strides, repeats,
+               level: int) -> tuple:
     """The canonical layout row of a strided tensor (strides and repeats in elements)."""
+    shift = block_shift(owner_nbytes)
     if 0 in repeats:
-        return (owner, byte_offset, byte_offset, level, 0, 0) + (0,) * (2 * MAX_DIMS)
+        return (owner, byte_offset, byte_offset, level, 0, 0, shift) + (0,) * (2 * MAX_DIMS)
     dims = sorted(((s * itemsize, r) for s, r in zip(strides, repeats) if r != 1), reverse=True)
     run = itemsize
     while dims and dims[-1][0] == run:
@@ -45,5 +58,5 @@ def layout_row(owner: int, byte_offset: int, itemsize: int, strides, repeats, le
         raise LayoutError(f"a tensor layout needs {len(merged)} dims after merging; at most {MAX_DIMS}")
     pad = (0,) * (MAX_DIMS - len(merged))
     extent = run + sum((count - 1) * stride for stride, count in merged)
-    return ((owner, byte_offset, byte_offset + extent, level, run, len(merged))
+    return ((owner, byte_offset, byte_offset + extent, level, run, len(merged), shift)
             + tuple(stride for stride, _ in merged) + pad + tuple(count for _, count in merged) + pad)

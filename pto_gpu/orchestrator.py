@@ -27,6 +27,9 @@ from .errors import (
     UsageError,
     UseAfterFreeError,
 )
+from .jit import api as jit_api
+from .jit.descriptor import from_tensor
+from .jit.host import Session
 from .kernel import Kernel
 from .layout import P_KIND, PARAM_WIDTH, ROW_WIDTH
 from .params import Param, ParamKind, as_param
@@ -37,7 +40,8 @@ from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 class Executor(Protocol):
     """What the orchestrator needs from whoever runs the tasks."""
 
-    def submitted(self, task: Task) -> None: ...
+    def submitted(self, task: Task, ready: bool) -> None:
+        """A task entered the core; `ready` when it had no producer left to wait for."""
 
     def make_room(self, status: int, unfreed: Callable[[], list[Buffer]]) -> None:
         """Wait until a full ring (a FULL_* code) may have room, or raise DeadlockError
@@ -67,6 +71,7 @@ class Orchestrator:
         self._unfreed: dict[int, Buffer] = {}  # heap buffers not yet freed, by sequence number
         self._scopes: list[list[Buffer]] = []
         self._params = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)  # reused by every submit
+        self._jit: Session | None = None  # created by the first compiled() call
         self._open = True
 
     # --- memory --------------------------------------------------------------------------
@@ -177,8 +182,30 @@ class Orchestrator:
                 buffer.newest_version = max(buffer.newest_version, p.value.version)
         if self._recorder is not None:
             self._recorder.add(task, self._scheduler.producers_of_last())
-        self._executor.submitted(task)
+        self._executor.submitted(task, self._scheduler.last_was_ready())
         return status
+
+    # --- compiled orchestration ----------------------------------------------------------
+    def compiled(self, body: Callable, *args: object) -> object:
+        """Run `body(jo, *args)`, an njit orchestration body (see pto_gpu.jit), in this run.
+
+        Tensor descriptors among args arrive as compiled descriptors; other args as they are.
+        """
+        self._check_open()
+        if self._jit is None:
+            self._jit = Session(self._scheduler, self._executor, self._recorder,
+                                self._backend.heap_base, len(self._externals))
+        converted = tuple(from_tensor(a) if isinstance(a, TensorDescriptor) and self._check_usable(a) is None
+                          else a for a in args)
+        self._jit.enter(list(self._externals.values()), list(self._unfreed.values()))
+        try:
+            result = body(self._jit.o, *converted)
+            jit_api.flush(self._jit.o)
+        finally:
+            self._jit.leave()
+            for key in [key for key, buffer in self._unfreed.items() if buffer.freed]:
+                del self._unfreed[key]
+        return result
 
     # --- checks --------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -211,6 +238,8 @@ class Orchestrator:
 
     def close(self) -> None:
         self._open = False
+        if self._jit is not None:
+            self._jit.close()
 
     def unfreed(self) -> list[Buffer]:
         """Heap buffers allocated and not yet freed, oldest first."""

@@ -8,6 +8,7 @@ made or a DeadlockError that names the ring, its size, what holds it and what to
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -43,17 +44,24 @@ RING_SETTINGS = {
 
 
 class Scheduler:
-    """Owns the core state of one runtime and the Python records of its live tasks."""
+    """Owns the core state of one runtime and the Python records of its live tasks.
+
+    Tasks submitted from Python have their record in `live`; tasks a compiled orchestration
+    submitted have none until someone asks: `materialise(task_id)` builds it from the
+    argument tables the compiled code wrote.
+    """
 
     def __init__(self, state: cs.CoreState):
         self.state = state
         self.live: dict[int, Task] = {}
+        self.materialise: Callable[[int], Task] | None = None
         self.record = False
         self.validate = False
 
     def reset(self, record: bool) -> None:
         self.state.reset()
         self.live.clear()
+        self.materialise = None
         self.record = record
 
     # --- submission ----------------------------------------------------------------------
@@ -70,11 +78,11 @@ class Scheduler:
                 if self.validate:
                     self.check_invariants(f"submitting task {status}")
                 return status
-            if status != cs.FULL_TENSORMAP or not self._make_tensormap_room(len(params)):
+            if status != cs.FULL_TENSORMAP or not self.make_tensormap_room(len(params)):
                 del self.live[task.id]
                 return status
 
-    def _make_tensormap_room(self, needed: int) -> bool:
+    def make_tensormap_room(self, needed: int) -> bool:
         """Sweep stale entries, evict retired ones, or grow when recording the full graph."""
         s = self.state
         tm_sweep(s.header, s.buffers, s.entries, s.buckets, False)
@@ -101,10 +109,15 @@ class Scheduler:
         """Complete a task; the tasks it made ready."""
         s = self.state
         n = core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
-        del self.live[task_id]
+        self.live.pop(task_id, None)
         if self.validate:
             self.check_invariants(f"completing task {task_id}")
-        return [self.live[int(t)] for t in ready_scratch[:n]]
+        return [self.task(int(t)) for t in ready_scratch[:n]]
+
+    def task(self, task_id: int) -> Task:
+        """The record of a live task."""
+        task = self.live.get(task_id)
+        return task if task is not None else self.materialise(task_id)
 
     def ready_scratch(self) -> np.ndarray:
         return np.empty(len(self.state.deps), np.int64)
@@ -120,7 +133,8 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Tasks submitted and not yet completed."""
-        return len(self.live)
+        h = self.state.header
+        return int(h[cs.H_NEXT_TASK] - h[cs.H_COMPLETED])
 
     def stats(self) -> dict[str, int]:
         h = self.state.header
@@ -151,7 +165,7 @@ class Scheduler:
             advice = f"raise {setting}= above the tasks the orchestration keeps waiting at once"
         else:
             used = int(h[cs.H_TM_USED] if status == cs.FULL_TENSORMAP else h[cs.H_DEP_USED])
-            holds = (f"{used} entries are held by the regions or edges of {len(self.live)} unfinished "
+            holds = (f"{used} entries are held by the regions or edges of {self.pending} unfinished "
                      "tasks and external arrays, and the task being submitted needs more")
             advice = f"raise {setting}="
         unit = "bytes" if status == cs.FULL_HEAP else "entries"

@@ -205,8 +205,8 @@ class TensorDescriptor:
         """The canonical layout row the numba core compares (see layout.py), computed once."""
         if self._layout is None:
             _SET(self, "_layout", np.array(layout_row(
-                self.buffer.key, self.byte_offset, self.dtype.itemsize, self.strides, self.repeats,
-                int(self.overlap)), np.int64))
+                self.buffer.key, self.buffer.nbytes, self.byte_offset, self.dtype.itemsize, self.strides,
+                self.repeats, int(self.overlap)), np.int64))
         return self._layout
 
 

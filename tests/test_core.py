@@ -87,14 +87,14 @@ def test_dep_pool_prepends_and_recycles_without_overwriting_live_entries():
 
 
 def row(owner, offset=0, nbytes=64):
-    return layout_row(owner, offset, 1, (1,), (nbytes,), 1)
+    return layout_row(owner, 1 << 20, offset, 1, (1,), (nbytes,), 1)
 
 
 def test_tensormap_insert_chain_order_remove_and_reuse():
     s = make(tensormap_entries=3, tensormap_buckets=4)
     e = [tm_insert(s.header, s.entries, s.buckets, row(5, 64 * i), 10 + i, cs.WRITER) for i in range(3)]
     assert tm_insert(s.header, s.entries, s.buckets, row(5), 99, cs.WRITER) == -1
-    chain, entry = [], chain_head(s.buckets, 5, cs.WRITER)
+    chain, entry = [], chain_head(s.buckets, 5, 0, cs.WRITER)
     while entry >= 0:
         chain.append(int(s.entries[entry, cs.E_TASK]))
         entry = s.entries[entry, cs.E_NEXT]
@@ -102,7 +102,7 @@ def test_tensormap_insert_chain_order_remove_and_reuse():
     tm_remove(s.header, s.entries, s.buckets, e[1])
     assert tm_free_count(s.header, s.entries) == 1
     assert tm_insert(s.header, s.entries, s.buckets, row(5), 13, cs.READER) == e[1]
-    assert chain_head(s.buckets, 5, cs.READER) == e[1]
+    assert chain_head(s.buckets, 5, 0, cs.READER) == e[1]
 
 
 def test_tensormap_sweep_drops_dead_buffers_and_evicts_only_retired_tasks():

@@ -14,6 +14,7 @@ from .rings import buffer_release, dep_release, retire_completed
 from .state import (
     COMPLETED,
     D_TASK,
+    H_COMPLETED,
     H_WINDOW,
     PENDING,
     READY,
@@ -37,6 +38,7 @@ def complete(header, tasks, buffers, deps, task_id, ready):
     mask = header[H_WINDOW] - 1
     slot = task_id & mask
     tasks[slot, T_STATE] = COMPLETED
+    header[H_COMPLETED] += 1
     n_ready = 0
     entry = tasks[slot, T_FANOUT]
     while entry >= 0:

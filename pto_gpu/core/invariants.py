@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..layout import R_OWNER
 from .state import (
     B_REFS,
     B_SEQ,
@@ -23,6 +24,7 @@ from .state import (
     E_KIND,
     E_NEXT,
     E_PREV,
+    E_ROW,
     FREED,
     H_BUF_CAP,
     H_BUF_NEXT,
@@ -45,6 +47,7 @@ from .state import (
     T_NBUF,
     T_STATE,
 )
+from .tensormap import NARROW, WIDE, bucket_of, home_block
 
 VIOLATIONS = {
     1: "task ring head and tail out of order, or more live tasks than the window",
@@ -58,8 +61,10 @@ VIOLATIONS = {
     9: "a heap buffer's refcount is negative, or it is dead with references or alive without",
     10: "two live heap buffers overlap, or one lies outside the live part of the heap or splits at the wrap",
     11: "a heap buffer's refcount differs from its users (unfinished tasks, plus one until freed)",
-    12: "a TensorMap chain is broken (prev/next or bucket links disagree)",
+    12: "a TensorMap chain is broken (prev/next or bucket links disagree, or an entry is in the "
+        "wrong bucket)",
     13: "the TensorMap's used count differs from the entries on its chains",
+    14: "a TensorMap bucket's count of narrow entries disagrees with its chains",
 }
 
 
@@ -123,18 +128,26 @@ def check(header, tasks, buffers, deps, entries, buckets, where):
             return 11
 
     linked = 0
+    narrow = np.zeros((len(buckets), 2), np.int64)
     for bucket in range(len(buckets)):
         for kind in range(2):
             previous = -1
             entry = buckets[bucket, kind]
             while entry >= 0:
                 where[0] = entry
+                home = bucket_of(buckets, entries[entry, E_ROW + R_OWNER], home_block(entries[entry, E_ROW:]))
                 if entries[entry, E_PREV] != previous or entries[entry, E_BUCKET] != bucket or \
-                        entries[entry, E_KIND] != kind:
+                        entries[entry, E_KIND] != kind or home != bucket:
                     return 12
+                if home_block(entries[entry, E_ROW:]) != WIDE:
+                    narrow[bucket_of(buckets, entries[entry, E_ROW + R_OWNER], WIDE), kind] += 1
                 linked += 1
                 previous = entry
                 entry = entries[entry, E_NEXT]
     if linked != header[H_TM_USED]:
         return 13
+    for bucket in range(len(buckets)):
+        where[0] = bucket
+        if narrow[bucket, 0] != buckets[bucket, NARROW] or narrow[bucket, 1] != buckets[bucket, NARROW + 1]:
+            return 14
     return 0

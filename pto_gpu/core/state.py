@@ -41,7 +41,8 @@ H_HW_TM = 18
 H_HW_BUF = 19
 H_STAMP = 20  # id of the current submit attempt, to collect each entry once
 H_LAST_READY = 21  # 1 when the last submitted task had no producer left to wait for
-H_WIDTH = 22
+H_COMPLETED = 22  # tasks completed so far
+H_WIDTH = 23
 
 # Task table columns (one row per task-ring slot).
 T_ID = 0
@@ -104,7 +105,7 @@ class Sizes:
     buffer_window: int = 4096
     dep_pool: int = 8192
     tensormap_entries: int = 16384
-    tensormap_buckets: int = 1024
+    tensormap_buckets: int = 4096
 
     def __post_init__(self):
         for name in ("task_window", "tensormap_buckets"):
@@ -139,7 +140,8 @@ class CoreState:
             buffers=np.zeros((sizes.buffer_window, B_WIDTH), np.int64),
             deps=np.zeros((sizes.dep_pool, 2), np.int64),
             entries=np.zeros((sizes.tensormap_entries, E_WIDTH), np.int64),
-            buckets=np.zeros((sizes.tensormap_buckets, 2), np.int64),
+            # writer chain head, reader chain head, then narrow-entry counts (tensormap.py)
+            buckets=np.zeros((sizes.tensormap_buckets, 4), np.int64),
             producers=np.zeros(sizes.tensormap_entries, np.int64),
             covered=np.zeros(sizes.tensormap_entries, np.int64),
         )
@@ -189,4 +191,5 @@ def reset_tables(state: CoreState) -> None:
     state.entries[:, E_NEXT] = np.arange(1, len(state.entries) + 1)
     state.entries[-1, E_NEXT] = -1
     h[H_TM_FREE] = 0
-    state.buckets[:] = -1
+    state.buckets[:, :2] = -1
+    state.buckets[:, 2:] = 0

@@ -45,7 +45,7 @@ from .state import (
     T_WORKER,
     WRITER,
 )
-from .tensormap import chain_head, is_stale, tm_free_count, tm_insert, tm_remove
+from .tensormap import WIDE, chain_head, is_stale, lookup_blocks, tm_free_count, tm_insert, tm_remove
 
 
 @njit(cache=True)
@@ -72,20 +72,11 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
         owner = row[R_OWNER]
         writes = params[p, P_KIND] != INPUT
         for kind in range(WRITER, READER + 1 if writes else READER):
-            entry = chain_head(buckets, owner, kind)
-            while entry >= 0:
-                if is_stale(header, buffers, entries, entry):
-                    entry = tm_remove(header, entries, buckets, entry)
-                    continue
-                hit = entries[entry, E_ROW + R_OWNER] == owner and rows_overlap(entries[entry, E_ROW:], row)
-                if hit and entries[entry, E_STAMP] != stamp:
-                    entries[entry, E_STAMP] = stamp
-                    producers[found] = entries[entry, E_TASK]
-                    found += 1
-                if hit and writes and n_covered < len(covered) and row_covers(row, entries[entry, E_ROW:]):
-                    covered[n_covered] = entry
-                    n_covered += 1
-                entry = entries[entry, E_NEXT]
+            first_block, last_block = lookup_blocks(buckets, row, kind)
+            for block in range(first_block, last_block + 2):
+                head = chain_head(buckets, owner, WIDE if block > last_block else block, kind)
+                found, n_covered = _collect(header, buffers, entries, buckets, head, row, writes, stamp,
+                                            producers, found, covered, n_covered)
 
     unique = _sort_unique(producers, found)
     waiting = 0
@@ -127,6 +118,28 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
     header[H_LAST_EDGES] = unique
     header[H_LAST_READY] = 1 if waiting == 0 else 0
     return task_id
+
+
+@njit(cache=True, inline="always")  # called per probed chain: a call costs more than the walk
+def _collect(header, buffers, entries, buckets, entry, row, writes, stamp, producers, found, covered,
+             n_covered):
+    """Walk one chain: note the tasks of entries overlapping row (once per submit), and the
+    entries a write covers. Stale entries met on the way are unlinked."""
+    owner = row[R_OWNER]
+    while entry >= 0:
+        if is_stale(header, buffers, entries, entry):
+            entry = tm_remove(header, entries, buckets, entry)
+            continue
+        hit = entries[entry, E_ROW + R_OWNER] == owner and rows_overlap(entries[entry, E_ROW:], row)
+        if hit and entries[entry, E_STAMP] != stamp:
+            entries[entry, E_STAMP] = stamp
+            producers[found] = entries[entry, E_TASK]
+            found += 1
+        if hit and writes and n_covered < len(covered) and row_covers(row, entries[entry, E_ROW:]):
+            covered[n_covered] = entry
+            n_covered += 1
+        entry = entries[entry, E_NEXT]
+    return found, n_covered
 
 
 @njit(cache=True)

@@ -23,6 +23,8 @@ DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
 
 
 class ParallelExecutor:
+    runs_kernels = True
+
     def __init__(self, scheduler: Scheduler, backend, workers: dict[WorkerType, int], threshold: int):
         self._scheduler = scheduler
         self._backend = backend
@@ -52,9 +54,9 @@ class ParallelExecutor:
             thread.start()
 
     # --- the orchestrator's side ---------------------------------------------------------
-    def submitted(self, task: Task) -> None:
+    def submitted(self, task: Task, ready: bool) -> None:
         self._raise_failure()
-        if self._scheduler.last_was_ready():
+        if ready:
             self._outbox.append(task)
         threshold_reached = not self._started and 0 < self._threshold <= self._scheduler.pending
         if len(self._outbox) >= DISPATCH_BATCH or threshold_reached:

@@ -16,7 +16,7 @@ class SerialExecutor:
         self._backend = backend
         self._scratch = scheduler.ready_scratch()
 
-    def submitted(self, task: Task) -> None:
+    def submitted(self, task: Task, ready: bool) -> None:
         if self.runs_kernels:
             run_kernel(self._backend, task)
         self._scheduler.complete(task.id, self._scratch)

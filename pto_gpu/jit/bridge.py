@@ -1,0 +1,31 @@
+"""The one door from compiled orchestration code back to Python.
+
+Compiled code calls `service(session, code, a, b, c)` from a numba objmode block; the
+session (host.Session) registered under that key does the work: hand logged tasks to the
+executor, make room in a full ring, check invariants, or raise the error a code names.
+"""
+
+from __future__ import annotations
+
+SERVICE_FLUSH = 0  # hand the logged tasks and edges over
+SERVICE_ROOM = 1  # a: the FULL_* status of a full ring
+SERVICE_CHECK = 2  # validation mode: a: task id, b: 1 after its completion
+
+# Errors: the session raises the matching PTOError with a message naming the argument.
+ERR_USE_AFTER_FREE = 10  # a: param position (-1: version_inc), b: kernel id, c: buffer key
+ERR_STALE = 11  # same arguments
+ERR_SIGNATURE = 12  # a: kernel id, b: tensor params
+ERR_TOO_MANY = 13  # a: tensor params, b: scalars
+ERR_KERNEL = 14  # a: kernel id
+ERR_FREE_EXTERNAL = 15  # a: buffer key
+ERR_DOUBLE_FREE = 16  # a: buffer key
+ERR_SCOPE_DEPTH = 17  # a: limit, or -1 for scope_end without scope_begin
+ERR_SCOPE_FULL = 18  # a: limit
+ERR_ALLOC_SIZE = 19  # a: bytes
+ERR_ALLOC_ARGS = 20  # a: dims, b: dtype code, c: a negative dim (or 0)
+
+SESSIONS: dict[int, object] = {}
+
+
+def service(session: int, code: int, a: int, b: int, c: int) -> None:
+    SESSIONS[session].service(code, a, b, c)

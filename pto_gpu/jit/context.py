@@ -1,0 +1,111 @@
+"""The `o` of a compiled orchestration: a numba structref over the run's tables.
+
+It holds the core's tables (shared with the Python orchestrator, not copied), the
+per-slot argument tables compiled submits write so that a task's record can be built
+later (`host.Session.materialise`), the log of tasks not yet handed to the executor, the
+kernel table used to check signatures, and a few counters in `meta`. Fields are
+reassignable from Python through `set_tensormap`, because a recording run may grow the
+TensorMap while compiled code holds this reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.experimental import structref
+
+from ..core import state as cs
+from ..layout import PARAM_WIDTH
+from .descriptor import DESC_WIDTH, MAX_JIT_DIMS
+
+MAX_SCALARS = 8  # scalar params per compiled submit
+LOG_CAPACITY = 256  # tasks handed to the executor together
+EDGE_CAPACITY = 4096  # recorded edges handed to the recorder together
+SCOPE_CAPACITY = 4096  # buffers allocated in open scopes
+MAX_SCOPE_DEPTH = 64
+MAX_NAMES = cs.MAX_PARAMS * MAX_JIT_DIMS  # dim names in one kernel's shapes
+
+# meta fields
+M_LOGGED = 0  # tasks in the log
+M_EDGES = 1  # edges in the edge log
+M_SESSION = 2  # key of the host session (host._SESSIONS)
+M_COMPLETE_AT_SUBMIT = 3  # dry runs: tasks retire inside compiled code
+M_RECORD = 4
+M_VALIDATE = 5
+M_SCOPE_DEPTH = 6
+M_SCOPE_TOP = 7
+M_HEAP_BASE = 8
+M_LOG_LIMIT = 9  # flush the log at this many tasks
+M_WIDTH = 10
+
+# kernel table columns
+K_WORKER = 0
+K_TENSORS = 1  # tensor params the shapes declare, -1 when undeclared
+K_MIXED = 2  # 1 when tensor params may differ in dtype
+K_NAMES = 3  # distinct dim names in the shapes
+K_WIDTH = 4
+
+# scalar kinds in the argument tables
+S_FLOAT, S_INT = 0, 1
+
+FIELDS = (
+    "header", "tasks", "buffers", "deps", "entries", "buckets", "producers", "covered",
+    "params", "pending", "ready", "names",
+    "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
+    "log", "edges", "versions", "ext_versions", "scope", "scope_marks",
+    "kernels", "kernel_shapes", "meta",
+)
+
+
+@structref.register
+class JitOrchestratorType(types.StructRef):
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(t)) for name, t in fields)
+
+
+class JitOrchestrator(structref.StructRefProxy):
+    """What a compiled orchestration receives as `o` (see pto_gpu.jit)."""
+
+
+structref.define_proxy(JitOrchestrator, JitOrchestratorType, list(FIELDS))
+
+
+def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kernel_shapes: np.ndarray,
+             meta: np.ndarray) -> tuple[JitOrchestrator, dict[str, np.ndarray]]:
+    """A new context over the state's tables, and its fields for the host side to read."""
+    window = state.sizes.task_window
+    i64 = np.int64
+    fields = dict(
+        header=state.header, tasks=state.tasks, buffers=state.buffers, deps=state.deps,
+        entries=state.entries, buckets=state.buckets, producers=state.producers, covered=state.covered,
+        params=np.zeros((cs.MAX_PARAMS, PARAM_WIDTH), i64),  # layout rows for the core
+        pending=np.zeros((cs.MAX_PARAMS, DESC_WIDTH), i64),  # descriptors of the submit at hand
+        ready=np.zeros(len(state.deps), i64),  # completion scratch
+        names=np.zeros(MAX_NAMES, i64),  # sizes bound to dim names while checking shapes
+        arg_desc=np.zeros((window, cs.MAX_PARAMS, DESC_WIDTH), i64),
+        arg_kind=np.zeros((window, cs.MAX_PARAMS), i64),
+        arg_count=np.zeros((window, 2), i64),  # tensor and scalar params
+        arg_float=np.zeros((window, MAX_SCALARS), np.float64),
+        arg_int=np.zeros((window, MAX_SCALARS), i64),
+        arg_scalar_kind=np.zeros((window, MAX_SCALARS), i64),
+        log=np.zeros((LOG_CAPACITY, 2), i64),  # task id, ready at submit
+        edges=np.zeros((EDGE_CAPACITY, 2), i64),
+        versions=np.zeros(state.sizes.buffer_window, i64),  # newest version written, per buffer slot
+        ext_versions=np.zeros(max(1, num_externals), i64),
+        scope=np.zeros(SCOPE_CAPACITY, i64),
+        scope_marks=np.zeros(MAX_SCOPE_DEPTH, i64),
+        kernels=kernels, kernel_shapes=kernel_shapes, meta=meta,
+    )
+    return JitOrchestrator(*(fields[name] for name in FIELDS)), fields
+
+
+@njit(cache=True)
+def set_tensormap(o, entries, producers, covered):
+    o.entries = entries
+    o.producers = producers
+    o.covered = covered
+
+
+@njit(cache=True)
+def set_ext_versions(o, ext_versions):
+    o.ext_versions = ext_versions

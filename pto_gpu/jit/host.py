@@ -1,0 +1,272 @@
+"""The Python side of compiled orchestration: one Session per run that uses it.
+
+The session builds the JitOrchestrator over the run's tables, answers compiled code's
+service calls (bridge.py), and turns a compiled task back into a `Task` record when the
+executor, a worker or the recorder needs one (`materialise`, from the argument tables).
+Between compiled calls it carries versions and frees across to the Python orchestrator's
+buffer records, so either side can go on where the other stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..core import state as cs
+from ..dtypes import DataType, WorkerType
+from ..errors import (
+    DeadlockError,
+    DoubleFreeError,
+    InvariantError,
+    LayoutError,
+    LifecycleError,
+    ParamError,
+    StaleVersionError,
+    UsageError,
+    UseAfterFreeError,
+)
+from ..kernel import Kernel, registered
+from ..params import Param, ParamKind
+from ..scheduler import Scheduler, Task
+from ..tensor import Buffer, BufferKind
+from . import bridge, context
+from .context import (
+    K_MIXED,
+    K_NAMES,
+    K_TENSORS,
+    K_WIDTH,
+    K_WORKER,
+    LOG_CAPACITY,
+    M_COMPLETE_AT_SUBMIT,
+    M_EDGES,
+    M_HEAP_BASE,
+    M_LOG_LIMIT,
+    M_LOGGED,
+    M_RECORD,
+    M_SESSION,
+    M_VALIDATE,
+    M_WIDTH,
+    MAX_SCALARS,
+    MAX_SCOPE_DEPTH,
+    S_INT,
+)
+from .descriptor import D_BASE, D_DTYPE, D_KEY, D_NBYTES, D_VERSION, MAX_JIT_DIMS, to_tensor
+
+_KEYS = itertools.count()
+MAX_REMEMBERED_BUFFERS = 4096
+
+
+def kernel_tables(kernels: list[Kernel]) -> tuple[np.ndarray, np.ndarray]:
+    """Each kernel's worker class, dtype rule and shape declaration as int64 tables.
+
+    A shape word is its size when it is a number, else -1 - (the index of its name).
+    """
+    table = np.zeros((len(kernels), K_WIDTH), np.int64)
+    shapes = np.zeros((len(kernels), cs.MAX_PARAMS, 1 + MAX_JIT_DIMS), np.int64)
+    for k in kernels:
+        table[k.id, K_WORKER] = int(k.worker)
+        table[k.id, K_MIXED] = int(k.mixed_dtypes)
+        table[k.id, K_TENSORS] = -1
+        if k.shapes is None or len(k.shapes) > cs.MAX_PARAMS:
+            continue
+        names: dict[str, int] = {}
+        for p, dims in enumerate(k.shapes):
+            shapes[k.id, p, 0] = len(dims)  # more dims than MAX_JIT_DIMS can never match
+            for d, word in enumerate(dims[:MAX_JIT_DIMS]):
+                code = int(word) if word.isdigit() else -1 - names.setdefault(word, len(names))
+                shapes[k.id, p, 1 + d] = code
+        table[k.id, K_TENSORS] = len(k.shapes)
+        table[k.id, K_NAMES] = len(names)
+    return table, shapes
+
+
+class Session:
+    def __init__(self, scheduler: Scheduler, executor, recorder, heap_base: int, num_externals: int):
+        self._scheduler = scheduler
+        self._executor = executor
+        self._recorder = recorder
+        self._complete_at_submit = not executor.runs_kernels
+        self.key = next(_KEYS)
+        state = scheduler.state
+        meta = np.zeros(M_WIDTH, np.int64)
+        meta[M_SESSION] = self.key
+        meta[M_COMPLETE_AT_SUBMIT] = self._complete_at_submit
+        meta[M_RECORD] = recorder is not None
+        meta[M_VALIDATE] = scheduler.validate
+        meta[M_HEAP_BASE] = heap_base
+        # A logged task's arguments must outlive the flush: at most a window of tasks.
+        meta[M_LOG_LIMIT] = min(LOG_CAPACITY, state.sizes.task_window)
+        self._kernels = list(registered())
+        table, shapes = kernel_tables(self._kernels)
+        self.o, self._fields = context.allocate(state, num_externals, table, shapes, meta)
+        self._externals: dict[int, Buffer] = {}
+        self._python_heap: dict[int, Buffer] = {}  # heap buffers the Python side allocated
+        self._seen_heap: dict[int, Buffer] = {}  # records made for compiled allocations
+        scheduler.materialise = self.materialise
+        bridge.SESSIONS[self.key] = self
+
+    # --- entering and leaving compiled code ----------------------------------------------
+    def enter(self, externals: list[Buffer], python_heap: list[Buffer]) -> None:
+        """Bring the Python side's buffer records in: versions written, buffers known."""
+        f = self._fields
+        if len(externals) > len(f["ext_versions"]):
+            f["ext_versions"] = np.zeros(len(externals), np.int64)
+            context.set_ext_versions(self.o, f["ext_versions"])
+        self._externals = {b.key: b for b in externals}
+        for b in externals:
+            f["ext_versions"][-1 - b.key] = b.newest_version
+        self._python_heap = {b.key: b for b in python_heap}
+        for b in python_heap:
+            f["versions"][b.key % len(f["versions"])] = b.newest_version
+
+    def leave(self) -> None:
+        """Carry versions and frees made in compiled code back to the Python records."""
+        f = self._fields
+        for b in self._externals.values():
+            b.newest_version = max(b.newest_version, int(f["ext_versions"][-1 - b.key]))
+        for b in self._python_heap.values():
+            b.newest_version = max(b.newest_version, int(f["versions"][b.key % len(f["versions"])]))
+            b.freed = b.freed or not self._heap_live(b.key)
+
+    def close(self) -> None:
+        bridge.SESSIONS.pop(self.key, None)
+
+    # --- service calls -------------------------------------------------------------------
+    def service(self, code: int, a: int, b: int, c: int) -> None:
+        if code == bridge.SERVICE_FLUSH:
+            self.flush()
+        elif code == bridge.SERVICE_ROOM:
+            self._make_room(a, b)
+        elif code == bridge.SERVICE_CHECK:
+            self._scheduler.check_invariants(f"{'completing' if b else 'submitting'} task {a}")
+        else:
+            raise self._error(code, a, b, c)
+
+    def flush(self) -> int:
+        """Hand the logged tasks to the executor (and the recorder); how many there were."""
+        meta = self._fields["meta"]
+        logged, edges = int(meta[M_LOGGED]), int(meta[M_EDGES])
+        meta[M_LOGGED] = meta[M_EDGES] = 0
+        if self._recorder is not None:
+            self._recorder.edges.extend(map(tuple, self._fields["edges"][:edges].tolist()))
+        for task_id, ready in self._fields["log"][:logged].tolist():
+            task = self._scheduler.task(task_id)
+            if self._recorder is not None:
+                self._recorder.tasks.append(task)
+            if not self._complete_at_submit:
+                self._executor.submitted(task, bool(ready))
+        return logged
+
+    def _make_room(self, status: int, needed: int) -> None:
+        delivered = self.flush()
+        if status == cs.FULL_TENSORMAP:
+            state = self._scheduler.state
+            entries = state.entries
+            made = self._scheduler.make_tensormap_room(needed)
+            if state.entries is not entries:  # grown: compiled code must see the new arrays
+                context.set_tensormap(self.o, state.entries, state.producers, state.covered)
+            if made:
+                return
+        if not delivered:  # the tasks just handed over may free the ring; else wait or fail
+            self._executor.make_room(status, self.unfreed)
+
+    # --- records -------------------------------------------------------------------------
+    def materialise(self, task_id: int) -> Task:
+        """The Task record of a task compiled code submitted (live, or logged for recording)."""
+        f = self._fields
+        slot = task_id & (self._scheduler.state.sizes.task_window - 1)
+        tensors, scalars = f["arg_count"][slot].tolist()
+        params = [Param(ParamKind(int(kind)), self._tensor(desc))
+                  for desc, kind in zip(f["arg_desc"][slot, :tensors], f["arg_kind"][slot, :tensors])]
+        for i in range(scalars):
+            is_int = f["arg_scalar_kind"][slot, i] == S_INT
+            params.append(Param(ParamKind.SCALAR, int(f["arg_int"][slot, i]) if is_int
+                                else float(f["arg_float"][slot, i])))
+        row = self._scheduler.state.tasks[slot]
+        return Task(task_id, self._kernels[row[cs.T_KERNEL]], WorkerType(int(row[cs.T_WORKER])),
+                    tuple(params))
+
+    def _tensor(self, desc: np.ndarray):
+        return to_tensor(desc, self._buffer(desc), DataType(int(desc[D_DTYPE])))
+
+    def _buffer(self, desc: np.ndarray) -> Buffer:
+        key = int(desc[D_KEY])
+        if key < 0:
+            return self._externals[key]
+        buffer = self._python_heap.get(key) or self._seen_heap.get(key)
+        if buffer is None:
+            if len(self._seen_heap) >= MAX_REMEMBERED_BUFFERS:
+                self._seen_heap.clear()
+            buffer = Buffer(key, BufferKind.HEAP, int(desc[D_BASE]), int(desc[D_NBYTES]))
+            self._seen_heap[key] = buffer
+        return buffer
+
+    def unfreed(self) -> list[Buffer]:
+        """Heap buffers allocated and not freed, oldest first, from either side."""
+        h, buffers = self._scheduler.state.header, self._scheduler.state.buffers
+        base = int(self._fields["meta"][M_HEAP_BASE])
+        found = []
+        for seq in range(int(h[cs.H_BUF_TAIL]), int(h[cs.H_BUF_NEXT])):
+            if self._heap_live(seq):
+                row = buffers[seq % len(buffers)]
+                nbytes = int(row[cs.B_VEND] - row[cs.B_VSTART])
+                found.append(self._python_heap.get(seq)
+                             or Buffer(seq, BufferKind.HEAP, base + int(row[cs.B_OFFSET]), nbytes))
+        return found
+
+    def _heap_live(self, seq: int) -> bool:
+        row = self._scheduler.state.buffers[seq % len(self._scheduler.state.buffers)]
+        return row[cs.B_SEQ] == seq and row[cs.B_STATE] == cs.LIVE
+
+    # --- errors --------------------------------------------------------------------------
+    def _error(self, code: int, a: int, b: int, c: int) -> Exception:
+        pending = self._fields["pending"]
+        if code in (bridge.ERR_USE_AFTER_FREE, bridge.ERR_STALE):
+            desc = pending[max(a, 0)]
+            what = "version_inc" if a < 0 else f"param {a} of {self._kernels[b].name}"
+            name = self._describe(int(desc[D_KEY]))
+            if code == bridge.ERR_USE_AFTER_FREE:
+                return UseAfterFreeError(f"{what}: {name} was freed")
+            newest = self._fields["versions"][desc[D_KEY] % len(self._fields["versions"])] \
+                if desc[D_KEY] >= 0 else self._fields["ext_versions"][-1 - desc[D_KEY]]
+            return StaleVersionError(f"{what}: version {int(desc[D_VERSION])} of {name} is stale; "
+                                     f"version {int(newest)} has been written")
+        if code == bridge.ERR_SIGNATURE:
+            kernel = self._kernels[a]
+            try:
+                kernel.check([self._tensor(desc) for desc in pending[:b]])
+            except ParamError as error:
+                return error
+            return InvariantError(f"compiled signature check of {kernel.name} disagrees with Kernel.check")
+        if code == bridge.ERR_TOO_MANY:
+            return ParamError(f"a compiled submit has {a} tensor params and {b} scalars; at most "
+                              f"{cs.MAX_PARAMS} and {MAX_SCALARS}")
+        if code == bridge.ERR_KERNEL:
+            return ParamError(f"kernel id {a} names no kernel (ids 0..{len(self._kernels) - 1}); "
+                              "pass kernel.id of a @pto.kernel declared before the run")
+        if code == bridge.ERR_FREE_EXTERNAL:
+            return LifecycleError(f"cannot free external {self._describe(a)}: the runtime never frees "
+                                  "caller memory")
+        if code == bridge.ERR_DOUBLE_FREE:
+            return DoubleFreeError(f"{self._describe(a)} was already freed")
+        if code == bridge.ERR_SCOPE_DEPTH:
+            return UsageError("scope_end without a matching scope_begin" if a < 0 else
+                              f"scopes nest at most {MAX_SCOPE_DEPTH} deep in compiled code")
+        if code == bridge.ERR_SCOPE_FULL:
+            return UsageError(f"open scopes in compiled code hold at most {a} buffers; free some or "
+                              "close a scope")
+        if code == bridge.ERR_ALLOC_SIZE:
+            capacity = self._scheduler.state.sizes.heap_bytes
+            return DeadlockError(f"heap ring (heap_bytes={capacity} bytes) cannot hold a buffer of "
+                                 f"{a} bytes; raise heap_bytes=")
+        if code == bridge.ERR_ALLOC_ARGS:
+            return LayoutError(f"alloc takes up to {MAX_JIT_DIMS} non-negative dims and a DataType "
+                               f"code 0..{len(DataType) - 1}; got {a} dims, dtype {b}, a dim of {c}")
+        return InvariantError(f"unknown service code {code} from compiled code")
+
+    def _describe(self, key: int) -> str:
+        if key < 0:
+            return repr(self._externals[key])
+        buffer = self._python_heap.get(key) or self._seen_heap.get(key)
+        return repr(buffer) if buffer is not None else f"Buffer(heap #{key})"

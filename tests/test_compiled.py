@@ -1,0 +1,185 @@
+"""Compiled orchestration (pto_gpu.jit): the same descriptors, tasks, edges and bytes as the
+Python API, executing runs that wait on full rings, and clear errors from compiled code."""
+
+import re
+
+import numba
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from orchestration import reference
+from orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
+from pto_gpu import jit as pj
+from pto_gpu.jit.descriptor import from_tensor, write_layout
+from pto_gpu.layout import PARAM_WIDTH, ROW_WIDTH
+from tests.conftest import add_into, fill, mix
+
+
+def task_signature(graph):
+    """Tasks as (id, kernel, worker, params by kind and layout or value), and the edges."""
+    tasks = [(t.id, t.kernel.name, int(t.worker),
+              tuple((int(p.kind), tuple(p.value.layout.tolist()) if p.kind != pto.ParamKind.SCALAR
+                     else p.value) for p in t.params)) for t in graph.tasks]
+    return tasks, graph.edges
+
+
+@pytest.mark.parametrize("seq_len", [1024, 2048])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_compiled_llama_builds_the_same_graph(seq_len, adaptive):
+    inputs = llama_layer_inputs(seq_len, lazy=True)
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    python = rt.run(llama_layer, inputs, adaptive, record=True)
+    compiled = rt.run(llama_layer_compiled, inputs, adaptive, record=True)
+    assert compiled.num_tasks == python.num_tasks and compiled.num_edges == python.num_edges
+    assert task_signature(compiled.graph) == task_signature(python.graph)
+
+
+@pytest.mark.parametrize("executor", ["serial", "parallel"])
+def test_compiled_llama_fills_window_and_heap_and_matches_reference(executor):
+    inputs = llama_layer_inputs(200, hidden=64, heads=4, ffn=96, seed=3)
+    # 16 task slots and a heap of a few tiles: both rings fill many times over.
+    rt = pto.Runtime(backend="cpu", executor=executor, task_window=16, heap_bytes=96 << 10)
+    result = rt.run(llama_layer_compiled, inputs, adaptive=True)
+    assert result.high_water["task_ring"] == 16
+    assert result.high_water["heap_bytes"] > (96 << 10) // 2
+    expected = reference.llama_layer(inputs)
+    # Same tolerance as the Python-level orchestration's test (test_workloads.py).
+    np.testing.assert_allclose(inputs["out"], expected, atol=1e-5 * np.abs(expected).max())
+    python_inputs = llama_layer_inputs(200, hidden=64, heads=4, ffn=96, seed=3)
+    pto.Runtime(backend="cpu", executor="serial").run(llama_layer, python_inputs, adaptive=True)
+    assert inputs["out"].tobytes() == python_inputs["out"].tobytes()
+
+
+def random_views(rng, count):
+    """TensorDescriptors made by slicing, transposing and reshaping a few arrays."""
+    rt_views = []
+
+    def collect(o):
+        for _ in range(count):
+            shape = tuple(int(n) for n in rng.integers(1, 9, size=rng.integers(1, 4)))
+            t = o.external(np.zeros(shape, rng.choice([np.float32, np.uint8, np.float64])))
+            dim = int(rng.integers(0, t.ndim))
+            start = int(rng.integers(0, t.shape[dim] + 1))
+            stop = int(rng.integers(start, t.shape[dim] + 1))
+            index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(t.ndim))
+            view = t[index]
+            if view.ndim > 1 and rng.random() < 0.5:
+                view = view.transpose(*rng.permutation(view.ndim))
+            rt_views.append((t, view, dim, start, stop))
+
+    pto.Runtime(backend="cpu", executor="dry").run(collect)
+    return rt_views
+
+
+@numba.njit(cache=True)
+def _layout_of(desc):
+    row = np.zeros(PARAM_WIDTH, np.int64)
+    write_layout(desc, row)
+    return row[:ROW_WIDTH]
+
+
+@numba.njit(cache=True)
+def _narrowed(desc, dim, start, stop):
+    return pj.narrow(desc, dim, start, stop)
+
+
+def test_compiled_descriptors_have_the_python_layout_rows():
+    rng = np.random.default_rng(0)
+    for parent, view, dim, start, stop in random_views(rng, 300):
+        assert _layout_of(from_tensor(view)).tolist() == view.layout.tolist()
+        narrowed = _narrowed(from_tensor(parent), dim, start, stop)
+        index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(parent.ndim))
+        assert narrowed == from_tensor(parent[index])
+
+
+@numba.njit(cache=True)
+def _split_swap(desc, inner):
+    return pj.swap(pj.split(desc, 1, inner), 0, 1)
+
+
+def test_split_and_swap_match_reshape_and_transpose():
+    def check(o):
+        t = o.external(np.zeros((6, 12), np.float32))[1:5]
+        assert _split_swap(from_tensor(t), 3) == from_tensor(t.reshape(4, 4, 3).transpose(1, 0, 2))
+
+    pto.Runtime(backend="cpu", executor="dry").run(check)
+
+
+@numba.njit(cache=True)
+def _chain(o, x, out, fill_id, add_id, rounds):
+    scratch = pj.alloc(o, (pj.shape(x, 0), pj.shape(x, 1)), pj.dtype(x))
+    pj.submit(o, fill_id, (pj.output(scratch),), (1.5,))
+    for _ in range(rounds):
+        pj.submit(o, add_id, (pj.input(scratch), pj.inout(out)))
+    pj.free(o, scratch)
+
+
+def test_python_and_compiled_code_share_a_run():
+    out = np.zeros((4, 4), np.float32)
+
+    def orchestration(o):
+        target = o.external(out)
+        o.submit(fill, pto.output(target), 1.0)
+        o.compiled(_chain, target, target, fill.id, add_into.id, 3)
+        o.submit(add_into, pto.input(target), pto.inout(target))  # doubles: (1 + 3 * 1.5) * 2
+
+    result = pto.Runtime(backend="cpu", executor="parallel").run(orchestration, record=True)
+    np.testing.assert_array_equal(out, 11.0)
+    assert result.num_tasks == 6
+    # fill -> add -> add -> add -> add, and the scratch fill feeds each compiled add.
+    assert {(0, 2), (1, 2), (2, 3), (3, 4), (4, 5)} <= set(result.graph.edges)
+
+
+@numba.njit(cache=True)
+def _misuse(o, x, kernel_id, case):
+    a = pj.alloc(o, (4, 4), pj.dtype(x))
+    if case == 0:
+        pj.free(o, a)
+        pj.submit(o, kernel_id, (pj.input(a), pj.input(x), pj.output(x)))
+    elif case == 1:
+        pj.submit(o, kernel_id, (pj.input(a), pj.input(x), pj.output(pj.narrow(x, 0, 0, 2))))
+    elif case == 2:
+        pj.free(o, a)
+        pj.free(o, a)
+    elif case == 3:
+        pj.free(o, x)
+    elif case == 4:
+        newer = pj.version_inc(o, a)
+        pj.submit(o, kernel_id, (pj.input(x), pj.input(x), pj.output(newer)))
+        pj.submit(o, kernel_id, (pj.input(a), pj.input(x), pj.output(x)))
+    elif case == 5:
+        pj.submit(o, 10_000, (pj.input(a),))
+    elif case == 6:
+        pj.scope_end(o)
+
+
+@pytest.mark.parametrize("case, error, words", [
+    (0, pto.UseAfterFreeError, "param 0 of mix: Buffer(heap #0"),
+    (1, pto.ParamError, "mix: tensor param 2 dim 0"),
+    (2, pto.DoubleFreeError, "already freed"),
+    (3, pto.LifecycleError, "cannot free external"),
+    (4, pto.StaleVersionError, "version 0 of Buffer(heap #0"),
+    (5, pto.ParamError, "kernel id 10000 names no kernel"),
+    (6, pto.UsageError, "scope_end without a matching scope_begin"),
+])
+def test_misuse_in_compiled_code_raises_a_named_error(case, error, words):
+    mix_shaped = pto.kernel(worker=pto.CUBE, name="mix", shapes=("m n", "m n", "m n"))(mix.cpu)
+
+    def orchestration(o):
+        o.compiled(_misuse, o.external(np.zeros((4, 4), np.float32)), mix_shaped.id, case)
+
+    rt = pto.Runtime(backend="cpu", executor="serial")
+    with pytest.raises(error, match=re.escape(words)):
+        rt.run(orchestration)
+    out = np.zeros(3, np.float32)
+    rt.run(lambda o: o.submit(fill, pto.output(o.external(out)), 2.0))  # the runtime goes on
+    np.testing.assert_array_equal(out, 2.0)
+
+
+def test_compiled_validation_mode_checks_invariants():
+    inputs = llama_layer_inputs(96, hidden=64, heads=4, ffn=96, seed=5)
+    pto.Runtime(backend="cpu", executor="parallel", validate=True, task_window=32).run(
+        llama_layer_compiled, inputs)
+    expected = reference.llama_layer(inputs)
+    np.testing.assert_allclose(inputs["out"], expected, atol=1e-5 * np.abs(expected).max())
