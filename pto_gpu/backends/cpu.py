@@ -18,7 +18,7 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self, heap_bytes: int):
-        raw = np.empty(heap_bytes + HEAP_ALIGN, dtype=np.uint8)
+        raw = np.zeros(heap_bytes + HEAP_ALIGN, dtype=np.uint8)  # calloc: pages zeroed lazily
         skip = -raw.ctypes.data % HEAP_ALIGN
         self.heap = raw[skip:skip + heap_bytes]
         self.heap_base = self.heap.ctypes.data
