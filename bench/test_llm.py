@@ -1,6 +1,7 @@
 """LLM workloads: LLaMA-layer graph build (dry executor) and end-to-end CPU runs vs numpy.
 
-Graph build: extra_info has tasks, tasks per ms, and memory: the runtime's fixed core tables
+Graph build, by the Python-level and the compiled orchestration: extra_info has tasks,
+tasks per ms, and memory: the runtime's fixed core tables
 (sized by its settings, not by the graph) and the peak of everything else allocated during
 one run, measured in a separate pass under tracemalloc (which sees numpy's allocations and
 slows Python down, so it is kept out of the timed rounds). Inputs and the heap ring's one
@@ -16,33 +17,35 @@ import pytest
 import pto_gpu as pto
 from orchestration import reference
 from orchestration.flash_attention import flash_attention
-from orchestration.llama import expected_tasks, llama_layer, llama_layer_inputs
+from orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
 from orchestration.softmax import fused_softmax
 
 
-def peak_run_memory(rt, inputs, adaptive) -> int:
+def peak_run_memory(rt, orchestration, inputs, adaptive) -> int:
     tracemalloc.start()
-    rt.run(llama_layer, inputs, adaptive=adaptive)
+    rt.run(orchestration, inputs, adaptive=adaptive)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return peak
 
 
+@pytest.mark.parametrize("orchestration", [llama_layer, llama_layer_compiled], ids=["python", "compiled"])
 @pytest.mark.parametrize("adaptive", [False, True], ids=["32-row", "adaptive"])
 @pytest.mark.parametrize("seq_len", [1024, 2048, 4096, 8192, 16384])
-def test_llama_graph_build(benchmark, seq_len, adaptive):
+def test_llama_graph_build(benchmark, seq_len, adaptive, orchestration):
     inputs = llama_layer_inputs(seq_len, lazy=True)
     tasks = expected_tasks(seq_len // (64 if adaptive else 32))
     rt = pto.Runtime(backend="cpu", executor="dry")
     rounds = 1 if tasks > 100_000 else 3
-    result = benchmark.pedantic(rt.run, (llama_layer, inputs), {"adaptive": adaptive},
+    result = benchmark.pedantic(rt.run, (orchestration, inputs), {"adaptive": adaptive},
                                 rounds=rounds, iterations=1, warmup_rounds=1)
     assert result.num_tasks == tasks
     tables = sum(getattr(rt._scheduler.state, f).nbytes for f in
                  ("header", "tasks", "buffers", "deps", "entries", "buckets", "producers", "covered"))
     benchmark.extra_info.update(
         tasks=tasks, tasks_per_ms=tasks / (benchmark.stats.stats.median * 1e3),
-        core_tables_mb=tables / 2**20, run_peak_mb=peak_run_memory(rt, inputs, adaptive) / 2**20)
+        core_tables_mb=tables / 2**20,
+        run_peak_mb=peak_run_memory(rt, orchestration, inputs, adaptive) / 2**20)
 
 
 @pytest.fixture(scope="module")
