@@ -18,11 +18,12 @@ from .errors import (
     UsageError,
     UseAfterFreeError,
 )
+from .graph import Graph
 from .kernel import Kernel, kernel
 from .orchestrator import Orchestrator
 from .overlap import Overlap
 from .params import Param, ParamKind, inout, input, output, scalar
-from .runtime import Graph, RunResult, Runtime
+from .runtime import RunResult, Runtime
 from .tensor import Buffer, TensorDescriptor
 
 FLOAT32 = DataType.FLOAT32

@@ -16,20 +16,13 @@ from .dtypes import WorkerType
 from .errors import PTOError, UsageError
 from .executors.parallel import ParallelExecutor
 from .executors.serial import DryExecutor, SerialExecutor
+from .graph import Graph
 from .orchestrator import Orchestrator, Recorder
-from .scheduler import Scheduler, Task
+from .scheduler import Scheduler
 
 log = logging.getLogger("pto_gpu")
 
 EXECUTORS = ("parallel", "serial", "dry")
-
-
-@dataclasses.dataclass
-class Graph:
-    """The logical graph of a recorded run: identical for every executor."""
-
-    tasks: list[Task]
-    edges: list[tuple[int, int]]
 
 
 @dataclasses.dataclass
