@@ -40,6 +40,8 @@ from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 class Executor(Protocol):
     """What the orchestrator needs from whoever runs the tasks."""
 
+    runs_kernels: bool  # False: tasks retire at submission unrun (compiled code retires them itself)
+
     def submitted(self, task: Task, ready: bool) -> None:
         """A task entered the core; `ready` when it had no producer left to wait for."""
 
@@ -195,8 +197,10 @@ class Orchestrator:
         if self._jit is None:
             self._jit = Session(self._scheduler, self._executor, self._recorder,
                                 self._backend.heap_base, len(self._externals))
-        converted = tuple(from_tensor(a) if isinstance(a, TensorDescriptor) and self._check_usable(a) is None
-                          else a for a in args)
+        for arg in args:
+            if isinstance(arg, TensorDescriptor):
+                self._check_usable(arg)
+        converted = tuple(from_tensor(a) if isinstance(a, TensorDescriptor) else a for a in args)
         self._jit.enter(list(self._externals.values()), list(self._unfreed.values()))
         try:
             result = body(self._jit.o, *converted)
