@@ -18,7 +18,6 @@ from . import scheduler as sched
 from .core import state as cs
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import (
-    DeadlockError,
     DoubleFreeError,
     LayoutError,
     LifecycleError,
@@ -113,10 +112,8 @@ class Orchestrator:
             raise LayoutError(f"alloc shape {shape} must be non-negative integers")
         dtype = as_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        capacity = self._state.sizes.heap_bytes
-        if nbytes > capacity:
-            raise DeadlockError(f"heap ring (heap_bytes={capacity} bytes) cannot hold a buffer of "
-                                f"{nbytes} bytes for {shape} {dtype.name}; raise heap_bytes=")
+        if nbytes > self._state.sizes.heap_bytes:
+            raise self._scheduler.heap_too_small(nbytes, f" for {shape} {dtype.name}")
         while (seq := sched.heap_alloc(self._state, nbytes)) < 0:
             self._executor.make_room(seq, self.unfreed)
         base = self._backend.heap_base + sched.heap_offset(self._state, seq)

@@ -142,6 +142,11 @@ class Scheduler:
                 "buffer_table": int(h[cs.H_HW_BUF]), "dep_pool": int(h[cs.H_HW_DEP]),
                 "tensormap": int(h[cs.H_HW_TM])}
 
+    def heap_too_small(self, nbytes: int, what: str) -> DeadlockError:
+        """The error for one buffer larger than the whole heap ring; `what` describes it."""
+        return DeadlockError(f"heap ring (heap_bytes={self.state.sizes.heap_bytes} bytes) cannot hold a "
+                             f"buffer of {nbytes} bytes{what}; raise heap_bytes=")
+
     def deadlock(self, status: int, unfreed: list) -> DeadlockError:
         """The error for a ring that is full with nothing left that could free it."""
         ring, setting = RING_SETTINGS[status]

@@ -123,6 +123,13 @@ def buffer_is_live(header, buffers, seq):
 
 
 @njit(cache=True)
+def buffer_unfreed(header, buffers, seq):
+    """Whether heap buffer `seq` is allocated and the orchestration has not freed it."""
+    slot = seq % header[H_BUF_CAP]
+    return buffers[slot, B_SEQ] == seq and buffers[slot, B_STATE] == LIVE
+
+
+@njit(cache=True)
 def buffer_release(header, buffers, seq):
     """Drop one reference to a heap buffer; reclaim heap space when it dies."""
     slot = seq % header[H_BUF_CAP]

@@ -5,10 +5,10 @@ and readers, newest first: a read scans only the writers, a write scans both. An
 has about 256 blocks (its row's R_SHIFT); a region of at most NARROW_BLOCKS blocks hashes
 by the block it starts in, a longer one by the owner's "wide" block, so a lookup walks
 the chains of the blocks it spans, the NARROW_BLOCKS blocks before them, and the wide
-chain: the entries near a tile, not every entry of its array. Each bucket row also counts the narrow
-entries of the owners whose wide block hashes there (columns NARROW + kind): when that
-count is 0, a lookup walks the wide chain alone, so a read of a whole weight matrix costs
-one probe, not one per block. An entry stops
+chain: the entries near a tile, not every entry of its array. Each bucket row also counts
+the narrow entries of the owners whose wide block hashes there (columns NARROW + kind):
+when that count is 0, a lookup walks the wide chain alone, so a read of a whole weight
+matrix costs one probe, not one per block. An entry stops
 mattering when a later write covers its region (it is removed once its edge is recorded)
 or when its heap buffer dies (it is then stale and unlinked lazily, on the next walk or
 sweep). Entries of retired tasks may be evicted when the pool is full: that cannot change

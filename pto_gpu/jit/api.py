@@ -19,18 +19,15 @@ from ..core import complete as core_complete
 from ..core import rings
 from ..core.state import (
     B_OFFSET,
-    B_SEQ,
-    B_STATE,
     H_BUF_CAP,
     H_HEAP_CAP,
     H_LAST_EDGES,
+    H_LAST_READY,
     H_WINDOW,
     INOUT,
     INPUT,
-    LIVE,
     MAX_PARAMS,
     OUTPUT,
-    T_FANIN,
 )
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
@@ -147,7 +144,7 @@ def free(o, desc):
     key = desc[D_KEY]
     if key < 0:
         _service(o, bridge.ERR_FREE_EXTERNAL, key, 0, 0)
-    if not _heap_live(o, key):
+    if not rings.buffer_unfreed(o.header, o.buffers, key):
         _service(o, bridge.ERR_DOUBLE_FREE, key, 0, 0)
     rings.buffer_free(o.header, o.buffers, key)
 
@@ -176,7 +173,7 @@ def scope_end(o):
         _service(o, bridge.ERR_SCOPE_DEPTH, -1, 0, 0)
     mark = o.scope_marks[depth]
     for i in range(mark, o.meta[M_SCOPE_TOP]):
-        if _heap_live(o, o.scope[i]):
+        if rings.buffer_unfreed(o.header, o.buffers, o.scope[i]):
             rings.buffer_free(o.header, o.buffers, o.scope[i])
     o.meta[M_SCOPE_TOP] = mark
     o.meta[M_SCOPE_DEPTH] = depth
@@ -223,7 +220,7 @@ def submit(o, kernel_id, tensors, scalars=()):
         _service(o, bridge.SERVICE_CHECK, task_id, 0, 0)
     if o.meta[M_RECORD]:
         _record_edges(o, task_id)
-    ready = o.tasks[slot, T_FANIN] == 0  # nothing left to wait for at submission
+    ready = o.header[H_LAST_READY]
     if o.meta[M_COMPLETE_AT_SUBMIT]:
         core_complete.complete(o.header, o.tasks, o.buffers, o.deps, task_id, o.ready)
         if o.meta[M_VALIDATE]:
@@ -254,17 +251,10 @@ def _service(o, code, a, b, c):
 
 
 @njit(cache=True)
-def _heap_live(o, seq):
-    """Whether heap buffer `seq` is allocated and not freed."""
-    slot = seq % o.header[H_BUF_CAP]
-    return o.buffers[slot, B_SEQ] == seq and o.buffers[slot, B_STATE] == LIVE
-
-
-@njit(cache=True)
 def _check_usable(o, desc, position, kernel_id):
     key = desc[D_KEY]
     if key >= 0:
-        if not _heap_live(o, key):
+        if not rings.buffer_unfreed(o.header, o.buffers, key):
             _service(o, bridge.ERR_USE_AFTER_FREE, position, kernel_id, key)
         newest = o.versions[key % o.header[H_BUF_CAP]]
     else:

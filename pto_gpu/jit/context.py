@@ -28,7 +28,7 @@ MAX_NAMES = cs.MAX_PARAMS * MAX_JIT_DIMS  # dim names in one kernel's shapes
 # meta fields
 M_LOGGED = 0  # tasks in the log
 M_EDGES = 1  # edges in the edge log
-M_SESSION = 2  # key of the host session (host._SESSIONS)
+M_SESSION = 2  # key of the host session (bridge.SESSIONS)
 M_COMPLETE_AT_SUBMIT = 3  # dry runs: tasks retire inside compiled code
 M_RECORD = 4
 M_VALIDATE = 5

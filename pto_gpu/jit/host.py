@@ -13,10 +13,10 @@ import itertools
 
 import numpy as np
 
+from ..core import rings
 from ..core import state as cs
 from ..dtypes import DataType, WorkerType
 from ..errors import (
-    DeadlockError,
     DoubleFreeError,
     InvariantError,
     LayoutError,
@@ -216,8 +216,8 @@ class Session:
         return found
 
     def _heap_live(self, seq: int) -> bool:
-        row = self._scheduler.state.buffers[seq % len(self._scheduler.state.buffers)]
-        return row[cs.B_SEQ] == seq and row[cs.B_STATE] == cs.LIVE
+        state = self._scheduler.state
+        return bool(rings.buffer_unfreed(state.header, state.buffers, seq))
 
     # --- errors --------------------------------------------------------------------------
     def _error(self, code: int, a: int, b: int, c: int) -> Exception:
@@ -257,9 +257,7 @@ class Session:
             return UsageError(f"open scopes in compiled code hold at most {a} buffers; free some or "
                               "close a scope")
         if code == bridge.ERR_ALLOC_SIZE:
-            capacity = self._scheduler.state.sizes.heap_bytes
-            return DeadlockError(f"heap ring (heap_bytes={capacity} bytes) cannot hold a buffer of "
-                                 f"{a} bytes; raise heap_bytes=")
+            return self._scheduler.heap_too_small(a, "")
         if code == bridge.ERR_ALLOC_ARGS:
             return LayoutError(f"alloc takes up to {MAX_JIT_DIMS} non-negative dims and a DataType "
                                f"code 0..{len(DataType) - 1}; got {a} dims, dtype {b}, a dim of {c}")
