@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-$(BIN)/.installed-bench: $(BIN)/.installed-bench
+$(BIN)/.installed-bench: $(BIN)/.installed
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $@
 

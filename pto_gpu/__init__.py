@@ -23,7 +23,8 @@ from .kernel import Kernel, kernel
 from .orchestrator import Orchestrator
 from .overlap import Overlap
 from .params import Param, ParamKind, inout, input, output, scalar
-from .runtime import RunResult, Runtime
+from .result import KernelTime, RunResult
+from .runtime import Runtime
 from .tensor import Buffer, TensorDescriptor
 
 FLOAT32 = DataType.FLOAT32
@@ -46,7 +47,7 @@ __all__ = [
     "ACCELERATOR", "AI_CPU", "BFLOAT16", "CUBE", "FLOAT16", "FLOAT32", "FLOAT64", "INT16", "INT32",
     "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
     "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
-    "Orchestrator", "Overlap",
+    "KernelTime", "Orchestrator", "Overlap",
     "PTOError", "Param", "ParamError", "ParamKind", "RunResult", "Runtime", "StaleVersionError",
     "TaskError", "TensorDescriptor", "UsageError", "UseAfterFreeError", "WorkerType", "element_size",
     "inout", "input", "kernel", "output", "scalar",

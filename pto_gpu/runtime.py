@@ -2,38 +2,30 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
 from .backends.cpu import CpuBackend
-from .core.state import H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
+from .core.state import H_COMPLETED, H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
 from .dtypes import WorkerType
 from .errors import PTOError, UsageError
 from .executors.parallel import ParallelExecutor
 from .executors.serial import DryExecutor, SerialExecutor
 from .graph import Graph
 from .orchestrator import Orchestrator, Recorder
+from .profile import Profile
+from .result import RunResult, busy_shares, kernel_times
 from .scheduler import Scheduler
+from .trace import write_trace
 
 log = logging.getLogger("pto_gpu")
 
 EXECUTORS = ("parallel", "serial", "dry")
-
-
-@dataclasses.dataclass
-class RunResult:
-    num_tasks: int
-    num_edges: int
-    seconds: float
-    backend: str
-    executor: str
-    high_water: dict[str, int]  # the most each ring held at once
-    graph: Graph | None = None
 
 
 def default_workers() -> dict[WorkerType, int]:
@@ -73,23 +65,38 @@ class Runtime:
         self._running = False
 
     def run(self, orchestration: Callable, *args, threshold: int = 0, record: bool = False,
-            **kwargs) -> RunResult:
-        """Run `orchestration(o, *args, **kwargs)` to completion; every task has run on return."""
+            trace: str | Path | None = None, **kwargs) -> RunResult:
+        """Run `orchestration(o, *args, **kwargs)` to completion; every task has run on return.
+
+        record=True keeps the logical graph in `result.graph`; trace=path also writes the
+        run's timeline there as Chrome-trace JSON (and records the graph for its arrows).
+        """
         if self._running:
             raise UsageError("Runtime.run called while this runtime is already running an orchestration")
         if threshold < 0:
             raise PTOError(f"threshold={threshold} must be >= 0")
+        if trace is not None and self.executor == "dry":
+            raise PTOError("trace= draws when kernels ran, and the dry executor runs none; "
+                           "use executor='serial' or 'parallel'")
         self._running = True
         try:
-            return self._run(orchestration, args, kwargs, threshold, record)
+            return self._run(orchestration, args, kwargs, threshold, record, trace)
         finally:
             self._running = False
 
-    def _run(self, orchestration, args, kwargs, threshold, record) -> RunResult:
+    @property
+    def progress(self) -> tuple[int, int]:
+        """(tasks completed, tasks submitted) so far in the current run; safe from another thread."""
+        header = self._scheduler.state.header
+        return int(header[H_COMPLETED]), int(header[H_NEXT_TASK])
+
+    def _run(self, orchestration, args, kwargs, threshold, record, trace) -> RunResult:
+        record = record or trace is not None
         scheduler = self._scheduler
         scheduler.reset(record)
         recorder = Recorder() if record else None
-        executor = self._make_executor(threshold)
+        profile = Profile(tracing=trace is not None)
+        executor = self._make_executor(threshold, profile)
         o = Orchestrator(scheduler, self.backend, executor, recorder)
         started = time.perf_counter()
         try:
@@ -105,18 +112,24 @@ class Runtime:
             o.close()
         seconds = time.perf_counter() - started
         header = scheduler.state.header
-        return RunResult(
+        result = RunResult(
+            orchestration=getattr(orchestration, "__name__", repr(orchestration)),
             num_tasks=int(header[H_NEXT_TASK]), num_edges=int(header[H_NUM_EDGES]), seconds=seconds,
-            backend=self.backend.name, executor=self.executor, high_water=scheduler.stats(),
+            backend=self.backend.name, executor=self.executor, high_water=scheduler.high_water(),
+            capacity=scheduler.capacity(), stalls=profile.stalls, kernels=kernel_times(profile),
+            busy=busy_shares(profile, seconds),
             graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
         )
+        if trace is not None:
+            write_trace(trace, profile, result.graph)
+        return result
 
-    def _make_executor(self, threshold):
+    def _make_executor(self, threshold, profile):
         if self.executor == "serial":
-            return SerialExecutor(self._scheduler, self.backend)
+            return SerialExecutor(self._scheduler, self.backend, profile)
         if self.executor == "dry":
-            return DryExecutor(self._scheduler, self.backend)
-        return ParallelExecutor(self._scheduler, self.backend, self.workers, threshold)
+            return DryExecutor(self._scheduler, self.backend, profile)
+        return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, threshold)
 
 
 def _make_backend(name: str, heap_bytes: int):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,12 +35,19 @@ class Task:
         return ", ".join(f"{p.kind.name.lower()}({p.value!r})" for p in self.params)
 
 
-RING_SETTINGS = {
-    cs.FULL_TASKS: ("task ring", "task_window"),
-    cs.FULL_HEAP: ("heap ring", "heap_bytes"),
-    cs.FULL_BUFFERS: ("buffer table", "buffer_window"),
-    cs.FULL_DEPS: ("dep-list pool", "dep_pool"),
-    cs.FULL_TENSORMAP: ("TensorMap pool", "tensormap_entries"),
+class Ring(NamedTuple):
+    label: str  # as error messages name it
+    setting: str  # the Runtime argument that sizes it
+    key: str  # its key in RunResult.high_water and RunResult.stalls
+    header: int  # its high-water mark in the core header
+
+
+RINGS = {
+    cs.FULL_TASKS: Ring("task ring", "task_window", "task_ring", cs.H_HW_TASKS),
+    cs.FULL_HEAP: Ring("heap ring", "heap_bytes", "heap_bytes", cs.H_HW_HEAP),
+    cs.FULL_BUFFERS: Ring("buffer table", "buffer_window", "buffer_table", cs.H_HW_BUF),
+    cs.FULL_DEPS: Ring("dep-list pool", "dep_pool", "dep_pool", cs.H_HW_DEP),
+    cs.FULL_TENSORMAP: Ring("TensorMap pool", "tensormap_entries", "tensormap", cs.H_HW_TM),
 }
 
 
@@ -136,11 +144,13 @@ class Scheduler:
         h = self.state.header
         return int(h[cs.H_NEXT_TASK] - h[cs.H_COMPLETED])
 
-    def stats(self) -> dict[str, int]:
-        h = self.state.header
-        return {"task_ring": int(h[cs.H_HW_TASKS]), "heap_bytes": int(h[cs.H_HW_HEAP]),
-                "buffer_table": int(h[cs.H_HW_BUF]), "dep_pool": int(h[cs.H_HW_DEP]),
-                "tensormap": int(h[cs.H_HW_TM])}
+    def high_water(self) -> dict[str, int]:
+        """The most each ring held at once, by Ring.key."""
+        return {ring.key: int(self.state.header[ring.header]) for ring in RINGS.values()}
+
+    def capacity(self) -> dict[str, int]:
+        """Each ring's size, by Ring.key."""
+        return {ring.key: int(getattr(self.state.sizes, ring.setting)) for ring in RINGS.values()}
 
     def heap_too_small(self, nbytes: int, what: str) -> DeadlockError:
         """The error for one buffer larger than the whole heap ring; `what` describes it."""
@@ -149,7 +159,7 @@ class Scheduler:
 
     def deadlock(self, status: int, unfreed: list) -> DeadlockError:
         """The error for a ring that is full with nothing left that could free it."""
-        ring, setting = RING_SETTINGS[status]
+        ring, setting = RINGS[status].label, RINGS[status].setting
         s, h = self.state, self.state.header
         size = getattr(s.sizes, setting)
         if status == cs.FULL_HEAP or status == cs.FULL_BUFFERS:

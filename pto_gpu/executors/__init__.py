@@ -7,13 +7,19 @@ kernel (graph building only). parallel: worker threads per worker class.
 
 from __future__ import annotations
 
+import time
+
 from ..errors import TaskError
+from ..profile import Lane
 from ..scheduler import Task
 
 
-def run_kernel(backend, task: Task) -> None:
-    """Run one task's kernel on the backend; a failure becomes TaskError with the cause chained."""
+def run_kernel(backend, task: Task, lane: Lane) -> None:
+    """Run one task's kernel on the backend and note its time in `lane`; a failure becomes
+    TaskError with the cause chained."""
+    started = time.perf_counter()
     try:
         backend.run(task)
     except Exception as cause:
         raise TaskError(task.id, task.kernel.name, task.describe_params(), cause) from cause
+    lane.ran(task, started, time.perf_counter())

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 
 from ..dtypes import WorkerType
 from ..errors import PTOError
-from ..scheduler import Scheduler, Task
+from ..profile import Profile
+from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
@@ -25,9 +27,12 @@ DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
 class ParallelExecutor:
     runs_kernels = True
 
-    def __init__(self, scheduler: Scheduler, backend, workers: dict[WorkerType, int], threshold: int):
+    def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
+                 threshold: int):
         self._scheduler = scheduler
         self._backend = backend
+        self._profile = profile
+        self._tracing = profile.tracing
         self._threshold = threshold
         self._lock = threading.Lock()
         self._queues = {w: collections.deque() for w in WorkerType}
@@ -47,7 +52,8 @@ class ParallelExecutor:
         # worker per task costs more than a small task does.
         self._outbox: list[Task] = []
         self._threads = [
-            threading.Thread(target=self._work, args=(worker,), name=f"pto-{worker.name}-{i}", daemon=True)
+            threading.Thread(target=self._work, args=(worker, profile.lane(f"{worker.name}-{i}", (worker,))),
+                             name=f"pto-{worker.name}-{i}", daemon=True)
             for worker, count in workers.items() for i in range(count)
         ]
         for thread in self._threads:
@@ -58,6 +64,8 @@ class ParallelExecutor:
         self._raise_failure()
         if ready:
             self._outbox.append(task)
+        if self._tracing:
+            self._sample()
         threshold_reached = not self._started and 0 < self._threshold <= self._scheduler.pending
         if len(self._outbox) >= DISPATCH_BATCH or threshold_reached:
             with self._lock:
@@ -73,6 +81,7 @@ class ParallelExecutor:
         self._outbox.clear()
 
     def make_room(self, status: int, unfreed) -> None:
+        started = time.perf_counter()
         with self._lock:
             self._flush_locked()
             self._start_locked()
@@ -86,6 +95,7 @@ class ParallelExecutor:
                     self._progress.wait(WAIT_SLICE)
             finally:
                 self._room_wanted = False
+                self._profile.stalled(RINGS[status].key, time.perf_counter() - started)
             self._seen_completions = self._completions
         self._raise_failure()
 
@@ -104,7 +114,7 @@ class ParallelExecutor:
         self._shutdown()
 
     # --- the workers' side ---------------------------------------------------------------
-    def _work(self, worker: WorkerType) -> None:
+    def _work(self, worker: WorkerType, lane) -> None:
         queue, wake = self._queues[worker], self._wake[worker]
         scratch = self._scheduler.ready_scratch()
         while True:
@@ -115,9 +125,11 @@ class ParallelExecutor:
                     return
                 task = queue.popleft()
                 self._running += 1
+                if self._tracing:
+                    self._sample()
             try:
                 self._scheduler.start(task.id)
-                run_kernel(self._backend, task)
+                run_kernel(self._backend, task, lane)
                 made_ready = self._scheduler.complete(task.id, scratch)
             except BaseException as error:  # a kernel's TaskError, or validation mode's finding
                 with self._lock:
@@ -132,6 +144,8 @@ class ParallelExecutor:
                     self._wake[ready.worker].notify()
                 self._running -= 1
                 self._completions += 1
+                if self._tracing:
+                    self._sample()
                 if not self._scheduler.pending or (self._room_wanted and (
                         self._completions - self._seen_completions >= self._room_batch
                         or self._idle_locked())):
@@ -142,6 +156,11 @@ class ParallelExecutor:
         if not self._started:
             self._started = True
             self._notify_all_locked()
+
+    def _sample(self) -> None:
+        # The orchestrator samples without the lock, so its ready count may be off by a task or two.
+        ready = len(self._outbox) + sum(len(queue) for queue in self._queues.values())
+        self._profile.sample(self._scheduler, ready)
 
     def _idle_locked(self) -> bool:
         """Nothing runs and nothing waits to run: no completion can come any more."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..dtypes import WorkerType
+from ..profile import Profile
 from ..scheduler import Scheduler, Task
 from . import run_kernel
 
@@ -11,15 +13,18 @@ class SerialExecutor:
 
     runs_kernels = True
 
-    def __init__(self, scheduler: Scheduler, backend):
+    def __init__(self, scheduler: Scheduler, backend, profile: Profile):
         self._scheduler = scheduler
         self._backend = backend
+        self._profile = profile
+        self._lane = profile.lane("main", tuple(WorkerType))
         self._scratch = scheduler.ready_scratch()
 
     def submitted(self, task: Task, ready: bool) -> None:
         if self.runs_kernels:
-            run_kernel(self._backend, task)
+            run_kernel(self._backend, task, self._lane)
         self._scheduler.complete(task.id, self._scratch)
+        self._profile.sample(self._scheduler, 0)
 
     def make_room(self, status: int, unfreed) -> None:
         # Everything submitted has completed: only the orchestration's own live set is left.

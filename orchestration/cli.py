@@ -1,0 +1,171 @@
+"""The `pto-gpu` command: run one of the orchestrations here, print its statistics, write artefacts.
+
+    pto-gpu run flash_attention --size 2048 --trace attention.json --graph attention.svg
+
+Each run is checked against its numpy float64 reference (unless the executor is dry); the exit
+status is 1 when the result is off by more than the workload's tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+import pto_gpu as pto
+from orchestration import reference
+from orchestration.flash_attention import flash_attention
+from orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
+from orchestration.matmul import tiled_matmul
+from orchestration.softmax import fused_softmax
+
+# A workload at one size: the orchestration, its arguments, and the output beside its reference.
+Prepared = tuple[Callable, tuple, dict, Callable[[], tuple[np.ndarray, np.ndarray]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    summary: str  # what --size means is part of it
+    default_size: int
+    tolerance: float  # relative to the reference's largest magnitude; see tests/test_workloads.py
+    prepare: Callable[[int, np.random.Generator], Prepared]
+
+
+def _matmul(n, rng) -> Prepared:
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    c = np.zeros((n, n), np.float32)
+    return tiled_matmul, (a, b, c), {"tile": 128}, lambda: (c, a.astype(np.float64) @ b)
+
+
+def _softmax(rows, rng) -> Prepared:
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    out = np.zeros_like(x)
+    return fused_softmax, (x, out), {"tile_rows": 32}, lambda: (out, reference.softmax(x))
+
+
+def _flash_attention(seq, rng) -> Prepared:
+    q, k, v = (rng.standard_normal((8, seq, 64)).astype(np.float32) for _ in range(3))
+    out = np.zeros_like(q)
+    return (flash_attention, (q, k, v, out), {"tile": 128, "causal": True},
+            lambda: (out, reference.attention(q, k, v, causal=True)))
+
+
+def _llama(orchestration: Callable) -> Callable[[int, np.random.Generator], Prepared]:
+    def prepare(seq, rng) -> Prepared:
+        inputs = llama_layer_inputs(seq, hidden=1024, heads=16, ffn=2752, seed=int(rng.integers(1 << 31)))
+        expected = lambda: (inputs["out"], reference.llama_layer(inputs))  # noqa: E731
+        return orchestration, (inputs,), {"adaptive": True}, expected
+    return prepare
+
+
+WORKLOADS = {
+    "matmul": Workload("tiled float32 matmul, size x size, 128-square tiles", 1024, 1e-4, _matmul),
+    "softmax": Workload("row softmax of size x 256 float32, 32-row tiles", 4096, 1e-5, _softmax),
+    "flash_attention": Workload("causal flash attention, 8 heads x size x 64, 128-row tiles", 1024, 1e-4,
+                                _flash_attention),
+    "llama": Workload("one LLaMA layer (hidden 1024, 16 heads, ffn 2752) over size tokens, adaptive "
+                      "tiles", 256, 1e-4, _llama(llama_layer)),
+    "llama_compiled": Workload("the llama workload, orchestrated by compiled (numba) code", 256, 1e-4,
+                               _llama(llama_layer_compiled)),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="pto-gpu", description="Run PTO task graphs on a GPU or CPU.")
+    commands = top.add_subparsers(dest="command", required=True)
+    catalogue = "\n".join(f"  {name:<16} {w.summary} (default size {w.default_size})"
+                          for name, w in WORKLOADS.items())
+    run = commands.add_parser(
+        "run", help="run an orchestration and print its statistics",
+        description="Run an orchestration, check it against numpy, and print the run's statistics.",
+        epilog="orchestrations:\n" + catalogue, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("name", choices=WORKLOADS, metavar="NAME", help="which orchestration (listed below)")
+    run.add_argument("--size", type=int, help="problem size, as each orchestration defines it below")
+    run.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="where kernels run (default: auto, the GPU when there is one)")
+    run.add_argument("--executor", choices=("parallel", "serial", "dry"), default="parallel",
+                     help="parallel worker threads, serial on one thread (the reference), or dry: "
+                          "build the graph without running kernels (default: parallel)")
+    run.add_argument("--trace", type=Path, metavar="FILE",
+                     help="write the timeline as Chrome-trace JSON; open it in ui.perfetto.dev")
+    run.add_argument("--dump", type=Path, metavar="FILE", help="write the task dump (spec 003 §5.1) as text")
+    run.add_argument("--graph", type=Path, metavar="FILE",
+                     help="write the dependency graph: .dot as Graphviz source, .svg or .pdf drawn by dot")
+    run.add_argument("--runs", type=int, default=1, metavar="N",
+                     help="run N times and report the last: the first run also pays for page faults "
+                          "and loading compiled code (default: 1)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    workload = WORKLOADS[args.name]
+    size = workload.default_size if args.size is None else args.size
+    if size < 1 or args.runs < 1:
+        raise SystemExit(f"pto-gpu: --size ({size}) and --runs ({args.runs}) must be at least 1")
+    orchestration, positional, options, outcome = workload.prepare(size, np.random.default_rng(args.seed))
+    rt = pto.Runtime(backend=args.backend, executor=args.executor)
+    for run in range(args.runs):
+        last = run == args.runs - 1
+        with progress_bar(rt, sys.stderr):
+            result = rt.run(orchestration, *positional, record=last and (args.dump or args.graph) is not None,
+                            trace=args.trace if last else None, **options)
+    print(result)
+    if args.dump:
+        result.graph.dump(args.dump)
+    if args.graph:
+        if args.graph.suffix == ".dot":
+            args.graph.write_text(result.graph.to_dot())
+        else:
+            result.graph.render(args.graph)
+    if args.executor == "dry":
+        return 0
+    got, expected = outcome()
+    error = float(np.abs(got - expected).max() / np.abs(expected).max())
+    ok = error <= workload.tolerance
+    print(f"max error vs numpy float64, relative to its largest value: {error:.1e} "
+          f"({'OK' if ok else 'MISMATCH'}, tolerance {workload.tolerance:.0e})")
+    return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def progress_bar(rt: pto.Runtime, stream: TextIO, delay: float = 0.5, every: float = 0.1,
+                 width: int = 30) -> Iterator[None]:
+    """Redraw `completed / submitted tasks` on `stream` while the body runs, if it is a terminal.
+
+    Runs shorter than `delay` seconds draw nothing.
+    """
+    if not stream.isatty():
+        yield
+        return
+    done = threading.Event()
+
+    def draw() -> None:
+        if done.wait(delay):
+            return
+        while not done.wait(every):
+            completed, submitted = rt.progress
+            filled = width * completed // max(submitted, 1)
+            stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {completed:,} / {submitted:,} tasks")
+            stream.flush()
+        stream.write("\r\033[K")  # clear the bar's line
+
+    drawer = threading.Thread(target=draw, name="pto-progress", daemon=True)
+    drawer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        drawer.join()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""What a run measured: the raw material of RunResult's statistics and of the trace.
+
+Each thread that runs kernels owns a Lane and records into it without a lock: per kernel the
+tasks run and their time, per worker class the busy time, and, when tracing, every task's
+span. The run's Profile holds the lanes, the time the orchestrator waited on each full ring,
+and, when tracing, samples of the ready-queue depth and the rings' occupancy. Times are
+seconds of `time.perf_counter()` since the run began.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from .core import state as cs
+from .dtypes import WorkerType
+from .scheduler import Scheduler, Task
+
+
+@dataclasses.dataclass(slots=True)
+class Span:
+    task: Task
+    start: float
+    end: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sample:
+    """The state of the queues and rings at one moment of a traced run."""
+
+    at: float
+    ready: int  # tasks ready and waiting for a worker
+    live_tasks: int  # task ring occupancy
+    heap_bytes: int  # heap ring occupancy
+
+
+class Lane:
+    """One thread of execution: a worker thread, or the caller's thread for the serial executor."""
+
+    def __init__(self, name: str, serves: tuple[WorkerType, ...], origin: float, tracing: bool):
+        self.name = name
+        self.serves = serves
+        self.kernels: dict[str, list] = {}  # kernel name -> [tasks, seconds]
+        self.busy = dict.fromkeys(serves, 0.0)  # worker class -> seconds
+        self.spans: list[Span] | None = [] if tracing else None
+        self._origin = origin
+
+    def ran(self, task: Task, started: float, ended: float) -> None:
+        """Record one task's kernel run, between two perf_counter() readings."""
+        seconds = ended - started
+        tally = self.kernels.get(task.kernel.name)
+        if tally is None:
+            tally = self.kernels[task.kernel.name] = [0, 0.0]
+        tally[0] += 1
+        tally[1] += seconds
+        self.busy[task.worker] += seconds
+        if self.spans is not None:
+            self.spans.append(Span(task, started - self._origin, ended - self._origin))
+
+
+class Profile:
+    def __init__(self, tracing: bool):
+        self.origin = time.perf_counter()
+        self.tracing = tracing
+        self.lanes: list[Lane] = []
+        self.stalls: dict[str, float] = {}  # ring (as in RunResult.high_water) -> seconds waited
+        self.samples: list[Sample] = []
+        self._stall_lock = threading.Lock()
+
+    def lane(self, name: str, serves: tuple[WorkerType, ...]) -> Lane:
+        lane = Lane(name, serves, self.origin, self.tracing)
+        self.lanes.append(lane)
+        return lane
+
+    def stalled(self, ring: str, seconds: float) -> None:
+        with self._stall_lock:
+            self.stalls[ring] = self.stalls.get(ring, 0.0) + seconds
+
+    def sample(self, scheduler: Scheduler, ready: int) -> None:
+        """When tracing, note the ready-queue depth and how full the task and heap rings are."""
+        if self.tracing:
+            h = scheduler.state.header
+            self.samples.append(Sample(time.perf_counter() - self.origin, ready,
+                                       int(h[cs.H_NEXT_TASK] - h[cs.H_LAST_ALIVE]),
+                                       int(h[cs.H_HEAP_HEAD] - h[cs.H_HEAP_TAIL])))

@@ -1,0 +1,73 @@
+"""RunResult: what a run did and what it cost, and the table `print(result)` shows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .graph import Graph
+from .profile import Profile
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+    tasks: int
+    seconds: float  # total over its tasks
+
+    @property
+    def mean(self) -> float:
+        return self.seconds / self.tasks
+
+
+@dataclasses.dataclass
+class RunResult:
+    orchestration: str
+    num_tasks: int
+    num_edges: int
+    seconds: float  # wall time of the whole run: orchestration and execution
+    backend: str
+    executor: str
+    high_water: dict[str, int]  # ring -> the most it held at once (tasks, bytes or entries)
+    capacity: dict[str, int]  # ring -> its size, in the same units
+    stalls: dict[str, float]  # ring -> seconds the orchestrator waited for room in it
+    kernels: dict[str, KernelTime]  # kernel name -> tasks run and their time (none on a dry run)
+    busy: dict[str, float]  # worker class -> share of (wall time x its workers) spent in kernels
+    graph: Graph | None = None
+
+    def __str__(self) -> str:
+        lines = [f"{self.orchestration}: {self.num_tasks:,} tasks, {self.num_edges:,} edges in "
+                 f"{self.seconds * 1e3:.1f} ms ({self.backend} backend, {self.executor} executor)"]
+        if self.kernels:
+            lines.append(f"  {'kernel':<24} {'tasks':>9} {'total ms':>10} {'mean us':>9}")
+            for name, k in sorted(self.kernels.items(), key=lambda item: -item[1].seconds):
+                lines.append(f"  {name:<24} {k.tasks:>9,} {k.seconds * 1e3:>10.2f} {k.mean * 1e6:>9.1f}")
+            lines.append(f"  {'worker class':<24} {'busy':>9}")
+            lines += [f"  {worker:<24} {share:>9.1%}" for worker, share in self.busy.items()]
+        else:
+            lines.append("  (no kernel ran: dry run)")
+        lines.append(f"  {'ring':<24} {'high water':>12} {'capacity':>12} {'stalled ms':>11}")
+        for ring, most in self.high_water.items():
+            lines.append(f"  {ring:<24} {most:>12,} {self.capacity[ring]:>12,} "
+                         f"{self.stalls.get(ring, 0.0) * 1e3:>11.2f}")
+        return "\n".join(lines)
+
+
+def kernel_times(profile: Profile) -> dict[str, KernelTime]:
+    totals: dict[str, list] = {}
+    for lane in profile.lanes:
+        for name, (tasks, seconds) in lane.kernels.items():
+            total = totals.setdefault(name, [0, 0.0])
+            total[0] += tasks
+            total[1] += seconds
+    return {name: KernelTime(tasks, seconds) for name, (tasks, seconds) in totals.items()}
+
+
+def busy_shares(profile: Profile, wall_seconds: float) -> dict[str, float]:
+    """Per worker class that ran a task, its kernel time over wall time x the lanes serving it."""
+    busy: dict = {}
+    lanes: dict = {}
+    for lane in profile.lanes:
+        for worker, seconds in lane.busy.items():
+            busy[worker] = busy.get(worker, 0.0) + seconds
+            lanes[worker] = lanes.get(worker, 0) + 1
+    return {worker.name: busy[worker] / (wall_seconds * lanes[worker])
+            for worker in sorted(busy) if busy[worker] > 0}
