@@ -1,26 +1,43 @@
-"""Data movement and matrix tiles (TLOAD/TSTORE, TMATMUL, TMATMUL_ACC)."""
+"""Data movement and matrix tiles (TLOAD/TSTORE, TMATMUL, TMATMUL_ACC).
+
+On the GPU the matmuls call cuBLAS through CuPy, except inside a captured CUDA graph, where
+CuPy refuses cuBLAS and their kernels in kernels/cuda/tiles.cu run instead.
+"""
 
 import numpy as np
 
 import pto_gpu as pto
+from kernels import cuda, every_element
 
 
-@pto.kernel(worker=pto.ACCELERATOR, shapes=("m n", "m n"))
+@pto.kernel(worker=pto.ACCELERATOR, shapes=("m n", "m n"), cuda=cuda("tiles.cu", every_element(1)))
 def copy(src, dst):
     dst[...] = src
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m n",))
+@pto.kernel(worker=pto.VECTOR, shapes=("m n",), cuda=cuda("tiles.cu", every_element(0)))
 def zero(out):
     out[...] = 0
 
 
-@pto.kernel(worker=pto.CUBE, shapes=("m k", "k n", "m n"))
+def _cublas_matmul(a, b, out):
+    import cupy  # only the CUDA backend calls this, and only there is CuPy installed
+
+    cupy.matmul(a, b, out=out)
+
+
+def _cublas_matmul_acc(a, b, acc):
+    acc += a @ b  # CuPy arrays: cuBLAS into a pooled temporary
+
+
+@pto.kernel(worker=pto.CUBE, shapes=("m k", "k n", "m n"),
+            cuda=cuda("tiles.cu", every_element(2), library=_cublas_matmul))
 def matmul(a, b, out):
     np.matmul(a, b, out=out)
 
 
-@pto.kernel(worker=pto.CUBE, shapes=("m k", "k n", "m n"))
+@pto.kernel(worker=pto.CUBE, shapes=("m k", "k n", "m n"),
+            cuda=cuda("tiles.cu", every_element(2), library=_cublas_matmul_acc))
 def matmul_acc(a, b, acc):
     """acc += a @ b (BLAS releases the GIL)."""
     acc += a @ b

@@ -19,7 +19,7 @@ from .errors import (
     UseAfterFreeError,
 )
 from .graph import Graph
-from .kernel import Kernel, kernel
+from .kernel import CudaCode, Kernel, kernel
 from .orchestrator import Orchestrator
 from .overlap import Overlap
 from .params import Param, ParamKind, inout, input, output, scalar
@@ -44,8 +44,8 @@ AI_CPU = WorkerType.AI_CPU
 ACCELERATOR = WorkerType.ACCELERATOR
 
 __all__ = [
-    "ACCELERATOR", "AI_CPU", "BFLOAT16", "CUBE", "FLOAT16", "FLOAT32", "FLOAT64", "INT16", "INT32",
-    "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
+    "ACCELERATOR", "AI_CPU", "BFLOAT16", "CUBE", "CudaCode", "FLOAT16", "FLOAT32", "FLOAT64", "INT16",
+    "INT32", "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
     "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
     "KernelTime", "Orchestrator", "Overlap",
     "PTOError", "Param", "ParamError", "ParamKind", "RunResult", "Runtime", "StaleVersionError",

@@ -1,8 +1,8 @@
 """Kernel declarations: an InCore function recorded as plain data.
 
-`@pto.kernel(worker=..., shapes=(...))` turns a function into a `Kernel` whose body is the
-CPU implementation; a CUDA implementation attaches to the same record. Each kernel gets a
-small integer id, which is what the numba core stores in the task table.
+`@pto.kernel(worker=..., shapes=(...), cuda=CudaCode(...))` turns a function into a `Kernel`
+whose body is the CPU implementation and whose `cuda` names its CUDA implementation. Each
+kernel gets a small integer id, which is what the numba core stores in the task table.
 
 `shapes` declares the tensor params' shapes, one string per tensor param in order: each
 word is a dim, either a number or a name that must be the same size wherever it appears
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 from .dtypes import WorkerType
 from .errors import ParamError
@@ -21,12 +22,27 @@ from .errors import ParamError
 _REGISTRY: list[Kernel] = []
 
 
+@dataclasses.dataclass(frozen=True)
+class CudaCode:
+    """A kernel's CUDA implementation: the function `pto_<kernel name>` in a .cu source.
+
+    It follows the argument convention of kernels/cuda/pto.cuh (see backends/cuda_abi.py)
+    and walks `items(shapes)` work items, given its tensor params' shapes. `library`, when
+    set, is a CuPy-level implementation (cuBLAS, say) taking the same views and scalars as
+    the CPU one, used where a library call is allowed (not while a CUDA graph is captured).
+    """
+
+    source: Path
+    items: Callable[[list[tuple[int, ...]]], int]
+    library: Callable | None = None
+
+
 @dataclasses.dataclass(eq=False)
 class Kernel:
     name: str
     worker: WorkerType
     cpu: Callable
-    cuda: Callable | None = None
+    cuda: CudaCode | None = None
     shapes: tuple[tuple[str, ...], ...] | None = None
     mixed_dtypes: bool = False
     id: int = -1
@@ -79,8 +95,8 @@ def registered() -> list[Kernel]:
 
 
 def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
-           shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False
-           ) -> Callable[[Callable], Kernel]:
+           shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False,
+           cuda: CudaCode | None = None) -> Callable[[Callable], Kernel]:
     """Declare an InCore kernel; the decorated function is its CPU implementation.
 
     It receives one array view per tensor param and the scalar values, in param order.
@@ -88,7 +104,7 @@ def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
     parsed = None if shapes is None else tuple(tuple(s.split()) for s in shapes)
 
     def declare(function: Callable) -> Kernel:
-        declared = Kernel(name or function.__name__, WorkerType(worker), function, shapes=parsed,
+        declared = Kernel(name or function.__name__, WorkerType(worker), function, cuda=cuda, shapes=parsed,
                           mixed_dtypes=mixed_dtypes, id=len(_REGISTRY))
         _REGISTRY.append(declared)
         return declared

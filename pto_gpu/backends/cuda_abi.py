@@ -1,0 +1,47 @@
+"""The argument convention of the CUDA kernel sources (kernels/cuda/pto.cuh).
+
+Shared by the CUDA backend and by the host build the tests run the same sources through. A
+tensor param becomes its data pointer followed by the sizes and element strides of three
+dims (shapes padded with leading 1s); a float scalar becomes a double, an int or bool a long
+long. The element type is fixed when a module is compiled: COMPILE_OPTIONS per numpy dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PTOError
+
+MAX_DIMS = 3
+COMPILE_OPTIONS = {
+    np.dtype(np.float32): ("-DPTO_T=float",),
+    np.dtype(np.float64): ("-DPTO_T=double",),
+    np.dtype(np.float16): ("-DPTO_T=__half", "-DPTO_ACC=float"),
+}
+
+
+def symbol(kernel_name: str) -> str:
+    return f"pto_{kernel_name}"
+
+
+def compile_options(dtype: np.dtype, kernel_name: str) -> tuple[str, ...]:
+    options = COMPILE_OPTIONS.get(np.dtype(dtype))
+    if options is None:
+        supported = ", ".join(str(d) for d in COMPILE_OPTIONS)
+        raise PTOError(f"{kernel_name}: the CUDA kernels are built for {supported}, not {np.dtype(dtype)}")
+    return options
+
+
+def tensor_words(shape: tuple[int, ...], byte_strides: tuple[int, ...], itemsize: int) -> list[np.int64]:
+    """The six words after a tensor's pointer: three sizes, then three element strides."""
+    if len(shape) > MAX_DIMS:
+        raise PTOError(f"CUDA kernels take tensors of at most {MAX_DIMS} dims, not shape {shape}")
+    pad = MAX_DIMS - len(shape)
+    words = [1] * pad + list(shape) + [0] * pad + [stride // itemsize for stride in byte_strides]
+    return [np.int64(w) for w in words]
+
+
+def scalar_word(value: object) -> np.int64 | np.float64:
+    if isinstance(value, (bool, int, np.integer, np.bool_)):
+        return np.int64(value)
+    return np.float64(value)

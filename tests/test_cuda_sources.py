@@ -1,0 +1,116 @@
+"""The CUDA kernel sources: they compile with nvcc for sm_90, and, built for the host, compute
+what each kernel's CPU implementation computes.
+
+The host build is possible because every kernel in kernels/cuda is a grid-stride loop without
+thread synchronisation (pto.cuh): compiled by g++, one call walks every work item. It checks
+the sources' arithmetic and indexing, and the argument convention of backends/cuda_abi.py,
+on machines without a GPU; tests/test_cuda.py runs the same sources on a GPU.
+"""
+
+import ctypes
+import math
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import kernels.elementwise
+import kernels.llm
+import kernels.reduce
+import kernels.tiles
+import pto_gpu as pto
+from kernels import CUDA_SOURCES
+from pto_gpu.backends import cuda_abi
+
+MODULES = (kernels.tiles, kernels.elementwise, kernels.reduce, kernels.llm)
+KERNELS = sorted({k for m in MODULES for k in vars(m).values() if isinstance(k, pto.Kernel)},
+                 key=lambda k: k.name)
+SOURCES = sorted(CUDA_SOURCES.glob("*.cu"))
+SIZES = {"m": 5, "n": 8, "k": 3, "h": 2, "d": 4, "f": 6}
+SCALARS = {"scale": (1.5,), "rmsnorm": (1e-6,), "rope": (7, 2), "flash_scores": (3, 1, True)}
+TOLERANCE = {np.float32: dict(rtol=2e-6, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14)}
+
+
+def test_every_kernel_has_a_cuda_implementation():
+    assert len(KERNELS) == 27 and all(k.cuda is not None for k in KERNELS)
+    assert {k.cuda.source for k in KERNELS} == set(SOURCES)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+def test_every_source_compiles_with_nvcc_for_sm_90(tmp_path):
+    jobs = [(source, options) for source in SOURCES for options in cuda_abi.COMPILE_OPTIONS.values()]
+
+    def compile_one(job):
+        source, options = job
+        out = tmp_path / f"{source.stem}{len(options)}{options[0][-6:]}.o"
+        done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings", *options, "-c",
+                               str(source), "-o", str(out)], capture_output=True, text=True)
+        return source.name, options, done.returncode, done.stderr
+
+    with ThreadPoolExecutor(2) as pool:
+        failures = [(name, options, err) for name, options, rc, err in pool.map(compile_one, jobs) if rc]
+    assert not failures, failures
+
+
+@pytest.fixture(scope="module", params=[np.float32, np.float64], ids=["float32", "float64"])
+def host_build(request, tmp_path_factory):
+    """Every source compiled by g++ for the host, as one shared library per element type."""
+    dtype = np.dtype(request.param)
+    folder = tmp_path_factory.mktemp(f"host-{dtype}")
+    options = cuda_abi.COMPILE_OPTIONS[dtype]
+    objects = []
+    for source in SOURCES:
+        obj = folder / f"{source.stem}.o"
+        subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-Wall", "-Werror", *options, "-c",
+                        str(source), "-o", str(obj)], check=True)
+        objects.append(str(obj))
+    library = folder / "kernels.so"
+    subprocess.run(["g++", "-shared", "-o", str(library), *objects], check=True)
+    return dtype, ctypes.CDLL(str(library))
+
+
+def strided(shape, dtype, rng):
+    """Positive values (log, sqrt and div need them) in a view with padded rows and a gap per column."""
+    padded = np.zeros((*shape[:-1], 2 * shape[-1] + 1), dtype)
+    view = padded[..., 1::2]
+    view[...] = rng.uniform(0.5, 2.0, shape)
+    return view
+
+
+def host_call(library, kernel, arrays, scalars):
+    args = []
+    for array in arrays:
+        args.append(ctypes.c_void_p(array.ctypes.data))
+        args += [ctypes.c_longlong(int(w)) for w in cuda_abi.tensor_words(array.shape, array.strides,
+                                                                           array.itemsize)]
+    for value in scalars:
+        word = cuda_abi.scalar_word(value)
+        args.append(ctypes.c_longlong(int(word)) if isinstance(word, np.int64) else ctypes.c_double(float(word)))
+    getattr(library, cuda_abi.symbol(kernel.name))(*args)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
+def test_host_build_matches_the_cpu_kernel(host_build, kernel):
+    dtype, library = host_build
+    rng = np.random.default_rng(abs(hash(kernel.name)) % 1000)
+    shapes = [tuple(int(w) if w.isdigit() else SIZES[w] for w in dims) for dims in kernel.shapes]
+    cpu_arrays = [strided(shape, dtype, rng) for shape in shapes]
+    cuda_arrays = [strided(shape, dtype, rng) for shape in shapes]
+    for cpu, gpu in zip(cpu_arrays, cuda_arrays):
+        gpu[...] = cpu
+    scalars = SCALARS.get(kernel.name, ())
+    kernel.cpu(*cpu_arrays, *scalars)
+    host_call(library, kernel, cuda_arrays, scalars)
+    assert kernel.cuda.items(shapes) <= max(math.prod(s) for s in shapes)
+    for cpu, gpu in zip(cpu_arrays, cuda_arrays):
+        np.testing.assert_allclose(gpu, cpu, **TOLERANCE[dtype.type])
+
+
+def test_scores_are_masked_after_each_query(host_build):
+    dtype, library = host_build
+    q, k = (np.ones((1, 4, 2), dtype) for _ in range(2))
+    scores = np.zeros((1, 4, 4), dtype)
+    host_call(library, kernels.llm.flash_scores, [q, k, scores], (0, 0, True))
+    assert np.array_equal(np.isinf(scores[0]), np.triu(np.ones((4, 4), bool), k=1))
