@@ -87,7 +87,8 @@ def host_call(library, kernel, arrays, scalars):
                                                                            array.itemsize)]
     for value in scalars:
         word = cuda_abi.scalar_word(value)
-        args.append(ctypes.c_longlong(int(word)) if isinstance(word, np.int64) else ctypes.c_double(float(word)))
+        is_int = isinstance(word, np.int64)
+        args.append(ctypes.c_longlong(int(word)) if is_int else ctypes.c_double(float(word)))
     getattr(library, cuda_abi.symbol(kernel.name))(*args)
 
 
