@@ -2,13 +2,17 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# With an NVIDIA GPU, CuPy for the driver's CUDA major version too; nothing GPU-related without.
+CUDA_MAJOR := $(filter 12 13,$(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p'))
+comma := ,
+EXTRAS := test$(if $(CUDA_MAJOR),$(comma)cuda$(CUDA_MAJOR))
 
 .PHONY: test run bench fuzz lint clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
 $(BIN)/.installed-bench: $(BIN)/.installed

@@ -26,8 +26,16 @@ from orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_i
 from orchestration.matmul import tiled_matmul
 from orchestration.softmax import fused_softmax
 
-# A workload at one size: the orchestration, its arguments, and the output beside its reference.
-Prepared = tuple[Callable, tuple, dict, Callable[[], tuple[np.ndarray, np.ndarray]]]
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A workload at one size, with host (numpy) arguments."""
+
+    orchestration: Callable
+    args: tuple
+    options: dict
+    output: Callable[[tuple], object]  # the output array among `args` (or a device copy of them)
+    reference: Callable[[], np.ndarray]  # the float64 numpy result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,29 +48,35 @@ class Workload:
 
 def _matmul(n, rng) -> Prepared:
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    c = np.zeros((n, n), np.float32)
-    return tiled_matmul, (a, b, c), {"tile": 128}, lambda: (c, a.astype(np.float64) @ b)
+    return Prepared(tiled_matmul, (a, b, np.zeros((n, n), np.float32)), {"tile": 128}, lambda args: args[2],
+                    lambda: a.astype(np.float64) @ b)
 
 
 def _softmax(rows, rng) -> Prepared:
     x = rng.standard_normal((rows, 256)).astype(np.float32)
-    out = np.zeros_like(x)
-    return fused_softmax, (x, out), {"tile_rows": 32}, lambda: (out, reference.softmax(x))
+    return Prepared(fused_softmax, (x, np.zeros_like(x)), {"tile_rows": 32}, lambda args: args[1],
+                    lambda: reference.softmax(x))
 
 
 def _flash_attention(seq, rng) -> Prepared:
     q, k, v = (rng.standard_normal((8, seq, 64)).astype(np.float32) for _ in range(3))
-    out = np.zeros_like(q)
-    return (flash_attention, (q, k, v, out), {"tile": 128, "causal": True},
-            lambda: (out, reference.attention(q, k, v, causal=True)))
+    return Prepared(flash_attention, (q, k, v, np.zeros_like(q)), {"tile": 128, "causal": True},
+                    lambda args: args[3], lambda: reference.attention(q, k, v, causal=True))
 
 
 def _llama(orchestration: Callable) -> Callable[[int, np.random.Generator], Prepared]:
     def prepare(seq, rng) -> Prepared:
         inputs = llama_layer_inputs(seq, hidden=1024, heads=16, ffn=2752, seed=int(rng.integers(1 << 31)))
-        expected = lambda: (inputs["out"], reference.llama_layer(inputs))  # noqa: E731
-        return orchestration, (inputs,), {"adaptive": True}, expected
+        return Prepared(orchestration, (inputs,), {"adaptive": True}, lambda args: args[0]["out"],
+                        lambda: reference.llama_layer(inputs))
     return prepare
+
+
+def to_backend(backend, value):
+    """`value` with every numpy array in it (or in its dict) moved to the backend's memory."""
+    if isinstance(value, dict):
+        return {key: to_backend(backend, item) for key, item in value.items()}
+    return backend.to_device(value) if isinstance(value, np.ndarray) else value
 
 
 WORKLOADS = {
@@ -111,13 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     size = workload.default_size if args.size is None else args.size
     if size < 1 or args.runs < 1:
         raise SystemExit(f"pto-gpu: --size ({size}) and --runs ({args.runs}) must be at least 1")
-    orchestration, positional, options, outcome = workload.prepare(size, np.random.default_rng(args.seed))
+    prepared = workload.prepare(size, np.random.default_rng(args.seed))
     rt = pto.Runtime(backend=args.backend, executor=args.executor)
+    run_args = tuple(to_backend(rt.backend, arg) for arg in prepared.args)
     for run in range(args.runs):
         last = run == args.runs - 1
+        record = last and (args.dump or args.graph) is not None
         with progress_bar(rt, sys.stderr):
-            result = rt.run(orchestration, *positional, record=last and (args.dump or args.graph) is not None,
-                            trace=args.trace if last else None, **options)
+            result = rt.run(prepared.orchestration, *run_args, record=record,
+                            trace=args.trace if last else None, **prepared.options)
     print(result)
     if args.dump:
         result.graph.dump(args.dump)
@@ -128,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             result.graph.render(args.graph)
     if args.executor == "dry":
         return 0
-    got, expected = outcome()
+    got, expected = rt.backend.to_host(prepared.output(run_args)), prepared.reference()
     error = float(np.abs(got - expected).max() / np.abs(expected).max())
     ok = error <= workload.tolerance
     print(f"max error vs numpy float64, relative to its largest value: {error:.1e} "

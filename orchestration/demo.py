@@ -35,19 +35,23 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rt = pto.Runtime(backend="auto")
 
+    device, host = rt.backend.to_device, rt.backend.to_host  # the identity on the CPU backend
+
     n = args.size
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    c = np.zeros((n, n), np.float32)
-    rt.run(tiled_matmul, a, b, c, tile=args.tile)  # warm-up: numba's cache, BLAS, page faults
-    result = rt.run(tiled_matmul, a, b, c, tile=args.tile)
+    operands = device(a), device(b), device(np.zeros((n, n), np.float32))
+    rt.run(tiled_matmul, *operands, tile=args.tile)  # warm-up: numba's cache, BLAS, page faults
+    result = rt.run(tiled_matmul, *operands, tile=args.tile)
+    c = host(operands[2])
     expected, numpy_seconds = timed(np.matmul, a, b)
     matmul_ok = report(f"tiled matmul {n}x{n} float32, {args.tile}-row tiles", result, numpy_seconds,
                        np.abs(c - expected).max() / np.abs(expected).max(), 1e-4)
 
     q, k, v = (rng.standard_normal((8, args.seq, 64)).astype(np.float32) for _ in range(3))
-    out = np.zeros_like(q)
-    rt.run(flash_attention, q, k, v, out, tile=128, causal=True)  # warm-up
-    result = rt.run(flash_attention, q, k, v, out, tile=128, causal=True)
+    operands = device(q), device(k), device(v), device(np.zeros_like(q))
+    rt.run(flash_attention, *operands, tile=128, causal=True)  # warm-up
+    result = rt.run(flash_attention, *operands, tile=128, causal=True)
+    out = host(operands[3])
     _, numpy_seconds = timed(reference.attention, q, k, v, True, np.float32)  # monolithic float32
     expected = reference.attention(q, k, v, causal=True)
     attention_ok = report(f"causal flash attention, 8 heads x {args.seq} x 64, 128-row tiles", result,

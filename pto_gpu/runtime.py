@@ -137,14 +137,18 @@ def _make_backend(name: str, heap_bytes: int):
         raise PTOError(f"backend={name!r}; choose 'cpu', 'cuda' or 'auto'")
     if name == "cpu":
         return CpuBackend(heap_bytes)
-    reason = _cuda_unavailable() or "the CUDA backend is not built yet"
+    reason = cuda_unavailable()
+    if reason is None:
+        from .backends.cuda import CudaBackend  # imports CuPy, which the CPU path never needs
+
+        return CudaBackend(heap_bytes)
     if name == "cuda":
         raise PTOError(f"backend='cuda' cannot be used: {reason}; use backend='cpu' or 'auto'")
     log.info("pto-gpu: no CUDA (%s); using the CPU backend", reason)
     return CpuBackend(heap_bytes)
 
 
-def _cuda_unavailable() -> str | None:
+def cuda_unavailable() -> str | None:
     """Why CUDA cannot be used here, or None when it can."""
     try:
         import cupy

@@ -117,12 +117,6 @@ def test_keyboard_interrupt_in_the_orchestration_stops_cleanly():
     assert rt.run(lambda o: o.submit(noop)).num_tasks == 1
 
 
-def test_backend_selection():
-    assert pto.Runtime(backend="auto").backend.name in ("cpu", "cuda")
-    with pytest.raises(pto.PTOError, match="backend='cuda' cannot be used: .*use backend='cpu'"):
-        pto.Runtime(backend="cuda")
-
-
 @pytest.mark.parametrize("executor", ["serial", "parallel"])
 def test_rings_that_cannot_deadlock_complete_at_their_smallest(executor):
     """A task's slot and its dep entries are released by completion alone, so a task window of

@@ -50,7 +50,7 @@ extern "C" __global__ void pto_flash_init(TILE(T, running_max_), TILE(T, running
         out.flat(n) = store(0);
         if (n % out.d[2] == 0) {
             const long long head = n / (out.d[1] * out.d[2]), row = n / out.d[2] % out.d[1];
-            running_max.at(head, row, 0) = store(-INFINITY);
+            running_max.at(head, row, 0) = store(-PTO_INFINITY);
             running_sum.at(head, row, 0) = store(0);
         }
     }
@@ -68,7 +68,7 @@ extern "C" __global__ void pto_flash_scores(TILE(const T, q_), TILE(const T, k_)
         ACC dot = 0;
         for (long long i = 0; i < dim; ++i) dot += load(q.at(head, row, i)) * load(k.at(head, key, i));
         const bool masked = causal && k_start + key > q_start + row;
-        scores.at(head, row, key) = store(masked ? -INFINITY : dot * inverse_sqrt_dim);
+        scores.at(head, row, key) = store(masked ? -PTO_INFINITY : dot * inverse_sqrt_dim);
     }
 }
 

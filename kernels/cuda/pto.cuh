@@ -4,7 +4,7 @@
 // three dims (shapes are padded with leading 1s); `const Tile<const T> x = TILE_OF(x);` makes
 // it one value. Scalars are `double` (floats) or `long long` (ints and bools). T is the
 // element type and ACC the type sums are kept in, both chosen when the module is compiled:
-// -DPTO_T=float (the default), -DPTO_T=double, or -DPTO_T=__half -DPTO_ACC=float.
+// -DPTO_T=float (the default), -DPTO_T=double, or -DPTO_T=__half -DPTO_ACC=float -DPTO_HALF.
 //
 // Every kernel is exported as pto_<kernel name> and walks its independent work items with
 // PTO_FOR (a grid-stride loop), so it is correct for any launch geometry; no kernel here
@@ -19,12 +19,16 @@
 #define PTO_ACC PTO_T
 #endif
 
-#ifdef __CUDACC__
+#ifdef __CUDACC__  // nvcc, or NVRTC through CuPy (which has no <cmath>)
+#ifdef PTO_HALF
 #include <cuda_fp16.h>
+#endif
+#define PTO_INFINITY __int_as_float(0x7f800000)
 #else
 #include <cmath>
 #define __global__
 #define __device__
+#define PTO_INFINITY INFINITY
 struct PtoDim3 { long long x; };
 static const PtoDim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
 #endif

@@ -16,7 +16,7 @@ extern "C" __global__ void pto_row_max(TILE(const T, a_), TILE(T, out_)) {
     const Tile<const T> a = TILE_OF(a_);
     const Tile<T> out = TILE_OF(out_);
     PTO_FOR(row, a.d[1]) {
-        ACC most = -INFINITY;
+        ACC most = -PTO_INFINITY;
         for (long long col = 0; col < a.d[2]; ++col) {
             const ACC x = load(a.at(0, row, col));
             most = x > most || x != x ? x : most;  // NaN wins, as in numpy

@@ -4,6 +4,10 @@ A backend is a small object with a narrow interface:
   name, heap_base, heap_bytes     the heap ring's one allocation
   resolve(array) -> ExternalArray the caller's array and the allocation that owns it
   view(tensor) -> array           a kernel's view of a descriptor
+  run(task)                       run a task's kernel; it has finished on return
+  to_device(a), to_host(a)        move a numpy array to where this backend's arrays live, and back
+
+cpu.py and cuda.py are the two; cuda_abi.py is the argument convention of the CUDA sources.
 """
 
 from __future__ import annotations

@@ -41,6 +41,12 @@ class CpuBackend:
         return ExternalArray(low, high - low, (memory, root), array.ctypes.data,
                              array.shape, array.strides, array.dtype)
 
+    def to_device(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_host(self, array: np.ndarray) -> np.ndarray:
+        return array
+
     def run(self, task) -> None:
         """Run a task's CPU implementation on views of its tensor params.
 

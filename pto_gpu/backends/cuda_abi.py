@@ -16,7 +16,7 @@ MAX_DIMS = 3
 COMPILE_OPTIONS = {
     np.dtype(np.float32): ("-DPTO_T=float",),
     np.dtype(np.float64): ("-DPTO_T=double",),
-    np.dtype(np.float16): ("-DPTO_T=__half", "-DPTO_ACC=float"),
+    np.dtype(np.float16): ("-DPTO_T=__half", "-DPTO_ACC=float", "-DPTO_HALF"),
 }
 
 

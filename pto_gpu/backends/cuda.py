@@ -1,0 +1,120 @@
+"""The CUDA backend: the heap ring is one device allocation and views are CuPy arrays.
+
+Each thread that runs kernels gets its own non-blocking stream, so the worker threads of the
+parallel executor (one per stream, per worker class) keep several kernels in flight on the
+device. `run` returns when its kernel has finished on that stream (a stream wait, never a
+device-wide synchronise): only then may the executor complete the task and let the heap ring
+hand its memory to the next buffer. Kernels are the CUDA sources in kernels/cuda, compiled by
+NVRTC once per source and element type; a kernel with a `library` implementation (cuBLAS
+through CuPy) runs that instead.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PTOError
+from ..params import ParamKind
+from ..tensor import BufferKind, TensorDescriptor
+from . import ExternalArray, cuda_abi
+
+THREADS_PER_BLOCK = 256
+MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, heap_bytes: int):
+        import cupy  # imported here so that the CPU path never needs CuPy
+
+        self._cupy = cupy
+        self._heap = cupy.cuda.Memory(heap_bytes)  # its own cudaMalloc: fixed addresses, no pool
+        cupy.cuda.runtime.memset(self._heap.ptr, 0, heap_bytes)
+        self.heap_base = self._heap.ptr
+        self.heap_bytes = heap_bytes
+        self._modules: dict[tuple[Path, np.dtype], object] = {}
+        self._modules_lock = threading.Lock()
+        self._local = threading.local()
+
+    # --- memory --------------------------------------------------------------------------
+    def resolve(self, array: object) -> ExternalArray:
+        if isinstance(array, np.ndarray):
+            raise PTOError("o.external() got a numpy array on the CUDA backend; move it to the GPU first "
+                           "(rt.backend.to_device(a), or cupy.asarray(a)) or use backend='cpu'")
+        if not hasattr(array, "__cuda_array_interface__"):
+            raise PTOError(f"o.external() takes a CuPy array or an object with __cuda_array_interface__ "
+                           f"(a PyTorch CUDA tensor, say), not {type(array).__name__}")
+        device_array = array if isinstance(array, self._cupy.ndarray) else self._cupy.asarray(array)
+        # The allocation that owns the array: a CuPy array's own; a foreign array's extent.
+        owner = device_array.data.mem
+        return ExternalArray(owner.ptr, owner.size, (owner, array), device_array.data.ptr,
+                             device_array.shape, device_array.strides, device_array.dtype)
+
+    def view(self, tensor: TensorDescriptor):
+        buffer = tensor.buffer
+        if buffer.kind == BufferKind.HEAP:
+            memory, offset = self._heap, buffer.base - self.heap_base + tensor.byte_offset
+        else:
+            memory, offset = buffer.memory[0], tensor.byte_offset
+        pointer = self._cupy.cuda.MemoryPointer(memory, offset)
+        return self._cupy.ndarray(tensor.shape, tensor.dtype.numpy, pointer, strides=tensor.byte_strides)
+
+    def to_device(self, array: np.ndarray):
+        """A device copy of a host array, for orchestrations' arguments."""
+        return self._cupy.asarray(array)
+
+    def to_host(self, array) -> np.ndarray:
+        return self._cupy.asnumpy(array)
+
+    # --- kernels -------------------------------------------------------------------------
+    def run(self, task) -> None:
+        """Run a task's CUDA implementation on this thread's stream and wait for it there."""
+        kernel = task.kernel
+        if kernel.cuda is None:
+            raise PTOError(f"{kernel.name} has no CUDA implementation: declare it with "
+                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
+        stream = self._stream()
+        with stream:
+            values = [p.value if p.kind == ParamKind.SCALAR else self.view(p.value) for p in task.params]
+            if kernel.cuda.library is not None:
+                kernel.cuda.library(*values)
+            else:
+                self._launch(task, values)
+        stream.synchronize()
+
+    def _launch(self, task, values: list) -> None:
+        kernel = task.kernel
+        tensors = [v for p, v in zip(task.params, values) if p.kind != ParamKind.SCALAR]
+        function = self._function(kernel, tensors[0].dtype)
+        items = kernel.cuda.items([t.shape for t in tensors])
+        if items == 0:
+            return
+        args = []
+        for param, value in zip(task.params, values):
+            if param.kind == ParamKind.SCALAR:
+                args.append(cuda_abi.scalar_word(value))
+            else:
+                args += [value, *cuda_abi.tensor_words(value.shape, value.strides, value.itemsize)]
+        blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
+        function((blocks,), (THREADS_PER_BLOCK,), tuple(args))
+
+    def _function(self, kernel, dtype):
+        key = (kernel.cuda.source, np.dtype(dtype))
+        with self._modules_lock:  # worker threads share the compiled modules
+            module = self._modules.get(key)
+            if module is None:
+                source = kernel.cuda.source
+                options = ("-std=c++17", f"-I{source.parent}", *cuda_abi.compile_options(dtype, kernel.name))
+                module = self._modules[key] = self._cupy.RawModule(code=source.read_text(), options=options)
+        return module.get_function(cuda_abi.symbol(kernel.name))
+
+    def _stream(self):
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = self._cupy.cuda.Stream(non_blocking=True)
+        return stream
