@@ -78,12 +78,18 @@ def workloads():
     }
 
 
+def copied(value):
+    if isinstance(value, dict):
+        return {key: copied(item) for key, item in value.items()}
+    return value.copy() if isinstance(value, np.ndarray) else value
+
+
 @needs_gpu
 @pytest.mark.parametrize("executor", ["serial", "parallel"])
 @pytest.mark.parametrize("name", ["matmul", "softmax", "flash_attention", "llama", "llama_compiled"])
 def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor):
     orchestration, args, options, output = workloads()[name]
-    cpu_args = [dict(a) if isinstance(a, dict) else a.copy() for a in args]
+    cpu_args = [copied(a) for a in args]  # the GPU run starts from the untouched originals
     cpu = pto.Runtime(backend="cpu", executor="serial").run(orchestration, *cpu_args, **options)
     rt = pto.Runtime(backend="cuda", executor=executor, workers={pto.CUBE: 2, pto.VECTOR: 2})
     gpu_args = [to_backend(rt.backend, a) for a in args]
