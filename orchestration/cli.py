@@ -96,26 +96,27 @@ def parser() -> argparse.ArgumentParser:
     commands = top.add_subparsers(dest="command", required=True)
     catalogue = "\n".join(f"  {name:<16} {w.summary} (default size {w.default_size})"
                           for name, w in WORKLOADS.items())
-    run = commands.add_parser(
+    command = commands.add_parser(
         "run", help="run an orchestration and print its statistics",
         description="Run an orchestration, check it against numpy, and print the run's statistics.",
         epilog="orchestrations:\n" + catalogue, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("name", choices=WORKLOADS, metavar="NAME", help="which orchestration (listed below)")
-    run.add_argument("--size", type=int, help="problem size, as each orchestration defines it below")
-    run.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
-                     help="where kernels run (default: auto, the GPU when there is one)")
-    run.add_argument("--executor", choices=("parallel", "serial", "dry"), default="parallel",
-                     help="parallel worker threads, serial on one thread (the reference), or dry: "
-                          "build the graph without running kernels (default: parallel)")
-    run.add_argument("--trace", type=Path, metavar="FILE",
-                     help="write the timeline as Chrome-trace JSON; open it in ui.perfetto.dev")
-    run.add_argument("--dump", type=Path, metavar="FILE", help="write the task dump (spec 003 §5.1) as text")
-    run.add_argument("--graph", type=Path, metavar="FILE",
-                     help="write the dependency graph: .dot as Graphviz source, .svg or .pdf drawn by dot")
-    run.add_argument("--runs", type=int, default=1, metavar="N",
-                     help="run N times and report the last: the first run also pays for page faults "
-                          "and loading compiled code (default: 1)")
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    option = command.add_argument
+    option("name", choices=WORKLOADS, metavar="NAME", help="which orchestration (listed below)")
+    option("--size", type=int, help="problem size, as each orchestration defines it below")
+    option("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+           help="where kernels run (default: auto, the GPU when there is one)")
+    option("--executor", choices=("parallel", "serial", "dry"), default="parallel",
+           help="parallel worker threads, serial on one thread (the reference), or dry: "
+                "build the graph without running kernels (default: parallel)")
+    option("--trace", type=Path, metavar="FILE",
+           help="write the timeline as Chrome-trace JSON; open it in ui.perfetto.dev")
+    option("--dump", type=Path, metavar="FILE", help="write the task dump (spec 003 §5.1) as text")
+    option("--graph", type=Path, metavar="FILE",
+           help="write the dependency graph: .dot as Graphviz source, .svg or .pdf drawn by dot")
+    option("--runs", type=int, default=1, metavar="N",
+           help="run N times and report the last: the first run also pays for page faults "
+                "and loading compiled code (default: 1)")
+    option("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     return top
 
 
@@ -125,11 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     size = workload.default_size if args.size is None else args.size
     if size < 1 or args.runs < 1:
         raise SystemExit(f"pto-gpu: --size ({size}) and --runs ({args.runs}) must be at least 1")
+    if args.graph and args.graph.suffix not in (".dot", ".svg", ".pdf"):
+        raise SystemExit(f"pto-gpu: --graph {args.graph} must end in .dot, .svg or .pdf")
+    try:
+        return run(args, workload, size)
+    except pto.PTOError as error:  # a bad setting, or a run that failed: the message says which
+        print(f"pto-gpu: {error}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace, workload: Workload, size: int) -> int:
     prepared = workload.prepare(size, np.random.default_rng(args.seed))
     rt = pto.Runtime(backend=args.backend, executor=args.executor)
     run_args = tuple(to_backend(rt.backend, arg) for arg in prepared.args)
-    for run in range(args.runs):
-        last = run == args.runs - 1
+    for index in range(args.runs):
+        last = index == args.runs - 1
         record = last and (args.dump or args.graph) is not None
         with progress_bar(rt, sys.stderr):
             result = rt.run(prepared.orchestration, *run_args, record=record,

@@ -51,6 +51,10 @@ def test_bad_arguments_are_refused_by_name(capsys):
     assert "invalid choice: 'no_such_orchestration'" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--size"):
         cli.main(["run", "matmul", "--size", "0"])
+    with pytest.raises(SystemExit, match="--graph g.png must end in .dot, .svg or .pdf"):
+        cli.main(["run", "matmul", "--graph", "g.png"])
+    assert cli.main(["run", "matmul", "--executor", "dry", "--trace", "t.json"]) == 2
+    assert "pto-gpu: trace= draws when kernels ran" in capsys.readouterr().err
 
 
 def test_help_explains_every_option_and_lists_the_orchestrations():
