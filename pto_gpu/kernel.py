@@ -29,7 +29,8 @@ class CudaCode:
     It follows the argument convention of kernels/cuda/pto.cuh (see backends/cuda_abi.py)
     and walks `items(shapes)` work items, given its tensor params' shapes. `library`, when
     set, is a CuPy-level implementation (cuBLAS, say) taking the same views and scalars as
-    the CPU one, used where a library call is allowed (not while a CUDA graph is captured).
+    the CPU one, which the CUDA backend runs instead of the .cu kernel. (Graph capture, not
+    built yet, will need the .cu kernel: CuPy refuses cuBLAS calls while capturing.)
     """
 
     source: Path

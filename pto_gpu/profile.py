@@ -10,7 +10,6 @@ seconds of `time.perf_counter()` since the run began.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 
 from .core import state as cs
@@ -40,7 +39,6 @@ class Lane:
 
     def __init__(self, name: str, serves: tuple[WorkerType, ...], origin: float, tracing: bool):
         self.name = name
-        self.serves = serves
         self.kernels: dict[str, list] = {}  # kernel name -> [tasks, seconds]
         self.busy = dict.fromkeys(serves, 0.0)  # worker class -> seconds
         self.spans: list[Span] | None = [] if tracing else None
@@ -66,7 +64,6 @@ class Profile:
         self.lanes: list[Lane] = []
         self.stalls: dict[str, float] = {}  # ring (as in RunResult.high_water) -> seconds waited
         self.samples: list[Sample] = []
-        self._stall_lock = threading.Lock()
 
     def lane(self, name: str, serves: tuple[WorkerType, ...]) -> Lane:
         lane = Lane(name, serves, self.origin, self.tracing)
@@ -74,8 +71,8 @@ class Profile:
         return lane
 
     def stalled(self, ring: str, seconds: float) -> None:
-        with self._stall_lock:
-            self.stalls[ring] = self.stalls.get(ring, 0.0) + seconds
+        # Only the orchestrator's thread waits for room, so this needs no lock.
+        self.stalls[ring] = self.stalls.get(ring, 0.0) + seconds
 
     def sample(self, scheduler: Scheduler, ready: int) -> None:
         """When tracing, note the ready-queue depth and how full the task and heap rings are."""
