@@ -24,7 +24,7 @@ from .orchestrator import Orchestrator
 from .overlap import Overlap
 from .params import Param, ParamKind, inout, input, output, scalar
 from .result import KernelTime, RunResult
-from .runtime import Runtime
+from .runtime import Replay, Runtime
 from .tensor import Buffer, TensorDescriptor
 
 FLOAT32 = DataType.FLOAT32
@@ -48,7 +48,7 @@ __all__ = [
     "INT32", "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
     "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
     "KernelTime", "Orchestrator", "Overlap",
-    "PTOError", "Param", "ParamError", "ParamKind", "RunResult", "Runtime", "StaleVersionError",
+    "PTOError", "Param", "ParamError", "ParamKind", "Replay", "RunResult", "Runtime", "StaleVersionError",
     "TaskError", "TensorDescriptor", "UsageError", "UseAfterFreeError", "WorkerType", "element_size",
     "inout", "input", "kernel", "output", "scalar",
 ]

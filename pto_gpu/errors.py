@@ -19,6 +19,11 @@ class TaskError(PTOError):
         self.task_id = task_id
         self.kernel = kernel
 
+    @classmethod
+    def of(cls, task, cause: BaseException) -> "TaskError":
+        """The error for `task` (a scheduler Task), whose kernel raised `cause`."""
+        return cls(task.id, task.kernel.name, task.describe_params(), cause)
+
 
 class LifecycleError(PTOError):
     """Misuse of a buffer's lifecycle (use after free, double free, freeing an external)."""

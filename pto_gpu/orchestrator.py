@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -40,9 +40,11 @@ class Executor(Protocol):
     """What the orchestrator needs from whoever runs the tasks."""
 
     runs_kernels: bool  # False: tasks retire at submission unrun (compiled code retires them itself)
+    wants_producers: bool  # whether `submitted` needs the producers (compiled code then logs them)
 
-    def submitted(self, task: Task, ready: bool) -> None:
-        """A task entered the core; `ready` when it had no producer left to wait for."""
+    def submitted(self, task: Task, ready: bool, producers: Sequence[int]) -> None:
+        """A task entered the core; `ready` when it had no producer left to wait for;
+        `producers` its producers' ids, when the executor wants them."""
 
     def make_room(self, status: int, unfreed: Callable[[], list[Buffer]]) -> None:
         """Wait until a full ring (a FULL_* code) may have room, or raise DeadlockError
@@ -179,9 +181,10 @@ class Orchestrator:
             if p.writes:
                 buffer = p.value.buffer
                 buffer.newest_version = max(buffer.newest_version, p.value.version)
+        producers = self._scheduler.producers_of_last()
         if self._recorder is not None:
-            self._recorder.add(task, self._scheduler.producers_of_last())
-        self._executor.submitted(task, self._scheduler.last_was_ready())
+            self._recorder.add(task, producers)
+        self._executor.submitted(task, self._scheduler.last_was_ready(), producers)
         return status
 
     # --- compiled orchestration ----------------------------------------------------------

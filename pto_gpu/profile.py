@@ -29,7 +29,7 @@ class Sample:
     """The state of the queues and rings at one moment of a traced run."""
 
     at: float
-    ready: int  # tasks ready and waiting for a worker
+    ready: int  # tasks ready and waiting for a worker (stream executor: issued, not yet retired)
     live_tasks: int  # task ring occupancy
     heap_bytes: int  # heap ring occupancy
 

@@ -1,4 +1,5 @@
-"""The Runtime: configuration, backend choice, and `run`, which drives one orchestration."""
+"""The Runtime: configuration, backend choice, `run`, which drives one orchestration, and
+`capture`, which records one as a graph to replay."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .dtypes import WorkerType
 from .errors import PTOError, UsageError
 from .executors.parallel import ParallelExecutor
 from .executors.serial import DryExecutor, SerialExecutor
+from .executors.streams import StreamExecutor
 from .graph import Graph
 from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
@@ -25,26 +27,26 @@ from .trace import write_trace
 
 log = logging.getLogger("pto_gpu")
 
-EXECUTORS = ("parallel", "serial", "dry")
+EXECUTORS = ("auto", "parallel", "stream", "serial", "dry")
 
 
-def default_workers() -> dict[WorkerType, int]:
-    cores = os.cpu_count() or 1
-    return {WorkerType.CUBE: cores, WorkerType.VECTOR: cores, WorkerType.AI_CPU: 1,
+def default_workers(executor: str) -> dict[WorkerType, int]:
+    """Threads per worker class (parallel executor) or streams per worker class (stream)."""
+    per_class = 2 if executor == "stream" else os.cpu_count() or 1
+    return {WorkerType.CUBE: per_class, WorkerType.VECTOR: per_class, WorkerType.AI_CPU: 1,
             WorkerType.ACCELERATOR: 1}
 
 
 class Runtime:
     """Runs orchestration functions. See design.md, "The public contract"."""
 
-    def __init__(self, backend: str = "auto", executor: str = "parallel", *,
+    def __init__(self, backend: str = "auto", executor: str = "auto", *,
                  heap_bytes: int = 64 << 20, task_window: int = 1024,
                  workers: dict[WorkerType, int] | None = None, buffer_window: int | None = None,
                  dep_pool: int | None = None, tensormap_entries: int | None = None,
                  validate: bool | None = None):
         if executor not in EXECUTORS:
             raise PTOError(f"executor={executor!r}; choose one of {', '.join(EXECUTORS)}")
-        self.executor = executor
         self.sizes = Sizes(
             task_window=task_window,
             heap_bytes=heap_bytes,
@@ -54,10 +56,15 @@ class Runtime:
             dep_pool=dep_pool or 8 * task_window,
             tensormap_entries=tensormap_entries or 16 * task_window,
         )
-        self.workers = {**default_workers(), **{WorkerType(k): v for k, v in (workers or {}).items()}}
-        if any(n < 1 for n in self.workers.values()):
+        self._workers_given = {WorkerType(k): v for k, v in (workers or {}).items()}
+        if any(n < 1 for n in self._workers_given.values()):
             raise PTOError(f"workers={workers}: every worker class needs at least one worker")
         self.backend = _make_backend(backend, heap_bytes)
+        # On a GPU, issue-ahead onto streams; on the CPU, a thread pool.
+        if executor == "auto":
+            executor = "stream" if self.backend.name == "cuda" else "parallel"
+        self.executor = executor
+        self.workers = self._workers(self.executor)
         self._scheduler = Scheduler(CoreState.allocate(self.sizes))
         # Validation mode checks every scheduler invariant after every transition (slow).
         self._scheduler.validate = (os.environ.get("PTO_VALIDATE", "") not in ("", "0")
@@ -80,9 +87,29 @@ class Runtime:
                            "use executor='serial' or 'parallel'")
         self._running = True
         try:
-            return self._run(orchestration, args, kwargs, threshold, record, trace)
+            return self._run(orchestration, args, kwargs, threshold, record, trace)[0]
         finally:
             self._running = False
+
+    def capture(self, orchestration: Callable, *args, **kwargs) -> Replay:
+        """Record `orchestration(o, *args, **kwargs)` as one graph of kernel launches, unrun.
+
+        `replay()` on the result runs those launches again on the same memory, without the
+        orchestrator, the dependency analysis or the executor: on CUDA one graph launch
+        (cuBLAS is refused while capturing, so CUBE tiles use their own CUDA kernels), on the
+        CPU the kernel calls in issue order. Only for orchestrations whose tasks and buffers
+        do not depend on data; change inputs in place between replays. The arrays passed are
+        kept alive with the graph. The whole run must fit in the rings, since nothing is
+        reclaimed while capturing; a ring that fills raises DeadlockError.
+        """
+        if self._running:
+            raise UsageError("Runtime.capture called while this runtime is running an orchestration")
+        self._running = True
+        try:
+            result, executor = self._run(orchestration, args, kwargs, 0, False, None, capture=True)
+        finally:
+            self._running = False
+        return Replay(self, executor.graph, result, (args, kwargs))
 
     @property
     def progress(self) -> tuple[int, int]:
@@ -90,13 +117,14 @@ class Runtime:
         header = self._scheduler.state.header
         return int(header[H_COMPLETED]), int(header[H_NEXT_TASK])
 
-    def _run(self, orchestration, args, kwargs, threshold, record, trace) -> RunResult:
+    def _run(self, orchestration, args, kwargs, threshold, record, trace, capture=False):
+        """The run's RunResult and the executor that ran it."""
         record = record or trace is not None
         scheduler = self._scheduler
         scheduler.reset(record)
         recorder = Recorder() if record else None
         profile = Profile(tracing=trace is not None)
-        executor = self._make_executor(threshold, profile)
+        executor = self._make_executor(threshold, profile, capture)
         o = Orchestrator(scheduler, self.backend, executor, recorder)
         started = time.perf_counter()
         try:
@@ -115,16 +143,22 @@ class Runtime:
         result = RunResult(
             orchestration=getattr(orchestration, "__name__", repr(orchestration)),
             num_tasks=int(header[H_NEXT_TASK]), num_edges=int(header[H_NUM_EDGES]), seconds=seconds,
-            backend=self.backend.name, executor=self.executor, high_water=scheduler.high_water(),
+            backend=self.backend.name, executor="stream" if capture else self.executor,
+            high_water=scheduler.high_water(),
             capacity=scheduler.capacity(), stalls=profile.stalls, kernels=kernel_times(profile),
             busy=busy_shares(profile, seconds),
             graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
         )
         if trace is not None:
             write_trace(trace, profile, result.graph)
-        return result
+        return result, executor
 
-    def _make_executor(self, threshold, profile):
+    def _workers(self, executor: str) -> dict[WorkerType, int]:
+        return {**default_workers(executor), **self._workers_given}
+
+    def _make_executor(self, threshold, profile, capture):
+        if capture or self.executor == "stream":
+            return StreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"), capture)
         if self.executor == "serial":
             return SerialExecutor(self._scheduler, self.backend, profile)
         if self.executor == "dry":
@@ -158,3 +192,28 @@ def cuda_unavailable() -> str | None:
         return None if cupy.cuda.is_available() else "cupy finds no CUDA device"
     except Exception as error:  # a broken driver install is "no GPU" too
         return f"cupy cannot reach CUDA ({error})"
+
+
+class Replay:
+    """A captured run (Runtime.capture): `replay()` runs it again and returns when it has run."""
+
+    def __init__(self, runtime: Runtime, graph, result: RunResult, arguments: tuple):
+        self._runtime = runtime
+        self._graph = graph
+        self.result = result  # the capture's: tasks, edges and ring high-water marks
+        self._arguments = arguments  # the memory the graph reads and writes stays allocated
+
+    @property
+    def num_tasks(self) -> int:
+        return self.result.num_tasks
+
+    def replay(self) -> None:
+        runtime = self._runtime
+        if runtime._running:
+            raise UsageError("replay() called while its runtime is running an orchestration; the "
+                             "graph uses the same heap")
+        runtime._running = True
+        try:
+            self._graph.replay()
+        finally:
+            runtime._running = False

@@ -122,6 +122,15 @@ class Scheduler:
             self.check_invariants(f"completing task {task_id}")
         return [self.task(int(t)) for t in ready_scratch[:n]]
 
+    def retire(self, task_id: int, ready_scratch: np.ndarray) -> None:
+        """Complete a task whose consumers the caller does not queue (they were issued already,
+        or complete at submission too)."""
+        s = self.state
+        core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
+        self.live.pop(task_id, None)
+        if self.validate:
+            self.check_invariants(f"completing task {task_id}")
+
     def task(self, task_id: int) -> Task:
         """The record of a live task."""
         task = self.live.get(task_id)

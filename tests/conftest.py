@@ -1,5 +1,7 @@
 """Shared fixtures: small kernels whose results depend on every input, and runtimes."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -38,12 +40,19 @@ def explode(*_):
     raise ValueError("planted failure")
 
 
-EXECUTORS = ["serial", "parallel"]
+EXECUTORS = ["serial", "parallel", "stream"]
 
 
 @pytest.fixture(params=EXECUTORS)
 def executor(request):
     return request.param
+
+
+def worker_threads() -> list:
+    """The parallel executor's threads still alive (they end with each run; the stream threads
+    of a CPU backend live as long as it does)."""
+    return [t for t in threading.enumerate()
+            if t.name.startswith("pto-") and not t.name.startswith("pto-stream")]
 
 
 def runtime(executor="serial", **kwargs) -> pto.Runtime:

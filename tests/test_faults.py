@@ -1,11 +1,10 @@
 """Fault injection: kernels that raise at random points, in random worker classes, with safe
-and pipelined runs. Every time: TaskError for a task that failed, no descendant of a failed
-task runs, no worker thread is left, the rings are empty once the run unwinds, and the next
-run on the same Runtime matches the serial executor."""
-
-import threading
+and pipelined runs, on the parallel and stream executors. Every time: TaskError for a task
+that failed, no descendant of a failed task runs, no worker thread is left, the rings are
+empty once the run unwinds, and the next run on the same Runtime matches the serial executor."""
 
 import numpy as np
+from conftest import worker_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,12 +50,13 @@ def descendants(edges, roots):
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n_tasks=st.integers(1, 80), data=st.data(),
-       threshold=st.sampled_from([0, 1, 8]), window_log2=st.integers(2, 8))
-def test_injected_failures(seed, n_tasks, data, threshold, window_log2):
+       threshold=st.sampled_from([0, 1, 8]), window_log2=st.integers(2, 8),
+       executor=st.sampled_from(["parallel", "stream"]))
+def test_injected_failures(seed, n_tasks, data, threshold, window_log2, executor):
     failing = set(data.draw(st.lists(st.integers(0, n_tasks - 1), min_size=1, max_size=3)))
     graph = pto.Runtime(backend="cpu", executor="dry").run(
         program, np.zeros((6, 4)), seed, n_tasks, set(), record=True).graph
-    rt = pto.Runtime(backend="cpu", executor="parallel", task_window=1 << window_log2, validate=True)
+    rt = pto.Runtime(backend="cpu", executor=executor, task_window=1 << window_log2, validate=True)
     ran.clear()
     try:
         rt.run(program, np.zeros((6, 4)), seed, n_tasks, failing, threshold=threshold)
@@ -66,7 +66,7 @@ def test_injected_failures(seed, n_tasks, data, threshold, window_log2):
     assert reported in failing and reported in ran
     failed = failing & set(ran)
     assert not descendants(graph.edges, failed) & set(ran)
-    assert not [t for t in threading.enumerate() if t.name.startswith("pto-")]
+    assert not worker_threads()
     header = rt._scheduler.state.header
     assert header[cs.H_NEXT_TASK] == header[cs.H_LAST_ALIVE] == 0 and header[cs.H_DEP_USED] == 0
     assert header[cs.H_HEAP_HEAD] == header[cs.H_HEAP_TAIL] and not rt._scheduler.live

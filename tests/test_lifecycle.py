@@ -1,11 +1,10 @@
 """Buffer lifecycle, back-pressure, deadlock detection, misuse errors and task failures."""
 
-import threading
 import time
 
 import numpy as np
 import pytest
-from conftest import add_into, explode, fill, noop, runtime, zeros
+from conftest import add_into, explode, fill, noop, runtime, worker_threads, zeros
 
 import pto_gpu as pto
 
@@ -98,7 +97,7 @@ def test_failing_kernel_raises_task_error_and_dependents_do_not_run(executor, th
         rt.run(orch, threshold=threshold)
     assert isinstance(info.value.__cause__, ValueError)
     assert ran == []
-    assert not [t for t in threading.enumerate() if t.name.startswith("pto-")]
+    assert not worker_threads()
     out = zeros(2)
     rt.run(lambda o: o.submit(fill, pto.output(o.external(out)), 4.0))
     np.testing.assert_array_equal(out, 4.0)
@@ -113,7 +112,7 @@ def test_keyboard_interrupt_in_the_orchestration_stops_cleanly():
     rt = runtime("parallel")
     with pytest.raises(KeyboardInterrupt):
         rt.run(orch, threshold=2)
-    assert not [t for t in threading.enumerate() if t.name.startswith("pto-")]
+    assert not worker_threads()
     assert rt.run(lambda o: o.submit(noop)).num_tasks == 1
 
 

@@ -8,7 +8,7 @@ import pto_gpu as pto
 from orchestration.matmul import tiled_matmul
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
 @pytest.mark.parametrize("shape", [(256, 384, 256), (200, 130, 70)])
 def test_tiled_matmul_matches_numpy(executor, shape):
     m, k, n = shape
@@ -28,7 +28,7 @@ def test_parallel_matmul_is_bit_identical_to_serial():
     a = rng.standard_normal((256, 256)).astype(np.float32)
     b = rng.standard_normal((256, 256)).astype(np.float32)
     outputs = []
-    for executor in ("serial", "parallel"):
+    for executor in ("serial", "parallel", "stream"):
         c = np.zeros((256, 256), np.float32)
         pto.Runtime(backend="cpu", executor=executor).run(tiled_matmul, a, b, c, tile=64)
         outputs.append(c)

@@ -15,12 +15,12 @@ WORKERS = {pto.CUBE: 2, pto.VECTOR: 2}
 EPSILON_US = 0.002  # the trace rounds start and duration to the nanosecond, each by up to 0.5 ns
 
 
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory):
-    """A parallel LLaMA layer run with a small task window, so rings fill while workers run."""
+@pytest.fixture(scope="module", params=["parallel", "stream"])
+def traced(tmp_path_factory, request):
+    """A LLaMA layer run with a small task window, so rings fill while workers or streams run."""
     path = tmp_path_factory.mktemp("trace") / "llama.json"
     inputs = llama_layer_inputs(96, hidden=64, heads=4, ffn=96)
-    rt = pto.Runtime(backend="cpu", workers=WORKERS, task_window=32)
+    rt = pto.Runtime(backend="cpu", executor=request.param, workers=WORKERS, task_window=32)
     result = rt.run(llama_layer, inputs, trace=path, threshold=4)
     return result, json.loads(path.read_text())["traceEvents"]
 
@@ -93,7 +93,7 @@ def test_the_dry_executor_cannot_trace(tmp_path):
     assert not (tmp_path / "t.json").exists()
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
 def test_statistics_add_up(executor):
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 256, 16)).astype(np.float32) for _ in range(3))
@@ -102,7 +102,7 @@ def test_statistics_add_up(executor):
     assert sum(k.tasks for k in result.kernels.values()) == result.num_tasks
     ran = {name: k.tasks for name, k in result.kernels.items()}
     assert ran == Counter(t.kernel.name for t in result.graph.tasks)
-    lanes = {"serial": 1, "parallel": 2}[executor]  # the lanes that serve each of CUBE and VECTOR
+    lanes = {"serial": 1, "parallel": 2, "stream": 2}[executor]  # lanes serving each of CUBE and VECTOR
     assert set(result.busy) == {"CUBE", "VECTOR"}
     assert all(0 < share <= 1 for share in result.busy.values())
     kernel_seconds = sum(k.seconds for k in result.kernels.values())

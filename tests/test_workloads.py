@@ -90,7 +90,7 @@ def test_rmsnorm_checks_its_weight_shape():
         pto.Runtime(backend="cpu").run(orch)
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
 @pytest.mark.parametrize("rows, tile_rows", [(64, 8), (37, 8), (5, 16)])
 def test_fused_softmax(executor, rows, tile_rows):
     x = rng.standard_normal((rows, 33)).astype(np.float32)
@@ -103,7 +103,7 @@ def test_fused_softmax(executor, rows, tile_rows):
     np.testing.assert_allclose(out, reference.softmax(x), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seq, tile", [(128, 32), (100, 32), (45, 64)])
 def test_flash_attention(executor, causal, seq, tile):
@@ -141,7 +141,7 @@ def test_llama_task_counts_match_spec_table(seq_len, plain, adaptive):
     assert rt.run(llama_layer, inputs, adaptive=True).num_tasks == adaptive == expected_tasks(seq_len // 64)
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
 @pytest.mark.parametrize("seq_len, adaptive", [(96, False), (77, False), (600, True)])
 def test_llama_layer_matches_reference(executor, seq_len, adaptive):
     inputs = llama_layer_inputs(seq_len, hidden=64, heads=4, ffn=96, seed=seq_len)
@@ -153,7 +153,7 @@ def test_llama_layer_matches_reference(executor, seq_len, adaptive):
 
 def test_llama_parallel_is_bit_identical_to_serial():
     outs = []
-    for executor in ("serial", "parallel"):
+    for executor in ("serial", "parallel", "stream"):
         inputs = llama_layer_inputs(128, hidden=64, heads=4, ffn=96)
         pto.Runtime(backend="cpu", executor=executor).run(llama_layer, inputs, threshold=16)
         outs.append(inputs["out"])

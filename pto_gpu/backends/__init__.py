@@ -7,7 +7,18 @@ A backend is a small object with a narrow interface:
   run(task)                       run a task's kernel; it has finished on return
   to_device(a), to_host(a)        move a numpy array to where this backend's arrays live, and back
 
-cpu.py and cuda.py are the two; cuda_abi.py is the argument convention of the CUDA sources.
+and, for the stream executor, CUDA's stream model (host threads on the CPU):
+  stream(key) -> stream           the backend's stream for `key`, made on first use
+  launch(task, stream)            enqueue a task's kernel; returns at once
+  record(stream) -> event         an event reached when everything enqueued so far has run
+  wait(stream, event)             later work on `stream` waits for `event`
+  done(event) -> bool             non-blocking; raises the failure of a kernel it waited for
+  synchronize(event)              block until `event` is reached; raises as done does
+  begin_capture(streams)          from here on, record what is enqueued on `streams` instead of
+  end_capture(streams) -> graph     running it; graph.replay() runs it and waits for it
+
+cpu.py (with cpu_streams.py) and cuda.py are the two; cuda_abi.py is the argument convention
+of the CUDA sources.
 """
 
 from __future__ import annotations

@@ -1,8 +1,13 @@
-"""The CPU backend: the heap is one numpy allocation and views are numpy arrays."""
+"""The CPU backend: the heap is one numpy allocation and views are numpy arrays.
+
+Its streams are host threads (cpu_streams.py), so the stream executor and graph capture
+work here as on the GPU.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -10,6 +15,7 @@ from ..errors import PTOError
 from ..params import ParamKind
 from ..tensor import BufferKind, TensorDescriptor
 from . import ExternalArray
+from .cpu_streams import CpuEvent, CpuGraph, CpuStream
 
 HEAP_ALIGN = 64
 
@@ -23,6 +29,8 @@ class CpuBackend:
         self.heap = raw[skip:skip + heap_bytes]
         self.heap_base = self.heap.ctypes.data
         self.heap_bytes = heap_bytes
+        self._streams: dict[object, CpuStream] = {}
+        self._captured: list | None = None  # the calls of the run being captured
 
     def resolve(self, array: object) -> ExternalArray:
         if not isinstance(array, np.ndarray):
@@ -53,7 +61,52 @@ class CpuBackend:
         Input params are read-only views, so a kernel that writes one fails loudly instead of
         racing with the tasks the dependency analysis let run beside it.
         """
-        task.kernel.cpu(*(self._param_view(p) for p in task.params))
+        self._call(task)()
+
+    def _call(self, task) -> functools.partial:
+        return functools.partial(task.kernel.cpu, *(self._param_view(p) for p in task.params))
+
+    # --- streams and capture (see backends/__init__.py) ----------------------------------
+    def stream(self, key) -> CpuStream:
+        stream = self._streams.get(key)
+        if stream is None or stream.failed:  # a failed run's streams are not the next run's
+            stream = self._streams[key] = CpuStream(f"pto-stream-{key}")
+        return stream
+
+    def launch(self, task, stream: CpuStream) -> None:
+        call = self._call(task)
+        if self._captured is not None:
+            self._captured.append((task, call))
+        else:
+            stream.call(call)
+
+    def record(self, stream: CpuStream) -> CpuEvent:
+        event = CpuEvent()
+        if self._captured is not None:
+            event.reach()  # order within a capture is issue order: nothing to wait for
+        else:
+            stream.record(event)
+        return event
+
+    def wait(self, stream: CpuStream, event: CpuEvent) -> None:
+        if self._captured is None:
+            stream.wait(event)
+
+    def done(self, event: CpuEvent) -> bool:
+        if event.done() and event.failure is not None:
+            raise event.failure
+        return event.done()
+
+    def synchronize(self, event: CpuEvent) -> None:
+        event.wait()
+        self.done(event)
+
+    def begin_capture(self, streams: list) -> None:
+        self._captured = []
+
+    def end_capture(self, streams: list) -> CpuGraph:
+        graph, self._captured = CpuGraph(self._captured), None
+        return graph
 
     def _param_view(self, param):
         if param.kind == ParamKind.SCALAR:

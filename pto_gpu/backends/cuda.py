@@ -1,12 +1,12 @@
 """The CUDA backend: the heap ring is one device allocation and views are CuPy arrays.
 
-Each thread that runs kernels gets its own non-blocking stream, so the worker threads of the
-parallel executor (one per stream, per worker class) keep several kernels in flight on the
-device. `run` returns when its kernel has finished on that stream (a stream wait, never a
-device-wide synchronise): only then may the executor complete the task and let the heap ring
-hand its memory to the next buffer. Kernels are the CUDA sources in kernels/cuda, compiled by
-NVRTC once per source and element type; a kernel with a `library` implementation (cuBLAS
-through CuPy) runs that instead.
+Two ways to run a task. `run` (serial and parallel executors) launches on the calling
+thread's own non-blocking stream and waits on that stream, never the device, before the
+executor completes the task. `launch` (stream executor) only enqueues on a given stream;
+`record`/`wait`/`done` are CUDA events, which order streams and tell the executor when to
+retire tasks. Kernels are the CUDA sources in kernels/cuda, compiled by NVRTC once per source
+and element type; a kernel with a `library` implementation (cuBLAS through CuPy) runs that
+instead, except while capturing a CUDA graph, where CuPy refuses cuBLAS.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class CudaBackend:
         self._modules: dict[tuple[Path, np.dtype], object] = {}
         self._modules_lock = threading.Lock()
         self._local = threading.local()
+        self._streams: dict[object, object] = {}
+        self._origin = None  # the stream a capture begins and ends on
+        self._capturing = False
 
     # --- memory --------------------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
@@ -74,18 +77,22 @@ class CudaBackend:
     # --- kernels -------------------------------------------------------------------------
     def run(self, task) -> None:
         """Run a task's CUDA implementation on this thread's stream and wait for it there."""
+        stream = self._thread_stream()
+        self.launch(task, stream)
+        stream.synchronize()
+
+    def launch(self, task, stream) -> None:
+        """Enqueue a task's CUDA implementation on `stream`."""
         kernel = task.kernel
         if kernel.cuda is None:
             raise PTOError(f"{kernel.name} has no CUDA implementation: declare it with "
                            "@pto.kernel(..., cuda=pto.CudaCode(...))")
-        stream = self._stream()
         with stream:
             values = [p.value if p.kind == ParamKind.SCALAR else self.view(p.value) for p in task.params]
-            if kernel.cuda.library is not None:
+            if kernel.cuda.library is not None and not self._capturing:
                 kernel.cuda.library(*values)
             else:
                 self._launch(task, values)
-        stream.synchronize()
 
     def _launch(self, task, values: list) -> None:
         kernel = task.kernel
@@ -113,8 +120,61 @@ class CudaBackend:
                 module = self._modules[key] = self._cupy.RawModule(code=source.read_text(), options=options)
         return module.get_function(cuda_abi.symbol(kernel.name))
 
-    def _stream(self):
+    def _thread_stream(self):
         stream = getattr(self._local, "stream", None)
         if stream is None:
             stream = self._local.stream = self._cupy.cuda.Stream(non_blocking=True)
         return stream
+
+    # --- streams, events and capture (see backends/__init__.py) --------------------------
+    def stream(self, key):
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = self._cupy.cuda.Stream(non_blocking=True)
+        return stream
+
+    def record(self, stream):
+        event = self._cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return event
+
+    def wait(self, stream, event) -> None:
+        stream.wait_event(event)
+
+    def done(self, event) -> bool:
+        return event.done  # cudaEventQuery: raises the error of a kernel that faulted
+
+    def synchronize(self, event) -> None:
+        event.synchronize()
+
+    def begin_capture(self, streams: list) -> None:
+        """Capture everything enqueued on `streams` from here on into one CUDA graph: the
+        streams fork from and join back to one origin stream, which the capture runs on."""
+        if self._origin is None:
+            self._origin = self._cupy.cuda.Stream(non_blocking=True)
+        self._origin.begin_capture()
+        self._capturing = True
+        fork = self.record(self._origin)
+        for stream in streams:
+            stream.wait_event(fork)
+
+    def end_capture(self, streams: list) -> CudaGraph:
+        try:
+            for stream in streams:
+                self._origin.wait_event(self.record(stream))
+        finally:
+            self._capturing = False
+            graph = self._origin.end_capture()  # ends the capture even when a join failed
+        return CudaGraph(graph, self._origin)
+
+
+class CudaGraph:
+    """A captured run; `replay` launches it and waits for it on its stream (not the device)."""
+
+    def __init__(self, graph, stream):
+        self._graph = graph
+        self._stream = stream
+
+    def replay(self) -> None:
+        self._graph.launch(self._stream)
+        self._stream.synchronize()

@@ -2,7 +2,8 @@
 
 serial: each task at submission, on the caller's thread (the reference every other
 executor is tested against). dry: each task retires at submission without running its
-kernel (graph building only). parallel: worker threads per worker class.
+kernel (graph building only). parallel: worker threads per worker class. stream: each task
+enqueued at submission on a stream of its worker class, ordered across streams by events.
 """
 
 from __future__ import annotations
@@ -21,5 +22,5 @@ def run_kernel(backend, task: Task, lane: Lane) -> None:
     try:
         backend.run(task)
     except Exception as cause:
-        raise TaskError(task.id, task.kernel.name, task.describe_params(), cause) from cause
+        raise TaskError.of(task, cause) from cause
     lane.ran(task, started, time.perf_counter())

@@ -26,6 +26,7 @@ DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
 
 class ParallelExecutor:
     runs_kernels = True
+    wants_producers = False
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
                  threshold: int):
@@ -60,7 +61,7 @@ class ParallelExecutor:
             thread.start()
 
     # --- the orchestrator's side ---------------------------------------------------------
-    def submitted(self, task: Task, ready: bool) -> None:
+    def submitted(self, task: Task, ready: bool, producers) -> None:
         self._raise_failure()
         if ready:
             self._outbox.append(task)

@@ -12,6 +12,7 @@ class SerialExecutor:
     """Runs each task as it is submitted: all its producers have completed by then."""
 
     runs_kernels = True
+    wants_producers = False
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile):
         self._scheduler = scheduler
@@ -20,10 +21,10 @@ class SerialExecutor:
         self._lane = profile.lane("main", tuple(WorkerType))
         self._scratch = scheduler.ready_scratch()
 
-    def submitted(self, task: Task, ready: bool) -> None:
+    def submitted(self, task: Task, ready: bool, producers) -> None:
         if self.runs_kernels:
             run_kernel(self._backend, task, self._lane)
-        self._scheduler.complete(task.id, self._scratch)
+        self._scheduler.retire(task.id, self._scratch)
         self._profile.sample(self._scheduler, 0)
 
     def make_room(self, status: int, unfreed) -> None:

@@ -43,9 +43,9 @@ from .context import (
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
     M_HEAP_BASE,
+    M_LOG_EDGES,
     M_LOG_LIMIT,
     M_LOGGED,
-    M_RECORD,
     M_SCOPE_DEPTH,
     M_SCOPE_TOP,
     M_SESSION,
@@ -218,14 +218,14 @@ def submit(o, kernel_id, tensors, scalars=()):
                                           scalars)
     if o.meta[M_VALIDATE]:
         _service(o, bridge.SERVICE_CHECK, task_id, 0, 0)
-    if o.meta[M_RECORD]:
+    if o.meta[M_LOG_EDGES]:
         _record_edges(o, task_id)
     ready = o.header[H_LAST_READY]
     if o.meta[M_COMPLETE_AT_SUBMIT]:
         core_complete.complete(o.header, o.tasks, o.buffers, o.deps, task_id, o.ready)
         if o.meta[M_VALIDATE]:
             _service(o, bridge.SERVICE_CHECK, task_id, 1, 0)
-        if not o.meta[M_RECORD]:
+        if not o.meta[M_LOG_EDGES]:
             return task_id
     logged = o.meta[M_LOGGED]
     o.log[logged, 0] = task_id

@@ -41,9 +41,9 @@ from .context import (
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
     M_HEAP_BASE,
+    M_LOG_EDGES,
     M_LOG_LIMIT,
     M_LOGGED,
-    M_RECORD,
     M_SESSION,
     M_VALIDATE,
     M_WIDTH,
@@ -87,12 +87,14 @@ class Session:
         self._executor = executor
         self._recorder = recorder
         self._complete_at_submit = not executor.runs_kernels
+        # Producers by consumer from the edge log; a task's may span two flushes.
+        self._producers: dict[int, list[int]] | None = {} if executor.wants_producers else None
         self.key = next(_KEYS)
         state = scheduler.state
         meta = np.zeros(M_WIDTH, np.int64)
         meta[M_SESSION] = self.key
         meta[M_COMPLETE_AT_SUBMIT] = self._complete_at_submit
-        meta[M_RECORD] = recorder is not None
+        meta[M_LOG_EDGES] = recorder is not None or executor.wants_producers
         meta[M_VALIDATE] = scheduler.validate
         meta[M_HEAP_BASE] = heap_base
         # A logged task's arguments must outlive the flush: at most a window of tasks.
@@ -148,14 +150,19 @@ class Session:
         meta = self._fields["meta"]
         logged, edges = int(meta[M_LOGGED]), int(meta[M_EDGES])
         meta[M_LOGGED] = meta[M_EDGES] = 0
+        edge_log = self._fields["edges"][:edges].tolist()
         if self._recorder is not None:
-            self._recorder.edges.extend(map(tuple, self._fields["edges"][:edges].tolist()))
+            self._recorder.edges.extend(map(tuple, edge_log))
+        if self._producers is not None:
+            for producer, consumer in edge_log:
+                self._producers.setdefault(consumer, []).append(producer)
         for task_id, ready in self._fields["log"][:logged].tolist():
             task = self._scheduler.task(task_id)
             if self._recorder is not None:
                 self._recorder.tasks.append(task)
             if not self._complete_at_submit:
-                self._executor.submitted(task, bool(ready))
+                producers = self._producers.pop(task_id, ()) if self._producers is not None else ()
+                self._executor.submitted(task, bool(ready), producers)
         return logged
 
     def _make_room(self, status: int, needed: int) -> None:

@@ -1,0 +1,162 @@
+"""The stream executor: issue-ahead dispatch onto the backend's streams (design.md, "GPU").
+
+A task is issued the moment it is submitted, since its producers were submitted, so issued,
+before it. The streams of its worker class take turns; the chosen stream first waits on the
+event of the newest producer still in flight on each other stream (stream order covers the
+older ones and those on its own stream), then the kernel is enqueued with an event recorded
+behind it. Tasks retire (complete in the core, which reclaims their heap space) in
+submission order as their events are reached: polled after each submission, waited on when
+a ring is full or the orchestration has ended. Retiring in submission order keeps the core's
+view the serial executor's, every task completing after its producers, and only the
+orchestrator's thread touches the core, so there is no lock.
+
+Capturing records the run into a graph instead (backend.begin_capture). Nothing may poll or
+wait while capturing, so no task retires before the run ends and a ring that fills is an
+error: a captured run must fit in the rings whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import time
+
+from ..dtypes import WorkerType
+from ..errors import DeadlockError, TaskError
+from ..profile import Profile
+from ..scheduler import RINGS, Scheduler, Task
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Issued:
+    """A task on its way through a stream."""
+
+    task: Task
+    stream: int  # index into StreamExecutor._streams
+    event: object  # reached when the kernel has run
+    at: float  # perf_counter() when issued
+    after: tuple[Issued, ...]  # the in-flight producers it waits for on other streams
+    end: float = 0.0  # when its retirement was observed
+
+
+class StreamExecutor:
+    runs_kernels = True
+    wants_producers = True
+
+    def __init__(self, scheduler: Scheduler, backend, profile: Profile, streams: dict[WorkerType, int],
+                 capture: bool = False):
+        self._scheduler = scheduler
+        self._backend = backend
+        self._profile = profile
+        self._streams: list = []
+        self._lanes = []
+        self._of_class: dict[WorkerType, list[int]] = {}
+        for worker, count in streams.items():
+            self._of_class[worker] = list(range(len(self._streams), len(self._streams) + count))
+            for i in range(count):
+                self._streams.append(backend.stream((worker.name, i)))
+                self._lanes.append(profile.lane(f"{worker.name}-stream-{i}", (worker,)))
+        self._turn = dict.fromkeys(streams, 0)
+        self._last_end = [0.0] * len(self._streams)  # per stream: when its last retired task ended
+        self._in_flight: collections.deque[Issued] = collections.deque()
+        self._issued: dict[int, Issued] = {}  # the in-flight tasks by id
+        self._scratch = scheduler.ready_scratch()
+        self.graph = None  # what a capture made, once the run has ended
+        self._capturing = capture
+        if capture:
+            backend.begin_capture(self._streams)
+
+    # --- the orchestrator's side ---------------------------------------------------------
+    def submitted(self, task: Task, ready: bool, producers) -> None:
+        streams = self._of_class[task.worker]
+        index = streams[self._turn[task.worker] % len(streams)]
+        self._turn[task.worker] += 1
+        stream = self._streams[index]
+        newest: dict[int, Issued] = {}  # other stream -> its newest in-flight producer
+        for producer in producers:
+            issued = self._issued.get(int(producer))
+            if issued is not None and issued.stream != index:
+                held = newest.get(issued.stream)
+                if held is None or held.task.id < issued.task.id:
+                    newest[issued.stream] = issued
+        for issued in newest.values():
+            self._backend.wait(stream, issued.event)
+        try:
+            self._backend.launch(task, stream)
+        except Exception as cause:  # refused on the host: no CUDA implementation, bad arguments
+            raise TaskError.of(task, cause) from cause
+        event = self._backend.record(stream)
+        record = Issued(task, index, event, time.perf_counter(), tuple(newest.values()))
+        self._in_flight.append(record)
+        self._issued[task.id] = record
+        self._profile.sample(self._scheduler, len(self._in_flight))
+        if not self._capturing:
+            while self._in_flight and self._reached(self._in_flight[0], block=False):
+                self._retire_oldest()
+
+    def make_room(self, status: int, unfreed) -> None:
+        ring = RINGS[status]
+        if self._capturing:
+            size = getattr(self._scheduler.state.sizes, ring.setting)
+            raise DeadlockError(f"{ring.label} ({ring.setting}={size}) filled while capturing: a captured "
+                                f"run reclaims nothing before it ends, so it must fit whole; raise "
+                                f"{ring.setting}=")
+        if not self._in_flight:
+            raise self._scheduler.deadlock(status, unfreed())
+        started = time.perf_counter()
+        # The oldest task, then whatever else has finished with it: the submit that asked
+        # comes back here if that was not room enough.
+        self._reached(self._in_flight[0], block=True)
+        self._retire_oldest()
+        while self._in_flight and self._reached(self._in_flight[0], block=False):
+            self._retire_oldest()
+        self._profile.stalled(ring.key, time.perf_counter() - started)
+
+    def finish(self) -> None:
+        if self._capturing:
+            self._capturing = False
+            self.graph = self._backend.end_capture(self._streams)
+            # Nothing ran: the tasks leave the core as the dry executor's do, unrecorded.
+            for record in self._in_flight:
+                self._scheduler.retire(record.task.id, self._scratch)
+            self._in_flight.clear()
+            self._issued.clear()
+            return
+        while self._in_flight:
+            self._reached(self._in_flight[0], block=True)
+            self._retire_oldest()
+
+    def abort(self) -> None:
+        """Leave nothing enqueued: the next run's buffers may take this run's heap space."""
+        if self._capturing:
+            self._capturing = False
+            with contextlib.suppress(Exception):  # the error being raised is the one to report
+                self._backend.end_capture(self._streams)
+        for record in self._in_flight:
+            with contextlib.suppress(Exception):
+                self._backend.synchronize(record.event)
+        self._in_flight.clear()
+        self._issued.clear()
+
+    # --- helpers -------------------------------------------------------------------------
+    def _reached(self, record: Issued, block: bool) -> bool:
+        """Whether a task's kernel has run; a kernel's failure becomes that task's TaskError."""
+        try:
+            if block:
+                self._backend.synchronize(record.event)
+                return True
+            return self._backend.done(record.event)
+        except Exception as cause:
+            raise TaskError.of(record.task, cause) from cause
+
+    def _retire_oldest(self) -> None:
+        record = self._in_flight.popleft()
+        del self._issued[record.task.id]
+        # The host sees only when a task was issued and when its retirement was noticed; it
+        # ran no earlier than its stream's previous task and its producers elsewhere ended.
+        record.end = time.perf_counter()
+        start = max(record.at, self._last_end[record.stream], *(a.end for a in record.after))
+        self._last_end[record.stream] = record.end
+        self._lanes[record.stream].ran(record.task, start, record.end)
+        self._scheduler.retire(record.task.id, self._scratch)
