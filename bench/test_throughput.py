@@ -1,4 +1,5 @@
-"""No-op task throughput through the parallel executor against dask.threaded.get, same graphs.
+"""No-op task throughput through the parallel and stream executors against dask.threaded.get,
+same graphs.
 
 Figures are tasks per second: extra_info["tasks_per_s"] = tasks / median.
 """
@@ -50,9 +51,10 @@ def rate(benchmark):
     benchmark.extra_info["tasks_per_s"] = TASKS / benchmark.stats.stats.median
 
 
+@pytest.mark.parametrize("executor", ["parallel", "stream"])
 @pytest.mark.parametrize("shape", ["independent", "chain"])
-def test_pto_parallel(benchmark, shape):
-    rt = pto.Runtime(backend="cpu", executor="parallel")
+def test_pto(benchmark, shape, executor):
+    rt = pto.Runtime(backend="cpu", executor=executor)
     x = np.zeros((64, 16), np.float32)
     orch = independent if shape == "independent" else chain
     result = benchmark.pedantic(rt.run, (orch, x), rounds=5, warmup_rounds=1)

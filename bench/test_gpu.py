@@ -1,0 +1,189 @@
+"""GPU benchmarks, each against what a user would write instead (skipped without a GPU).
+
+- Per-task overhead: TASKS one-element `scale` kernels, in a chain and independent, through
+  the stream executor and through a replayed capture, against the same compiled kernel
+  launched back to back with plain CuPy. extra_info["us_per_task"] = median / TASKS.
+  Targets (issue 5): at most 5 us per task through streams, at most 1.5 us with replay.
+- GEMM 8192x8192 float16 as 4x4 output tiles through the runtime (cuBLAS per tile) against one
+  cupy.matmul. extra_info["tflops"]. Target: at least 70% of cuBLAS.
+- Flash attention through the runtime against torch's scaled_dot_product_attention, when
+  PyTorch is installed. extra_info["tflops"]. Target: at least 50% of SDPA.
+
+Every round ends with a stream synchronise, so host wall time is the time to finished results.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from kernels import CUDA_SOURCES
+from kernels.elementwise import scale
+from kernels.tiles import matmul
+from orchestration.flash_attention import flash_attention
+from pto_gpu.backends import cuda_abi
+from pto_gpu.runtime import cuda_unavailable
+
+NO_GPU = cuda_unavailable()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NO_GPU is not None, reason=f"no CUDA GPU: {NO_GPU}")]
+
+TASKS = 2_000
+ROUNDS = 20
+
+
+def tiny_tasks(o, x, chain: bool):
+    """TASKS scale kernels on one-element tiles of x (128 x 1): in a chain, each reads the
+    last one's output; else all read row 0 and write rows 1.. in turn (almost no edges)."""
+    X = o.external(x)
+    for i in range(TASKS):
+        source, target = (i % 2, 1 - i % 2) if chain else (0, 1 + i % 127)
+        o.submit(scale, pto.input(X[source:source + 1]), pto.output(X[target:target + 1]), 1.0)
+
+
+def per_task(benchmark):
+    benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / TASKS * 1e6
+
+
+@pytest.fixture(scope="module")
+def cupy():
+    import cupy
+
+    return cupy
+
+
+@pytest.mark.parametrize("chain", [True, False], ids=["chain", "independent"])
+def test_overhead_streams(benchmark, cupy, chain):
+    rt = pto.Runtime(backend="cuda", executor="stream", task_window=4096)
+    x = cupy.ones((128, 1), cupy.float32)
+    result = benchmark.pedantic(rt.run, (tiny_tasks, x, chain), rounds=ROUNDS, warmup_rounds=2)
+    assert result.num_tasks == TASKS and float(x.sum()) == 128
+    per_task(benchmark)
+
+
+@pytest.mark.parametrize("chain", [True, False], ids=["chain", "independent"])
+def test_overhead_replay(benchmark, cupy, chain):
+    rt = pto.Runtime(backend="cuda", task_window=4096)
+    x = cupy.ones((128, 1), cupy.float32)
+    replay = rt.capture(tiny_tasks, x, chain)
+    benchmark.pedantic(replay.replay, rounds=ROUNDS, warmup_rounds=2)
+    assert replay.num_tasks == TASKS and float(x.sum()) == 128
+    per_task(benchmark)
+
+
+def test_overhead_cupy_back_to_back(benchmark, cupy):
+    """The same pto_scale kernel, launched TASKS times on one stream with precomputed arguments."""
+    source = CUDA_SOURCES / "elementwise.cu"
+    module = cupy.RawModule(code=source.read_text(), options=(
+        "-std=c++17", f"-I{source.parent}", *cuda_abi.compile_options(np.float32, "scale")))
+    function = module.get_function(cuda_abi.symbol("scale"))
+    x = cupy.ones((128, 1), cupy.float32)
+    tile = x[0:1, :1]
+    words = cuda_abi.tensor_words(tile.shape, tile.strides, tile.itemsize)
+    args = (tile, *words, tile, *words, np.float64(1.0))
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def launches():
+        with stream:
+            for _ in range(TASKS):
+                function((1,), (256,), args)
+        stream.synchronize()
+
+    benchmark.pedantic(launches, rounds=ROUNDS, warmup_rounds=2)
+    per_task(benchmark)
+
+
+# --- GEMM --------------------------------------------------------------------------------
+N = 8192
+GEMM_TILES = 4
+
+
+def gemm_tiles(o, a, b, c):
+    """C = A @ B as GEMM_TILES x GEMM_TILES output tiles, each one CUBE task over all of k."""
+    A, B, C = o.external(a), o.external(b), o.external(c)
+    step = N // GEMM_TILES
+    for i in range(0, N, step):
+        for j in range(0, N, step):
+            o.submit(matmul, pto.input(A[i:i + step]), pto.input(B[:, j:j + step]),
+                     pto.output(C[i:i + step, j:j + step]))
+
+
+@pytest.fixture(scope="module")
+def gemm_operands(cupy):
+    # Two pairs, alternated between rounds, so no round finds its inputs already in L2.
+    generator = cupy.random.default_rng(0)
+    pairs = [tuple(generator.standard_normal((N, N), dtype=cupy.float32).astype(cupy.float16)
+                   for _ in range(2)) for _ in range(2)]
+    return pairs, cupy.zeros((N, N), cupy.float16)
+
+
+def gemm_check(cupy, a, b, c):
+    rows = slice(0, 256)  # float16 sums of 8192 products: compare a slab in float32
+    reference = a[rows].astype(cupy.float32) @ b.astype(cupy.float32)
+    assert float(cupy.abs(c[rows].astype(cupy.float32) - reference).max()) <= 0.05 * float(
+        cupy.abs(reference).max())
+
+
+def tflops(benchmark, flops):
+    benchmark.extra_info["tflops"] = flops / benchmark.stats.stats.median / 1e12
+
+
+def test_gemm_runtime(benchmark, cupy, gemm_operands):
+    pairs, c = gemm_operands
+    rt = pto.Runtime(backend="cuda", executor="stream")
+    turn = iter(range(10**9))
+    benchmark.pedantic(lambda: rt.run(gemm_tiles, *pairs[next(turn) % 2], c), rounds=ROUNDS, warmup_rounds=2)
+    gemm_check(cupy, *pairs[(ROUNDS + 2 - 1) % 2], c)
+    tflops(benchmark, 2 * N**3)
+
+
+def test_gemm_cublas(benchmark, cupy, gemm_operands):
+    pairs, c = gemm_operands
+    turn = iter(range(10**9))
+
+    def one():
+        cupy.matmul(*pairs[next(turn) % 2], out=c)
+        cupy.cuda.get_current_stream().synchronize()
+
+    benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
+    gemm_check(cupy, *pairs[(ROUNDS + 2 - 1) % 2], c)
+    tflops(benchmark, 2 * N**3)
+
+
+# --- flash attention ---------------------------------------------------------------------
+HEADS, SEQ, DIM = 32, 4096, 64
+
+
+def attention_flops() -> int:
+    return 4 * HEADS * SEQ * SEQ * DIM // 2  # QK^T and PV, causal: half the pairs
+
+
+@pytest.fixture(scope="module")
+def qkv(cupy):
+    generator = cupy.random.default_rng(1)
+    return [generator.standard_normal((HEADS, SEQ, DIM), dtype=cupy.float32) for _ in range(3)]
+
+
+def test_flash_attention_runtime(benchmark, cupy, qkv):
+    out = cupy.zeros_like(qkv[0])
+    rt = pto.Runtime(backend="cuda", executor="stream", heap_bytes=1 << 30)
+    benchmark.pedantic(rt.run, (flash_attention, *qkv, out), {"tile": 128, "causal": True},
+                       rounds=5, warmup_rounds=1)
+    q, k, v = (a[:1].astype(cupy.float64) for a in qkv)  # one head against float64
+    scores = q[0] @ k[0].T / math.sqrt(DIM) + cupy.triu(cupy.full((SEQ, SEQ), -cupy.inf), 1)
+    weights = cupy.exp(scores - scores.max(axis=1, keepdims=True))
+    expected = (weights / weights.sum(axis=1, keepdims=True)) @ v[0]
+    assert float(cupy.abs(out[0] - expected).max()) <= 1e-4 * float(cupy.abs(expected).max())
+    tflops(benchmark, attention_flops())
+
+
+def test_flash_attention_torch_sdpa(benchmark, qkv):
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.as_tensor(a, device="cuda")[None] for a in qkv)
+
+    def one():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
+    tflops(benchmark, attention_flops())
