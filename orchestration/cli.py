@@ -25,6 +25,7 @@ from orchestration.flash_attention import flash_attention
 from orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 from orchestration.matmul import tiled_matmul
 from orchestration.softmax import fused_softmax
+from pto_gpu.runtime import EXECUTORS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +106,10 @@ def parser() -> argparse.ArgumentParser:
     option("--size", type=int, help="problem size, as each orchestration defines it below")
     option("--backend", choices=("auto", "cpu", "cuda"), default="auto",
            help="where kernels run (default: auto, the GPU when there is one)")
-    option("--executor", choices=("parallel", "serial", "dry"), default="parallel",
-           help="parallel worker threads, serial on one thread (the reference), or dry: "
-                "build the graph without running kernels (default: parallel)")
+    option("--executor", choices=EXECUTORS, default="auto",
+           help="stream: issue-ahead onto streams per worker class; parallel: worker threads; "
+                "serial: one thread (the reference); dry: build the graph without running "
+                "kernels (default: auto, stream on a GPU and parallel on the CPU)")
     option("--trace", type=Path, metavar="FILE",
            help="write the timeline as Chrome-trace JSON; open it in ui.perfetto.dev")
     option("--dump", type=Path, metavar="FILE", help="write the task dump (spec 003 §5.1) as text")

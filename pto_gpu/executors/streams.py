@@ -5,10 +5,11 @@ before it. The streams of its worker class take turns; the chosen stream first w
 event of the newest producer still in flight on each other stream (stream order covers the
 older ones and those on its own stream), then the kernel is enqueued with an event recorded
 behind it. Tasks retire (complete in the core, which reclaims their heap space) in
-submission order as their events are reached: polled after each submission, waited on when
-a ring is full or the orchestration has ended. Retiring in submission order keeps the core's
-view the serial executor's, every task completing after its producers, and only the
-orchestrator's thread touches the core, so there is no lock.
+submission order as their events are reached: polled after each submission, waited on (a
+batch at a time) when a ring is full, and waited on when the orchestration has ended.
+Retiring in submission order keeps the core's view the serial executor's, every task
+completing after its producers, and only the orchestrator's thread touches the core, so
+there is no lock.
 
 Capturing records the run into a graph instead (backend.begin_capture). Nothing may poll or
 wait while capturing, so no task retires before the run ends and a ring that fills is an
@@ -62,6 +63,7 @@ class StreamExecutor:
         self._in_flight: collections.deque[Issued] = collections.deque()
         self._issued: dict[int, Issued] = {}  # the in-flight tasks by id
         self._scratch = scheduler.ready_scratch()
+        self._room_batch = max(1, scheduler.state.sizes.task_window // 8)
         self.graph = None  # what a capture made, once the run has ended
         self._capturing = capture
         if capture:
@@ -105,10 +107,12 @@ class StreamExecutor:
         if not self._in_flight:
             raise self._scheduler.deadlock(status, unfreed())
         started = time.perf_counter()
-        # The oldest task, then whatever else has finished with it: the submit that asked
-        # comes back here if that was not room enough.
-        self._reached(self._in_flight[0], block=True)
-        self._retire_oldest()
+        # Wait for a batch of the oldest tasks, not one: a round trip per task would cost more
+        # than small tasks do, and the streams stay busy with the rest meanwhile. The submit
+        # that asked comes back here if that was not room enough.
+        for _ in range(min(self._room_batch, len(self._in_flight))):
+            self._reached(self._in_flight[0], block=True)
+            self._retire_oldest()
         while self._in_flight and self._reached(self._in_flight[0], block=False):
             self._retire_oldest()
         self._profile.stalled(ring.key, time.perf_counter() - started)
