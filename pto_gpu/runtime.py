@@ -124,6 +124,7 @@ class Runtime:
         scheduler.reset(record)
         recorder = Recorder() if record else None
         profile = Profile(tracing=trace is not None)
+        self.backend.wait_for_caller()
         executor = self._make_executor(threshold, profile, capture)
         o = Orchestrator(scheduler, self.backend, executor, recorder)
         started = time.perf_counter()
@@ -214,6 +215,7 @@ class Replay:
                              "graph uses the same heap")
         runtime._running = True
         try:
+            runtime.backend.wait_for_caller()
             self._graph.replay()
         finally:
             runtime._running = False

@@ -6,6 +6,7 @@ A backend is a small object with a narrow interface:
   view(tensor) -> array           a kernel's view of a descriptor
   run(task)                       run a task's kernel; it has finished on return
   to_device(a), to_host(a)        move a numpy array to where this backend's arrays live, and back
+  wait_for_caller()               return once work the caller queued (writing inputs) is done
 
 and, for the stream executor, CUDA's stream model (host threads on the CPU):
   stream(key) -> stream           the backend's stream for `key`, made on first use

@@ -74,6 +74,11 @@ class CudaBackend:
     def to_host(self, array) -> np.ndarray:
         return self._cupy.asnumpy(array)
 
+    def wait_for_caller(self) -> None:
+        """Wait for the caller's current stream: the runtime's streams are non-blocking, so
+        they would not wait for the copies and fills that made the inputs on their own."""
+        self._cupy.cuda.get_current_stream().synchronize()
+
     # --- kernels -------------------------------------------------------------------------
     def run(self, task) -> None:
         """Run a task's CUDA implementation on this thread's stream and wait for it there."""
