@@ -161,6 +161,7 @@ class StreamExecutor:
         # ran no earlier than its stream's previous task and its producers elsewhere ended.
         record.end = time.perf_counter()
         start = max(record.at, self._last_end[record.stream], *(a.end for a in record.after))
+        record.after = ()  # its producers' ends are used: let their records go
         self._last_end[record.stream] = record.end
         self._lanes[record.stream].ran(record.task, start, record.end)
         self._scheduler.retire(record.task.id, self._scratch)
