@@ -115,21 +115,18 @@ class Scheduler:
 
     def complete(self, task_id: int, ready_scratch: np.ndarray) -> list[Task]:
         """Complete a task; the tasks it made ready."""
+        n = self.retire(task_id, ready_scratch)
+        return [self.task(int(t)) for t in ready_scratch[:n]]
+
+    def retire(self, task_id: int, ready_scratch: np.ndarray) -> int:
+        """Complete a task without building records of the consumers it made ready (their ids
+        are in ready_scratch[:n], n returned), for callers that do not queue them."""
         s = self.state
         n = core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
         self.live.pop(task_id, None)
         if self.validate:
             self.check_invariants(f"completing task {task_id}")
-        return [self.task(int(t)) for t in ready_scratch[:n]]
-
-    def retire(self, task_id: int, ready_scratch: np.ndarray) -> None:
-        """Complete a task whose consumers the caller does not queue (they were issued already,
-        or complete at submission too)."""
-        s = self.state
-        core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
-        self.live.pop(task_id, None)
-        if self.validate:
-            self.check_invariants(f"completing task {task_id}")
+        return n
 
     def task(self, task_id: int) -> Task:
         """The record of a live task."""

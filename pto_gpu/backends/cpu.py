@@ -96,9 +96,11 @@ class CpuBackend:
             stream.wait(event)
 
     def done(self, event: CpuEvent) -> bool:
-        if event.done() and event.failure is not None:
+        if not event.done():
+            return False
+        if event.failure is not None:
             raise event.failure
-        return event.done()
+        return True
 
     def synchronize(self, event: CpuEvent) -> None:
         event.wait()

@@ -94,8 +94,7 @@ class StreamExecutor:
         self._issued[task.id] = record
         self._profile.sample(self._scheduler, len(self._in_flight))
         if not self._capturing:
-            while self._in_flight and self._reached(self._in_flight[0], block=False):
-                self._retire_oldest()
+            self._retire_reached()
 
     def make_room(self, status: int, unfreed) -> None:
         ring = RINGS[status]
@@ -113,8 +112,7 @@ class StreamExecutor:
         for _ in range(min(self._room_batch, len(self._in_flight))):
             self._reached(self._in_flight[0], block=True)
             self._retire_oldest()
-        while self._in_flight and self._reached(self._in_flight[0], block=False):
-            self._retire_oldest()
+        self._retire_reached()
         self._profile.stalled(ring.key, time.perf_counter() - started)
 
     def finish(self) -> None:
@@ -153,6 +151,11 @@ class StreamExecutor:
             return self._backend.done(record.event)
         except Exception as cause:
             raise TaskError.of(record.task, cause) from cause
+
+    def _retire_reached(self) -> None:
+        """Retire, oldest first, the tasks whose kernels have run, up to the first that has not."""
+        while self._in_flight and self._reached(self._in_flight[0], block=False):
+            self._retire_oldest()
 
     def _retire_oldest(self) -> None:
         record = self._in_flight.popleft()
