@@ -24,7 +24,7 @@ test: $(BIN)/.installed
 	$(BIN)/python -m pytest
 
 run: $(BIN)/.installed
-	$(BIN)/python -m orchestration.demo
+	$(BIN)/python -m pto_gpu.orchestration.demo
 
 bench: $(BIN)/.installed-bench
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds

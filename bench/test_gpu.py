@@ -16,12 +16,12 @@ import math
 
 import numpy as np
 import pytest
+from pto_gpu.kernels import CUDA_SOURCES
+from pto_gpu.kernels.elementwise import scale
+from pto_gpu.kernels.tiles import matmul
+from pto_gpu.orchestration.flash_attention import flash_attention
 
 import pto_gpu as pto
-from kernels import CUDA_SOURCES
-from kernels.elementwise import scale
-from kernels.tiles import matmul
-from orchestration.flash_attention import flash_attention
 from pto_gpu.backends import cuda_abi
 from pto_gpu.runtime import cuda_unavailable
 

@@ -13,12 +13,12 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from pto_gpu.orchestration import reference
+from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
+from pto_gpu.orchestration.softmax import fused_softmax
 
 import pto_gpu as pto
-from orchestration import reference
-from orchestration.flash_attention import flash_attention
-from orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
-from orchestration.softmax import fused_softmax
 
 
 def peak_run_memory(rt, orchestration, inputs, adaptive) -> int:

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
-from orchestration.matmul import tiled_matmul
 
 N = 2048
 TILE = 128

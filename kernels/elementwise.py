@@ -1,9 +1,9 @@
 """Element-wise tiles (TADD, TSUB, TMUL, TDIV, TEXP, TLOG, TSQRT, TSILU) and scalar multiply."""
 
 import numpy as np
+from pto_gpu.kernels import cuda, every_element
 
 import pto_gpu as pto
-from kernels import cuda, every_element
 
 
 def ufunc_kernel(name: str, ufunc: np.ufunc, shapes: tuple[str, ...], source: str) -> pto.Kernel:

@@ -10,9 +10,9 @@ P = exp(S − m_new), l and m move on, `rescale` = exp(m_old − m_new)), and o 
 import math
 
 import numpy as np
+from pto_gpu.kernels import cuda, every_element, every_row
 
 import pto_gpu as pto
-from kernels import cuda, every_element, every_row
 
 LLM = "llm.cu"
 

@@ -4,10 +4,10 @@ Row results are (m, 1) columns, so they broadcast back over their rows.
 """
 
 import numpy as np
+from pto_gpu.kernels import cuda, every_row
+from pto_gpu.kernels.elementwise import ufunc_kernel
 
 import pto_gpu as pto
-from kernels import cuda, every_row
-from kernels.elementwise import ufunc_kernel
 
 
 @pto.kernel(worker=pto.VECTOR, shapes=("m n", "m 1"), cuda=cuda("reduce.cu", every_row(0)))

@@ -5,9 +5,9 @@ for CUDA graph capture (not built yet), where CuPy refuses cuBLAS.
 """
 
 import numpy as np
+from pto_gpu.kernels import cuda, every_element
 
 import pto_gpu as pto
-from kernels import cuda, every_element
 
 
 @pto.kernel(worker=pto.ACCELERATOR, shapes=("m n", "m n"), cuda=cuda("tiles.cu", every_element(1)))

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
+from pto_gpu.orchestration import reference
+from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
+from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.softmax import fused_softmax
 
 import pto_gpu as pto
-from orchestration import reference
-from orchestration.flash_attention import flash_attention
-from orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
-from orchestration.matmul import tiled_matmul
-from orchestration.softmax import fused_softmax
 from pto_gpu.runtime import EXECUTORS
 
 

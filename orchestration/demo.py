@@ -4,11 +4,11 @@ import argparse
 import time
 
 import numpy as np
+from pto_gpu.orchestration import reference
+from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
-from orchestration import reference
-from orchestration.flash_attention import flash_attention
-from orchestration.matmul import tiled_matmul
 
 
 def timed(function, *args) -> tuple[object, float]:

@@ -2,10 +2,10 @@
 with the online softmax, any seq_len (the last tile may be partial)."""
 
 import numba
+from pto_gpu.kernels.llm import flash_init, flash_normalise, flash_pv, flash_scores, flash_softmax_update
+from pto_gpu.orchestration.tiling import fixed_tiles
 
 import pto_gpu as pto
-from kernels.llm import flash_init, flash_normalise, flash_pv, flash_scores, flash_softmax_update
-from orchestration.tiling import fixed_tiles
 from pto_gpu import jit as pj
 
 

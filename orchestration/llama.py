@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from pto_gpu.kernels.elementwise import add
+from pto_gpu.kernels.llm import rmsnorm, rope, swiglu
+from pto_gpu.kernels.tiles import matmul
+from pto_gpu.orchestration.flash_attention import attend_tile, attend_tile_compiled, compiled_kernel_ids
+from pto_gpu.orchestration.tiling import adaptive_tiles, fixed_tiles
 
 import pto_gpu as pto
-from kernels.elementwise import add
-from kernels.llm import rmsnorm, rope, swiglu
-from kernels.tiles import matmul
-from orchestration.flash_attention import attend_tile, attend_tile_compiled, compiled_kernel_ids
-from orchestration.tiling import adaptive_tiles, fixed_tiles
 from pto_gpu import jit as pj
 
 EPS = 1e-6

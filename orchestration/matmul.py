@@ -1,7 +1,8 @@
 """Tiled matmul (spec 001 §9.4): C = A @ B tile by tile, with explicit alloc and free."""
 
+from pto_gpu.kernels.tiles import copy, matmul_acc, zero
+
 import pto_gpu as pto
-from kernels.tiles import copy, matmul_acc, zero
 
 
 def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:

@@ -1,8 +1,9 @@
 """Row-wise softmax in five tasks per row tile (the dump in spec 003 §5.1)."""
 
+from pto_gpu.kernels.elementwise import exp
+from pto_gpu.kernels.reduce import row_expand_div, row_expand_sub, row_max, row_sum
+
 import pto_gpu as pto
-from kernels.elementwise import exp
-from kernels.reduce import row_expand_div, row_expand_sub, row_max, row_sum
 
 
 def fused_softmax(o: pto.Orchestrator, x, out, tile_rows: int = 8) -> None:

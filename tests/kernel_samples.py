@@ -2,14 +2,11 @@
 and its scalars. Shared by the tests of the CUDA sources (host build) and of the CUDA backend."""
 
 import numpy as np
+from pto_gpu.kernels import elementwise, llm, reduce, tiles
 
-import kernels.elementwise
-import kernels.llm
-import kernels.reduce
-import kernels.tiles
 import pto_gpu as pto
 
-MODULES = (kernels.tiles, kernels.elementwise, kernels.reduce, kernels.llm)
+MODULES = (tiles, elementwise, reduce, llm)
 KERNELS = sorted({k for m in MODULES for k in vars(m).values() if isinstance(k, pto.Kernel)},
                  key=lambda k: k.name)
 SIZES = {"m": 5, "n": 8, "k": 3, "h": 2, "d": 4, "f": 6}  # rope: n = 2 heads of 4

@@ -9,10 +9,10 @@ import threading
 
 import numpy as np
 import pytest
+from pto_gpu.kernels.tiles import zero
+from pto_gpu.orchestration import cli
 
 import pto_gpu as pto
-from kernels.tiles import zero
-from orchestration import cli
 
 
 @pytest.mark.parametrize("name", sorted(cli.WORKLOADS))
@@ -66,7 +66,7 @@ def test_help_explains_every_option_and_lists_the_orchestrations():
 
 def test_installed_as_the_pto_gpu_console_script():
     scripts = importlib.metadata.entry_points(group="console_scripts")
-    assert scripts["pto-gpu"].value == "orchestration.cli:main"
+    assert scripts["pto-gpu"].value == "pto_gpu.orchestration.cli:main"
 
 
 class Terminal(io.StringIO):

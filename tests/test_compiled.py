@@ -6,10 +6,10 @@ import re
 import numba
 import numpy as np
 import pytest
+from pto_gpu.orchestration import reference
+from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 
 import pto_gpu as pto
-from orchestration import reference
-from orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu import jit as pj
 from pto_gpu.jit.descriptor import from_tensor, write_layout
 from pto_gpu.layout import PARAM_WIDTH, ROW_WIDTH

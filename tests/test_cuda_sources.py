@@ -16,9 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from kernel_samples import KERNELS, SCALARS, arrays, shapes
+from pto_gpu.kernels import CUDA_SOURCES, llm
 
-import kernels.llm
-from kernels import CUDA_SOURCES
 from pto_gpu.backends import cuda_abi
 
 SOURCES = sorted(CUDA_SOURCES.glob("*.cu"))
@@ -94,5 +93,5 @@ def test_scores_are_masked_after_each_query(host_build):
     dtype, library = host_build
     q, k = (np.ones((1, 4, 2), dtype) for _ in range(2))
     scores = np.zeros((1, 4, 4), dtype)
-    host_call(library, kernels.llm.flash_scores, [q, k, scores], (0, 0, True))
+    host_call(library, llm.flash_scores, [q, k, scores], (0, 0, True))
     assert np.array_equal(np.isinf(scores[0]), np.triu(np.ones((4, 4), bool), k=1))

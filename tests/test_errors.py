@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from pto_gpu.kernels.tiles import matmul
 
 import pto_gpu as pto
-from kernels.tiles import matmul
 
 
 @pto.kernel(worker=pto.VECTOR)

@@ -5,9 +5,9 @@ import shutil
 
 import numpy as np
 import pytest
+from pto_gpu.orchestration.softmax import fused_softmax
 
 import pto_gpu as pto
-from orchestration.softmax import fused_softmax
 
 
 @pytest.fixture(scope="module")

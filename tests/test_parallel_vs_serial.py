@@ -3,9 +3,9 @@
 
 import numpy as np
 import pytest
+from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
-from orchestration.matmul import tiled_matmul
 
 
 @pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])

@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 from conftest import fill, zeros
+from pto_gpu.orchestration import reference
+from pto_gpu.orchestration.llama import llama_layer_compiled, llama_layer_inputs
+from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
-from orchestration import reference
-from orchestration.llama import llama_layer_compiled, llama_layer_inputs
-from orchestration.matmul import tiled_matmul
 
 STREAMS = {pto.CUBE: 2, pto.VECTOR: 2}
 

@@ -5,11 +5,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.llama import llama_layer, llama_layer_inputs
+from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
-from orchestration.flash_attention import flash_attention
-from orchestration.llama import llama_layer, llama_layer_inputs
-from orchestration.matmul import tiled_matmul
 
 WORKERS = {pto.CUBE: 2, pto.VECTOR: 2}
 EPSILON_US = 0.002  # the trace rounds start and duration to the nanosecond, each by up to 0.5 ns

@@ -2,15 +2,15 @@
 
 import numpy as np
 import pytest
+from pto_gpu.kernels import elementwise, reduce, tiles
+from pto_gpu.kernels.llm import flash_scores, rmsnorm
+from pto_gpu.orchestration import reference
+from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_inputs
+from pto_gpu.orchestration.softmax import fused_softmax
+from pto_gpu.orchestration.tiling import adaptive_tiles, binary_blocks, fixed_tiles
 
 import pto_gpu as pto
-from kernels import elementwise, reduce, tiles
-from kernels.llm import flash_scores, rmsnorm
-from orchestration import reference
-from orchestration.flash_attention import flash_attention
-from orchestration.llama import expected_tasks, llama_layer, llama_layer_inputs
-from orchestration.softmax import fused_softmax
-from orchestration.tiling import adaptive_tiles, binary_blocks, fixed_tiles
 
 rng = np.random.default_rng(7)
 
