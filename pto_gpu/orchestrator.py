@@ -87,7 +87,7 @@ class Orchestrator:
         if buffer is None:
             self._check_no_partial_alias(ext)
             buffer = Buffer(-1 - len(self._externals), BufferKind.EXTERNAL, ext.owner_base,
-                            ext.owner_nbytes, ext.memory)
+                            ext.owner_nbytes, ext.memory, writeable=ext.writeable)
             self._externals[ext.owner_base] = buffer
         elif buffer.nbytes != ext.owner_nbytes:
             self._check_no_partial_alias(ext)

@@ -43,6 +43,7 @@ class Buffer:
     memory: object = None  # what keeps external memory alive (the caller's root array)
     freed: bool = False
     newest_version: int = 0
+    writeable: bool = True  # False for a read-only external array
 
     def __repr__(self) -> str:
         return f"Buffer({self.kind.name.lower()} #{self.key}, {self.nbytes} B at {self.base:#x})"

@@ -38,3 +38,4 @@ class ExternalArray:
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # bytes
     dtype: object  # numpy dtype
+    writeable: bool  # False when the owning memory is read-only: tasks may read it, never write it

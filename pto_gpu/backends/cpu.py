@@ -47,7 +47,7 @@ class CpuBackend:
         if not root.flags.writeable:
             memory.flags.writeable = False
         return ExternalArray(low, high - low, (memory, root), array.ctypes.data,
-                             array.shape, array.strides, array.dtype)
+                             array.shape, array.strides, array.dtype, bool(root.flags.writeable))
 
     def to_device(self, array: np.ndarray) -> np.ndarray:
         return array

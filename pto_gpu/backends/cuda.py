@@ -55,8 +55,9 @@ class CudaBackend:
         device_array = array if isinstance(array, self._cupy.ndarray) else self._cupy.asarray(array)
         # The allocation that owns the array: a CuPy array's own; a foreign array's extent.
         owner = device_array.data.mem
+        readonly = array.__cuda_array_interface__["data"][1]
         return ExternalArray(owner.ptr, owner.size, (owner, array), device_array.data.ptr,
-                             device_array.shape, device_array.strides, device_array.dtype)
+                             device_array.shape, device_array.strides, device_array.dtype, not readonly)
 
     def view(self, tensor: TensorDescriptor):
         buffer = tensor.buffer
