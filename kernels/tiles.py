@@ -1,7 +1,7 @@
 """Data movement and matrix tiles (TLOAD/TSTORE, TMATMUL, TMATMUL_ACC).
 
-On the GPU the matmuls call cuBLAS through CuPy. Their kernels in kernels/cuda/tiles.cu are
-for CUDA graph capture (not built yet), where CuPy refuses cuBLAS.
+On the GPU the matmuls call cuBLAS through CuPy. Their kernels in kernels/cuda/tiles.cu run
+while a CUDA graph is being captured (Runtime.capture), where CuPy refuses cuBLAS.
 """
 
 import numpy as np

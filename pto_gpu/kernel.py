@@ -29,8 +29,8 @@ class CudaCode:
     It follows the argument convention of kernels/cuda/pto.cuh (see backends/cuda_abi.py)
     and walks `items(shapes)` work items, given its tensor params' shapes. `library`, when
     set, is a CuPy-level implementation (cuBLAS, say) taking the same views and scalars as
-    the CPU one, which the CUDA backend runs instead of the .cu kernel. (Graph capture, not
-    built yet, will need the .cu kernel: CuPy refuses cuBLAS calls while capturing.)
+    the CPU one, which the CUDA backend runs instead of the .cu kernel, except while capturing
+    a CUDA graph (Runtime.capture): CuPy refuses cuBLAS calls then, so the .cu kernel runs.
     """
 
     source: Path

@@ -14,7 +14,6 @@ from typing import Protocol
 
 import numpy as np
 
-from . import scheduler as sched
 from .core import state as cs
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import (
@@ -26,7 +25,6 @@ from .errors import (
     UsageError,
     UseAfterFreeError,
 )
-from .jit import api as jit_api
 from .jit.descriptor import from_tensor
 from .jit.host import Session
 from .kernel import Kernel
@@ -37,7 +35,8 @@ from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 
 
 class Executor(Protocol):
-    """What the orchestrator needs from whoever runs the tasks."""
+    """Who runs the tasks of a run: what the orchestrator calls while the orchestration runs,
+    and what the Runtime calls when it has returned or raised."""
 
     runs_kernels: bool  # False: tasks retire at submission unrun (compiled code retires them itself)
     wants_producers: bool  # whether `submitted` needs the producers (compiled code then logs them)
@@ -49,6 +48,14 @@ class Executor(Protocol):
     def make_room(self, status: int, unfreed: Callable[[], list[Buffer]]) -> None:
         """Wait until a full ring (a FULL_* code) may have room, or raise DeadlockError
         (naming the buffers `unfreed()` returns, the orchestration's own live set)."""
+
+    def finish(self) -> None:
+        """The orchestration has returned: return once every submitted task has run, or raise
+        the TaskError of the first that failed."""
+
+    def abort(self) -> None:
+        """The orchestration (or the run) raised: return once every submitted task has run or
+        a task has failed, with nothing left running; raise nothing (the caller re-raises)."""
 
 
 class Recorder:
@@ -116,9 +123,9 @@ class Orchestrator:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self._state.sizes.heap_bytes:
             raise self._scheduler.heap_too_small(nbytes, f" for {shape} {dtype.name}")
-        while (seq := sched.heap_alloc(self._state, nbytes)) < 0:
+        while (seq := self._scheduler.heap_alloc(nbytes)) < 0:
             self._executor.make_room(seq, self.unfreed)
-        base = self._backend.heap_base + sched.heap_offset(self._state, seq)
+        base = self._backend.heap_base + self._scheduler.heap_offset(seq)
         buffer = Buffer(seq, BufferKind.HEAP, base, nbytes)
         self._unfreed[seq] = buffer
         if self._scopes:
@@ -138,12 +145,19 @@ class Orchestrator:
     def _release(self, buffer: Buffer) -> None:
         buffer.freed = True
         del self._unfreed[buffer.key]
-        sched.buffer_free(self._state, buffer.key)
+        self._scheduler.buffer_free(buffer.key)
 
     def version_inc(self, tensor: TensorDescriptor) -> TensorDescriptor:
         """A handle to the same memory at version + 1 (SSA-style in-place update)."""
         self._check_open()
         self._check_usable(tensor)
+        buffer = tensor.buffer
+        if tensor.version < buffer.newest_handle:
+            raise StaleVersionError(
+                f"version_inc: version {tensor.version} of {buffer!r} already has a successor "
+                f"(version {buffer.newest_handle} exists); versions are single-assignment, so "
+                "increment the newest handle")
+        buffer.newest_handle = tensor.version + 1
         return tensor.with_version(tensor.version + 1)
 
     @contextlib.contextmanager
@@ -171,6 +185,8 @@ class Orchestrator:
         rows = self._params
         for row, (position, p) in enumerate(tensors):
             self._check_usable(p.value, position, kernel)
+            if p.kind != ParamKind.INPUT:
+                _check_writable(p.value, position, kernel)
             rows[row, :ROW_WIDTH] = p.value.layout
             rows[row, P_KIND] = p.kind
         kernel.check([p.value for _, p in tensors])
@@ -204,9 +220,11 @@ class Orchestrator:
         self._jit.enter(list(self._externals.values()), list(self._unfreed.values()))
         try:
             result = body(self._jit.o, *converted)
-            jit_api.flush(self._jit.o)
         finally:
-            self._jit.leave()
+            try:  # what the body submitted before it raised runs too, as from Python (docs/ERRORS.md)
+                self._jit.flush()
+            finally:
+                self._jit.leave()
             for key in [key for key, buffer in self._unfreed.items() if buffer.freed]:
                 del self._unfreed[key]
         return result
@@ -248,3 +266,15 @@ class Orchestrator:
     def unfreed(self) -> list[Buffer]:
         """Heap buffers allocated and not yet freed, oldest first."""
         return list(self._unfreed.values())
+
+
+def _check_writable(tensor: TensorDescriptor, position: int, kernel: Kernel) -> None:
+    """Refuse an output the kernel could not write, or could write only over itself."""
+    if not tensor.buffer.writeable:
+        raise ParamError(f"param {position} of {kernel.name}: {tensor.buffer!r} is read-only memory "
+                         "and cannot be an output or inout; pass a writeable array")
+    for dim, (stride, count) in enumerate(zip(tensor.strides, tensor.repeats)):
+        if stride == 0 and count > 1:
+            raise ParamError(f"param {position} of {kernel.name}: dim {dim} has stride 0 (a broadcast "
+                             f"view, shape {tensor.shape}), so its {count} elements are one memory "
+                             "location and an output or inout would write over itself; pass a real array")

@@ -102,6 +102,24 @@ class Scheduler:
         tm_sweep(s.header, s.buffers, s.entries, s.buckets, True)
         return tm_free_count(s.header, s.entries) >= needed
 
+    # --- heap buffers --------------------------------------------------------------------
+    def heap_alloc(self, nbytes: int) -> int:
+        """A heap buffer's sequence number, or FULL_HEAP / FULL_BUFFERS."""
+        s = self.state
+        seq = rings.heap_alloc(s.header, s.buffers, nbytes)
+        if self.validate and seq >= 0:
+            self.check_invariants(f"allocating heap buffer {seq}")
+        return seq
+
+    def heap_offset(self, seq: int) -> int:
+        return int(self.state.buffers[seq % self.state.sizes.buffer_window, cs.B_OFFSET])
+
+    def buffer_free(self, seq: int) -> None:
+        s = self.state
+        rings.buffer_free(s.header, s.buffers, seq)
+        if self.validate:
+            self.check_invariants(f"freeing heap buffer {seq}")
+
     def last_was_ready(self) -> bool:
         """Whether the task just submitted had nothing to wait for (completion never reports it)."""
         return bool(self.state.header[cs.H_LAST_READY])
@@ -112,6 +130,8 @@ class Scheduler:
     # --- execution -----------------------------------------------------------------------
     def start(self, task_id: int) -> None:
         core_complete.start(self.state.header, self.state.tasks, task_id)
+        if self.validate:
+            self.check_invariants(f"starting task {task_id}")
 
     def complete(self, task_id: int, ready_scratch: np.ndarray) -> list[Task]:
         """Complete a task; the tasks it made ready."""
@@ -193,14 +213,3 @@ class Scheduler:
         return DeadlockError(f"{ring} ({setting}={size} {unit}) is full and nothing running can free "
                              f"it: {holds}. To go on, {advice}")
 
-
-def heap_alloc(state: cs.CoreState, nbytes: int) -> int:
-    return rings.heap_alloc(state.header, state.buffers, nbytes)
-
-
-def heap_offset(state: cs.CoreState, seq: int) -> int:
-    return int(state.buffers[seq % state.sizes.buffer_window, cs.B_OFFSET])
-
-
-def buffer_free(state: cs.CoreState, seq: int) -> None:
-    rings.buffer_free(state.header, state.buffers, seq)

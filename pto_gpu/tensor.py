@@ -42,7 +42,8 @@ class Buffer:
     nbytes: int
     memory: object = None  # what keeps external memory alive (the caller's root array)
     freed: bool = False
-    newest_version: int = 0
+    newest_version: int = 0  # the newest version a task has written
+    newest_handle: int = 0  # the newest version version_inc has made (single assignment)
     writeable: bool = True  # False for a read-only external array
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-// The calling convention of every kernel in kernels/cuda (see pto_gpu/cuda_kernels.py).
+// The calling convention of every kernel in kernels/cuda (see pto_gpu/backends/cuda_abi.py).
 //
 // A tensor param arrives as TILE(x): its data pointer, then the sizes and element strides of
 // three dims (shapes are padded with leading 1s); `const Tile<const T> x = TILE_OF(x);` makes

@@ -2,7 +2,8 @@
 
 The heap ring hands out 64-byte-aligned buffers in allocation order, never split across
 the wrap, and reclaims them in that order: a buffer dies when it has been freed and every
-task that used it has completed, and the tail moves past the leading dead buffers.
+task that used it has completed, and the tail moves to the start of the oldest buffer still
+alive. When none is, the next buffer starts at the beginning of the heap again.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def heap_alloc(header, buffers, nbytes):
     capacity = header[H_HEAP_CAP]
     size = max(HEAP_ALIGN, (nbytes + HEAP_ALIGN - 1) // HEAP_ALIGN * HEAP_ALIGN)
     head = header[H_HEAP_HEAD]
+    if seq == header[H_BUF_TAIL]:
+        # Nothing is alive: start again at physical 0, so that a buffer as large as the heap
+        # fits whatever position the last one ended at.
+        head = (head + capacity - 1) // capacity * capacity
+        header[H_HEAP_TAIL] = head
     physical = head % capacity
     if physical + size > capacity:  # never split a buffer across the wrap
         head += capacity - physical
@@ -140,9 +146,11 @@ def buffer_release(header, buffers, seq):
         end = header[H_BUF_NEXT]
         cap = header[H_BUF_CAP]
         while tail < end and buffers[tail % cap, B_STATE] == DEAD:
-            header[H_HEAP_TAIL] = buffers[tail % cap, B_VEND]
             tail += 1
         header[H_BUF_TAIL] = tail
+        # The live part starts where the oldest live buffer does, which after a wrap lies
+        # past the end of the one before it: the skipped bytes are free too.
+        header[H_HEAP_TAIL] = buffers[tail % cap, B_VSTART] if tail < end else header[H_HEAP_HEAD]
 
 
 @njit(cache=True)

@@ -112,7 +112,16 @@ class ParallelExecutor:
         self._raise_failure()
 
     def abort(self) -> None:
-        self._shutdown()
+        """The run is unwinding: run what was submitted, as the serial executor already has
+        (docs/ERRORS.md), unless a task failed; then stop the workers."""
+        try:
+            with self._lock:
+                self._flush_locked()
+                self._start_locked()
+                while self._scheduler.pending and self._error is None and not self._idle_locked():
+                    self._progress.wait(WAIT_SLICE)
+        finally:
+            self._shutdown()
 
     # --- the workers' side ---------------------------------------------------------------
     def _work(self, worker: WorkerType, lane) -> None:

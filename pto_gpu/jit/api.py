@@ -36,6 +36,7 @@ from ..overlap import Overlap
 from . import bridge
 from .context import (
     EDGE_CAPACITY,
+    EXTERNAL_WRITEABLE,
     K_MIXED,
     K_NAMES,
     K_TENSORS,
@@ -55,6 +56,8 @@ from .context import (
     S_FLOAT,
     S_INT,
     SCOPE_CAPACITY,
+    VERSION_MADE,
+    VERSION_WRITTEN,
 )
 from .descriptor import (
     D_BASE,
@@ -114,8 +117,10 @@ def alloc(o, shape, dtype):
         if seq >= 0:
             break
         _service(o, bridge.SERVICE_ROOM, seq, 0, 0)
+    if o.meta[M_VALIDATE]:
+        _service(o, bridge.SERVICE_CHECK, seq, bridge.CHECK_ALLOC, 0)
     slot = seq % o.header[H_BUF_CAP]
-    o.versions[slot] = 0
+    o.heap_versions[slot, :] = 0
     desc = tuple_setitem(_ZERO_DESC, D_KEY, seq)
     desc = tuple_setitem(desc, D_BASE, o.meta[M_HEAP_BASE] + o.buffers[slot, B_OFFSET])
     desc = tuple_setitem(desc, D_NBYTES, nbytes)
@@ -146,13 +151,26 @@ def free(o, desc):
         _service(o, bridge.ERR_FREE_EXTERNAL, key, 0, 0)
     if not rings.buffer_unfreed(o.header, o.buffers, key):
         _service(o, bridge.ERR_DOUBLE_FREE, key, 0, 0)
+    _free(o, key)
+
+
+@njit(cache=True)
+def _free(o, key):
     rings.buffer_free(o.header, o.buffers, key)
+    if o.meta[M_VALIDATE]:
+        _service(o, bridge.SERVICE_CHECK, key, bridge.CHECK_FREE, 0)
 
 
 @njit(cache=True)
 def version_inc(o, desc):
-    """A handle to the same memory at version + 1."""
+    """A handle to the same memory at version + 1; each version has one (single assignment)."""
+    for i in range(DESC_WIDTH):
+        o.pending[0, i] = desc[i]  # where the host finds the descriptor an error names
     _check_usable(o, desc, -1, -1)
+    versions = _versions_of(o, desc[D_KEY])
+    if desc[D_VERSION] < versions[VERSION_MADE]:
+        _service(o, bridge.ERR_VERSION_TAKEN, 0, 0, 0)
+    versions[VERSION_MADE] = desc[D_VERSION] + 1
     return with_version(desc, desc[D_VERSION] + 1)
 
 
@@ -174,7 +192,7 @@ def scope_end(o):
     mark = o.scope_marks[depth]
     for i in range(mark, o.meta[M_SCOPE_TOP]):
         if rings.buffer_unfreed(o.header, o.buffers, o.scope[i]):
-            rings.buffer_free(o.header, o.buffers, o.scope[i])
+            _free(o, o.scope[i])
     o.meta[M_SCOPE_TOP] = mark
     o.meta[M_SCOPE_DEPTH] = depth
 
@@ -194,6 +212,8 @@ def submit(o, kernel_id, tensors, scalars=()):
         for i in range(DESC_WIDTH):
             o.pending[p, i] = desc[i]
         _check_usable(o, desc, p, kernel_id)
+        if kind != INPUT:
+            _check_writable(o, desc, p, kernel_id)
         write_layout(desc, o.params[p])
         o.params[p, P_KIND] = kind
     if not _signature_ok(o, kernel_id, n):
@@ -217,14 +237,14 @@ def submit(o, kernel_id, tensors, scalars=()):
     o.arg_count[slot, 1] = _store_scalars(o.arg_float[slot], o.arg_int[slot], o.arg_scalar_kind[slot],
                                           scalars)
     if o.meta[M_VALIDATE]:
-        _service(o, bridge.SERVICE_CHECK, task_id, 0, 0)
+        _service(o, bridge.SERVICE_CHECK, task_id, bridge.CHECK_SUBMIT, 0)
     if o.meta[M_LOG_EDGES]:
         _record_edges(o, task_id)
     ready = o.header[H_LAST_READY]
     if o.meta[M_COMPLETE_AT_SUBMIT]:
         core_complete.complete(o.header, o.tasks, o.buffers, o.deps, task_id, o.ready)
         if o.meta[M_VALIDATE]:
-            _service(o, bridge.SERVICE_CHECK, task_id, 1, 0)
+            _service(o, bridge.SERVICE_CHECK, task_id, bridge.CHECK_COMPLETE, 0)
         if not o.meta[M_LOG_EDGES]:
             return task_id
     logged = o.meta[M_LOGGED]
@@ -251,26 +271,37 @@ def _service(o, code, a, b, c):
 
 
 @njit(cache=True)
+def _versions_of(o, key):
+    """The row of a buffer's versions (VERSION_* columns): a heap slot's or an external's."""
+    if key >= 0:
+        return o.heap_versions[key % o.header[H_BUF_CAP]]
+    return o.externals[-1 - key]
+
+
+@njit(cache=True)
 def _check_usable(o, desc, position, kernel_id):
     key = desc[D_KEY]
-    if key >= 0:
-        if not rings.buffer_unfreed(o.header, o.buffers, key):
-            _service(o, bridge.ERR_USE_AFTER_FREE, position, kernel_id, key)
-        newest = o.versions[key % o.header[H_BUF_CAP]]
-    else:
-        newest = o.ext_versions[-1 - key]
-    if desc[D_VERSION] < newest:
+    if key >= 0 and not rings.buffer_unfreed(o.header, o.buffers, key):
+        _service(o, bridge.ERR_USE_AFTER_FREE, position, kernel_id, key)
+    if desc[D_VERSION] < _versions_of(o, key)[VERSION_WRITTEN]:
         _service(o, bridge.ERR_STALE, position, kernel_id, key)
 
 
 @njit(cache=True)
-def _note_version(o, desc):
+def _check_writable(o, desc, position, kernel_id):
+    """An output must be writeable memory, and not a broadcast view that would write over itself."""
     key = desc[D_KEY]
-    if key >= 0:
-        slot = key % o.header[H_BUF_CAP]
-        o.versions[slot] = max(o.versions[slot], desc[D_VERSION])
-    else:
-        o.ext_versions[-1 - key] = max(o.ext_versions[-1 - key], desc[D_VERSION])
+    if key < 0 and o.externals[-1 - key, EXTERNAL_WRITEABLE] == 0:
+        _service(o, bridge.ERR_UNWRITABLE, position, kernel_id, -1)
+    for dim in range(desc[D_NDIM]):
+        if desc[D_STRIDE + dim] == 0 and desc[D_SHAPE + dim] > 1:
+            _service(o, bridge.ERR_UNWRITABLE, position, kernel_id, dim)
+
+
+@njit(cache=True)
+def _note_version(o, desc):
+    versions = _versions_of(o, desc[D_KEY])
+    versions[VERSION_WRITTEN] = max(versions[VERSION_WRITTEN], desc[D_VERSION])
 
 
 @njit(cache=True)

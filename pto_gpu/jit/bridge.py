@@ -9,7 +9,10 @@ from __future__ import annotations
 
 SERVICE_FLUSH = 0  # hand the logged tasks and edges over
 SERVICE_ROOM = 1  # a: the FULL_* status of a full ring
-SERVICE_CHECK = 2  # validation mode: a: task id, b: 1 after its completion
+SERVICE_CHECK = 2  # validation mode: a: task id or buffer key, b: what just happened (CHECK_*)
+
+CHECK_SUBMIT, CHECK_COMPLETE, CHECK_ALLOC, CHECK_FREE = 0, 1, 2, 3
+CHECKED_AFTER = ("submitting task", "completing task", "allocating heap buffer", "freeing heap buffer")
 
 # Errors: the session raises the matching PTOError with a message naming the argument.
 ERR_USE_AFTER_FREE = 10  # a: param position (-1: version_inc), b: kernel id, c: buffer key
@@ -23,6 +26,8 @@ ERR_SCOPE_DEPTH = 17  # a: limit, or -1 for scope_end without scope_begin
 ERR_SCOPE_FULL = 18  # a: limit
 ERR_ALLOC_SIZE = 19  # a: bytes
 ERR_ALLOC_ARGS = 20  # a: dims, b: dtype code, c: a negative dim (or 0)
+ERR_VERSION_TAKEN = 21  # version_inc of a version that already has a successor (descriptor in pending[0])
+ERR_UNWRITABLE = 22  # a: param position, b: kernel id, c: -1 read-only memory, else the dim of stride 0
 
 SESSIONS: dict[int, object] = {}
 

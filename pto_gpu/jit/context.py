@@ -38,6 +38,11 @@ M_HEAP_BASE = 8
 M_LOG_LIMIT = 9  # flush the log at this many tasks
 M_WIDTH = 10
 
+# columns of heap_versions and externals
+VERSION_WRITTEN = 0  # the newest version a task has written
+VERSION_MADE = 1  # the newest version version_inc has made
+EXTERNAL_WRITEABLE = 2  # externals only: 0 for read-only memory
+
 # kernel table columns
 K_WORKER = 0
 K_TENSORS = 1  # tensor params the shapes declare, -1 when undeclared
@@ -52,7 +57,7 @@ FIELDS = (
     "header", "tasks", "buffers", "deps", "entries", "buckets", "producers", "covered",
     "params", "pending", "ready", "names",
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
-    "log", "edges", "versions", "ext_versions", "scope", "scope_marks",
+    "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
     "kernels", "kernel_shapes", "meta",
 )
 
@@ -90,8 +95,8 @@ def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kerne
         arg_scalar_kind=np.zeros((window, MAX_SCALARS), i64),
         log=np.zeros((LOG_CAPACITY, 2), i64),  # task id, ready at submit
         edges=np.zeros((EDGE_CAPACITY, 2), i64),
-        versions=np.zeros(state.sizes.buffer_window, i64),  # newest version written, per buffer slot
-        ext_versions=np.zeros(max(1, num_externals), i64),
+        heap_versions=np.zeros((state.sizes.buffer_window, 2), i64),  # per buffer slot: VERSION_*
+        externals=np.zeros((max(1, num_externals), 3), i64),  # per external: VERSION_*, EXTERNAL_WRITEABLE
         scope=np.zeros(SCOPE_CAPACITY, i64),
         scope_marks=np.zeros(MAX_SCOPE_DEPTH, i64),
         kernels=kernels, kernel_shapes=kernel_shapes, meta=meta,
@@ -107,5 +112,5 @@ def set_tensormap(o, entries, producers, covered):
 
 
 @njit(cache=True)
-def set_ext_versions(o, ext_versions):
-    o.ext_versions = ext_versions
+def set_externals(o, externals):
+    o.externals = externals

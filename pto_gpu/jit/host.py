@@ -50,6 +50,8 @@ from .context import (
     MAX_SCALARS,
     MAX_SCOPE_DEPTH,
     S_INT,
+    VERSION_MADE,
+    VERSION_WRITTEN,
 )
 from .descriptor import D_BASE, D_DTYPE, D_KEY, D_NBYTES, D_VERSION, MAX_JIT_DIMS, to_tensor
 
@@ -110,26 +112,29 @@ class Session:
 
     # --- entering and leaving compiled code ----------------------------------------------
     def enter(self, externals: list[Buffer], python_heap: list[Buffer]) -> None:
-        """Bring the Python side's buffer records in: versions written, buffers known."""
+        """Bring the Python side's buffer records in: versions, writeability, buffers known."""
         f = self._fields
-        if len(externals) > len(f["ext_versions"]):
-            f["ext_versions"] = np.zeros(len(externals), np.int64)
-            context.set_ext_versions(self.o, f["ext_versions"])
+        if len(externals) > len(f["externals"]):
+            f["externals"] = np.zeros((len(externals), 3), np.int64)
+            context.set_externals(self.o, f["externals"])
         self._externals = {b.key: b for b in externals}
         for b in externals:
-            f["ext_versions"][-1 - b.key] = b.newest_version
+            f["externals"][-1 - b.key] = (b.newest_version, b.newest_handle, b.writeable)
         self._python_heap = {b.key: b for b in python_heap}
         for b in python_heap:
-            f["versions"][b.key % len(f["versions"])] = b.newest_version
+            f["heap_versions"][self._slot(b.key)] = (b.newest_version, b.newest_handle)
 
     def leave(self) -> None:
         """Carry versions and frees made in compiled code back to the Python records."""
         f = self._fields
         for b in self._externals.values():
-            b.newest_version = max(b.newest_version, int(f["ext_versions"][-1 - b.key]))
+            _take_versions(b, f["externals"][-1 - b.key])
         for b in self._python_heap.values():
-            b.newest_version = max(b.newest_version, int(f["versions"][b.key % len(f["versions"])]))
+            _take_versions(b, f["heap_versions"][self._slot(b.key)])
             b.freed = b.freed or not self._heap_live(b.key)
+
+    def _slot(self, key: int) -> int:
+        return key % len(self._fields["heap_versions"])
 
     def close(self) -> None:
         bridge.SESSIONS.pop(self.key, None)
@@ -141,7 +146,7 @@ class Session:
         elif code == bridge.SERVICE_ROOM:
             self._make_room(a, b)
         elif code == bridge.SERVICE_CHECK:
-            self._scheduler.check_invariants(f"{'completing' if b else 'submitting'} task {a}")
+            self._scheduler.check_invariants(f"{bridge.CHECKED_AFTER[b]} {a}")
         else:
             raise self._error(code, a, b, c)
 
@@ -235,10 +240,24 @@ class Session:
             name = self._describe(int(desc[D_KEY]))
             if code == bridge.ERR_USE_AFTER_FREE:
                 return UseAfterFreeError(f"{what}: {name} was freed")
-            newest = self._fields["versions"][desc[D_KEY] % len(self._fields["versions"])] \
-                if desc[D_KEY] >= 0 else self._fields["ext_versions"][-1 - desc[D_KEY]]
+            newest = self._versions(int(desc[D_KEY]))[VERSION_WRITTEN]
             return StaleVersionError(f"{what}: version {int(desc[D_VERSION])} of {name} is stale; "
                                      f"version {int(newest)} has been written")
+        if code == bridge.ERR_VERSION_TAKEN:
+            desc = pending[0]
+            made = self._versions(int(desc[D_KEY]))[VERSION_MADE]
+            return StaleVersionError(
+                f"version_inc: version {int(desc[D_VERSION])} of {self._describe(int(desc[D_KEY]))} already "
+                f"has a successor (version {int(made)} exists); versions are single-assignment, so "
+                "increment the newest handle")
+        if code == bridge.ERR_UNWRITABLE:
+            what, desc = f"param {a} of {self._kernels[b].name}", pending[a]
+            if c < 0:
+                return ParamError(f"{what}: {self._describe(int(desc[D_KEY]))} is read-only memory and "
+                                  "cannot be an output or inout; pass a writeable array")
+            return ParamError(f"{what}: dim {c} has stride 0 (a broadcast view), so its elements are one "
+                              "memory location and an output or inout would write over itself; pass a "
+                              "real array")
         if code == bridge.ERR_SIGNATURE:
             kernel = self._kernels[a]
             try:
@@ -270,8 +289,18 @@ class Session:
                                f"code 0..{len(DataType) - 1}; got {a} dims, dtype {b}, a dim of {c}")
         return InvariantError(f"unknown service code {code} from compiled code")
 
+    def _versions(self, key: int) -> np.ndarray:
+        f = self._fields
+        return f["externals"][-1 - key] if key < 0 else f["heap_versions"][self._slot(key)]
+
     def _describe(self, key: int) -> str:
         if key < 0:
             return repr(self._externals[key])
         buffer = self._python_heap.get(key) or self._seen_heap.get(key)
         return repr(buffer) if buffer is not None else f"Buffer(heap #{key})"
+
+
+def _take_versions(buffer: Buffer, versions: np.ndarray) -> None:
+    """Raise a buffer's Python version record to what compiled code wrote and made."""
+    buffer.newest_version = max(buffer.newest_version, int(versions[VERSION_WRITTEN]))
+    buffer.newest_handle = max(buffer.newest_handle, int(versions[VERSION_MADE]))
