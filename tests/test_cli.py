@@ -1,21 +1,25 @@
-"""The `pto-gpu` command runs every orchestration, checks it, and writes the artefacts it is asked for."""
+"""The `pto-gpu` command runs every orchestration, checks it, and writes the artefacts it is asked for;
+it is the product's command (pto_gpu.cli) over the catalogue in pto_gpu.orchestration.workloads."""
 
 import dataclasses
 import importlib.metadata
 import io
 import json
 import re
-import threading
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 from pto_gpu.kernels.tiles import zero
-from pto_gpu.orchestration import cli
+from pto_gpu.orchestration import workloads
 
 import pto_gpu as pto
+from pto_gpu import cli
 
 
-@pytest.mark.parametrize("name", sorted(cli.WORKLOADS))
+@pytest.mark.parametrize("name", sorted(workloads.WORKLOADS))
 def test_runs_each_orchestration_small_and_writes_the_artefacts(name, tmp_path, capsys):
     trace, dump, graph = tmp_path / "trace.json", tmp_path / "dump.txt", tmp_path / "graph.dot"
     status = cli.main(["run", name, "--size", "64", "--backend", "cpu", "--runs", "2", "--trace", str(trace),
@@ -39,8 +43,8 @@ def test_dry_runs_build_the_graph_without_checking(capsys):
 
 
 def test_a_wrong_result_exits_1(monkeypatch, capsys):
-    strict = dataclasses.replace(cli.WORKLOADS["matmul"], tolerance=0.0)  # float32 never equals float64
-    monkeypatch.setitem(cli.WORKLOADS, "matmul", strict)
+    strict = dataclasses.replace(workloads.WORKLOADS["matmul"], tolerance=0.0)  # float32 never equals float64
+    monkeypatch.setitem(workloads.WORKLOADS, "matmul", strict)
     assert cli.main(["run", "matmul", "--size", "32", "--backend", "cpu"]) == 1
     assert "MISMATCH" in capsys.readouterr().out
 
@@ -58,15 +62,28 @@ def test_bad_arguments_are_refused_by_name(capsys):
 
 
 def test_help_explains_every_option_and_lists_the_orchestrations():
-    text = cli.parser()._subparsers._group_actions[0].choices["run"].format_help()
+    text = cli.parser(workloads.WORKLOADS)._subparsers._group_actions[0].choices["run"].format_help()
     for option in ("--size", "--backend", "--executor", "--trace", "--dump", "--graph", "--runs"):
         assert option in text
-    assert all(name in text for name in cli.WORKLOADS)
+    assert all(name in text for name in workloads.WORKLOADS)
 
 
 def test_installed_as_the_pto_gpu_console_script():
-    scripts = importlib.metadata.entry_points(group="console_scripts")
-    assert scripts["pto-gpu"].value == "pto_gpu.orchestration.cli:main"
+    script = importlib.metadata.entry_points(group="console_scripts")["pto-gpu"]
+    assert script.value == "pto_gpu.cli:main" and script.load() is cli.main
+
+
+def test_python_dash_m_pto_gpu_runs_the_command():
+    command = [sys.executable, "-m", "pto_gpu", "run", "softmax", "--size", "64", "--backend", "cpu"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "(OK, tolerance" in done.stdout, done.stderr
+
+
+def test_importing_the_runtime_or_its_command_loads_no_kernel_or_orchestration():
+    code = ("import sys, pto_gpu, pto_gpu.cli; "
+            "print([m for m in sys.modules if m.startswith(('pto_gpu.kernels', 'pto_gpu.orchestration'))])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 class Terminal(io.StringIO):
@@ -75,16 +92,58 @@ class Terminal(io.StringIO):
 
 
 class FakeRuntime:
-    progress = (3, 4)
+    """`progress` steps through the given (completed, submitted) pairs, one per read, then stays."""
+
+    def __init__(self, *steps: tuple[int, int]):
+        self.steps = list(steps)
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        return self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
 
 
-def test_progress_bar_draws_on_a_terminal_only():
-    for stream, drawn in ((Terminal(), True), (io.StringIO(), False)):
-        started = threading.Event()
-        with cli.progress_bar(FakeRuntime(), stream, delay=0, every=0.01):
-            started.wait(0.1)  # a few redraws
-        assert ("3 / 4 tasks" in stream.getvalue()) == drawn
-        assert not drawn or stream.getvalue().endswith("\r\033[K")  # the bar's line is cleared
+def run_until_polled(stream, delay: float, rt: FakeRuntime | None = None, patience: float = 0.3) -> None:
+    """A body that lasts until the bar has read every step (or `patience` seconds), then a few polls more."""
+    rt = rt or FakeRuntime((0, 2), (1, 4), (3, 4))
+    with cli.progress_bar(rt, stream, delay=delay, every=0.01):
+        deadline = time.monotonic() + patience
+        while len(rt.steps) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows after `text`, each as its carriage returns overwrote it."""
+    lines = []
+    for line in text.split("\n"):
+        shown = ""
+        for part in line.split("\r"):
+            shown = part + shown[len(part):]
+        lines.append(shown.rstrip())
+    return lines
+
+
+def test_progress_bar_follows_the_growing_total_on_a_terminal_and_is_cleared():
+    stream = Terminal()
+    rt = FakeRuntime((0, 2), (1, 4), (3, 4))
+    run_until_polled(stream, delay=0, rt=rt, patience=10)
+    drawn = stream.getvalue()
+    assert "0/2" in drawn and "1/4" in drawn and "3/4" in drawn and "75%" in drawn
+    assert not rt.steps[1:]  # every step was read
+    assert screen(drawn) == [""]  # nothing left on the terminal, not even a new line
+
+
+def test_progress_bar_draws_nothing_off_a_terminal_or_for_a_short_run():
+    for stream, delay in ((io.StringIO(), 0), (Terminal(), 60)):
+        run_until_polled(stream, delay)
+        assert stream.getvalue() == ""
+
+
+def test_progress_bar_without_tqdm_draws_nothing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if the `progress` extra were not installed
+    stream = Terminal()
+    run_until_polled(stream, delay=0)
+    assert stream.getvalue() == ""
 
 
 def test_runtime_progress_counts_completed_and_submitted_tasks():

@@ -12,11 +12,11 @@ import pytest
 from kernel_samples import KERNELS, SCALARS, arrays
 from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.tiles import copy, zero
-from pto_gpu.orchestration.cli import to_backend
 from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul
 from pto_gpu.orchestration.softmax import fused_softmax
+from pto_gpu.orchestration.workloads import to_backend
 
 import pto_gpu as pto
 from pto_gpu.runtime import cuda_unavailable

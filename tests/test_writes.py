@@ -105,7 +105,8 @@ def test_compiled_version_inc_twice_is_refused_and_crosses_to_python(python_firs
             o.compiled(_increment, t, 1)
             o.version_inc(t)
 
-    with pytest.raises(pto.StaleVersionError, match=r"version 0 of Buffer\(heap #0.* already has a successor"):
+    taken = r"version 0 of Buffer\(heap #0.* already has a successor"
+    with pytest.raises(pto.StaleVersionError, match=taken):
         runtime("serial").run(orchestration)
     with pytest.raises(pto.StaleVersionError, match="version 1 exists"):
         runtime("serial").run(lambda o: o.compiled(_increment, o.alloc((4,)), 2))
