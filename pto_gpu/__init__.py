@@ -37,6 +37,7 @@ INT16 = DataType.INT16
 INT8 = DataType.INT8
 UINT64 = DataType.UINT64
 UINT8 = DataType.UINT8
+BOOL = DataType.BOOL
 
 CUBE = WorkerType.CUBE
 VECTOR = WorkerType.VECTOR
@@ -44,7 +45,7 @@ AI_CPU = WorkerType.AI_CPU
 ACCELERATOR = WorkerType.ACCELERATOR
 
 __all__ = [
-    "ACCELERATOR", "AI_CPU", "BFLOAT16", "CUBE", "CudaCode", "FLOAT16", "FLOAT32", "FLOAT64", "INT16",
+    "ACCELERATOR", "AI_CPU", "BFLOAT16", "BOOL", "CUBE", "CudaCode", "FLOAT16", "FLOAT32", "FLOAT64", "INT16",
     "INT32", "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
     "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
     "KernelTime", "Orchestrator", "Overlap",

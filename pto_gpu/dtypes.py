@@ -11,7 +11,8 @@ from .errors import PTOError
 
 
 class DataType(enum.IntEnum):
-    """The spec's nine element types, plus FLOAT64 for numpy users and references."""
+    """The spec's nine element types, plus FLOAT64 for numpy users and references and BOOL
+    for masks. New types go last: compiled orchestrations pass these codes."""
 
     FLOAT32 = 0
     FLOAT16 = 1
@@ -23,6 +24,7 @@ class DataType(enum.IntEnum):
     INT64 = 7
     UINT64 = 8
     FLOAT64 = 9
+    BOOL = 10
 
     @property
     def itemsize(self) -> int:
@@ -44,6 +46,7 @@ _NUMPY = {
     DataType.INT64: np.dtype(np.int64),
     DataType.UINT64: np.dtype(np.uint64),
     DataType.FLOAT64: np.dtype(np.float64),
+    DataType.BOOL: np.dtype(np.bool_),
 }
 _FROM_NUMPY = {dt: pto for pto, dt in _NUMPY.items()}
 
@@ -57,11 +60,18 @@ def as_dtype(value: object) -> DataType:
     """A DataType from a DataType, a numpy dtype or a numpy type; anything else is refused."""
     if isinstance(value, DataType):
         return value
+    names = ", ".join(d.name for d in DataType)
     try:
-        return _FROM_NUMPY[np.dtype(value)]
-    except (TypeError, KeyError):
-        names = ", ".join(d.name for d in DataType)
+        dtype = np.dtype(value)
+    except TypeError:
         raise PTOError(f"unknown dtype {value!r}; pto-gpu supports {names}") from None
+    if dtype.kind == "c":
+        raise PTOError(f"complex dtypes ({dtype}) are not supported; pass the real and imaginary parts "
+                       f"as two real arrays (a.real, a.imag). pto-gpu supports {names}")
+    found = _FROM_NUMPY.get(dtype)
+    if found is None:
+        raise PTOError(f"unknown dtype {value!r}; pto-gpu supports {names}")
+    return found
 
 
 class WorkerType(enum.IntEnum):

@@ -86,32 +86,41 @@ class Orchestrator:
 
     # --- memory --------------------------------------------------------------------------
     def external(self, array: object) -> TensorDescriptor:
-        """A tensor over caller memory; aliases of one allocation share one owner."""
+        """A tensor over caller memory (numpy, CuPy, PyTorch, JAX, ...: see backends/interop.py);
+        aliases of one allocation share one owner."""
         self._check_open()
         ext = self._backend.resolve(array)
         dtype = as_dtype(ext.dtype)
-        buffer = self._externals.get(ext.owner_base)
+        buffer = self._check_no_partial_alias(ext)
         if buffer is None:
-            self._check_no_partial_alias(ext)
             buffer = Buffer(-1 - len(self._externals), BufferKind.EXTERNAL, ext.owner_base,
                             ext.owner_nbytes, ext.memory, writeable=ext.writeable)
             self._externals[ext.owner_base] = buffer
-        elif buffer.nbytes != ext.owner_nbytes:
-            self._check_no_partial_alias(ext)
         if any(s % dtype.itemsize for s in ext.strides) or any(s < 0 for s in ext.strides):
             raise LayoutError(f"external array strides {ext.strides} are negative or not a multiple "
                               f"of its {dtype.itemsize}-byte elements; pass np.ascontiguousarray(a)")
         return TensorDescriptor(buffer, ext.data, 0, tuple(s // dtype.itemsize for s in ext.strides),
                                 tuple(ext.shape), dtype)
 
-    def _check_no_partial_alias(self, ext) -> None:
+    def _check_no_partial_alias(self, ext) -> Buffer | None:
+        """The external buffer whose memory holds ext's owner whole, or None if none overlaps it.
+
+        Libraries that do not say which allocation an array views (DLPack, __array_interface__)
+        give the array's own extent as its owner: one inside an external already taken is a
+        view of that allocation, since memory belongs to one allocation. Externals never
+        overlap partly, so at most one overlaps."""
+        same = self._externals.get(ext.owner_base)
+        if same is not None and same.nbytes == ext.owner_nbytes:
+            return same
         lo, hi = ext.owner_base, ext.owner_base + ext.owner_nbytes
         for other in self._externals.values():
-            same = (other.base, other.nbytes) == (lo, ext.owner_nbytes)
-            if other.base < hi and lo < other.base + other.nbytes and not same:
+            if other.base <= lo and hi <= other.base + other.nbytes:
+                return other
+            if other.base < hi and lo < other.base + other.nbytes:
                 raise LayoutError(
                     f"external memory {lo:#x}..{hi:#x} partly overlaps {other!r} without being the same "
                     "allocation; pass the whole allocation and slice it with the tensor API")
+        return None
 
     def alloc(self, shape, dtype: DataType = DataType.FLOAT32) -> TensorDescriptor:
         """A contiguous heap tensor; its address is fixed now, so later tasks can use it."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_limits
 
+from .backends import CapturedGraph
 from .backends.cpu import CpuBackend
 from .core.state import H_COMPLETED, H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
 from .dtypes import WorkerType
@@ -98,9 +99,13 @@ class Runtime:
         orchestrator, the dependency analysis or the executor: on CUDA one graph launch
         (cuBLAS is refused while capturing, so CUBE tiles use their own CUDA kernels), on the
         CPU the kernel calls in issue order. Only for orchestrations whose tasks and buffers
-        do not depend on data; change inputs in place between replays. The arrays passed are
-        kept alive with the graph. The whole run must fit in the rings, since nothing is
-        reclaimed while capturing; a ring that fills raises DeadlockError.
+        do not depend on data; change inputs in place between replays: the graph reads and
+        writes the memory it was captured over, never an array bound or put into an args dict
+        afterwards. The graph keeps that memory alive (every external its tasks use, arrays
+        made inside the orchestration included, and the heap), and the Replay keeps this
+        Runtime alive: the caller need keep only the Replay (and the arrays it reads results
+        from). The whole run must fit in the rings, since nothing is reclaimed while
+        capturing; a ring that fills raises DeadlockError.
         """
         if self._running:
             raise UsageError("Runtime.capture called while this runtime is running an orchestration")
@@ -109,7 +114,7 @@ class Runtime:
             result, executor = self._run(orchestration, args, kwargs, 0, False, None, capture=True)
         finally:
             self._running = False
-        return Replay(self, executor.graph, result, (args, kwargs))
+        return Replay(self, executor.graph, result)
 
     @property
     def progress(self) -> tuple[int, int]:
@@ -198,11 +203,10 @@ def cuda_unavailable() -> str | None:
 class Replay:
     """A captured run (Runtime.capture): `replay()` runs it again and returns when it has run."""
 
-    def __init__(self, runtime: Runtime, graph, result: RunResult, arguments: tuple):
-        self._runtime = runtime
-        self._graph = graph
+    def __init__(self, runtime: Runtime, graph: CapturedGraph, result: RunResult):
+        self._runtime = runtime  # the graph runs on its backend's heap and streams
+        self._graph = graph  # holds the memory it reads and writes (StreamBackend.end_capture)
         self.result = result  # the capture's: tasks, edges and ring high-water marks
-        self._arguments = arguments  # the memory the graph reads and writes stays allocated
 
     @property
     def num_tasks(self) -> int:

@@ -5,7 +5,12 @@ against the serial CPU executor, random graphs of real kernels against it too (a
 CPU backend's streams, so the generator is checked everywhere), back-pressure with a tiny
 heap, and captured graphs replayed against the serial CPU executor."""
 
+import gc
 import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,7 +57,7 @@ def test_cuda_without_a_gpu_is_refused_by_name():
 
 @needs_gpu
 def test_numpy_arrays_are_refused_with_the_way_to_move_them():
-    with pytest.raises(pto.PTOError, match=r"numpy array on the CUDA backend; move it to the GPU"):
+    with pytest.raises(pto.PTOError, match=r"host array \(ndarray\) on the CUDA backend; move it to the GPU"):
         pto.Runtime(backend="cuda").run(lambda o, a: o.external(a), np.zeros(4, np.float32))
 
 
@@ -210,3 +215,140 @@ def test_random_kernel_graphs_match_the_serial_cpu_executor(backend, executor, s
         rt.run(random_kernel_program, got, seed, 60)
         for want, array in zip(expected, got):
             assert rt.backend.to_host(array).tobytes() == want.tobytes(), f"seed={seed} streams={streams}"
+
+
+# --- interop, memory held by captures, device faults, per-launch cost --------------------
+class DLPackOnly:
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def copy_then_read(o, whole, part, out):
+    """Task 0 writes whole[:, 2:6]; task 1 reads `part`, which overlaps it."""
+    W, P = o.external(whole), o.external(part)
+    assert W.buffer is P.buffer
+    o.submit(scale, pto.input(W[:, 8:12]), pto.output(W[:, 2:6]), 2.0)
+    o.submit(copy, pto.input(P), pto.output(o.external(out)))
+
+
+@needs_gpu
+@pytest.mark.parametrize("wrap", [lambda a: a, DLPackOnly], ids=["cuda_array_interface", "dlpack"])
+def test_cupy_views_share_an_owner_and_their_dependency_is_found(wrap):
+    import cupy
+
+    rt = pto.Runtime(backend="cuda", executor="stream")
+    whole = cupy.arange(16, dtype=cupy.float32).reshape(1, 16)
+    out = cupy.zeros((1, 4), cupy.float32)
+    result = rt.run(copy_then_read, wrap(whole), wrap(whole[:, 4:8]), out, record=True)
+    assert (0, 1) in result.graph.edges
+    np.testing.assert_array_equal(out.get(), [[20, 22, 6, 7]])
+
+
+@needs_gpu
+@pytest.mark.parametrize("wrap", [lambda a: a, DLPackOnly], ids=["cuda_array_interface", "dlpack"])
+def test_torch_cuda_views_share_their_storage_and_their_dependency_is_found(wrap):
+    torch = pytest.importorskip("torch")
+    rt = pto.Runtime(backend="cuda", executor="stream")
+    base = torch.arange(16, dtype=torch.float32, device="cuda").reshape(1, 16)
+    out = torch.zeros((1, 4), device="cuda")
+    result = rt.run(copy_then_read, wrap(base), wrap(base[:, 4:8]), out, record=True)
+    assert (0, 1) in result.graph.edges
+    np.testing.assert_array_equal(out.cpu().numpy(), [[20, 22, 6, 7]])
+
+
+@needs_gpu
+def test_torch_views_that_overlap_partly_share_their_storage():
+    torch = pytest.importorskip("torch")
+    base = torch.zeros(16, device="cuda")
+    owners = []
+    # Neither view holds the other: only the storage makes them one owner.
+    views = (base[2:8], base[4:12])
+    pto.Runtime(backend="cuda").run(lambda o: owners.extend(o.external(t).buffer for t in views))
+    assert owners[0] is owners[1] and owners[0].nbytes == 16 * 4
+
+
+@needs_gpu
+def test_a_host_dlpack_array_on_cuda_is_refused_with_what_to_do():
+    with pytest.raises(pto.PTOError, match=r"host array \(DLPackOnly\) on the CUDA backend; move it"):
+        pto.Runtime(backend="cuda").run(lambda o: o.external(DLPackOnly(np.zeros(4))))
+
+
+@needs_gpu
+def test_a_replay_keeps_arrays_made_inside_the_orchestration_allocated():
+    import cupy
+
+    pointers = []
+
+    def orch(o, a):
+        out = cupy.zeros_like(a)  # back to CuPy's pool once nothing holds it
+        pointers.append(out.data.ptr)
+        o.submit(copy, pto.input(o.external(a)), pto.output(o.external(out)))
+
+    a = cupy.arange(64, dtype=cupy.float32).reshape(8, 8)
+    replay = pto.Runtime(backend="cuda").capture(orch, a)
+    gc.collect()
+    taken = [cupy.empty_like(a) for _ in range(8)]  # a freed block of this size would be reused
+    assert pointers[0] not in [t.data.ptr for t in taken]
+    replay.replay()
+    kept = cupy.ndarray(a.shape, a.dtype, cupy.cuda.MemoryPointer(
+        cupy.cuda.UnownedMemory(pointers[0], a.nbytes, None), 0))
+    np.testing.assert_array_equal(kept.get(), a.get())
+
+
+@needs_gpu
+def test_a_kernel_function_is_looked_up_once_per_source_dtype_and_name():
+    backend = pto.Runtime(backend="cuda").backend
+    assert backend._function(scale, np.float32) is backend._function(scale, np.float32)
+    assert backend._function(add, np.float32) is not backend._function(scale, np.float32)
+
+
+FAULTING = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    import cupy
+    import pto_gpu as pto
+
+    source = Path(sys.argv[1])
+    cuda = pto.CudaCode(source, lambda shapes: 1)
+
+    @pto.kernel(worker=pto.VECTOR, cuda=cuda)
+    def trap(out):
+        pass
+
+    @pto.kernel(worker=pto.VECTOR, cuda=cuda)
+    def fine(out):
+        pass
+
+    def orch(o, x):
+        X = o.external(x)
+        o.submit(trap, pto.output(X[0]))
+        time.sleep(1)  # the fault has happened: every later CUDA call fails with it
+        o.submit(fine, pto.output(X[1]))
+
+    try:
+        pto.Runtime(backend="cuda", executor="stream", workers={pto.VECTOR: 2}).run(
+            orch, cupy.zeros((2, 4), cupy.float32))
+    except pto.TaskError as error:
+        print("TaskError:", error)
+""")
+KERNELS_CU = """
+#define WORDS long long, long long, long long, long long, long long, long long
+extern "C" __global__ void pto_trap(float* out, WORDS) { __trap(); }
+extern "C" __global__ void pto_fine(float* out, WORDS) { out[0] = 1; }
+"""
+
+
+@needs_gpu
+def test_a_device_fault_is_the_task_error_of_the_task_that_faulted(tmp_path):
+    """In a subprocess: a device fault kills the process's CUDA context."""
+    source = tmp_path / "faulting.cu"
+    source.write_text(KERNELS_CU)
+    run = subprocess.run([sys.executable, "-c", FAULTING, str(source)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).parent.parent)
+    assert "TaskError: task 0 (trap) failed" in run.stdout, run.stdout + run.stderr

@@ -7,6 +7,7 @@ and capture calls; tests/test_cuda.py repeats the essentials on a GPU.
 import gc
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -179,3 +180,26 @@ def test_replaying_inside_a_run_of_the_same_runtime_is_refused():
     replay = rt.capture(lambda o: o.submit(fill, pto.output(o.external(zeros(4))), 1.0))
     with pytest.raises(pto.UsageError, match="same heap"):
         rt.run(lambda o: replay.replay())
+
+
+def test_a_replay_keeps_the_memory_its_tasks_use_alive():
+    """Arrays made inside the orchestration are owned by nobody but the graph afterwards: the
+    CPU kernels' views are cut from ctypes byte views, which do not hold them, so the graph
+    must (it holds its tasks' external memory, and its bound calls hold their tasks too)."""
+    made = []
+
+    def orch(o, a):
+        out = np.zeros_like(a)  # only the orchestration and the graph ever hold it
+        made.append(weakref.ref(out))
+        tile = o.alloc(a.shape)
+        o.submit(copy, pto.input(o.external(a)), pto.output(tile))
+        o.submit(copy, pto.input(tile), pto.output(o.external(out)))
+
+    a = np.arange(32, dtype=np.float32)
+    replay = stream_runtime().capture(orch, a.copy())  # the argument too is the graph's alone
+    gc.collect()
+    out = made[0]()
+    assert out is not None, "the captured graph let an array its tasks write be freed"
+    assert not out.any()
+    replay.replay()
+    np.testing.assert_array_equal(out, a)

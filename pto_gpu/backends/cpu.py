@@ -13,9 +13,10 @@ import numpy as np
 
 from ..errors import PTOError
 from ..params import ParamKind
-from ..tensor import BufferKind, TensorDescriptor
-from . import ExternalArray
+from ..tensor import TensorDescriptor
+from . import ExternalArray, ExternalMemory, locate
 from .cpu_streams import CpuEvent, CpuGraph, CpuStream
+from .interop import dlpack_device, extent, on_device, torch_storage, wrong_side
 
 HEAP_ALIGN = 64
 
@@ -31,23 +32,21 @@ class CpuBackend:
         self.heap_bytes = heap_bytes
         self._streams: dict[object, CpuStream] = {}
         self._captured: list | None = None  # the calls of the run being captured
+        self._events: list[CpuEvent] = []  # handed back by the stream executor, to record again
 
     def resolve(self, array: object) -> ExternalArray:
-        if not isinstance(array, np.ndarray):
-            if hasattr(array, "__cuda_array_interface__"):
-                raise PTOError(f"o.external() got a GPU array ({type(array).__name__}) on the CPU "
-                               "backend; copy it to the host (cupy.asnumpy) or use backend='cuda'")
-            raise PTOError(f"o.external() takes a numpy array, not {type(array).__name__}")
-        root = array
-        while isinstance(root.base, np.ndarray):
+        host = _as_numpy(array)
+        root = host
+        while isinstance(root.base, np.ndarray):  # numpy views share their base
             root = root.base
-        low, high = np.lib.array_utils.byte_bounds(root)
+        low, high = torch_storage(array) or extent(root.ctypes.data, root.shape, root.strides, root.itemsize)
         # A flat byte view of the whole owning allocation, which kernels' views are cut from.
-        memory = np.frombuffer((ctypes.c_uint8 * (high - low)).from_address(low), dtype=np.uint8)
-        if not root.flags.writeable:
-            memory.flags.writeable = False
-        return ExternalArray(low, high - low, (memory, root), array.ctypes.data,
-                             array.shape, array.strides, array.dtype, bool(root.flags.writeable))
+        # It does not keep the allocation alive (ctypes over an address): `keep` does.
+        handle = np.frombuffer((ctypes.c_uint8 * (high - low)).from_address(low), dtype=np.uint8)
+        writeable = bool(root.flags.writeable)
+        handle.flags.writeable = writeable
+        return ExternalArray(low, high - low, ExternalMemory(handle, (root, array)), host.ctypes.data,
+                             host.shape, host.strides, host.dtype, writeable)
 
     def to_device(self, array: np.ndarray) -> np.ndarray:
         return array
@@ -84,7 +83,7 @@ class CpuBackend:
             stream.call(call)
 
     def record(self, stream: CpuStream) -> CpuEvent:
-        event = CpuEvent()
+        event = self._events.pop() if self._events else CpuEvent()
         if self._captured is not None:
             event.reach()  # order within a capture is issue order: nothing to wait for
         else:
@@ -106,11 +105,17 @@ class CpuBackend:
         event.wait()
         self.done(event)
 
+    def release(self, event: CpuEvent) -> None:
+        # Safe to clear: it was reached, so its stream is done with it, and no queued wait
+        # refers to it (the executor's promise), so no stream thread will look at it again.
+        event.reset()
+        self._events.append(event)
+
     def begin_capture(self, streams: list) -> None:
         self._captured = []
 
-    def end_capture(self, streams: list) -> CpuGraph:
-        graph, self._captured = CpuGraph(self._captured), None
+    def end_capture(self, streams: list, memory: tuple) -> CpuGraph:
+        graph, self._captured = CpuGraph(self._captured, (self.heap, *memory)), None
         return graph
 
     def _param_view(self, param):
@@ -122,8 +127,24 @@ class CpuBackend:
         return view
 
     def view(self, tensor: TensorDescriptor) -> np.ndarray:
-        buffer = tensor.buffer
-        memory = self.heap if buffer.kind == BufferKind.HEAP else buffer.memory[0]
-        offset = tensor.byte_offset + (buffer.base - self.heap_base if buffer.kind == BufferKind.HEAP else 0)
+        memory, offset = locate(tensor, self.heap, self.heap_base)
         return np.ndarray(tensor.shape, tensor.dtype.numpy, buffer=memory, offset=offset,
                           strides=tensor.byte_strides)
+
+
+def _as_numpy(array: object) -> np.ndarray:
+    """The caller's array as numpy, in place: a numpy array, host DLPack, __array_interface__."""
+    if isinstance(array, np.ndarray):
+        return array
+    if on_device(array):
+        raise wrong_side(array, "cpu")
+    if dlpack_device(array) is not None:
+        try:
+            return np.from_dlpack(array)  # a read-only export gives a read-only array
+        except (BufferError, TypeError, ValueError, RuntimeError) as error:
+            raise PTOError(f"o.external(): numpy cannot take the {type(array).__name__} in place by "
+                           f"DLPack: {error}") from error
+    if hasattr(array, "__array_interface__"):
+        return np.asarray(array)
+    raise PTOError(f"o.external() takes a numpy array or an array with __array_interface__ or a host "
+                   f"__dlpack__ (PyTorch, JAX, ...), not {type(array).__name__}")

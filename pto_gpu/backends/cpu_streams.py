@@ -38,6 +38,11 @@ class CpuEvent:
         self.failure = failure
         self._reached.set()
 
+    def reset(self) -> None:
+        """Unreached again, to be recorded anew (only once nothing waits on it any more)."""
+        self.failure = None
+        self._reached.clear()
+
 
 class _Poison:
     __slots__ = ("failure",)
@@ -87,8 +92,11 @@ def _serve(work: queue.SimpleQueue, poison: _Poison) -> None:
 class CpuGraph:
     """A captured run: its tasks' kernel calls, in the order they were issued (a topological order)."""
 
-    def __init__(self, calls: list[tuple[object, Callable[[], None]]]):
+    def __init__(self, calls: list[tuple[object, Callable[[], None]]], memory: tuple):
         self.calls = calls  # (task, call)
+        # The calls' views are cut from ctypes byte views, which do not keep the callers'
+        # arrays alive: the graph does, or a replay would touch freed memory.
+        self._memory = memory
 
     def replay(self) -> None:
         for task, call in self.calls:

@@ -19,11 +19,14 @@ import numpy as np
 
 from ..errors import PTOError
 from ..params import ParamKind
-from ..tensor import BufferKind, TensorDescriptor
-from . import ExternalArray, cuda_abi
+from ..tensor import TensorDescriptor
+from . import ExternalArray, ExternalMemory, cuda_abi, locate
+from .interop import dlpack_device, dlpack_read_only, extent, on_device, torch_storage, wrong_side
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
+LEGACY_STREAM = 1  # DLPack's name for CUDA's legacy default stream
+NOT_READY = 600  # cudaErrorNotReady: an event not reached yet
 
 
 class CudaBackend:
@@ -38,7 +41,9 @@ class CudaBackend:
         self.heap_base = self._heap.ptr
         self.heap_bytes = heap_bytes
         self._modules: dict[tuple[Path, np.dtype], object] = {}
+        self._functions: dict[tuple[Path, np.dtype, str], object] = {}
         self._modules_lock = threading.Lock()
+        self._events: list = []  # handed back by the stream executor, to record again
         self._local = threading.local()
         self._streams: dict[object, object] = {}
         self._origin = None  # the stream a capture begins and ends on
@@ -46,25 +51,41 @@ class CudaBackend:
 
     # --- memory --------------------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
-        if isinstance(array, np.ndarray):
-            raise PTOError("o.external() got a numpy array on the CUDA backend; move it to the GPU first "
-                           "(rt.backend.to_device(a), or cupy.asarray(a)) or use backend='cpu'")
-        if not hasattr(array, "__cuda_array_interface__"):
-            raise PTOError(f"o.external() takes a CuPy array or an object with __cuda_array_interface__ "
-                           f"(a PyTorch CUDA tensor, say), not {type(array).__name__}")
-        device_array = array if isinstance(array, self._cupy.ndarray) else self._cupy.asarray(array)
-        # The allocation that owns the array: a CuPy array's own; a foreign array's extent.
-        owner = device_array.data.mem
-        readonly = array.__cuda_array_interface__["data"][1]
-        return ExternalArray(owner.ptr, owner.size, (owner, array), device_array.data.ptr,
+        device_array, readonly = self._as_cupy(array)
+        data = device_array.data
+        storage = torch_storage(array)
+        if isinstance(array, self._cupy.ndarray):
+            owner = data.mem  # the allocation (a memory pool chunk, say) its views share
+        else:  # a foreign array: its allocation as its library tells it, else its own extent
+            low, high = storage or extent(data.ptr, device_array.shape, device_array.strides,
+                                          device_array.itemsize)
+            owner = self._cupy.cuda.UnownedMemory(low, high - low, array, data.device_id)
+        return ExternalArray(owner.ptr, owner.size, ExternalMemory(owner, (device_array, array)), data.ptr,
                              device_array.shape, device_array.strides, device_array.dtype, not readonly)
 
+    def _as_cupy(self, array: object) -> tuple[object, bool]:
+        """The caller's array as CuPy, in place, and whether its memory is read-only."""
+        if not on_device(array):
+            if isinstance(array, np.ndarray) or dlpack_device(array) is not None or \
+                    hasattr(array, "__array_interface__"):
+                raise wrong_side(array, "cuda")
+            raise PTOError(f"o.external() takes a CuPy array or an array with __cuda_array_interface__ or a "
+                           f"CUDA __dlpack__ (PyTorch, JAX, ...), not {type(array).__name__}")
+        if hasattr(array, "__cuda_array_interface__"):
+            readonly = array.__cuda_array_interface__["data"][1]
+            return (array if isinstance(array, self._cupy.ndarray) else self._cupy.asarray(array)), readonly
+        # DLPack: take the capsule here (on the caller's stream, as cupy.from_dlpack does) to
+        # read its read-only flag, which CuPy ignores.
+        stream = self._cupy.cuda.get_current_stream().ptr or LEGACY_STREAM
+        try:
+            capsule = array.__dlpack__(stream=stream, max_version=(1, 0))
+        except TypeError:  # a producer of DLPack before 1.0
+            capsule = array.__dlpack__(stream=stream)
+        readonly = dlpack_read_only(capsule)  # before CuPy consumes (renames) the capsule
+        return self._cupy.from_dlpack(capsule), readonly
+
     def view(self, tensor: TensorDescriptor):
-        buffer = tensor.buffer
-        if buffer.kind == BufferKind.HEAP:
-            memory, offset = self._heap, buffer.base - self.heap_base + tensor.byte_offset
-        else:
-            memory, offset = buffer.memory[0], tensor.byte_offset
+        memory, offset = locate(tensor, self._heap, self.heap_base)
         pointer = self._cupy.cuda.MemoryPointer(memory, offset)
         return self._cupy.ndarray(tensor.shape, tensor.dtype.numpy, pointer, strides=tensor.byte_strides)
 
@@ -117,14 +138,20 @@ class CudaBackend:
         function((blocks,), (THREADS_PER_BLOCK,), tuple(args))
 
     def _function(self, kernel, dtype):
-        key = (kernel.cuda.source, np.dtype(dtype))
-        with self._modules_lock:  # worker threads share the compiled modules
-            module = self._modules.get(key)
-            if module is None:
-                source = kernel.cuda.source
-                options = ("-std=c++17", f"-I{source.parent}", *cuda_abi.compile_options(dtype, kernel.name))
-                module = self._modules[key] = self._cupy.RawModule(code=source.read_text(), options=options)
-        return module.get_function(cuda_abi.symbol(kernel.name))
+        key = (kernel.cuda.source, np.dtype(dtype), kernel.name)
+        function = self._functions.get(key)  # a dict read is atomic under the GIL
+        if function is None:
+            with self._modules_lock:  # worker threads share the compiled modules
+                module_key = key[:2]
+                module = self._modules.get(module_key)
+                if module is None:
+                    source = kernel.cuda.source
+                    options = ("-std=c++17", f"-I{source.parent}",
+                               *cuda_abi.compile_options(dtype, kernel.name))
+                    module = self._modules[module_key] = self._cupy.RawModule(
+                        code=source.read_text(), options=options)
+                function = self._functions[key] = module.get_function(cuda_abi.symbol(kernel.name))
+        return function
 
     def _thread_stream(self):
         stream = getattr(self._local, "stream", None)
@@ -140,7 +167,8 @@ class CudaBackend:
         return stream
 
     def record(self, stream):
-        event = self._cupy.cuda.Event(disable_timing=True)
+        # Recording again is safe: a wait already enqueued waits for the record it saw.
+        event = self._events.pop() if self._events else self._cupy.cuda.Event(disable_timing=True)
         event.record(stream)
         return event
 
@@ -148,10 +176,13 @@ class CudaBackend:
         stream.wait_event(event)
 
     def done(self, event) -> bool:
-        return event.done  # cudaEventQuery: raises the error of a kernel that faulted
+        return event_done(self._cupy.cuda.runtime, event)
 
     def synchronize(self, event) -> None:
-        event.synchronize()
+        event.synchronize()  # cudaEventSynchronize, whose status CuPy checks
+
+    def release(self, event) -> None:
+        self._events.append(event)
 
     def begin_capture(self, streams: list) -> None:
         """Capture everything enqueued on `streams` from here on into one CUDA graph: the
@@ -164,22 +195,36 @@ class CudaBackend:
         for stream in streams:
             stream.wait_event(fork)
 
-    def end_capture(self, streams: list) -> CudaGraph:
+    def end_capture(self, streams: list, memory: tuple) -> CudaGraph:
         try:
             for stream in streams:
                 self._origin.wait_event(self.record(stream))
         finally:
             self._capturing = False
             graph = self._origin.end_capture()  # ends the capture even when a join failed
-        return CudaGraph(graph, self._origin)
+        return CudaGraph(graph, self._origin, (self._heap, *memory))
+
+
+def event_done(runtime, event) -> bool:
+    """Whether `event` was reached, from `runtime` (cupy.cuda.runtime): raises the error of a
+    kernel that faulted before it. CuPy's Event.done is False for every status but success,
+    so a fault would stay unseen until some later, unrelated call failed."""
+    status = runtime.eventQuery(event.ptr)
+    if status == NOT_READY:
+        return False
+    runtime.check_status(status)  # raises CUDARuntimeError unless cudaSuccess
+    return True
 
 
 class CudaGraph:
     """A captured run; `replay` launches it and waits for it on its stream (not the device)."""
 
-    def __init__(self, graph, stream):
+    def __init__(self, graph, stream, memory: tuple):
         self._graph = graph
         self._stream = stream
+        # A CUDA graph holds bare addresses: the memory behind them must outlive it, or arrays
+        # made inside the orchestration would go back to CuPy's pool and a replay write there.
+        self._memory = memory
 
     def replay(self) -> None:
         self._graph.launch(self._stream)

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import time
 
+from ..backends import StreamBackend, memory_of
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, TaskError
 from ..profile import Profile
@@ -39,14 +40,15 @@ class Issued:
     at: float  # perf_counter() when issued
     after: tuple[Issued, ...]  # the in-flight producers it waits for on other streams
     end: float = 0.0  # when its retirement was observed
+    waiters: int = 0  # tasks in flight whose stream waits on `event`
 
 
 class StreamExecutor:
     runs_kernels = True
     wants_producers = True
 
-    def __init__(self, scheduler: Scheduler, backend, profile: Profile, streams: dict[WorkerType, int],
-                 capture: bool = False):
+    def __init__(self, scheduler: Scheduler, backend: StreamBackend, profile: Profile,
+                 streams: dict[WorkerType, int], capture: bool = False):
         self._scheduler = scheduler
         self._backend = backend
         self._profile = profile
@@ -82,13 +84,17 @@ class StreamExecutor:
                 held = newest.get(issued.stream)
                 if held is None or held.task.id < issued.task.id:
                     newest[issued.stream] = issued
-        for issued in newest.values():
-            self._backend.wait(stream, issued.event)
-        try:
+        try:  # refused on the host (no CUDA implementation, bad arguments), or a device fault
+            for issued in newest.values():
+                self._backend.wait(stream, issued.event)
+                issued.waiters += 1
             self._backend.launch(task, stream)
-        except Exception as cause:  # refused on the host: no CUDA implementation, bad arguments
+            event = self._backend.record(stream)
+        except Exception as cause:
+            if not self._capturing:
+                # A device fault fails every later CUDA call: name the task it came from.
+                self._retire_reached()
             raise TaskError.of(task, cause) from cause
-        event = self._backend.record(stream)
         record = Issued(task, index, event, time.perf_counter(), tuple(newest.values()))
         self._in_flight.append(record)
         self._issued[task.id] = record
@@ -118,8 +124,10 @@ class StreamExecutor:
     def finish(self) -> None:
         if self._capturing:
             self._capturing = False
-            self.graph = self._backend.end_capture(self._streams)
-            # Nothing ran: the tasks leave the core as the dry executor's do, unrecorded.
+            memory = memory_of(record.task for record in self._in_flight)
+            self.graph = self._backend.end_capture(self._streams, memory)
+            # Nothing ran: the tasks leave the core as the dry executor's do, unrecorded. Their
+            # events are not handed back: the graph was made from them.
             for record in self._in_flight:
                 self._scheduler.retire(record.task.id, self._scratch)
             self._in_flight.clear()
@@ -134,7 +142,7 @@ class StreamExecutor:
         if self._capturing:
             self._capturing = False
             with contextlib.suppress(Exception):  # the error being raised is the one to report
-                self._backend.end_capture(self._streams)
+                self._backend.end_capture(self._streams, ())
         for record in self._in_flight:
             with contextlib.suppress(Exception):
                 self._backend.synchronize(record.event)
@@ -164,6 +172,14 @@ class StreamExecutor:
         # ran no earlier than its stream's previous task and its producers elsewhere ended.
         record.end = time.perf_counter()
         start = max(record.at, self._last_end[record.stream], *(a.end for a in record.after))
+        # Its stream has passed its waits, so producers' events may be recorded again once
+        # no other wait refers to them (a CPU stream reads an event when it reaches the wait).
+        for producer in record.after:
+            producer.waiters -= 1
+            if producer.waiters == 0:
+                self._backend.release(producer.event)
+        if record.waiters == 0:
+            self._backend.release(record.event)
         record.after = ()  # its producers' ends are used: let their records go
         self._last_end[record.stream] = record.end
         self._lanes[record.stream].ran(record.task, start, record.end)

@@ -1,0 +1,153 @@
+"""The backend contract (backends/__init__.py) and what the stream executor asks of it: both
+backends offer every member of the Protocols, events are pooled without ever being recorded
+again while a queued wait refers to them, and CUDA event statuses become errors (checked with
+a fake CUDA runtime here; with a real fault in tests/test_cuda.py)."""
+
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+from pto_gpu.kernels.elementwise import scale
+from test_cuda import ON_GPU
+
+import pto_gpu as pto
+from pto_gpu.backends import Backend, StreamBackend, memory_of
+from pto_gpu.backends.cpu import CpuBackend
+from pto_gpu.backends.cuda import NOT_READY, CudaBackend, event_done
+from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
+
+
+def protocol_members(protocol) -> set[str]:
+    names = set()
+    for klass in protocol.__mro__:
+        if klass not in (object,) and klass.__name__ != "Protocol" and klass.__name__ != "Generic":
+            names |= {n for n in vars(klass) if not n.startswith("_")}
+            names |= set(getattr(klass, "__annotations__", {}))
+    return names
+
+
+@pytest.mark.parametrize("backend", [CpuBackend, CudaBackend], ids=lambda b: b.__name__)
+def test_each_backend_offers_every_member_of_the_stream_backend_protocol(backend):
+    members = protocol_members(StreamBackend)
+    assert protocol_members(Backend) < members and {"release", "view", "resolve"} <= members
+    instance_attributes = {"heap_base", "heap_bytes"}  # set in __init__
+    assert not {m for m in members - instance_attributes if not hasattr(backend, m)}
+
+
+def test_memory_of_gives_each_external_allocation_of_the_tasks_once():
+    def tensor(kind, memory):
+        return TensorDescriptor(Buffer(-1, kind, 4096, 64, memory), 4096, 0, (1,), (16,), pto.FLOAT32)
+
+    a, b = object(), object()
+    first = types.SimpleNamespace(params=[pto.input(tensor(BufferKind.EXTERNAL, a)), pto.scalar(2.0),
+                                          pto.output(tensor(BufferKind.HEAP, None))])
+    second = types.SimpleNamespace(params=[pto.input(tensor(BufferKind.EXTERNAL, b)),
+                                           pto.output(tensor(BufferKind.EXTERNAL, a))])
+    assert memory_of([first, second]) == (a, b)
+
+
+class FakeRuntime:
+    """cupy.cuda.runtime's eventQuery and check_status, with a status to return."""
+
+    def __init__(self, status: int):
+        self.status = status
+        self.queried: list[int] = []
+
+    def eventQuery(self, pointer: int) -> int:  # noqa: N802 (CuPy's name)
+        self.queried.append(pointer)
+        return self.status
+
+    def check_status(self, status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"cudaError {status}")
+
+
+@pytest.mark.parametrize("status, expected", [(0, True), (NOT_READY, False)])
+def test_an_event_status_of_success_or_not_ready_says_whether_it_was_reached(status, expected):
+    runtime = FakeRuntime(status)
+    assert event_done(runtime, types.SimpleNamespace(ptr=1234)) is expected
+    assert runtime.queried == [1234]
+
+
+def test_any_other_event_status_raises_instead_of_reading_as_not_done():
+    with pytest.raises(RuntimeError, match="cudaError 700"):  # cudaErrorIllegalAddress
+        event_done(FakeRuntime(700), types.SimpleNamespace(ptr=1))
+
+
+def counted_events(rt: pto.Runtime) -> list:
+    """Every event the backend's record returns, kept (so ids stay distinct)."""
+    seen = []
+    record = rt.backend.record
+
+    def counting(stream):
+        event = record(stream)
+        seen.append(event)
+        return event
+
+    rt.backend.record = counting
+    return seen
+
+
+def scale_chain(o, x, n):
+    """n dependent tasks, alternating between the VECTOR streams: each waits on the one before."""
+    X = o.external(x)
+    for _ in range(n):
+        o.submit(scale, pto.input(X), pto.output(X), 1.5)
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=ON_GPU)])
+def test_a_long_chain_records_a_bounded_number_of_distinct_events_and_matches_serial(backend):
+    expected = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    x = expected.copy()
+    pto.Runtime(backend="cpu", executor="serial").run(scale_chain, expected, 200)
+    window = 8
+    rt = pto.Runtime(backend=backend, executor="stream", task_window=window, workers={pto.VECTOR: 2})
+    events = counted_events(rt)
+    data = rt.backend.to_device(x)
+    rt.run(scale_chain, data, 200)
+    assert len(events) == 200
+    # At most the tasks in flight (the task window) plus the retired producers they wait on.
+    assert len({id(e) for e in events}) <= 2 * window
+    assert rt.backend.to_host(data).tobytes() == expected.tobytes()
+
+
+@pto.kernel(worker=pto.CUBE)
+def slow_write(out):
+    time.sleep(0.1)
+    out[...] = 1
+
+
+@pto.kernel(worker=pto.VECTOR)
+def sleep_then_write(out):
+    time.sleep(0.5)
+    out[...] = 2
+
+
+@pto.kernel(worker=pto.VECTOR)
+def copy_into(a, out):
+    out[...] = a
+
+
+def test_an_event_with_a_wait_still_queued_is_not_recorded_again():
+    """P (CUBE) retires while its consumer C's wait is still queued behind a slow task on the
+    one VECTOR stream. Were P's event recorded again behind C on that stream, the wait would
+    wait for a record queued after itself: a hang."""
+
+    def orch(o, out):
+        X = o.external(out)
+        o.submit(slow_write, pto.output(X[0]))  # P
+        o.submit(sleep_then_write, pto.output(X[1]))  # S, ahead of C on the VECTOR stream
+        o.submit(copy_into, pto.input(X[0]), pto.output(X[2]))  # C waits for P's event
+        time.sleep(0.25)  # P has run; S has not
+        o.submit(copy_into, pto.input(X[1]), pto.output(X[3]))  # P retires after this submit
+        o.submit(copy_into, pto.input(X[2]), pto.output(X[4]))  # a record that could take P's event
+
+    out = np.zeros((5, 4), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="stream", workers={pto.CUBE: 1, pto.VECTOR: 1})
+    runner = threading.Thread(target=rt.run, args=(orch, out), daemon=True)
+    runner.start()
+    runner.join(timeout=10)
+    assert not runner.is_alive(), "the run hung: an event was recorded again while a wait referred to it"
+    np.testing.assert_array_equal(out, [[1] * 4, [2] * 4, [1] * 4, [2] * 4, [1] * 4])
