@@ -39,7 +39,7 @@ def default_workers(executor: str) -> dict[WorkerType, int]:
 
 
 class Runtime:
-    """Runs orchestration functions. See design.md, "The public contract"."""
+    """Runs orchestration functions. See ../shared/design.md, "The public contract"."""
 
     def __init__(self, backend: str = "auto", executor: str = "auto", *,
                  heap_bytes: int = 64 << 20, task_window: int = 1024,
