@@ -1,4 +1,7 @@
-"""Shared fixtures: small kernels whose results depend on every input, and runtimes."""
+"""Shared fixtures: small kernels whose results depend on every input, runtimes, and the
+executor conformance suite: every test that should hold for each executor takes `executor`
+(each one that runs kernels) or `graph_executor` (the dry executor too, for graph building);
+hypothesis tests draw from the same lists."""
 
 import threading
 
@@ -40,11 +43,18 @@ def explode(*_):
     raise ValueError("planted failure")
 
 
-EXECUTORS = ["serial", "parallel", "stream"]
+EXECUTORS = ["serial", "parallel", "stream"]  # every executor that runs kernels
+CONCURRENT_EXECUTORS = ["parallel", "stream"]  # those that run kernels off the caller's thread
+GRAPH_EXECUTORS = [*EXECUTORS, "dry"]  # every executor: each builds the same graph
 
 
 @pytest.fixture(params=EXECUTORS)
 def executor(request):
+    return request.param
+
+
+@pytest.fixture(params=GRAPH_EXECUTORS)
+def graph_executor(request):
     return request.param
 
 

@@ -1,9 +1,13 @@
-"""Random orchestrations for differential testing against the serial executor.
+"""Random orchestrations for differential testing against the serial executor and the
+independent dependency oracle (oracle.py).
 
 A program is drawn from a seed: strided and transposed slices of a few external buffers
-(and of aliasing views of them in other dtypes), both overlap levels, alloc / free / scopes /
-versions, and input / output / inout params of CUBE and VECTOR kernels whose every output
-depends on every input. `describe` lists the ops, for failure reports.
+(and of aliasing views of them in other dtypes and strides), both overlap levels, alloc / free
+/ scopes / versions, and input / output / inout params of CUBE and VECTOR kernels whose every
+output depends on every input. Besides 256-512 B buffers there are owners of 8 KiB to 1 MiB,
+sliced into small tiles as well as large windows, so that regions hash by their 4 KiB
+TensorMap blocks, long ones by the owner's wide chain (docs/ARCHITECTURE.md, "TensorMap
+hashing"). `describe` lists the ops, for failure reports.
 """
 
 from __future__ import annotations
@@ -31,14 +35,28 @@ def stamp(out, value):
 
 
 def make_buffers() -> list[np.ndarray]:
-    return [np.arange(64, dtype=np.float64).reshape(8, 8) / 7, np.ones((8, 8)), np.zeros((4, 16), np.float32)]
+    return [np.arange(64, dtype=np.float64).reshape(8, 8) / 7, np.ones((8, 8)), np.zeros((4, 16), np.float32),
+            np.linspace(0, 1, 512 * 512, dtype=np.float32).reshape(512, 512),  # 1 MiB: 256 blocks
+            np.zeros((96, 80)),  # 60 KiB: 15 blocks
+            np.arange(4096, dtype=np.int16).reshape(64, 64)]  # 8 KiB: 2 blocks
+
+
+def _aliases(buffers) -> list[np.ndarray]:
+    """Views of the buffers that the runtime must resolve to their owners."""
+    first, big, mid = buffers[0], buffers[3], buffers[4]
+    return [first[2:, :], first.view(np.float32), first.view(np.uint8)[:, :32],
+            big.view(np.float64), big[1::3, 8:], big.view(np.uint8)[100:300, 1000:], mid.view(np.int32).T]
 
 
 def _slice(rng, t):
     key = []
     for n in t.shape:
         start = int(rng.integers(0, n))
-        key.append(slice(start, int(rng.integers(start + 1, n + 1)), int(rng.integers(1, 3))))
+        if rng.random() < 0.4:  # a tile of a few elements: what a big owner's blocks hash
+            stop = min(n, start + int(rng.integers(1, 17)))
+        else:
+            stop = int(rng.integers(start + 1, n + 1))
+        key.append(slice(start, stop, int(rng.integers(1, 3))))
     view = t[tuple(key)]
     if rng.random() < 0.2:
         view = view.T
@@ -47,12 +65,16 @@ def _slice(rng, t):
     return view
 
 
+# One heap buffer shape per program: 512 B (one block) or 32 or 128 KiB (8 or 32 blocks). Mixed
+# sizes would let the ring's placement, which depends on when earlier buffers die, decide
+# whether a heap of the serial high-water mark is big enough, and executors could disagree.
+HEAP_SHAPES = [((8, 8), pto.FLOAT64), ((16, 512), pto.FLOAT32), ((64, 512), pto.FLOAT32)]
+
+
 def random_program(o, buffers, seed: int, n_ops: int, log: list | None = None) -> None:
     rng = np.random.default_rng(seed)
-    externals = [o.external(b) for b in buffers]
-    # Aliases of the first buffer: a row window, and its bytes seen as float32 and uint8.
-    externals += [o.external(buffers[0][2:, :]), o.external(buffers[0].view(np.float32)),
-                  o.external(buffers[0].view(np.uint8)[:, :32])]
+    heap_shape = HEAP_SHAPES[int(rng.integers(len(HEAP_SHAPES)))]
+    externals = [o.external(b) for b in buffers + _aliases(buffers)]
     live = []
 
     def note(*what):
@@ -62,7 +84,7 @@ def random_program(o, buffers, seed: int, n_ops: int, log: list | None = None) -
     for _ in range(n_ops):
         r = rng.random()
         if r < 0.12:
-            t = o.alloc((8, 8), pto.FLOAT64)
+            t = o.alloc(*heap_shape)
             note("alloc", t.buffer.key)
             o.submit(stamp, pto.output(t), float(rng.integers(10)))
             live.append(t)
@@ -76,8 +98,8 @@ def random_program(o, buffers, seed: int, n_ops: int, log: list | None = None) -
             note("version_inc", live[i].buffer.key, "->", live[i].version)
         elif r < 0.3:
             with o.scope():
-                t = o.alloc((8, 8), pto.FLOAT64)
-                target = _slice(rng, externals[0])
+                t = o.alloc(*heap_shape)
+                target = _slice(rng, externals[int(rng.integers(len(externals)))])
                 note("scope: alloc", t.buffer.key, "stamp, combine into", target)
                 o.submit(stamp, pto.output(t), 3.0)
                 o.submit(combine_vector, 1, pto.input(t), pto.inout(target))

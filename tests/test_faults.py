@@ -4,7 +4,7 @@ that failed, no descendant of a failed task runs, no worker thread is left, the 
 empty once the run unwinds, and the next run on the same Runtime matches the serial executor."""
 
 import numpy as np
-from conftest import worker_threads
+from conftest import CONCURRENT_EXECUTORS, worker_threads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +51,7 @@ def descendants(edges, roots):
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n_tasks=st.integers(1, 80), data=st.data(),
        threshold=st.sampled_from([0, 1, 8]), window_log2=st.integers(2, 8),
-       executor=st.sampled_from(["parallel", "stream"]))
+       executor=st.sampled_from(CONCURRENT_EXECUTORS))
 def test_injected_failures(seed, n_tasks, data, threshold, window_log2, executor):
     failing = set(data.draw(st.lists(st.integers(0, n_tasks - 1), min_size=1, max_size=3)))
     graph = pto.Runtime(backend="cpu", executor="dry").run(

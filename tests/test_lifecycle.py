@@ -62,8 +62,7 @@ def test_large_graph_leaves_rings_empty(executor):
     assert h[cs.H_HEAP_HEAD] == h[cs.H_HEAP_TAIL] and h[cs.H_DEP_USED] == 0
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel", "dry"])
-def test_heap_too_small_for_live_set_raises_deadlock_quickly(executor):
+def test_heap_too_small_for_live_set_raises_deadlock_quickly(graph_executor):
     def hoard(o):
         kept = [o.alloc((256,)) for _ in range(10)]  # never freed: 10 KiB live in a 4 KiB heap
         for t in kept:
@@ -72,7 +71,7 @@ def test_heap_too_small_for_live_set_raises_deadlock_quickly(executor):
     for _ in range(2):  # the first may include numba compiling the path; time the second
         started = time.perf_counter()
         with pytest.raises(pto.DeadlockError, match=r"heap ring \(heap_bytes=4096.*not freed.*heap_bytes="):
-            runtime(executor, heap_bytes=4096).run(hoard)
+            runtime(graph_executor, heap_bytes=4096).run(hoard)
     assert time.perf_counter() - started < 1.0
 
 
@@ -116,7 +115,6 @@ def test_keyboard_interrupt_in_the_orchestration_stops_cleanly():
     assert rt.run(lambda o: o.submit(noop)).num_tasks == 1
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
 def test_rings_that_cannot_deadlock_complete_at_their_smallest(executor):
     """A task's slot and its dep entries are released by completion alone, so a task window of
     one and a dep pool of one only slow a run down; tasks with many producers still run."""
@@ -131,7 +129,6 @@ def test_rings_that_cannot_deadlock_complete_at_their_smallest(executor):
     np.testing.assert_array_equal(out[4:], np.repeat((4 + 2 * np.arange(4))[:, None], 4, axis=1))
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
 def test_tensormap_pool_too_small_raises_deadlock_quickly(executor):
     def orch(o):
         t = o.alloc((8, 4))

@@ -1,4 +1,4 @@
-"""The parallel executor must leave every byte as the serial one does, on real graphs
+"""Every executor must leave every byte as the serial one does, on real graphs
 (random ones are in test_fuzz.py)."""
 
 import numpy as np
@@ -8,7 +8,6 @@ from pto_gpu.orchestration.matmul import tiled_matmul
 import pto_gpu as pto
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
 @pytest.mark.parametrize("shape", [(256, 384, 256), (200, 130, 70)])
 def test_tiled_matmul_matches_numpy(executor, shape):
     m, k, n = shape
@@ -23,16 +22,14 @@ def test_tiled_matmul_matches_numpy(executor, shape):
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
 
 
-def test_parallel_matmul_is_bit_identical_to_serial():
+def test_matmul_is_bit_identical_to_serial(executor):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((256, 256)).astype(np.float32)
     b = rng.standard_normal((256, 256)).astype(np.float32)
-    outputs = []
-    for executor in ("serial", "parallel", "stream"):
-        c = np.zeros((256, 256), np.float32)
-        pto.Runtime(backend="cpu", executor=executor).run(tiled_matmul, a, b, c, tile=64)
-        outputs.append(c)
-    assert outputs[0].tobytes() == outputs[1].tobytes()
+    expected, got = np.zeros((256, 256), np.float32), np.zeros((256, 256), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, a, b, expected, tile=64)
+    pto.Runtime(backend="cpu", executor=executor).run(tiled_matmul, a, b, got, tile=64)
+    assert got.any() and got.tobytes() == expected.tobytes()
 
 
 def test_hundred_thousand_tasks_complete_with_rings_empty():
