@@ -285,5 +285,5 @@ def _check_writable(tensor: TensorDescriptor, position: int, kernel: Kernel) -> 
     for dim, (stride, count) in enumerate(zip(tensor.strides, tensor.repeats)):
         if stride == 0 and count > 1:
             raise ParamError(f"param {position} of {kernel.name}: dim {dim} has stride 0 (a broadcast "
-                             f"view, shape {tensor.shape}), so its {count} elements are one memory "
-                             "location and an output or inout would write over itself; pass a real array")
+                             f"view, shape {tensor.shape}), so its {count} positions along that dim share "
+                             "memory and an output or inout would write over itself; pass a real array")
