@@ -1,0 +1,185 @@
+"""The PTO ISA's intermediate representation: plain, immutable data (spec 003 §1).
+
+A Module holds Functions by name. A Function is InCore (tile work on one core) or an
+Orchestration (control flow plus CALLs that become tasks). It declares memrefs (tensors in
+global memory: a dtype and, for InCore functions, a 2-d shape), tiles (rows x cols of a
+dtype, in core-local memory) and scalars, then has a body of statements:
+
+    Op      one instruction of the opcode table (ops.py): opcode, destination, sources
+    For     a counted loop over a scalar variable; start/stop/step are ints or scalar names
+    If      a branch on `lhs predicate rhs` over ints and scalar names
+    Call    a call of another function: InCore callees are inlined, Orchestration ones
+            become tasks; each argument is a whole tensor or a window (CallArg)
+    Return  leaves the function
+
+Operands are names (of a tile, memref or scalar) or numbers. Statements compare by value,
+so two modules built the same way are equal, name for name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from ..dtypes import DataType
+from .errors import ISAError
+
+
+class FunctionKind(enum.Enum):
+    INCORE = "InCore"
+    ORCHESTRATION = "Orchestration"
+
+
+class Predicate(enum.Enum):
+    """Comparisons of SCMP and IF, by their `.pto` spelling."""
+
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    EQ = "eq"
+    NE = "ne"
+
+
+Operand = str | int | float  # a declared name, or an immediate number
+Index = str | int  # an integer immediate or the name of an integer scalar / loop variable
+
+
+@dataclasses.dataclass(frozen=True)
+class MemRef:
+    """A tensor in global memory. `shape` (rows, cols) is the window an InCore function works
+    on (a task may pass a smaller one: the tail); orchestration memrefs have none."""
+
+    name: str
+    dtype: DataType
+    shape: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A rows x cols block in core-local memory."""
+
+    name: str
+    rows: int
+    cols: int
+    dtype: DataType
+
+
+@dataclasses.dataclass(frozen=True)
+class Scalar:
+    """A scalar: a parameter of the function (its value comes from the caller; for a kernel,
+    after the memrefs), or a local that scalar instructions write. Loop variables are
+    declared by their For, not here."""
+
+    name: str
+    dtype: DataType
+    param: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One instruction: `opcode` names its entry in ops.OPCODES."""
+
+    opcode: str
+    dst: str
+    srcs: tuple[Operand, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class For:
+    var: str
+    start: Index
+    stop: Index
+    step: Index
+    body: tuple[Statement, ...]
+    max_range: int | None = None  # binary expansion (spec §2.5): the largest trip count
+    min_range: int | None = None  # the smallest power-of-two block; fewer go to one residual loop
+    tile_levels: tuple[tuple[int, int], ...] = ()  # (block size, tile rows), 0 for the residual
+
+
+@dataclasses.dataclass(frozen=True)
+class If:
+    lhs: Index
+    predicate: Predicate
+    rhs: Index
+    then_body: tuple[Statement, ...]
+    else_body: tuple[Statement, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class CallArg:
+    """A tensor passed to a callee: `tensor` whole, or with `row`/`col` the window of the
+    callee memref's shape at rows row*rows, cols col*cols (design.md, "The PTO ISA compiler")."""
+
+    tensor: str
+    row: Index | None = None
+    col: Index | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.row is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    callee: str
+    args: tuple[tuple[str, CallArg], ...]  # (callee param, argument), in the callee's order
+
+
+@dataclasses.dataclass(frozen=True)
+class Return:
+    pass
+
+
+Statement = Op | For | If | Call | Return
+
+
+@dataclasses.dataclass(frozen=True)
+class Function:
+    name: str
+    kind: FunctionKind
+    memrefs: tuple[MemRef, ...]
+    scalars: tuple[Scalar, ...]  # parameters (in call order), then locals
+    tiles: tuple[Tile, ...]
+    body: tuple[Statement, ...]
+
+    @property
+    def in_core(self) -> bool:
+        return self.kind == FunctionKind.INCORE
+
+    def memref(self, name: str) -> MemRef | None:
+        return next((m for m in self.memrefs if m.name == name), None)
+
+    def tile(self, name: str) -> Tile | None:
+        return next((t for t in self.tiles if t.name == name), None)
+
+    def scalar(self, name: str) -> Scalar | None:
+        return next((s for s in self.scalars if s.name == name), None)
+
+
+@dataclasses.dataclass
+class Module:
+    """Functions by name, in the order they were added (callees may come after callers)."""
+
+    name: str
+    functions: dict[str, Function] = dataclasses.field(default_factory=dict)
+
+    def add(self, function: Function) -> Function:
+        if function.name in self.functions:
+            raise ISAError(f"module {self.name} already has a function @{function.name}")
+        self.functions[function.name] = function
+        return function
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Module) and self.name == other.name
+                and list(self.functions.items()) == list(other.functions.items()))
+
+    def to_pto(self) -> str:
+        """The canonical `.pto` assembly (asm.py)."""
+        from .asm import print_module  # asm imports ir
+        return print_module(self)
+
+    def to_python(self) -> str:
+        """FunctionBuilder code that rebuilds this module as `m` (pyize.py)."""
+        from .pyize import to_python  # pyize imports ir
+        return to_python(self)

@@ -1,0 +1,515 @@
+"""The verifier: what a well-formed PTO program is, and the directions of its memrefs.
+
+It owns the operands each instruction form takes (`signature`, which the builder also uses to
+generate its methods), the rules a Function must follow (names declared once and in scope,
+operand kinds, shapes and dtypes per Form, tile instructions only in InCore functions, loop
+parameters, calls that match their callees, no recursion) and the inference of directions:
+a memref an InCore function (with its inlined callees) only loads is an input, only stores is
+an output, both is inout; an Orchestration's memrefs take the directions of the callee
+parameters they are passed to. Every error is an ISAError naming the function and the
+instruction or declaration at fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import NoReturn
+
+from ..dtypes import DataType
+from .errors import ISAError
+from .ir import (
+    Call,
+    CallArg,
+    For,
+    Function,
+    If,
+    MemRef,
+    Module,
+    Op,
+    Predicate,
+    Return,
+    Scalar,
+    Statement,
+    Tile,
+)
+from .ops import OPCODES, SCALAR_FORMS, Form, OpSpec
+
+
+class Direction(enum.Enum):
+    INPUT = "input"
+    OUTPUT = "output"
+    INOUT = "inout"
+
+
+class Kind(enum.Enum):
+    """What an operand position accepts."""
+
+    TILE = "tile"
+    MEMREF = "memref"
+    INDEX = "integer"  # an int immediate, or an integer scalar or loop variable
+    VALUE = "value"  # a number, or any scalar or loop variable
+    IMMEDIATE = "immediate"
+    PREDICATE = "predicate"
+    LOCAL = "local scalar"  # a scalar destination
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """One operand of an instruction, destination first: its builder parameter name, what it
+    accepts and, for optional ones, the default."""
+
+    name: str
+    kind: Kind
+    default: int | None = None
+
+
+def _operands(*spec: tuple) -> tuple[Operand, ...]:
+    return tuple(Operand(*entry) for entry in spec)
+
+
+_T, _M, _I, _V = Kind.TILE, Kind.MEMREF, Kind.INDEX, Kind.VALUE
+_SIGNATURES = {
+    Form.LOAD: _operands(("tile", _T), ("memref", _M), ("row", _I, 0), ("col", _I, 0)),
+    Form.STORE: _operands(("memref", _M), ("tile", _T), ("row", _I, 0), ("col", _I, 0)),
+    Form.UNARY: _operands(("dst", _T), ("a", _T)),
+    Form.BINARY: _operands(("dst", _T), ("a", _T), ("b", _T)),
+    Form.TILE_SCALAR: _operands(("dst", _T), ("a", _T), ("s", _V)),
+    Form.ROW_REDUCE: _operands(("dst", _T), ("a", _T)),
+    Form.COL_REDUCE: _operands(("dst", _T), ("a", _T)),
+    Form.ROW_EXPAND: _operands(("dst", _T), ("a", _T), ("b", _T)),
+    Form.COL_EXPAND: _operands(("dst", _T), ("a", _T), ("b", _T)),
+    Form.MATMUL: _operands(("dst", _T), ("a", _T), ("b", _T)),
+    Form.MASK: _operands(("dst", _T), ("a", _T), ("row", _I), ("col", _I)),
+    Form.SCALAR: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V)),
+    Form.COMPARE: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V), ("predicate", Kind.PREDICATE)),
+}
+_LOAD_IMMEDIATE = _operands(("dst", Kind.LOCAL), ("value", Kind.IMMEDIATE))
+
+
+def signature(spec: OpSpec) -> tuple[Operand, ...]:
+    """The operands of an instruction, destination first (the builder's parameter order)."""
+    # The SCALAR form's one entry without numpy semantics is SLI, which loads an immediate.
+    if spec.form is Form.SCALAR and spec.reference is None:
+        return _LOAD_IMMEDIATE
+    return _SIGNATURES[spec.form]
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return f"%{value}"
+    if isinstance(value, Predicate):
+        return value.value
+    return repr(value)
+
+
+def describe(statement: Statement) -> str:
+    """An instruction as error messages quote it: `TADD %y, %x, %w`, `FOR %i, 0, %n, 1`."""
+    if isinstance(statement, Op):
+        return f"{statement.opcode} " + ", ".join(_text(v) for v in (statement.dst, *statement.srcs))
+    if isinstance(statement, For):
+        return "FOR " + ", ".join(_text(v) for v in (statement.var, statement.start, statement.stop,
+                                                      statement.step))
+    if isinstance(statement, If):
+        return f"IF {_text(statement.lhs)} {_text(statement.predicate)} {_text(statement.rhs)}"
+    if isinstance(statement, Call):
+        args = ", ".join(f"%{param} -> %{arg.tensor}" + (f"[{_text(arg.row)}, {_text(arg.col)}]"
+                                                          if arg.windowed else "")
+                         for param, arg in statement.args)
+        return f"CALL @{statement.callee}({args})"
+    if isinstance(statement, Return):
+        return "RETURN"
+    return repr(statement)
+
+
+def _shape(tile: Tile) -> str:
+    return f"{tile.rows}x{tile.cols}"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_integer_dtype(dtype: DataType) -> bool:
+    return dtype.numpy.kind in "iu"
+
+
+def _power_of_two(value: object) -> bool:
+    return _is_int(value) and value > 0 and value & (value - 1) == 0
+
+
+def verify_function(function: Function, module: Module | None = None) -> None:
+    """Check one function. Calls are checked against their callees when `module` holds them;
+    a call to a function not (yet) in the module is left to verify_module."""
+    _Checker(function, module, resolve_all=False).check()
+
+
+def verify_module(module: Module) -> None:
+    """Check every function, that every callee exists, and that no function calls itself,
+    directly or through others."""
+    for key, function in module.functions.items():
+        if key != function.name:
+            raise ISAError(f"module {module.name}: @{function.name} is filed under @{key}")
+    _check_recursion(module)
+    for function in module.functions.values():
+        _Checker(function, module, resolve_all=True).check()
+
+
+def directions(function: Function, module: Module | None = None) -> dict[str, Direction]:
+    """The direction of each memref, in declaration order, inferred from loads, stores and
+    calls (callees resolved in `module`)."""
+    access = _Access(module, resolve_all=True).of(function)
+    return {m.name: _DIRECTION[access[m.name]] for m in function.memrefs}
+
+
+_READ, _WRITE, _UNKNOWN = 1, 2, 4
+_DIRECTION = {_READ: Direction.INPUT, _WRITE: Direction.OUTPUT, _READ | _WRITE: Direction.INOUT}
+
+
+def _walk(body: tuple[Statement, ...]):
+    for statement in body:
+        yield statement
+        if isinstance(statement, For):
+            yield from _walk(statement.body)
+        elif isinstance(statement, If):
+            yield from _walk(statement.then_body)
+            yield from _walk(statement.else_body)
+
+
+class _Access:
+    """Read/write bits per memref. With resolve_all False, a memref passed to a callee not in
+    the module is marked _UNKNOWN (used, direction not yet known) instead of an error."""
+
+    def __init__(self, module: Module | None, resolve_all: bool):
+        self.module, self.resolve_all = module, resolve_all
+        self.done: dict[str, dict[str, int]] = {}
+        self.active: list[str] = []
+
+    def of(self, function: Function) -> dict[str, int]:
+        if function.name in self.done:
+            return self.done[function.name]
+        self.active.append(function.name)
+        bits = {m.name: 0 for m in function.memrefs}
+        for statement in _walk(function.body):
+            if isinstance(statement, Op) and statement.opcode == "TLOAD" and statement.srcs:
+                self._mark(bits, statement.srcs[0], _READ)
+            elif isinstance(statement, Op) and statement.opcode == "TSTORE":
+                self._mark(bits, statement.dst, _WRITE)
+            elif isinstance(statement, Call):
+                self._call(function, statement, bits)
+        self.active.pop()
+        unused = next((m for m in function.memrefs if not bits[m.name]), None)
+        if unused is not None:
+            how = "loaded nor stored" if function.in_core else "passed to a call"
+            raise ISAError(f"@{function.name}: memref %{unused.name}: neither {how}, so it has no "
+                           "direction (directions are inferred from its uses)")
+        self.done[function.name] = bits
+        return bits
+
+    def _mark(self, bits: dict[str, int], name: object, bit: int) -> None:
+        if name in bits:
+            bits[name] |= bit
+
+    def _call(self, caller: Function, call: Call, bits: dict[str, int]) -> None:
+        callee = self.module.functions.get(call.callee) if self.module is not None else None
+        if callee is None:
+            if self.resolve_all:
+                raise ISAError(f"@{caller.name}: {describe(call)}: unknown function @{call.callee}")
+            for _, arg in call.args:
+                self._mark(bits, arg.tensor, _UNKNOWN)
+            return
+        if callee.name in self.active:
+            cycle = " -> ".join(f"@{name}" for name in [*self.active, callee.name])
+            raise ISAError(f"@{caller.name}: {describe(call)}: recursive call: {cycle}")
+        callee_bits = self.of(callee)
+        for param, arg in call.args:
+            self._mark(bits, arg.tensor, callee_bits.get(param, 0))
+
+
+def _check_recursion(module: Module) -> None:
+    finished: set[str] = set()
+
+    def visit(function: Function, path: list[str]) -> None:
+        path.append(function.name)
+        for statement in _walk(function.body):
+            if not isinstance(statement, Call):
+                continue
+            if statement.callee in path:
+                cycle = " -> ".join(f"@{name}" for name in [*path[path.index(statement.callee):],
+                                                             statement.callee])
+                raise ISAError(f"@{function.name}: {describe(statement)}: recursive call: {cycle}")
+            callee = module.functions.get(statement.callee)
+            if callee is not None and callee.name not in finished:
+                visit(callee, path)
+        path.pop()
+        finished.add(function.name)
+
+    for function in module.functions.values():
+        if function.name not in finished:
+            visit(function, [])
+
+
+class _Checker:
+    """One function's checks, in order: declarations, then statements (with loop variables in
+    scope), then that every memref is used."""
+
+    def __init__(self, function: Function, module: Module | None, resolve_all: bool):
+        self.function, self.module, self.resolve_all = function, module, resolve_all
+        self.declared: dict[str, MemRef | Tile | Scalar] = {}
+        self.loop_vars: list[str] = []
+
+    def fail(self, where: str, message: str) -> NoReturn:
+        raise ISAError(f"@{self.function.name}: {where}: {message}")
+
+    def check(self) -> None:
+        self._declarations()
+        self._block(self.function.body)
+        # Directions are inferred: a memref with no load, store or call has none.
+        _Access(self.module, resolve_all=self.resolve_all).of(self.function)
+
+    # declarations
+
+    def _declarations(self) -> None:
+        f = self.function
+        if not f.in_core and f.tiles:
+            self.fail(f"tile %{f.tiles[0].name}", "Orchestration functions have no tiles")
+        for memref in f.memrefs:
+            where = f"memref %{memref.name}"
+            self._declare(where, memref)
+            if memref.shape is None:
+                if f.in_core:
+                    self.fail(where, "memrefs of InCore functions need a shape (rows, cols)")
+            elif len(memref.shape) != 2 or not all(_is_int(n) and n > 0 for n in memref.shape):
+                self.fail(where, f"shape {memref.shape} is not (rows, cols) of positive ints")
+        for scalar, following in zip(f.scalars, f.scalars[1:]):
+            if following.param and not scalar.param:
+                self.fail(f"scalar %{following.name}",
+                          f"parameters come before locals (%{scalar.name} is a local)")
+        for scalar in f.scalars:
+            self._declare(f"scalar %{scalar.name}", scalar)
+        for tile in f.tiles:
+            where = f"tile %{tile.name}"
+            self._declare(where, tile)
+            if not (_is_int(tile.rows) and _is_int(tile.cols) and tile.rows > 0 and tile.cols > 0):
+                self.fail(where, f"shape {tile.rows}x{tile.cols} is not of positive ints")
+
+    def _declare(self, where: str, declaration: MemRef | Tile | Scalar) -> None:
+        self._check_name(where, declaration.name)
+        if not isinstance(declaration.dtype, DataType):
+            self.fail(where, f"dtype {declaration.dtype!r} is not a pto.DataType")
+        previous = self.declared.get(declaration.name)
+        if previous is not None:
+            self.fail(where, f"%{declaration.name} is already declared as a {self._kind(previous)}")
+        self.declared[declaration.name] = declaration
+
+    def _check_name(self, where: str, name: object) -> None:
+        if not (isinstance(name, str) and name.isidentifier()):
+            self.fail(where, f"{name!r} is not a valid name")
+
+    @staticmethod
+    def _kind(declaration: MemRef | Tile | Scalar) -> str:
+        if isinstance(declaration, Scalar):
+            return "scalar parameter" if declaration.param else "local scalar"
+        return "memref" if isinstance(declaration, MemRef) else "tile"
+
+    # statements
+
+    def _block(self, body: tuple[Statement, ...]) -> None:
+        for statement in body:
+            if isinstance(statement, Op):
+                self._op(statement)
+            elif isinstance(statement, For):
+                self._for(statement)
+            elif isinstance(statement, If):
+                self._if(statement)
+            elif isinstance(statement, Call):
+                self._call(statement)
+            elif not isinstance(statement, Return):
+                self.fail(repr(statement), "not a statement (Op, For, If, Call or Return)")
+
+    def _op(self, op: Op) -> None:
+        where = describe(op)
+        spec = OPCODES.get(op.opcode)
+        if spec is None:
+            self.fail(where, f"unknown instruction {op.opcode}")
+        if spec.form not in SCALAR_FORMS and not self.function.in_core:
+            self.fail(where, "tile instructions belong in InCore functions, not an Orchestration")
+        operands = signature(spec)
+        values = (op.dst, *op.srcs)
+        if len(values) != len(operands):
+            names = ", ".join(o.name for o in operands)
+            self.fail(where, f"{op.opcode} takes {len(operands)} operands ({names}), got {len(values)}")
+        resolved = [self._operand(where, o.kind, v) for o, v in zip(operands, values)]
+        if spec.form in (Form.LOAD, Form.STORE):
+            tile, memref = resolved[:2] if spec.form is Form.LOAD else resolved[1::-1]
+            self._transfer(where, tile, memref, values[2], values[3])
+        elif spec.form not in SCALAR_FORMS:
+            tiles = [r for r, o in zip(resolved, operands) if o.kind is Kind.TILE]
+            self._tile_shapes(where, spec.form, *tiles)
+
+    def _operand(self, where: str, kind: Kind, value: object) -> MemRef | Tile | Scalar | None:
+        if kind is Kind.PREDICATE:
+            if not isinstance(value, Predicate):
+                self.fail(where, f"{value!r} is not a Predicate")
+            return None
+        if kind is Kind.IMMEDIATE or (kind in (Kind.INDEX, Kind.VALUE) and not isinstance(value, str)):
+            ok = _is_int(value) if kind is Kind.INDEX else _is_number(value)
+            if not ok:
+                self.fail(where, f"{value!r} is not {'an integer' if kind is Kind.INDEX else 'a number'}")
+            return None
+        if not isinstance(value, str):
+            self.fail(where, f"{value!r} is not a {kind.value} name")
+        if value in self.loop_vars:
+            if kind is Kind.LOCAL:
+                self.fail(where, f"loop variable %{value} is not assignable")
+            if kind in (Kind.INDEX, Kind.VALUE):
+                return None
+            self.fail(where, f"%{value} is a loop variable, not a {kind.value}")
+        declared = self.declared.get(value)
+        if declared is None:
+            self.fail(where, f"unknown name %{value}")
+        wanted = {Kind.TILE: Tile, Kind.MEMREF: MemRef}.get(kind, Scalar)
+        if not isinstance(declared, wanted):
+            self.fail(where, f"%{value} is a {self._kind(declared)}, not a {kind.value}")
+        if kind is Kind.LOCAL and declared.param:
+            self.fail(where, f"scalar parameter %{value} is not assignable (declare a local with scalar_var)")
+        if kind is Kind.INDEX and not _is_integer_dtype(declared.dtype):
+            self.fail(where, f"%{value} is {declared.dtype.name}, not an integer")
+        return declared
+
+    def _transfer(self, where: str, tile: Tile, memref: MemRef, row: object, col: object) -> None:
+        if memref.dtype != tile.dtype:
+            self.fail(where, f"memref %{memref.name} is {memref.dtype.name} but tile %{tile.name} is "
+                             f"{tile.dtype.name}")
+        for axis, offset, extent, size in (("row", row, tile.rows, 0), ("col", col, tile.cols, 1)):
+            if not _is_int(offset):
+                continue
+            if offset < 0:
+                self.fail(where, f"negative {axis} offset {offset}")
+            if memref.shape is not None and offset + extent > memref.shape[size]:
+                self.fail(where, f"tile %{tile.name} ({_shape(tile)}) at {axis} {offset} does not fit "
+                                 f"memref %{memref.name} ({memref.shape[0]}x{memref.shape[1]})")
+
+    def _tile_shapes(self, where: str, form: Form, dst: Tile, a: Tile, b: Tile | None = None) -> None:
+        tiles = [t for t in (dst, a, b) if t is not None]
+        for tile in tiles:
+            if tile.dtype != a.dtype:
+                self.fail(where, f"tile %{tile.name} is {tile.dtype.name} but %{a.name} is {a.dtype.name}")
+        rows, cols = a.rows, a.cols
+        same = f"%{a.name} is {_shape(a)}"
+        # (tile, expected rows, expected cols, why), checked in order
+        expected = {
+            Form.UNARY: [(dst, rows, cols, same)],
+            Form.BINARY: [(b, rows, cols, same), (dst, rows, cols, same)],
+            Form.TILE_SCALAR: [(dst, rows, cols, same)],
+            Form.MASK: [(dst, rows, cols, same)],
+            Form.ROW_REDUCE: [(dst, rows, 1, f"the row reduction of %{a.name} ({_shape(a)}) is {rows}x1")],
+            Form.COL_REDUCE: [(dst, 1, cols, f"the column reduction of %{a.name} ({_shape(a)}) is 1x{cols}")],
+            Form.ROW_EXPAND: [(b, rows, 1, f"broadcasting along the rows of %{a.name} ({_shape(a)}) "
+                                           f"needs {rows}x1"), (dst, rows, cols, same)],
+            Form.COL_EXPAND: [(b, 1, cols, f"broadcasting down the columns of %{a.name} ({_shape(a)}) "
+                                           f"needs 1x{cols}"), (dst, rows, cols, same)],
+        }.get(form)
+        if form is Form.MATMUL:
+            expected = [(b, cols, b.cols, f"%{a.name} is {_shape(a)}, so %{b.name} needs {cols} rows"),
+                        (dst, rows, b.cols, f"%{a.name} @ %{b.name} is {rows}x{b.cols}")]
+        for tile, want_rows, want_cols, why in expected:
+            if (tile.rows, tile.cols) != (want_rows, want_cols):
+                self.fail(where, f"tile %{tile.name} is {_shape(tile)} but {why}")
+
+    def _for(self, loop: For) -> None:
+        where = describe(loop)
+        self._check_name(where, loop.var)
+        if loop.var in self.loop_vars:
+            self.fail(where, f"loop variable %{loop.var} is already the variable of an enclosing loop")
+        if loop.var in self.declared:
+            self.fail(where, f"loop variable %{loop.var} is already declared as a "
+                             f"{self._kind(self.declared[loop.var])}")
+        for bound in (loop.start, loop.stop, loop.step):
+            self._operand(where, Kind.INDEX, bound)
+        if loop.step == 0:
+            self.fail(where, "step 0 never ends")
+        self._binary_expansion(where, loop)
+        self.loop_vars.append(loop.var)
+        self._block(loop.body)
+        self.loop_vars.pop()
+
+    def _binary_expansion(self, where: str, loop: For) -> None:
+        if loop.max_range is None and loop.min_range is None and not loop.tile_levels:
+            return
+        if self.function.in_core:
+            self.fail(where, "binary expansion (max_range, min_range, tile_levels) is for Orchestration "
+                             "loops")
+        if loop.max_range is None:
+            self.fail(where, "min_range and tile_levels need max_range")
+        if not _power_of_two(loop.max_range):
+            self.fail(where, f"max_range {loop.max_range!r} is not a power of two")
+        low = 1 if loop.min_range is None else loop.min_range
+        if not _power_of_two(low) or low > loop.max_range:
+            self.fail(where, f"min_range {low!r} is not a power of two <= max_range {loop.max_range}")
+        sizes = [level[0] for level in loop.tile_levels]
+        if sizes != sorted(set(sizes)):
+            self.fail(where, f"tile_levels {loop.tile_levels} are not sorted by block size without repeats")
+        for size, rows in loop.tile_levels:
+            if not (size == 0 or (_power_of_two(size) and low <= size <= loop.max_range)):
+                self.fail(where, f"tile_levels block size {size!r} is neither 0 (the residual) nor a power "
+                                 f"of two in [{low}, {loop.max_range}]")
+            if not (_is_int(rows) and rows > 0):
+                self.fail(where, f"tile_levels rows {rows!r} for block size {size} is not a positive int")
+
+    def _if(self, branch: If) -> None:
+        where = describe(branch)
+        self._operand(where, Kind.INDEX, branch.lhs)
+        self._operand(where, Kind.PREDICATE, branch.predicate)
+        self._operand(where, Kind.INDEX, branch.rhs)
+        self._block(branch.then_body)
+        self._block(branch.else_body)
+
+    def _call(self, call: Call) -> None:
+        where = describe(call)
+        params = [param for param, _ in call.args]
+        if len(set(params)) != len(params):
+            self.fail(where, "a callee parameter is bound twice")
+        for _, arg in call.args:
+            if not isinstance(arg, CallArg):
+                self.fail(where, f"{arg!r} is not a CallArg")
+            self._operand(where, Kind.MEMREF, arg.tensor)
+            if (arg.row is None) != (arg.col is None):
+                self.fail(where, f"a window of %{arg.tensor} needs both row and col")
+            if arg.windowed:
+                self._operand(where, Kind.INDEX, arg.row)
+                self._operand(where, Kind.INDEX, arg.col)
+        callee = self.module.functions.get(call.callee) if self.module is not None else None
+        if callee is None:
+            if self.resolve_all:
+                self.fail(where, f"unknown function @{call.callee}")
+            return
+        if self.function.in_core and not callee.in_core:
+            self.fail(where, f"an InCore function can only call InCore functions; @{callee.name} is an "
+                             "Orchestration")
+        expected = [m.name for m in callee.memrefs]
+        missing = [name for name in expected if name not in params]
+        unexpected = [name for name in params if name not in expected]
+        problems = []
+        if missing:
+            problems.append("missing " + ", ".join(f"%{name}" for name in missing))
+        if unexpected:
+            problems.append("no memref " + ", ".join(f"%{name}" for name in unexpected))
+        if problems:
+            self.fail(where, f"@{callee.name} takes memrefs ({', '.join(expected)}): " + "; ".join(problems))
+        for param, arg in call.args:
+            target, source = callee.memref(param), self.function.memref(arg.tensor)
+            if arg.windowed and target.shape is None:
+                self.fail(where, f"%{param} of @{callee.name} has no shape, so %{arg.tensor} cannot be "
+                                 "passed as a window")
+            if target.dtype != source.dtype:
+                self.fail(where, f"%{arg.tensor} is {source.dtype.name} but %{param} of @{callee.name} is "
+                                 f"{target.dtype.name}")
+        scalar_params = [s.name for s in callee.scalars if s.param]
+        if scalar_params:
+            self.fail(where, f"@{callee.name} has scalar parameters ({', '.join(scalar_params)}), which a "
+                             "CALL cannot pass")
