@@ -58,7 +58,8 @@ def ops(in_core: bool):
 
 
 call_args = st.one_of(st.builds(CallArg, names), st.builds(CallArg, names, indices, indices))
-calls = st.builds(Call, names, st.lists(st.tuples(names, call_args), max_size=3).map(tuple))
+calls = st.builds(Call, names, st.lists(st.tuples(names, call_args), max_size=3).map(tuple),
+                  st.lists(st.tuples(names, st.one_of(names, ints, floats)), max_size=2).map(tuple))
 tile_levels = st.lists(st.tuples(st.integers(0, 8192), st.integers(1, 128)), max_size=3).map(tuple)
 
 
@@ -271,7 +272,7 @@ HEAD = "// PTO Module: m\n// Function Type: InCore\nfunc @f(%a: !pto.memref<f32,
     (HEAD + "  FOR %i:idx, 0:idx, 4:idx, 1:idx max_range=8 max_range=8\n  ENDFOR\n}\n",
      "4:47: in @f expected one of max_range, min_range, tile_levels, each at most once, found 'max_range'"),
     (HEAD + "  IF %i lt 3\n  ENDFOR\n}\n", "5:3: in @f expected 'ELSE' or 'ENDIF', found 'ENDFOR'"),
-    (HEAD + "  CALL @g(%p %t)\n}\n", "4:14: in @f expected '->', found '%t'"),
+    (HEAD + "  CALL @g(%p %t)\n}\n", "4:14: in @f expected '->' or '=', found '%t'"),
     (HEAD + "  return\n", "5:1: in @f expected '}', found end of input"),
     (HEAD.replace("f32, 8x8", "f33"), "3:25: in @f expected a dtype (f32 f16 bf16 f64 i64 i32 i16 i8 u64 u8"),
     (HEAD + "  %t = alloc_tile : !pto.tile<8x8xq>\n}\n", "4:31: in @f expected ROWSxCOLSxDTYPE, found '8x8"),

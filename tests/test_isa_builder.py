@@ -189,3 +189,29 @@ def test_parameters_come_first_whatever_the_declaration_order_so_the_assembly_ro
     assert [(s.name, s.param) for s in function.scalars] == [("n", True), ("scale", True), ("k", False)]
     assert isa.parse(m.to_pto()) == m
 
+
+
+def test_a_call_binds_the_callees_scalar_parameters_and_round_trips():
+    m = isa.Module("m")
+    (isa.FunctionBuilder("scale_tile", module=m).in_core()
+        .memref("input", pto.FLOAT32, (8, 8)).memref("output", pto.FLOAT32, (8, 8))
+        .scalar("factor", pto.FLOAT32).tile("x", 8, 8, pto.FLOAT32)
+        .load("x", "input").muls("x", "x", "factor").store("output", "x")
+        .build())
+    (isa.FunctionBuilder("scale_all", module=m).not_in_core()
+        .memref("input", pto.FLOAT32).memref("output", pto.FLOAT32).scalar("n", pto.INT32)
+        .scalar("factor", pto.FLOAT32)
+        .for_loop("i", 0, "n", 1)
+            .call("scale_tile", {"input": ("input", "i", 0), "output": ("output", "i", 0)},
+                  scalars={"factor": "factor"})
+        .end_for()
+        .build())
+    isa.verify_module(m)
+    call = m.functions["scale_all"].body[0].body[0]
+    assert call.scalars == (("factor", "factor"),)
+    binds = "CALL @scale_tile(%input -> %input[%i, 0], %output -> %output[%i, 0], %factor = %factor)"
+    assert binds in m.to_pto()
+    assert isa.parse(m.to_pto()) == m
+    rebuilt = {}
+    exec(m.to_python(), rebuilt)
+    assert rebuilt["m"] == m

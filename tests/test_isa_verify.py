@@ -223,9 +223,14 @@ BAD_CALLS = [
     ("dtype", [callee(), orchestration(memrefs=(MemRef("input", F16), MemRef("output", F32)))],
      "@orch: CALL @tile_fn(%input -> %input[%i, 0], %output -> %output[%i, 0]): %input is FLOAT16 "
      "but %input of @tile_fn is FLOAT32"),
-    ("scalar parameters", [kernel(scalars=(Scalar("n", I32),)), orchestration()],
-     "@orch: CALL @tile_fn(%input -> %input[%i, 0], %output -> %output[%i, 0]): @tile_fn has scalar "
-     "parameters (n)"),
+    ("unbound scalar parameter", [kernel(scalars=(Scalar("n", I32),)), orchestration()],
+     "@orch: CALL @tile_fn(%input -> %input[%i, 0], %output -> %output[%i, 0]): @tile_fn takes scalar "
+     "parameters (n); the call binds ()"),
+    ("unknown scalar parameter", [callee(), orchestration(Call("tile_fn", WHOLE, (("eps", 0.5),)))],
+     "@orch: CALL @tile_fn(%input -> %input, %output -> %output, %eps = 0.5): @tile_fn takes scalar "
+     "parameters (); the call binds (eps)"),
+    ("scalar argument not a scalar", [callee(), orchestration(Call("tile_fn", WHOLE, (("n", "input"),)))],
+     "@orch: CALL @tile_fn(%input -> %input, %output -> %output, %n = %input): %input is a memref"),
     ("InCore calls Orchestration",
      [callee(), orchestration(), kernel(Call("orch", WHOLE), name="caller")],
      "@caller: CALL @orch(%input -> %input, %output -> %output): an InCore function can only call InCore"),

@@ -33,7 +33,7 @@ spaces per level of nesting:
     [ELSE
       statements]
     ENDIF
-    CALL @callee(%param -> %tensor, %param -> %tensor[row, col])
+    CALL @callee(%param -> %tensor, %param -> %tensor[row, col], %scalar = value)
     return
 
 Instructions are spelled in lower case; what each operand accepts is the verifier's signature
@@ -233,6 +233,8 @@ class _Printer:
             if arg.row is not None:
                 text += f"[{self.index(arg.row, where)}, {self.index(arg.col, where)}]"
             args.append(text)
+        args += [f"{self.name(param)} = {self.operand(value, Kind.VALUE, where)}"
+                 for param, value in call.scalars]
         return f"CALL {self.name(call.callee, '@')}({', '.join(args)})"
 
 
@@ -606,16 +608,22 @@ class _Parser:
         self.advance()
         callee = self.expect("func", what="a function name '@name'").text[1:]
         self.punct("(")
-        args = []
+        args, scalars = [], []
         while not self.at("punct", ")"):
-            if args:
+            if args or scalars:
                 self.punct(",")
             param = self.name()
-            self.expect("arrow", what="'->'")
+            if self.at("punct", "="):
+                self.advance()
+                scalars.append((param, self.operand(Kind.VALUE)))
+                continue
+            if scalars:
+                raise self.expected("'=' (tensors are bound before scalars)")
+            self.expect("arrow", what="'->' or '='")
             if self.peek(1).text == "[":
                 tensor, row, col = self.window()
                 args.append((param, CallArg(tensor, row, col)))
             else:
                 args.append((param, CallArg(self.name())))
         self.punct(")")
-        return Call(callee, tuple(args))
+        return Call(callee, tuple(args), tuple(scalars))

@@ -157,9 +157,11 @@ class FunctionBuilder:
             spellings = ", ".join(p.value for p in Predicate)
             raise self._fail(f"{where}: {predicate!r} is not a predicate ({spellings})") from None
 
-    def call(self, callee: str, args: Mapping[str, str | tuple[str, Index, Index]]) -> FunctionBuilder:
+    def call(self, callee: str, args: Mapping[str, str | tuple[str, Index, Index]],
+             scalars: Mapping[str, Operand] | None = None) -> FunctionBuilder:
         """Call `callee`, binding each of its memrefs to a tensor: "t" whole, or ("t", row, col)
-        the window of the callee memref's shape at rows row*rows, cols col*cols."""
+        the window of the callee memref's shape at rows row*rows, cols col*cols; and each of
+        its scalar parameters, in `scalars`, to a number or a scalar of the caller."""
         bound = []
         for param, arg in args.items():
             if isinstance(arg, str):
@@ -169,7 +171,8 @@ class FunctionBuilder:
             else:
                 raise self._fail(f"call @{callee}: argument {param}={arg!r} is neither \"tensor\" nor "
                                  "(\"tensor\", row, col)")
-        return self._emit(Call(callee, tuple(bound)))
+        values = tuple((param, _operand(value)) for param, value in (scalars or {}).items())
+        return self._emit(Call(callee, tuple(bound), values))
 
     def ret(self) -> FunctionBuilder:
         return self._emit(Return())

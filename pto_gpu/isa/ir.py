@@ -123,7 +123,8 @@ class CallArg:
 @dataclasses.dataclass(frozen=True)
 class Call:
     callee: str
-    args: tuple[tuple[str, CallArg], ...]  # (callee param, argument), in the callee's order
+    args: tuple[tuple[str, CallArg], ...]  # (callee memref, the tensor bound to it)
+    scalars: tuple[tuple[str, Operand], ...] = ()  # (callee scalar parameter, its value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,7 +75,8 @@ def _body(statements: tuple, depth: int, lines: list[str]) -> None:
         elif isinstance(s, Call):
             args = {param: arg.tensor if not arg.windowed else (arg.tensor, arg.row, arg.col)
                     for param, arg in s.args}
-            lines.append(f"{pad}.call({_literal(s.callee)}, {_literal(args)})")
+            scalars = f", scalars={_literal(dict(s.scalars))}" if s.scalars else ""
+            lines.append(f"{pad}.call({_literal(s.callee)}, {_literal(args)}{scalars})")
         elif isinstance(s, Return):
             lines.append(f"{pad}.ret()")
         else:

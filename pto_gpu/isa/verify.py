@@ -113,10 +113,11 @@ def describe(statement: Statement) -> str:
     if isinstance(statement, If):
         return f"IF {_text(statement.lhs)} {_text(statement.predicate)} {_text(statement.rhs)}"
     if isinstance(statement, Call):
-        args = ", ".join(f"%{param} -> %{arg.tensor}" + (f"[{_text(arg.row)}, {_text(arg.col)}]"
-                                                          if arg.windowed else "")
-                         for param, arg in statement.args)
-        return f"CALL @{statement.callee}({args})"
+        args = [f"%{param} -> %{arg.tensor}" + (f"[{_text(arg.row)}, {_text(arg.col)}]" if arg.windowed
+                                                  else "")
+                for param, arg in statement.args]
+        args += [f"%{param} = {_text(value)}" for param, value in statement.scalars]
+        return f"CALL @{statement.callee}({', '.join(args)})"
     if isinstance(statement, Return):
         return "RETURN"
     return repr(statement)
@@ -472,8 +473,11 @@ class _Checker:
     def _call(self, call: Call) -> None:
         where = describe(call)
         params = [param for param, _ in call.args]
-        if len(set(params)) != len(params):
+        scalar_args = [param for param, _ in call.scalars]
+        if len(set(params + scalar_args)) != len(params) + len(scalar_args):
             self.fail(where, "a callee parameter is bound twice")
+        for _, value in call.scalars:
+            self._operand(where, Kind.VALUE, value)
         for _, arg in call.args:
             if not isinstance(arg, CallArg):
                 self.fail(where, f"{arg!r} is not a CallArg")
@@ -510,6 +514,6 @@ class _Checker:
                 self.fail(where, f"%{arg.tensor} is {source.dtype.name} but %{param} of @{callee.name} is "
                                  f"{target.dtype.name}")
         scalar_params = [s.name for s in callee.scalars if s.param]
-        if scalar_params:
-            self.fail(where, f"@{callee.name} has scalar parameters ({', '.join(scalar_params)}), which a "
-                             "CALL cannot pass")
+        if sorted(scalar_args) != sorted(scalar_params):
+            self.fail(where, f"@{callee.name} takes scalar parameters ({', '.join(scalar_params)}); the call "
+                             f"binds ({', '.join(scalar_args)})")
