@@ -5,9 +5,10 @@ whose body is the CPU implementation and whose `cuda` names its CUDA implementat
 kernel gets a small integer id, which is what the numba core stores in the task table.
 
 `shapes` declares the tensor params' shapes, one string per tensor param in order: each
-word is a dim, either a number or a name that must be the same size wherever it appears
-("m k", "k n", "m n" for a matmul). `submit` checks them, and that the tensor params share
-one dtype unless `mixed_dtypes=True`, and names the param that is wrong.
+word is a dim, either a number, a name that must be the same size wherever it appears
+("m k", "k n", "m n" for a matmul), or `<=N`, at most N (the tile of a generated kernel,
+whose tails are smaller). `submit` checks them, and that the tensor params share one dtype
+unless `mixed_dtypes=True`, and names the param that is wrong.
 """
 
 from __future__ import annotations
@@ -72,7 +73,11 @@ class Kernel:
                     raise ParamError(f"{self.name}: tensor param {index} must be {len(dims)}-d "
                                      f"({' '.join(dims)}), got shape {tensor.shape}")
                 for dim, (word, size) in enumerate(zip(dims, tensor.shape)):
-                    if word.isdigit():
+                    if word.startswith("<="):
+                        if size > int(word[2:]):
+                            raise ParamError(f"{self.name}: tensor param {index} dim {dim} must be at most "
+                                             f"{word[2:]}, got shape {tensor.shape}")
+                    elif word.isdigit():
                         if int(word) != size:
                             raise ParamError(f"{self.name}: tensor param {index} dim {dim} must be "
                                              f"{word}, got shape {tensor.shape}")

@@ -8,10 +8,18 @@ and CUDA implementations.
     verify     the verifier (verify_function, verify_module) and inferred memref directions
     asm        the .pto assembly: print_module (Module.to_pto) and parse
     pyize      to_python (Module.to_python): builder code that rebuilds a module
+    interpret  the numpy reference: run(module, name, *arrays_and_scalars)
+    cpu_codegen   one generated numba function per InCore function (cached as .py files)
+    cuda_codegen  one generated `extern "C" __global__` per InCore function (pto_isa.cuh)
+    program    compile(module) -> Program: a pto.Kernel per InCore function
+
+Docs: docs/ISA.md.
 """
 
+from . import interpret
 from .asm import parse, print_module
 from .builder import FunctionBuilder
+from .cuda_codegen import cuda_code, cuda_source
 from .errors import ISAError
 from .ir import (
     Call,
@@ -29,8 +37,10 @@ from .ir import (
     Tile,
 )
 from .ops import OPCODES, Form, OpSpec
+from .program import Program, compile
 from .verify import Direction, directions, verify_function, verify_module
 
 __all__ = ["Call", "CallArg", "Direction", "For", "Form", "Function", "FunctionBuilder", "FunctionKind",
-           "ISAError", "If", "MemRef", "Module", "OPCODES", "Op", "OpSpec", "Predicate", "Return", "Scalar",
-           "Tile", "directions", "parse", "print_module", "verify_function", "verify_module"]
+           "ISAError", "If", "MemRef", "Module", "OPCODES", "Op", "OpSpec", "Predicate", "Program", "Return",
+           "Scalar", "Tile", "compile", "cuda_code", "cuda_source", "directions", "interpret", "parse",
+           "print_module", "verify_function", "verify_module"]

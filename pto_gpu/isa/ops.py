@@ -125,7 +125,7 @@ _SPECS = [
     OpSpec("SADD", "scalar_add", Form.SCALAR, np.add, "{a} + {b}", "{a} + {b}"),
     OpSpec("SSUB", "scalar_sub", Form.SCALAR, np.subtract, "{a} - {b}", "{a} - {b}"),
     OpSpec("SMUL", "scalar_mul", Form.SCALAR, np.multiply, "{a} * {b}", "{a} * {b}"),
-    OpSpec("SDIV", "scalar_div", Form.SCALAR, np.floor_divide, "{a} // {b}", "{a} / {b}"),
+    OpSpec("SDIV", "scalar_div", Form.SCALAR, np.floor_divide, "{a} // {b}", "pto_floordiv({a}, {b})"),
     OpSpec("SCMP", "scalar_cmp", Form.COMPARE, None),
 ]
 

@@ -56,6 +56,8 @@ from .context import (
     S_FLOAT,
     S_INT,
     SCOPE_CAPACITY,
+    SHAPE_BOUND,
+    SHAPE_CODE,
     VERSION_MADE,
     VERSION_WRITTEN,
 )
@@ -314,11 +316,14 @@ def _signature_ok(o, kernel_id, n):
         o.names[:o.kernels[kernel_id, K_NAMES]] = -1
         for p in range(n):
             ndim = o.pending[p, D_NDIM]
-            if o.kernel_shapes[kernel_id, p, 0] != ndim:
+            if o.kernel_shapes[kernel_id, p, 0, SHAPE_CODE] != ndim:
                 return False
             for d in range(ndim):
-                code = o.kernel_shapes[kernel_id, p, 1 + d]
+                code = o.kernel_shapes[kernel_id, p, 1 + d, SHAPE_CODE]
+                bound = o.kernel_shapes[kernel_id, p, 1 + d, SHAPE_BOUND]
                 size = o.pending[p, D_SHAPE + d]
+                if bound >= 0 and size > bound:
+                    return False
                 if code >= 0:
                     if code != size:
                         return False

@@ -38,6 +38,10 @@ M_HEAP_BASE = 8
 M_LOG_LIMIT = 9  # flush the log at this many tasks
 M_WIDTH = 10
 
+# the last axis of kernel_shapes (host.kernel_tables)
+SHAPE_CODE = 0
+SHAPE_BOUND = 1
+
 # columns of heap_versions and externals
 VERSION_WRITTEN = 0  # the newest version a task has written
 VERSION_MADE = 1  # the newest version version_inc has made

@@ -50,6 +50,8 @@ from .context import (
     MAX_SCALARS,
     MAX_SCOPE_DEPTH,
     S_INT,
+    SHAPE_BOUND,
+    SHAPE_CODE,
     VERSION_MADE,
     VERSION_WRITTEN,
 )
@@ -62,10 +64,14 @@ MAX_REMEMBERED_BUFFERS = 4096
 def kernel_tables(kernels: list[Kernel]) -> tuple[np.ndarray, np.ndarray]:
     """Each kernel's worker class, dtype rule and shape declaration as int64 tables.
 
-    A shape word is its size when it is a number, else -1 - (the index of its name).
+    shapes[kernel, param, 0] is the param's dims; shapes[kernel, param, 1 + d] (SHAPE_CODE,
+    SHAPE_BOUND) are the dim's word: its size when it is a number, else -1 - (the index of its
+    name), and the largest size it may have (-1: no bound). `<=N` is a name of its own with
+    bound N.
     """
     table = np.zeros((len(kernels), K_WIDTH), np.int64)
-    shapes = np.zeros((len(kernels), cs.MAX_PARAMS, 1 + MAX_JIT_DIMS), np.int64)
+    shapes = np.zeros((len(kernels), cs.MAX_PARAMS, 1 + MAX_JIT_DIMS, 2), np.int64)
+    shapes[..., SHAPE_BOUND] = -1
     for k in kernels:
         table[k.id, K_WORKER] = int(k.worker)
         table[k.id, K_MIXED] = int(k.mixed_dtypes)
@@ -74,10 +80,13 @@ def kernel_tables(kernels: list[Kernel]) -> tuple[np.ndarray, np.ndarray]:
             continue
         names: dict[str, int] = {}
         for p, dims in enumerate(k.shapes):
-            shapes[k.id, p, 0] = len(dims)  # more dims than MAX_JIT_DIMS can never match
+            shapes[k.id, p, 0, SHAPE_CODE] = len(dims)  # more dims than MAX_JIT_DIMS can never match
             for d, word in enumerate(dims[:MAX_JIT_DIMS]):
+                if word.startswith("<="):
+                    shapes[k.id, p, 1 + d, SHAPE_BOUND] = int(word[2:])
+                    word = f"{p}.{d}"  # a name no declared word can be
                 code = int(word) if word.isdigit() else -1 - names.setdefault(word, len(names))
-                shapes[k.id, p, 1 + d] = code
+                shapes[k.id, p, 1 + d, SHAPE_CODE] = code
         table[k.id, K_TENSORS] = len(k.shapes)
         table[k.id, K_NAMES] = len(names)
     return table, shapes

@@ -1,0 +1,645 @@
+"""CUDA code generation for InCore functions: one `extern "C" __global__ pto_<name>` per function.
+
+The kernel takes the runtime's descriptor ABI (backends/cuda_abi.py): each memref, in
+declaration order, as a pointer, three sizes and three element strides, then the scalar
+parameters as double or long long. Callees are inlined. Work is laid out by rows: a warp owns a
+row of every tile, its lanes stride over the columns (lane l holds columns l, l+32, ... in a
+per-lane register array), row reductions combine lanes with __shfl_xor_sync. Valid regions
+(tails) are runtime ints kept per tile, set from the memref sizes by design.md's rules.
+
+Two layouts, chosen per function:
+
+  row layout    every instruction is row-local, so each warp runs the whole function for one
+                row at a time and the grid strides over rows (work items: rows x 32 threads);
+                no shared memory, no barriers.
+  block layout  some instruction reads a whole tile (MATMUL's b, COL_REDUCE's a, COL_EXPAND's
+                b), or an element of a memref that one thread writes may be one another thread
+                accesses (an offset that moves in a loop, overlapping windows of two accesses
+                that do not line up by rows and warps of columns): one block serves the task, its
+                warps own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
+                memory, and a __syncthreads() comes before and after each whole-tile read and
+                each access of such a memref.
+
+Per-element arithmetic comes from each opcode's `cuda` template in ops.OPCODES, so a new
+element-wise, tile-scalar, reduction, expand or scalar entry needs no change here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ..backends.cuda import THREADS_PER_BLOCK
+from ..dtypes import DataType
+from ..kernel import CudaCode
+from .errors import ISAError
+from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement, Tile
+from .ops import OPCODES, Form, OpSpec
+from .verify import Direction, describe, directions, verify_module
+
+HEADER = Path(__file__).with_name("pto_isa.cuh")
+WARP = 32
+WARPS = THREADS_PER_BLOCK // WARP
+SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
+_COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
+            Predicate.NE: "!="}
+
+
+def cuda_source(module: Module, function: str) -> str:
+    """The CUDA C of InCore function `function` of `module`, callees inlined."""
+    return _Generator(module, function).source()
+
+
+def cuda_code(module: Module, function: str, cache_dir: Path) -> CudaCode:
+    """The pto.CudaCode of an InCore function: its generated source, written to
+    cache_dir/<name>_<hash>.cu, and the work items of its launch."""
+    generator = _Generator(module, function)
+    source = generator.source()
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"{function}_{digest}.cu"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        partial.write_text(source)
+        partial.replace(path)  # atomic: a concurrent compile never reads half a file
+    return CudaCode(path, WorkItems(generator.items))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkItems:
+    """A generated kernel's work items, whatever its memrefs' shapes: rows x 32 threads in the
+    row layout (a warp per row), one block's threads in the block layout."""
+
+    count: int
+
+    def __call__(self, shapes: list[tuple[int, ...]]) -> int:
+        return self.count
+
+
+@dataclasses.dataclass(frozen=True)
+class _View:
+    """A memref as an inlined function sees it: the parameter it lives in (its C prefix) and a
+    window of it, as C expressions."""
+
+    param: str
+    row0: str
+    col0: str
+    rows: str
+    cols: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Affine:
+    """An offset as constant + sum of coefficient * name, to compare accesses' offsets."""
+
+    const: int
+    terms: tuple[tuple[str, int], ...] = ()
+
+    def plus(self, other: _Affine, scale: int = 1) -> _Affine:
+        terms = dict(self.terms)
+        for name, coef in other.terms:
+            terms[name] = terms.get(name, 0) + coef * scale
+        return _Affine(self.const + other.const * scale, tuple(sorted((n, c) for n, c in terms.items() if c)))
+
+
+@dataclasses.dataclass
+class _Inlined:
+    """A call, inlined: its windows' definitions, then its body under the callee's C names."""
+
+    where: str
+    body: list
+    returns: bool
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Access:
+    """A TLOAD or TSTORE after inlining: the memref parameter, the offset and the tile's shape."""
+
+    param: str
+    offset: tuple[_Affine, _Affine] | None  # None: not an affine function of constants
+    rows: int
+    cols: int
+    store: bool
+
+    def apart(self, other: _Access) -> bool:
+        """Whether no element is accessed by both, or each by the same thread in both: their
+        offsets differ by constants, and the windows are disjoint or differ by whole rows of
+        zero and columns of whole warps."""
+        if self.offset is None or other.offset is None:
+            return False
+        (r, c), (r2, c2) = self.offset, other.offset
+        if (r.terms, c.terms) != (r2.terms, c2.terms):
+            return False
+        dr, dc = r2.const - r.const, c2.const - c.const
+        disjoint = dr >= self.rows or -dr >= other.rows or dc >= self.cols or -dc >= other.cols
+        return disjoint or (dr == 0 and dc % WARP == 0)
+
+
+class _Generator:
+    def __init__(self, module: Module, name: str):
+        verify_module(module)
+        function = module.functions.get(name)
+        if function is None:
+            raise ISAError(f"module {module.name}: unknown function @{name}")
+        if not function.in_core:
+            raise ISAError(f"@{name} is an Orchestration; only InCore functions become CUDA kernels")
+        self.module, self.function = module, function
+        self.tiles: dict[str, Tile] = {}  # C name -> tile
+        self.scalars: dict[str, str] = {}  # C name of a local scalar -> its C type
+        self.types: dict[str, str] = {}  # C name of any scalar or loop variable -> its C type
+        self.accesses: list[_Access] = []
+        self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
+        self.written: set[str] = set()  # scalars some instruction writes
+        self.activations = 0
+        self.params = [s for s in function.scalars if s.param]
+        self.directions = directions(function, module)
+        top = {m.name: _View(f"m_{_c(m.name)}", "0", "0", f"pto_clip({m.shape[0]}, m_{_c(m.name)}_d1)",
+                             f"pto_clip({m.shape[1]}, m_{_c(m.name)}_d2)") for m in function.memrefs}
+        offsets = {m.name: (_Affine(0), _Affine(0)) for m in function.memrefs}
+        self.body, self.returns, self.label = self._inline(function, top, offsets)
+        self.hazards = self._hazards()
+        self.block = bool(self.whole or self.hazards)
+        self.rows = max((t.rows for t in self.tiles.values()), default=1)
+        self.items = THREADS_PER_BLOCK if self.block else self.rows * WARP
+        self._check_shared()
+
+    # --- inlining and analysis --------------------------------------------------------------
+    def _inline(self, function: Function, views: dict[str, _View],
+                offsets: dict[str, tuple[_Affine, _Affine] | None]) -> tuple[list, bool, str]:
+        """The body of one activation with C names: tiles t<k>_x, scalars s<k>_x, loop variables
+        i<k>_x; memrefs as views. Returns (body, whether it returns, its end label)."""
+        k = self.activations
+        self.activations += 1
+        suffix = "" if k == 0 else str(k)
+        names: dict[str, str] = {}
+        for tile in function.tiles:
+            names[tile.name] = f"t{suffix}_{_c(tile.name)}"
+            self.tiles[names[tile.name]] = tile
+        for scalar in function.scalars:
+            names[scalar.name] = f"s{suffix}_{_c(scalar.name)}"
+            ctype = "long long" if _integer(scalar.dtype) else "double"
+            self.types[names[scalar.name]] = ctype
+            if not scalar.param:
+                self.scalars[names[scalar.name]] = ctype
+        context = _Context(self, function, names, views, offsets, suffix)
+        context.mark_written(function.body)
+        body = context.block(function.body)
+        return body, context.returns, context.label
+
+    def _hazards(self) -> set[str]:
+        """Memrefs written where an element one thread writes may be one another thread
+        accesses (at an offset that moves, or a window that overlaps another differently)."""
+        hazards = set()
+        for first in self.accesses:
+            for second in self.accesses:
+                if first.param == second.param and (first.store or second.store) and not first.apart(second):
+                    hazards.add(first.param)
+        return hazards
+
+    def _check_shared(self) -> None:
+        size = sum(self.tiles[t].rows * self.tiles[t].cols * 8 for t in self.whole)  # 8: double
+        if size > SHARED_LIMIT:
+            raise ISAError(f"@{self.function.name}: the tiles read whole ({', '.join(sorted(self.whole))}) "
+                           f"need {size} bytes of shared memory as float64, over {SHARED_LIMIT}")
+
+    # --- emission ---------------------------------------------------------------------------
+    def source(self) -> str:
+        name = self.function.name
+        params = []
+        for memref in self.function.memrefs:
+            prefix = f"m_{_c(memref.name)}"
+            const = "const " if self.directions[memref.name] == Direction.INPUT else ""
+            params.append(f"{const}T *{prefix}_p, " + ", ".join(f"long long {prefix}_{w}" for w in
+                                                                  ("d0", "d1", "d2", "s0", "s1", "s2")))
+        for scalar in self.params:
+            c_name = f"s_{_c(scalar.name)}"
+            params.append(f"{self.types[c_name]} {c_name}")
+        out = _Lines()
+        layout = "block layout: one block per task" if self.block else "row layout: a warp per row"
+        out.add(f"// Generated by pto_gpu.isa.cuda_codegen from @{name} ({self.module.name}): {layout}.")
+        out.add(f"#define PTO_WARPS {WARPS}")
+        out.extend(HEADER.read_text().splitlines())
+        out.add("")
+        out.add(f'extern "C" __global__ void __launch_bounds__(PTO_THREADS) pto_{name}(')
+        out.add("    " + ",\n    ".join(params) + ") {")
+        out.indent += 1
+        out.add("[[maybe_unused]] const int pto_lane = threadIdx.x % 32;")
+        if self.block:
+            out.add("[[maybe_unused]] const int pto_warp = threadIdx.x / 32;")
+            for tile in sorted(self.whole):
+                out.add(f"__shared__ ACC {tile}[{self.tiles[tile].rows}][{self.tiles[tile].cols}];")
+            out.add("if (blockIdx.x != 0) return;  // one block serves the task")
+            self._declarations(out)
+            self._emit_body(out, self.body, self.returns, self.label)
+        else:
+            out.add("for (long long pto_r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32; "
+                    f"pto_r < {self.rows};")
+            out.add("     pto_r += gridDim.x * (long long)blockDim.x / 32) {")
+            out.indent += 1
+            self._declarations(out)
+            self._emit_body(out, self.body, self.returns, self.label)
+            out.indent -= 1
+            out.add("}")
+        out.indent -= 1
+        out.add("}")
+        args = ", ".join(re.sub(r".*[ *]", "", p) for param in params for p in param.split(", "))
+        out.add("#ifndef __CUDACC__  // the host build: run a grid of blocks of threads (pto_isa.cuh)")
+        out.add(f'extern "C" void pto_host_{name}(long long pto_blocks, {", ".join(params)}) {{')
+        out.add(f"    pto_host_launch(pto_blocks, [&] {{ pto_{name}({args}); }});")
+        out.add("}")
+        out.add("#endif")
+        return out.text()
+
+    def _declarations(self, out: _Lines) -> None:
+        for c_name, tile in self.tiles.items():
+            if c_name not in self.whole:
+                slots = math.ceil(tile.rows / WARPS) if self.block else 1
+                # zeroed: a shuffle reads every lane's slot, owned or not
+                out.add(f"ACC {c_name}[{slots}][{math.ceil(tile.cols / WARP)}] = {{}};")
+            out.add(f"[[maybe_unused]] long long {c_name}_vr = 0, {c_name}_vc = 0;")
+        for c_name, ctype in self.scalars.items():
+            out.add(f"[[maybe_unused]] {ctype} {c_name} = 0;")
+
+    def _emit_body(self, out: _Lines, body: list, returns: bool, label: str) -> None:
+        for statement in body:
+            self._emit(out, statement)
+        if returns:
+            out.add(f"{label}:;")
+
+    def _emit(self, out: _Lines, statement) -> None:
+        if isinstance(statement, str):
+            out.add(statement)
+        elif isinstance(statement, _Inlined):
+            out.add(f"{{  // {statement.where}")
+            out.indent += 1
+            self._emit_body(out, statement.body, statement.returns, statement.label)
+            out.indent -= 1
+            out.add("}")
+        elif isinstance(statement, _Loop):
+            out.add(statement.head + " {")
+            out.indent += 1
+            for inner in statement.body:
+                self._emit(out, inner)
+            out.indent -= 1
+            if statement.orelse is not None:
+                out.add("} else {")
+                out.indent += 1
+                for inner in statement.orelse:
+                    self._emit(out, inner)
+                out.indent -= 1
+            out.add("}")
+        else:
+            barrier = self.block and (statement.whole or statement.memref in self.hazards)
+            if barrier:
+                out.barrier()
+            out.extend(statement.lines(self))
+            if barrier:
+                out.barrier()
+
+
+class _Lines:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.indent = 0
+
+    def add(self, line: str) -> None:
+        self.lines.extend("    " * self.indent + part for part in line.split("\n"))
+
+    def extend(self, lines) -> None:
+        for line in lines:
+            self.add(line)
+
+    def barrier(self) -> None:
+        if not self.lines or self.lines[-1].strip() != "__syncthreads();":
+            self.add("__syncthreads();")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+@dataclasses.dataclass
+class _Loop:
+    """A FOR or IF: its C head and bodies."""
+
+    head: str
+    body: list
+    orelse: list | None = None
+
+
+@dataclasses.dataclass
+class _Code:
+    """One tile instruction: `lines(generator)` writes it once the layout is known. In the block
+    layout a __syncthreads() comes before and after it when it reads a tile whole or accesses a
+    memref that needs it (_Generator.hazards)."""
+
+    lines: Callable[[_Generator], list[str]]
+    whole: bool = False
+    memref: str | None = None
+
+
+def _c(name: str) -> str:
+    """A declared name as part of a C identifier (names are Python identifiers: maybe not ASCII)."""
+    return re.sub(r"[^A-Za-z0-9_]", lambda m: f"_u{ord(m.group()):x}_", name)
+
+
+def _integer(dtype: DataType) -> bool:
+    return dtype.numpy.kind in "iub"
+
+
+def _literal(value: int | float) -> str:
+    if isinstance(value, int):
+        return f"{value}LL"
+    if math.isinf(value):
+        return "PTO_INF" if value > 0 else "(-PTO_INF)"
+    if math.isnan(value):
+        raise ISAError("a NaN immediate has no CUDA spelling")
+    return repr(float(value))
+
+
+class _Context:
+    """Turns one activation's statements into the generator's tree, with C names."""
+
+    def __init__(self, generator: _Generator, function: Function, names: dict[str, str],
+                 views: dict[str, _View], offsets: dict, suffix: str):
+        self.g, self.function, self.names = generator, function, names
+        self.views, self.offsets = views, offsets
+        self.suffix, self.label, self.returns = suffix, f"pto_end{suffix}", False
+
+    def fail(self, where: str, message: str) -> ISAError:
+        return ISAError(f"@{self.function.name}: {where}: {message}")
+
+    # operands
+    def operand(self, value) -> str:
+        """An operand as C: a literal, or the C name of a scalar or loop variable."""
+        return _literal(value) if not isinstance(value, str) else self.names[value]
+
+    def affine(self, value) -> _Affine | None:
+        """An index operand as an _Affine of constants (immediates and scalar parameters of the
+        kernel that nothing writes), or None."""
+        if not isinstance(value, str):
+            return _Affine(int(value))
+        c_name = self.names[value]
+        constant = any(f"s_{_c(s.name)}" == c_name for s in self.g.params) and c_name not in self.g.written
+        return _Affine(0, ((c_name, 1),)) if constant else None
+
+    # statements
+    def block(self, body: tuple[Statement, ...]) -> list:
+        return [self.statement(s) for s in body]
+
+    def mark_written(self, body: tuple[Statement, ...]) -> None:
+        """Note the scalars `body` writes (before any is used as a constant offset)."""
+        for statement in body:
+            if isinstance(statement, Op) and OPCODES[statement.opcode].form in (Form.SCALAR, Form.COMPARE):
+                self.g.written.add(self.names[statement.dst])
+            elif isinstance(statement, For):
+                self.mark_written(statement.body)
+            elif isinstance(statement, If):
+                self.mark_written(statement.then_body)
+                self.mark_written(statement.else_body)
+
+    def statement(self, statement: Statement):
+        if isinstance(statement, Op):
+            return self.op(statement)
+        if isinstance(statement, For):
+            return self.loop(statement)
+        if isinstance(statement, If):
+            lhs, rhs = self.operand(statement.lhs), self.operand(statement.rhs)
+            condition = f"{lhs} {_COMPARE[statement.predicate]} {rhs}"
+            return _Loop(f"if ({condition})", self.block(statement.then_body),
+                         self.block(statement.else_body) if statement.else_body else None)
+        if isinstance(statement, Call):
+            return self.call(statement)
+        if isinstance(statement, Return):
+            self.returns = True
+            return f"goto {self.label};"
+        raise self.fail(repr(statement), "not a statement")
+
+    def loop(self, loop: For) -> _Loop:
+        var = f"i{self.suffix}_{_c(loop.var)}"
+        self.names[loop.var] = var
+        self.g.types[var] = "long long"
+        start, stop, step = (self.operand(v) for v in (loop.start, loop.stop, loop.step))
+        if isinstance(loop.step, int):
+            condition = f"{var} {'<' if loop.step > 0 else '>'} {stop}"
+        else:
+            condition = f"({step} > 0 ? {var} < {stop} : {var} > {stop})"
+        return _Loop(f"for (long long {var} = {start}; {condition}; {var} += {step})", self.block(loop.body))
+
+    def call(self, call: Call) -> _Inlined:
+        callee = self.g.module.functions[call.callee]
+        k = self.g.activations  # the number the callee's activation gets
+        views, offsets, head = {}, {}, []
+        for param, arg in call.args:
+            view, offset = self.views[arg.tensor], self.offsets[arg.tensor]
+            rows, cols = callee.memref(param).shape
+            if arg.windowed:
+                prefix = f"w{k}_{_c(param)}"
+                row, col = f"{self.operand(arg.row)} * {rows}", f"{self.operand(arg.col)} * {cols}"
+                head.append(f"const long long {prefix}_r0 = {view.row0} + {row}, "
+                            f"{prefix}_c0 = {view.col0} + {col};")
+                head.append(f"const long long {prefix}_rows = pto_clip({rows}, {view.rows} - {row}), "
+                            f"{prefix}_cols = pto_clip({cols}, {view.cols} - {col});")
+                view = _View(view.param, f"{prefix}_r0", f"{prefix}_c0", f"{prefix}_rows", f"{prefix}_cols")
+                shift = (self.affine(arg.row), self.affine(arg.col))
+                offset = None if offset is None or None in shift else \
+                    (offset[0].plus(shift[0], rows), offset[1].plus(shift[1], cols))
+            views[param] = _View(view.param, view.row0, view.col0, f"pto_clip({rows}, {view.rows})",
+                                 f"pto_clip({cols}, {view.cols})")
+            offsets[param] = offset
+        body, returns, label = self.g._inline(callee, views, offsets)
+        return _Inlined(describe(call), head + body, returns, label)
+
+    # instructions
+    def op(self, op: Op):
+        spec = OPCODES[op.opcode]
+        where = describe(op)
+        if spec.form in (Form.SCALAR, Form.COMPARE):
+            return self.scalar_op(op, spec, where)
+        rule = _TILE_RULES[spec.form]
+        return rule(self, op, spec, where)
+
+    def scalar_op(self, op: Op, spec: OpSpec, where: str) -> str:
+        dst = self.names[op.dst]
+        ctype = self.g.types[dst]
+        if spec.form is Form.COMPARE:
+            a, b, predicate = op.srcs
+            expression = f"({self.operand(a)} {_COMPARE[predicate]} {self.operand(b)}) ? 1 : 0"
+        elif spec.reference is None:  # SLI: an immediate
+            expression = self.operand(op.srcs[0])
+        else:
+            operands = {"a": f"({ctype})({self.operand(op.srcs[0])})"}
+            if len(op.srcs) > 1:
+                operands["b"] = f"({ctype})({self.operand(op.srcs[1])})"
+            expression = spec.cuda.format(**operands)
+        return f"{dst} = ({ctype})({expression});  // {where}"
+
+
+
+# --- tile instructions --------------------------------------------------------------------------
+# Inside a row loop `r` is the row and `i` its slot in the warp's register arrays; inside a
+# column loop `c` is the column and `j` its slot in the lane's. A register tile's element (r, c)
+# lives in the thread that owns it: lane c % 32 of the warp owning row r.
+
+
+def _indent(lines: list[str], levels: int = 1) -> list[str]:
+    return ["    " * levels + line for line in lines]
+
+
+def _rows(g: _Generator, tile: Tile, valid: str, body: list[str]) -> list[str]:
+    """`body` for each row r < valid of `tile` that this warp owns."""
+    if not g.block:
+        return [f"if (pto_r < {valid}) {{", "    [[maybe_unused]] const int i = 0;",
+                "    [[maybe_unused]] const long long r = pto_r;", *_indent(body), "}"]
+    return ["PTO_UNROLL", f"for (int i = 0; i < {math.ceil(tile.rows / WARPS)}; ++i) {{",
+            "    const long long r = pto_warp + PTO_WARPS * i;", f"    if (r < {valid}) {{",
+            *_indent(body, 2), "    }", "}"]
+
+
+def _cols(tile: Tile, valid: str, body: list[str]) -> list[str]:
+    """`body` for each column c < valid of `tile` that this lane owns."""
+    return ["PTO_UNROLL", f"for (int j = 0; j < {math.ceil(tile.cols / WARP)}; ++j) {{",
+            "    const long long c = pto_lane + 32 * j;", f"    if (c < {valid}) {{", *_indent(body, 2),
+            "    }", "}"]
+
+
+def _el(g: _Generator, tile: str, row: str = "r", col: str = "c", slot: str = "j") -> str:
+    return f"{tile}[{row}][{col}]" if tile in g.whole else f"{tile}[i][{slot}]"
+
+
+def _op_block(where: str, rows: str, cols: str, body: list[str], dst: str | None) -> list[str]:
+    """An instruction's lines: the valid region it works on (rows x cols) computed first (dst
+    may be a source), the work, then the region recorded as dst's."""
+    record = [] if dst is None else [f"    {dst}_vr = vr;", f"    {dst}_vc = vc;"]
+    return [f"{{  // {where}", f"    const long long vr = {rows}, vc = {cols};", *_indent(body), *record, "}"]
+
+
+def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+    """UNARY, BINARY, TILE_SCALAR, ROW_EXPAND, COL_EXPAND, MASK: dst(r, c) from a(r, c)."""
+    dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
+    form = spec.form
+    b = ctx.names[op.srcs[1]] if form in (Form.BINARY, Form.ROW_EXPAND, Form.COL_EXPAND) else None
+    if form is Form.COL_EXPAND:
+        ctx.g.whole.add(b)
+    scalar = ctx.operand(op.srcs[1]) if form is Form.TILE_SCALAR else None
+    if form is Form.MASK:
+        row, col = (ctx.operand(v) for v in op.srcs[1:3])
+        expression = f"c + {col} <= r + {row} ? x_a : -PTO_INF"
+    else:
+        expression = spec.cuda.format(a="x_a", b="x_b", s=f"(ACC)({scalar})")
+    tile = ctx.g.tiles[dst]
+
+    def lines(g: _Generator) -> list[str]:
+        per_row, per_element = [], [f"const ACC x_a = {_el(g, a)};"]
+        if form is Form.BINARY:
+            per_element.append(f"const ACC x_b = {_el(g, b)};")
+        elif form is Form.COL_EXPAND:
+            per_element.append(f"const ACC x_b = {b}[0][c];")
+        elif form is Form.ROW_EXPAND and b in g.whole:  # written by lane 0 of this warp
+            per_row = ["__syncwarp();", f"const ACC x_b = {b}[r][0];"]
+        elif form is Form.ROW_EXPAND:
+            per_row = [f"const ACC x_b = __shfl_sync(PTO_FULL, {b}[i][0], 0);"]
+        per_element.append(f"{_el(g, dst)} = (ACC)({expression});")
+        body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element))
+        return _op_block(where, f"{a}_vr", f"{a}_vc", body, dst)
+
+    return _Code(lines, whole=form is Form.COL_EXPAND)
+
+
+def _identity(spec: OpSpec) -> str:
+    return f"(ACC)({_literal(float(spec.identity))})"
+
+
+def _row_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+    dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
+    combine = spec.cuda.format(acc="acc", x="x")
+    source = ctx.g.tiles[a]
+
+    def lines(g: _Generator) -> list[str]:
+        body = [f"ACC acc = {_identity(spec)};",
+                *_cols(source, "vc_a", [f"const ACC x = {_el(g, a)};", f"acc = {combine};"]),
+                "for (int o = 16; o > 0; o /= 2) {  // lanes combine: every lane gets the row's result",
+                "    const ACC x = __shfl_xor_sync(PTO_FULL, acc, o);", f"    acc = {combine};", "}",
+                f"if (pto_lane == 0) {_el(g, dst, col='0', slot='0')} = acc;"]
+        work = [f"const long long vc_a = {a}_vc;", *_rows(g, source, "vr", body)]
+        return _op_block(where, f"{a}_vr", "1", work, dst)
+
+    return _Code(lines)
+
+
+def _col_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+    dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
+    ctx.g.whole.add(a)
+    combine = spec.cuda.format(acc="acc", x="x")
+    tile = ctx.g.tiles[dst]
+
+    def lines(g: _Generator) -> list[str]:
+        per_element = [f"ACC acc = {_identity(spec)};", f"for (long long k = 0; k < {a}_vr; ++k) {{",
+                       f"    const ACC x = {a}[k][c];", f"    acc = {combine};", "}", f"{_el(g, dst)} = acc;"]
+        return _op_block(where, "1", f"{a}_vc", _rows(g, tile, "vr", _cols(tile, "vc", per_element)), dst)
+
+    return _Code(lines, whole=True)
+
+
+def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+    dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
+    if dst == b:
+        raise ctx.fail(where, "the CUDA code generator needs the destination to differ from the right "
+                              "operand (other warps still read it while the product is written)")
+    ctx.g.whole.add(b)
+    tile, left = ctx.g.tiles[dst], ctx.g.tiles[a]
+    region = (f"{dst}_vr", f"{dst}_vc") if spec.accumulate else (f"{a}_vr", f"{b}_vc")
+
+    def lines(g: _Generator) -> list[str]:
+        slots = math.ceil(tile.cols / WARP)
+        # a(r, k): from shared memory, or from lane k % 32 of this warp, which holds it in slot k / 32
+        x_a = f"{a}[r][k]" if a in g.whole else f"__shfl_sync(PTO_FULL, {a}[i][kj], kl)"
+        body = [f"ACC acc[{slots}];",
+                "PTO_UNROLL", f"for (int j = 0; j < {slots}; ++j) acc[j] = (ACC)0;",
+                *(_cols(tile, "vc", [f"acc[j] = {_el(g, dst)};"]) if spec.accumulate else []),
+                "PTO_UNROLL", f"for (int kj = 0; kj < {math.ceil(left.cols / WARP)}; ++kj) {{",
+                "    for (int kl = 0; kl < 32; ++kl) {", "        const long long k = 32 * kj + kl;",
+                "        if (k >= kn) break;", f"        const ACC x_a = {x_a};",
+                *_indent(_cols(tile, "vc", [f"acc[j] += x_a * {b}[k][c];"]), 2), "    }", "}",
+                *_cols(tile, "vc", [f"{_el(g, dst)} = acc[j];"])]
+        return _op_block(where, *region, [f"const long long kn = {a}_vc;", *_rows(g, tile, "vr", body)], dst)
+
+    return _Code(lines, whole=True)
+
+
+def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+    """TLOAD and TSTORE: a tile's valid region from or to a window of a memref."""
+    load = spec.form is Form.LOAD
+    tile_name, memref = (op.dst, op.srcs[0]) if load else (op.srcs[0], op.dst)
+    tile, view = ctx.names[tile_name], ctx.views[memref]
+    row, col = (ctx.operand(v) for v in op.srcs[1:3])
+    offset, shift = ctx.offsets[memref], (ctx.affine(op.srcs[1]), ctx.affine(op.srcs[2]))
+    if offset is not None and None not in shift:
+        offset = (offset[0].plus(shift[0]), offset[1].plus(shift[1]))
+    else:
+        offset = None
+    declared = ctx.g.tiles[tile]
+    ctx.g.accesses.append(_Access(view.param, offset, declared.rows, declared.cols, not load))
+    p = view.param
+    element = f"{p}_p[({view.row0} + {row} + r) * {p}_s1 + ({view.col0} + {col} + c) * {p}_s2]"
+    rows, cols = (declared.rows, declared.cols) if load else (f"{tile}_vr", f"{tile}_vc")
+    region = (f"pto_clip({rows}, {view.rows} - {row})", f"pto_clip({cols}, {view.cols} - {col})")
+
+    def lines(g: _Generator) -> list[str]:
+        copy = f"{_el(g, tile)} = (ACC)({element});" if load else f"{element} = (T)({_el(g, tile)});"
+        body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
+        return _op_block(where, *region, body, tile if load else None)
+
+    return _Code(lines, memref=p)
+
+
+_TILE_RULES = {Form.LOAD: _transfer, Form.STORE: _transfer, Form.UNARY: _elementwise,
+               Form.BINARY: _elementwise, Form.TILE_SCALAR: _elementwise, Form.ROW_EXPAND: _elementwise,
+               Form.COL_EXPAND: _elementwise, Form.MASK: _elementwise, Form.ROW_REDUCE: _row_reduce,
+               Form.COL_REDUCE: _col_reduce, Form.MATMUL: _matmul}

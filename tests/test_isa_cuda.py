@@ -1,0 +1,339 @@
+"""CUDA code generated from PTO InCore functions (pto_gpu/isa/cuda_codegen.py).
+
+Functions covering every ops.Form (each table entry of a form in one function, so a new entry
+is covered without a change here), calls, loops, branches, returns, scalar arithmetic and a
+memref written and read at offsets that move (cross-warp hazards) are generated and:
+  - compiled by nvcc for sm_80 and sm_90, warnings as errors, for float32, float64 and
+    float16, with ptxas' report checked: no spills, no stack frame (tiles stay in registers),
+    static shared memory within 48 KiB;
+  - built for the host by g++ (pto_isa.cuh runs each block's threads as real threads, so the
+    same kernel text with its shuffles and barriers runs) and compared on full and tail
+    windows with the reference interpreter;
+  - on a GPU (marker `gpu`), run through pto.Runtime(backend="cuda") against the interpreter.
+"""
+
+import ctypes
+import math
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from pto_gpu.backends import cuda_abi
+from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.isa import ISAError, interpret
+from pto_gpu.isa.cuda_codegen import WorkItems, cuda_code, cuda_source
+from pto_gpu.isa.ir import (
+    Call,
+    CallArg,
+    For,
+    Function,
+    FunctionKind,
+    If,
+    MemRef,
+    Module,
+    Op,
+    Predicate,
+    Return,
+    Scalar,
+    Tile,
+)
+from pto_gpu.isa.ops import OPCODES, Form
+from pto_gpu.runtime import cuda_unavailable
+
+R, C, K, N = 10, 40, 40, 20  # tiles of 10 x 40: two column slots per lane, rows over two blocks of warps
+DTYPES = {np.float32: pto.FLOAT32, np.float64: pto.FLOAT64}
+# float32: the interpreter rounds each instruction's float64 result, the kernel computes in
+# float32 (and sums in another order): a few ulps per instruction, ~K ulps through a matmul.
+TOLERANCE = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+INT = pto.INT64
+
+
+def _opcodes(form: Form) -> list[str]:
+    return [name for name, spec in OPCODES.items() if spec.form is form]
+
+
+def _incore(name, memrefs, tiles, body, scalars=()) -> Function:
+    return Function(name, FunctionKind.INCORE, tuple(memrefs), tuple(scalars), tuple(tiles), tuple(body))
+
+
+def _per_opcode(name, form, dt, sources, make, scalars=()):
+    """out[:, k*C:(k+1)*C] = opcode k of `form` applied to the sources' tiles (memref m: tile m_)."""
+    ops = _opcodes(form)
+    memrefs = [MemRef(m, dt, shape) for m, shape in sources] + [MemRef("out", dt, (R, C * len(ops)))]
+    tiles = [Tile(m + "_", *shape, dt) for m, shape in sources] + [Tile("y", R, C, dt)]
+    body = [Op("TLOAD", m + "_", (m, 0, 0)) for m, _ in sources]
+    for k, opcode in enumerate(ops):
+        body += [make(opcode, k), Op("TSTORE", "out", ("y", 0, k * C))]
+    return _incore(name, memrefs, tiles, body, scalars)
+
+
+def _reduce(name, form, dt, out_shape, dst_shape, store_at):
+    ops = _opcodes(form)
+    body = [Op("TLOAD", "x_", ("x", 0, 0))]
+    for k, opcode in enumerate(ops):
+        body += [Op(opcode, "y", ("x_",)), Op("TSTORE", "out", ("y", *store_at(k)))]
+    return _incore(name, [MemRef("x", dt, (R, C)), MemRef("out", dt, out_shape(len(ops)))],
+                   [Tile("x_", R, C, dt), Tile("y", *dst_shape, dt)], body)
+
+
+def _module(dt) -> Module:
+    m = Module("cuda_tests")
+    x, xb = [("x", (R, C))], [("x", (R, C)), ("b", (R, C))]
+    m.add(_per_opcode("unary", Form.UNARY, dt, x, lambda op, k: Op(op, "y", ("x_",))))
+    m.add(_per_opcode("binary", Form.BINARY, dt, xb, lambda op, k: Op(op, "y", ("x_", "b_"))))
+    m.add(_per_opcode("row_expand", Form.ROW_EXPAND, dt, [("x", (R, C)), ("b", (R, 1))],
+                      lambda op, k: Op(op, "y", ("x_", "b_"))))
+    m.add(_per_opcode("col_expand", Form.COL_EXPAND, dt, [("x", (R, C)), ("b", (1, C))],
+                      lambda op, k: Op(op, "y", ("x_", "b_"))))
+    m.add(_per_opcode("tile_scalar", Form.TILE_SCALAR, dt, x,
+                      lambda op, k: Op(op, "y", ("x_", "alpha" if k % 2 else 0.75)), [Scalar("alpha", dt)]))
+    m.add(_reduce("row_reduce", Form.ROW_REDUCE, dt, lambda n: (R, n), (R, 1), lambda k: (0, k)))
+    m.add(_reduce("col_reduce", Form.COL_REDUCE, dt, lambda n: (n, C), (1, C), lambda k: (k, 0)))
+    m.add(_incore("matmul", [MemRef("a", dt, (R, K)), MemRef("b", dt, (K, N)), MemRef("out", dt, (R, 2 * N))],
+                  [Tile("a_", R, K, dt), Tile("b_", K, N, dt), Tile("c_", R, N, dt)],
+                  [Op("TLOAD", "a_", ("a", 0, 0)), Op("TLOAD", "b_", ("b", 0, 0)),
+                   Op("TMATMUL", "c_", ("a_", "b_")), Op("TSTORE", "out", ("c_", 0, 0)),
+                   Op("TMATMUL_ACC", "c_", ("a_", "b_")), Op("TSTORE", "out", ("c_", 0, N))]))
+    m.add(_incore("mask", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C))], [Tile("x_", R, C, dt)],
+                  [Op("TLOAD", "x_", ("x", 0, 0)), Op("TCAUSALMASK", "x_", ("x_", "row", 3)),
+                   Op("TSTORE", "out", ("x_", 0, 0))], [Scalar("row", INT)]))
+    m.add(_incore("softmax", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C))],
+                  [Tile("x_", R, C, dt), Tile("m_", R, 1, dt)],
+                  [Op("TLOAD", "x_", ("x", 0, 0)), Op("TROWMAX", "m_", ("x_",)),
+                   Op("TROWEXPANDSUB", "x_", ("x_", "m_")), Op("TEXP", "x_", ("x_",)),
+                   Op("TROWSUM", "m_", ("x_",)), Op("TROWEXPANDDIV", "x_", ("x_", "m_")),
+                   Op("TSTORE", "out", ("x_", 0, 0))]))
+    # A callee on windows: it returns before its last store, which must not happen.
+    half = (R // 2, C // 2)
+    m.add(_incore("halve", [MemRef("src", dt, half), MemRef("dst", dt, half)], [Tile("t", *half, dt)],
+                  [Op("TLOAD", "t", ("src", 0, 0)), Op("TMULS", "t", ("t", 0.5)),
+                   Op("TSTORE", "dst", ("t", 0, 0)), Return(), Op("TSTORE", "dst", ("t", 0, 0))]))
+    scalars = [Scalar("n", INT), Scalar("alpha", dt), Scalar("k", INT, False), Scalar("q", INT, False),
+               Scalar("flag", INT, False), Scalar("f", dt, False)]
+    m.add(_incore("control", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C)), MemRef("half", dt, half)],
+                  [Tile("t", R, C, dt)],
+                  [Op("SLI", "k", (3,)), Op("SADD", "k", ("k", "n")), Op("SMUL", "q", ("k", 2)),
+                   Op("SSUB", "q", ("q", 1)), Op("SDIV", "q", ("q", 2)),
+                   Op("SCMP", "flag", ("q", 0, Predicate.LT)), Op("SDIV", "f", ("alpha", 0.2)),
+                   Op("TLOAD", "t", ("x", 0, 0)),
+                   For("i", 0, "k", 1, (Op("TADDS", "t", ("t", "alpha")),)),
+                   If("flag", Predicate.EQ, 1, (Op("TMULS", "t", ("t", -1.0)),),
+                      (Op("TADDS", "t", ("t", "f")),)),
+                   Op("TADDS", "t", ("t", "q")), Op("TSTORE", "out", ("t", 0, 0)),
+                   Call("halve", (("src", CallArg("x", 1, 1)), ("dst", CallArg("half")))),
+                   If("k", Predicate.GT, 0, (Return(),)),
+                   Op("TMULS", "t", ("t", 3.0)), Op("TSTORE", "out", ("t", 0, 0))], scalars))
+    # Each step reads two rows the step before wrote, one of them another warp's.
+    step = (Op("SSUB", "p", ("i", 1)), Op("TLOAD", "t", ("acc", "p", 0)), Op("TLOAD", "u", ("acc", "i", 0)),
+            Op("TADD", "u", ("u", "t")), Op("TSTORE", "acc", ("u", "i", 0)))
+    m.add(_incore("prefix", [MemRef("acc", dt, (R, C))], [Tile("t", 2, C, dt), Tile("u", 2, C, dt)],
+                  [For("i", 1, R - 1, 1, step)], [Scalar("p", INT, False)]))
+    return m
+
+
+FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "row_reduce", "col_reduce",
+             "matmul", "mask", "softmax", "control", "prefix"]
+BLOCK_LAYOUT = {"col_expand", "col_reduce", "matmul", "prefix"}
+TAILS = {("matmul", "b"): (K - 7, N - 7)}  # b's valid rows must be a's valid columns
+SCALARS = {"tile_scalar": [(1.5,)], "mask": [(0,), (4,)], "control": [(2, 0.5), (-8, 0.25)]}
+
+
+def _arrays(module, name, dt, tail, seed):
+    """Random inputs in [0.5, 2) (logs, roots and quotients stay finite), outputs prefilled."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for memref in module.functions[name].memrefs:
+        rows, cols = memref.shape
+        shape = TAILS.get((name, memref.name), (max(1, rows - 3), max(1, cols - 7))) if tail else (rows, cols)
+        arrays.append(rng.uniform(0.5, 2.0, shape).astype(dt))
+    return arrays
+
+
+def _source(dt) -> str:
+    module = _module(DTYPES[dt])
+    return "".join(cuda_source(module, name) for name in FUNCTIONS)
+
+
+def test_every_form_is_covered():
+    module = _module(pto.FLOAT32)
+    used = {op.opcode for f in module.functions.values() for op in _walk(f.body)}
+    assert {spec.form for name, spec in OPCODES.items() if name in used} == set(Form)
+
+
+def _walk(body):
+    for statement in body:
+        if isinstance(statement, Op):
+            yield statement
+        elif isinstance(statement, For):
+            yield from _walk(statement.body)
+        elif isinstance(statement, If):
+            yield from _walk(statement.then_body + statement.else_body)
+
+
+def test_layout_and_work_items(tmp_path):
+    module = _module(pto.FLOAT32)
+    for name in FUNCTIONS:
+        code = cuda_code(module, name, tmp_path)
+        assert code.source.parent == tmp_path
+        assert re.fullmatch(rf"{name}_[0-9a-f]{{16}}\.cu", code.source.name)
+        assert code.source.read_text() == cuda_source(module, name)
+        assert cuda_code(module, name, tmp_path) == code  # same source, same file
+        items = code.items([(R, C)])
+        assert items == (THREADS_PER_BLOCK if name in BLOCK_LAYOUT else R * 32), name
+        assert ("block layout" in code.source.read_text()) == (name in BLOCK_LAYOUT)
+    assert isinstance(code.items, WorkItems)
+
+
+def test_block_layout_synchronises_around_whole_tile_reads():
+    source = cuda_source(_module(pto.FLOAT32), "matmul")
+    kernel = source[source.index("pto_matmul("):]
+    assert "__shared__ ACC t_b_[40][20];" in kernel and "__shared__ ACC t_a_" not in kernel
+    product = kernel.index("// TMATMUL %c_")
+    assert kernel.rfind("__syncthreads();", 0, product) > kernel.index("// TLOAD %b_")
+    assert "__syncthreads" not in cuda_source(_module(pto.FLOAT32), "softmax").split("pto_softmax(")[1]
+
+
+def test_refusals_name_the_function_and_instruction():
+    f = pto.FLOAT32
+    module = Module("bad")
+    module.add(_incore("square", [MemRef("a", f, (8, 8)), MemRef("out", f, (8, 8))], [Tile("t", 8, 8, f)],
+                       [Op("TLOAD", "t", ("a", 0, 0)), Op("TMATMUL", "t", ("t", "t")),
+                        Op("TSTORE", "out", ("t", 0, 0))]))
+    with pytest.raises(ISAError, match=r"@square: TMATMUL %t, %t, %t: .*differ from the right operand"):
+        cuda_source(module, "square")
+    big = Module("big")
+    big.add(_incore("huge", [MemRef("a", f, (128, 64)), MemRef("out", f, (1, 64))],
+                    [Tile("t", 128, 64, f), Tile("s", 1, 64, f)],
+                    [Op("TLOAD", "t", ("a", 0, 0)), Op("TCOLSUM", "s", ("t",)),
+                     Op("TSTORE", "out", ("s", 0, 0))]))
+    with pytest.raises(ISAError, match=r"@huge: .*65536 bytes of shared memory"):
+        cuda_source(big, "huge")
+
+
+# --- nvcc ---------------------------------------------------------------------------------------
+NVCC_OPTIONS = {"float32": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float32)],
+                "float64": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float64)],
+                "float16": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)]}
+
+
+@pytest.fixture(scope="module")
+def ptxas_reports(tmp_path_factory):
+    """ptxas' report per element type: every function, for sm_80 and sm_90, in one nvcc run."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed (the CUDA toolkit)")
+    folder = tmp_path_factory.mktemp("nvcc")
+    source = folder / "generated.cu"
+    source.write_text(_source(np.float32))  # the text does not depend on the element type
+
+    def compile_one(label):
+        done = subprocess.run(["nvcc", "--fatbin", "-gencode", "arch=compute_80,code=sm_80", "-gencode",
+                               "arch=compute_90,code=sm_90", "-std=c++17", "-Werror", "all-warnings",
+                               "-Xptxas", "-v", *NVCC_OPTIONS[label], str(source), "-o",
+                               str(folder / f"{label}.fatbin")], capture_output=True, text=True)
+        return label, done.returncode, done.stdout + done.stderr
+
+    with ThreadPoolExecutor(2) as pool:
+        return {label: (rc, out) for label, rc, out in pool.map(compile_one, NVCC_OPTIONS)}
+
+
+@pytest.mark.parametrize("label", NVCC_OPTIONS)
+def test_nvcc_compiles_without_warnings_spills_or_local_memory(ptxas_reports, label):
+    rc, report = ptxas_reports[label]
+    assert rc == 0, report
+    functions = re.findall(r"Compiling entry function '(\w+)' for '(sm_\d+)'\n.*?Function properties for \1\n"
+                           r"\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\n"
+                           r".*?Used (\d+) registers.*?(?:(\d+) bytes smem)?[,\n]", report, re.S)
+    seen = {(name, arch) for name, arch, *_ in functions}
+    assert seen == {(f"pto_{n}", arch) for n in FUNCTIONS for arch in ("sm_80", "sm_90")}, report
+    for name, arch, stack, stores, loads, _, smem in functions:
+        assert (stores, loads) == ("0", "0"), (name, arch, report)
+        # sin and cos of doubles keep an array for their argument reduction: not a tile
+        assert stack == "0" or (label, name) == ("float64", "pto_unary"), (name, arch, report)
+        assert int(smem or 0) <= 48 * 1024, (name, arch)
+
+
+# --- host build ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=[np.float32, np.float64], ids=["float32", "float64"])
+def host_build(request, tmp_path_factory):
+    """Every function's source in one shared library, per element type, built by g++."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    dt = request.param
+    folder = tmp_path_factory.mktemp(f"host-{np.dtype(dt)}")
+    source, library = folder / "generated.cpp", folder / "generated.so"
+    source.write_text(_source(dt))
+    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
+                    "-Werror", *cuda_abi.COMPILE_OPTIONS[np.dtype(dt)], str(source), "-o", str(library)],
+                   check=True)
+    return dt, ctypes.CDLL(str(library))
+
+
+def _host_call(library, name, items, arrays, scalars):
+    args = [ctypes.c_longlong(min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK)))]  # as CudaBackend
+    for array in arrays:
+        args.append(ctypes.c_void_p(array.ctypes.data))
+        words = cuda_abi.tensor_words(array.shape, array.strides, array.itemsize)
+        args += [ctypes.c_longlong(int(w)) for w in words]
+    for value in scalars:
+        word = cuda_abi.scalar_word(value)
+        is_int = isinstance(word, np.int64)
+        args.append(ctypes.c_longlong(int(word)) if is_int else ctypes.c_double(float(word)))
+    getattr(library, f"pto_host_{name}")(*args)
+
+
+@pytest.mark.parametrize("tail", [False, True], ids=["full", "tail"])
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_host_build_matches_the_interpreter(host_build, name, tail, tmp_path):
+    dt, library = host_build
+    module = _module(DTYPES[dt])
+    items = cuda_code(module, name, tmp_path).items([])
+    for seed, scalars in enumerate(SCALARS.get(name, [()])):
+        expected = _arrays(module, name, dt, tail, seed)
+        got = [a.copy() for a in expected]
+        interpret.run(module, name, *expected, *scalars)
+        _host_call(library, name, items, got, scalars)
+        for memref, want, have in zip(module.functions[name].memrefs, expected, got):
+            np.testing.assert_allclose(have, want, err_msg=f"{name} {memref.name} {scalars}", **TOLERANCE[dt])
+
+
+def test_floor_division_and_early_returns_are_seen(host_build, tmp_path):
+    """The cases above would pass with C's truncating division or a RETURN that did nothing
+    only if the interpreter were wrong the same way: pin what it computes."""
+    dt, library = host_build
+    module = _module(DTYPES[dt])
+    x, out, half = _arrays(module, "control", dt, False, 0)
+    # One block: warps 0 and 1 run rows 8 and 9 too, with scalars and valid regions afresh.
+    _host_call(library, "control", THREADS_PER_BLOCK, [x, out, half], (-8, 0.25))  # k = -5, q = -11 // 2
+    np.testing.assert_allclose(out, 3 * (-x - 6), **TOLERANCE[dt])
+    _host_call(library, "control", THREADS_PER_BLOCK, [x, out, half], (2, 0.5))  # k = 5 > 0: returns
+    np.testing.assert_allclose(out, x + 5 * 0.5 + 2.0 + 4, **TOLERANCE[dt])  # f = 0.5 // 0.2 = 2
+    np.testing.assert_allclose(half, x[R // 2:, C // 2:] * 0.5, **TOLERANCE[dt])
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+NO_GPU = cuda_unavailable()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NO_GPU is not None, reason=f"no CUDA GPU: {NO_GPU}")
+@pytest.mark.parametrize("tail", [False, True], ids=["full", "tail"])
+@pytest.mark.parametrize("name", FUNCTIONS)
+@pytest.mark.parametrize("dt", [np.float32, np.float64], ids=["float32", "float64"])
+def test_generated_kernels_on_the_gpu_match_the_interpreter(name, dt, tail, tmp_path):
+    module = _module(DTYPES[dt])
+    code = cuda_code(module, name, tmp_path)
+    kernel = pto.kernel(name=name, cuda=code)(lambda *args: None)  # runs pto_<name>
+    rt = pto.Runtime(backend="cuda", executor="serial")
+    for seed, scalars in enumerate(SCALARS.get(name, [()])):
+        expected = _arrays(module, name, dt, tail, seed)
+        device = [rt.backend.to_device(a) for a in expected]
+        interpret.run(module, name, *expected, *scalars)
+        rt.run(lambda o, device=device, scalars=scalars:
+               o.submit(kernel, *(pto.inout(o.external(a)) for a in device), *scalars))
+        for want, have in zip(expected, device):
+            np.testing.assert_allclose(rt.backend.to_host(have), want, **TOLERANCE[dt])
