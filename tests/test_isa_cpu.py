@@ -253,3 +253,26 @@ def test_a_window_larger_than_the_functions_memref_is_refused_at_submit(compiled
     assert not out.any()
     rt.run(orchestration, 5)  # a tail is fine
     np.testing.assert_allclose(out[:5], 1 / 64, rtol=1e-6)
+
+
+def scaled_module() -> isa.Module:
+    """A callee with scalar parameters, called with an immediate and with a caller's scalar."""
+    m = isa.Module("scaled")
+    (FunctionBuilder("affine", module=m).in_core()
+        .memref("x", pto.FLOAT32, (4, 8)).memref("y", pto.FLOAT32, (4, 8))
+        .scalar("scale", pto.FLOAT32).scalar("shift", pto.FLOAT32).tile("t", 4, 8, pto.FLOAT32)
+        .load("t", "x").muls("t", "t", "scale").adds("t", "t", "shift").store("y", "t").build())
+    (FunctionBuilder("two_affines", module=m).in_core()
+        .memref("x", pto.FLOAT32, (8, 8)).memref("y", pto.FLOAT32, (8, 8)).scalar("k", pto.FLOAT32)
+        .call("affine", {"x": ("x", 0, 0), "y": ("y", 0, 0)}, scalars={"scale": 2.0, "shift": "k"})
+        .call("affine", {"x": ("x", 1, 0), "y": ("y", 1, 0)}, scalars={"scale": "k", "shift": -1.0})
+        .build())
+    return m
+
+
+def test_a_calls_scalar_arguments_reach_the_inlined_callee(generated):
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    mine, theirs = run_both(generated, scaled_module(), "two_affines", [x, np.zeros_like(x)], 3.0)
+    expected = np.concatenate([x[:4] * 2.0 + 3.0, x[4:] * 3.0 - 1.0])
+    np.testing.assert_array_equal(mine[1], expected)
+    np.testing.assert_array_equal(theirs[1], expected)

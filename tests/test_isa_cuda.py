@@ -108,11 +108,13 @@ def _module(dt) -> Module:
                    Op("TROWEXPANDSUB", "x_", ("x_", "m_")), Op("TEXP", "x_", ("x_",)),
                    Op("TROWSUM", "m_", ("x_",)), Op("TROWEXPANDDIV", "x_", ("x_", "m_")),
                    Op("TSTORE", "out", ("x_", 0, 0))]))
-    # A callee on windows: it returns before its last store, which must not happen.
+    # A callee on windows, scaling by a scalar parameter the call binds: it returns before its
+    # last store, which must not happen.
     half = (R // 2, C // 2)
     m.add(_incore("halve", [MemRef("src", dt, half), MemRef("dst", dt, half)], [Tile("t", *half, dt)],
-                  [Op("TLOAD", "t", ("src", 0, 0)), Op("TMULS", "t", ("t", 0.5)),
-                   Op("TSTORE", "dst", ("t", 0, 0)), Return(), Op("TSTORE", "dst", ("t", 0, 0))]))
+                  [Op("TLOAD", "t", ("src", 0, 0)), Op("TMULS", "t", ("t", "factor")),
+                   Op("TSTORE", "dst", ("t", 0, 0)), Return(), Op("TSTORE", "dst", ("t", 0, 0))],
+                  [Scalar("factor", dt)]))
     scalars = [Scalar("n", INT), Scalar("alpha", dt), Scalar("k", INT, False), Scalar("q", INT, False),
                Scalar("flag", INT, False), Scalar("f", dt, False)]
     m.add(_incore("control", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C)), MemRef("half", dt, half)],
@@ -125,7 +127,8 @@ def _module(dt) -> Module:
                    If("flag", Predicate.EQ, 1, (Op("TMULS", "t", ("t", -1.0)),),
                       (Op("TADDS", "t", ("t", "f")),)),
                    Op("TADDS", "t", ("t", "q")), Op("TSTORE", "out", ("t", 0, 0)),
-                   Call("halve", (("src", CallArg("x", 1, 1)), ("dst", CallArg("half")))),
+                   Call("halve", (("src", CallArg("x", 1, 1)), ("dst", CallArg("half"))),
+                        (("factor", "alpha"),)),
                    If("k", Predicate.GT, 0, (Return(),)),
                    Op("TMULS", "t", ("t", 3.0)), Op("TSTORE", "out", ("t", 0, 0))], scalars))
     # Each step reads two rows the step before wrote, one of them another warp's.
@@ -312,7 +315,7 @@ def test_floor_division_and_early_returns_are_seen(host_build, tmp_path):
     np.testing.assert_allclose(out, 3 * (-x - 6), **TOLERANCE[dt])
     _host_call(library, "control", THREADS_PER_BLOCK, [x, out, half], (2, 0.5))  # k = 5 > 0: returns
     np.testing.assert_allclose(out, x + 5 * 0.5 + 2.0 + 4, **TOLERANCE[dt])  # f = 0.5 // 0.2 = 2
-    np.testing.assert_allclose(half, x[R // 2:, C // 2:] * 0.5, **TOLERANCE[dt])
+    np.testing.assert_allclose(half, x[R // 2:, C // 2:] * 0.5, **TOLERANCE[dt])  # factor = alpha
 
 
 # --- GPU ----------------------------------------------------------------------------------------

@@ -329,6 +329,9 @@ class _Generator:
                 self.emit(f"{ident} = {source}")
             memrefs[param], roots[param] = ident, scope.roots[arg.tensor]
         inner = self.instance(callee, memrefs, roots)
+        for param, value in call.scalars:
+            cast = _scalar_type(callee.scalar(param).dtype)
+            self.emit(f"{inner.scalar(param)} = {cast}({scope.value(value)})")
         if not _returns(callee.body):
             self.block(inner, callee.body)
             return

@@ -453,6 +453,9 @@ class _Context:
             views[param] = _View(view.param, view.row0, view.col0, f"pto_clip({rows}, {view.rows})",
                                  f"pto_clip({cols}, {view.cols})")
             offsets[param] = offset
+        for param, value in call.scalars:  # the callee's parameters, under its activation's names
+            ctype = "long long" if _integer(callee.scalar(param).dtype) else "double"
+            head.append(f"const {ctype} s{k}_{_c(param)} = ({ctype})({self.operand(value)});")
         body, returns, label = self.g._inline(callee, views, offsets)
         return _Inlined(describe(call), head + body, returns, label)
 

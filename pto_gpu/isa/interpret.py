@@ -139,7 +139,8 @@ class _Frame:
                 col = self.index(arg.col, where) * cols
                 array = array[row:row + rows, col:col + cols]
             arrays[param] = array
-        _Frame(self.module, callee, arrays, {}).run()
+        values = {param: self.number(value) for param, value in call.scalars}
+        _Frame(self.module, callee, arrays, values).run()
 
     def op(self, op: Op) -> None:
         spec = OPCODES.get(op.opcode)
