@@ -136,14 +136,37 @@ def _module(dt) -> Module:
             Op("TADD", "u", ("u", "t")), Op("TSTORE", "acc", ("u", "i", 0)))
     m.add(_incore("prefix", [MemRef("acc", dt, (R, C))], [Tile("t", 2, C, dt), Tile("u", 2, C, dt)],
                   [For("i", 1, R - 1, 1, step)], [Scalar("p", INT, False)]))
+    # Cases where the three implementations once disagreed (a review's reproductions):
+    # a whole tensor bound to a smaller callee memref is a window of the callee's shape ...
+    quarter = (R // 2, C)
+    m.add(_incore("rows_in_steps", [MemRef("p", dt, quarter), MemRef("q", dt, quarter)],
+                  [Tile("t", R // 4, C, dt)],
+                  [For("i", 0, R, R // 4, (Op("TLOAD", "t", ("p", "i", 0)),
+                                           Op("TSTORE", "q", ("t", "i", 0))))]))
+    m.add(_incore("whole_argument", [MemRef("x", dt, (R, C)), MemRef("y", dt, (R, C))], [],
+                  [Call("rows_in_steps", (("p", CallArg("x")), ("q", CallArg("y"))))]))
+    # ... float32 scalars round as the interpreter's do (alpha == 0.1 only in double) ...
+    m.add(_incore("float_scalars", [MemRef("x", dt, (R, C)), MemRef("y", dt, (R, C))],
+                  [Tile("t", R, C, dt)],
+                  [Op("SCMP", "flag", ("alpha", 0.1, Predicate.EQ)), Op("SDIV", "q", ("alpha", 0.1)),
+                   Op("TLOAD", "t", ("x", 0, 0)), Op("TADDS", "t", ("t", "flag")),
+                   Op("TADDS", "t", ("t", "q")), Op("TSTORE", "y", ("t", 0, 0))],
+                  [Scalar("alpha", pto.FLOAT32), Scalar("flag", INT, False),
+                   Scalar("q", pto.FLOAT32, False)]))
+    # ... and a tile named like another's valid-region variable is its own C name.
+    m.add(_incore("clash", [MemRef("x", dt, (R, C)), MemRef("y", dt, (R, C))],
+                  [Tile("t", R, C, dt), Tile("t_vr", R, C, dt)],
+                  [Op("TLOAD", "t", ("x", 0, 0)), Op("TADD", "t_vr", ("t", "t")),
+                   Op("TSTORE", "y", ("t_vr", 0, 0))]))
     return m
 
 
 FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "row_reduce", "col_reduce",
-             "matmul", "mask", "softmax", "control", "prefix"]
-BLOCK_LAYOUT = {"col_expand", "col_reduce", "matmul", "prefix"}
+             "matmul", "mask", "softmax", "control", "prefix", "whole_argument", "float_scalars", "clash"]
+BLOCK_LAYOUT = {"col_expand", "col_reduce", "matmul", "prefix", "whole_argument"}  # moving offsets: hazards
 TAILS = {("matmul", "b"): (K - 7, N - 7)}  # b's valid rows must be a's valid columns
-SCALARS = {"tile_scalar": [(1.5,)], "mask": [(0,), (4,)], "control": [(2, 0.5), (-8, 0.25)]}
+SCALARS = {"tile_scalar": [(1.5,)], "mask": [(0,), (4,)], "control": [(2, 0.5), (-8, 0.25)],
+           "float_scalars": [(0.1,), (0.3,)]}
 
 
 def _arrays(module, name, dt, tail, seed):
@@ -216,6 +239,14 @@ def test_refusals_name_the_function_and_instruction():
                      Op("TSTORE", "out", ("s", 0, 0))]))
     with pytest.raises(ISAError, match=r"@huge: .*65536 bytes of shared memory"):
         cuda_source(big, "huge")
+    mixed = Module("mixed")
+    mixed.add(_incore(
+        "widen", [MemRef("a", f, (8, 8)), MemRef("out", f, (8, 8)), MemRef("b", pto.FLOAT64, (8, 8))],
+        [Tile("t", 8, 8, f), Tile("u", 8, 8, pto.FLOAT64)],
+        [Op("TLOAD", "t", ("a", 0, 0)), Op("TSTORE", "out", ("t", 0, 0)), Op("TLOAD", "u", ("b", 0, 0)),
+         Op("TSTORE", "b", ("u", 0, 0))]))
+    with pytest.raises(ISAError, match=r"@widen: its memrefs are FLOAT32, FLOAT64; CUDA code is generated"):
+        cuda_source(mixed, "widen")
 
 
 # --- nvcc ---------------------------------------------------------------------------------------

@@ -146,6 +146,8 @@ BAD = [
                                                            MemRef("spare", F32))),
      "@orch: memref %spare: neither passed to a call"),
     # scalars and loops
+    ("integer tile", kernel(tiles=TILES + (Tile("ints", 8, 8, I32),)),
+     "@tile_fn: tile %ints: tiles hold floating point (FLOAT16, BFLOAT16, FLOAT32, FLOAT64), not INT32"),
     ("local before a parameter", kernel(scalars=(SCALARS[2], SCALARS[0])),
      "@tile_fn: scalar %n: parameters come before locals (%t is a local)"),
     ("assign a parameter", kernel(Op("SLI", "n", (3,))),

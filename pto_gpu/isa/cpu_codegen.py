@@ -53,9 +53,9 @@ from ..dtypes import DataType
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement
 from .ops import OPCODES, Form, OpSpec
-from .verify import describe
+from .verify import describe, verify_module
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 _HALF = (DataType.FLOAT16, DataType.BFLOAT16)
 _PYTHON_COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=",
@@ -320,13 +320,13 @@ class _Generator:
         for param, arg in call.args:
             ident = f"m{self.instances}_{param}"
             source = scope.memrefs[arg.tensor]
+            rows, cols = callee.memref(param).shape  # a memref is a window of at most its shape
             if arg.windowed:
-                rows, cols = callee.memref(param).shape
                 row = f"{scope.index(arg.row)} * {rows}"
                 col = f"{scope.index(arg.col)} * {cols}"
                 self.emit(f"{ident} = {source}[{row}:{row} + {rows}, {col}:{col} + {cols}]")
             else:
-                self.emit(f"{ident} = {source}")
+                self.emit(f"{ident} = {source}[:{rows}, :{cols}]")
             memrefs[param], roots[param] = ident, scope.roots[arg.tensor]
         inner = self.instance(callee, memrefs, roots)
         for param, value in call.scalars:
@@ -431,6 +431,7 @@ class _Generator:
         elif form is Form.COL_EXPAND:
             b = scope.tile(srcs[1])
             lowered.body.append(target + _element(spec, a.dtype, a=element, b=f"{b}[0, _c]"))
+            lowered.reads |= {b}  # so a row reduction earlier in the segment is not fused past it
         elif form is Form.MASK:
             row, col = scope.index(srcs[1]), scope.index(srcs[2])
             minus_inf = self.constant(a.dtype, "-math.inf")
@@ -566,6 +567,7 @@ def _returns(body: tuple[Statement, ...]) -> bool:
 
 
 def _generate(module: Module, name: str) -> tuple[_Generator, str]:
+    verify_module(module)  # as the interpreter and the CUDA generator do: one notion of valid
     function = module.functions.get(name)
     if function is None or not function.in_core:
         raise ISAError(f"module {module.name}: @{name} is not an InCore function")

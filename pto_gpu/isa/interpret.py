@@ -4,7 +4,7 @@ It is the oracle both code generators are tested against, so it is written to be
 right rather than fast: every tile instruction reads the valid region of its sources as
 float64, applies the opcode table's numpy `reference`, and rounds the result into the
 destination tile's dtype; reductions start from the table's `identity`. Each tile carries its
-valid region (rows, cols), set by the rules of design.md ("Tails"). A CALL runs the callee in a
+valid region (rows, cols), set by the rules of docs/ISA.md ("Semantics"). A CALL runs the callee in a
 fresh frame of its own tiles and scalars, its memrefs bound to the caller's arrays or windows
 of them, which is what inlining means.
 """
@@ -133,12 +133,12 @@ class _Frame:
         arrays = {}
         for param, arg in call.args:
             array = self.arrays[arg.tensor]
+            rows, cols = callee.memref(param).shape
             if arg.windowed:
-                rows, cols = callee.memref(param).shape
                 row = self.index(arg.row, where) * rows
                 col = self.index(arg.col, where) * cols
                 array = array[row:row + rows, col:col + cols]
-            arrays[param] = array
+            arrays[param] = array[:rows, :cols]  # a memref is a window of at most its declared shape
         values = {param: self.number(value) for param, value in call.scalars}
         _Frame(self.module, callee, arrays, values).run()
 

@@ -48,9 +48,11 @@ def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (design.
         cube = _multiplies(module, function.body)
         # A task passes each memref a window of at most its declared shape (smaller: a tail).
         bounds = tuple(f"<={m.shape[0]} <={m.shape[1]}" for m in function.memrefs)
+        # The CUDA code has one element type; a function over several runs on the CPU only.
+        mixed = len({m.dtype for m in function.memrefs}) > 1
         declare = kernel(worker=WorkerType.CUBE if cube else WorkerType.VECTOR, name=function.name,
-                         shapes=bounds, mixed_dtypes=len({m.dtype for m in function.memrefs}) > 1,
-                         cuda=cuda_codegen.cuda_code(module, function.name, directory))
+                         shapes=bounds, mixed_dtypes=mixed,
+                         cuda=None if mixed else cuda_codegen.cuda_code(module, function.name, directory))
         kernels[function.name] = declare(cpu_codegen.cpu_function(module, function.name, directory))
     return Program(module, kernels, directory)
 

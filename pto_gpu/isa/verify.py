@@ -42,6 +42,9 @@ class Direction(enum.Enum):
     INOUT = "inout"
 
 
+TILE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
+
+
 class Kind(enum.Enum):
     """What an operand position accepts."""
 
@@ -297,6 +300,11 @@ class _Checker:
             self._declare(where, tile)
             if not (_is_int(tile.rows) and _is_int(tile.cols) and tile.rows > 0 and tile.cols > 0):
                 self.fail(where, f"shape {tile.rows}x{tile.cols} is not of positive ints")
+            if tile.dtype not in TILE_DTYPES:
+                # Integer tiles have no -inf to mask with and no common rounding rule across
+                # the interpreter and the generators.
+                self.fail(where, f"tiles hold floating point ({', '.join(d.name for d in TILE_DTYPES)}), "
+                                 f"not {tile.dtype.name}")
 
     def _declare(self, where: str, declaration: MemRef | Tile | Scalar) -> None:
         self._check_name(where, declaration.name)
