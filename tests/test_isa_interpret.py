@@ -316,3 +316,22 @@ def test_errors_name_the_function_and_instruction():
         interpret.run(module, "mm", a, c)
     with pytest.raises(isa.ISAError, match=r"@mm: memref %a is 4x4"):
         interpret.run(module, "mm", np.ones((5, 4), np.float32), c, c)
+
+
+def test_reads_past_a_valid_region_and_negative_offsets_are_program_errors():
+    """What the generators would read there is undefined, and numpy would wrap a negative offset
+    around: the reference refuses both, so tests built on it catch such programs."""
+    module = isa.Module("undefined")
+    (FunctionBuilder("add_two", module=module).in_core()
+        .memref("a", pto.FLOAT32, (4, 4)).memref("b", pto.FLOAT32, (4, 4)).memref("c", pto.FLOAT32, (4, 4))
+        .tile("ta", 4, 4, pto.FLOAT32).tile("tb", 4, 4, pto.FLOAT32)
+        .load("ta", "a").load("tb", "b").add("ta", "ta", "tb").store("c", "ta").build())
+    (FunctionBuilder("shifted", module=module).in_core()
+        .memref("a", pto.FLOAT32, (4, 4)).memref("c", pto.FLOAT32, (4, 4)).scalar("k", pto.INT32)
+        .tile("t", 2, 4, pto.FLOAT32).load("t", "a", "k", 0).store("c", "t").build())
+    full, short = np.ones((4, 4), np.float32), np.ones((3, 4), np.float32)
+    with pytest.raises(isa.ISAError, match=r"@add_two: TADD %ta, %ta, %tb: reads 4x4 of %tb, which holds "
+                                           r"3x4 valid elements"):
+        interpret.run(module, "add_two", full, short, np.zeros((4, 4), np.float32))
+    with pytest.raises(isa.ISAError, match=r"@shifted: TLOAD %t, %a, %k, 0: offset k is -1, below 0"):
+        interpret.run(module, "shifted", full, np.zeros((4, 4), np.float32), -1)

@@ -94,8 +94,21 @@ class _Frame:
     def number(self, value):
         return self.scalars[value] if isinstance(value, str) else value
 
-    def read(self, name: str, rows: int, cols: int) -> np.ndarray:
+    def read(self, name: str, rows: int, cols: int, where: str) -> np.ndarray:
+        """The first rows x cols of a tile; reading past its valid region is a program error
+        (the generators would read whatever is there), so it is refused here."""
+        valid_rows, valid_cols = self.valid[name]
+        if rows > valid_rows or cols > valid_cols:
+            raise ISAError(f"@{self.function.name}: {where}: reads {rows}x{cols} of %{name}, which holds "
+                           f"{valid_rows}x{valid_cols} valid elements")
         return self.tiles[name][:rows, :cols].astype(np.float64)
+
+    def offset(self, value, where: str) -> int:
+        """A row or column offset into a memref: never negative (numpy would wrap around)."""
+        offset = self.index(value, where)
+        if offset < 0:
+            raise ISAError(f"@{self.function.name}: {where}: offset {value} is {offset}, below 0")
+        return offset
 
     def write(self, name: str, value: np.ndarray) -> None:
         rows, cols = value.shape
@@ -135,8 +148,8 @@ class _Frame:
             array = self.arrays[arg.tensor]
             rows, cols = callee.memref(param).shape
             if arg.windowed:
-                row = self.index(arg.row, where) * rows
-                col = self.index(arg.col, where) * cols
+                row = self.offset(arg.row, where) * rows
+                col = self.offset(arg.col, where) * cols
                 array = array[row:row + rows, col:col + cols]
             arrays[param] = array[:rows, :cols]  # a memref is a window of at most its declared shape
         values = {param: self.number(value) for param, value in call.scalars}
@@ -150,14 +163,14 @@ class _Frame:
         form, srcs = spec.form, op.srcs
         if form is Form.LOAD:
             array = self.arrays[srcs[0]]
-            row, col = (self.index(v, where) for v in srcs[1:3])
+            row, col = (self.offset(v, where) for v in srcs[1:3])
             tile = self.tiles[op.dst]
             rows = min(tile.shape[0], max(0, array.shape[0] - row))
             cols = min(tile.shape[1], max(0, array.shape[1] - col))
             self.write(op.dst, array[row:row + rows, col:col + cols].astype(np.float64))
         elif form is Form.STORE:
             array = self.arrays[op.dst]
-            row, col = (self.index(v, where) for v in srcs[1:3])
+            row, col = (self.offset(v, where) for v in srcs[1:3])
             valid_rows, valid_cols = self.valid[srcs[0]]
             rows = min(valid_rows, max(0, array.shape[0] - row))
             cols = min(valid_cols, max(0, array.shape[1] - col))
@@ -178,11 +191,11 @@ class _Frame:
     def tile_op(self, op: Op, spec, where: str) -> None:
         form, srcs = spec.form, op.srcs
         rows, cols = self.valid[srcs[0]]
-        a = self.read(srcs[0], rows, cols)
+        a = self.read(srcs[0], rows, cols, where)
         if form is Form.UNARY:
             result = spec.reference(a)
         elif form is Form.BINARY:
-            result = spec.reference(a, self.read(srcs[1], rows, cols))
+            result = spec.reference(a, self.read(srcs[1], rows, cols, where))
         elif form is Form.TILE_SCALAR:
             result = spec.reference(a, float(self.number(srcs[1])))
         elif form is Form.ROW_REDUCE:
@@ -190,9 +203,9 @@ class _Frame:
         elif form is Form.COL_REDUCE:
             result = spec.reference(a, axis=0, initial=spec.identity, keepdims=True)
         elif form is Form.ROW_EXPAND:
-            result = spec.reference(a, self.read(srcs[1], rows, 1))
+            result = spec.reference(a, self.read(srcs[1], rows, 1, where))
         elif form is Form.COL_EXPAND:
-            result = spec.reference(a, self.read(srcs[1], 1, cols))
+            result = spec.reference(a, self.read(srcs[1], 1, cols, where))
         elif form is Form.MASK:
             row, col = (self.index(v, where) for v in srcs[1:3])
             keep = np.arange(cols)[None, :] + col <= np.arange(rows)[:, None] + row
@@ -204,10 +217,11 @@ class _Frame:
                                f"%{srcs[1]} has {b_rows} valid rows")
             if spec.accumulate:  # dst keeps its valid region and is read too
                 rows, b_cols = self.valid[op.dst]
-                product = spec.reference(self.read(srcs[0], rows, cols), self.read(srcs[1], cols, b_cols))
-                result = self.read(op.dst, rows, b_cols) + product
+                product = spec.reference(self.read(srcs[0], rows, cols, where),
+                                         self.read(srcs[1], cols, b_cols, where))
+                result = self.read(op.dst, rows, b_cols, where) + product
             else:
-                result = spec.reference(a, self.read(srcs[1], cols, b_cols))
+                result = spec.reference(a, self.read(srcs[1], cols, b_cols, where))
         else:
             raise ISAError(f"@{self.function.name}: {where}: no interpreter rule for form {form.name}")
         self.write(op.dst, result)
