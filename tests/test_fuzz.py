@@ -2,7 +2,7 @@
 windows, heap sizes, thresholds and worker or stream counts, must leave every buffer
 byte-identical to the serial executor, agree on whether the heap is too small, and record the
 serial executor's graph, which must be exactly the edges that the independent oracle
-(oracle.py) derives from design.md's rules. The oracle's own tests are here too: it gives
+(oracle.py) derives from ../shared/design.md's rules. The oracle's own tests are here too: it gives
 hand-derived edges, and it fails a graph with one edge too few or too many.
 
 CI runs FUZZ_EXAMPLES (default 1,500) programs; `make fuzz` runs many more.
@@ -50,7 +50,7 @@ def test_matches_serial_and_the_oracle(seed, n_ops, window_log2, heap_slack, thr
 
 
 def known_program(o, x, y):
-    """One case of each rule, with the edges design.md gives written beside each task."""
+    """One case of each rule, with the edges ../shared/design.md gives written beside each task."""
     X, Y = o.external(x), o.external(y)
     o.submit(fill, pto.output(X), 1.0)                      # 0
     o.submit(noop, pto.input(X[0:2]))                       # 1: RAW 0

@@ -37,7 +37,7 @@ class Program:
         return cpu_codegen.cpu_source(self.module, name)
 
 
-def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (design.md: isa.compile)
+def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shared/design.md: isa.compile)
     """Verify `module` and generate a kernel per InCore function."""
     verify_module(module)
     directory = cpu_codegen.cache_dir()
