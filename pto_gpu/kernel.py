@@ -108,6 +108,11 @@ def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
     It receives one array view per tensor param and the scalar values, in param order.
     """
     parsed = None if shapes is None else tuple(tuple(s.split()) for s in shapes)
+    for word in (w for dims in parsed or () for w in dims):
+        bound = word[2:] if word.startswith("<=") else ""
+        if not (word.isdigit() or word.isidentifier() or (bound.isdigit() and int(bound) > 0)):
+            raise ParamError(f"shape word {word!r} in shapes={shapes!r}: a dim is a number, a name, or <=N "
+                             "with N a positive number")
 
     def declare(function: Callable) -> Kernel:
         declared = Kernel(name or function.__name__, WorkerType(worker), function, cuda=cuda, shapes=parsed,

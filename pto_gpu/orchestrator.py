@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from .core import state as cs
+from .core.rings import heap_size
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import (
     DoubleFreeError,
@@ -77,7 +78,8 @@ class Orchestrator:
         self._backend = backend
         self._executor = executor
         self._recorder = recorder
-        self._externals: dict[int, Buffer] = {}  # owner base address -> buffer
+        self._externals: dict[int, Buffer] = {}  # by key: -1, -2, ... (the compiled tables' order)
+        self._owners: dict[tuple[int, int], Buffer] = {}  # by the (base, bytes) of their allocation
         self._unfreed: dict[int, Buffer] = {}  # heap buffers not yet freed, by sequence number
         self._scopes: list[list[Buffer]] = []
         self._params = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)  # reused by every submit
@@ -95,7 +97,8 @@ class Orchestrator:
         if buffer is None:
             buffer = Buffer(-1 - len(self._externals), BufferKind.EXTERNAL, ext.owner_base,
                             ext.owner_nbytes, ext.memory, writeable=ext.writeable)
-            self._externals[ext.owner_base] = buffer
+            self._externals[buffer.key] = buffer
+            self._owners[ext.owner_base, ext.owner_nbytes] = buffer
         if any(s % dtype.itemsize for s in ext.strides) or any(s < 0 for s in ext.strides):
             raise LayoutError(f"external array strides {ext.strides} are negative or not a multiple "
                               f"of its {dtype.itemsize}-byte elements; pass np.ascontiguousarray(a)")
@@ -109,8 +112,8 @@ class Orchestrator:
         give the array's own extent as its owner: one inside an external already taken is a
         view of that allocation, since memory belongs to one allocation. Externals never
         overlap partly, so at most one overlaps."""
-        same = self._externals.get(ext.owner_base)
-        if same is not None and same.nbytes == ext.owner_nbytes:
+        same = self._owners.get((ext.owner_base, ext.owner_nbytes))
+        if same is not None:
             return same
         lo, hi = ext.owner_base, ext.owner_base + ext.owner_nbytes
         for other in self._externals.values():
@@ -130,7 +133,7 @@ class Orchestrator:
             raise LayoutError(f"alloc shape {shape} must be non-negative integers")
         dtype = as_dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > self._state.sizes.heap_bytes:
+        if heap_size(nbytes) > self._state.sizes.heap_bytes:
             raise self._scheduler.heap_too_small(nbytes, f" for {shape} {dtype.name}")
         while (seq := self._scheduler.heap_alloc(nbytes)) < 0:
             self._executor.make_room(seq, self.unfreed)
@@ -229,11 +232,16 @@ class Orchestrator:
         self._jit.enter(list(self._externals.values()), list(self._unfreed.values()))
         try:
             result = body(self._jit.o, *converted)
-        finally:
-            try:  # what the body submitted before it raised runs too, as from Python (docs/ERRORS.md)
+        except BaseException:
+            # What the body submitted before it raised runs too, as from Python; the body's
+            # error is the one `run` raises (docs/ERRORS.md), not a task's found on the way.
+            with contextlib.suppress(Exception):
                 self._jit.flush()
-            finally:
-                self._jit.leave()
+            raise
+        else:
+            self._jit.flush()
+        finally:
+            self._jit.leave()
             for key in [key for key, buffer in self._unfreed.items() if buffer.freed]:
                 del self._unfreed[key]
         return result
@@ -250,7 +258,7 @@ class Orchestrator:
                              f"not {type(tensor).__name__}")
         buffer = tensor.buffer
         if buffer.kind == BufferKind.EXTERNAL:
-            known = self._externals.get(buffer.base) is buffer
+            known = self._externals.get(buffer.key) is buffer
         else:
             known = self._unfreed.get(buffer.key) is buffer or buffer.freed
         if not known:

@@ -180,8 +180,10 @@ class Scheduler:
 
     def heap_too_small(self, nbytes: int, what: str) -> DeadlockError:
         """The error for one buffer larger than the whole heap ring; `what` describes it."""
+        size = rings.heap_size(nbytes)
+        blocks = f" ({size} in whole {cs.HEAP_ALIGN}-byte blocks)" if size != nbytes else ""
         return DeadlockError(f"heap ring (heap_bytes={self.state.sizes.heap_bytes} bytes) cannot hold a "
-                             f"buffer of {nbytes} bytes{what}; raise heap_bytes=")
+                             f"buffer of {nbytes} bytes{blocks}{what}; raise heap_bytes=")
 
     def deadlock(self, status: int, unfreed: list) -> DeadlockError:
         """The error for a ring that is full with nothing left that could free it."""

@@ -132,6 +132,7 @@ CASES = [
         pto.output(o.alloc((4, 2))))), pto.ParamError),
     Case("wrong number of tensor params", run(lambda o: o.submit(
         matmul, pto.input(o.alloc((4, 8))), pto.output(o.alloc((4, 8))))), pto.ParamError),
+    Case("a kernel shape word that is no dim", lambda made: pto.kernel(shapes=("m <=0",)), pto.ParamError),
     Case("more than 16 tensor params", run(alloc_then(
         lambda o, t: o.submit(_noop, *[pto.input(t)] * 17))), pto.ParamError),
     Case("out-of-bounds slice", run(alloc_then(lambda o, t: t[0:5])), pto.LayoutError),

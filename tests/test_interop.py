@@ -176,3 +176,25 @@ def test_complex_is_refused_as_unsupported(dtype):
         pto.Runtime(backend="cpu").run(lambda o: o.external(np.zeros(4, dtype)))
     with pytest.raises(pto.PTOError, match="complex dtypes"):
         pto.Runtime(backend="cpu").run(lambda o: o.alloc((4,), dtype))
+
+
+def test_an_empty_array_at_the_address_of_another_is_its_own_external(executor):
+    """Zero bytes overlap nothing: three externals, three keys, no edge between unrelated writes."""
+    memory = bytearray(64)
+    empty, full, other = (np.frombuffer(memory, np.float32, count=0), np.frombuffer(memory, np.float32),
+                          np.zeros(16, np.float32))
+
+    def orch(o):
+        tensors = [o.external(x) for x in (empty, full, other)]
+        assert sorted(t.buffer.key for t in tensors) == [-3, -2, -1]
+        o.submit(fill_value, pto.output(tensors[1]), 1.0)
+        o.submit(fill_value, pto.output(tensors[2]), 2.0)
+
+    result = pto.Runtime(backend="cpu", executor=executor).run(orch, record=True)
+    assert result.graph.edges == []
+    assert (full == 1.0).all() and (other == 2.0).all()
+
+
+@pto.kernel(worker=pto.VECTOR)
+def fill_value(out, value):
+    out[...] = value

@@ -10,6 +10,7 @@ failure and offset is a real check.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import runtime
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -105,3 +106,18 @@ def test_an_empty_heap_takes_a_buffer_that_would_cross_its_end(executor):
 @pto.kernel(worker=pto.VECTOR)
 def copy_bytes(src, dst):
     dst[...] = src
+
+
+def test_a_buffer_that_fits_only_unrounded_is_too_large_for_the_heap(executor):
+    """heap_bytes=100: 100 bytes take two 64-byte blocks, which no ring of 100 bytes holds."""
+    rt = runtime(executor, heap_bytes=100, validate=True)
+
+    def orchestration(o):
+        small = o.alloc(4, pto.UINT8)
+        o.submit(fill_bytes, pto.output(small), 1)
+        o.free(small)
+        o.alloc(100, pto.UINT8)
+
+    with pytest.raises(pto.DeadlockError, match=r"cannot hold a buffer of 100 bytes \(128 in whole 64-byte "
+                                                r"blocks\) for \(100,\) UINT8"):
+        rt.run(orchestration)

@@ -90,24 +90,32 @@ def retire_completed(header, tasks):
 
 
 @njit(cache=True)
+def heap_size(nbytes):
+    """The bytes a buffer of nbytes takes in the heap ring: whole 64-byte blocks, at least one."""
+    return max(HEAP_ALIGN, (nbytes + HEAP_ALIGN - 1) // HEAP_ALIGN * HEAP_ALIGN)
+
+
+@njit(cache=True)
 def heap_alloc(header, buffers, nbytes):
     """Allocate a heap buffer; its sequence number, or FULL_HEAP / FULL_BUFFERS."""
     seq = header[H_BUF_NEXT]
     if seq - header[H_BUF_TAIL] >= header[H_BUF_CAP]:
         return FULL_BUFFERS
     capacity = header[H_HEAP_CAP]
-    size = max(HEAP_ALIGN, (nbytes + HEAP_ALIGN - 1) // HEAP_ALIGN * HEAP_ALIGN)
+    size = heap_size(nbytes)
     head = header[H_HEAP_HEAD]
+    tail = header[H_HEAP_TAIL]
     if seq == header[H_BUF_TAIL]:
         # Nothing is alive: start again at physical 0, so that a buffer as large as the heap
         # fits whatever position the last one ended at.
         head = (head + capacity - 1) // capacity * capacity
-        header[H_HEAP_TAIL] = head
+        tail = head
     physical = head % capacity
     if physical + size > capacity:  # never split a buffer across the wrap
         head += capacity - physical
-    if head + size - header[H_HEAP_TAIL] > capacity:
+    if head + size - tail > capacity:
         return FULL_HEAP
+    header[H_HEAP_TAIL] = tail
     slot = seq % header[H_BUF_CAP]
     buffers[slot, B_SEQ] = seq
     buffers[slot, B_STATE] = LIVE
@@ -117,7 +125,7 @@ def heap_alloc(header, buffers, nbytes):
     buffers[slot, B_OFFSET] = head % capacity
     header[H_HEAP_HEAD] = head + size
     header[H_BUF_NEXT] = seq + 1
-    header[H_HW_HEAP] = max(header[H_HW_HEAP], head + size - header[H_HEAP_TAIL])
+    header[H_HW_HEAP] = max(header[H_HW_HEAP], head + size - tail)
     header[H_HW_BUF] = max(header[H_HW_BUF], seq + 1 - header[H_BUF_TAIL])
     return seq
 

@@ -112,7 +112,7 @@ def alloc(o, shape, dtype):
         if n < 0:
             _service(o, bridge.ERR_ALLOC_ARGS, ndim, dtype, n)
         nbytes *= n
-    if nbytes > o.header[H_HEAP_CAP]:
+    if rings.heap_size(nbytes) > o.header[H_HEAP_CAP]:
         _service(o, bridge.ERR_ALLOC_SIZE, nbytes, 0, 0)
     while True:
         seq = rings.heap_alloc(o.header, o.buffers, nbytes)
