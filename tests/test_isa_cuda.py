@@ -41,6 +41,7 @@ from pto_gpu.isa.ir import (
     Return,
     Scalar,
     Tile,
+    walk,
 )
 from pto_gpu.isa.ops import OPCODES, Form
 from pto_gpu.runtime import cuda_unavailable
@@ -187,18 +188,8 @@ def _source(dt) -> str:
 
 def test_every_form_is_covered():
     module = _module(pto.FLOAT32)
-    used = {op.opcode for f in module.functions.values() for op in _walk(f.body)}
+    used = {op.opcode for f in module.functions.values() for op in walk(f.body) if isinstance(op, Op)}
     assert {spec.form for name, spec in OPCODES.items() if name in used} == set(Form)
-
-
-def _walk(body):
-    for statement in body:
-        if isinstance(statement, Op):
-            yield statement
-        elif isinstance(statement, For):
-            yield from _walk(statement.body)
-        elif isinstance(statement, If):
-            yield from _walk(statement.then_body + statement.else_body)
 
 
 def test_layout_and_work_items(tmp_path):

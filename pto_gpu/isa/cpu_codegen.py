@@ -51,7 +51,7 @@ from numba.extending import intrinsic
 
 from ..dtypes import DataType
 from .errors import ISAError
-from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement
+from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement, walk
 from .ops import OPCODES, Form, OpSpec
 from .verify import describe, verify_module
 
@@ -546,24 +546,11 @@ def _joins_segment(segment: list[_RowOp], op: _RowOp) -> bool:
 
 
 def _loops(body: tuple[Statement, ...]):
-    for statement in body:
-        if isinstance(statement, For):
-            yield statement
-            yield from _loops(statement.body)
-        elif isinstance(statement, If):
-            yield from _loops(statement.then_body)
-            yield from _loops(statement.else_body)
+    return (statement for statement in walk(body) if isinstance(statement, For))
 
 
 def _returns(body: tuple[Statement, ...]) -> bool:
-    for statement in body:
-        if isinstance(statement, Return):
-            return True
-        if isinstance(statement, For) and _returns(statement.body):
-            return True
-        if isinstance(statement, If) and (_returns(statement.then_body) or _returns(statement.else_body)):
-            return True
-    return False
+    return any(isinstance(statement, Return) for statement in walk(body))
 
 
 def _generate(module: Module, name: str) -> tuple[_Generator, str]:

@@ -135,6 +135,18 @@ class Return:
 Statement = Op | For | If | Call | Return
 
 
+def walk(body: tuple[Statement, ...]):
+    """Every statement of `body`, those inside FOR and IF bodies included, in order (calls are
+    not followed)."""
+    for statement in body:
+        yield statement
+        if isinstance(statement, For):
+            yield from walk(statement.body)
+        elif isinstance(statement, If):
+            yield from walk(statement.then_body)
+            yield from walk(statement.else_body)
+
+
 @dataclasses.dataclass(frozen=True)
 class Function:
     name: str

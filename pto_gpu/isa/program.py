@@ -14,7 +14,7 @@ from pathlib import Path
 from ..dtypes import WorkerType
 from ..kernel import Kernel, kernel
 from . import cpu_codegen, cuda_codegen
-from .ir import Call, For, If, Module, Op, Statement
+from .ir import Call, Module, Op, Statement, walk
 from .ops import OPCODES, Form
 from .verify import verify_module
 
@@ -58,13 +58,8 @@ def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shar
 
 
 def _multiplies(module: Module, body: tuple[Statement, ...]) -> bool:
-    for statement in body:
+    for statement in walk(body):
         if isinstance(statement, Op) and OPCODES[statement.opcode].form is Form.MATMUL:
-            return True
-        if isinstance(statement, For) and _multiplies(module, statement.body):
-            return True
-        if isinstance(statement, If) and (_multiplies(module, statement.then_body)
-                                          or _multiplies(module, statement.else_body)):
             return True
         if isinstance(statement, Call) and _multiplies(module, module.functions[statement.callee].body):
             return True

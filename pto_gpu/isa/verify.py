@@ -32,6 +32,7 @@ from .ir import (
     Scalar,
     Statement,
     Tile,
+    walk,
 )
 from .ops import OPCODES, SCALAR_FORMS, Form, OpSpec
 
@@ -174,14 +175,6 @@ _READ, _WRITE, _UNKNOWN = 1, 2, 4
 _DIRECTION = {_READ: Direction.INPUT, _WRITE: Direction.OUTPUT, _READ | _WRITE: Direction.INOUT}
 
 
-def _walk(body: tuple[Statement, ...]):
-    for statement in body:
-        yield statement
-        if isinstance(statement, For):
-            yield from _walk(statement.body)
-        elif isinstance(statement, If):
-            yield from _walk(statement.then_body)
-            yield from _walk(statement.else_body)
 
 
 class _Access:
@@ -198,7 +191,7 @@ class _Access:
             return self.done[function.name]
         self.active.append(function.name)
         bits = {m.name: 0 for m in function.memrefs}
-        for statement in _walk(function.body):
+        for statement in walk(function.body):
             if isinstance(statement, Op) and statement.opcode == "TLOAD" and statement.srcs:
                 self._mark(bits, statement.srcs[0], _READ)
             elif isinstance(statement, Op) and statement.opcode == "TSTORE":
@@ -239,7 +232,7 @@ def _check_recursion(module: Module) -> None:
 
     def visit(function: Function, path: list[str]) -> None:
         path.append(function.name)
-        for statement in _walk(function.body):
+        for statement in walk(function.body):
             if not isinstance(statement, Call):
                 continue
             if statement.callee in path:
