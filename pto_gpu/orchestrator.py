@@ -290,6 +290,8 @@ def _check_writable(tensor: TensorDescriptor, position: int, kernel: Kernel) -> 
     if not tensor.buffer.writeable:
         raise ParamError(f"param {position} of {kernel.name}: {tensor.buffer!r} is read-only memory "
                          "and cannot be an output or inout; pass a writeable array")
+    if 0 not in tensor.strides:  # the usual case, on the submit path: no per-dim loop
+        return
     for dim, (stride, count) in enumerate(zip(tensor.strides, tensor.repeats)):
         if stride == 0 and count > 1:
             raise ParamError(f"param {position} of {kernel.name}: dim {dim} has stride 0 (a broadcast "
