@@ -16,13 +16,13 @@ import math
 
 import numpy as np
 import pytest
-from pto_gpu.kernels import CUDA_SOURCES
 from pto_gpu.kernels.elementwise import scale
 from pto_gpu.kernels.tiles import matmul
 from pto_gpu.orchestration.flash_attention import flash_attention
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
+from pto_gpu.isa.family import family_of
 from pto_gpu.runtime import cuda_unavailable
 
 NO_GPU = cuda_unavailable()
@@ -73,9 +73,9 @@ def test_overhead_replay(benchmark, cupy, chain):
 
 def test_overhead_cupy_back_to_back(benchmark, cupy):
     """The same pto_scale kernel, launched TASKS times on one stream with precomputed arguments."""
-    source = CUDA_SOURCES / "elementwise.cu"
-    module = cupy.RawModule(code=source.read_text(), options=(
-        "-std=c++17", f"-I{source.parent}", *cuda_abi.compile_options(np.float32, "scale")))
+    source = family_of(scale).cuda(((1, 1), (1, 1)), np.float32, (1.0,)).source
+    module = cupy.RawModule(code=source.read_text(),
+                            options=cuda_abi.nvrtc_options(source.parent, np.float32, "scale"))
     function = module.get_function(cuda_abi.symbol("scale"))
     x = cupy.ones((128, 1), cupy.float32)
     tile = x[0:1, :1]

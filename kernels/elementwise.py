@@ -1,39 +1,44 @@
 """Element-wise tiles (TADD, TSUB, TMUL, TDIV, TEXP, TLOG, TSQRT, TSILU) and scalar multiply."""
 
-import numpy as np
-from pto_gpu.kernels import cuda, every_element
-
 import pto_gpu as pto
-
-
-def ufunc_kernel(name: str, ufunc: np.ufunc, shapes: tuple[str, ...], source: str) -> pto.Kernel:
-    """A VECTOR kernel applying `ufunc` to its inputs into its last tensor param; its CUDA
-    implementation `pto_<name>` in kernels/cuda/`source` does one output element per item."""
-
-    def body(*views):
-        ufunc(*views[:-1], out=views[-1])
-
-    code = cuda(source, every_element(len(shapes) - 1))
-    return pto.kernel(worker=pto.VECTOR, name=name, shapes=shapes, cuda=code)(body)
-
+from pto_gpu.dtypes import DataType
+from pto_gpu.isa.builder import FunctionBuilder
+from pto_gpu.isa.family import family
 
 BINARY = ("m n", "m n", "m n")
 UNARY = ("m n", "m n")
 
-add = ufunc_kernel("add", np.add, BINARY, "elementwise.cu")
-sub = ufunc_kernel("sub", np.subtract, BINARY, "elementwise.cu")
-mul = ufunc_kernel("mul", np.multiply, BINARY, "elementwise.cu")
-div = ufunc_kernel("div", np.divide, BINARY, "elementwise.cu")
-exp = ufunc_kernel("exp", np.exp, UNARY, "elementwise.cu")
-log = ufunc_kernel("log", np.log, UNARY, "elementwise.cu")
-sqrt = ufunc_kernel("sqrt", np.sqrt, UNARY, "elementwise.cu")
+
+def binary(instruction: str, name: str) -> pto.Kernel:
+    """out = `instruction`(a, b), element by element."""
+
+    def build(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+        f.memref("a", dtype, (m, n)).memref("b", dtype, (m, n)).memref("out", dtype, (m, n))
+        f.tile("x", m, n, dtype).tile("y", m, n, dtype)
+        f.load("x", "a").load("y", "b")
+        getattr(f, instruction)("x", "x", "y")
+        f.store("out", "x")
+
+    return family(worker=pto.VECTOR, shapes=BINARY, name=name)(build)
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=UNARY, cuda=cuda("elementwise.cu", every_element(1)))
-def scale(a, out, factor):
-    np.multiply(a, factor, out=out)
+def unary(instruction: str) -> pto.Kernel:
+    """out = `instruction`(a), element by element."""
+
+    def build(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+        f.memref("a", dtype, (m, n)).memref("out", dtype, (m, n)).tile("x", m, n, dtype)
+        getattr(f.load("x", "a"), instruction)("x", "x")
+        f.store("out", "x")
+
+    return family(worker=pto.VECTOR, shapes=UNARY, name=instruction)(build)
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=UNARY, cuda=cuda("elementwise.cu", every_element(1)))
-def silu(a, out):
-    out[...] = a / (1 + np.exp(-a))
+add, sub, mul, div = (binary(op, op) for op in ("add", "sub", "mul", "div"))
+exp, log, sqrt, silu = (unary(op) for op in ("exp", "log", "sqrt", "silu"))
+
+
+@family(worker=pto.VECTOR, shapes=UNARY, scalars=("factor",))
+def scale(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+    """out = a * factor."""
+    f.memref("a", dtype, (m, n)).memref("out", dtype, (m, n)).scalar("factor", pto.FLOAT64)
+    f.tile("x", m, n, dtype).load("x", "a").muls("x", "x", "factor").store("out", "x")

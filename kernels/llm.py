@@ -1,83 +1,109 @@
 """Composite tiles for LLM layers: RMSNorm, rotary embedding, SwiGLU, flash-attention blocks.
 
-Attention kernels take (heads, rows, head_dim) views, so one task covers every head of a
-tile. The flash-attention state of a query tile is its running max m and sum l, each
-(heads, rows, 1), and its unnormalised output o. Each (query tile, key tile) pair is three
-tasks: scores S = q·kᵀ/√d (masked when causal), the online-softmax update (S becomes
+Attention kernels take (heads, rows, head_dim) views, whose leading dim is a batch: one task
+covers every head of a tile. The flash-attention state of a query tile is its running max m and
+sum l, each (heads, rows, 1), and its unnormalised output o. Each (query tile, key tile) pair is
+three tasks: scores S = q·kᵀ/√d (masked when causal), the online-softmax update (S becomes
 P = exp(S − m_new), l and m move on, `rescale` = exp(m_old − m_new)), and o = o·rescale + P·v.
 """
 
 import math
 
-import numpy as np
-from pto_gpu.kernels import cuda, every_element, every_row
+from pto_gpu.kernels.tiles import contract
 
 import pto_gpu as pto
-
-LLM = "llm.cu"
-
-
-@pto.kernel(worker=pto.VECTOR, shapes=("m n", "1 n", "m n"), cuda=cuda(LLM, every_row(0)))
-def rmsnorm(x, weight, out, eps):
-    mean_square = np.mean(np.square(x), axis=1, keepdims=True)
-    np.multiply(x / np.sqrt(mean_square + eps), weight, out=out)
+from pto_gpu.dtypes import DataType
+from pto_gpu.isa.builder import FunctionBuilder
+from pto_gpu.isa.family import family
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m n",), cuda=cuda(LLM, lambda shapes: math.prod(shapes[0]) // 2))
-def rope(x, first_position, heads):
-    """Rotate each head's two halves by position-dependent angles (in place)."""
-    rows, width = x.shape
-    dim = width // heads
+@family(worker=pto.VECTOR, shapes=("m n", "1 n", "m n"), scalars=("eps",))
+def rmsnorm(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+    """out = x / sqrt(mean(x², row) + eps) * weight."""
+    f.memref("x", dtype, (m, n)).memref("weight", dtype, (1, n)).memref("out", dtype, (m, n))
+    f.scalar("eps", pto.FLOAT64)
+    f.tile("t", m, n, dtype).tile("square", m, n, dtype).tile("norm", m, 1, dtype).tile("w", 1, n, dtype)
+    f.load("t", "x").mul("square", "t", "t").rowsum("norm", "square").muls("norm", "norm", 1.0 / n)
+    f.adds("norm", "norm", "eps").rsqrt("norm", "norm").rowexpandmul("t", "t", "norm")
+    f.load("w", "weight").colexpandmul("t", "t", "w").store("out", "t")
+
+
+@family(worker=pto.VECTOR, shapes=("m n",), scalars=("first_position", "heads"), structural=("heads",))
+def rope(f: FunctionBuilder, dtype: DataType, m: int, n: int, heads: int) -> None:
+    """Rotate each head's two halves by position-dependent angles (in place): with
+    θ(r, j) = (first_position + r) · 10000^(−2j/dim), (x1, x2) -> (x1 cos θ − x2 sin θ,
+    x2 cos θ + x1 sin θ)."""
+    if heads <= 0 or n % heads or (n // heads) % 2:
+        raise pto.ParamError(f"rope: a row of {n} does not split into {heads} heads of an even size")
+    dim = n // heads
     half = dim // 2
-    positions = np.arange(first_position, first_position + rows, dtype=np.float64)[:, None]
-    angles = positions * 10000.0 ** (-np.arange(half) * 2.0 / dim)
-    cos = np.cos(angles).astype(x.dtype)[:, None, :]
-    sin = np.sin(angles).astype(x.dtype)[:, None, :]
-    heads_view = x.reshape(rows, heads, dim)
-    first, second = heads_view[..., :half], heads_view[..., half:]
-    rotated = np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-    x[...] = rotated.reshape(rows, width)
+    f.memref("x", dtype, (m, n)).scalar("first_position", pto.INT64).scalar("heads", pto.INT64)
+    f.scalar_var("second", pto.INT64)
+    for tile in ("angle", "cos", "sin", "x1", "x2", "y1", "y2", "term"):
+        f.tile(tile, m, half, dtype)
+    f.rowidx("angle", "first_position").colidx("cos", 0.0).muls("cos", "cos", -2.0 * math.log(10000.0) / dim)
+    f.exp("cos", "cos").mul("angle", "angle", "cos").cos("cos", "angle").sin("sin", "angle")
+    f.for_loop("first", 0, n, dim).scalar_add("second", "first", half)
+    f.load("x1", "x", 0, "first").load("x2", "x", 0, "second")
+    f.mul("y1", "x1", "cos").mul("term", "x2", "sin").sub("y1", "y1", "term")
+    f.mul("y2", "x2", "cos").mul("term", "x1", "sin").add("y2", "y2", "term")
+    f.store("x", "y1", 0, "first").store("x", "y2", 0, "second")
+    f.end_for()
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m f", "m f"), cuda=cuda(LLM, every_element(0)))
-def swiglu(gate, up):
+@family(worker=pto.VECTOR, shapes=("m n", "m n"))
+def swiglu(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
     """gate = silu(gate) * up (in place)."""
-    gate *= up / (1 + np.exp(-gate))
+    f.memref("gate", dtype, (m, n)).memref("up", dtype, (m, n)).tile("g", m, n, dtype).tile("u", m, n, dtype)
+    f.load("g", "gate").load("u", "up").silu("g", "g").mul("g", "g", "u").store("gate", "g")
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("h m 1", "h m 1", "h m d"), cuda=cuda(LLM, every_element(2)))
-def flash_init(running_max, running_sum, out):
-    running_max[...] = -np.inf
-    running_sum[...] = 0
-    out[...] = 0
+@family(worker=pto.VECTOR, shapes=("h m 1", "h m 1", "h m d"))
+def flash_init(f: FunctionBuilder, dtype: DataType, m: int, d: int) -> None:
+    f.memref("running_max", dtype, (m, 1)).memref("running_sum", dtype, (m, 1)).memref("out", dtype, (m, d))
+    f.tile("column", m, 1, dtype).tile("o", m, d, dtype)
+    f.fill("column", -math.inf).store("running_max", "column")
+    f.fill("column", 0.0).store("running_sum", "column")
+    f.fill("o", 0.0).store("out", "o")
 
 
-@pto.kernel(worker=pto.CUBE, shapes=("h m d", "h n d", "h m n"), cuda=cuda(LLM, every_element(2)))
-def flash_scores(q, k, scores, q_start, k_start, causal):
-    np.matmul(q, k.transpose(0, 2, 1), out=scores)
-    scores *= 1.0 / np.sqrt(q.shape[2])
-    if causal:
-        q_pos = np.arange(q_start, q_start + q.shape[1])[:, None]
-        k_pos = np.arange(k_start, k_start + k.shape[1])[None, :]
-        scores[:, k_pos > q_pos] = -np.inf
+@family(worker=pto.CUBE, shapes=("h m d", "h n d", "h m n"), scalars=("q_start", "k_start", "causal"))
+def flash_scores(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int) -> None:
+    """scores = q·kᵀ/√d, -inf where a key comes after its query (when causal)."""
+    f.memref("q", dtype, (m, d)).memref("k", dtype, (n, d)).memref("scores", dtype, (m, n))
+    f.scalar("q_start", pto.INT64).scalar("k_start", pto.INT64).scalar("causal", pto.INT64)
+    f.tile("s", m, n, dtype)
+    contract(f, dtype, "s", "q", "k", m, d, n, b_transposed=True).muls("s", "s", 1.0 / math.sqrt(d))
+    f.if_then("causal", "ne", 0).causal_mask("s", "s", "q_start", "k_start").end_if()
+    f.store("scores", "s")
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("h m n", "h m 1", "h m 1", "h m 1"), cuda=cuda(LLM, every_row(0)))
-def flash_softmax_update(scores, running_max, running_sum, rescale):
-    new_max = np.maximum(running_max, scores.max(axis=2, keepdims=True))
-    np.exp(running_max - new_max, out=rescale)
-    np.exp(scores - new_max, out=scores)
-    running_sum *= rescale
-    running_sum += scores.sum(axis=2, keepdims=True)
-    running_max[...] = new_max
+@family(worker=pto.VECTOR, shapes=("h m n", "h m 1", "h m 1", "h m 1"))
+def flash_softmax_update(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+    f.memref("scores", dtype, (m, n)).memref("running_max", dtype, (m, 1))
+    f.memref("running_sum", dtype, (m, 1)).memref("rescale", dtype, (m, 1))
+    f.tile("s", m, n, dtype)
+    for tile in ("old_max", "new_max", "total", "factor", "part"):
+        f.tile(tile, m, 1, dtype)
+    f.load("s", "scores").load("old_max", "running_max").load("total", "running_sum")
+    f.rowmax("part", "s").max("new_max", "old_max", "part")
+    f.sub("factor", "old_max", "new_max").exp("factor", "factor").store("rescale", "factor")
+    f.rowexpandsub("s", "s", "new_max").exp("s", "s").store("scores", "s")
+    f.mul("total", "total", "factor").rowsum("part", "s").add("total", "total", "part")
+    f.store("running_sum", "total").store("running_max", "new_max")
 
 
-@pto.kernel(worker=pto.CUBE, shapes=("h m n", "h n d", "h m 1", "h m d"), cuda=cuda(LLM, every_element(3)))
-def flash_pv(probabilities, v, rescale, out):
-    out *= rescale
-    out += probabilities @ v
+@family(worker=pto.CUBE, shapes=("h m n", "h n d", "h m 1", "h m d"))
+def flash_pv(f: FunctionBuilder, dtype: DataType, m: int, n: int, d: int) -> None:
+    """out = out * rescale + probabilities @ v."""
+    f.memref("probabilities", dtype, (m, n)).memref("v", dtype, (n, d)).memref("rescale", dtype, (m, 1))
+    f.memref("out", dtype, (m, d)).tile("o", m, d, dtype).tile("factor", m, 1, dtype)
+    f.load("o", "out").load("factor", "rescale").rowexpandmul("o", "o", "factor")
+    contract(f, dtype, "o", "probabilities", "v", m, n, d, accumulate=True).store("out", "o")
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("h m d", "h m 1", "h m d"), cuda=cuda(LLM, every_element(2)))
-def flash_normalise(acc, running_sum, out):
-    np.divide(acc, running_sum, out=out)
+@family(worker=pto.VECTOR, shapes=("h m d", "h m 1", "h m d"))
+def flash_normalise(f: FunctionBuilder, dtype: DataType, m: int, d: int) -> None:
+    f.memref("acc", dtype, (m, d)).memref("running_sum", dtype, (m, 1)).memref("out", dtype, (m, d))
+    f.tile("o", m, d, dtype).tile("total", m, 1, dtype)
+    f.load("o", "acc").load("total", "running_sum").rowexpanddiv("o", "o", "total").store("out", "o")

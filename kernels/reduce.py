@@ -3,30 +3,44 @@
 Row results are (m, 1) columns, so they broadcast back over their rows.
 """
 
-import numpy as np
-from pto_gpu.kernels import cuda, every_row
-from pto_gpu.kernels.elementwise import ufunc_kernel
-
 import pto_gpu as pto
+from pto_gpu.dtypes import DataType
+from pto_gpu.isa.builder import FunctionBuilder
+from pto_gpu.isa.family import family
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m 1"), cuda=cuda("reduce.cu", every_row(0)))
-def row_sum(a, out):
-    np.sum(a, axis=1, keepdims=True, out=out)
+def row_reduce(instruction: str, name: str) -> pto.Kernel:
+    def build(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+        f.memref("a", dtype, (m, n)).memref("out", dtype, (m, 1))
+        f.tile("x", m, n, dtype).tile("r", m, 1, dtype)
+        getattr(f.load("x", "a"), instruction)("r", "x")
+        f.store("out", "r")
+
+    return family(worker=pto.VECTOR, shapes=("m n", "m 1"), name=name)(build)
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m 1"), cuda=cuda("reduce.cu", every_row(0)))
-def row_max(a, out):
-    np.max(a, axis=1, keepdims=True, out=out)
+row_sum = row_reduce("rowsum", "row_sum")
+row_max = row_reduce("rowmax", "row_max")
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m n", "1 n"), cuda=cuda("reduce.cu", lambda shapes: shapes[0][1]))
-def col_sum(a, out):
-    np.sum(a, axis=0, keepdims=True, out=out)
+@family(worker=pto.VECTOR, shapes=("m n", "1 n"))
+def col_sum(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+    f.memref("a", dtype, (m, n)).memref("out", dtype, (1, n)).tile("x", m, n, dtype).tile("c", 1, n, dtype)
+    f.load("x", "a").colsum("c", "x").store("out", "c")
 
 
-ROW_BROADCAST = ("m n", "m 1", "m n")
+def row_expand(instruction: str, name: str) -> pto.Kernel:
+    """out = `instruction`(a, b broadcast along each row)."""
 
-row_expand_sub = ufunc_kernel("row_expand_sub", np.subtract, ROW_BROADCAST, "reduce.cu")
-row_expand_div = ufunc_kernel("row_expand_div", np.divide, ROW_BROADCAST, "reduce.cu")
-row_expand_mul = ufunc_kernel("row_expand_mul", np.multiply, ROW_BROADCAST, "reduce.cu")
+    def build(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+        f.memref("a", dtype, (m, n)).memref("b", dtype, (m, 1)).memref("out", dtype, (m, n))
+        f.tile("x", m, n, dtype).tile("r", m, 1, dtype).load("x", "a").load("r", "b")
+        getattr(f, instruction)("x", "x", "r")
+        f.store("out", "x")
+
+    return family(worker=pto.VECTOR, shapes=("m n", "m 1", "m n"), name=name)(build)
+
+
+row_expand_sub = row_expand("rowexpandsub", "row_expand_sub")
+row_expand_div = row_expand("rowexpanddiv", "row_expand_div")
+row_expand_mul = row_expand("rowexpandmul", "row_expand_mul")

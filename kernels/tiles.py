@@ -1,23 +1,55 @@
-"""Data movement and matrix tiles (TLOAD/TSTORE, TMATMUL, TMATMUL_ACC).
+"""Data movement and matrix tiles (TLOAD/TSTORE, TFILL, TMATMUL, TMATMUL_ACC).
 
-On the GPU the matmuls call cuBLAS through CuPy. Their kernels in kernels/cuda/tiles.cu run
-while a CUDA graph is being captured (Runtime.capture), where CuPy refuses cuBLAS.
+On the GPU the matmuls call cuBLAS through CuPy; their generated kernels run while a CUDA graph
+is being captured (Runtime.capture), where CuPy refuses cuBLAS calls.
 """
 
-import numpy as np
-from pto_gpu.kernels import cuda, every_element
-
 import pto_gpu as pto
+from pto_gpu.dtypes import DataType
+from pto_gpu.isa.builder import FunctionBuilder
+from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
+from pto_gpu.isa.family import family
 
 
-@pto.kernel(worker=pto.ACCELERATOR, shapes=("m n", "m n"), cuda=cuda("tiles.cu", every_element(1)))
-def copy(src, dst):
-    dst[...] = src
+def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: int, k: int, n: int, *,
+             b_transposed: bool = False, accumulate: bool = False) -> FunctionBuilder:
+    """Tile `dst` (m x n, declared by the caller) = (or += with `accumulate`) memref `a` (m x k)
+    @ memref `b` (k x n; n x k with `b_transposed`, so a @ bᵀ), over chunks of k.
+
+    The CUDA code keeps the right operand of a product (and a transpose's source) whole in shared
+    memory, so a chunk's kc x n of them, in float64 at worst, must fit in SHARED_LIMIT."""
+    whole = 2 if b_transposed else 1
+    chunk = max(1, min(k, SHARED_LIMIT // (8 * n * whole)))
+    left, right = f"{dst}_a", f"{dst}_b"
+    f.tile(left, m, chunk, dtype).tile(right, chunk, n, dtype)
+    if b_transposed:
+        f.tile(f"{dst}_bt", n, chunk, dtype)
+
+    def step(offset: int | str, product: str) -> None:
+        f.load(left, a, 0, offset)
+        if b_transposed:
+            f.load(f"{dst}_bt", b, 0, offset).trans(right, f"{dst}_bt")
+        else:
+            f.load(right, b, offset, 0)
+        getattr(f, product)(dst, left, right)
+
+    step(0, "matmul_acc" if accumulate else "matmul")
+    if chunk < k:
+        f.for_loop(f"{dst}_k", chunk, k, chunk)
+        step(f"{dst}_k", "matmul_acc")
+        f.end_for()
+    return f
 
 
-@pto.kernel(worker=pto.VECTOR, shapes=("m n",), cuda=cuda("tiles.cu", every_element(0)))
-def zero(out):
-    out[...] = 0
+@family(worker=pto.ACCELERATOR, shapes=("m n", "m n"))
+def copy(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+    f.memref("src", dtype, (m, n)).memref("dst", dtype, (m, n)).tile("t", m, n, dtype)
+    f.load("t", "src").store("dst", "t")
+
+
+@family(worker=pto.VECTOR, shapes=("m n",))
+def zero(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+    f.memref("out", dtype, (m, n)).tile("t", m, n, dtype).fill("t", 0.0).store("out", "t")
 
 
 def _cublas_matmul(a, b, out):
@@ -30,14 +62,17 @@ def _cublas_matmul_acc(a, b, acc):
     acc += a @ b  # CuPy arrays: cuBLAS into a pooled temporary
 
 
-@pto.kernel(worker=pto.CUBE, shapes=("m k", "k n", "m n"),
-            cuda=cuda("tiles.cu", every_element(2), library=_cublas_matmul))
-def matmul(a, b, out):
-    np.matmul(a, b, out=out)
+@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul)
+def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int) -> None:
+    """out = a @ b."""
+    f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("out", dtype, (m, n))
+    f.tile("c", m, n, dtype)
+    contract(f, dtype, "c", "a", "b", m, k, n).store("out", "c")
 
 
-@pto.kernel(worker=pto.CUBE, shapes=("m k", "k n", "m n"),
-            cuda=cuda("tiles.cu", every_element(2), library=_cublas_matmul_acc))
-def matmul_acc(a, b, acc):
-    """acc += a @ b (BLAS releases the GIL)."""
-    acc += a @ b
+@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul_acc)
+def matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int) -> None:
+    """acc += a @ b."""
+    f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("acc", dtype, (m, n))
+    f.tile("c", m, n, dtype)
+    contract(f.load("c", "acc"), dtype, "c", "a", "b", m, k, n, accumulate=True).store("acc", "c")

@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from .dtypes import WorkerType
 from .errors import ParamError
 
@@ -27,7 +29,7 @@ _REGISTRY: list[Kernel] = []
 class CudaCode:
     """A kernel's CUDA implementation: the function `pto_<kernel name>` in a .cu source.
 
-    It follows the argument convention of kernels/cuda/pto.cuh (see backends/cuda_abi.py)
+    It follows the argument convention of backends/cuda_abi.py (pto_gpu/isa/pto_isa.cuh)
     and walks `items(shapes)` work items, given its tensor params' shapes. `library`, when
     set, is a CuPy-level implementation (cuBLAS, say) taking the same views and scalars as
     the CPU one, which the CUDA backend runs instead of the .cu kernel, except while capturing
@@ -38,13 +40,31 @@ class CudaCode:
     items: Callable[[list[tuple[int, ...]]], int]
     library: Callable | None = None
 
+    def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple) -> CudaCode:
+        """The code that runs a call with these tensor shapes, element type and scalar values:
+        this one."""
+        return self
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaInstances:
+    """CUDA code made for each call (a kernel family's, pto_gpu/isa/family.py):
+    `instance(shapes, dtype, scalars)` gives the CudaCode of that call's instance. `library` as
+    CudaCode's."""
+
+    instance: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], CudaCode]
+    library: Callable | None = None
+
+    def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple) -> CudaCode:
+        return self.instance(tuple(shapes), np.dtype(dtype), scalars)
+
 
 @dataclasses.dataclass(eq=False)
 class Kernel:
     name: str
     worker: WorkerType
     cpu: Callable
-    cuda: CudaCode | None = None
+    cuda: CudaCode | CudaInstances | None = None
     shapes: tuple[tuple[str, ...], ...] | None = None
     mixed_dtypes: bool = False
     id: int = -1
@@ -102,7 +122,7 @@ def registered() -> list[Kernel]:
 
 def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
            shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False,
-           cuda: CudaCode | None = None) -> Callable[[Callable], Kernel]:
+           cuda: CudaCode | CudaInstances | None = None) -> Callable[[Callable], Kernel]:
     """Declare an InCore kernel; the decorated function is its CPU implementation.
 
     It receives one array view per tensor param and the scalar values, in param order.

@@ -1,5 +1,5 @@
 """Sample arguments for every kernel in kernels/: strided positive arrays of its declared shapes
-and its scalars. Shared by the tests of the CUDA sources (host build) and of the CUDA backend."""
+and its scalars. Shared by the kernel tests (test_kernels.py) and those of the CUDA backend."""
 
 import numpy as np
 from pto_gpu.kernels import elementwise, llm, reduce, tiles
@@ -9,12 +9,12 @@ import pto_gpu as pto
 MODULES = (tiles, elementwise, reduce, llm)
 KERNELS = sorted({k for m in MODULES for k in vars(m).values() if isinstance(k, pto.Kernel)},
                  key=lambda k: k.name)
-SIZES = {"m": 5, "n": 8, "k": 3, "h": 2, "d": 4, "f": 6}  # rope: n = 2 heads of 4
+SIZES = {"m": 5, "n": 8, "k": 3, "h": 2, "d": 4}  # rope: n = 2 heads of 4
 SCALARS = {"scale": (1.5,), "rmsnorm": (1e-6,), "rope": (7, 2), "flash_scores": (3, 1, True)}
 
 
-def shapes(kernel: pto.Kernel) -> list[tuple[int, ...]]:
-    return [tuple(int(w) if w.isdigit() else SIZES[w] for w in dims) for dims in kernel.shapes]
+def shapes(kernel: pto.Kernel, sizes: dict[str, int] = SIZES) -> list[tuple[int, ...]]:
+    return [tuple(int(w) if w.isdigit() else sizes[w] for w in dims) for dims in kernel.shapes]
 
 
 def strided(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> np.ndarray:
@@ -25,6 +25,6 @@ def strided(shape: tuple[int, ...], dtype, rng: np.random.Generator) -> np.ndarr
     return view
 
 
-def arrays(kernel: pto.Kernel, dtype) -> list[np.ndarray]:
+def arrays(kernel: pto.Kernel, dtype, sizes: dict[str, int] = SIZES) -> list[np.ndarray]:
     rng = np.random.default_rng(sum(map(ord, kernel.name)))
-    return [strided(shape, dtype, rng) for shape in shapes(kernel)]
+    return [strided(shape, dtype, rng) for shape in shapes(kernel, sizes)]

@@ -304,8 +304,13 @@ def test_a_replay_keeps_arrays_made_inside_the_orchestration_allocated():
 @needs_gpu
 def test_a_kernel_function_is_looked_up_once_per_source_dtype_and_name():
     backend = pto.Runtime(backend="cuda").backend
-    assert backend._function(scale, np.float32) is backend._function(scale, np.float32)
-    assert backend._function(add, np.float32) is not backend._function(scale, np.float32)
+    shapes = [(8, 8), (8, 8)]
+
+    def function(kernel, scalars):
+        return backend._function(kernel.cuda.code_for(shapes, np.float32, scalars), kernel.name, np.float32)
+
+    assert function(scale, (2.0,)) is function(scale, (3.0,))
+    assert function(add, ()) is not function(scale, (2.0,))
 
 
 FAULTING = textwrap.dedent("""

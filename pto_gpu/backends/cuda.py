@@ -4,8 +4,9 @@ Two ways to run a task. `run` (serial and parallel executors) launches on the ca
 thread's own non-blocking stream and waits on that stream, never the device, before the
 executor completes the task. `launch` (stream executor) only enqueues on a given stream;
 `record`/`wait`/`done` are CUDA events, which order streams and tell the executor when to
-retire tasks. Kernels are the CUDA sources in kernels/cuda, compiled by NVRTC once per source
-and element type; a kernel with a `library` implementation (cuBLAS through CuPy) runs that
+retire tasks. A kernel's CUDA code is generated from its PTO program (a kernel family picks
+the instance of the call's shapes: CudaCode.code_for), compiled by NVRTC once per source and
+element type; a kernel with a `library` implementation (cuBLAS through CuPy) runs that
 instead, except while capturing a CUDA graph, where CuPy refuses cuBLAS.
 """
 
@@ -124,8 +125,11 @@ class CudaBackend:
     def _launch(self, task, values: list) -> None:
         kernel = task.kernel
         tensors = [v for p, v in zip(task.params, values) if p.kind != ParamKind.SCALAR]
-        function = self._function(kernel, tensors[0].dtype)
-        items = kernel.cuda.items([t.shape for t in tensors])
+        shapes = [t.shape for t in tensors]
+        scalars = tuple(v for p, v in zip(task.params, values) if p.kind == ParamKind.SCALAR)
+        code = kernel.cuda.code_for(shapes, tensors[0].dtype, scalars)
+        function = self._function(code, kernel.name, tensors[0].dtype)
+        items = code.items(shapes)
         if items == 0:
             return
         args = []
@@ -137,20 +141,18 @@ class CudaBackend:
         blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
         function((blocks,), (THREADS_PER_BLOCK,), tuple(args))
 
-    def _function(self, kernel, dtype):
-        key = (kernel.cuda.source, np.dtype(dtype), kernel.name)
+    def _function(self, code, name: str, dtype):
+        key = (code.source, np.dtype(dtype), name)
         function = self._functions.get(key)  # a dict read is atomic under the GIL
         if function is None:
             with self._modules_lock:  # worker threads share the compiled modules
                 module_key = key[:2]
                 module = self._modules.get(module_key)
                 if module is None:
-                    source = kernel.cuda.source
-                    options = ("-std=c++17", f"-I{source.parent}",
-                               *cuda_abi.compile_options(dtype, kernel.name))
+                    options = cuda_abi.nvrtc_options(code.source.parent, dtype, name)
                     module = self._modules[module_key] = self._cupy.RawModule(
-                        code=source.read_text(), options=options)
-                function = self._functions[key] = module.get_function(cuda_abi.symbol(kernel.name))
+                        code=code.source.read_text(), options=options)
+                function = self._functions[key] = module.get_function(cuda_abi.symbol(name))
         return function
 
     def _thread_stream(self):

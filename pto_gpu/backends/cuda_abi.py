@@ -1,4 +1,4 @@
-"""The argument convention of the CUDA kernel sources (kernels/cuda/pto.cuh).
+"""The argument convention of the generated CUDA kernels (pto_gpu/isa/pto_isa.cuh).
 
 Shared by the CUDA backend and by the host build the tests run the same sources through. A
 tensor param becomes its data pointer followed by the sizes and element strides of three
@@ -7,6 +7,8 @@ long. The element type is fixed when a module is compiled: COMPILE_OPTIONS per n
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +32,11 @@ def compile_options(dtype: np.dtype, kernel_name: str) -> tuple[str, ...]:
         supported = ", ".join(str(d) for d in COMPILE_OPTIONS)
         raise PTOError(f"{kernel_name}: the CUDA kernels are built for {supported}, not {np.dtype(dtype)}")
     return options
+
+
+def nvrtc_options(source_dir: Path, dtype: np.dtype, kernel_name: str) -> tuple[str, ...]:
+    """The options a kernel's source is compiled with (CuPy's RawModule, so NVRTC, adds its own)."""
+    return ("-std=c++17", f"-I{source_dir}", *compile_options(dtype, kernel_name))
 
 
 def tensor_words(shape: tuple[int, ...], byte_strides: tuple[int, ...], itemsize: int) -> list[np.int64]:

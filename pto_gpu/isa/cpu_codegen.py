@@ -55,14 +55,14 @@ from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statemen
 from .ops import OPCODES, Form, OpSpec
 from .verify import describe, verify_module
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 
 _HALF = (DataType.FLOAT16, DataType.BFLOAT16)
 _PYTHON_COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=",
                    Predicate.EQ: "==", Predicate.NE: "!="}
 _ROW_LOCAL = frozenset({Form.LOAD, Form.STORE, Form.UNARY, Form.BINARY, Form.TILE_SCALAR, Form.ROW_REDUCE,
-                        Form.ROW_EXPAND, Form.COL_EXPAND, Form.MASK})
-_LOADED: dict[Path, Callable] = {}
+                        Form.ROW_EXPAND, Form.COL_EXPAND, Form.MASK, Form.GENERATE})
+_LOADED: dict[Path, object] = {}  # cache path -> the imported generated module
 _FASTMATH = "{'reassoc', 'nsz', 'contract', 'arcp'}"
 
 
@@ -241,8 +241,17 @@ class _Generator:
         text = [f"# PTO ISA CPU code generator v{GENERATOR_VERSION}: InCore function @{f.name}",
                 "import math", "", "import numpy as np", "from numba import njit", "",
                 "from pto_gpu.isa.cpu_codegen import exp32", "", "",
-                f"@njit(cache=True, fastmath={_FASTMATH})", f"def kernel({', '.join(arguments)}):"]
+                f"@njit(cache=True, nogil=True, fastmath={_FASTMATH})",
+                f"def kernel({', '.join(arguments)}):"]
         text += ["    " + line for line in self.prologue] + self.lines + ["    return"]
+        # Batched: every memref 3-d, the function once per leading index; a memref whose
+        # leading dim is 1 is the same window for every index.
+        leading = [f"{memrefs[m.name]}.shape[0]" for m in f.memrefs]
+        count = leading[0] if len(leading) == 1 else f"max({', '.join(leading)})"
+        windows = [f"{memrefs[m.name]}[_b % {memrefs[m.name]}.shape[0]]" for m in f.memrefs]
+        text += ["", "", "@njit(cache=True, nogil=True)", f"def batched({', '.join(arguments)}):",
+                 f"    for _b in range({count}):",
+                 f"        kernel({', '.join(windows + arguments[len(windows):])})"]
         return "\n".join(text) + "\n"
 
     # statements
@@ -362,6 +371,13 @@ class _Generator:
             self.matmul(scope, op, spec)
         elif spec.form is Form.COL_REDUCE:
             self.col_reduce(scope, op, spec)
+        elif spec.form is Form.TRANSPOSE:
+            dst, a = self.tiles[scope.tile(op.dst)], self.tiles[scope.tile(op.srcs[0])]
+            rows, cols = self.region[a.ident]
+            self.emit(f"for _r in range({rows}):")
+            self.emit(f"    for _c in range({cols}):")
+            self.emit(f"        {dst.ident}[_c, _r] = {a.ident}[_r, _c]")
+            self.region[dst.ident] = (cols, rows)
         elif spec.form is Form.SCALAR:
             self.scalar_op(scope, op, spec)
         elif spec.form is Form.COMPARE:
@@ -409,6 +425,13 @@ class _Generator:
             self.stored_roots.add(scope.roots[op.dst])
             return _RowOp(rows, cols, tile.rows, [f"{memref}[{row} + _r, {col} + _c] = {tile.ident}[_r, _c]"],
                           reads=frozenset({tile.ident}), store_root=scope.roots[op.dst])
+        if form is Form.GENERATE:  # the whole tile, from a scalar and each element's (row, col)
+            dst = self.tiles[scope.tile(op.dst)]
+            s = self.constant(dst.dtype, scope.value(srcs[0]))
+            value = _element(spec, dst.dtype, s=s, r="_r", c="_c")
+            self.region[dst.ident] = (str(dst.rows), str(dst.cols))
+            return _RowOp(str(dst.rows), str(dst.cols), dst.rows, [f"{dst.ident}[_r, _c] = {value}"],
+                          writes=frozenset({dst.ident}))
         dst, a = self.tiles[scope.tile(op.dst)], self.tiles[scope.tile(srcs[0])]
         rows, cols = self.region[a.ident]
         element = f"{a.ident}[_r, _c]"
@@ -504,24 +527,18 @@ class _Generator:
         self.region[dst.ident] = ("1", cols)
 
     def matmul(self, scope: _Scope, op: Op, spec: OpSpec) -> None:
-        """i-k-j loops into a scratch tile (dst may be a or b), then copied into dst's region.
-        numba's np.dot needs scipy, which pto-gpu does not depend on."""
+        """BLAS (numba's np.dot, through scipy) on contiguous copies of the valid regions, then
+        the product written, or added, into dst's region (dst may be a or b)."""
         dst, a, b = (self.tiles[scope.tile(name)] for name in (op.dst, *op.srcs))
         a_rows, inner = self.region[a.ident]
         rows, cols = self.region[dst.ident] if spec.accumulate else (a_rows, self.region[b.ident][1])
-        scratch = self.fresh("mm")
-        self.prologue.append(f"{scratch} = np.empty(({dst.rows}, {dst.cols}), {_compute_type(dst.dtype)})")
-        start = f"{dst.ident}[_i, _j]" if spec.accumulate else "0"
-        for line in (f"for _i in range({rows}):",
-                     f"    for _j in range({cols}):",
-                     f"        {scratch}[_i, _j] = {start}",
-                     f"    for _k in range({inner}):",
-                     f"        _x = {a.ident}[_i, _k]",
-                     f"        for _j in range({cols}):",
-                     f"            {scratch}[_i, _j] += _x * {b.ident}[_k, _j]",
+        product = self.fresh("mm")
+        update = "+=" if spec.accumulate else "="
+        for line in (f"{product} = np.dot(np.ascontiguousarray({a.ident}[:{rows}, :{inner}]), "
+                     f"np.ascontiguousarray({b.ident}[:{inner}, :{cols}]))",
                      f"for _i in range({rows}):",
                      f"    for _j in range({cols}):",
-                     f"        {dst.ident}[_i, _j] = {scratch}[_i, _j]"):
+                     f"        {dst.ident}[_i, _j] {update} {product}[_i, _j]"):
             self.emit(line)
         self.region[dst.ident] = (rows, cols)
 
@@ -581,8 +598,10 @@ def _on_float32(kernel: Callable, half: list[int], stored: list[int]) -> Callabl
     return run
 
 
-def cpu_function(module: Module, name: str, directory: Path | None = None) -> Callable:
-    """The generated function for InCore function `name`, imported from the cache directory."""
+def cpu_function(module: Module, name: str, directory: Path | None = None, batched: bool = False) -> Callable:
+    """The generated function for InCore function `name`, imported from the cache directory.
+    `batched`: the entry that takes every memref 3-d and runs the function once per leading
+    index (a leading dim of 1 is shared by every index)."""
     generator, source = _generate(module, name)
     memrefs = generator.function.memrefs
     half = [i for i, m in enumerate(memrefs) if m.dtype in _HALF]
@@ -590,11 +609,12 @@ def cpu_function(module: Module, name: str, directory: Path | None = None) -> Ca
     directory = cache_dir() if directory is None else Path(directory)
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     path = directory / f"isa_{digest}.py"
-    kernel = _LOADED.get(path) or _load(path, source, digest)
+    generated = _LOADED.get(path) or _load(path, source, digest)
+    kernel = generated.batched if batched else generated.kernel
     return _on_float32(kernel, half, stored) if half else kernel
 
 
-def _load(path: Path, source: str, digest: str) -> Callable:
+def _load(path: Path, source: str, digest: str):
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
@@ -605,5 +625,5 @@ def _load(path: Path, source: str, digest: str) -> Callable:
     generated = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = generated  # numba's cache resolves the function's module by name
     spec.loader.exec_module(generated)
-    _LOADED[path] = generated.kernel
-    return generated.kernel
+    _LOADED[path] = generated
+    return generated

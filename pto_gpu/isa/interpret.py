@@ -190,6 +190,11 @@ class _Frame:
 
     def tile_op(self, op: Op, spec, where: str) -> None:
         form, srcs = spec.form, op.srcs
+        if form is Form.GENERATE:  # the whole tile, from a scalar and each element's (row, col)
+            rows, cols = self.tiles[op.dst].shape
+            row, col = np.arange(rows, dtype=float)[:, None], np.arange(cols, dtype=float)[None, :]
+            self.write(op.dst, spec.reference(float(self.number(srcs[0])), row, col))
+            return
         rows, cols = self.valid[srcs[0]]
         a = self.read(srcs[0], rows, cols, where)
         if form is Form.UNARY:
@@ -210,6 +215,8 @@ class _Frame:
             row, col = (self.index(v, where) for v in srcs[1:3])
             keep = np.arange(cols)[None, :] + col <= np.arange(rows)[:, None] + row
             result = np.where(keep, a, -np.inf)
+        elif form is Form.TRANSPOSE:
+            result = spec.reference(a)
         elif form is Form.MATMUL:
             b_rows, b_cols = self.valid[srcs[1]]
             if b_rows != cols:

@@ -21,6 +21,8 @@ Forms, with destination first (../shared/design.md, "Builder method names ... De
     COL_EXPAND  dst (r x c), a (r x c), b (1 x c)   dst = f(a, b broadcast down columns)
     MATMUL      dst (m x n), a (m x k), b (k x n)   dst = a @ b  (MATMUL_ACC: dst += a @ b)
     MASK        dst, a, row, col                dst = a where col + c <= row + r, else -inf
+    GENERATE    dst, s                          dst(r, c) = f(s, r, c) over the whole tile
+    TRANSPOSE   dst (c x r), a (r x c)          dst = a transposed (dst differs from a)
     SCALAR      dst, a[, b]                     scalar arithmetic (SLI: dst = immediate)
     COMPARE     dst, a, b, predicate            dst = 1 if a predicate b else 0
 
@@ -50,6 +52,8 @@ class Form(enum.Enum):
     COL_EXPAND = "col_expand"
     MATMUL = "matmul"
     MASK = "mask"
+    GENERATE = "generate"
+    TRANSPOSE = "transpose"
     SCALAR = "scalar"
     COMPARE = "compare"
 
@@ -115,6 +119,11 @@ _SPECS = [
     OpSpec("TROWEXPANDDIV", "rowexpanddiv", Form.ROW_EXPAND, np.divide, "{a} / {b}", "{a} / {b}"),
     OpSpec("TCOLEXPANDADD", "colexpandadd", Form.COL_EXPAND, np.add, "{a} + {b}", "{a} + {b}"),
     OpSpec("TCOLEXPANDMUL", "colexpandmul", Form.COL_EXPAND, np.multiply, "{a} * {b}", "{a} * {b}"),
+    # generated over the whole tile from a scalar and the element's row r and column c
+    OpSpec("TFILL", "fill", Form.GENERATE, lambda s, r, c: s + 0.0 * (r + c), "{s}", "{s}"),
+    OpSpec("TROWIDX", "rowidx", Form.GENERATE, lambda s, r, c: s + r + 0.0 * c, "{s} + {r}", "{s} + {r}"),
+    OpSpec("TCOLIDX", "colidx", Form.GENERATE, lambda s, r, c: s + c + 0.0 * r, "{s} + {c}", "{s} + {c}"),
+    OpSpec("TTRANS", "trans", Form.TRANSPOSE, np.transpose),
     # matrix
     OpSpec("TMATMUL", "matmul", Form.MATMUL, np.matmul),
     OpSpec("TMATMUL_ACC", "matmul_acc", Form.MATMUL, np.matmul, accumulate=True),

@@ -3,7 +3,7 @@
 // so a generated .cu compiles alone (nvcc, NVRTC through CuPy, g++) and several of them can be
 // pasted into one translation unit (the include guard below).
 //
-// The argument convention is kernels/cuda/pto.cuh's (pto_gpu/backends/cuda_abi.py), written
+// The argument convention is pto_gpu/backends/cuda_abi.py's, written
 // out by the generator: a memref is its pointer, three sizes, three element strides; a scalar
 // is a double or a long long. T is the element type and ACC the type tiles are computed in,
 // chosen when the module is compiled (-DPTO_T=float, -DPTO_T=double, or -DPTO_T=__half

@@ -85,6 +85,8 @@ _SIGNATURES = {
     Form.COL_EXPAND: _operands(("dst", _T), ("a", _T), ("b", _T)),
     Form.MATMUL: _operands(("dst", _T), ("a", _T), ("b", _T)),
     Form.MASK: _operands(("dst", _T), ("a", _T), ("row", _I), ("col", _I)),
+    Form.GENERATE: _operands(("dst", _T), ("s", _V)),
+    Form.TRANSPOSE: _operands(("dst", _T), ("a", _T)),
     Form.SCALAR: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V)),
     Form.COMPARE: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V), ("predicate", Kind.PREDICATE)),
 }
@@ -349,7 +351,9 @@ class _Checker:
         if spec.form in (Form.LOAD, Form.STORE):
             tile, memref = resolved[:2] if spec.form is Form.LOAD else resolved[1::-1]
             self._transfer(where, tile, memref, values[2], values[3])
-        elif spec.form not in SCALAR_FORMS:
+        elif spec.form is Form.TRANSPOSE and op.dst == op.srcs[0]:
+            self.fail(where, f"{op.opcode} needs its destination to differ from its source")
+        elif spec.form not in SCALAR_FORMS and spec.form is not Form.GENERATE:
             tiles = [r for r, o in zip(resolved, operands) if o.kind is Kind.TILE]
             self._tile_shapes(where, spec.form, *tiles)
 
@@ -409,6 +413,7 @@ class _Checker:
             Form.BINARY: [(b, rows, cols, same), (dst, rows, cols, same)],
             Form.TILE_SCALAR: [(dst, rows, cols, same)],
             Form.MASK: [(dst, rows, cols, same)],
+            Form.TRANSPOSE: [(dst, cols, rows, f"the transpose of %{a.name} ({_shape(a)}) is {cols}x{rows}")],
             Form.ROW_REDUCE: [(dst, rows, 1, f"the row reduction of %{a.name} ({_shape(a)}) is {rows}x1")],
             Form.COL_REDUCE: [(dst, 1, cols, f"the column reduction of %{a.name} ({_shape(a)}) is 1x{cols}")],
             Form.ROW_EXPAND: [(b, rows, 1, f"broadcasting along the rows of %{a.name} ({_shape(a)}) "

@@ -1,0 +1,136 @@
+"""The kernel library (pto_gpu.kernels): every kernel, generated from its one PTO program,
+against float64 numpy written independently (kernel_references.py).
+
+  - CPU: the generated numba code, on strided views, float32, float64 and float16, at the
+    sample sizes and at sizes where every dim differs (another instance of the family);
+  - CUDA: the instance's generated source, built for the host by g++ (pto_isa.cuh runs each
+    block's threads as threads) and called through the backend's argument convention, float32
+    and float64; compiled by nvcc for sm_90 with warnings as errors;
+  - the attention kernels' leading dim is a batch: each head is the 2-d kernel's result.
+
+Tolerances: float64 to 1e-12 (a few roundings of values of order 1 over sums of up to 8
+terms); float32 to 2e-5 relative / 2e-6 absolute: each element passes through at most a
+reduction of 8 terms and a few transcendental functions, each within a few ulps (6e-8), and
+rope's angles of order 10 lose ~1e-6; float16 to 4e-3 (ulp 1e-3 at 1-2, one rounding per
+stored result, computed in float32).
+"""
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from kernel_references import REFERENCES
+from kernel_samples import KERNELS, SCALARS, SIZES, arrays, shapes, strided
+from pto_gpu.kernels import llm
+
+import pto_gpu as pto
+from pto_gpu.backends import cuda_abi
+from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.isa.family import family_of
+
+TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5, atol=2e-6),
+             np.float64: dict(rtol=1e-12, atol=1e-12)}
+OTHER_SIZES = {"m": 7, "n": 12, "k": 9, "h": 3, "d": 6}  # rope: 12 = 2 heads of 6
+
+
+def _expected(kernel, inputs, scalars):
+    expected = [a.astype(np.float64) for a in inputs]
+    REFERENCES[kernel.name](*expected, *scalars)
+    return expected
+
+
+def _assert_matches(kernel, got, expected, dtype):
+    for index, (have, want) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(have.astype(np.float64), want, err_msg=f"{kernel.name} param {index}",
+                                   **TOLERANCE[dtype])
+
+
+def test_every_kernel_has_a_reference_and_a_program():
+    assert len(KERNELS) == 27
+    assert {k.name for k in KERNELS} == set(REFERENCES)
+    for kernel in KERNELS:
+        text = family_of(kernel).source(tuple(shapes(kernel)), pto.FLOAT32, _structural(kernel))
+        assert f"\nfunc @{kernel.name}(" in text, text
+
+
+def _structural(kernel) -> tuple:
+    instances = family_of(kernel)
+    return tuple(SCALARS[kernel.name][i] for i in instances.structural)
+
+
+@pytest.mark.parametrize("sizes", [SIZES, OTHER_SIZES], ids=["sample", "other"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
+def test_generated_cpu_code_matches_numpy(kernel, dtype, sizes):
+    inputs = arrays(kernel, dtype, sizes)
+    scalars = SCALARS.get(kernel.name, ())
+    expected = _expected(kernel, inputs, scalars)
+    kernel.cpu(*inputs, *scalars)
+    _assert_matches(kernel, inputs, expected, dtype)
+
+
+def test_each_head_of_a_batch_is_the_two_dimensional_kernel():
+    rng = np.random.default_rng(1)
+    q, k = strided((3, 5, 4), np.float64, rng), strided((3, 6, 4), np.float64, rng)
+    scores = np.zeros((3, 5, 6))
+    llm.flash_scores.cpu(q, k, scores, 2, 0, True)
+    for head in range(3):
+        alone = np.zeros((5, 6))
+        family_of(llm.flash_scores).cpu(q[head][None], k[head][None], alone[None], 2, 0, True)
+        np.testing.assert_array_equal(scores[head], alone)
+    assert np.isinf(scores[:, 0, 3:]).all() and np.isfinite(scores[:, 0, :3]).all()
+
+
+def test_rope_refuses_heads_that_do_not_split_the_row():
+    x = np.ones((2, 12))
+    with pytest.raises(pto.ParamError, match=r"rope: a row of 12 does not split into 5 heads"):
+        llm.rope.cpu(x, 0, 5)
+
+
+# --- CUDA, built for the host --------------------------------------------------------------------
+def _host_library(kernel, dtype, call_shapes, scalars, folder):
+    code = family_of(kernel).cuda(tuple(call_shapes), np.dtype(dtype), scalars)
+    library = folder / f"{kernel.name}-{np.dtype(dtype)}.so"
+    options = cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)]
+    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
+                    "-Werror", *options, str(code.source), "-o", str(library)], check=True)
+    return code, ctypes.CDLL(str(library))
+
+
+def _host_call(library, kernel, items, arrays, scalars):
+    args = [ctypes.c_longlong(min(MAX_BLOCKS, -(-items // THREADS_PER_BLOCK)))]  # as CudaBackend launches
+    for array in arrays:
+        args.append(ctypes.c_void_p(array.ctypes.data))
+        args += [ctypes.c_longlong(int(w)) for w in cuda_abi.tensor_words(array.shape, array.strides,
+                                                                           array.itemsize)]
+    for value in scalars:
+        word = cuda_abi.scalar_word(value)
+        integer = isinstance(word, np.int64)
+        args.append(ctypes.c_longlong(int(word)) if integer else ctypes.c_double(float(word)))
+    getattr(library, f"pto_host_{kernel.name}")(*args)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
+def test_generated_cuda_code_built_for_the_host_matches_numpy(kernel, dtype, tmp_path):
+    inputs = arrays(kernel, dtype)
+    scalars = SCALARS.get(kernel.name, ())
+    expected = _expected(kernel, inputs, scalars)
+    code, library = _host_library(kernel, dtype, [a.shape for a in inputs], scalars, tmp_path)
+    _host_call(library, kernel, code.items([a.shape for a in inputs]), inputs, scalars)
+    _assert_matches(kernel, inputs, expected, dtype)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+def test_every_kernel_compiles_with_nvcc_for_sm_90(tmp_path):
+    sources = [family_of(k).cuda(tuple(shapes(k)), np.dtype(np.float32), SCALARS.get(k.name, ())).source
+               for k in KERNELS]
+    unit = tmp_path / "library.cu"  # every source carries the header's include guard: one unit
+    unit.write_text("".join(s.read_text() for s in sources))
+    for options in cuda_abi.COMPILE_OPTIONS.values():
+        done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings", *options, "-c",
+                               str(unit), "-o", str(tmp_path / "library.o")], capture_output=True, text=True)
+        assert done.returncode == 0, (options, done.stderr[-3000:])
