@@ -39,6 +39,9 @@ class CudaCode:
     source: Path
     items: Callable[[list[tuple[int, ...]]], int]
     library: Callable | None = None
+    # Whether each scalar param is passed as long long (else double), when the source says so
+    # (generated code); None: from each value's Python type.
+    integer_scalars: tuple[bool, ...] | None = None
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple) -> CudaCode:
         """The code that runs a call with these tensor shapes, element type and scalar values:

@@ -24,6 +24,7 @@ import pytest
 from kernel_references import REFERENCES
 from kernel_samples import KERNELS, SCALARS, SIZES, arrays, shapes, strided
 from pto_gpu.kernels import llm
+from pto_gpu.kernels.elementwise import scale
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
@@ -99,14 +100,16 @@ def _host_library(kernel, dtype, call_shapes, scalars, folder):
     return code, ctypes.CDLL(str(library))
 
 
-def _host_call(library, kernel, items, arrays, scalars):
-    args = [ctypes.c_longlong(min(MAX_BLOCKS, -(-items // THREADS_PER_BLOCK)))]  # as CudaBackend launches
+def _host_call(library, kernel, code, arrays, scalars):
+    """pto_host_<name>, with the arguments CudaBackend._launch would pass."""
+    items = code.items([a.shape for a in arrays])
+    args = [ctypes.c_longlong(min(MAX_BLOCKS, -(-items // THREADS_PER_BLOCK)))]
     for array in arrays:
         args.append(ctypes.c_void_p(array.ctypes.data))
         args += [ctypes.c_longlong(int(w)) for w in cuda_abi.tensor_words(array.shape, array.strides,
                                                                            array.itemsize)]
-    for value in scalars:
-        word = cuda_abi.scalar_word(value)
+    for value, integer in zip(scalars, code.integer_scalars):
+        word = cuda_abi.scalar_word(value, integer)
         integer = isinstance(word, np.int64)
         args.append(ctypes.c_longlong(int(word)) if integer else ctypes.c_double(float(word)))
     getattr(library, f"pto_host_{kernel.name}")(*args)
@@ -120,8 +123,19 @@ def test_generated_cuda_code_built_for_the_host_matches_numpy(kernel, dtype, tmp
     scalars = SCALARS.get(kernel.name, ())
     expected = _expected(kernel, inputs, scalars)
     code, library = _host_library(kernel, dtype, [a.shape for a in inputs], scalars, tmp_path)
-    _host_call(library, kernel, code.items([a.shape for a in inputs]), inputs, scalars)
+    _host_call(library, kernel, code, inputs, scalars)
     _assert_matches(kernel, inputs, expected, dtype)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_scalars_are_passed_as_the_kernel_declares_them(tmp_path):
+    """scale's factor is a float64 parameter: an int value still arrives as a double."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = np.zeros_like(a)
+    code, library = _host_library(scale, np.float32, [a.shape, out.shape], (3,), tmp_path)
+    assert code.integer_scalars == (False,)
+    _host_call(library, scale, code, [a, out], (3,))
+    np.testing.assert_array_equal(out, 3 * a)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")

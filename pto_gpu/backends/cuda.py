@@ -133,9 +133,10 @@ class CudaBackend:
         if items == 0:
             return
         args = []
+        integers = iter(code.integer_scalars or [None] * len(scalars))
         for param, value in zip(task.params, values):
             if param.kind == ParamKind.SCALAR:
-                args.append(cuda_abi.scalar_word(value))
+                args.append(cuda_abi.scalar_word(value, next(integers)))
             else:
                 args += [value, *cuda_abi.tensor_words(value.shape, value.strides, value.itemsize)]
         blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))

@@ -48,7 +48,9 @@ def tensor_words(shape: tuple[int, ...], byte_strides: tuple[int, ...], itemsize
     return [np.int64(w) for w in words]
 
 
-def scalar_word(value: object) -> np.int64 | np.float64:
-    if isinstance(value, (bool, int, np.integer, np.bool_)):
-        return np.int64(value)
-    return np.float64(value)
+def scalar_word(value: object, integer: bool | None = None) -> np.int64 | np.float64:
+    """A scalar's word: long long when `integer` (the kernel declares an integer), double when
+    not; when the kernel does not say (None), from the value's Python type."""
+    if integer is None:
+        integer = isinstance(value, (bool, int, np.integer, np.bool_))
+    return np.int64(value) if integer else np.float64(value)

@@ -73,7 +73,8 @@ def cuda_code(module: Module, function: str, cache_dir: Path) -> CudaCode:
         partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         partial.write_text(source)
         partial.replace(path)  # atomic: a concurrent compile never reads half a file
-    return CudaCode(path, WorkItems(generator.items))
+    return CudaCode(path, WorkItems(generator.items),
+                    integer_scalars=tuple(_integer(scalar.dtype) for scalar in generator.params))
 
 
 @dataclasses.dataclass(frozen=True)
