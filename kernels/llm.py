@@ -68,12 +68,14 @@ def flash_init(f: FunctionBuilder, dtype: DataType, m: int, d: int) -> None:
 
 
 @family(worker=pto.CUBE, shapes=("h m d", "h n d", "h m n"), scalars=("q_start", "k_start", "causal"))
-def flash_scores(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int) -> None:
+def flash_scores(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int,
+                 local_memory: int | None) -> None:
     """scores = q·kᵀ/√d, -inf where a key comes after its query (when causal)."""
     f.memref("q", dtype, (m, d)).memref("k", dtype, (n, d)).memref("scores", dtype, (m, n))
     f.scalar("q_start", pto.INT64).scalar("k_start", pto.INT64).scalar("causal", pto.INT64)
     f.tile("s", m, n, dtype)
-    contract(f, dtype, "s", "q", "k", m, d, n, b_transposed=True).muls("s", "s", 1.0 / math.sqrt(d))
+    contract(f, dtype, "s", "q", "k", m, d, n, local_memory, b_transposed=True)
+    f.muls("s", "s", 1.0 / math.sqrt(d))
     f.if_then("causal", "ne", 0).causal_mask("s", "s", "q_start", "k_start").end_if()
     f.store("scores", "s")
 
@@ -94,12 +96,12 @@ def flash_softmax_update(f: FunctionBuilder, dtype: DataType, m: int, n: int) ->
 
 
 @family(worker=pto.CUBE, shapes=("h m n", "h n d", "h m 1", "h m d"))
-def flash_pv(f: FunctionBuilder, dtype: DataType, m: int, n: int, d: int) -> None:
+def flash_pv(f: FunctionBuilder, dtype: DataType, m: int, n: int, d: int, local_memory: int | None) -> None:
     """out = out * rescale + probabilities @ v."""
     f.memref("probabilities", dtype, (m, n)).memref("v", dtype, (n, d)).memref("rescale", dtype, (m, 1))
     f.memref("out", dtype, (m, d)).tile("o", m, d, dtype).tile("factor", m, 1, dtype)
     f.load("o", "out").load("factor", "rescale").rowexpandmul("o", "o", "factor")
-    contract(f, dtype, "o", "probabilities", "v", m, n, d, accumulate=True).store("out", "o")
+    contract(f, dtype, "o", "probabilities", "v", m, n, d, local_memory, accumulate=True).store("out", "o")
 
 
 @family(worker=pto.VECTOR, shapes=("h m d", "h m 1", "h m d"))

@@ -7,19 +7,20 @@ is being captured (Runtime.capture), where CuPy refuses cuBLAS calls.
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
 from pto_gpu.isa.family import family
 
 
-def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: int, k: int, n: int, *,
-             b_transposed: bool = False, accumulate: bool = False) -> FunctionBuilder:
+def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: int, k: int, n: int,
+             local_memory: int | None, *, b_transposed: bool = False,
+             accumulate: bool = False) -> FunctionBuilder:
     """Tile `dst` (m x n, declared by the caller) = (or += with `accumulate`) memref `a` (m x k)
     @ memref `b` (k x n; n x k with `b_transposed`, so a @ bᵀ), over chunks of k.
 
     The CUDA code keeps the right operand of a product (and a transpose's source) whole in shared
-    memory, so a chunk's kc x n of them, in float64 at worst, must fit in SHARED_LIMIT."""
+    memory, so a chunk's kc x n of them, in float64 at worst, must fit `local_memory` bytes; on
+    the CPU (None) one chunk is the whole contraction, one BLAS call."""
     whole = 2 if b_transposed else 1
-    chunk = max(1, min(k, SHARED_LIMIT // (8 * n * whole)))
+    chunk = k if local_memory is None else max(1, min(k, local_memory // (8 * n * whole)))
     left, right = f"{dst}_a", f"{dst}_b"
     f.tile(left, m, chunk, dtype).tile(right, chunk, n, dtype)
     if b_transposed:
@@ -63,16 +64,17 @@ def _cublas_matmul_acc(a, b, acc):
 
 
 @family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul)
-def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int) -> None:
+def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """out = a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("out", dtype, (m, n))
     f.tile("c", m, n, dtype)
-    contract(f, dtype, "c", "a", "b", m, k, n).store("out", "c")
+    contract(f, dtype, "c", "a", "b", m, k, n, local_memory).store("out", "c")
 
 
 @family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul_acc)
-def matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int) -> None:
+def matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """acc += a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("acc", dtype, (m, n))
     f.tile("c", m, n, dtype)
-    contract(f.load("c", "acc"), dtype, "c", "a", "b", m, k, n, accumulate=True).store("acc", "c")
+    contract(f.load("c", "acc"), dtype, "c", "a", "b", m, k, n, local_memory, accumulate=True)
+    f.store("acc", "c")

@@ -29,6 +29,7 @@ from pto_gpu.kernels.elementwise import scale
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
 from pto_gpu.isa.family import family_of
 
 TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5, atol=2e-6),
@@ -148,3 +149,29 @@ def test_every_kernel_compiles_with_nvcc_for_sm_90(tmp_path):
         done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings", *options, "-c",
                                str(unit), "-o", str(tmp_path / "library.o")], capture_output=True, text=True)
         assert done.returncode == 0, (options, done.stderr[-3000:])
+
+
+CHUNKED = {"matmul": {"m": 6, "k": 100, "n": 128}, "matmul_acc": {"m": 6, "k": 100, "n": 128},
+           "flash_scores": {"h": 2, "m": 5, "d": 80, "n": 64},
+           "flash_pv": {"h": 2, "m": 5, "n": 100, "d": 64}}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k.name in CHUNKED], ids=lambda k: k.name)
+def test_contractions_are_chunked_for_shared_memory_only_on_cuda(kernel, tmp_path):
+    """The CUDA instance contracts in chunks whose whole-tile operands fit shared memory (a FOR
+    over k, tails included: 100 = 48 + 48 + 4); the CPU one in one BLAS call. Both are right."""
+    sizes = CHUNKED[kernel.name]
+    inputs = arrays(kernel, np.float64, sizes)
+    scalars = SCALARS.get(kernel.name, ())
+    call_shapes = tuple(a.shape for a in inputs)
+    instances = family_of(kernel)
+    assert "FOR " in instances.source(call_shapes, pto.FLOAT64, (), SHARED_LIMIT)
+    assert "FOR " not in instances.source(call_shapes, pto.FLOAT64, ())
+    expected = _expected(kernel, inputs, scalars)
+    cpu = [a.copy() for a in inputs]
+    kernel.cpu(*cpu, *scalars)
+    _assert_matches(kernel, cpu, expected, np.float64)
+    code, library = _host_library(kernel, np.float64, list(call_shapes), scalars, tmp_path)
+    _host_call(library, kernel, code, inputs, scalars)
+    _assert_matches(kernel, inputs, expected, np.float64)

@@ -527,18 +527,27 @@ class _Generator:
         self.region[dst.ident] = ("1", cols)
 
     def matmul(self, scope: _Scope, op: Op, spec: OpSpec) -> None:
-        """BLAS (numba's np.dot, through scipy) on contiguous copies of the valid regions, then
-        the product written, or added, into dst's region (dst may be a or b)."""
+        """BLAS (numba's np.dot, through scipy). Whole tiles, dst neither a nor b: straight into
+        dst (TMATMUL) or added to it (TMATMUL_ACC); otherwise on contiguous copies of the valid
+        regions, the product then written or added into dst's region."""
         dst, a, b = (self.tiles[scope.tile(name)] for name in (op.dst, *op.srcs))
         a_rows, inner = self.region[a.ident]
         rows, cols = self.region[dst.ident] if spec.accumulate else (a_rows, self.region[b.ident][1])
         product = self.fresh("mm")
         update = "+=" if spec.accumulate else "="
-        for line in (f"{product} = np.dot(np.ascontiguousarray({a.ident}[:{rows}, :{inner}]), "
-                     f"np.ascontiguousarray({b.ident}[:{inner}, :{cols}]))",
-                     f"for _i in range({rows}):",
-                     f"    for _j in range({cols}):",
-                     f"        {dst.ident}[_i, _j] {update} {product}[_i, _j]"):
+        general = [f"{product} = np.dot(np.ascontiguousarray({a.ident}[:{rows}, :{inner}]), "
+                   f"np.ascontiguousarray({b.ident}[:{inner}, :{cols}]))",
+                   f"for _i in range({rows}):",
+                   f"    for _j in range({cols}):",
+                   f"        {dst.ident}[_i, _j] {update} {product}[_i, _j]"]
+        if dst.ident in (a.ident, b.ident):
+            lines = general
+        else:
+            whole = f"{dst.ident} += np.dot({a.ident}, {b.ident})" if spec.accumulate else \
+                f"np.dot({a.ident}, {b.ident}, {dst.ident})"
+            lines = [f"if {rows} == {dst.rows} and {cols} == {dst.cols} and {inner} == {a.cols}:",
+                     f"    {whole}", "else:", *("    " + line for line in general)]
+        for line in lines:
             self.emit(line)
         self.region[dst.ident] = (rows, cols)
 

@@ -16,11 +16,15 @@ program, the generated code runs it once per index (so one task covers every hea
 attention tile), and a 2-d param is the same window for every index.
 
 `structural` names scalar params whose value shapes the program (rope's head count); they are
-passed to the builder by name and their value is part of the instance key.
+passed to the builder by name and their value is part of the instance key. A builder that
+takes a `local_memory` keyword is told the target's budget for tiles read whole, in bytes:
+None on the CPU (no limit), cuda_codegen.SHARED_LIMIT for CUDA code; so it can chunk a
+contraction for the GPU's shared memory and not for the CPU's BLAS.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +51,7 @@ class Family:
         self.structural = tuple(scalar_names.index(s) for s in structural)
         self.structural_names = structural
         self.tensors = len(self.shapes)
+        self.budgeted = "local_memory" in inspect.signature(build).parameters
         self._modules: dict[tuple, Module] = {}
         self._cpu: dict[tuple, Callable] = {}  # call signature -> ready-to-call CPU entry
         self._cuda: dict[tuple, CudaCode] = {}
@@ -65,13 +70,16 @@ class Family:
                     sizes.setdefault(word, int(size))
         return tuple(sizes.items())
 
-    def module(self, sizes: tuple[tuple[str, int], ...], dtype: DataType, structural: tuple) -> Module:
-        key = (sizes, dtype, structural)
+    def module(self, sizes: tuple[tuple[str, int], ...], dtype: DataType, structural: tuple,
+               local_memory: int | None = None) -> Module:
+        budget = {"local_memory": local_memory} if self.budgeted else {}
+        key = (sizes, dtype, structural, *budget.values())
         module = self._modules.get(key)
         if module is None:
             module = Module(f"{self.name}_" + "_".join(f"{w}{n}" for w, n in sizes))
             builder = FunctionBuilder(self.name, module=module).in_core()
-            self.build(builder, dtype, **dict(sizes), **dict(zip(self.structural_names, structural)))
+            named = dict(zip(self.structural_names, structural))
+            self.build(builder, dtype, **dict(sizes), **named, **budget)
             builder.build()
             self._modules[key] = module
         return module
@@ -107,14 +115,16 @@ class Family:
         code = self._cuda.get(key)
         if code is None:
             with self._lock:
-                code = self._cuda.get(key) or cuda_codegen.cuda_code(self.module(*key), self.name,
-                                                                     self.directory)
+                module = self.module(*key, local_memory=cuda_codegen.SHARED_LIMIT)
+                code = self._cuda.get(key) or cuda_codegen.cuda_code(module, self.name, self.directory)
                 self._cuda[key] = code
         return code
 
-    def source(self, shapes: tuple[tuple[int, ...], ...], dtype: object, structural: tuple = ()) -> str:
-        """The PTO assembly of the instance for these shapes (what the kernel runs)."""
-        return self.module(self.sizes(shapes), as_dtype(dtype), structural).to_pto()
+    def source(self, shapes: tuple[tuple[int, ...], ...], dtype: object, structural: tuple = (),
+               local_memory: int | None = None) -> str:
+        """The PTO assembly of the instance for these shapes (what the kernel runs), for a
+        target with `local_memory` bytes for tiles read whole (None: the CPU's)."""
+        return self.module(self.sizes(shapes), as_dtype(dtype), structural, local_memory).to_pto()
 
 
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),
