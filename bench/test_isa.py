@@ -84,3 +84,27 @@ def test_rmsnorm(benchmark, data, implementation):
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + EPS) * weight
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.benchmark(group="matmul-acc-tile")
+@pytest.mark.parametrize("tile", [128, 256])
+@pytest.mark.parametrize("implementation", ["generated", "numpy"])
+def test_matmul_acc_tile(benchmark, implementation, tile):
+    """One library matmul_acc tile on strided windows of 2048² matrices, one BLAS thread: the
+    generated kernel (TLOAD copies, one BLAS call, TSTORE) against `c += a @ b` in place."""
+    from threadpoolctl import threadpool_limits
+
+    from pto_gpu.kernels.tiles import matmul_acc
+
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((2048, 2048)).astype(np.float32)[:tile, :tile] for _ in range(2))
+    c = np.zeros((2048, 2048), np.float32)[:tile, :tile]
+
+    def numpy_matmul_acc(a, b, c):
+        c += a @ b
+
+    run = matmul_acc.cpu if implementation == "generated" else numpy_matmul_acc
+    with threadpool_limits(1):
+        run(a, b, c)
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+        benchmark(run, a, b, c)
