@@ -92,9 +92,8 @@ def test_rmsnorm(benchmark, data, implementation):
 def test_matmul_acc_tile(benchmark, implementation, tile):
     """One library matmul_acc tile on strided windows of 2048² matrices, one BLAS thread: the
     generated kernel (TLOAD copies, one BLAS call, TSTORE) against `c += a @ b` in place."""
-    from threadpoolctl import threadpool_limits
-
     from pto_gpu.kernels.tiles import matmul_acc
+    from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(1)
     a, b = (rng.standard_normal((2048, 2048)).astype(np.float32)[:tile, :tile] for _ in range(2))

@@ -9,11 +9,13 @@ compiled; compiling a module again declares new kernels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..dtypes import WorkerType
 from ..kernel import Kernel, kernel
-from . import cpu_codegen, cuda_codegen
+from . import cpu_codegen, cuda_codegen, orchestrate
+from .errors import ISAError
 from .ir import Call, Module, Op, Statement, walk
 from .ops import OPCODES, Form
 from .verify import verify_module
@@ -35,6 +37,14 @@ class Program:
     def cpu_source(self, name: str) -> str:
         """The generated Python (numba) source of InCore function `name`."""
         return cpu_codegen.cpu_source(self.module, name)
+
+    def orchestration(self, name: str, compiled: bool = False) -> Callable[..., None]:
+        """Orchestration function `name` as `fn(o, *arrays, *scalars)` for `rt.run`: its body
+        runs against the Python orchestrator API, each CALL of an InCore function a task
+        (orchestrate.py). `compiled=True`, generated numba code, is not built yet (issue 15)."""
+        if compiled:
+            raise ISAError(f"@{name}: compiled orchestrations are not generated yet; use compiled=False")
+        return orchestrate.orchestration(self, name)
 
 
 def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shared/design.md: isa.compile)

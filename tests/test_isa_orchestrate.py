@@ -1,0 +1,121 @@
+"""Orchestration functions run through the Python orchestrator API (pto_gpu/isa/orchestrate.py):
+the same tasks, params and edges as the hand-written orchestration that makes the same calls,
+results equal to float64 numpy, scalar control flow, nested orchestrations, and errors that name
+the call."""
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from pto_gpu import isa
+
+F32 = pto.FLOAT32
+ROWS, COLS = 8, 64
+
+
+def softmax_module() -> isa.Module:
+    """spec 003 §2's dynamic softmax, plus an in-place scaling and an orchestration that calls
+    the others: softmax every tile, then scale the even ones (a scalar test, IF, RETURN)."""
+    m = isa.Module("softmax_module")
+    (isa.FunctionBuilder("softmax_tile", module=m).in_core()
+        .memref("input", F32, (ROWS, COLS)).memref("output", F32, (ROWS, COLS))
+        .tile("x", ROWS, COLS, F32).tile("mx", ROWS, 1, F32).tile("s", ROWS, 1, F32)
+        .load("x", "input").rowmax("mx", "x").rowexpandsub("x", "x", "mx").exp("x", "x")
+        .rowsum("s", "x").rowexpanddiv("x", "x", "s").store("output", "x")
+        .build())
+    (isa.FunctionBuilder("scale_tile", module=m).in_core()
+        .memref("data", F32, (ROWS, COLS)).scalar("factor", pto.FLOAT64).tile("t", ROWS, COLS, F32)
+        .load("t", "data").muls("t", "t", "factor").store("data", "t")
+        .build())
+    (isa.FunctionBuilder("dynamic_softmax", module=m).not_in_core()
+        .memref("input", F32).memref("output", F32).scalar("num_tiles", pto.INT64)
+        .for_loop("i", 0, "num_tiles", 1)
+        .call("softmax_tile", {"input": ("input", "i", 0), "output": ("output", "i", 0)})
+        .end_for()
+        .build())
+    (isa.FunctionBuilder("softmax_then_scale_even", module=m).not_in_core()
+        .memref("input", F32).memref("output", F32).scalar("num_tiles", pto.INT64).scalar("stop", pto.INT64)
+        .scalar_var("half", pto.INT64).scalar_var("odd", pto.INT64)
+        .call("dynamic_softmax", {"input": "input", "output": "output"}, scalars={"num_tiles": "num_tiles"})
+        .for_loop("i", 0, "num_tiles", 1)
+        .if_then("i", "ge", "stop").ret().end_if()
+        .scalar_div("half", "i", 2).scalar_mul("odd", "half", 2).scalar_sub("odd", "i", "odd")
+        .if_then("odd", "eq", 0)
+        .call("scale_tile", {"data": ("output", "i", 0)}, scalars={"factor": 0.5})
+        .end_if()
+        .end_for()
+        .build())
+    return m
+
+
+def hand_written(kernels, num_tiles, stop):
+    """What softmax_then_scale_even does, written against the Python API."""
+    def orchestration(o, x, y):
+        X, Y = o.external(x), o.external(y)
+        rows = X.shape[0]
+        windows = [(i * ROWS, min((i + 1) * ROWS, rows)) for i in range(num_tiles)]
+        for first, last in windows:
+            o.submit(kernels["softmax_tile"], pto.input(X[first:last, :COLS]), pto.output(Y[first:last, :COLS]))
+        for i, (first, last) in enumerate(windows[:stop]):
+            if i % 2 == 0:
+                o.submit(kernels["scale_tile"], pto.inout(Y[first:last, :COLS]), 0.5)
+    return orchestration
+
+
+def signature(graph):
+    return ([(t.kernel.name, tuple((int(p.kind), tuple(p.value.layout.tolist()) if p.kind != pto.ParamKind.SCALAR
+                                    else p.value) for p in t.params)) for t in graph.tasks], graph.edges)
+
+
+@pytest.fixture(scope="module")
+def program():
+    return isa.compile(softmax_module())
+
+
+@pytest.mark.parametrize("rows, stop", [(64, 8), (61, 5), (8, 0)])
+def test_the_program_makes_the_hand_written_graph_and_results(program, rows, stop):
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, COLS)).astype(np.float32)
+    num_tiles = -(-rows // ROWS)
+    orchestration = program.orchestration("softmax_then_scale_even")
+    graphs = []
+    for run in (lambda o, x, y: orchestration(o, x, y, num_tiles, stop),
+                hand_written(program.kernels, num_tiles, stop)):
+        y = np.full_like(x, np.nan)
+        result = pto.Runtime(executor="serial").run(run, x, y, record=True)
+        graphs.append(signature(result.graph))
+        e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+        for i in range(0, min(stop, num_tiles), 2):
+            want[i * ROWS:(i + 1) * ROWS] *= 0.5
+        np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-7)
+    assert graphs[0] == graphs[1]
+    assert len(graphs[0][0]) == num_tiles + len(range(0, min(stop, num_tiles), 2))
+
+
+def test_directions_come_from_the_callee_not_from_names(program):
+    result = pto.Runtime(executor="dry").run(program.orchestration("softmax_then_scale_even"),
+                                             np.ones((16, COLS), np.float32), np.ones((16, COLS), np.float32),
+                                             2, 2, record=True)
+    kinds = [[p.kind for p in t.params] for t in result.graph.tasks]
+    assert kinds[0] == [pto.ParamKind.INPUT, pto.ParamKind.OUTPUT]
+    assert kinds[2] == [pto.ParamKind.INOUT, pto.ParamKind.SCALAR]
+
+
+@pytest.mark.parametrize("case, message", [
+    (lambda p: p.orchestration("dynamic_softmax")(None, 1), r"@dynamic_softmax takes 2 arrays and 1 scalars "
+                                                           r"\(input, output, num_tiles\), got 1 arguments"),
+    (lambda p: p.orchestration("softmax_tile"), r"@softmax_tile is an InCore function"),
+    (lambda p: p.orchestration("nowhere"), r"unknown function @nowhere"),
+    (lambda p: p.orchestration("dynamic_softmax", compiled=True), r"compiled orchestrations are not generated"),
+])
+def test_misuse_is_refused_by_name(program, case, message):
+    with pytest.raises(isa.ISAError, match=message):
+        case(program)
+
+
+def test_a_window_past_the_edge_names_the_call(program):
+    x = np.ones((16, COLS), np.float32)
+    with pytest.raises(isa.ISAError, match=r"@dynamic_softmax: CALL @softmax_tile.*: the window of %input for "
+                                           r"%input starts at \(16, 0\), outside its shape \(16, 64\)"):
+        pto.Runtime(executor="serial").run(program.orchestration("dynamic_softmax"), x, np.empty_like(x), 3)
