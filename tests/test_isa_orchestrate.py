@@ -55,7 +55,8 @@ def hand_written(kernels, num_tiles, stop):
         rows = X.shape[0]
         windows = [(i * ROWS, min((i + 1) * ROWS, rows)) for i in range(num_tiles)]
         for first, last in windows:
-            o.submit(kernels["softmax_tile"], pto.input(X[first:last, :COLS]), pto.output(Y[first:last, :COLS]))
+            window = (slice(first, last), slice(0, COLS))
+            o.submit(kernels["softmax_tile"], pto.input(X[window]), pto.output(Y[window]))
         for i, (first, last) in enumerate(windows[:stop]):
             if i % 2 == 0:
                 o.submit(kernels["scale_tile"], pto.inout(Y[first:last, :COLS]), 0.5)
@@ -63,8 +64,9 @@ def hand_written(kernels, num_tiles, stop):
 
 
 def signature(graph):
-    return ([(t.kernel.name, tuple((int(p.kind), tuple(p.value.layout.tolist()) if p.kind != pto.ParamKind.SCALAR
-                                    else p.value) for p in t.params)) for t in graph.tasks], graph.edges)
+    def param(p):
+        return int(p.kind), p.value if p.kind == pto.ParamKind.SCALAR else tuple(p.value.layout.tolist())
+    return [(t.kernel.name, tuple(param(p) for p in t.params)) for t in graph.tasks], graph.edges
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,8 @@ def test_directions_come_from_the_callee_not_from_names(program):
                                                            r"\(input, output, num_tiles\), got 1 arguments"),
     (lambda p: p.orchestration("softmax_tile"), r"@softmax_tile is an InCore function"),
     (lambda p: p.orchestration("nowhere"), r"unknown function @nowhere"),
-    (lambda p: p.orchestration("dynamic_softmax", compiled=True), r"compiled orchestrations are not generated"),
+    (lambda p: p.orchestration("dynamic_softmax", compiled=True),
+     r"compiled orchestrations are not generated"),
 ])
 def test_misuse_is_refused_by_name(program, case, message):
     with pytest.raises(isa.ISAError, match=message):
@@ -116,6 +119,7 @@ def test_misuse_is_refused_by_name(program, case, message):
 
 def test_a_window_past_the_edge_names_the_call(program):
     x = np.ones((16, COLS), np.float32)
-    with pytest.raises(isa.ISAError, match=r"@dynamic_softmax: CALL @softmax_tile.*: the window of %input for "
-                                           r"%input starts at \(16, 0\), outside its shape \(16, 64\)"):
+    message = (r"@dynamic_softmax: CALL @softmax_tile.*: the window of %input for %input starts at "
+               r"\(16, 0\), outside its shape \(16, 64\)")
+    with pytest.raises(isa.ISAError, match=message):
         pto.Runtime(executor="serial").run(program.orchestration("dynamic_softmax"), x, np.empty_like(x), 3)
