@@ -1,7 +1,10 @@
 """The `pto-gpu` command (also `python -m pto_gpu`): run a workload from the catalogue in
-pto_gpu.orchestration.workloads, print its statistics, write artefacts.
+pto_gpu.orchestration.workloads, print its statistics, write artefacts; and the PTO assembly
+tools of spec 003 §3.3.
 
     pto-gpu run flash_attention --size 2048 --trace attention.json --graph attention.svg
+    pto-gpu compile softmax.pto --emit cuda      # pto (canonical form), python, cpu or cuda
+    pto-gpu parse programs/                      # writes <name>_builder.py beside each .pto
 
 Each run is checked against its numpy float64 reference (unless the executor is dry); the exit
 status is 1 when the result is off by more than the workload's tolerance.
@@ -56,6 +59,21 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
            help="run N times and report the last: the first run also pays for page faults "
                 "and loading compiled code (default: 1)")
     option("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    command = commands.add_parser(
+        "compile", help="print a .pto file's canonical form, builder code or generated code",
+        description="Parse and verify a .pto file, then print it as EMIT: its canonical form (pto), "
+                    "the builder code that rebuilds it (python), or the generated numba (cpu) or CUDA "
+                    "(cuda) code of its InCore functions.")
+    command.add_argument("file", type=Path, metavar="FILE.pto")
+    command.add_argument("--emit", choices=("pto", "python", "cpu", "cuda"), default="pto",
+                         help="what to print (default: pto)")
+    command.add_argument("--function", metavar="NAME",
+                         help="cpu/cuda: only this InCore function (default: every one)")
+    command = commands.add_parser(
+        "parse", help="write the builder code of every .pto file in a directory",
+        description="For every DIR/*.pto, write DIR/<stem>_builder.py: isa.FunctionBuilder code that "
+                    "rebuilds the same module (spec 003 §3.3).")
+    command.add_argument("directory", type=Path, metavar="DIR")
     return top
 
 
@@ -63,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     from pto_gpu.orchestration.workloads import WORKLOADS  # here, not at the top: see the docstring
 
     args = parser(WORKLOADS).parse_args(argv)
+    if args.command in ("compile", "parse"):
+        try:
+            if args.command == "compile":
+                return compile_file(args.file, args.emit, args.function)
+            return parse_directory(args.directory)
+        except (OSError, PTOError) as error:  # an unreadable file, or a .pto error as file:line:col
+            print(f"pto-gpu: {error}", file=sys.stderr)
+            return 2
     workload = WORKLOADS[args.name]
     size = workload.default_size if args.size is None else args.size
     if size < 1 or args.runs < 1:
@@ -104,6 +130,47 @@ def run(args: argparse.Namespace, workload: Workload, size: int) -> int:
     print(f"max error vs numpy float64, relative to its largest value: {error:.1e} "
           f"({'OK' if ok else 'MISMATCH'}, tolerance {workload.tolerance:.0e})")
     return 0 if ok else 1
+
+
+def read_module(path: Path):
+    """The verified module of a .pto file; its errors start with path:line:column."""
+    from . import isa
+
+    try:
+        module = isa.parse(path.read_text())
+    except isa.ISAError as error:  # the message starts with line:column
+        raise isa.ISAError(f"{path}:{error}") from None
+    try:
+        isa.verify_module(module)
+    except isa.ISAError as error:
+        raise isa.ISAError(f"{path}: {error}") from None
+    return module
+
+
+def compile_file(path: Path, emit: str, function: str | None) -> int:
+    from .isa import cpu_codegen, cuda_codegen
+
+    module = read_module(path)
+    if emit == "pto":
+        print(module.to_pto(), end="")
+    elif emit == "python":
+        print(module.to_python(), end="")
+    else:
+        names = [function] if function else [f.name for f in module.functions.values() if f.in_core]
+        generate = cpu_codegen.cpu_source if emit == "cpu" else cuda_codegen.cuda_source
+        print("\n".join(generate(module, name) for name in names), end="")
+    return 0
+
+
+def parse_directory(directory: Path) -> int:
+    files = sorted(directory.glob("*.pto"))
+    if not files:
+        raise PTOError(f"{directory}: no .pto files")
+    for path in files:
+        target = path.with_name(f"{path.stem}_builder.py")
+        target.write_text(read_module(path).to_python())
+        print(f"{path} -> {target}")
+    return 0
 
 
 @contextlib.contextmanager

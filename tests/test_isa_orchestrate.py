@@ -1,13 +1,16 @@
 """Orchestration functions run through the Python orchestrator API (pto_gpu/isa/orchestrate.py):
 the same tasks, params and edges as the hand-written orchestration that makes the same calls,
 results equal to float64 numpy, scalar control flow, nested orchestrations, and errors that name
-the call."""
+the call. Also the spec's programs kept as .pto files, and `pto-gpu compile` / `pto-gpu parse`."""
+
+import importlib.resources
+import re
 
 import numpy as np
 import pytest
 
 import pto_gpu as pto
-from pto_gpu import isa
+from pto_gpu import cli, isa
 
 F32 = pto.FLOAT32
 ROWS, COLS = 8, 64
@@ -123,3 +126,57 @@ def test_a_window_past_the_edge_names_the_call(program):
                r"\(16, 0\), outside its shape \(16, 64\)")
     with pytest.raises(isa.ISAError, match=message):
         pto.Runtime(executor="serial").run(program.orchestration("dynamic_softmax"), x, np.empty_like(x), 3)
+
+
+def test_a_binary_expanded_loop_refuses_more_than_max_range(program):
+    m = isa.parse(PROGRAMS.joinpath("dynamic_softmax.pto").read_text())
+    x = np.ones((8 * 4097, COLS), np.float32)
+    with pytest.raises(isa.ISAError, match=r"@dynamic_softmax: FOR %i.*: 4097 iterations, over its max_range"):
+        pto.Runtime(executor="dry").run(isa.compile(m).orchestration("dynamic_softmax"), x, x, 4097)
+
+
+# --- the spec's programs as .pto files, and the command line ---------------------------------------
+PROGRAMS = importlib.resources.files("pto_gpu.orchestration") / "programs"
+
+
+@pytest.mark.parametrize("name", ["dynamic_softmax"])
+def test_the_spec_programs_round_trip_and_rebuild(name):
+    text = PROGRAMS.joinpath(f"{name}.pto").read_text()
+    module = isa.parse(text)
+    assert isa.parse(module.to_pto()) == module
+    namespace = {}
+    exec(module.to_python(), namespace)  # noqa: S102 - the builder code the compiler wrote
+    assert namespace["m"] == module
+
+
+def test_dynamic_softmax_pto_runs_to_numpy():
+    prog = isa.compile(isa.parse(PROGRAMS.joinpath("dynamic_softmax.pto").read_text()))
+    x = np.random.default_rng(3).standard_normal((37, COLS)).astype(np.float32)
+    y = np.zeros_like(x)
+    pto.Runtime().run(prog.orchestration("dynamic_softmax"), x, y, 5)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(axis=1, keepdims=True), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("emit, expected", [("pto", "func @dynamic_softmax("), ("cpu", "def kernel("),
+                                            ("python", "isa.FunctionBuilder("), ("cuda", "__global__")])
+def test_pto_gpu_compile_prints_each_form(capsys, emit, expected):
+    assert cli.main(["compile", str(PROGRAMS / "dynamic_softmax.pto"), "--emit", emit]) == 0
+    assert expected in capsys.readouterr().out
+
+
+def test_pto_gpu_parse_writes_builders_that_rebuild_the_modules(tmp_path):
+    source = (PROGRAMS / "dynamic_softmax.pto").read_text()
+    (tmp_path / "softmax.pto").write_text(source)
+    assert cli.main(["parse", str(tmp_path)]) == 0
+    namespace = {}
+    exec((tmp_path / "softmax_builder.py").read_text(), namespace)  # noqa: S102
+    assert namespace["m"] == isa.parse(source)
+
+
+def test_errors_in_a_pto_file_name_the_file_line_and_column(tmp_path, capsys):
+    bad = tmp_path / "bad.pto"
+    bad.write_text("// PTO Module: bad\n\n// Function Type: InCore\nfunc @f(%a: !pto.memref<f32, 8x8>) {\n"
+                   "  %t = tfrobnicate %a\n}\n")
+    assert cli.main(["compile", str(bad)]) == 2
+    assert re.match(rf"pto-gpu: {re.escape(str(bad))}:5:\d+: ", capsys.readouterr().err)

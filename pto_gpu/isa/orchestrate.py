@@ -13,8 +13,9 @@ A window `("t", r, c)` is the callee memref's shape at rows r·rows, cols c·col
 at `t`'s edge (a tail); a bare `"t"` is `t` cut to the callee memref's shape. A window that
 starts past the edge is an ISAError naming the call.
 
-Generated (numba) orchestrations, binary expansion and adaptive tiles are issue 15's next
-steps; this walker is the semantics they must match.
+A binary-expanded loop (max_range, min_range) runs its iterations in order, as its expansion
+would; more than max_range of them is an ISAError. Adaptive tiles (tile_levels) and generated
+(numba) orchestrations are issue 15's next steps; this walker is the semantics they must match.
 """
 
 from __future__ import annotations
@@ -100,7 +101,13 @@ class _Activation:
                 where = describe(statement)
                 start, stop, step = (self.index(v, where) for v in (statement.start, statement.stop,
                                                                     statement.step))
-                for value in range(start, stop, step):
+                iterations = range(start, stop, step)
+                # A binary-expanded loop (spec §2.5) runs the same iterations in the same order,
+                # as blocks of max_range, max_range/2, ...: more than max_range would be lost.
+                if statement.max_range is not None and len(iterations) > statement.max_range:
+                    raise self.fail(where, f"{len(iterations)} iterations, over its max_range "
+                                           f"{statement.max_range}")
+                for value in iterations:
                     self.scalars[statement.var] = value
                     self.block(statement.body)
             elif isinstance(statement, If):
