@@ -24,7 +24,8 @@ instructions one after another:
 
 Floating point: the generated function runs with numba's fastmath flags reassoc, nsz, contract
 and arcp (never nnan/ninf: -inf is the identity of max and the value of masked elements), so
-reductions vectorise; float32 exp is `exp32` below, a branch-free polynomial that LLVM inlines and vectorises
+sums vectorise; max and min reductions, which LLVM vectorises only under nnan, run LANES
+columns per iteration into as many accumulators (softmax's row max: 4.2 -> 3.4 us a tile); float32 exp is `exp32` below, a branch-free polynomial that LLVM inlines and vectorises
 (within 1 ulp of exp over the whole float32 range, subnormals and inf included; a 32x128 softmax
 tile took 4.3 us with it against 13 us with math.exp's scalar expf).
 
@@ -40,6 +41,7 @@ import hashlib
 import importlib.util
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +57,8 @@ from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statemen
 from .ops import OPCODES, Form, OpSpec
 from .verify import describe, verify_module
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
+LANES = 8  # columns per iteration of a column loop that holds a max or min reduction
 
 _HALF = (DataType.FLOAT16, DataType.BFLOAT16)
 _PYTHON_COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=",
@@ -173,6 +176,8 @@ class _RowOp:
     row_writes: frozenset = frozenset()  # tiles written at (_r, 0) after the column loop
     load: bool = False
     store_root: str | None = None
+    # A row reduction: its accumulator and its combine template over {acc} and {x}
+    reduction: tuple[str, str] | None = None
 
 
 @dataclasses.dataclass
@@ -464,6 +469,7 @@ class _Generator:
             identity, acc = self.constant(a.dtype, _literal(spec.identity)), self.fresh("acc")
             lowered.before.append(f"{acc} = {identity}")
             lowered.body.append(f"{acc} = {_element(spec, a.dtype, acc=acc, x=element)}")
+            lowered.reduction = (acc, spec.cpu)
             lowered.after.append(f"{dst.ident}[_r, 0] = {acc}")
             lowered.writes, lowered.row_writes = frozenset(), frozenset({dst.ident})
             self.region[dst.ident] = (rows, "1")
@@ -500,16 +506,45 @@ class _Generator:
             for op in segment:
                 for line in op.before:
                     self.emit(line)
-            self.emit(f"for _c in range({segment[0].cols}):")
-            for op in segment:
-                for line in op.body:
-                    self.emit("    " + line)
+            self.columns(segment)
             for op in segment:
                 for line in op.after:
                     self.emit(line)
             if guarded:
                 self.depth -= 1
         self.depth -= 1
+
+    def columns(self, segment: list[_RowOp]) -> None:
+        """A segment's column loop. With a max or min reduction in it (which LLVM vectorises only
+        under nnan, which the generator does not use: see the top), LANES columns per iteration,
+        each reduction keeping a accumulator per lane, combined after; then the remainder."""
+        cols = segment[0].cols
+        body = [line for op in segment for line in op.body]
+        reductions = [op.reduction for op in segment if op.reduction]
+        if not any(combine.startswith(("max(", "min(")) for _, combine in reductions):
+            self.emit(f"for _c in range({cols}):")
+            for line in body:
+                self.emit("    " + line)
+            return
+        whole = self.fresh("w")
+        self.emit(f"{whole} = {cols} - {cols} % {LANES}")
+        lanes = {acc: [acc] + [f"{acc}_{lane}" for lane in range(1, LANES)] for acc, _ in reductions}
+        for acc, names in lanes.items():
+            for name in names[1:]:
+                self.emit(f"{name} = {acc}")  # the identity, set just before
+        self.emit(f"for _c8 in range(0, {whole}, {LANES}):")
+        for lane in range(LANES):
+            for line in body:
+                line = re.sub(r"\b_c\b", f"(_c8 + {lane})", line)
+                for acc, names in lanes.items():
+                    line = re.sub(rf"\b{acc}\b", names[lane], line)
+                self.emit("    " + line)
+        for acc, combine in reductions:
+            for name in lanes[acc][1:]:
+                self.emit(f"{acc} = {combine.format(acc=acc, x=name)}")
+        self.emit(f"for _c in range({whole}, {cols}):")
+        for line in body:
+            self.emit("    " + line)
 
     def col_reduce(self, scope: _Scope, op: Op, spec: OpSpec) -> None:
         dst, a = self.tiles[scope.tile(op.dst)], self.tiles[scope.tile(op.srcs[0])]
