@@ -112,8 +112,7 @@ def test_directions_come_from_the_callee_not_from_names(program):
                                                            r"\(input, output, num_tiles\), got 1 arguments"),
     (lambda p: p.orchestration("softmax_tile"), r"@softmax_tile is an InCore function"),
     (lambda p: p.orchestration("nowhere"), r"unknown function @nowhere"),
-    (lambda p: p.orchestration("dynamic_softmax", compiled=True),
-     r"compiled orchestrations are not generated"),
+    (lambda p: p.orchestration("dynamic_softmax", compiled=True)(None, 1), r"@dynamic_softmax takes 2 arrays"),
 ])
 def test_misuse_is_refused_by_name(program, case, message):
     with pytest.raises(isa.ISAError, match=message):
@@ -180,3 +179,43 @@ def test_errors_in_a_pto_file_name_the_file_line_and_column(tmp_path, capsys):
                    "  %t = tfrobnicate %a\n}\n")
     assert cli.main(["compile", str(bad)]) == 2
     assert re.match(rf"pto-gpu: {re.escape(str(bad))}:5:\d+: ", capsys.readouterr().err)
+
+
+# --- compiled=True: generated numba over pto_gpu.jit ------------------------------------------------
+@pytest.mark.parametrize("rows, stop", [(64, 8), (61, 5), (8, 0)])
+def test_the_compiled_orchestration_makes_the_interpreted_graph_and_results(program, rows, stop):
+    x = np.random.default_rng(rows).standard_normal((rows, COLS)).astype(np.float32)
+    num_tiles = -(-rows // ROWS)
+    results = []
+    for compiled in (False, True):
+        run = program.orchestration("softmax_then_scale_even", compiled=compiled)
+        y = np.full_like(x, np.nan)
+        result = pto.Runtime(executor="serial").run(run, x, y, num_tiles, stop, record=True)
+        results.append((signature(result.graph), y))
+    assert results[0][0] == results[1][0]
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_the_compiled_orchestration_runs_on_every_executor(program, executor):
+    x = np.random.default_rng(7).standard_normal((45, COLS)).astype(np.float32)
+    want, got = np.zeros_like(x), np.zeros_like(x)
+    pto.Runtime(executor="serial").run(program.orchestration("dynamic_softmax"), x, want, 6)
+    pto.Runtime(executor=executor).run(program.orchestration("dynamic_softmax", compiled=True), x, got, 6)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_compiled_orchestration_names_a_window_past_the_edge(program):
+    x = np.ones((16, COLS), np.float32)
+    with pytest.raises(ValueError, match=r"@dynamic_softmax: CALL @softmax_tile.*: the window of %input for "
+                                         r"%input starts outside its shape"):
+        pto.Runtime(executor="serial").run(program.orchestration("dynamic_softmax", compiled=True),
+                                           x, np.empty_like(x), 3)
+
+
+def test_the_generated_source_is_plain_numba_over_pto_gpu_jit():
+    from pto_gpu.isa.orchestration_codegen import orchestration_source
+
+    source, callees = orchestration_source(softmax_module(), "softmax_then_scale_even")
+    assert callees == ["softmax_tile", "scale_tile"]
+    assert "def body(o, m_input, m_output, p_num_tiles, p_stop, k_softmax_tile, k_scale_tile):" in source
+    assert "while True:" not in source  # the inlined dynamic_softmax has no RETURN

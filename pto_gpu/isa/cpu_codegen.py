@@ -25,9 +25,10 @@ instructions one after another:
 Floating point: the generated function runs with numba's fastmath flags reassoc, nsz, contract
 and arcp (never nnan/ninf: -inf is the identity of max and the value of masked elements), so
 sums vectorise; max and min reductions, which LLVM vectorises only under nnan, run LANES
-columns per iteration into as many accumulators (softmax's row max: 4.2 -> 3.4 us a tile); float32 exp is `exp32` below, a branch-free polynomial that LLVM inlines and vectorises
-(within 1 ulp of exp over the whole float32 range, subnormals and inf included; a 32x128 softmax
-tile took 4.3 us with it against 13 us with math.exp's scalar expf).
+columns per iteration into as many accumulators (softmax's row max: 4.2 -> 3.4 us a tile);
+float32 exp is `exp32` below, a branch-free polynomial that LLVM inlines and vectorises
+(within 1 ulp of exp over the whole float32 range, subnormals and inf included; a 32x128
+softmax tile took 4.3 us with it against 13 us with math.exp's scalar expf).
 
 Sources are written to the cache directory (`PTO_GPU_CACHE`, else ~/.cache/pto_gpu/isa) under a
 hash of the generated text, which is a function of the inlined function's content and of
@@ -653,12 +654,14 @@ def cpu_function(module: Module, name: str, directory: Path | None = None, batch
     directory = cache_dir() if directory is None else Path(directory)
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     path = directory / f"isa_{digest}.py"
-    generated = _LOADED.get(path) or _load(path, source, digest)
+    generated = _LOADED.get(path) or load_source(path, source, digest)
     kernel = generated.batched if batched else generated.kernel
     return _on_float32(kernel, half, stored) if half else kernel
 
 
-def _load(path: Path, source: str, digest: str):
+def load_source(path: Path, source: str, digest: str):
+    """The module of generated `source`, written to `path` once (atomically) and imported
+    under a name from its `digest`, so numba's cache finds its functions across processes."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")

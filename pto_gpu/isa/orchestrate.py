@@ -14,8 +14,9 @@ at `t`'s edge (a tail); a bare `"t"` is `t` cut to the callee memref's shape. A 
 starts past the edge is an ISAError naming the call.
 
 A binary-expanded loop (max_range, min_range) runs its iterations in order, as its expansion
-would; more than max_range of them is an ISAError. Adaptive tiles (tile_levels) and generated
-(numba) orchestrations are issue 15's next steps; this walker is the semantics they must match.
+would; more than max_range of them is an ISAError. This walker is the semantics the generated
+form (orchestration_codegen.py, `compiled=True`) must match; adaptive tiles (tile_levels) are
+not built yet.
 """
 
 from __future__ import annotations
@@ -160,5 +161,5 @@ class _Activation:
                                        f"({row}, {col}), outside its shape {tensor.shape}")
             window = tensor[row:min(row + rows, tensor.shape[0]), col:min(col + cols, tensor.shape[1])]
             params.append(_WRAP[flows[memref.name]](window))
-        scalars = [values[s.name] for s in callee.scalars if s.param]
+        scalars = [_cast(s.dtype, values[s.name]) for s in callee.scalars if s.param]
         self.o.submit(self.program.kernels[callee.name], *params, *scalars)

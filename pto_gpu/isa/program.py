@@ -14,8 +14,7 @@ from pathlib import Path
 
 from ..dtypes import WorkerType
 from ..kernel import Kernel, kernel
-from . import cpu_codegen, cuda_codegen, orchestrate
-from .errors import ISAError
+from . import cpu_codegen, cuda_codegen, orchestrate, orchestration_codegen
 from .ir import Call, Module, Op, Statement, walk
 from .ops import OPCODES, Form
 from .verify import verify_module
@@ -39,11 +38,12 @@ class Program:
         return cpu_codegen.cpu_source(self.module, name)
 
     def orchestration(self, name: str, compiled: bool = False) -> Callable[..., None]:
-        """Orchestration function `name` as `fn(o, *arrays, *scalars)` for `rt.run`: its body
-        runs against the Python orchestrator API, each CALL of an InCore function a task
-        (orchestrate.py). `compiled=True`, generated numba code, is not built yet (issue 15)."""
+        """Orchestration function `name` as `fn(o, *arrays, *scalars)` for `rt.run`, each CALL
+        of an InCore function a task: its body run against the Python orchestrator API
+        (orchestrate.py), or with `compiled=True` as generated numba code over pto_gpu.jit
+        (orchestration_codegen.py); the same tasks and edges either way."""
         if compiled:
-            raise ISAError(f"@{name}: compiled orchestrations are not generated yet; use compiled=False")
+            return orchestration_codegen.orchestration(self, name)
         return orchestrate.orchestration(self, name)
 
 
