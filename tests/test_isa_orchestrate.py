@@ -112,7 +112,8 @@ def test_directions_come_from_the_callee_not_from_names(program):
                                                            r"\(input, output, num_tiles\), got 1 arguments"),
     (lambda p: p.orchestration("softmax_tile"), r"@softmax_tile is an InCore function"),
     (lambda p: p.orchestration("nowhere"), r"unknown function @nowhere"),
-    (lambda p: p.orchestration("dynamic_softmax", compiled=True)(None, 1), r"@dynamic_softmax takes 2 arrays"),
+    (lambda p: p.orchestration("dynamic_softmax", compiled=True)(None, 1),
+     r"@dynamic_softmax takes 2 arrays"),
 ])
 def test_misuse_is_refused_by_name(program, case, message):
     with pytest.raises(isa.ISAError, match=message):
