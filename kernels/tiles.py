@@ -1,8 +1,12 @@
 """Data movement and matrix tiles (TLOAD/TSTORE, TFILL, TMATMUL, TMATMUL_ACC).
 
-On the GPU the matmuls call cuBLAS through CuPy; their generated kernels run while a CUDA graph
-is being captured (Runtime.capture), where CuPy refuses cuBLAS calls.
+The matmuls run BLAS on the task's views: cuBLAS through CuPy on the GPU (their generated
+kernels run while a CUDA graph is being captured, where CuPy refuses cuBLAS calls), numpy's on
+the CPU, where the tile model's copies would cost more than the product when b is a whole
+weight matrix (3x at 32x4096x4096). Their programs stay the definition the tests hold both to.
 """
+
+import numpy as np
 
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
@@ -63,7 +67,15 @@ def _cublas_matmul_acc(a, b, acc):
     acc += a @ b  # CuPy arrays: cuBLAS into a pooled temporary
 
 
-@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul)
+def _blas_matmul(a, b, out):
+    np.matmul(a, b, out=out)
+
+
+def _blas_matmul_acc(a, b, acc):
+    acc += a @ b  # BLAS releases the GIL
+
+
+@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul, library_cpu=_blas_matmul)
 def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """out = a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("out", dtype, (m, n))
@@ -71,7 +83,8 @@ def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_me
     contract(f, dtype, "c", "a", "b", m, k, n, local_memory).store("out", "c")
 
 
-@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul_acc)
+@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul_acc,
+        library_cpu=_blas_matmul_acc)
 def matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """acc += a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("acc", dtype, (m, n))

@@ -69,8 +69,60 @@ def test_generated_cpu_code_matches_numpy(kernel, dtype, sizes):
     inputs = arrays(kernel, dtype, sizes)
     scalars = SCALARS.get(kernel.name, ())
     expected = _expected(kernel, inputs, scalars)
-    kernel.cpu(*inputs, *scalars)
+    family_of(kernel).generated_cpu(*inputs, *scalars)
     _assert_matches(kernel, inputs, expected, dtype)
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if family_of(k).library_cpu], ids=lambda k: k.name)
+def test_a_cpu_library_matches_the_generated_code(kernel):
+    generated = arrays(kernel, np.float64, OTHER_SIZES)
+    library = [a.copy() for a in generated]
+    family_of(kernel).generated_cpu(*generated)
+    kernel.cpu(*library)
+    _assert_matches(kernel, library, [a.astype(np.float64) for a in generated], np.float64)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: llm.flash_scores.cpu(np.ones((2, 5, 4)), np.ones((6, 4)), np.ones((2, 5, 6)), 0, 0, 0),
+     r"flash_scores: tensor param 1 must be 3-d \(h n d\), got shape \(6, 4\)"),
+    (lambda: llm.flash_scores.cpu(np.ones((3, 5, 4)), np.ones((2, 6, 4)), np.ones((3, 5, 6)), 0, 0, 0),
+     r"flash_scores: the leading \(batch\) dims of the 3-d params differ: \[2, 3\]"),
+    (lambda: scale.cpu(np.ones((0, 4)), np.ones((0, 4)), 2.0),
+     r"scale: m = 0 in shapes .*: a kernel family's tiles are never empty"),
+])
+def test_calls_a_family_cannot_serve_are_refused_by_name(call, message):
+    with pytest.raises(pto.ParamError, match=message):
+        call()
+
+
+def test_an_empty_batch_runs_nothing():
+    scores = np.full((0, 5, 6), np.nan)
+    llm.flash_scores.cpu(np.ones((0, 5, 4)), np.ones((0, 6, 4)), scores, 0, 0, 0)
+    assert family_of(llm.flash_scores).cuda(((0, 5, 4), (0, 6, 4), (0, 5, 6)), np.float32, (0, 0, 0)).items(
+        [(0, 5, 4), (0, 6, 4), (0, 5, 6)]) == 0
+
+
+def test_a_builder_must_declare_params_as_the_family_says():
+    from pto_gpu.isa.family import family
+
+    @family(worker=pto.VECTOR, shapes=("m n", "m n"), scalars=("alpha", "beta"))
+    def swapped(f, dtype, m, n):
+        f.memref("a", dtype, (m, n)).memref("out", dtype, (m, n)).scalar("beta", pto.FLOAT64)
+        f.scalar("alpha", pto.FLOAT64).tile("t", m, n, dtype).load("t", "a").muls("t", "t", "alpha")
+        f.adds("t", "t", "beta").store("out", "t")
+
+    message = (r"swapped: the builder declares memrefs \(a, out\) and scalars \(beta, alpha\), but .* "
+               r"scalars=\('alpha', 'beta'\), in that order")
+    with pytest.raises(pto.ParamError, match=message):
+        swapped.cpu(np.ones((2, 2)), np.ones((2, 2)), 1.0, 2.0)
+
+    @family(worker=pto.VECTOR, shapes=("h m n", "m n"))
+    def writes_shared(f, dtype, m, n):
+        f.memref("a", dtype, (m, n)).memref("total", dtype, (m, n)).tile("t", m, n, dtype)
+        f.load("t", "a").store("total", "t")
+
+    with pytest.raises(pto.ParamError, match=r"writes_shared: %total is 2-d in a batched family"):
+        writes_shared.cpu(np.ones((3, 2, 2)), np.ones((2, 2)))
 
 
 def test_each_head_of_a_batch_is_the_two_dimensional_kernel():
@@ -94,7 +146,7 @@ def test_rope_refuses_heads_that_do_not_split_the_row():
 # --- CUDA, built for the host --------------------------------------------------------------------
 def _host_library(kernel, dtype, call_shapes, scalars, folder):
     code = family_of(kernel).cuda(tuple(call_shapes), np.dtype(dtype), scalars)
-    library = folder / f"{kernel.name}-{np.dtype(dtype)}.so"
+    library = folder / f"{code.source.stem}-{np.dtype(dtype)}.so"  # dlopen caches by path
     options = cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)]
     subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
                     "-Werror", *options, str(code.source), "-o", str(library)], check=True)
@@ -170,7 +222,7 @@ def test_contractions_are_chunked_for_shared_memory_only_on_cuda(kernel, tmp_pat
     assert "FOR " not in instances.source(call_shapes, pto.FLOAT64, ())
     expected = _expected(kernel, inputs, scalars)
     cpu = [a.copy() for a in inputs]
-    kernel.cpu(*cpu, *scalars)
+    family_of(kernel).generated_cpu(*cpu, *scalars)
     _assert_matches(kernel, cpu, expected, np.float64)
     code, library = _host_library(kernel, np.float64, list(call_shapes), scalars, tmp_path)
     _host_call(library, kernel, code, inputs, scalars)

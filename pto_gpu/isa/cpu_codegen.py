@@ -48,6 +48,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+# numba's np.dot calls SciPy's own OpenBLAS, loaded lazily at its first call; load it now, so
+# that the parallel executor's threadpool_limits(1), applied to the libraries loaded when a run
+# starts, holds it to one thread too (else 2 workers x 2 BLAS threads on 2 cores).
+import scipy.linalg.cython_blas  # noqa: F401
 from llvmlite import ir as llvm_ir
 from numba import njit, types
 from numba.extending import intrinsic

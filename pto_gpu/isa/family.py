@@ -27,7 +27,6 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -36,7 +35,8 @@ from ..errors import ParamError
 from ..kernel import CudaCode, CudaInstances, Kernel, kernel
 from . import cpu_codegen, cuda_codegen
 from .builder import FunctionBuilder
-from .ir import Module
+from .ir import Function, Module
+from .verify import Direction, directions
 
 Builder = Callable[..., None]
 
@@ -45,47 +45,78 @@ class Family:
     """The instances of one family: (sizes, dtype, structural scalars) -> compiled module."""
 
     def __init__(self, name: str, build: Builder, shapes: tuple[str, ...], structural: tuple[str, ...],
-                 scalar_names: tuple[str, ...]):
-        self.name, self.build = name, build
+                 scalar_names: tuple[str, ...], library_cpu: Callable | None):
+        self.name, self.build, self.library_cpu = name, build, library_cpu
         self.shapes = tuple(tuple(s.split()) for s in shapes)
+        self.scalar_names = scalar_names
         self.structural = tuple(scalar_names.index(s) for s in structural)
         self.structural_names = structural
         self.tensors = len(self.shapes)
+        self.batched = any(len(words) == 3 for words in self.shapes)
         self.budgeted = "local_memory" in inspect.signature(build).parameters
         self._modules: dict[tuple, Module] = {}
         self._cpu: dict[tuple, Callable] = {}  # call signature -> ready-to-call CPU entry
         self._cuda: dict[tuple, CudaCode] = {}
-        self._lock = threading.Lock()  # worker threads may meet a new shape together
-        self.directory: Path = cpu_codegen.cache_dir()
+        self._lock = threading.RLock()  # worker threads may meet a new shape together
 
     # --- instances ---------------------------------------------------------------------------
     def sizes(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[tuple[str, int], ...]:
-        """The named sizes of a call (its batch words left out), in first-seen order."""
+        """The named sizes of a call (its batch words left out), in first-seen order. A call
+        with a param of the wrong rank, batches that differ, or an empty tile is refused."""
         sizes: dict[str, int] = {}
-        for words, shape in zip(self.shapes, shapes):
+        batches = set()
+        for index, (words, shape) in enumerate(zip(self.shapes, shapes)):
+            if len(shape) != len(words):
+                raise ParamError(f"{self.name}: tensor param {index} must be {len(words)}-d "
+                                 f"({' '.join(words)}), got shape {shape}")
             if len(words) == 3:
+                batches.add(shape[0])
                 words, shape = words[1:], shape[1:]
             for word, size in zip(words, shape):
                 if not word.isdigit():
                     sizes.setdefault(word, int(size))
+        if len(batches) > 1:
+            raise ParamError(f"{self.name}: the leading (batch) dims of the 3-d params differ: "
+                             f"{sorted(batches)}")
+        empty = [word for word, size in sizes.items() if size == 0]
+        if empty:
+            raise ParamError(f"{self.name}: {', '.join(empty)} = 0 in shapes {list(shapes)}: a kernel "
+                             "family's tiles are never empty; skip the call")
         return tuple(sizes.items())
 
     def module(self, sizes: tuple[tuple[str, int], ...], dtype: DataType, structural: tuple,
                local_memory: int | None = None) -> Module:
         budget = {"local_memory": local_memory} if self.budgeted else {}
         key = (sizes, dtype, structural, *budget.values())
-        module = self._modules.get(key)
-        if module is None:
-            module = Module(f"{self.name}_" + "_".join(f"{w}{n}" for w, n in sizes))
-            builder = FunctionBuilder(self.name, module=module).in_core()
-            named = dict(zip(self.structural_names, structural))
-            self.build(builder, dtype, **dict(sizes), **named, **budget)
-            builder.build()
-            self._modules[key] = module
+        with self._lock:
+            module = self._modules.get(key)
+            if module is None:
+                module = Module(f"{self.name}_" + "_".join(f"{w}{n}" for w, n in sizes))
+                builder = FunctionBuilder(self.name, module=module).in_core()
+                named = dict(zip(self.structural_names, structural))
+                self.build(builder, dtype, **dict(sizes), **named, **budget)
+                self._check(builder.build(), module)
+                self._modules[key] = module
         return module
 
+    def _check(self, function: Function, module: Module) -> None:
+        """Params bind by position: the builder must declare them as the family says."""
+        params = tuple(s.name for s in function.scalars if s.param)
+        if len(function.memrefs) != self.tensors or params != self.scalar_names:
+            memrefs = ", ".join(m.name for m in function.memrefs)
+            raise ParamError(f"{self.name}: the builder declares memrefs ({memrefs}) and scalars "
+                             f"({', '.join(params)}), but the family has {self.tensors} tensor params and "
+                             f"scalars={self.scalar_names!r}, in that order")
+        if self.batched:  # a 2-d param is one window for every index: writing it would race
+            flows = directions(function, module)
+            for words, memref in zip(self.shapes, function.memrefs):
+                if len(words) == 2 and flows[memref.name] != Direction.INPUT:
+                    raise ParamError(f"{self.name}: %{memref.name} is 2-d in a batched family, so every "
+                                     "batch index shares it; it can only be read")
+
     def cpu(self, *args) -> None:
-        """The CPU implementation: the generated function of this call's instance."""
+        """The CPU implementation: the generated function of this call's instance (or the
+        family's CPU library, where it has one)."""
         tensors = args[:self.tensors]
         shapes = tuple(t.shape for t in tensors)
         structural = tuple(args[self.tensors + i] for i in self.structural)
@@ -97,11 +128,27 @@ class Family:
                 self._cpu[signature] = run
         run(*args)
 
+    def generated_cpu(self, *args) -> None:
+        """The generated CPU code of this call's instance, library or not (what tests check)."""
+        tensors = args[:self.tensors]
+        shapes = tuple(t.shape for t in tensors)
+        structural = tuple(args[self.tensors + i] for i in self.structural)
+        self._generated_entry(shapes, tensors[0].dtype, structural)(*args)
+
     def _cpu_entry(self, shapes, dtype, structural) -> Callable:
+        if self.library_cpu is not None:
+            self.sizes(shapes)  # the same refusals as the generated code's
+            return self.library_cpu
+        return self._generated_entry(shapes, dtype, structural)
+
+    def _generated_entry(self, shapes, dtype, structural) -> Callable:
         module = self.module(self.sizes(shapes), as_dtype(dtype), structural)
+        directory = cpu_codegen.cache_dir()
         if all(len(s) == 2 for s in shapes):
-            return cpu_codegen.cpu_function(module, self.name, self.directory)
-        batched = cpu_codegen.cpu_function(module, self.name, self.directory, batched=True)
+            return cpu_codegen.cpu_function(module, self.name, directory)
+        if next(s[0] for s in shapes if len(s) == 3) == 0:
+            return lambda *args: None  # an empty batch: nothing to run (so the CUDA code launches none)
+        batched = cpu_codegen.cpu_function(module, self.name, directory, batched=True)
         count = self.tensors
 
         def run(*args):
@@ -115,9 +162,11 @@ class Family:
         code = self._cuda.get(key)
         if code is None:
             with self._lock:
-                module = self.module(*key, local_memory=cuda_codegen.SHARED_LIMIT)
-                code = self._cuda.get(key) or cuda_codegen.cuda_code(module, self.name, self.directory)
-                self._cuda[key] = code
+                code = self._cuda.get(key)
+                if code is None:
+                    module = self.module(*key, local_memory=cuda_codegen.SHARED_LIMIT)
+                    directory = cpu_codegen.cache_dir()
+                    code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory)
         return code
 
     def source(self, shapes: tuple[tuple[int, ...], ...], dtype: object, structural: tuple = (),
@@ -128,13 +177,16 @@ class Family:
 
 
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),
-           structural: tuple[str, ...] = (), name: str | None = None,
-           library: Callable | None = None) -> Callable[[Builder], Kernel]:
+           structural: tuple[str, ...] = (), name: str | None = None, library: Callable | None = None,
+           library_cpu: Callable | None = None) -> Callable[[Builder], Kernel]:
     """Declare a kernel family: the decorated function writes the InCore function for given sizes.
 
     `scalars` names the kernel's scalar params in order (the builder declares them with the same
     names); `structural` those among them whose value shapes the program; `library` a CuPy-level
-    implementation the CUDA backend runs instead (as CudaCode.library: cuBLAS for the matmuls).
+    implementation the CUDA backend runs instead (as CudaCode.library: cuBLAS for the matmuls),
+    and `library_cpu` a numpy one the CPU runs instead (BLAS on the views, for the matmuls, where
+    the tile model's copies of whole weight matrices would cost more than the product).
+    Generated code stays the kernel's definition: tests check the libraries against it.
     """
     for word in (s.split()[0] for s in shapes if len(s.split()) == 3):
         if word.isdigit():
@@ -144,7 +196,7 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
         raise ParamError(f"structural={structural!r} names {sorted(unknown)}, not among scalars={scalars!r}")
 
     def declare(build: Builder) -> Kernel:
-        instances = Family(name or build.__name__, build, shapes, structural, scalars)
+        instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu)
         return kernel(worker=worker, name=instances.name, shapes=shapes,
                       cuda=CudaInstances(instances.cuda, library))(instances.cpu)
 
