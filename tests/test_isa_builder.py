@@ -72,6 +72,7 @@ ARGS = {
     Form.TILE_SCALAR: ("d", "a", 2.0), Form.ROW_REDUCE: ("r", "a"), Form.COL_REDUCE: ("c", "a"),
     Form.ROW_EXPAND: ("d", "a", "r"), Form.COL_EXPAND: ("d", "a", "c"), Form.MATMUL: ("d", "a", "b"),
     Form.MASK: ("d", "a", "n", 0), Form.GENERATE: ("d", 2.0), Form.TRANSPOSE: ("d", "a"),
+    Form.CONVERT: ("d", "a"),
     Form.SCALAR: ("k", "n", 3), Form.COMPARE: ("k", "n", 3, "ge"),
 }
 

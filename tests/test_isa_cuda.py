@@ -99,6 +99,13 @@ def _module(dt) -> Module:
                   [Tile("x_", R, C, dt), Tile("y", C, R, dt)],
                   [Op("TLOAD", "x_", ("x", 0, 0)), Op("TTRANS", "y", ("x_",)),
                    Op("TSTORE", "out", ("y", 0, 0))]))
+    # float64 tiles in a kernel of another element type: exp and a product in double between TCVTs
+    m.add(_incore("convert", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C))],
+                  [Tile("x_", R, C, dt), Tile("w", R, C, pto.FLOAT64), Tile("v", R, 1, pto.FLOAT64)],
+                  [Op("TLOAD", "x_", ("x", 0, 0)), Op("TCVT", "w", ("x_",)), Op("TEXP", "w", ("w",)),
+                   Op("TMULS", "w", ("w", 1e-3)), Op("TROWSUM", "v", ("w",)),
+                   Op("TROWEXPANDADD", "w", ("w", "v")),
+                   Op("TCVT", "x_", ("w",)), Op("TSTORE", "out", ("x_", 0, 0))]))
     m.add(_reduce("row_reduce", Form.ROW_REDUCE, dt, lambda n: (R, n), (R, 1), lambda k: (0, k)))
     m.add(_reduce("col_reduce", Form.COL_REDUCE, dt, lambda n: (n, C), (1, C), lambda k: (k, 0)))
     m.add(_incore("matmul", [MemRef("a", dt, (R, K)), MemRef("b", dt, (K, N)), MemRef("out", dt, (R, 2 * N))],
@@ -169,8 +176,8 @@ def _module(dt) -> Module:
 
 
 FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "generate", "transpose",
-             "row_reduce", "col_reduce", "matmul", "mask", "softmax", "control", "prefix", "whole_argument",
-             "float_scalars", "clash"]
+             "convert", "row_reduce", "col_reduce", "matmul", "mask", "softmax", "control", "prefix",
+             "whole_argument", "float_scalars", "clash"]
 # whole-tile reads, or moving offsets (hazards)
 BLOCK_LAYOUT = {"col_expand", "transpose", "col_reduce", "matmul", "prefix", "whole_argument"}
 TAILS = {("matmul", "b"): (K - 7, N - 7)}  # b's valid rows must be a's valid columns

@@ -69,8 +69,8 @@ LANES = 8  # columns per iteration of a column loop that holds a max or min redu
 _HALF = (DataType.FLOAT16, DataType.BFLOAT16)
 _PYTHON_COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=",
                    Predicate.EQ: "==", Predicate.NE: "!="}
-_ROW_LOCAL = frozenset({Form.LOAD, Form.STORE, Form.UNARY, Form.BINARY, Form.TILE_SCALAR, Form.ROW_REDUCE,
-                        Form.ROW_EXPAND, Form.COL_EXPAND, Form.MASK, Form.GENERATE})
+_ROW_LOCAL = frozenset({Form.LOAD, Form.STORE, Form.UNARY, Form.CONVERT, Form.BINARY, Form.TILE_SCALAR,
+                        Form.ROW_REDUCE, Form.ROW_EXPAND, Form.COL_EXPAND, Form.MASK, Form.GENERATE})
 _LOADED: dict[Path, object] = {}  # cache path -> the imported generated module
 _FASTMATH = "{'reassoc', 'nsz', 'contract', 'arcp'}"
 
@@ -448,7 +448,7 @@ class _Generator:
         element = f"{a.ident}[_r, _c]"
         lowered = _RowOp(rows, cols, a.rows, [], reads=frozenset({a.ident}), writes=frozenset({dst.ident}))
         target = f"{dst.ident}[_r, _c] = "
-        if form is Form.UNARY:
+        if form in (Form.UNARY, Form.CONVERT):  # CONVERT: the assignment rounds into dst's type
             lowered.body.append(target + _element(spec, a.dtype, a=element))
         elif form is Form.BINARY:
             b = scope.tile(srcs[1])

@@ -25,6 +25,9 @@ leading dim (the largest among the memrefs; a memref whose leading dim is 1 is t
 for every index), each index a run of rows in the row layout and a block in the block layout.
 So one task can cover every head of an attention tile.
 
+Tiles are computed in ACC (the kernel's compute type), float64 tiles in double whatever the
+kernel's element type (TCVT converts between them: RoPE's angles).
+
 Per-element arithmetic comes from each opcode's `cuda` template in ops.OPCODES, so a new
 element-wise, tile-scalar, reduction, expand or scalar entry needs no change here.
 """
@@ -253,7 +256,8 @@ class _Generator:
         if self.block:
             out.add("[[maybe_unused]] const int pto_warp = threadIdx.x / 32;")
             for tile in sorted(self.whole):
-                out.add(f"__shared__ ACC {tile}[{self.tiles[tile].rows}][{self.tiles[tile].cols}];")
+                shape = f"[{self.tiles[tile].rows}][{self.tiles[tile].cols}]"
+                out.add(f"__shared__ {self.ctype(tile)} {tile}{shape};")
             out.add("for (long long pto_b = blockIdx.x; pto_b < pto_batch; pto_b += gridDim.x) {  // a block")
             out.indent += 1
             self._windows(out)
@@ -283,6 +287,11 @@ class _Generator:
         out.add("#endif")
         return out.text()
 
+    def ctype(self, tile: str) -> str:
+        """The C type tile `tile` (a C name) is computed in: ACC (the kernel's compute type), or
+        double for a float64 tile in a kernel of another element type (TCVT's other side)."""
+        return "double" if self.tiles[tile].dtype == DataType.FLOAT64 else "ACC"
+
     def _windows(self, out: _Lines) -> None:
         """Each memref's window for batch index pto_b."""
         for memref in self.function.memrefs:
@@ -295,7 +304,7 @@ class _Generator:
             if c_name not in self.whole:
                 slots = math.ceil(tile.rows / WARPS) if self.block else 1
                 # zeroed: a shuffle reads every lane's slot, owned or not
-                out.add(f"ACC {c_name}[{slots}][{math.ceil(tile.cols / WARP)}] = {{}};")
+                out.add(f"{self.ctype(c_name)} {c_name}[{slots}][{math.ceil(tile.cols / WARP)}] = {{}};")
             out.add(f"[[maybe_unused]] long long vr_{c_name} = 0, vc_{c_name} = 0;")
         for c_name, ctype in self.scalars.items():
             out.add(f"[[maybe_unused]] {ctype} {c_name} = 0;")
@@ -556,7 +565,7 @@ def _op_block(where: str, rows: str, cols: str, body: list[str], dst: str | None
 
 
 def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
-    """UNARY, BINARY, TILE_SCALAR, ROW_EXPAND, COL_EXPAND, MASK: dst(r, c) from a(r, c)."""
+    """UNARY, CONVERT, BINARY, TILE_SCALAR, ROW_EXPAND, COL_EXPAND, MASK: dst(r, c) from a(r, c)."""
     dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
     form = spec.form
     b = ctx.names[op.srcs[1]] if form in (Form.BINARY, Form.ROW_EXPAND, Form.COL_EXPAND) else None
@@ -567,28 +576,29 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         row, col = (ctx.operand(v) for v in op.srcs[1:3])
         expression = f"c + {col} <= r + {row} ? x_a : -PTO_INF"
     else:
-        expression = spec.cuda.format(a="x_a", b="x_b", s=f"(ACC)({scalar})")
+        expression = spec.cuda.format(a="x_a", b="x_b", s=f"({ctx.g.ctype(dst)})({scalar})")
     tile = ctx.g.tiles[dst]
 
     def lines(g: _Generator) -> list[str]:
-        per_row, per_element = [], [f"const ACC x_a = {_el(g, a)};"]
+        x_b = "" if b is None else f"const {g.ctype(b)} x_b"
+        per_row, per_element = [], [f"const {g.ctype(a)} x_a = {_el(g, a)};"]
         if form is Form.BINARY:
-            per_element.append(f"const ACC x_b = {_el(g, b)};")
+            per_element.append(f"{x_b} = {_el(g, b)};")
         elif form is Form.COL_EXPAND:
-            per_element.append(f"const ACC x_b = {b}[0][c];")
+            per_element.append(f"{x_b} = {b}[0][c];")
         elif form is Form.ROW_EXPAND and b in g.whole:  # written by lane 0 of this warp
-            per_row = ["__syncwarp();", f"const ACC x_b = {b}[r][0];"]
+            per_row = ["__syncwarp();", f"{x_b} = {b}[r][0];"]
         elif form is Form.ROW_EXPAND:
-            per_row = [f"const ACC x_b = __shfl_sync(PTO_FULL, {b}[i][0], 0);"]
-        per_element.append(f"{_el(g, dst)} = (ACC)({expression});")
+            per_row = [f"{x_b} = __shfl_sync(PTO_FULL, {b}[i][0], 0);"]
+        per_element.append(f"{_el(g, dst)} = ({g.ctype(dst)})({expression});")
         body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element))
         return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
 
     return _Code(lines, whole=form is Form.COL_EXPAND)
 
 
-def _identity(spec: OpSpec) -> str:
-    return f"(ACC)({_literal(float(spec.identity))})"
+def _identity(spec: OpSpec, ctype: str) -> str:
+    return f"({ctype})({_literal(float(spec.identity))})"
 
 
 def _row_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
@@ -597,10 +607,11 @@ def _row_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     source = ctx.g.tiles[a]
 
     def lines(g: _Generator) -> list[str]:
-        body = [f"ACC acc = {_identity(spec)};",
-                *_cols(source, "vc_a", [f"const ACC x = {_el(g, a)};", f"acc = {combine};"]),
+        t = g.ctype(a)
+        body = [f"{t} acc = {_identity(spec, t)};",
+                *_cols(source, "vc_a", [f"const {t} x = {_el(g, a)};", f"acc = {combine};"]),
                 "for (int o = 16; o > 0; o /= 2) {  // lanes combine: every lane gets the row's result",
-                "    const ACC x = __shfl_xor_sync(PTO_FULL, acc, o);", f"    acc = {combine};", "}",
+                f"    const {t} x = __shfl_xor_sync(PTO_FULL, acc, o);", f"    acc = {combine};", "}",
                 f"if (pto_lane == 0) {_el(g, dst, col='0', slot='0')} = acc;"]
         work = [f"const long long vc_a = vc_{a};", *_rows(g, source, "vr", body)]
         return _op_block(where, f"vr_{a}", "1", work, dst)
@@ -615,8 +626,9 @@ def _col_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     tile = ctx.g.tiles[dst]
 
     def lines(g: _Generator) -> list[str]:
-        per_element = [f"ACC acc = {_identity(spec)};", f"for (long long k = 0; k < vr_{a}; ++k) {{",
-                       f"    const ACC x = {a}[k][c];", f"    acc = {combine};", "}", f"{_el(g, dst)} = acc;"]
+        t = g.ctype(a)
+        per_element = [f"{t} acc = {_identity(spec, t)};", f"for (long long k = 0; k < vr_{a}; ++k) {{",
+                       f"    const {t} x = {a}[k][c];", f"    acc = {combine};", "}", f"{_el(g, dst)} = acc;"]
         return _op_block(where, "1", f"vc_{a}", _rows(g, tile, "vr", _cols(tile, "vc", per_element)), dst)
 
     return _Code(lines, whole=True)
@@ -635,12 +647,13 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         slots = math.ceil(tile.cols / WARP)
         # a(r, k): from shared memory, or from lane k % 32 of this warp, which holds it in slot k / 32
         x_a = f"{a}[r][k]" if a in g.whole else f"__shfl_sync(PTO_FULL, {a}[i][kj], kl)"
-        body = [f"ACC acc[{slots}];",
-                "PTO_UNROLL", f"for (int j = 0; j < {slots}; ++j) acc[j] = (ACC)0;",
+        t = g.ctype(dst)
+        body = [f"{t} acc[{slots}];",
+                "PTO_UNROLL", f"for (int j = 0; j < {slots}; ++j) acc[j] = ({t})0;",
                 *(_cols(tile, "vc", [f"acc[j] = {_el(g, dst)};"]) if spec.accumulate else []),
                 "PTO_UNROLL", f"for (int kj = 0; kj < {math.ceil(left.cols / WARP)}; ++kj) {{",
                 "    for (int kl = 0; kl < 32; ++kl) {", "        const long long k = 32 * kj + kl;",
-                "        if (k >= kn) break;", f"        const ACC x_a = {x_a};",
+                "        if (k >= kn) break;", f"        const {g.ctype(a)} x_a = {x_a};",
                 *_indent(_cols(tile, "vc", [f"acc[j] += x_a * {b}[k][c];"]), 2), "    }", "}",
                 *_cols(tile, "vc", [f"{_el(g, dst)} = acc[j];"])]
         return _op_block(where, *region, [f"const long long kn = vc_{a};", *_rows(g, tile, "vr", body)], dst)
@@ -667,7 +680,10 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     region = (f"pto_clip({rows}, {view.rows} - {row})", f"pto_clip({cols}, {view.cols} - {col})")
 
     def lines(g: _Generator) -> list[str]:
-        copy = f"{_el(g, tile)} = (ACC)({element});" if load else f"{element} = (T)({_el(g, tile)});"
+        if load:
+            copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
+        else:
+            copy = f"{element} = (T)({_el(g, tile)});"
         body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
         return _op_block(where, *region, body, tile if load else None)
 
@@ -677,10 +693,11 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 def _generate(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     """GENERATE: the whole of dst from a scalar and each element's (row, col)."""
     dst, tile = ctx.names[op.dst], ctx.g.tiles[ctx.names[op.dst]]
-    expression = spec.cuda.format(s=f"(ACC)({ctx.operand(op.srcs[0])})", r="(ACC)r", c="(ACC)c")
+    t = ctx.g.ctype(dst)
+    expression = spec.cuda.format(s=f"({t})({ctx.operand(op.srcs[0])})", r=f"({t})r", c=f"({t})c")
 
     def lines(g: _Generator) -> list[str]:
-        body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = (ACC)({expression});"]))
+        body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = ({t})({expression});"]))
         return _op_block(where, str(tile.rows), str(tile.cols), body, dst)
 
     return _Code(lines)
@@ -700,7 +717,8 @@ def _transpose(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
 
 _TILE_RULES = {Form.LOAD: _transfer, Form.STORE: _transfer, Form.UNARY: _elementwise,
-               Form.BINARY: _elementwise, Form.TILE_SCALAR: _elementwise, Form.ROW_EXPAND: _elementwise,
-               Form.COL_EXPAND: _elementwise, Form.MASK: _elementwise, Form.ROW_REDUCE: _row_reduce,
+               Form.CONVERT: _elementwise, Form.BINARY: _elementwise, Form.TILE_SCALAR: _elementwise,
+               Form.ROW_EXPAND: _elementwise, Form.COL_EXPAND: _elementwise, Form.MASK: _elementwise,
+               Form.ROW_REDUCE: _row_reduce,
                Form.COL_REDUCE: _col_reduce, Form.MATMUL: _matmul, Form.GENERATE: _generate,
                Form.TRANSPOSE: _transpose}

@@ -197,7 +197,7 @@ class _Frame:
             return
         rows, cols = self.valid[srcs[0]]
         a = self.read(srcs[0], rows, cols, where)
-        if form is Form.UNARY:
+        if form in (Form.UNARY, Form.CONVERT):  # CONVERT: write rounds into dst's dtype
             result = spec.reference(a)
         elif form is Form.BINARY:
             result = spec.reference(a, self.read(srcs[1], rows, cols, where))

@@ -13,6 +13,7 @@ Forms, with destination first (../shared/design.md, "Builder method names ... De
     LOAD        tile, memref[, row, col]        tile = memref window at (row, col) elements
     STORE       memref, tile[, row, col]        memref window = tile
     UNARY       dst, a                          dst = f(a), same shape
+    CONVERT     dst, a                          dst = a in dst's dtype (which may differ), same shape
     BINARY      dst, a, b                       dst = f(a, b), same shapes
     TILE_SCALAR dst, a, s                       dst = f(a, s), s an immediate or scalar name
     ROW_REDUCE  dst (r x 1), a (r x c)          dst = reduce over each row
@@ -44,6 +45,7 @@ class Form(enum.Enum):
     LOAD = "load"
     STORE = "store"
     UNARY = "unary"
+    CONVERT = "convert"
     BINARY = "binary"
     TILE_SCALAR = "tile_scalar"
     ROW_REDUCE = "row_reduce"
@@ -96,6 +98,8 @@ _SPECS = [
     OpSpec("TRELU", "relu", Form.UNARY, lambda x: np.maximum(x, 0.0), "max({a}, 0.0)", "fmax({a}, 0.0)"),
     OpSpec("TSIN", "sin", Form.UNARY, np.sin, "math.sin({a})", "sin({a})"),
     OpSpec("TCOS", "cos", Form.UNARY, np.cos, "math.cos({a})", "cos({a})"),
+    # dtype conversion: the only instruction whose tiles may differ in dtype
+    OpSpec("TCVT", "cvt", Form.CONVERT, lambda x: x, "{a}", "{a}"),
     # element-wise, a tile and a scalar
     OpSpec("TADDS", "adds", Form.TILE_SCALAR, np.add, "{a} + {s}", "{a} + {s}"),
     OpSpec("TSUBS", "subs", Form.TILE_SCALAR, np.subtract, "{a} - {s}", "{a} - {s}"),

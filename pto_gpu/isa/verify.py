@@ -77,6 +77,7 @@ _SIGNATURES = {
     Form.LOAD: _operands(("tile", _T), ("memref", _M), ("row", _I, 0), ("col", _I, 0)),
     Form.STORE: _operands(("memref", _M), ("tile", _T), ("row", _I, 0), ("col", _I, 0)),
     Form.UNARY: _operands(("dst", _T), ("a", _T)),
+    Form.CONVERT: _operands(("dst", _T), ("a", _T)),
     Form.BINARY: _operands(("dst", _T), ("a", _T), ("b", _T)),
     Form.TILE_SCALAR: _operands(("dst", _T), ("a", _T), ("s", _V)),
     Form.ROW_REDUCE: _operands(("dst", _T), ("a", _T)),
@@ -402,7 +403,7 @@ class _Checker:
 
     def _tile_shapes(self, where: str, form: Form, dst: Tile, a: Tile, b: Tile | None = None) -> None:
         tiles = [t for t in (dst, a, b) if t is not None]
-        for tile in tiles:
+        for tile in tiles if form is not Form.CONVERT else ():
             if tile.dtype != a.dtype:
                 self.fail(where, f"tile %{tile.name} is {tile.dtype.name} but %{a.name} is {a.dtype.name}")
         rows, cols = a.rows, a.cols
@@ -410,6 +411,7 @@ class _Checker:
         # (tile, expected rows, expected cols, why), checked in order
         expected = {
             Form.UNARY: [(dst, rows, cols, same)],
+            Form.CONVERT: [(dst, rows, cols, same)],
             Form.BINARY: [(b, rows, cols, same), (dst, rows, cols, same)],
             Form.TILE_SCALAR: [(dst, rows, cols, same)],
             Form.MASK: [(dst, rows, cols, same)],
