@@ -9,7 +9,7 @@ P = exp(S − m_new), l and m move on, `rescale` = exp(m_old − m_new)), and o 
 
 import math
 
-from pto_gpu.kernels.tiles import contract
+from pto_gpu.kernels.tiles import COLUMN_BLOCK, contract
 
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
@@ -18,14 +18,29 @@ from pto_gpu.isa.family import family
 
 
 @family(worker=pto.VECTOR, shapes=("m n", "1 n", "m n"), scalars=("eps",))
-def rmsnorm(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
-    """out = x / sqrt(mean(x², row) + eps) * weight."""
+def rmsnorm(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
+    """out = x / sqrt(mean(x², row) + eps) * weight. The CUDA code keeps the weight row whole in
+    shared memory, so a row too wide for it (over 6,144 in float64) goes in column blocks, two
+    passes: the sum of squares, then the scaling."""
     f.memref("x", dtype, (m, n)).memref("weight", dtype, (1, n)).memref("out", dtype, (m, n))
     f.scalar("eps", pto.FLOAT64)
-    f.tile("t", m, n, dtype).tile("square", m, n, dtype).tile("norm", m, 1, dtype).tile("w", 1, n, dtype)
-    f.load("t", "x").mul("square", "t", "t").rowsum("norm", "square").muls("norm", "norm", 1.0 / n)
-    f.adds("norm", "norm", "eps").rsqrt("norm", "norm").rowexpandmul("t", "t", "norm")
-    f.load("w", "weight").colexpandmul("t", "t", "w").store("out", "t")
+    cols = n if local_memory is None or 8 * n <= local_memory else COLUMN_BLOCK
+    f.tile("t", m, cols, dtype).tile("square", m, cols, dtype).tile("w", 1, cols, dtype)
+    f.tile("norm", m, 1, dtype).tile("part", m, 1, dtype)
+    if cols == n:
+        f.load("t", "x").mul("square", "t", "t").rowsum("norm", "square")
+    else:
+        f.fill("norm", 0.0).for_loop("j", 0, n, cols)
+        f.load("t", "x", 0, "j").mul("square", "t", "t").rowsum("part", "square").add("norm", "part", "norm")
+        f.end_for()
+    f.muls("norm", "norm", 1.0 / n).adds("norm", "norm", "eps").rsqrt("norm", "norm")
+    column: int | str = 0 if cols == n else "j"
+    if cols != n:
+        f.for_loop("j", 0, n, cols).load("t", "x", 0, "j")
+    f.rowexpandmul("t", "t", "norm").load("w", "weight", 0, column).colexpandmul("t", "t", "w")
+    f.store("out", "t", 0, column)
+    if cols != n:
+        f.end_for()
 
 
 @family(worker=pto.VECTOR, shapes=("m n",), scalars=("first_position", "heads"), structural=("heads",))

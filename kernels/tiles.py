@@ -13,12 +13,15 @@ from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.family import family
 
+COLUMN_BLOCK = 256  # output columns per block of a matmul too wide for CUDA's shared memory
+
 
 def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: int, k: int, n: int,
-             local_memory: int | None, *, b_transposed: bool = False,
-             accumulate: bool = False) -> FunctionBuilder:
+             local_memory: int | None, *, b_transposed: bool = False, accumulate: bool = False,
+             b_col: int | str = 0) -> FunctionBuilder:
     """Tile `dst` (m x n, declared by the caller) = (or += with `accumulate`) memref `a` (m x k)
-    @ memref `b` (k x n; n x k with `b_transposed`, so a @ bᵀ), over chunks of k.
+    @ memref `b` (k x n; n x k with `b_transposed`, so a @ bᵀ) from its column (row) `b_col`
+    on, over chunks of k.
 
     The CUDA code keeps the right operand of a product (and a transpose's source) whole in shared
     memory, so a chunk's kc x n of them, in float64 at worst, must fit `local_memory` bytes; on
@@ -33,9 +36,9 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     def step(offset: int | str, product: str) -> None:
         f.load(left, a, 0, offset)
         if b_transposed:
-            f.load(f"{dst}_bt", b, 0, offset).trans(right, f"{dst}_bt")
+            f.load(f"{dst}_bt", b, b_col, offset).trans(right, f"{dst}_bt")
         else:
-            f.load(right, b, offset, 0)
+            f.load(right, b, offset, b_col)
         getattr(f, product)(dst, left, right)
 
     step(0, "matmul_acc" if accumulate else "matmul")
@@ -75,12 +78,29 @@ def _blas_matmul_acc(a, b, acc):
     acc += a @ b  # BLAS releases the GIL
 
 
+def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: int, local_memory: int | None,
+             accumulate: bool) -> None:
+    """out (=, or += with `accumulate`) a @ b; on CUDA in blocks of COLUMN_BLOCK columns when
+    b is too wide for even 8 of its rows to fit shared memory (a 4096 x 11008 weight)."""
+    wide = local_memory is not None and 8 * n * min(k, 8) > local_memory
+    cols = min(n, COLUMN_BLOCK) if wide else n
+    column: int | str = "j" if wide else 0
+    f.tile("c", m, cols, dtype)
+    if wide:
+        f.for_loop("j", 0, n, cols)
+    if accumulate:
+        f.load("c", out, 0, column)
+    contract(f, dtype, "c", "a", "b", m, k, cols, local_memory, accumulate=accumulate, b_col=column)
+    f.store(out, "c", 0, column)
+    if wide:
+        f.end_for()
+
+
 @family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul, library_cpu=_blas_matmul)
 def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """out = a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("out", dtype, (m, n))
-    f.tile("c", m, n, dtype)
-    contract(f, dtype, "c", "a", "b", m, k, n, local_memory).store("out", "c")
+    _product(f, dtype, "out", m, k, n, local_memory, accumulate=False)
 
 
 @family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul_acc,
@@ -88,6 +108,4 @@ def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_me
 def matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """acc += a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("acc", dtype, (m, n))
-    f.tile("c", m, n, dtype)
-    contract(f.load("c", "acc"), dtype, "c", "a", "b", m, k, n, local_memory, accumulate=True)
-    f.store("acc", "c")
+    _product(f, dtype, "acc", m, k, n, local_memory, accumulate=True)

@@ -203,17 +203,23 @@ def test_every_kernel_compiles_with_nvcc_for_sm_90(tmp_path):
         assert done.returncode == 0, (options, done.stderr[-3000:])
 
 
-CHUNKED = {"matmul": {"m": 6, "k": 100, "n": 128}, "matmul_acc": {"m": 6, "k": 100, "n": 128},
-           "flash_scores": {"h": 2, "m": 5, "d": 80, "n": 64},
-           "flash_pv": {"h": 2, "m": 5, "n": 100, "d": 64}}
+CHUNKED = [("matmul", {"m": 6, "k": 100, "n": 128}), ("matmul_acc", {"m": 6, "k": 100, "n": 128}),
+           ("flash_scores", {"h": 2, "m": 5, "d": 80, "n": 64}),
+           ("flash_pv", {"h": 2, "m": 5, "n": 100, "d": 64}),
+           ("matmul", {"m": 4, "k": 20, "n": 7000}), ("matmul_acc", {"m": 4, "k": 20, "n": 7000}),
+           ("rmsnorm", {"m": 3, "n": 7000})]
+BY_NAME = {k.name: k for k in KERNELS}
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize("kernel", [k for k in KERNELS if k.name in CHUNKED], ids=lambda k: k.name)
-def test_contractions_are_chunked_for_shared_memory_only_on_cuda(kernel, tmp_path):
-    """The CUDA instance contracts in chunks whose whole-tile operands fit shared memory (a FOR
-    over k, tails included: 100 = 48 + 48 + 4); the CPU one in one BLAS call. Both are right."""
-    sizes = CHUNKED[kernel.name]
+@pytest.mark.parametrize("name, sizes", CHUNKED,
+                         ids=[f"{name}-{'x'.join(map(str, sizes.values()))}" for name, sizes in CHUNKED])
+def test_wide_tiles_are_blocked_for_shared_memory_only_on_cuda(name, sizes, tmp_path):
+    """The CUDA instance works in chunks whose whole-tile operands fit shared memory (a FOR over
+    k, tails included: 100 = 48 + 48 + 4; over blocks of 256 output columns when n = 7000 is too
+    wide even for 8 rows of b; RMSNorm's weight row in two passes); the CPU one in one piece.
+    Both are right."""
+    kernel = BY_NAME[name]
     inputs = arrays(kernel, np.float64, sizes)
     scalars = SCALARS.get(kernel.name, ())
     call_shapes = tuple(a.shape for a in inputs)
