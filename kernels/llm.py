@@ -26,11 +26,11 @@ def rmsnorm(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: i
     f.scalar("eps", pto.FLOAT64)
     cols = n if local_memory is None or 8 * n <= local_memory else COLUMN_BLOCK
     f.tile("t", m, cols, dtype).tile("square", m, cols, dtype).tile("w", 1, cols, dtype)
-    f.tile("norm", m, 1, dtype).tile("part", m, 1, dtype)
+    f.tile("norm", m, 1, dtype)
     if cols == n:
         f.load("t", "x").mul("square", "t", "t").rowsum("norm", "square")
     else:
-        f.fill("norm", 0.0).for_loop("j", 0, n, cols)
+        f.tile("part", m, 1, dtype).fill("norm", 0.0).for_loop("j", 0, n, cols)
         f.load("t", "x", 0, "j").mul("square", "t", "t").rowsum("part", "square").add("norm", "part", "norm")
         f.end_for()
     f.muls("norm", "norm", 1.0 / n).adds("norm", "norm", "eps").rsqrt("norm", "norm")
