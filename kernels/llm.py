@@ -9,7 +9,7 @@ P = exp(S − m_new), l and m move on, `rescale` = exp(m_old − m_new)), and o 
 
 import math
 
-from pto_gpu.kernels.tiles import COLUMN_BLOCK, contract
+from pto_gpu.kernels.tiles import COLUMN_BLOCK, column_blocks, contract
 
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
@@ -19,12 +19,12 @@ from pto_gpu.isa.family import family
 
 @family(worker=pto.VECTOR, shapes=("m n", "1 n", "m n"), scalars=("eps",))
 def rmsnorm(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
-    """out = x / sqrt(mean(x², row) + eps) * weight. The CUDA code keeps the weight row whole in
-    shared memory, so a row too wide for it (over 6,144 in float64) goes in column blocks, two
-    passes: the sum of squares, then the scaling."""
+    """out = x / sqrt(mean(x², row) + eps) * weight. On CUDA a row wider than COLUMN_BLOCK goes
+    in column blocks (a lane holds its columns of a tile row in registers), in two passes: the
+    sum of squares, then the scaling."""
     f.memref("x", dtype, (m, n)).memref("weight", dtype, (1, n)).memref("out", dtype, (m, n))
     f.scalar("eps", pto.FLOAT64)
-    cols = n if local_memory is None or 8 * n <= local_memory else COLUMN_BLOCK
+    cols = n if local_memory is None or n <= COLUMN_BLOCK else COLUMN_BLOCK
     f.tile("t", m, cols, dtype).tile("square", m, cols, dtype).tile("w", 1, cols, dtype)
     f.tile("norm", m, 1, dtype)
     if cols == n:
@@ -72,10 +72,12 @@ def rope(f: FunctionBuilder, dtype: DataType, m: int, n: int, heads: int) -> Non
 
 
 @family(worker=pto.VECTOR, shapes=("m n", "m n"))
-def swiglu(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
+def swiglu(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
     """gate = silu(gate) * up (in place)."""
-    f.memref("gate", dtype, (m, n)).memref("up", dtype, (m, n)).tile("g", m, n, dtype).tile("u", m, n, dtype)
-    f.load("g", "gate").load("u", "up").silu("g", "g").mul("g", "g", "u").store("gate", "g")
+    f.memref("gate", dtype, (m, n)).memref("up", dtype, (m, n))
+    with column_blocks(f, n, local_memory) as (cols, j):
+        f.tile("g", m, cols, dtype).tile("u", m, cols, dtype).load("g", "gate", 0, j).load("u", "up", 0, j)
+        f.silu("g", "g").mul("g", "g", "u").store("gate", "g", 0, j)
 
 
 @family(worker=pto.VECTOR, shapes=("h m 1", "h m 1", "h m d"))

@@ -6,6 +6,9 @@ the CPU, where the tile model's copies would cost more than the product when b i
 weight matrix (3x at 32x4096x4096). Their programs stay the definition the tests hold both to.
 """
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 
 import pto_gpu as pto
@@ -13,7 +16,25 @@ from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.family import family
 
-COLUMN_BLOCK = 256  # output columns per block of a matmul too wide for CUDA's shared memory
+# Columns per block of a row-wise CUDA tile: a lane holds a tile row's columns in registers
+# (COLUMN_BLOCK / 32 of them), so a 4096-wide tile would spill; and of a matmul's output when b
+# is too wide for CUDA's shared memory.
+COLUMN_BLOCK = 256
+WARP = 32
+
+
+@contextlib.contextmanager
+def column_blocks(f: FunctionBuilder, n: int, local_memory: int | None,
+                  var: str = "j") -> Iterator[tuple[int, int | str]]:
+    """The body of a row-wise kernel over n columns, once (the CPU: local_memory None) or in a
+    FOR %var over blocks of COLUMN_BLOCK (CUDA, n wider than that): yields (tile width, the
+    column offset operand)."""
+    if local_memory is None or n <= COLUMN_BLOCK:
+        yield n, 0
+        return
+    f.for_loop(var, 0, n, COLUMN_BLOCK)
+    yield COLUMN_BLOCK, var
+    f.end_for()
 
 
 def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: int, k: int, n: int,
@@ -28,6 +49,8 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     the CPU (None) one chunk is the whole contraction, one BLAS call."""
     whole = 2 if b_transposed else 1
     chunk = k if local_memory is None else max(1, min(k, local_memory // (8 * n * whole)))
+    if chunk < k and chunk > WARP:  # whole warps of columns: a's chunk fills its lanes' registers
+        chunk -= chunk % WARP
     left, right = f"{dst}_a", f"{dst}_b"
     f.tile(left, m, chunk, dtype).tile(right, chunk, n, dtype)
     if b_transposed:
@@ -50,14 +73,17 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
 
 
 @family(worker=pto.ACCELERATOR, shapes=("m n", "m n"))
-def copy(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
-    f.memref("src", dtype, (m, n)).memref("dst", dtype, (m, n)).tile("t", m, n, dtype)
-    f.load("t", "src").store("dst", "t")
+def copy(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
+    f.memref("src", dtype, (m, n)).memref("dst", dtype, (m, n))
+    with column_blocks(f, n, local_memory) as (cols, j):
+        f.tile("t", m, cols, dtype).load("t", "src", 0, j).store("dst", "t", 0, j)
 
 
 @family(worker=pto.VECTOR, shapes=("m n",))
-def zero(f: FunctionBuilder, dtype: DataType, m: int, n: int) -> None:
-    f.memref("out", dtype, (m, n)).tile("t", m, n, dtype).fill("t", 0.0).store("out", "t")
+def zero(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
+    f.memref("out", dtype, (m, n))
+    with column_blocks(f, n, local_memory) as (cols, j):
+        f.tile("t", m, cols, dtype).fill("t", 0.0).store("out", "t", 0, j)
 
 
 def _cublas_matmul(a, b, out):

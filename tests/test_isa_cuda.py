@@ -99,6 +99,14 @@ def _module(dt) -> Module:
                   [Tile("x_", R, C, dt), Tile("y", C, R, dt)],
                   [Op("TLOAD", "x_", ("x", 0, 0)), Op("TTRANS", "y", ("x_",)),
                    Op("TSTORE", "out", ("y", 0, 0))]))
+    # A row walked in place in column blocks: a step of a whole warp of columns keeps every
+    # element with its lane (row layout); a step of half a warp makes the windows overlap across
+    # iterations, read by other lanes than wrote them (block layout, barriers).
+    for name, step in (("columns_in_steps", 32), ("columns_overlapping", 16)):
+        m.add(_incore(name, [MemRef("acc", dt, (R, 96))], [Tile("t", R, 32, dt)],
+                      [For("j", 0, 64 + step, step, (
+                          Op("TLOAD", "t", ("acc", 0, "j")), Op("TMULS", "t", ("t", 2.0)),
+                          Op("TADDS", "t", ("t", 1.0)), Op("TSTORE", "acc", ("t", 0, "j"))))]))
     # float64 tiles in a kernel of another element type: exp and a product in double between TCVTs
     m.add(_incore("convert", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C))],
                   [Tile("x_", R, C, dt), Tile("w", R, C, pto.FLOAT64), Tile("v", R, 1, pto.FLOAT64)],
@@ -177,9 +185,10 @@ def _module(dt) -> Module:
 
 FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "generate", "transpose",
              "convert", "row_reduce", "col_reduce", "matmul", "mask", "softmax", "control", "prefix",
-             "whole_argument", "float_scalars", "clash"]
+             "whole_argument", "float_scalars", "clash", "columns_in_steps", "columns_overlapping"]
 # whole-tile reads, or moving offsets (hazards)
-BLOCK_LAYOUT = {"col_expand", "transpose", "col_reduce", "matmul", "prefix", "whole_argument"}
+BLOCK_LAYOUT = {"col_expand", "transpose", "col_reduce", "matmul", "prefix", "whole_argument",
+                "columns_overlapping"}
 TAILS = {("matmul", "b"): (K - 7, N - 7)}  # b's valid rows must be a's valid columns
 SCALARS = {"tile_scalar": [(1.5,)], "generate": [(2.5,)], "mask": [(0,), (4,)],
            "control": [(2, 0.5), (-8, 0.25)], "float_scalars": [(0.1,), (0.3,)]}

@@ -16,6 +16,7 @@ stored result, computed in float32).
 """
 
 import ctypes
+import re
 import shutil
 import subprocess
 
@@ -207,7 +208,10 @@ CHUNKED = [("matmul", {"m": 6, "k": 100, "n": 128}), ("matmul_acc", {"m": 6, "k"
            ("flash_scores", {"h": 2, "m": 5, "d": 80, "n": 64}),
            ("flash_pv", {"h": 2, "m": 5, "n": 100, "d": 64}),
            ("matmul", {"m": 4, "k": 20, "n": 7000}), ("matmul_acc", {"m": 4, "k": 20, "n": 7000}),
-           ("rmsnorm", {"m": 3, "n": 7000})]
+           ("rmsnorm", {"m": 3, "n": 7000}), ("add", {"m": 3, "n": 700}), ("copy", {"m": 3, "n": 700}),
+           ("zero", {"m": 3, "n": 700}), ("exp", {"m": 3, "n": 700}), ("scale", {"m": 3, "n": 700}),
+           ("swiglu", {"m": 3, "n": 700}), ("row_sum", {"m": 3, "n": 700}), ("row_max", {"m": 3, "n": 700}),
+           ("row_expand_div", {"m": 3, "n": 700}), ("col_sum", {"m": 50, "n": 700})]
 BY_NAME = {k.name: k for k in KERNELS}
 
 
@@ -215,10 +219,11 @@ BY_NAME = {k.name: k for k in KERNELS}
 @pytest.mark.parametrize("name, sizes", CHUNKED,
                          ids=[f"{name}-{'x'.join(map(str, sizes.values()))}" for name, sizes in CHUNKED])
 def test_wide_tiles_are_blocked_for_shared_memory_only_on_cuda(name, sizes, tmp_path):
-    """The CUDA instance works in chunks whose whole-tile operands fit shared memory (a FOR over
-    k, tails included: 100 = 48 + 48 + 4; over blocks of 256 output columns when n = 7000 is too
-    wide even for 8 rows of b; RMSNorm's weight row in two passes); the CPU one in one piece.
-    Both are right."""
+    """The CUDA instance works in pieces that fit a GPU core: chunks of k whose whole-tile
+    operands fit shared memory (tails included: 100 = 48 + 48 + 4), blocks of 256 columns (a
+    lane holds its columns of a tile row in registers; a matmul's b too wide for even 8 rows;
+    RMSNorm's weight row, in two passes), blocks of rows for a column sum; the CPU one in one
+    piece. Both are right."""
     kernel = BY_NAME[name]
     inputs = arrays(kernel, np.float64, sizes)
     scalars = SCALARS.get(kernel.name, ())
@@ -250,3 +255,30 @@ def test_rope_keeps_float32_accuracy_far_into_the_sequence(first_position, tmp_p
         code, library = _host_library(llm.rope, np.float32, [x.shape], (first_position, 2), tmp_path)
         _host_call(library, llm.rope, code, [gpu], (first_position, 2))
         np.testing.assert_allclose(gpu, want, rtol=0, atol=1e-6)
+
+
+HEADS = 32
+LLAMA_7B = [("rmsnorm", ((32, 4096), (1, 4096), (32, 4096)), (1e-6,)),
+            ("matmul", ((32, 4096), (4096, 11008), (32, 11008)), ()),
+            ("swiglu", ((32, 11008), (32, 11008)), ()), ("add", ((32, 4096),) * 3, ()),
+            ("rope", ((32, 4096),), (0, 32)),
+            ("flash_scores", ((HEADS, 64, 128), (HEADS, 64, 128), (HEADS, 64, 64)), (0, 0, 1)),
+            ("flash_softmax_update", ((32, 64, 64), (32, 64, 1), (32, 64, 1), (32, 64, 1)), ()),
+            ("flash_pv", ((32, 64, 64), (32, 64, 128), (32, 64, 1), (32, 64, 128)), ())]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+def test_llama_7b_size_instances_keep_their_tiles_in_registers(tmp_path):
+    """The instances a LLaMA-7B layer launches (32-row tiles, 32 heads of 128) compile for sm_90
+    with no spills: column blocks keep each lane's share of a tile row small."""
+    unit = tmp_path / "llama.cu"
+    sources = [family_of(BY_NAME[name]).cuda(shapes, np.dtype(np.float32), scalars).source
+               for name, shapes, scalars in LLAMA_7B]
+    unit.write_text("".join(source.read_text() for source in sources))
+    done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-c", str(unit), "-o",
+                           str(tmp_path / "llama.o")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    spills = dict(re.findall(r"Function properties for (pto_\w+)\n\s*\d+ bytes stack frame, (\d+) bytes "
+                             r"spill stores", done.stderr))
+    assert sorted(spills) == sorted(f"pto_{name}" for name, _, _ in LLAMA_7B), done.stderr
+    assert all(stores == "0" for stores in spills.values()), spills

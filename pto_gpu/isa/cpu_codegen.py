@@ -44,6 +44,7 @@ import math
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -669,7 +670,7 @@ def load_source(path: Path, source: str, digest: str):
     under a name from its `digest`, so numba's cache finds its functions across processes."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         partial.write_text(source)
         os.replace(partial, path)  # atomic: concurrent processes never see half a file
     module_name = f"pto_gpu_isa_{digest}"

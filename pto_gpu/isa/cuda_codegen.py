@@ -13,10 +13,11 @@ Two layouts, chosen per function:
                 row at a time and the grid strides over rows (work items: rows x 32 threads);
                 no shared memory, no barriers.
   block layout  some instruction reads a whole tile (MATMUL's b, COL_REDUCE's a, COL_EXPAND's
-                b, TRANSPOSE's a), or an element of a memref that one thread writes may be one another thread
-                accesses (an offset that moves in a loop, overlapping windows of two accesses
-                that do not line up by rows and warps of columns): one block serves the task, its
-                warps own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
+                b, TRANSPOSE's a), or an element of a memref that one thread writes may be one
+                another thread accesses (an offset that moves in a loop, overlapping windows of
+                two accesses that do not line up by rows and warps of columns): one block
+                serves each batch index (the whole task when there is no batch), its warps
+                own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
                 memory, and a __syncthreads() comes before and after each whole-tile read and
                 each access of such a memref.
 
@@ -169,6 +170,7 @@ class _Generator:
         self.scalars: dict[str, str] = {}  # C name of a local scalar -> its C type
         self.types: dict[str, str] = {}  # C name of any scalar or loop variable -> its C type
         self.accesses: list[_Access] = []
+        self.steps: dict[str, int] = {}  # C name of a loop variable with a constant step -> the step
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.activations = 0
         self.params = [s for s in function.scalars if s.param]
@@ -430,15 +432,23 @@ class _Context:
         """An operand as C: a literal, or the C name of a scalar or loop variable."""
         return _literal(value) if not isinstance(value, str) else self.names[value]
 
-    def affine(self, value) -> _Affine | None:
+    def affine(self, value, column_scale: int | None = None) -> _Affine | None:
         """An index operand as an _Affine of constants (immediates and scalar parameters of the
-        kernel), or None."""
+        kernel) or, as a column offset (`column_scale` elements per unit), of a loop variable
+        whose step moves it by whole warps of columns; else None.
+
+        A loop variable is a constant within an iteration, and across iterations a column moved
+        by a multiple of 32 belongs to the same lane of the same warp: so accesses that agree on
+        it, and only differ as `_Access.apart` allows, never cross threads (the row layout stays
+        valid for kernels that walk a row in column blocks)."""
         if not isinstance(value, str):
             return _Affine(int(value))
         c_name = self.names[value]
         # The verifier keeps parameters unassignable, so a kernel parameter is constant.
         constant = any(f"s_{_c(s.name)}" == c_name for s in self.g.params)
-        return _Affine(0, ((c_name, 1),)) if constant else None
+        step = self.g.steps.get(c_name)
+        lane_preserving = column_scale is not None and step is not None and (step * column_scale) % WARP == 0
+        return _Affine(0, ((c_name, 1),)) if constant or lane_preserving else None
 
     # statements
     def block(self, body: tuple[Statement, ...]) -> list:
@@ -466,6 +476,8 @@ class _Context:
         var = f"i{self.suffix}_{_c(loop.var)}"
         self.names[loop.var] = var
         self.g.types[var] = "long long"
+        if isinstance(loop.step, int):
+            self.g.steps[var] = loop.step
         start, stop, step = (self.operand(v) for v in (loop.start, loop.stop, loop.step))
         if isinstance(loop.step, int):
             condition = f"{var} {'<' if loop.step > 0 else '>'} {stop}"
@@ -488,7 +500,7 @@ class _Context:
                 head.append(f"const long long {prefix}_rows = pto_clip({rows}, {view.rows} - {row}), "
                             f"{prefix}_cols = pto_clip({cols}, {view.cols} - {col});")
                 view = _View(view.param, f"{prefix}_r0", f"{prefix}_c0", f"{prefix}_rows", f"{prefix}_cols")
-                shift = (self.affine(arg.row), self.affine(arg.col))
+                shift = (self.affine(arg.row), self.affine(arg.col, cols))
                 offset = None if offset is None or None in shift else \
                     (offset[0].plus(shift[0], rows), offset[1].plus(shift[1], cols))
             views[param] = _View(view.param, view.row0, view.col0, f"pto_clip({rows}, {view.rows})",
@@ -667,7 +679,7 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     tile_name, memref = (op.dst, op.srcs[0]) if load else (op.srcs[0], op.dst)
     tile, view = ctx.names[tile_name], ctx.views[memref]
     row, col = (ctx.operand(v) for v in op.srcs[1:3])
-    offset, shift = ctx.offsets[memref], (ctx.affine(op.srcs[1]), ctx.affine(op.srcs[2]))
+    offset, shift = ctx.offsets[memref], (ctx.affine(op.srcs[1]), ctx.affine(op.srcs[2], 1))
     if offset is not None and None not in shift:
         offset = (offset[0].plus(shift[0]), offset[1].plus(shift[1]))
     else:
