@@ -149,7 +149,11 @@ class _Access:
         if (r.terms, c.terms) != (r2.terms, c2.terms):
             return False
         dr, dc = r2.const - r.const, c2.const - c.const
-        disjoint = dr >= self.rows or -dr >= other.rows or dc >= self.cols or -dc >= other.cols
+        # a loop symbol (named var@n, which no C name is) differs between iterations: columns
+        # disjoint at one value of it may overlap at another (rows never carry one)
+        moving = any("@" in name for name, _ in c.terms)
+        disjoint = dr >= self.rows or -dr >= other.rows or \
+            (not moving and (dc >= self.cols or -dc >= other.cols))
         return disjoint or (dr == 0 and dc % WARP == 0)
 
 
@@ -170,7 +174,8 @@ class _Generator:
         self.scalars: dict[str, str] = {}  # C name of a local scalar -> its C type
         self.types: dict[str, str] = {}  # C name of any scalar or loop variable -> its C type
         self.accesses: list[_Access] = []
-        self.steps: dict[str, int] = {}  # C name of a loop variable with a constant step -> the step
+        self.steps: dict[str, int] = {}  # a loop's symbol -> its constant step (loop-invariant start)
+        self.loops = 0
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.activations = 0
         self.params = [s for s in function.scalars if s.param]
@@ -423,6 +428,7 @@ class _Context:
         self.g, self.function, self.names = generator, function, names
         self.views, self.offsets = views, offsets
         self.suffix, self.label, self.returns = suffix, f"pto_end{suffix}", False
+        self.symbols: dict[str, str] = {}  # loop variable -> the symbol of its (innermost current) loop
 
     def fail(self, where: str, message: str) -> ISAError:
         return ISAError(f"@{self.function.name}: {where}: {message}")
@@ -446,9 +452,11 @@ class _Context:
         c_name = self.names[value]
         # The verifier keeps parameters unassignable, so a kernel parameter is constant.
         constant = any(f"s_{_c(s.name)}" == c_name for s in self.g.params)
-        step = self.g.steps.get(c_name)
+        step = self.g.steps.get(self.symbols.get(value))
         lane_preserving = column_scale is not None and step is not None and (step * column_scale) % WARP == 0
-        return _Affine(0, ((c_name, 1),)) if constant or lane_preserving else None
+        if constant:
+            return _Affine(0, ((c_name, 1),))
+        return _Affine(0, ((self.symbols[value], 1),)) if lane_preserving else None
 
     # statements
     def block(self, body: tuple[Statement, ...]) -> list:
@@ -476,8 +484,12 @@ class _Context:
         var = f"i{self.suffix}_{_c(loop.var)}"
         self.names[loop.var] = var
         self.g.types[var] = "long long"
-        if isinstance(loop.step, int):
-            self.g.steps[var] = loop.step
+        self.g.loops += 1
+        symbol = self.symbols[loop.var] = f"{var}@{self.g.loops}"  # one per FOR: never another loop's
+        invariant = not isinstance(loop.start, str) or \
+            any(f"s_{_c(s.name)}" == self.names[loop.start] for s in self.g.params)
+        if isinstance(loop.step, int) and invariant:
+            self.g.steps[symbol] = loop.step
         start, stop, step = (self.operand(v) for v in (loop.start, loop.stop, loop.step))
         if isinstance(loop.step, int):
             condition = f"{var} {'<' if loop.step > 0 else '>'} {stop}"
