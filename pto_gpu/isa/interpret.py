@@ -61,7 +61,7 @@ def _function(module: Module, name: str, where: str) -> Function:
     return function
 
 
-def _cast(dtype: DataType, value) -> int | float:
+def cast_scalar(dtype: DataType, value) -> int | float:
     """A scalar as the program sees it: ints are int64, floats rounded to their dtype."""
     if dtype.numpy.kind in "iu":
         return int(np.int64(value))
@@ -75,7 +75,7 @@ class _Frame:
         self.module, self.function, self.arrays = module, function, arrays
         self.tiles = {t.name: np.zeros((t.rows, t.cols), t.dtype.numpy) for t in function.tiles}
         self.valid = {t.name: (0, 0) for t in function.tiles}  # nothing is defined before a write
-        self.scalars = {s.name: _cast(s.dtype, params[s.name]) for s in function.scalars if s.param}
+        self.scalars = {s.name: cast_scalar(s.dtype, params[s.name]) for s in function.scalars if s.param}
 
     def run(self) -> None:
         try:
@@ -186,7 +186,7 @@ class _Frame:
 
     def set_scalar(self, name: str, value) -> None:
         scalar = self.function.scalar(name)
-        self.scalars[name] = _cast(scalar.dtype, value)
+        self.scalars[name] = cast_scalar(scalar.dtype, value)
 
     def tile_op(self, op: Op, spec, where: str) -> None:
         form, srcs = spec.form, op.srcs

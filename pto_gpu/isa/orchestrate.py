@@ -27,7 +27,7 @@ from collections.abc import Callable
 from .. import params as pto_params
 from ..tensor import TensorDescriptor
 from .errors import ISAError
-from .interpret import _cast
+from .interpret import cast_scalar
 from .ir import Call, For, Function, If, Op, Predicate, Return
 from .ops import OPCODES, Form
 from .verify import Direction, describe, directions
@@ -73,7 +73,7 @@ class _Activation:
                  tensors: dict[str, TensorDescriptor], params: dict):
         self.program, self.flows, self.o, self.function, self.tensors = program, flows, o, function, tensors
         self.module = program.module
-        self.scalars = {s.name: _cast(s.dtype, params[s.name]) if s.param else _cast(s.dtype, 0)
+        self.scalars = {s.name: cast_scalar(s.dtype, params[s.name]) if s.param else cast_scalar(s.dtype, 0)
                         for s in function.scalars}
 
     def run(self) -> None:
@@ -127,11 +127,11 @@ class _Activation:
         dtype = self.function.scalar(op.dst).dtype
         if spec.form is Form.COMPARE:
             a, b, predicate = op.srcs
-            self.scalars[op.dst] = _cast(dtype, int(_COMPARE[predicate](self.value(a), self.value(b))))
+            self.scalars[op.dst] = cast_scalar(dtype, int(_COMPARE[predicate](self.value(a), self.value(b))))
         elif spec.reference is None:  # SLI
-            self.scalars[op.dst] = _cast(dtype, op.srcs[0])
+            self.scalars[op.dst] = cast_scalar(dtype, op.srcs[0])
         else:
-            self.scalars[op.dst] = _cast(dtype, spec.reference(*(self.value(v) for v in op.srcs)))
+            self.scalars[op.dst] = cast_scalar(dtype, spec.reference(*(self.value(v) for v in op.srcs)))
 
     def call(self, call: Call) -> None:
         where = describe(call)
@@ -161,5 +161,5 @@ class _Activation:
                                        f"({row}, {col}), outside its shape {tensor.shape}")
             window = tensor[row:min(row + rows, tensor.shape[0]), col:min(col + cols, tensor.shape[1])]
             params.append(_WRAP[flows[memref.name]](window))
-        scalars = [_cast(s.dtype, values[s.name]) for s in callee.scalars if s.param]
+        scalars = [cast_scalar(s.dtype, values[s.name]) for s in callee.scalars if s.param]
         self.o.submit(self.program.kernels[callee.name], *params, *scalars)
