@@ -222,6 +222,12 @@ BAD_CALLS = [
      [callee(), orchestration(), orchestration(Call("orch", (("input", CallArg("input", 0, 0)),
                                                    ("output", CallArg("output")))), name="outer")],
      "@outer: CALL @orch(%input -> %input[0, 0], %output -> %output): %input of @orch has no shape"),
+    ("window into an Orchestration",
+     [callee(), orchestration(memrefs=MEMREFS),
+      orchestration(Call("orch", (("input", CallArg("input", 0, 0)), ("output", CallArg("output")))),
+                    name="outer")],
+     "@outer: CALL @orch(%input -> %input[0, 0], %output -> %output): @orch is an Orchestration, whose "
+     "memrefs take whole tensors: pass %input, not a window of it"),
     ("dtype", [callee(), orchestration(memrefs=(MemRef("input", F16), MemRef("output", F32)))],
      "@orch: CALL @tile_fn(%input -> %input[%i, 0], %output -> %output[%i, 0]): %input is FLOAT16 "
      "but %input of @tile_fn is FLOAT32"),

@@ -138,13 +138,8 @@ class _Activation:
         callee = self.module.functions[call.callee]
         args = dict(call.args)
         values = {param: self.value(value) for param, value in call.scalars}
-        if not callee.in_core:
-            tensors = {}
-            for param, arg in args.items():
-                if arg.windowed:
-                    raise self.fail(where, f"%{param} of Orchestration @{callee.name} has no shape to "
-                                           "take a window of: pass the whole tensor")
-                tensors[param] = self.tensors[arg.tensor]
+        if not callee.in_core:  # bound to whole tensors (the verifier refuses windows)
+            tensors = {param: self.tensors[arg.tensor] for param, arg in args.items()}
             _Activation(self.program, self.flows, self.o, callee, tensors, values).run()
             return
         flows = self.flows[callee.name]

@@ -204,13 +204,8 @@ class _Activation:
         callee = self.w.module.functions[call.callee]
         args = dict(call.args)
         values = {param: self.value(value) for param, value in call.scalars}
-        if not callee.in_core:
-            tensors = {}
-            for param, arg in args.items():
-                if arg.windowed:
-                    raise ISAError(f"@{self.function.name}: {where}: %{param} of Orchestration "
-                                   f"@{callee.name} has no shape to take a window of: pass the whole tensor")
-                tensors[param] = self.tensors[arg.tensor]
+        if not callee.in_core:  # bound to whole tensors (the verifier refuses windows)
+            tensors = {param: self.tensors[arg.tensor] for param, arg in args.items()}
             w.emit(f"# {where}")
             _Activation(w, callee, tensors, values, top=False).body()
             return

@@ -518,6 +518,9 @@ class _Checker:
             if arg.windowed and target.shape is None:
                 self.fail(where, f"%{param} of @{callee.name} has no shape, so %{arg.tensor} cannot be "
                                  "passed as a window")
+            if arg.windowed and not callee.in_core:
+                self.fail(where, f"@{callee.name} is an Orchestration, whose memrefs take whole tensors: "
+                                 f"pass %{arg.tensor}, not a window of it")
             if target.dtype != source.dtype:
                 self.fail(where, f"%{arg.tensor} is {source.dtype.name} but %{param} of @{callee.name} is "
                                  f"{target.dtype.name}")
