@@ -13,28 +13,18 @@ import pto_gpu as pto
 from pto_gpu import cli, isa
 
 F32 = pto.FLOAT32
-ROWS, COLS = 8, 64
+ROWS, COLS = 8, 64  # the tile of dynamic_softmax.pto
+PROGRAMS = importlib.resources.files("pto_gpu.orchestration") / "programs"
 
 
 def softmax_module() -> isa.Module:
-    """spec 003 §2's dynamic softmax, plus an in-place scaling and an orchestration that calls
-    the others: softmax every tile, then scale the even ones (a scalar test, IF, RETURN)."""
-    m = isa.Module("softmax_module")
-    (isa.FunctionBuilder("softmax_tile", module=m).in_core()
-        .memref("input", F32, (ROWS, COLS)).memref("output", F32, (ROWS, COLS))
-        .tile("x", ROWS, COLS, F32).tile("mx", ROWS, 1, F32).tile("s", ROWS, 1, F32)
-        .load("x", "input").rowmax("mx", "x").rowexpandsub("x", "x", "mx").exp("x", "x")
-        .rowsum("s", "x").rowexpanddiv("x", "x", "s").store("output", "x")
-        .build())
+    """spec 003 §2's dynamic softmax (orchestration/programs/dynamic_softmax.pto), plus an
+    in-place scaling and an orchestration that calls the others: softmax every tile, then scale
+    the even ones (a scalar test, IF, RETURN)."""
+    m = isa.parse(PROGRAMS.joinpath("dynamic_softmax.pto").read_text())
     (isa.FunctionBuilder("scale_tile", module=m).in_core()
         .memref("data", F32, (ROWS, COLS)).scalar("factor", pto.FLOAT64).tile("t", ROWS, COLS, F32)
         .load("t", "data").muls("t", "t", "factor").store("data", "t")
-        .build())
-    (isa.FunctionBuilder("dynamic_softmax", module=m).not_in_core()
-        .memref("input", F32).memref("output", F32).scalar("num_tiles", pto.INT64)
-        .for_loop("i", 0, "num_tiles", 1)
-        .call("softmax_tile", {"input": ("input", "i", 0), "output": ("output", "i", 0)})
-        .end_for()
         .build())
     (isa.FunctionBuilder("softmax_then_scale_even", module=m).not_in_core()
         .memref("input", F32).memref("output", F32).scalar("num_tiles", pto.INT64).scalar("stop", pto.INT64)
@@ -129,14 +119,12 @@ def test_a_window_past_the_edge_names_the_call(program):
 
 
 def test_a_binary_expanded_loop_refuses_more_than_max_range(program):
-    m = isa.parse(PROGRAMS.joinpath("dynamic_softmax.pto").read_text())
     x = np.ones((8 * 4097, COLS), np.float32)
     with pytest.raises(isa.ISAError, match=r"@dynamic_softmax: FOR %i.*: 4097 iterations, over its max_"):
-        pto.Runtime(executor="dry").run(isa.compile(m).orchestration("dynamic_softmax"), x, x, 4097)
+        pto.Runtime(executor="dry").run(program.orchestration("dynamic_softmax"), x, x, 4097)
 
 
 # --- the spec's programs as .pto files, and the command line ---------------------------------------
-PROGRAMS = importlib.resources.files("pto_gpu.orchestration") / "programs"
 
 
 @pytest.mark.parametrize("name", ["dynamic_softmax"])
