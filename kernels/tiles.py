@@ -14,13 +14,13 @@ import numpy as np
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
+from pto_gpu.isa.cuda_codegen import WARP
 from pto_gpu.isa.family import family
 
 # Columns per block of a row-wise CUDA tile: a lane holds a tile row's columns in registers
 # (COLUMN_BLOCK / 32 of them), so a 4096-wide tile would spill; and of a matmul's output when b
 # is too wide for CUDA's shared memory.
 COLUMN_BLOCK = 256
-WARP = 32
 
 
 @contextlib.contextmanager
