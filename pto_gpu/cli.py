@@ -3,11 +3,14 @@ pto_gpu.orchestration.workloads, print its statistics, write artefacts; and the 
 tools of spec 003 §3.3.
 
     pto-gpu run flash_attention --size 2048 --trace attention.json --graph attention.svg
+    pto-gpu run softmax.pto --shape input=64x64 --shape output=64x64 --scalar num_tiles=8 --check
     pto-gpu compile softmax.pto --emit cuda      # pto (canonical form), python, cpu or cuda
     pto-gpu parse programs/                      # writes <name>_builder.py beside each .pto
 
-Each run is checked against its numpy float64 reference (unless the executor is dry); the exit
-status is 1 when the result is off by more than the workload's tolerance.
+Each workload run is checked against its numpy float64 reference (unless the executor is dry);
+the exit status is 1 when the result is off by more than the workload's tolerance. A .pto run
+prints a checksum of each memref its orchestration writes; with --check, the exit status is 1
+when those differ by a bit from a run on the serial executor.
 
 This is the application layer on top of the runtime: it imports the catalogue (and with it
 kernels/ and orchestration/) only when it runs, so that `import pto_gpu` never loads them.
@@ -17,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -30,6 +34,13 @@ from .runtime import EXECUTORS, Runtime
 
 if TYPE_CHECKING:
     from pto_gpu.orchestration.workloads import Workload
+
+    from .isa import Function, Module
+
+# The options of `run` that only a FILE.pto takes (their dest names).
+PROGRAM_OPTIONS = ("entry", "shape", "scalar", "compiled", "check", "save")
+# What --shape and --scalar name, and the form of their values.
+ASSIGNMENTS = {"--shape": ("memref", "ROWSxCOLS"), "--scalar": ("scalar parameter", "VALUE")}
 
 
 def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
@@ -42,7 +53,14 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
         description="Run an orchestration, check it against numpy, and print the run's statistics.",
         epilog="orchestrations:\n" + catalogue, formatter_class=argparse.RawDescriptionHelpFormatter)
     option = command.add_argument
-    option("name", choices=workloads, metavar="NAME", help="which orchestration (listed below)")
+
+    def orchestration(value: str) -> str:
+        if value.endswith(".pto") or value in workloads:
+            return value
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (a name listed below, or a FILE.pto)")
+
+    option("name", type=orchestration, metavar="NAME",
+           help="which orchestration (listed below), or a FILE.pto to run an Orchestration function of")
     option("--size", type=int, help="problem size, as each orchestration defines it below")
     option("--backend", choices=("auto", "cpu", "cuda"), default="auto",
            help="where kernels run (default: auto, the GPU when there is one)")
@@ -59,6 +77,21 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
            help="run N times and report the last: the first run also pays for page faults "
                 "and loading compiled code (default: 1)")
     option("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    option = command.add_argument_group(
+        "FILE.pto", "Every memref (outputs too) is filled with standard-normal values from --seed, in "
+        "declaration order.").add_argument
+    option("--entry", metavar="NAME", help="the Orchestration function to run (default: the file's only one)")
+    option("--shape", action="append", default=[], metavar="NAME=ROWSxCOLS",
+           help="the shape of memref NAME; one for each memref of the entry")
+    option("--scalar", action="append", default=[], metavar="NAME=VALUE",
+           help="the value of scalar parameter NAME; one for each scalar parameter of the entry")
+    option("--compiled", action="store_true",
+           help="run the generated numba orchestration instead of the interpreted one")
+    option("--check", action="store_true",
+           help="run it again on the serial executor; exit 1 unless the outputs are bitwise equal")
+    option("--save", type=Path, metavar="DIR",
+           help="write each memref's input as DIR/NAME.in.npy and each written one's result as "
+                "DIR/NAME.out.npy")
     command = commands.add_parser(
         "compile", help="print a .pto file's canonical form, builder code or generated code",
         description="Parse and verify a .pto file, then print it as EMIT: its canonical form (pto), "
@@ -89,15 +122,22 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, PTOError) as error:  # an unreadable file, or a .pto error as file:line:col
             print(f"pto-gpu: {error}", file=sys.stderr)
             return 2
-    workload = WORKLOADS[args.name]
-    size = workload.default_size if args.size is None else args.size
-    if size < 1 or args.runs < 1:
+    program = args.name.endswith(".pto")
+    if program:
+        stray = ["--size"] if args.size is not None else []
+    else:
+        stray = [f"--{dest}" for dest in PROGRAM_OPTIONS if getattr(args, dest)]
+    if stray:
+        raise SystemExit(f"pto-gpu: {', '.join(stray)}: only for {'a workload' if program else 'a FILE.pto'}")
+    workload = None if program else WORKLOADS[args.name]
+    size = workload.default_size if workload and args.size is None else args.size
+    if (size is not None and size < 1) or args.runs < 1:
         raise SystemExit(f"pto-gpu: --size ({size}) and --runs ({args.runs}) must be at least 1")
     if args.graph and args.graph.suffix not in (".dot", ".svg", ".pdf"):
         raise SystemExit(f"pto-gpu: --graph {args.graph} must end in .dot, .svg or .pdf")
-    try:
-        return run(args, workload, size)
-    except PTOError as error:  # a bad setting, or a run that failed: the message says which
+    try:  # a bad setting or file, or a failed run: the message says which
+        return run_program(args, Path(args.name)) if program else run(args, workload, size)
+    except (OSError, PTOError) as error:
         print(f"pto-gpu: {error}", file=sys.stderr)
         return 2
 
@@ -108,20 +148,7 @@ def run(args: argparse.Namespace, workload: Workload, size: int) -> int:
     prepared = workload.prepare(size, np.random.default_rng(args.seed))
     rt = Runtime(backend=args.backend, executor=args.executor)
     run_args = tuple(to_backend(rt.backend, arg) for arg in prepared.args)
-    for index in range(args.runs):
-        last = index == args.runs - 1
-        record = last and (args.dump or args.graph) is not None
-        with progress_bar(rt, sys.stderr):
-            result = rt.run(prepared.orchestration, *run_args, record=record,
-                            trace=args.trace if last else None, **prepared.options)
-    print(result)
-    if args.dump:
-        result.graph.dump(args.dump)
-    if args.graph:
-        if args.graph.suffix == ".dot":
-            args.graph.write_text(result.graph.to_dot())
-        else:
-            result.graph.render(args.graph)
+    run_and_report(args, rt, prepared.orchestration, lambda: run_args, **prepared.options)
     if args.executor == "dry":
         return 0
     got, expected = rt.backend.to_host(prepared.output(run_args)), prepared.reference()
@@ -130,6 +157,129 @@ def run(args: argparse.Namespace, workload: Workload, size: int) -> int:
     print(f"max error vs numpy float64, relative to its largest value: {error:.1e} "
           f"({'OK' if ok else 'MISMATCH'}, tolerance {workload.tolerance:.0e})")
     return 0 if ok else 1
+
+
+def run_and_report(args: argparse.Namespace, rt: Runtime, orchestration: Callable,
+                   arguments: Callable[[], tuple], **options) -> tuple:
+    """Run `orchestration` --runs times, each on `arguments()`; print the last run's statistics,
+    write its artefacts (--trace, --dump, --graph) and return its arguments."""
+    for index in range(args.runs):
+        last = index == args.runs - 1
+        record = last and (args.dump or args.graph) is not None
+        run_args = arguments()
+        with progress_bar(rt, sys.stderr):
+            result = rt.run(orchestration, *run_args, record=record, trace=args.trace if last else None,
+                            **options)
+    print(result)
+    if args.dump:
+        result.graph.dump(args.dump)
+    if args.graph:
+        if args.graph.suffix == ".dot":
+            args.graph.write_text(result.graph.to_dot())
+        else:
+            result.graph.render(args.graph)
+    return run_args
+
+
+def run_program(args: argparse.Namespace, path: Path) -> int:
+    """`run FILE.pto`: the entry on seeded random inputs (fresh copies for each of the --runs),
+    then a checksum line for each memref it writes."""
+    from . import isa
+
+    module = read_module(path)
+    function = entry(module, args.entry, path)
+    arrays, scalars = program_inputs(function, args.shape, args.scalar, np.random.default_rng(args.seed))
+    flows = isa.directions(function, module)  # a memref is written if a call writes it
+    written = [name for name, flow in flows.items() if flow is not isa.Direction.INPUT]
+    orchestration = isa.compile(module).orchestration(function.name, compiled=args.compiled)
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        for name, array in arrays.items():
+            np.save(args.save / f"{name}.in.npy", array)
+
+    def inputs(rt: Runtime) -> tuple:
+        return (*(rt.backend.to_device(array.copy()) for array in arrays.values()), *scalars)
+
+    rt = Runtime(backend=args.backend, executor=args.executor)
+    last = run_and_report(args, rt, orchestration, lambda: inputs(rt))
+    if args.executor == "dry":
+        return 0
+    results = {name: rt.backend.to_host(array) for name, array in zip(arrays, last) if name in written}
+    for name, array in results.items():
+        print(f"  {name} {'x'.join(map(str, array.shape))}: sum {float(array.sum(dtype=np.float64)):.9g}, "
+              f"max abs {float(np.abs(array).max()):.9g}")
+        if args.save:
+            np.save(args.save / f"{name}.out.npy", array)
+    if not args.check:
+        return 0
+    serial = Runtime(backend=args.backend, executor="serial")
+    again = inputs(serial)
+    serial.run(orchestration, *again)
+    differ = [name for name, array in zip(arrays, again)
+              if name in results and serial.backend.to_host(array).tobytes() != results[name].tobytes()]
+    if differ:
+        print(f"check: not bitwise equal to the serial executor's result: {', '.join(differ)}",
+              file=sys.stderr)
+        return 1
+    print("check: every output is bitwise equal to the serial executor's")
+    return 0
+
+
+def entry(module: Module, name: str | None, path: Path) -> Function:
+    """The Orchestration function `name`, or with None the module's only one."""
+    names = [f.name for f in module.functions.values() if not f.in_core]
+    if name is None and len(names) == 1:
+        return module.functions[names[0]]
+    if name not in names:
+        problem = "choose the Orchestration function with --entry" if name is None else \
+            f"--entry {name}: no Orchestration function @{name}"
+        raise PTOError(f"{path}: {problem} (it has: {', '.join(f'@{n}' for n in names) or 'none'})")
+    return module.functions[name]
+
+
+def program_inputs(function: Function, shapes: list[str], values: list[str],
+                   rng: np.random.Generator) -> tuple[dict[str, np.ndarray], list[int | float]]:
+    """The arrays of `function`'s memrefs by name (standard-normal values from `rng`, in
+    declaration order) and its scalar parameters' values, from the --shape and --scalar items."""
+    params = [s for s in function.scalars if s.param]
+    given = assignments(function, "--shape", shapes, [m.name for m in function.memrefs])
+    arrays = {}
+    for memref in function.memrefs:
+        if not re.fullmatch(r"[1-9]\d*(x[1-9]\d*){0,3}", given[memref.name]):
+            raise PTOError(f"--shape {memref.name}={given[memref.name]}: expected ROWSxCOLS (up to 4 dims), "
+                           "such as 64x64")
+        shape = tuple(int(n) for n in given[memref.name].split("x"))
+        arrays[memref.name] = rng.standard_normal(shape).astype(memref.dtype.numpy)
+    given = assignments(function, "--scalar", values, [s.name for s in params])
+    scalars = []
+    for scalar in params:
+        number = int if scalar.dtype.numpy.kind in "biu" else float
+        try:
+            scalars.append(number(given[scalar.name]))
+        except ValueError:
+            raise PTOError(f"--scalar {scalar.name}={given[scalar.name]}: not a number of type "
+                           f"{scalar.dtype.name.lower()}") from None
+    return arrays, scalars
+
+
+def assignments(function: Function, option: str, items: list[str], names: list[str]) -> dict[str, str]:
+    """The `NAME=VALUE` items of `option` as {NAME: VALUE}: exactly one for each of `names`."""
+    kind, form = ASSIGNMENTS[option]
+    given: dict[str, str] = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals:
+            raise PTOError(f"{option} {item}: expected NAME={form}")
+        if name not in names:
+            raise PTOError(f"{option} {item}: @{function.name} has no {kind} {name} "
+                           f"(its {kind}s: {', '.join(names) or 'none'})")
+        if name in given:
+            raise PTOError(f"{option} {name}: given twice")
+        given[name] = value
+    missing = [f"{option} {name}={form}" for name in names if name not in given]
+    if missing:
+        raise PTOError(f"@{function.name}: missing {', '.join(missing)}")
+    return given
 
 
 def read_module(path: Path):
@@ -156,7 +306,8 @@ def compile_file(path: Path, emit: str, function: str | None) -> int:
     elif emit == "python":
         print(module.to_python(), end="")
     else:
-        names = [function] if function else [f.name for f in module.functions.values() if f.in_core]
+        names = [function] if function else [f.name for f in module.functions.values()
+                                             if f.in_core and f.library is None]
         generate = cpu_codegen.cpu_source if emit == "cpu" else cuda_codegen.cuda_source
         print("\n".join(generate(module, name) for name in names), end="")
     return 0

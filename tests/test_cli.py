@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,3 +160,115 @@ def test_runtime_progress_counts_completed_and_submitted_tasks():
     assert rt.progress == (0, 0)
     rt.run(three_tiles, np.ones((3, 8), np.float32))
     assert seen == [(0, 3)] and rt.progress == (3, 3)
+
+
+SOFTMAX = Path(__file__).parents[1] / "orchestration" / "programs" / "dynamic_softmax.pto"
+SHAPES = ["--shape", "input=64x64", "--shape", "output=64x64"]
+
+
+def run_softmax(*options: str) -> int:
+    return cli.main(["run", str(SOFTMAX), *options, "--backend", "cpu"])
+
+
+def checksums(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("  output ")]
+
+
+def test_runs_a_pto_file_on_seeded_inputs_and_gives_the_numpy_softmax(tmp_path, capsys):
+    assert run_softmax(*SHAPES, "--scalar", "num_tiles=8", "--seed", "3", "--check",
+                       "--save", str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "dynamic_softmax: 8 tasks" in out and "check: every output is bitwise equal" in out
+    x = np.load(tmp_path / "input.in.npy")
+    assert np.array_equal(x, np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32))
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    expected = e / e.sum(axis=1, keepdims=True)
+    got = np.load(tmp_path / "output.out.npy")
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
+    assert checksums(out) == [f"  output 64x64: sum {got.sum(dtype=np.float64):.9g}, "
+                              f"max abs {np.abs(got).max():.9g}"]
+
+
+def test_the_compiled_orchestration_gives_the_same_checksums(capsys):
+    assert run_softmax(*SHAPES, "--scalar", "num_tiles=8") == 0
+    interpreted = checksums(capsys.readouterr().out)
+    assert run_softmax(*SHAPES, "--scalar", "num_tiles=8", "--compiled", "--check", "--runs", "2") == 0
+    assert checksums(capsys.readouterr().out) == interpreted != []
+
+
+def test_runs_the_llama_programs_flash_attention_on_3d_inputs(tmp_path, capsys):
+    program = SOFTMAX.with_name("llama.pto")
+    shapes = [f"--shape={name}=2x40x8" for name in ("q", "k", "v", "out")]
+    assert cli.main(["run", str(program), "--entry", "flash_attention", *shapes, "--scalar", "tile=16",
+                     "--scalar", "causal=1", "--check", "--save", str(tmp_path), "--backend", "cpu"]) == 0
+    assert "flash_attention: 24 tasks" in capsys.readouterr().out  # 3 tiles: 2·3 + 3·6 pairs
+    q, k, v = (np.load(tmp_path / f"{name}.in.npy").astype(np.float64) for name in "qkv")
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(8)
+    scores[:, np.triu_indices(40, 1)[0], np.triu_indices(40, 1)[1]] = -np.inf
+    weights = np.exp(scores - scores.max(axis=2, keepdims=True))
+    expected = weights / weights.sum(axis=2, keepdims=True) @ v
+    np.testing.assert_allclose(np.load(tmp_path / "out.out.npy"), expected, rtol=1e-4, atol=2e-5)
+
+
+def test_check_exits_1_when_the_serial_run_differs(monkeypatch, capsys):
+    class SerialOffByOne(pto.Runtime):
+        def run(self, orchestration, *args, **kwargs):
+            result = super().run(orchestration, *args, **kwargs)
+            if self.executor == "serial":
+                args[1][0, 0] += 1  # the output
+            return result
+
+    monkeypatch.setattr(cli, "Runtime", SerialOffByOne)
+    assert run_softmax(*SHAPES, "--scalar", "num_tiles=8", "--check") == 1
+    assert "check: not bitwise equal to the serial executor's result: output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--shape", "input=64x64", "--scalar", "num_tiles=8"],
+     "@dynamic_softmax: missing --shape output=ROWSxCOLS"),
+    ([*SHAPES, "--shape", "bias=1x64", "--scalar", "num_tiles=8"],
+     "--shape bias=1x64: @dynamic_softmax has no memref bias (its memrefs: input, output)"),
+    (["--shape", "input=64by64", "--shape", "output=64x64", "--scalar", "num_tiles=8"],
+     "--shape input=64by64: expected ROWSxCOLS (up to 4 dims), such as 64x64"),
+    (["--shape", "input", "--shape", "output=64x64", "--scalar", "num_tiles=8"],
+     "--shape input: expected NAME=ROWSxCOLS"),
+    ([*SHAPES, "--shape", "input=8x64", "--scalar", "num_tiles=8"], "--shape input: given twice"),
+    (SHAPES, "@dynamic_softmax: missing --scalar num_tiles=VALUE"),
+    ([*SHAPES, "--scalar", "num_tiles=eight"], "--scalar num_tiles=eight: not a number of type int32"),
+    ([*SHAPES, "--scalar", "num_tiles=8", "--entry", "softmax_tile"],
+     "--entry softmax_tile: no Orchestration function @softmax_tile (it has: @dynamic_softmax)"),
+    ([*SHAPES, "--scalar", "num_tiles=9"], "the window of %input for %input starts at (64, 0), outside"),
+    ([*SHAPES, "--scalar", "num_tiles=9", "--compiled"], "the window of %input for %input starts outside"),
+])
+def test_bad_program_inputs_are_refused_by_name(options, message, capsys):
+    assert run_softmax(*options) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_file_with_several_orchestrations_needs_an_entry(tmp_path, capsys):
+    text = SOFTMAX.read_text()
+    path = tmp_path / "two.pto"
+    again = text[text.index("// Function Type: Orchestration"):].replace("@dynamic_softmax", "@again")
+    path.write_text(text + again)
+    assert cli.main(["run", str(path), *SHAPES, "--scalar", "num_tiles=8", "--backend", "cpu"]) == 2
+    assert "choose the Orchestration function with --entry (it has: @dynamic_softmax, @again)" in \
+        capsys.readouterr().err
+    assert cli.main(["run", str(path), *SHAPES, "--scalar", "num_tiles=1", "--entry", "again",
+                     "--backend", "cpu"]) == 0
+    assert "again: 1 tasks" in capsys.readouterr().out
+
+
+def test_run_reports_a_pto_file_error_at_its_line_and_column_as_compile_does(tmp_path, capsys):
+    path = tmp_path / "broken.pto"
+    path.write_text(SOFTMAX.read_text().replace("trowmax %x", "trowmaxx %x"))
+    assert cli.main(["run", str(path), *SHAPES, "--scalar", "num_tiles=8"]) == 2
+    error = capsys.readouterr().err
+    assert re.match(rf"pto-gpu: {re.escape(str(path))}:\d+:\d+: ", error)
+    assert cli.main(["compile", str(path)]) == 2 and capsys.readouterr().err == error
+
+
+def test_options_of_the_other_kind_of_run_are_refused():
+    with pytest.raises(SystemExit, match="--size: only for a workload"):
+        run_softmax(*SHAPES, "--scalar", "num_tiles=8", "--size", "64")
+    with pytest.raises(SystemExit, match="--shape, --compiled: only for a FILE.pto"):
+        cli.main(["run", "softmax", "--shape", "x=1x1", "--compiled"])

@@ -7,12 +7,14 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
+from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
 from pto_gpu.jit.descriptor import from_tensor, write_layout
 from pto_gpu.layout import PARAM_WIDTH, ROW_WIDTH
+from tests import hand_written
 from tests.conftest import add_into, fill, mix
 
 
@@ -26,13 +28,24 @@ def task_signature(graph):
 
 @pytest.mark.parametrize("seq_len", [1024, 2048])
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_compiled_llama_builds_the_same_graph(seq_len, adaptive):
+def test_the_llama_program_interpreted_and_compiled_builds_the_hand_written_graph(seq_len, adaptive):
     inputs = llama_layer_inputs(seq_len, lazy=True)
     rt = pto.Runtime(backend="cpu", executor="dry")
-    python = rt.run(llama_layer, inputs, adaptive, record=True)
-    compiled = rt.run(llama_layer_compiled, inputs, adaptive, record=True)
-    assert compiled.num_tasks == python.num_tasks and compiled.num_edges == python.num_edges
-    assert task_signature(compiled.graph) == task_signature(python.graph)
+    by_hand = rt.run(hand_written.llama_layer, inputs, adaptive, record=True)
+    assert by_hand.num_tasks == expected_tasks(seq_len // (64 if adaptive else 32))
+    for orchestration in (llama_layer, llama_layer_compiled):
+        result = rt.run(orchestration, inputs, adaptive, record=True)
+        assert result.num_tasks == by_hand.num_tasks and result.num_edges == by_hand.num_edges
+        assert task_signature(result.graph) == task_signature(by_hand.graph)
+
+
+@pytest.mark.parametrize("seq, tile, causal", [(256, 64, True), (200, 32, False), (45, 64, True)])
+def test_the_flash_attention_program_builds_the_hand_written_graph(seq, tile, causal):
+    q, k, v = (np.empty((4, seq, 16), np.float32) for _ in range(3))
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    by_hand = rt.run(hand_written.flash_attention, q, k, v, np.empty_like(q), tile, causal, record=True)
+    result = rt.run(flash_attention, q, k, v, np.empty_like(q), tile, causal, record=True)
+    assert task_signature(result.graph) == task_signature(by_hand.graph)
 
 
 def test_compiled_llama_fills_window_and_heap_and_matches_reference(executor):

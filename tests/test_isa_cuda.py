@@ -163,8 +163,9 @@ def _module(dt) -> Module:
     m.add(_incore("control", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C)), MemRef("half", dt, half)],
                   [Tile("t", R, C, dt)],
                   [Op("SLI", "k", (3,)), Op("SADD", "k", ("k", "n")), Op("SMUL", "q", ("k", 2)),
-                   Op("SSUB", "q", ("q", 1)), Op("SDIV", "q", ("q", 2)),
-                   Op("SCMP", "flag", ("q", 0, Predicate.LT)), Op("SDIV", "f", ("alpha", 0.2)),
+                   Op("SSUB", "q", ("q", 1)), Op("SDIV", "q", ("q", 2)), Op("SMIN", "q", ("q", 3)),
+                   Op("SMAX", "q", ("q", -7)), Op("SCMP", "flag", ("q", 0, Predicate.LT)),
+                   Op("SDIV", "f", ("alpha", 0.2)),
                    Op("TLOAD", "t", ("x", 0, 0)),
                    For("i", 0, "k", 1, (Op("TADDS", "t", ("t", "alpha")),)),
                    If("flag", Predicate.EQ, 1, (Op("TMULS", "t", ("t", -1.0)),),
@@ -238,7 +239,8 @@ def _source(dt) -> str:
 def test_every_form_is_covered():
     module = _module(pto.FLOAT32)
     used = {op.opcode for f in module.functions.values() for op in walk(f.body) if isinstance(op, Op)}
-    assert {spec.form for name, spec in OPCODES.items() if name in used} == set(Form)
+    # DIM reads a tensor's size, which only an Orchestration may (an InCore shape is a constant).
+    assert {spec.form for name, spec in OPCODES.items() if name in used} == set(Form) - {Form.DIM}
 
 
 def test_layout_and_work_items(tmp_path):
@@ -404,10 +406,12 @@ def test_floor_division_and_early_returns_are_seen(host_build, tmp_path):
     module = _module(DTYPES[dt])
     x, out, half = _arrays(module, "control", dt, False, 0)
     # One block: warps 0 and 1 run rows 8 and 9 too, with scalars and valid regions afresh.
-    _host_call(library, "control", THREADS_PER_BLOCK, [x, out, half], (-8, 0.25))  # k = -5, q = -11 // 2
+    # k = -5, q = max(min(-11 // 2, 3), -7) = -6 (C's truncating division would give -5)
+    _host_call(library, "control", THREADS_PER_BLOCK, [x, out, half], (-8, 0.25))
     np.testing.assert_allclose(out, 3 * (-x - 6), **TOLERANCE[dt])
-    _host_call(library, "control", THREADS_PER_BLOCK, [x, out, half], (2, 0.5))  # k = 5 > 0: returns
-    np.testing.assert_allclose(out, x + 5 * 0.5 + 2.0 + 4, **TOLERANCE[dt])  # f = 0.5 // 0.2 = 2
+    # k = 5 > 0: returns; q = max(min(9 // 2, 3), -7) = 3; f = 0.5 // 0.2 = 2
+    _host_call(library, "control", THREADS_PER_BLOCK, [x, out, half], (2, 0.5))
+    np.testing.assert_allclose(out, x + 5 * 0.5 + 2.0 + 3, **TOLERANCE[dt])
     np.testing.assert_allclose(half, x[R // 2:, C // 2:] * 0.5, **TOLERANCE[dt])  # factor = alpha
 
 

@@ -11,7 +11,14 @@ and CUDA implementations.
     interpret  the numpy reference: run(module, name, *arrays_and_scalars)
     cpu_codegen   one generated numba function per InCore function (cached as .py files)
     cuda_codegen  one generated `extern "C" __global__` per InCore function (pto_isa.cuh)
-    program    compile(module) -> Program: a pto.Kernel per InCore function
+    program    compile(module) -> Program: a pto.Kernel per InCore function (library functions:
+               the kernel their import path names)
+    lowering   what both ways of running an Orchestration share: frees, the binary expansion,
+               adaptive tiles and their variants
+    orchestrate            Program.orchestration(name): the IR walked against the Python API
+    orchestration_codegen  Program.orchestration(name, compiled=True): generated numba code
+    family     @family: a kernel whose program is written for the sizes of each call
+    optimize   IR-to-IR passes of InCore functions: tile reuse by liveness (reuse_tiles)
 
 Docs: docs/ISA.md.
 """
@@ -22,8 +29,10 @@ from .builder import FunctionBuilder
 from .cuda_codegen import cuda_code, cuda_source
 from .errors import ISAError
 from .ir import (
+    Alloc,
     Call,
     CallArg,
+    Direction,
     For,
     Function,
     FunctionKind,
@@ -34,13 +43,15 @@ from .ir import (
     Predicate,
     Return,
     Scalar,
+    Split,
     Tile,
+    View,
 )
 from .ops import OPCODES, Form, OpSpec
 from .program import Program, compile
-from .verify import Direction, directions, verify_function, verify_module
+from .verify import directions, verify_function, verify_module
 
-__all__ = ["Call", "CallArg", "Direction", "For", "Form", "Function", "FunctionBuilder", "FunctionKind",
-           "ISAError", "If", "MemRef", "Module", "OPCODES", "Op", "OpSpec", "Predicate", "Program", "Return",
-           "Scalar", "Tile", "compile", "cuda_code", "cuda_source", "directions", "interpret", "parse",
-           "print_module", "verify_function", "verify_module"]
+__all__ = ["Alloc", "Call", "CallArg", "Direction", "For", "Form", "Function", "FunctionBuilder",
+           "FunctionKind", "ISAError", "If", "MemRef", "Module", "OPCODES", "Op", "OpSpec", "Predicate",
+           "Program", "Return", "Scalar", "Split", "Tile", "View", "compile", "cuda_code", "cuda_source",
+           "directions", "interpret", "parse", "print_module", "verify_function", "verify_module"]

@@ -8,8 +8,10 @@
     func @f(%a: !pto.memref<f32, 8x64>, %b: !pto.memref<f32>, %n: i32) {
       %x = alloc_tile : !pto.tile<8x64xf32>              tiles, in declaration order
       %s = alloc_scalar : i32                            scalar locals, in declaration order
+      %t = alloc_tensor : !pto.memref<f32>               local tensors (Orchestrations)
       statements
     }
+    func @k(%a: in !pto.memref<f32>, %c: out !pto.memref<f32>, %eps: f32) = library pkg.module.name
 
 Parameters are the memrefs (with a shape or without), then the scalar parameters, each group in
 declaration order; the parser rebuilds `Function.scalars` as the parameters followed by the
@@ -25,7 +27,7 @@ spaces per level of nesting:
     %s = sli 7                            SCALAR: SLI (an immediate)
     %s = sadd %a, 1                       SCALAR: the others (numbers or %names)
     %c = scmp lt %a, %b                   COMPARE (lt le gt ge eq ne)
-    FOR %i:idx, start:idx, stop:idx, step:idx [max_range=N] [min_range=N] [tile_levels={N:N,...}]
+    FOR %i:idx, start:idx, stop:idx, step:idx [max_range=N] [min_range=N] [tile_levels={N:N,...}] [rows=%r]
       statements
     ENDFOR
     IF lhs lt rhs
@@ -35,13 +37,19 @@ spaces per level of nesting:
     ENDIF
     CALL @callee(%param -> %tensor, %param -> %tensor[row, col], %scalar = value)
     return
+    %t = alloc [dim, dim]                 ALLOC (dims: integers or %names)
+    %v = view %t[start:stop, :]           VIEW (`:` keeps a dim whole)
+    %h = split %t, groups                 SPLIT
+    %n = sdim %t, axis                    DIM
 
-Instructions are spelled in lower case; what each operand accepts is the verifier's signature
-(verify.signature), which the printer checks and the parser follows. row, col, loop bounds and
-IF operands are integers or %names; numbers are written as Python's repr (so floats read back
-exactly, inf, -inf and nan included). Unset FOR attributes and an empty ELSE are left out.
-dtypes are f32 f16 bf16 f64 i64 i32 i16 i8 u64 u8 bool. Comments run from `//` to the end of
-the line; only the two header forms above, alone on their line, carry meaning.
+A function's parameter list and a CALL's arguments may break across lines (the printer writes
+each on one line). Instructions are spelled in lower case; what each operand accepts is the
+verifier's signature (verify.signature), which the printer checks and the parser follows.
+row, col, loop bounds and IF operands are integers or %names; numbers are written as
+Python's repr (so floats read back exactly, inf, -inf and nan included). Unset FOR
+attributes and an empty ELSE are left out. dtypes are f32 f16 bf16 f64 i64 i32 i16 i8 u64
+u8 bool. Comments run from `//` to the end of the line; only the two header forms above,
+alone on their line, carry meaning.
 """
 
 from __future__ import annotations
@@ -52,8 +60,10 @@ import re
 from ..dtypes import DataType
 from .errors import ISAError
 from .ir import (
+    Alloc,
     Call,
     CallArg,
+    Direction,
     For,
     Function,
     FunctionKind,
@@ -64,7 +74,9 @@ from .ir import (
     Predicate,
     Return,
     Scalar,
+    Split,
     Tile,
+    View,
 )
 from .ops import OPCODES, Form, OpSpec
 from .verify import Kind, signature
@@ -137,15 +149,30 @@ class _Printer:
 
     def lines(self) -> list[str]:
         f = self.function
-        params = [f"{self.name(m.name)}: {self.memref_type(m)}" for m in f.memrefs]
+        params = [f"{self.name(m.name)}: {self.direction(m)}{self.memref_type(m)}" for m in f.memrefs]
         params += [f"{self.name(s.name)}: {self.dtype(s.dtype)}" for s in f.scalars if s.param]
-        out = [f"// Function Type: {f.kind.value}", f"func {self.name(f.name, '@')}({', '.join(params)}) {{"]
+        head = f"func {self.name(f.name, '@')}({', '.join(params)})"
+        if f.library is not None:
+            if f.body or f.tiles or f.tensors or any(not s.param for s in f.scalars):
+                raise self.fail("a library function has no body, tiles or locals")
+            if not _PATH.fullmatch(str(f.library)):
+                raise self.fail(f"library {f.library!r} is not an import path (package.module.name)")
+            return [f"// Function Type: {f.kind.value}", f"{head} = library {f.library}"]
+        out = [f"// Function Type: {f.kind.value}", head + " {"]
         out += [f"{_INDENT}{self.name(t.name)} = alloc_tile : {self.tile_type(t)}" for t in f.tiles]
         out += [f"{_INDENT}{self.name(s.name)} = alloc_scalar : {self.dtype(s.dtype)}"
                 for s in f.scalars if not s.param]
+        out += [f"{_INDENT}{self.name(t.name)} = alloc_tensor : {self.memref_type(t)}" for t in f.tensors]
         self.body(f.body, 1, out)
         out.append("}")
         return out
+
+    def direction(self, memref: MemRef) -> str:
+        if memref.direction is None:
+            return ""
+        if not isinstance(memref.direction, Direction):
+            raise self.fail(f"memref {memref.name}: direction {memref.direction!r} is not a Direction")
+        return _DIRECTION_WORDS[memref.direction] + " "
 
     def dtype(self, dtype: DataType) -> str:
         if dtype not in DTYPE_NAMES:
@@ -184,6 +211,16 @@ class _Printer:
                 out.append(pad + self.call(s))
             elif isinstance(s, Return):
                 out.append(pad + "return")
+            elif isinstance(s, Alloc):
+                dims = ", ".join(self.index(v, "alloc") for v in s.shape)
+                out.append(f"{pad}{self.name(s.dst)} = alloc [{dims}]")
+            elif isinstance(s, View):
+                dims = [":" if b is None else f"{self.index(b[0], 'view')}:{self.index(b[1], 'view')}"
+                        for b in s.slices]
+                out.append(f"{pad}{self.name(s.dst)} = view {self.name(s.src)}[{', '.join(dims)}]")
+            elif isinstance(s, Split):
+                groups = self.index(s.groups, "split")
+                out.append(f"{pad}{self.name(s.dst)} = split {self.name(s.src)}, {groups}")
             else:
                 raise self.fail(f"{s!r} is not a statement")
 
@@ -221,6 +258,8 @@ class _Printer:
             levels = [f"{self.integer(size, where)}:{self.integer(rows, where)}"
                       for size, rows in loop.tile_levels]
             text += " tile_levels={" + ",".join(levels) + "}"
+        if loop.rows is not None:
+            text += f" rows={self.name(loop.rows)}"
         return text
 
     def call(self, call: Call) -> str:
@@ -250,15 +289,19 @@ _TOKEN = re.compile(r"""
   | (?P<name>%[^\W\d]\w*)
   | (?P<func>@[^\W\d]\w*)
   | (?P<type>![A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<path>[^\W\d]\w*(?:\.[^\W\d]\w*)+)
   | (?P<word>[^\W\d]\w*)
   | (?P<punct>[(){}\[\],:=<>])
 """, re.VERBOSE)
 # A header's value is one word; a comment may follow it.
 _HEADERS = {"module": re.compile(r"//\s*PTO Module:\s*(\S*)\s*(?://.*)?"),
             "kind": re.compile(r"//\s*Function Type:\s*(\S*)\s*(?://.*)?")}
-_LOOP_ATTRIBUTES = ("max_range", "min_range", "tile_levels")
+_LOOP_ATTRIBUTES = ("max_range", "min_range", "tile_levels", "rows")
 _CLOSERS = frozenset({"}", "ELSE", "ENDFOR", "ENDIF"})  # the ends of blocks
-_ALLOCS = ("alloc_tile", "alloc_scalar")
+_ALLOCS = ("alloc_tile", "alloc_scalar", "alloc_tensor")
+_DIRECTION_WORDS = {Direction.INPUT: "in", Direction.OUTPUT: "out", Direction.INOUT: "inout"}
+_DIRECTIONS = {word: direction for direction, word in _DIRECTION_WORDS.items()}
+_PATH = re.compile(r"[^\W\d]\w*(?:\.[^\W\d]\w*)+")
 _INTEGER = re.compile(r"-?\d+")
 _PREDICATES = {p.value: p for p in Predicate}
 
@@ -348,6 +391,13 @@ class _Parser:
     def punct(self, text: str) -> None:
         self.expect("punct", text)
 
+    def wrapped_at(self, text: str) -> bool:
+        """Inside parentheses a line may break (the printer never breaks one): skip the breaks,
+        then whether the next token is `text`."""
+        while self.at("newline"):
+            self.advance()
+        return self.at("punct", text)
+
     def end_of_line(self) -> None:
         self.expect("newline", what="end of line")
 
@@ -416,24 +466,40 @@ class _Parser:
         memrefs: list[MemRef] = []
         scalars: list[Scalar] = []
         self.punct("(")
-        while not self.at("punct", ")"):
+        while not self.wrapped_at(")"):
             if memrefs or scalars:
                 self.punct(",")
+                self.wrapped_at(",")
             param = self.name()
             self.punct(":")
+            direction = _DIRECTIONS[self.advance().text] if self.peek().text in _DIRECTIONS else None
             if self.at("type"):
-                memrefs.append(self.memref_type(param))
+                memrefs.append(dataclasses.replace(self.memref_type(param), direction=direction))
+            elif direction is not None:
+                raise self.expected("'!pto.memref' (a direction is for a memref)")
             else:
                 scalars.append(Scalar(param, self.dtype(), param=True))
         self.punct(")")
+        if self.at("punct", "="):
+            self.advance()
+            self.expect("word", "library", "'library'")
+            library = self.expect("path", what="an import path package.module.name").text
+            if not self.at("eof"):
+                self.end_of_line()
+            return Function(name, kind, tuple(memrefs), tuple(scalars), (), (), library=library)
         self.punct("{")
         self.end_of_line()
         tiles: list[Tile] = []
+        tensors: list[MemRef] = []
         while self.at("name") and self.peek(1).text == "=" and self.peek(2).text in _ALLOCS:
             declared = self.name()
             self.punct("=")
-            if self.advance().text == "alloc_tile":
+            declaration = self.advance().text
+            if declaration == "alloc_tile":
                 tiles.append(self.tile_type(declared))
+            elif declaration == "alloc_tensor":
+                self.punct(":")
+                tensors.append(self.memref_type(declared))
             else:
                 self.punct(":")
                 scalars.append(Scalar(declared, self.dtype(), param=False))
@@ -442,7 +508,7 @@ class _Parser:
         self.punct("}")
         if not self.at("eof"):
             self.end_of_line()
-        return Function(name, kind, tuple(memrefs), tuple(scalars), tuple(tiles), body)
+        return Function(name, kind, tuple(memrefs), tuple(scalars), tuple(tiles), body, tuple(tensors))
 
     def memref_type(self, name: str) -> MemRef:
         self.expect("type", "!pto.memref", "'!pto.memref'")
@@ -527,10 +593,12 @@ class _Parser:
         self.punct("]")
         return name, row, col
 
-    def assignment(self) -> Op:
+    def assignment(self) -> Op | Alloc | View | Split:
         dst = self.name()
         self.punct("=")
         token = self.peek()
+        if token.kind == "word" and token.text in ("alloc", "view", "split"):
+            return self.tensor_statement(dst)
         spec = self.opcode()
         form = spec.form
         if form is Form.STORE:
@@ -547,6 +615,30 @@ class _Parser:
             values.append(self.operand(kind))
         srcs = [predicates.pop(0) if kind is Kind.PREDICATE else values.pop(0) for kind in kinds]
         return Op(spec.spelling, dst, tuple(srcs))
+
+    def tensor_statement(self, dst: str) -> Alloc | View | Split:
+        word = self.advance().text
+        if word == "split":
+            source = self.name()
+            self.punct(",")
+            return Split(dst, source, self.index())
+        source = self.name() if word == "view" else None
+        self.punct("[")
+        dims: list = []
+        while not self.at("punct", "]"):
+            if dims:
+                self.punct(",")
+            if word == "alloc":
+                dims.append(self.index())
+            elif self.at("punct", ":"):
+                self.advance()
+                dims.append(None)
+            else:
+                start = self.index()
+                self.punct(":")
+                dims.append((start, self.index()))
+        self.advance()
+        return Alloc(dst, tuple(dims)) if word == "alloc" else View(dst, source, tuple(dims))
 
     def bound(self) -> str | int:
         value = self.index()
@@ -569,7 +661,8 @@ class _Parser:
             if token.text not in _LOOP_ATTRIBUTES or token.text in attributes:
                 raise self.expected(f"one of {', '.join(_LOOP_ATTRIBUTES)}, each at most once", token)
             self.punct("=")
-            attributes[token.text] = self.levels() if token.text == "tile_levels" else self.integer()
+            read = {"tile_levels": self.levels, "rows": self.name}.get(token.text, self.integer)
+            attributes[token.text] = read()
         self.end_of_line()
         body = self.statements(("ENDFOR",))
         self.advance()
@@ -609,9 +702,10 @@ class _Parser:
         callee = self.expect("func", what="a function name '@name'").text[1:]
         self.punct("(")
         args, scalars = [], []
-        while not self.at("punct", ")"):
+        while not self.wrapped_at(")"):
             if args or scalars:
                 self.punct(",")
+                self.wrapped_at(",")
             param = self.name()
             if self.at("punct", "="):
                 self.advance()

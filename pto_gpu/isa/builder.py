@@ -5,7 +5,8 @@
         .load("x", "input").exp("x", "x").store("output", "x")
         .build())
 
-Declarations (`memref`, `tile`, `scalar`, `scalar_var`) and statements may come in any order;
+Declarations (`memref`, `tile`, `scalar`, `scalar_var`, an Orchestration's local `tensor`s, and
+`library` for a kernel of the library) and statements may come in any order;
 blocks open with `for_loop` / `if_then` (`else_`) and close with `end_for` / `end_if`. There is
 one instruction method per entry of ops.OPCODES, named by its `builder` field and generated
 from the table, with the operands of verify.signature. `build` returns the verified
@@ -23,8 +24,10 @@ from ..dtypes import as_dtype
 from ..errors import PTOError
 from .errors import ISAError
 from .ir import (
+    Alloc,
     Call,
     CallArg,
+    Direction,
     For,
     Function,
     FunctionKind,
@@ -37,8 +40,10 @@ from .ir import (
     Predicate,
     Return,
     Scalar,
+    Split,
     Statement,
     Tile,
+    View,
 )
 from .ops import OPCODES, Form, OpSpec
 from .verify import signature, verify_function
@@ -61,6 +66,8 @@ class FunctionBuilder:
         self._memrefs: list[MemRef] = []
         self._scalars: list[Scalar] = []
         self._tiles: list[Tile] = []
+        self._tensors: list[MemRef] = []
+        self._library: str | None = None
         self._body: list[Statement] = []
         self._open: list[_Block] = []
 
@@ -89,10 +96,41 @@ class FunctionBuilder:
         self._kind = FunctionKind.ORCHESTRATION
         return self
 
-    def memref(self, name: str, dtype: object, shape: tuple[int, int] | None = None) -> FunctionBuilder:
+    def memref(self, name: str, dtype: object, shape: tuple[int, int] | None = None,
+               direction: Direction | str | None = None) -> FunctionBuilder:
+        """A memref parameter; `direction` ("input", "output", "inout") only for a library function."""
         dtype = self._dtype(f"memref %{name}", dtype)
-        self._memrefs.append(MemRef(name, dtype, None if shape is None else tuple(shape)))
+        if isinstance(direction, str):
+            try:
+                direction = Direction(direction)
+            except ValueError:
+                raise self._fail(f"memref %{name}: direction {direction!r} is not one of "
+                                 f"{', '.join(d.value for d in Direction)}") from None
+        self._memrefs.append(MemRef(name, dtype, None if shape is None else tuple(shape), direction))
         return self
+
+    def library(self, path: str) -> FunctionBuilder:
+        """This InCore function is the library kernel at import path `path` (no body)."""
+        self._library = path
+        return self
+
+    def tensor(self, name: str, dtype: object) -> FunctionBuilder:
+        """A local tensor of an Orchestration, bound by alloc, view or split."""
+        self._tensors.append(MemRef(name, self._dtype(f"tensor %{name}", dtype)))
+        return self
+
+    def alloc(self, dst: str, shape: tuple[Index, ...]) -> FunctionBuilder:
+        """dst = a new heap tensor of `shape`, freed after its last use."""
+        return self._emit(Alloc(dst, tuple(_operand(n) for n in shape)))
+
+    def view(self, dst: str, src: str, slices: tuple[tuple[Index, Index] | None, ...]) -> FunctionBuilder:
+        """dst = src sliced: per dim (start, stop), or None for the whole dim."""
+        return self._emit(View(dst, src, tuple(None if b is None else (_operand(b[0]), _operand(b[1]))
+                                               for b in slices)))
+
+    def split(self, dst: str, src: str, groups: Index) -> FunctionBuilder:
+        """dst = (rows, groups*c) src seen as (groups, rows, c)."""
+        return self._emit(Split(dst, src, _operand(groups)))
 
     def tile(self, name: str, rows: int, cols: int, dtype: object) -> FunctionBuilder:
         self._tiles.append(Tile(name, rows, cols, self._dtype(f"tile %{name}", dtype)))
@@ -111,12 +149,12 @@ class FunctionBuilder:
     # control flow
 
     def for_loop(self, var: str, start: Index, stop: Index, step: Index = 1, max_range: int | None = None,
-                 min_range: int | None = None,
-                 tile_levels: Mapping[int, int] | None = None) -> FunctionBuilder:
+                 min_range: int | None = None, tile_levels: Mapping[int, int] | None = None,
+                 rows: str | None = None) -> FunctionBuilder:
         levels = tuple(sorted(dict(tile_levels).items())) if tile_levels else ()
         self._open.append(_Block(f"for_loop %{var}", dict(
             var=var, start=_operand(start), stop=_operand(stop), step=_operand(step),
-            max_range=max_range, min_range=min_range, tile_levels=levels)))
+            max_range=max_range, min_range=min_range, tile_levels=levels, rows=rows)))
         return self
 
     def end_for(self) -> FunctionBuilder:
@@ -185,7 +223,7 @@ class FunctionBuilder:
         # that printing and parsing give back the same function.
         scalars = tuple(sorted(self._scalars, key=lambda s: not s.param))
         function = Function(self._name, self._kind, tuple(self._memrefs), scalars,
-                            tuple(self._tiles), tuple(self._body))
+                            tuple(self._tiles), tuple(self._body), tuple(self._tensors), self._library)
         verify_function(function, self._module)
         if self._module is not None:
             self._module.add(function)

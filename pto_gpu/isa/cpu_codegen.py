@@ -626,6 +626,8 @@ def _generate(module: Module, name: str) -> tuple[_Generator, str]:
     function = module.functions.get(name)
     if function is None or not function.in_core:
         raise ISAError(f"module {module.name}: @{name} is not an InCore function")
+    if function.library is not None:
+        raise ISAError(f"@{name} is the library kernel {function.library}, generated per call size by it")
     generator = _Generator(module, function)
     return generator, generator.source()
 

@@ -165,6 +165,8 @@ class _Generator:
             raise ISAError(f"module {module.name}: unknown function @{name}")
         if not function.in_core:
             raise ISAError(f"@{name} is an Orchestration; only InCore functions become CUDA kernels")
+        if function.library is not None:
+            raise ISAError(f"@{name} is the library kernel {function.library}, generated per call size by it")
         dtypes = sorted({m.dtype.name for m in function.memrefs})
         if len(dtypes) > 1:
             raise ISAError(f"@{name}: its memrefs are {', '.join(dtypes)}; CUDA code is generated for one "

@@ -33,7 +33,7 @@ import numpy as np
 from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import ParamError
 from ..kernel import CudaCode, CudaInstances, Kernel, kernel
-from . import cpu_codegen, cuda_codegen
+from . import cpu_codegen, cuda_codegen, optimize
 from .builder import FunctionBuilder
 from .ir import Function, Module
 from .verify import Direction, directions
@@ -96,6 +96,7 @@ class Family:
                 named = dict(zip(self.structural_names, structural))
                 self.build(builder, dtype, **dict(sizes), **named, **budget)
                 self._check(builder.build(), module)
+                module = optimize.optimize_module(module)  # tile reuse by liveness
                 self._modules[key] = module
         return module
 

@@ -58,14 +58,23 @@ def _function(module: Module, name: str, where: str) -> Function:
         raise ISAError(f"{where}: unknown function @{name}")
     if not function.in_core:
         raise ISAError(f"{where}: @{name} is an Orchestration; only InCore functions run on tiles")
+    if function.library is not None:
+        raise ISAError(f"{where}: @{name} is the library kernel {function.library}: run its family")
     return function
 
 
 def cast_scalar(dtype: DataType, value) -> int | float:
     """A scalar as the program sees it: ints are int64, floats rounded to their dtype."""
     if dtype.numpy.kind in "iu":
+        if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the common case, without numpy
+            return value
         return int(np.int64(value))
+    if type(value) is float and dtype is DataType.FLOAT64:
+        return value
     return float(dtype.numpy.type(value))
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class _Frame:

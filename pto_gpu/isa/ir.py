@@ -8,9 +8,20 @@ dtype, in core-local memory) and scalars, then has a body of statements:
     Op      one instruction of the opcode table (ops.py): opcode, destination, sources
     For     a counted loop over a scalar variable; start/stop/step are ints or scalar names
     If      a branch on `lhs predicate rhs` over ints and scalar names
-    Call    a call of another function: InCore callees are inlined, Orchestration ones
-            become tasks; each argument is a whole tensor or a window (CallArg)
+    Call    a call of another function: InCore callees are inlined into InCore callers and
+            are tasks when an Orchestration calls them; each argument is a whole tensor or a
+            window (CallArg)
     Return  leaves the function
+
+An Orchestration may also declare local tensors (`Function.tensors`), each bound by one of
+
+    Alloc   a heap tensor of the given dims, freed by the compiler after its last use
+    View    a slice of a tensor, per dim `start:stop` or whole
+    Split   (rows, n*c) seen as (n, rows, c): the per-head view of a projection
+
+An InCore function with a `library` has no body: it is a kernel of the library (a pto.Kernel
+named by its import path, such as `pto_gpu.kernels.tiles.matmul`), its memrefs unshaped and
+with the directions it declares.
 
 Operands are names (of a tile, memref or scalar) or numbers. Statements compare by value,
 so two modules built the same way are equal, name for name.
@@ -28,6 +39,12 @@ from .errors import ISAError
 class FunctionKind(enum.Enum):
     INCORE = "InCore"
     ORCHESTRATION = "Orchestration"
+
+
+class Direction(enum.Enum):
+    INPUT = "input"
+    OUTPUT = "output"
+    INOUT = "inout"
 
 
 class Predicate(enum.Enum):
@@ -53,6 +70,7 @@ class MemRef:
     name: str
     dtype: DataType
     shape: tuple[int, int] | None = None
+    direction: Direction | None = None  # declared by library functions; inferred for the others
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +113,7 @@ class For:
     max_range: int | None = None  # binary expansion (spec §2.5): the largest trip count
     min_range: int | None = None  # the smallest power-of-two block; fewer go to one residual loop
     tile_levels: tuple[tuple[int, int], ...] = ()  # (block size, tile rows), 0 for the residual
+    rows: str | None = None  # with tile_levels: the scalar holding this iteration's tile rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +151,35 @@ class Return:
     pass
 
 
-Statement = Op | For | If | Call | Return
+@dataclasses.dataclass(frozen=True)
+class Alloc:
+    """`dst` (a local tensor) = a new heap tensor of these dims, in dst's dtype."""
+
+    dst: str
+    shape: tuple[Index, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """`dst` = `src` sliced: per dim, (start, stop) or None for the whole dim. A stop past the
+    edge is cut at it (a tail); a start at or past it is an error at run time."""
+
+    dst: str
+    src: str
+    slices: tuple[tuple[Index, Index] | None, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """`dst` = 2-d `src` (rows, groups*c) seen as (groups, rows, c), no copy."""
+
+    dst: str
+    src: str
+    groups: Index
+
+
+Statement = Op | For | If | Call | Return | Alloc | View | Split
+TENSOR_STATEMENTS = (Alloc, View, Split)
 
 
 def walk(body: tuple[Statement, ...]):
@@ -155,13 +202,16 @@ class Function:
     scalars: tuple[Scalar, ...]  # parameters (in call order), then locals
     tiles: tuple[Tile, ...]
     body: tuple[Statement, ...]
+    tensors: tuple[MemRef, ...] = ()  # an Orchestration's local tensors (Alloc, View, Split)
+    library: str | None = None  # an InCore function that is a library kernel: its import path
 
     @property
     def in_core(self) -> bool:
         return self.kind == FunctionKind.INCORE
 
     def memref(self, name: str) -> MemRef | None:
-        return next((m for m in self.memrefs if m.name == name), None)
+        """A memref parameter or local tensor by name."""
+        return next((m for m in (*self.memrefs, *self.tensors) if m.name == name), None)
 
     def tile(self, name: str) -> Tile | None:
         return next((t for t in self.tiles if t.name == name), None)

@@ -26,6 +26,7 @@ Forms, with destination first (../shared/design.md, "Builder method names ... De
     TRANSPOSE   dst (c x r), a (r x c)          dst = a transposed (dst differs from a)
     SCALAR      dst, a[, b]                     scalar arithmetic (SLI: dst = immediate)
     COMPARE     dst, a, b, predicate            dst = 1 if a predicate b else 0
+    DIM         dst, memref, axis               dst = the memref's size along axis (Orchestrations)
 
 Tails: a tile loaded from a memref window smaller than the tile is valid only over that
 window (its valid rows and columns); every form computes over the valid part, reductions
@@ -58,6 +59,7 @@ class Form(enum.Enum):
     TRANSPOSE = "transpose"
     SCALAR = "scalar"
     COMPARE = "compare"
+    DIM = "dim"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +141,15 @@ _SPECS = [
     OpSpec("SSUB", "scalar_sub", Form.SCALAR, np.subtract, "{a} - {b}", "{a} - {b}"),
     OpSpec("SMUL", "scalar_mul", Form.SCALAR, np.multiply, "{a} * {b}", "{a} * {b}"),
     OpSpec("SDIV", "scalar_div", Form.SCALAR, np.floor_divide, "{a} // {b}", "pto_floordiv({a}, {b})"),
+    OpSpec("SMIN", "scalar_min", Form.SCALAR, np.minimum, "min({a}, {b})", "({a} < {b} ? {a} : {b})"),
+    OpSpec("SMAX", "scalar_max", Form.SCALAR, np.maximum, "max({a}, {b})", "({a} > {b} ? {a} : {b})"),
     OpSpec("SCMP", "scalar_cmp", Form.COMPARE, None),
+    OpSpec("SDIM", "scalar_dim", Form.DIM, None),
 ]
 
 OPCODES: dict[str, OpSpec] = {spec.spelling: spec for spec in _SPECS}
 BY_BUILDER: dict[str, OpSpec] = {spec.builder: spec for spec in _SPECS}
 
-# Tile instructions belong in InCore functions; scalar ones may appear anywhere.
-SCALAR_FORMS = frozenset({Form.SCALAR, Form.COMPARE})
+# Tile instructions belong in InCore functions; scalar ones may appear anywhere, but DIM only
+# in Orchestrations (an InCore function's memref shapes are its program's constants).
+SCALAR_FORMS = frozenset({Form.SCALAR, Form.COMPARE, Form.DIM})

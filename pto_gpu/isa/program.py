@@ -4,27 +4,42 @@ Each kernel's CPU implementation is the generated numba function (cpu_codegen) a
 implementation the generated source (cuda_codegen), both written under the cache directory.
 The worker class is CUBE for a function that multiplies matrices (a TMATMUL or TMATMUL_ACC,
 its inlined callees included), VECTOR otherwise. Kernels are created once, when the program is
-compiled; compiling a module again declares new kernels.
+compiled; compiling a module again declares new kernels. A library function's kernel is the
+one its import path names (checked to take the tensors and scalars it declares), and the
+variants adaptive loops need that the module does not define (lowering.variants) are
+compiled beside its functions. InCore functions go through optimize.py's tile reuse first.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
 from ..dtypes import WorkerType
+from ..errors import ParamError
 from ..kernel import Kernel, kernel
-from . import cpu_codegen, cuda_codegen, orchestrate, orchestration_codegen
-from .ir import Call, Module, Op, Statement, walk
+from . import cpu_codegen, cuda_codegen, lowering, optimize, orchestrate, orchestration_codegen
+from .errors import ISAError
+from .family import family_of
+from .ir import Call, Function, Module, Op, Statement, walk
 from .ops import OPCODES, Form
-from .verify import verify_module
+from .verify import verify_function, verify_module
 
 
 class Program:
-    """A compiled module: `kernels[name]` for each InCore function."""
+    """A compiled module: `kernels[name]` for each InCore function and made variant."""
 
-    def __init__(self, module: Module, kernels: dict[str, Kernel], cache_dir: Path):
-        self.module, self.kernels, self.cache_dir = module, kernels, cache_dir
+    def __init__(self, module: Module, variants: dict[str, Function], kernels: dict[str, Kernel],
+                 cache_dir: Path):
+        self.module, self.variants, self.kernels, self.cache_dir = module, variants, kernels, cache_dir
+
+    def function(self, name: str) -> Function:
+        """A function of the module, or a variant the compiler made."""
+        function = self.module.functions.get(name) or self.variants.get(name)
+        if function is None:
+            raise ISAError(f"module {self.module.name}: unknown function @{name}")
+        return function
 
     def __repr__(self) -> str:
         return f"Program({self.module.name}: {', '.join(self.kernels)})"
@@ -50,10 +65,18 @@ class Program:
 def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shared/design.md: isa.compile)
     """Verify `module` and generate a kernel per InCore function."""
     verify_module(module)
+    module = optimize.optimize_module(module)  # tile reuse by liveness: same results, less tile memory
+    made = lowering.variants(module)
+    expanded = Module(module.name, {**module.functions, **made})
+    for variant in made.values():
+        verify_function(variant, expanded)
     directory = cpu_codegen.cache_dir()
     kernels = {}
-    for function in module.functions.values():
+    for function in expanded.functions.values():
         if not function.in_core:
+            continue
+        if function.library is not None:
+            kernels[function.name] = _library_kernel(function)
             continue
         cube = _multiplies(module, function.body)
         # A task passes each memref a window of at most its declared shape (smaller: a tail).
@@ -62,9 +85,31 @@ def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shar
         mixed = len({m.dtype for m in function.memrefs}) > 1
         declare = kernel(worker=WorkerType.CUBE if cube else WorkerType.VECTOR, name=function.name,
                          shapes=bounds, mixed_dtypes=mixed,
-                         cuda=None if mixed else cuda_codegen.cuda_code(module, function.name, directory))
-        kernels[function.name] = declare(cpu_codegen.cpu_function(module, function.name, directory))
-    return Program(module, kernels, directory)
+                         cuda=None if mixed else cuda_codegen.cuda_code(expanded, function.name, directory))
+        kernels[function.name] = declare(cpu_codegen.cpu_function(expanded, function.name, directory))
+    return Program(module, made, kernels, directory)
+
+
+def _library_kernel(function: Function) -> Kernel:
+    """The kernel a library function names, checked against its declaration."""
+    path, _, attribute = function.library.rpartition(".")
+    where = f"@{function.name} (library {function.library})"
+    try:
+        declared = getattr(importlib.import_module(path), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ISAError(f"{where}: cannot import it: {error}") from None
+    if not isinstance(declared, Kernel):
+        raise ISAError(f"{where}: is a {type(declared).__name__}, not a pto.Kernel")
+    try:
+        family = family_of(declared)
+    except ParamError:
+        return declared  # a hand-written kernel: its own checks run at submit
+    scalars = tuple(s.name for s in function.scalars)
+    if len(function.memrefs) != family.tensors or scalars != family.scalar_names:
+        raise ISAError(f"{where}: declares {len(function.memrefs)} memrefs and scalars "
+                       f"({', '.join(scalars)}), but the kernel takes {family.tensors} tensors and scalars "
+                       f"({', '.join(family.scalar_names)})")
+    return declared
 
 
 def _multiplies(module: Module, body: tuple[Statement, ...]) -> bool:

@@ -20,7 +20,7 @@ import json
 import math
 
 from .errors import ISAError
-from .ir import Call, For, Function, If, Module, Op, Predicate, Return
+from .ir import Alloc, Call, For, Function, If, Module, Op, Predicate, Return, Split, View
 from .ops import OPCODES
 
 _INDENT = "    "
@@ -38,14 +38,20 @@ def to_python(module: Module) -> str:
 def _function(function: Function) -> list[str]:
     kind = "in_core" if function.in_core else "not_in_core"
     lines = [f"(isa.FunctionBuilder({_literal(function.name)}, module=m).{kind}()"]
+    if function.library is not None:
+        lines.append(f"{_INDENT}.library({_literal(function.library)})")
     for memref in function.memrefs:
         shape = "" if memref.shape is None else f", {_literal(tuple(memref.shape))}"
+        if memref.direction is not None:
+            shape += f", direction={_literal(memref.direction.value)}"
         lines.append(f"{_INDENT}.memref({_literal(memref.name)}, pto.{memref.dtype.name}{shape})")
     for scalar in function.scalars:
         method = "scalar" if scalar.param else "scalar_var"
         lines.append(f"{_INDENT}.{method}({_literal(scalar.name)}, pto.{scalar.dtype.name})")
     for tile in function.tiles:
         lines.append(f"{_INDENT}.tile({_arguments(tile.name, tile.rows, tile.cols)}, pto.{tile.dtype.name})")
+    for tensor in function.tensors:
+        lines.append(f"{_INDENT}.tensor({_literal(tensor.name)}, pto.{tensor.dtype.name})")
     _body(function.body, 1, lines)
     lines.append(f"{_INDENT}.build())")
     return lines
@@ -61,6 +67,8 @@ def _body(statements: tuple, depth: int, lines: list[str]) -> None:
                        (("max_range", s.max_range), ("min_range", s.min_range)) if value is not None]
             if s.tile_levels:
                 options.append(f"tile_levels={_literal(dict(s.tile_levels))}")
+            if s.rows is not None:
+                options.append(f"rows={_literal(s.rows)}")
             header = ", ".join([_arguments(s.var, s.start, s.stop, s.step), *options])
             lines.append(f"{pad}.for_loop({header})")
             _body(s.body, depth + 1, lines)
@@ -79,6 +87,12 @@ def _body(statements: tuple, depth: int, lines: list[str]) -> None:
             lines.append(f"{pad}.call({_literal(s.callee)}, {_literal(args)}{scalars})")
         elif isinstance(s, Return):
             lines.append(f"{pad}.ret()")
+        elif isinstance(s, Alloc):
+            lines.append(f"{pad}.alloc({_arguments(s.dst, s.shape)})")
+        elif isinstance(s, View):
+            lines.append(f"{pad}.view({_arguments(s.dst, s.src, s.slices)})")
+        elif isinstance(s, Split):
+            lines.append(f"{pad}.split({_arguments(s.dst, s.src, s.groups)})")
         else:
             raise ISAError(f"to_python: {s!r} is not a statement")
 
@@ -91,6 +105,8 @@ def _literal(value: object) -> str:
     """A Python expression for a name, number, predicate, tuple or dict of them."""
     if isinstance(value, Predicate):
         value = value.value
+    if value is None:
+        return "None"
     if isinstance(value, str):
         return json.dumps(value)  # a valid Python string literal, in double quotes
     if isinstance(value, float) and not math.isfinite(value):

@@ -19,8 +19,10 @@ from typing import NoReturn
 from ..dtypes import DataType
 from .errors import ISAError
 from .ir import (
+    Alloc,
     Call,
     CallArg,
+    Direction,
     For,
     Function,
     If,
@@ -30,18 +32,13 @@ from .ir import (
     Predicate,
     Return,
     Scalar,
+    Split,
     Statement,
     Tile,
+    View,
     walk,
 )
 from .ops import OPCODES, SCALAR_FORMS, Form, OpSpec
-
-
-class Direction(enum.Enum):
-    INPUT = "input"
-    OUTPUT = "output"
-    INOUT = "inout"
-
 
 TILE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
 
@@ -90,6 +87,7 @@ _SIGNATURES = {
     Form.TRANSPOSE: _operands(("dst", _T), ("a", _T)),
     Form.SCALAR: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V)),
     Form.COMPARE: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V), ("predicate", Kind.PREDICATE)),
+    Form.DIM: _operands(("dst", Kind.LOCAL), ("memref", _M), ("axis", Kind.IMMEDIATE)),
 }
 _LOAD_IMMEDIATE = _operands(("dst", Kind.LOCAL), ("value", Kind.IMMEDIATE))
 
@@ -127,6 +125,13 @@ def describe(statement: Statement) -> str:
         return f"CALL @{statement.callee}({', '.join(args)})"
     if isinstance(statement, Return):
         return "RETURN"
+    if isinstance(statement, Alloc):
+        return f"%{statement.dst} = ALLOC [{', '.join(_text(v) for v in statement.shape)}]"
+    if isinstance(statement, View):
+        dims = [":" if s is None else f"{_text(s[0])}:{_text(s[1])}" for s in statement.slices]
+        return f"%{statement.dst} = VIEW %{statement.src}[{', '.join(dims)}]"
+    if isinstance(statement, Split):
+        return f"%{statement.dst} = SPLIT %{statement.src}, {_text(statement.groups)}"
     return repr(statement)
 
 
@@ -176,6 +181,7 @@ def directions(function: Function, module: Module | None = None) -> dict[str, Di
 
 _READ, _WRITE, _UNKNOWN = 1, 2, 4
 _DIRECTION = {_READ: Direction.INPUT, _WRITE: Direction.OUTPUT, _READ | _WRITE: Direction.INOUT}
+_BITS = {direction: bits for bits, direction in _DIRECTION.items()}
 
 
 
@@ -192,15 +198,20 @@ class _Access:
     def of(self, function: Function) -> dict[str, int]:
         if function.name in self.done:
             return self.done[function.name]
+        if function.library is not None:
+            bits = {m.name: _BITS.get(m.direction, 0) for m in function.memrefs}
+            self.done[function.name] = bits
+            return bits
         self.active.append(function.name)
         bits = {m.name: 0 for m in function.memrefs}
+        roots = tensor_roots(function)
         for statement in walk(function.body):
             if isinstance(statement, Op) and statement.opcode == "TLOAD" and statement.srcs:
                 self._mark(bits, statement.srcs[0], _READ)
             elif isinstance(statement, Op) and statement.opcode == "TSTORE":
                 self._mark(bits, statement.dst, _WRITE)
             elif isinstance(statement, Call):
-                self._call(function, statement, bits)
+                self._call(function, statement, bits, roots)
         self.active.pop()
         unused = next((m for m in function.memrefs if not bits[m.name]), None)
         if unused is not None:
@@ -214,20 +225,34 @@ class _Access:
         if name in bits:
             bits[name] |= bit
 
-    def _call(self, caller: Function, call: Call, bits: dict[str, int]) -> None:
+    def _call(self, caller: Function, call: Call, bits: dict[str, int], roots: dict[str, str]) -> None:
         callee = self.module.functions.get(call.callee) if self.module is not None else None
         if callee is None:
             if self.resolve_all:
                 raise ISAError(f"@{caller.name}: {describe(call)}: unknown function @{call.callee}")
             for _, arg in call.args:
-                self._mark(bits, arg.tensor, _UNKNOWN)
+                self._mark(bits, roots.get(arg.tensor, arg.tensor), _UNKNOWN)
             return
         if callee.name in self.active:
             cycle = " -> ".join(f"@{name}" for name in [*self.active, callee.name])
             raise ISAError(f"@{caller.name}: {describe(call)}: recursive call: {cycle}")
         callee_bits = self.of(callee)
-        for param, arg in call.args:
-            self._mark(bits, arg.tensor, callee_bits.get(param, 0))
+        for param, arg in call.args:  # a view passes on the direction to what it views
+            self._mark(bits, roots.get(arg.tensor, arg.tensor), callee_bits.get(param, 0))
+
+
+def tensor_roots(function: Function) -> dict[str, str]:
+    """Each local tensor of an Orchestration: the tensor it is a view of, through views of
+    views (a memref parameter or an allocated local); an allocated local is its own root."""
+    sources = {s.dst: s.src for s in walk(function.body) if isinstance(s, View | Split)}
+    roots = {}
+    for tensor in function.tensors:
+        root, seen = tensor.name, set()
+        while root in sources and root not in seen:  # the verifier refuses cycles; don't loop on them
+            seen.add(root)
+            root = sources[root]
+        roots[tensor.name] = root
+    return roots
 
 
 def _check_recursion(module: Module) -> None:
@@ -261,6 +286,10 @@ class _Checker:
         self.function, self.module, self.resolve_all = function, module, resolve_all
         self.declared: dict[str, MemRef | Tile | Scalar] = {}
         self.loop_vars: list[str] = []
+        self.adaptive: list[str] = []  # variables of the enclosing loops with tile_levels
+        self.locals = {t.name for t in function.tensors}
+        self.bound: list[set[str]] = []  # local tensors bound so far, per enclosing block
+        self.defined: set[str] = set()  # local tensors with their binding statement seen
 
     def fail(self, where: str, message: str) -> NoReturn:
         raise ISAError(f"@{self.function.name}: {where}: {message}")
@@ -277,9 +306,23 @@ class _Checker:
         f = self.function
         if not f.in_core and f.tiles:
             self.fail(f"tile %{f.tiles[0].name}", "Orchestration functions have no tiles")
+        if f.library is not None:
+            self._library()
+        for tensor in f.tensors:
+            where = f"tensor %{tensor.name}"
+            self._declare(where, tensor)
+            if f.in_core:
+                self.fail(where, "local tensors belong to Orchestration functions (InCore ones have tiles)")
+            if tensor.shape is not None or tensor.direction is not None:
+                self.fail(where, "a local tensor has no declared shape or direction (its binding gives them)")
         for memref in f.memrefs:
             where = f"memref %{memref.name}"
             self._declare(where, memref)
+            if memref.direction is not None and f.library is None:
+                self.fail(where, "directions are inferred from the function's body; only a library "
+                                 "function declares them")
+            if f.library is not None:
+                continue
             if memref.shape is None:
                 if f.in_core:
                     self.fail(where, "memrefs of InCore functions need a shape (rows, cols)")
@@ -302,6 +345,21 @@ class _Checker:
                 self.fail(where, f"tiles hold floating point ({', '.join(d.name for d in TILE_DTYPES)}), "
                                  f"not {tile.dtype.name}")
 
+    def _library(self) -> None:
+        f = self.function
+        where = f"library {f.library!r}"
+        if not (isinstance(f.library, str) and all(part.isidentifier() for part in f.library.split("."))
+                and "." in f.library):
+            self.fail(where, "a library function names its kernel by import path (package.module.name)")
+        if not f.in_core:
+            self.fail(where, "only an InCore function can be a library kernel")
+        if f.body or f.tiles or any(not s.param for s in f.scalars):
+            self.fail(where, "a library function is a declaration: no body, tiles or local scalars")
+        for memref in f.memrefs:
+            if memref.shape is not None or not isinstance(memref.direction, Direction):
+                self.fail(f"memref %{memref.name}", "a library function's memrefs have no shape (the "
+                                                    "kernel takes any) and a declared direction")
+
     def _declare(self, where: str, declaration: MemRef | Tile | Scalar) -> None:
         self._check_name(where, declaration.name)
         if not isinstance(declaration.dtype, DataType):
@@ -315,17 +373,21 @@ class _Checker:
         if not (isinstance(name, str) and name.isidentifier()):
             self.fail(where, f"{name!r} is not a valid name")
 
-    @staticmethod
-    def _kind(declaration: MemRef | Tile | Scalar) -> str:
+    def _kind(self, declaration: MemRef | Tile | Scalar) -> str:
         if isinstance(declaration, Scalar):
             return "scalar parameter" if declaration.param else "local scalar"
-        return "memref" if isinstance(declaration, MemRef) else "tile"
+        if isinstance(declaration, MemRef):
+            return "local tensor" if declaration.name in self.locals else "memref"
+        return "tile"
 
     # statements
 
     def _block(self, body: tuple[Statement, ...]) -> None:
+        self.bound.append(set())  # a local tensor bound in a block is used only there
         for statement in body:
-            if isinstance(statement, Op):
+            if isinstance(statement, Alloc | View | Split):
+                self._tensor_statement(statement)
+            elif isinstance(statement, Op):
                 self._op(statement)
             elif isinstance(statement, For):
                 self._for(statement)
@@ -334,7 +396,42 @@ class _Checker:
             elif isinstance(statement, Call):
                 self._call(statement)
             elif not isinstance(statement, Return):
-                self.fail(repr(statement), "not a statement (Op, For, If, Call or Return)")
+                self.fail(repr(statement), "not a statement (Op, For, If, Call, Return, Alloc, View, Split)")
+        self.bound.pop()
+
+    def _tensor_statement(self, statement: Alloc | View | Split) -> None:
+        where = describe(statement)
+        if self.function.in_core:
+            self.fail(where, "tensors are allocated and viewed in Orchestration functions")
+        dst = statement.dst
+        if dst not in self.locals:
+            self.fail(where, f"%{dst} is not a local tensor of @{self.function.name} (declare it)")
+        if dst in self.defined:
+            self.fail(where, f"local tensor %{dst} is already bound (each is bound by one statement)")
+        if isinstance(statement, Alloc):
+            if not 1 <= len(statement.shape) <= 4:
+                self.fail(where, f"an allocation has 1 to 4 dims, not {len(statement.shape)}")
+            for size in statement.shape:
+                self._operand(where, Kind.INDEX, size)
+        else:
+            source = self._operand(where, Kind.MEMREF, statement.src)
+            if source.dtype != self.declared[dst].dtype:
+                self.fail(where, f"%{statement.src} is {source.dtype.name} but %{dst} is "
+                                 f"{self.declared[dst].dtype.name}")
+            if isinstance(statement, Split):
+                self._operand(where, Kind.INDEX, statement.groups)
+            else:
+                if not 1 <= len(statement.slices) <= 4:
+                    self.fail(where, f"a view slices 1 to 4 dims, not {len(statement.slices)}")
+                for bounds in statement.slices:
+                    if bounds is None:
+                        continue
+                    if not (isinstance(bounds, tuple) and len(bounds) == 2):
+                        self.fail(where, f"{bounds!r} is neither None (the whole dim) nor (start, stop)")
+                    for bound in bounds:
+                        self._operand(where, Kind.INDEX, bound)
+        self.defined.add(dst)
+        self.bound[-1].add(dst)
 
     def _op(self, op: Op) -> None:
         where = describe(op)
@@ -349,7 +446,12 @@ class _Checker:
             names = ", ".join(o.name for o in operands)
             self.fail(where, f"{op.opcode} takes {len(operands)} operands ({names}), got {len(values)}")
         resolved = [self._operand(where, o.kind, v) for o, v in zip(operands, values)]
-        if spec.form in (Form.LOAD, Form.STORE):
+        if spec.form is Form.DIM:
+            if self.function.in_core:
+                self.fail(where, f"{op.opcode} is for Orchestrations (InCore memref shapes are constants)")
+            if not (_is_int(op.srcs[1]) and 0 <= op.srcs[1] < 4):
+                self.fail(where, f"axis {op.srcs[1]!r} is not an integer in [0, 4)")
+        elif spec.form in (Form.LOAD, Form.STORE):
             tile, memref = resolved[:2] if spec.form is Form.LOAD else resolved[1::-1]
             self._transfer(where, tile, memref, values[2], values[3])
         elif spec.form is Form.TRANSPOSE and op.dst == op.srcs[0]:
@@ -382,6 +484,9 @@ class _Checker:
         wanted = {Kind.TILE: Tile, Kind.MEMREF: MemRef}.get(kind, Scalar)
         if not isinstance(declared, wanted):
             self.fail(where, f"%{value} is a {self._kind(declared)}, not a {kind.value}")
+        if value in self.locals and not any(value in names for names in self.bound):
+            self.fail(where, f"local tensor %{value} is used before its binding or outside the block "
+                             "that binds it")
         if kind is Kind.LOCAL and declared.param:
             self.fail(where, f"scalar parameter %{value} is not assignable (declare a local with scalar_var)")
         if kind is Kind.INDEX and not _is_integer_dtype(declared.dtype):
@@ -443,9 +548,20 @@ class _Checker:
         if loop.step == 0:
             self.fail(where, "step 0 never ends")
         self._binary_expansion(where, loop)
-        self.loop_vars.append(loop.var)
+        names = [loop.var]
+        if loop.rows is not None:
+            if not loop.tile_levels:
+                self.fail(where, f"rows=%{loop.rows} is the tile rows of a loop with tile_levels")
+            self._check_name(where, loop.rows)
+            if loop.rows in self.loop_vars or loop.rows == loop.var or loop.rows in self.declared:
+                self.fail(where, f"rows=%{loop.rows} is already a name in scope")
+            names.append(loop.rows)
+        self.loop_vars += names
+        self.adaptive += [loop.var] if loop.tile_levels else []
         self._block(loop.body)
-        self.loop_vars.pop()
+        del self.loop_vars[-len(names):]
+        if loop.tile_levels:
+            self.adaptive.pop()
 
     def _binary_expansion(self, where: str, loop: For) -> None:
         if loop.max_range is None and loop.min_range is None and not loop.tile_levels:
@@ -469,6 +585,13 @@ class _Checker:
                                  f"of two in [{low}, {loop.max_range}]")
             if not (_is_int(rows) and rows > 0):
                 self.fail(where, f"tile_levels rows {rows!r} for block size {size} is not a positive int")
+        base = min((rows for _, rows in loop.tile_levels), default=1)
+        for size, rows in loop.tile_levels:
+            # The variable counts base tiles; a level of `rows` takes rows/base of them at a time,
+            # so a block (a power of two >= min_range) must hold whole steps of that.
+            if rows % base or not _power_of_two(rows // base) or (size and rows // base > size):
+                self.fail(where, f"tile_levels rows {rows} for block size {size} is not the base tile "
+                                 f"({base} rows) times a power of two that divides the block")
 
     def _if(self, branch: If) -> None:
         where = describe(branch)
@@ -495,6 +618,11 @@ class _Checker:
             if arg.windowed:
                 self._operand(where, Kind.INDEX, arg.row)
                 self._operand(where, Kind.INDEX, arg.col)
+        scaled = {arg.row for _, arg in call.args if arg.windowed and arg.row in self.adaptive}
+        if len(scaled) > 1:
+            loops = ", ".join(f"%{v}" for v in sorted(scaled))
+            self.fail(where, f"windows scaled by two adaptive loops ({loops}) have no one variant: index by "
+                             "one of them, or pass views")
         callee = self.module.functions.get(call.callee) if self.module is not None else None
         if callee is None:
             if self.resolve_all:
@@ -503,6 +631,9 @@ class _Checker:
         if self.function.in_core and not callee.in_core:
             self.fail(where, f"an InCore function can only call InCore functions; @{callee.name} is an "
                              "Orchestration")
+        if self.function.in_core and callee.library is not None:
+            self.fail(where, f"@{callee.name} is a library kernel, which has no body to inline: call it "
+                             "from an Orchestration (as a task)")
         expected = [m.name for m in callee.memrefs]
         missing = [name for name in expected if name not in params]
         unexpected = [name for name in params if name not in expected]

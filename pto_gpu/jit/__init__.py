@@ -33,7 +33,7 @@ from .api import (
     submit,
     version_inc,
 )
-from .descriptor import dtype, narrow, shape, split, swap, with_version
+from .descriptor import dtype, narrow, ndim, shape, split, swap, with_version
 
-__all__ = ["alloc", "dtype", "flush", "free", "inout", "input", "narrow", "output", "scope_begin",
+__all__ = ["alloc", "dtype", "flush", "free", "inout", "input", "narrow", "ndim", "output", "scope_begin",
            "scope_end", "shape", "split", "submit", "swap", "version_inc", "with_version"]

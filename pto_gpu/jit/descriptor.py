@@ -86,6 +86,11 @@ def shape(desc, dim):
 
 
 @njit(cache=True)
+def ndim(desc):
+    return desc[D_NDIM]
+
+
+@njit(cache=True)
 def dtype(desc):
     """The DataType code of a descriptor (alloc takes it)."""
     return desc[D_DTYPE]
