@@ -365,3 +365,131 @@ def test_arrays_of_another_dtype_than_their_memref_are_refused_by_name(bump, com
         pto.Runtime(executor="serial").run(run, np.zeros((8, COLS)), 1)
     with pytest.raises(isa.ISAError, match=r"@bump_all takes 1 arrays and 1 scalars \(data, n\), got 1"):
         pto.Runtime(executor="serial").run(run, np.zeros((8, COLS), np.float32))
+
+
+# --- what a review found: each a case the two back ends, or the verifier, got wrong -----------
+
+
+def counting(loop_start: str) -> isa.Module:
+    """A max_range loop whose start scalar the body changes: the loop must not notice."""
+    m = isa.parse(PROGRAM)
+    (isa.FunctionBuilder("moving_start", module=m).not_in_core()
+        .memref("x", F32).memref("y", F32).scalar("n", pto.INT64)
+        .scalar_var("s", pto.INT64).scalar_var("stop", pto.INT64).tensor("xr", F32).tensor("yr", F32)
+        .scalar_li("s", 0)
+        .for_loop("i", loop_start, "n", 1, max_range=8)
+        .scalar_add("stop", "i", 1)
+        .view("xr", "x", (("i", "stop"), None)).view("yr", "y", (("i", "stop"), None))
+        .call("copy", {"a": "xr", "out": "yr"}).scalar_add("s", "s", 1)
+        .end_for()
+        .build())
+    return m
+
+
+def test_a_loop_reads_its_start_once_interpreted_and_compiled():
+    program = isa.compile(counting("s"))
+    rows = []
+    for compiled in (False, True):
+        x = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+        result = pto.Runtime(executor="serial").run(program.orchestration("moving_start", compiled=compiled),
+                                                    x, np.zeros_like(x), 4, record=True)
+        rows.append([t.params[0].value.byte_offset // 16 for t in result.graph.tasks])
+    assert rows == [[0, 1, 2, 3]] * 2
+
+
+def test_a_compiled_loop_frees_more_allocations_than_a_scope_holds():
+    program = isa.compile(isa.parse(PROGRAM))
+    x = np.ones((5000, 4), np.float32)  # 5000 one-row tiles: one allocation each
+    for compiled in (False, True):
+        result = pto.Runtime(executor="dry").run(program.orchestration("tiles", compiled=compiled),
+                                                 x, np.zeros_like(x), 1)
+        assert result.num_tasks == 10_000
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda f: f.for_loop("i", 0, "n", 2, max_range=64, tile_levels={0: 8, 8: 16}),
+     r"a loop with tile_levels steps by 1 .* not 2"),
+    (lambda f: f.for_loop("i", 0, "n", 1, max_range=64, min_range=2, tile_levels={0: 16, 2: 8}),
+     r"tile_levels rows 16 for the residual \(0\) is not the base tile \(8 rows\)"),
+    (lambda f: f.for_loop("i", 0, "n", 1, max_range=64, tile_levels={0: 8, 8: 16})
+     .call("bump", {"data": ("d", 0, "i")}),
+     r"a window's column is indexed by an adaptive loop variable"),
+])
+def test_the_verifier_refuses_adaptive_loops_that_would_miss_tiles(build, message):
+    f = isa.FunctionBuilder("o", module=bump_module()).not_in_core().memref("d", F32)
+    f = build(f.scalar("n", pto.INT64))
+    with pytest.raises(isa.ISAError, match=message):
+        f.end_for().build()
+
+
+def adaptive_calls(*calls, extra=None) -> isa.Module:
+    """bump_module plus @acc (data += src, 8 x COLS) and an adaptive loop making `calls`."""
+    m = bump_module()
+    (isa.FunctionBuilder("acc", module=m).in_core()
+        .memref("data", F32, (8, COLS)).memref("src", F32, (8, COLS))
+        .tile("t", 8, COLS, F32).tile("u", 8, COLS, F32)
+        .load("t", "data").load("u", "src").add("t", "t", "u").store("data", "t")
+        .build())
+    if extra is not None:
+        extra(m)
+    f = isa.FunctionBuilder("o", module=m).not_in_core()
+    tensors = {arg if isinstance(arg, str) else arg[0] for _, args in calls for arg in args.values()}
+    for tensor in sorted(tensors):
+        f.memref(tensor, F32)
+    f.scalar("n", pto.INT64).for_loop("i", 0, "n", 1, max_range=64, min_range=8, tile_levels={0: 8, 8: 16})
+    for callee, args in calls:
+        f.call(callee, args)
+    f.end_for().build()
+    return m
+
+
+@pytest.mark.parametrize("module, message", [
+    (lambda: adaptive_calls(("acc", {"data": ("d", "i", 0), "src": ("e", "i", 0)}),
+                            ("acc", {"data": ("d", "i", 0), "src": "e"})),
+     r"another call of @acc in an adaptive loop windows \(%data, %src\), this one \(%data\)"),
+    (lambda: adaptive_calls(("acc", {"data": ("d", "i", 0), "src": "e"})),
+     r"cannot make @acc_16 by scaling @acc: TLOAD %u, %src.* moves a tile of the scaled rows"),
+    (lambda: adaptive_calls(("bump_twice", {"data": ("d", "i", 0)}), extra=lambda m: (
+        isa.FunctionBuilder("bump_twice", module=m).memref("data", F32, (8, COLS))
+        .call("bump", {"data": "data"}).call("bump", {"data": "data"}).build())),
+     r"cannot make @bump_twice_16 .*passes a windowed memref on"),
+    (lambda: adaptive_calls(("bump", {"data": ("d", "i", 0)}), extra=lambda m: (
+        isa.FunctionBuilder("bump_16", module=m).memref("data", F32, (8, COLS)).tile("t", 8, COLS, F32)
+        .load("t", "data").store("data", "t").build())),
+     r"@bump_16, a variant of @bump for 2x its tile rows, must be .* \(%data 16x16\)"),
+])
+def test_variants_that_would_compute_the_wrong_rows_are_refused(module, message):
+    with pytest.raises(isa.ISAError, match=message):
+        isa.compile(module())
+
+
+def test_a_library_declaration_with_a_wrong_direction_is_refused():
+    m = isa.Module("lib")
+    (isa.FunctionBuilder("rope", module=m).library("pto_gpu.kernels.llm.rope")
+        .memref("x", F32, direction="input").scalar("first_position", pto.INT64).scalar("heads", pto.INT64)
+        .build())
+    with pytest.raises(isa.ISAError, match=r"declares directions \(input\), but the kernel's are \(inout\)"):
+        isa.compile(m)
+
+
+@pytest.mark.parametrize("a, b", [(1.0, float("nan")), (float("nan"), 1.0), (2.0, -3.0)])
+def test_smin_and_smax_agree_everywhere_nan_included(a, b):
+    m = isa.Module("minmax")
+    (isa.FunctionBuilder("scale", module=m).library("pto_gpu.kernels.elementwise.scale")
+        .memref("a", F32, direction="input").memref("out", F32, direction="output")
+        .scalar("factor", pto.FLOAT64).build())
+    (isa.FunctionBuilder("o", module=m).not_in_core().memref("x", F32).memref("y", F32)
+        .scalar("a", pto.FLOAT64).scalar("b", pto.FLOAT64)
+        .scalar_var("lo", pto.FLOAT64).scalar_var("hi", pto.FLOAT64)
+        .scalar_min("lo", "a", "b").scalar_max("hi", "a", "b")
+        .call("scale", {"a": "x", "out": "y"}, scalars={"factor": "lo"})
+        .call("scale", {"a": "x", "out": "y"}, scalars={"factor": "hi"})
+        .build())
+    program = isa.compile(m)
+    factors = []
+    for compiled in (False, True):
+        x = np.ones((2, 2), np.float32)
+        run = program.orchestration("o", compiled=compiled)
+        result = pto.Runtime(executor="dry").run(run, x, x.copy(), a, b, record=True)
+        factors.append([repr(t.params[2].value) for t in result.graph.tasks])
+    assert factors[0] == factors[1] == [repr(a if a < b else b), repr(a if a > b else b)]

@@ -141,8 +141,11 @@ _SPECS = [
     OpSpec("SSUB", "scalar_sub", Form.SCALAR, np.subtract, "{a} - {b}", "{a} - {b}"),
     OpSpec("SMUL", "scalar_mul", Form.SCALAR, np.multiply, "{a} * {b}", "{a} * {b}"),
     OpSpec("SDIV", "scalar_div", Form.SCALAR, np.floor_divide, "{a} // {b}", "pto_floordiv({a}, {b})"),
-    OpSpec("SMIN", "scalar_min", Form.SCALAR, np.minimum, "min({a}, {b})", "({a} < {b} ? {a} : {b})"),
-    OpSpec("SMAX", "scalar_max", Form.SCALAR, np.maximum, "max({a}, {b})", "({a} > {b} ? {a} : {b})"),
+    # a if a < b else b, in every form (so a NaN operand gives the same answer everywhere)
+    OpSpec("SMIN", "scalar_min", Form.SCALAR, lambda a, b: a if a < b else b, "({a} if {a} < {b} else {b})",
+           "({a} < {b} ? {a} : {b})"),
+    OpSpec("SMAX", "scalar_max", Form.SCALAR, lambda a, b: a if a > b else b, "({a} if {a} > {b} else {b})",
+           "({a} > {b} ? {a} : {b})"),
     OpSpec("SCMP", "scalar_cmp", Form.COMPARE, None),
     OpSpec("SDIM", "scalar_dim", Form.DIM, None),
 ]

@@ -9,8 +9,8 @@ its body on the tensors and values bound to it; a CALL of an InCore function is 
 `o.submit(kernel, ...)` with each callee memref's tensor as input, output or inout by the
 direction inferred (or, for a library kernel, declared) for it, never from its name, then the
 callee's scalar parameters in declaration order. Dependencies come from the runtime exactly as
-for a hand-written orchestration. Each activation of a function that allocates runs in an
-`o.scope()`, so what a RETURN skips past is freed when the function leaves.
+for a hand-written orchestration. Each activation of a function that allocates and can RETURN
+runs in an `o.scope()`, so what a RETURN skips past is freed when the function leaves.
 
 A window `("t", r, c)` is the callee memref's shape at rows r·rows, cols c·cols of `t`, cut
 at `t`'s edge (a tail); a bare `"t"` is `t` cut to the callee memref's shape (a library
@@ -33,8 +33,8 @@ from ..dtypes import DataType
 from ..tensor import TensorDescriptor
 from .errors import ISAError
 from .interpret import cast_scalar
-from .ir import Alloc, Call, For, Function, If, Op, Predicate, Return, Split, View, walk
-from .lowering import Level, block_count, expansion, free_points, scaled_by, variant_name
+from .ir import Alloc, Call, For, Function, If, Op, Predicate, Return, Split, View
+from .lowering import Level, block_count, expansion, free_points, scaled_by, scoped, variant_name
 from .ops import OPCODES, Form
 from .verify import Direction, describe, directions, tensor_roots
 
@@ -97,13 +97,11 @@ class _Shared:
         self._bindings: dict[int, tuple] = {}
 
     def facts(self, function: Function) -> tuple[dict[str, str], bool, dict[str, DataType]]:
-        """A function's local tensor roots, whether it allocates (then it runs in a scope), and
-        its scalars' dtypes."""
+        """A function's local tensor roots, whether it runs in a scope, and its scalars' dtypes."""
         facts = self._functions.get(function.name)
         if facts is None:
-            allocates = any(isinstance(s, Alloc) for s in walk(function.body))
             dtypes = {s.name: s.dtype for s in function.scalars}
-            facts = self._functions[function.name] = (tensor_roots(function), allocates, dtypes)
+            facts = self._functions[function.name] = (tensor_roots(function), scoped(function), dtypes)
         return facts
 
     def bindings(self, call: Call, callee: Function) -> tuple[list, list]:
@@ -133,13 +131,13 @@ class _Activation:
         self.module = program.module
         self.scalars = {s.name: cast_scalar(s.dtype, params[s.name]) if s.param else cast_scalar(s.dtype, 0)
                         for s in function.scalars}
-        self.roots, self.allocates, self.dtypes = shared.facts(function)
+        self.roots, self.scoped, self.dtypes = shared.facts(function)
         self.allocations: dict[str, TensorDescriptor] = {}  # what o.free takes, per allocated local
         self.levels: dict[str, Level] = {}  # adaptive loop variable -> its level now
 
     def run(self) -> None:
-        if not self.allocates:
-            self.body()  # nothing to free: no scope needed
+        if not self.scoped:
+            self.body()
             return
         with self.o.scope():
             self.body()
@@ -271,6 +269,9 @@ class _Activation:
             if memref.shape is None:  # a library kernel: the tensor as it is
                 params.append(wrap(tensor))
                 continue
+            if tensor.ndim != 2:
+                raise self.fail(call, f"%{arg.tensor} is {tensor.ndim}-d, but %{memref.name} of "
+                                      f"@{callee.name} takes a 2-d window")
             rows, cols = shaped.shape  # the extent is the variant's; the offset counts the callee's tiles
             row, col = (0, 0)
             if arg.windowed:

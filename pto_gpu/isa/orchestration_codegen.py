@@ -20,10 +20,11 @@ of the ids of its variant per level (ids depend on import order, so they are arg
 baked into cached code). A binary-expanded loop is one loop over its levels (a tuple of
 constants) around the body, so the body is written once however many levels there are.
 Orchestration callees are inlined, their names numbered per activation, each activation that
-allocates in a scope; a RETURN in an inlined callee leaves it through a `while True` block and a flag, as
-cpu_codegen does. Errors a program can only meet at run time (a window or view that starts
-past its tensor, more iterations than a loop's max_range) raise the ISAError the walker raises,
-naming the function and the statement.
+allocates and can RETURN in a scope (lowering.scoped); a RETURN in an inlined callee leaves it
+through a `while True` block and a flag, as cpu_codegen does. Errors a program can only meet
+at run time (a window or view that starts past its tensor, more iterations than a loop's
+max_range) raise an ISAError naming the function and the statement, as the walker does (with
+fewer of the values in the message).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..dtypes import DataType
 from .cpu_codegen import cache_dir, load_source
 from .errors import ISAError
 from .ir import Alloc, Call, For, Function, If, Module, Op, Predicate, Return, Split, View, walk
-from .lowering import expansion, free_points, scaled_by, variant_name, variants
+from .lowering import expansion, free_points, scaled_by, scoped, variant_name, variants
 from .ops import OPCODES, Form
 from .orchestrate import external
 from .verify import Direction, describe, directions, tensor_roots, verify_module
@@ -133,8 +134,7 @@ class _Activation:
         self.roots = tensor_roots(function)
         self.levels: dict[str, tuple[For, str]] = {}  # adaptive loop variable -> (loop, its level index)
         self.flag = None if top or not any(isinstance(s, Return) for s in walk(function.body)) else f"r{k}"
-        # A scope frees what a RETURN skips past; a function that allocates nothing needs none.
-        self.scoped = any(isinstance(s, Alloc) for s in walk(function.body))
+        self.scoped = scoped(function)
         self.loops = 0
         for scalar in function.scalars:
             value = values[scalar.name] if scalar.param else "0"
@@ -240,8 +240,11 @@ class _Activation:
         w = self.w
         levels = expansion(loop)
         trips, done, level, count, k = (w.fresh(stem) for stem in ("n", "d", "lv", "c", "k"))
+        start, step = w.fresh("s"), w.fresh("t")
         low = (loop.min_range or 1) - 1
         sizes = _tuple(v.size for v in levels)
+        # start and step are read once, at the loop's entry, as range() reads them
+        w.emit(f"{start}, {step} = {self.value(loop.start)}, {self.value(loop.step)}")
         w.emit(f"{trips} = len(range({bounds}))")
         w.emit(f"if {trips} > {loop.max_range}:")
         w.emit("    " + self.fail(where, f"more iterations than its max_range {loop.max_range}"))
@@ -253,7 +256,6 @@ class _Activation:
                f"({sizes}[{level}] if ({trips} - ({trips} & {low})) & {sizes}[{level}] else 0)")
         if loop.rows is not None:
             w.emit(f"{self.names[loop.rows]} = np.int64({_tuple(v.rows for v in levels)}[{level}])")
-        start, step = self.value(loop.start), self.value(loop.step)
         w.emit(f"for {k} in range({done}, {done} + {count}, {_tuple(v.scale for v in levels)}[{level}]):")
         w.emit(f"    {var} = {start} + {k} * {step}")
         if loop.tile_levels:
@@ -331,6 +333,9 @@ class _Activation:
             row, col = ("0", "0")
             if arg.windowed:
                 row, col = f"{self.value(arg.row)} * {rows}", f"{self.value(arg.col)} * {cols}"
+            w.emit(f"if pj.ndim({tensor}) != 2:")
+            w.emit("    " + self.fail(where, f"%{arg.tensor} is not 2-d, but %{memref.name} of "
+                                         f"@{callee.name} takes a 2-d window"))
             w.emit(f"{window}_r, {window}_c = {row}, {col}")
             height, width = f"pj.shape({tensor}, 0)", f"pj.shape({tensor}, 1)"
             w.emit(f"if not (0 <= {window}_r < {height} and 0 <= {window}_c < {width}):")

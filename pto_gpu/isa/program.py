@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Callable
 from pathlib import Path
 
-from ..dtypes import WorkerType
+from ..dtypes import DataType, WorkerType
 from ..errors import ParamError
 from ..kernel import Kernel, kernel
 from . import cpu_codegen, cuda_codegen, lowering, optimize, orchestrate, orchestration_codegen
@@ -24,7 +24,7 @@ from .errors import ISAError
 from .family import family_of
 from .ir import Call, Function, Module, Op, Statement, walk
 from .ops import OPCODES, Form
-from .verify import verify_function, verify_module
+from .verify import directions, verify_function, verify_module
 
 
 class Program:
@@ -109,7 +109,21 @@ def _library_kernel(function: Function) -> Kernel:
         raise ISAError(f"{where}: declares {len(function.memrefs)} memrefs and scalars "
                        f"({', '.join(scalars)}), but the kernel takes {family.tensors} tensors and scalars "
                        f"({', '.join(family.scalar_names)})")
+    declared_flows, flows = [m.direction for m in function.memrefs], _family_directions(family)
+    if declared_flows != flows:
+        raise ISAError(f"{where}: declares directions ({', '.join(d.value for d in declared_flows)}), "
+                       f"but the kernel's are ({', '.join(d.value for d in flows)}): a wrong one loses "
+                       "dependencies")
     return declared
+
+
+def _family_directions(family) -> list:
+    """The memref directions of a family's program, from an instance at probe sizes (16 for
+    every size, 2 for a batch, 1 for a structural scalar): directions do not depend on sizes."""
+    shapes = tuple(tuple(2 if len(words) == 3 and i == 0 else int(w) if w.isdigit() else 16
+                         for i, w in enumerate(words)) for words in family.shapes)
+    instance = family.module(family.sizes(shapes), DataType.FLOAT32, (1,) * len(family.structural))
+    return list(directions(instance.functions[family.name], instance).values())
 
 
 def _multiplies(module: Module, body: tuple[Statement, ...]) -> bool:

@@ -585,10 +585,20 @@ class _Checker:
                                  f"of two in [{low}, {loop.max_range}]")
             if not (_is_int(rows) and rows > 0):
                 self.fail(where, f"tile_levels rows {rows!r} for block size {size} is not a positive int")
-        base = min((rows for _, rows in loop.tile_levels), default=1)
+        if not loop.tile_levels:
+            return
+        # The variable counts base tiles and a level of `rows` takes rows/base of them at a
+        # time: consecutive tiles, so the loop steps by 1, and a block (a power of two >=
+        # min_range) holds whole steps; the residual, which ends the loop, takes base tiles
+        # (a bigger one would run past the trip count).
+        if loop.step != 1:
+            self.fail(where, f"a loop with tile_levels steps by 1 (its tiles are consecutive), not "
+                             f"{loop.step!r}")
+        base = min(rows for _, rows in loop.tile_levels)
         for size, rows in loop.tile_levels:
-            # The variable counts base tiles; a level of `rows` takes rows/base of them at a time,
-            # so a block (a power of two >= min_range) must hold whole steps of that.
+            if size == 0 and rows != base:
+                self.fail(where, f"tile_levels rows {rows} for the residual (0) is not the base tile "
+                                 f"({base} rows): a residual of bigger tiles would run past the trip count")
             if rows % base or not _power_of_two(rows // base) or (size and rows // base > size):
                 self.fail(where, f"tile_levels rows {rows} for block size {size} is not the base tile "
                                  f"({base} rows) times a power of two that divides the block")
@@ -618,6 +628,9 @@ class _Checker:
             if arg.windowed:
                 self._operand(where, Kind.INDEX, arg.row)
                 self._operand(where, Kind.INDEX, arg.col)
+        if any(arg.windowed and arg.col in self.adaptive for _, arg in call.args):
+            self.fail(where, "a window's column is indexed by an adaptive loop variable, which counts "
+                             "row tiles: adaptive tiles scale rows only")
         scaled = {arg.row for _, arg in call.args if arg.windowed and arg.row in self.adaptive}
         if len(scaled) > 1:
             loops = ", ".join(f"%{v}" for v in sorted(scaled))
