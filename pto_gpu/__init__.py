@@ -25,7 +25,9 @@ from .overlap import Overlap
 from .params import Param, ParamKind, inout, input, output, scalar
 from .result import KernelTime, RunResult
 from .runtime import Replay, Runtime
+from .schedule import Schedule
 from .tensor import Buffer, TensorDescriptor
+from .tiers import Tiers, tiers
 
 FLOAT32 = DataType.FLOAT32
 FLOAT16 = DataType.FLOAT16
@@ -49,7 +51,7 @@ __all__ = [
     "INT32", "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
     "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
     "KernelTime", "Orchestrator", "Overlap",
-    "PTOError", "Param", "ParamError", "ParamKind", "Replay", "RunResult", "Runtime", "StaleVersionError",
-    "TaskError", "TensorDescriptor", "UsageError", "UseAfterFreeError", "WorkerType", "element_size",
-    "inout", "input", "kernel", "output", "scalar",
+    "PTOError", "Param", "ParamError", "ParamKind", "Replay", "RunResult", "Runtime", "Schedule",
+    "StaleVersionError", "TaskError", "TensorDescriptor", "Tiers", "UsageError", "UseAfterFreeError",
+    "WorkerType", "element_size", "inout", "input", "kernel", "output", "scalar", "tiers",
 ]

@@ -71,6 +71,9 @@ class Kernel:
     shapes: tuple[tuple[str, ...], ...] | None = None
     mixed_dtypes: bool = False
     id: int = -1
+    # Seconds a call takes, from its params (tensor descriptors, then scalars): the cost model
+    # the simulator (executor="sim") and critical-path schedules use.
+    cost: Callable[..., float] | None = None
     # Shape-and-dtype signatures already checked: tiles repeat, so most submits hit this.
     _accepted: set = dataclasses.field(default_factory=set, repr=False)
 
@@ -125,11 +128,16 @@ def registered() -> list[Kernel]:
 
 def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
            shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False,
-           cuda: CudaCode | CudaInstances | None = None) -> Callable[[Callable], Kernel]:
+           cuda: CudaCode | CudaInstances | None = None,
+           cost: Callable[..., float] | None = None) -> Callable[[Callable], Kernel]:
     """Declare an InCore kernel; the decorated function is its CPU implementation.
 
     It receives one array view per tensor param and the scalar values, in param order.
+    `cost(*params)` (tensor descriptors, then scalars) gives a call's seconds, for the
+    simulator and critical-path schedules.
     """
+    if cost is not None and not callable(cost):
+        raise ParamError(f"cost={cost!r}: a function of the params that gives seconds")
     parsed = None if shapes is None else tuple(tuple(s.split()) for s in shapes)
     for word in (w for dims in parsed or () for w in dims):
         bound = word[2:] if word.startswith("<=") else ""
@@ -139,7 +147,7 @@ def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
 
     def declare(function: Callable) -> Kernel:
         declared = Kernel(name or function.__name__, WorkerType(worker), function, cuda=cuda, shapes=parsed,
-                          mixed_dtypes=mixed_dtypes, id=len(_REGISTRY))
+                          mixed_dtypes=mixed_dtypes, id=len(_REGISTRY), cost=cost)
         _REGISTRY.append(declared)
         return declared
 

@@ -31,6 +31,7 @@ from .jit.host import Session
 from .kernel import Kernel
 from .layout import P_KIND, PARAM_WIDTH, ROW_WIDTH
 from .params import Param, ParamKind, as_param
+from .schedule import check_tags
 from .scheduler import Scheduler, Task
 from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 
@@ -82,6 +83,7 @@ class Orchestrator:
         self._owners: dict[tuple[int, int], Buffer] = {}  # by the (base, bytes) of their allocation
         self._unfreed: dict[int, Buffer] = {}  # heap buffers not yet freed, by sequence number
         self._scopes: list[list[Buffer]] = []
+        self._tags: dict[str, int | str] | None = None  # what `with o.tags(...)` gives the tasks inside
         self._params = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)  # reused by every submit
         self._jit: Session | None = None  # created by the first compiled() call
         self._open = True
@@ -184,6 +186,18 @@ class Orchestrator:
                 if not buffer.freed:
                     self._release(buffer)
 
+    @contextlib.contextmanager
+    def tags(self, **tags: int | str) -> Iterator[None]:
+        """Tags for the tasks submitted inside (added to those of an enclosing `tags`): what a
+        Schedule's order_by sorts by. They change when tasks run, never what they compute."""
+        self._check_open()
+        outer = self._tags
+        self._tags = {**(outer or {}), **check_tags(tags)}
+        try:
+            yield
+        finally:
+            self._tags = outer
+
     # --- tasks ---------------------------------------------------------------------------
     def submit(self, kernel: Kernel, *params: object, worker: WorkerType | None = None) -> int:
         """Submit one kernel call; its task id (ids count from 0 within a run)."""
@@ -202,7 +216,7 @@ class Orchestrator:
             rows[row, :ROW_WIDTH] = p.value.layout
             rows[row, P_KIND] = p.kind
         kernel.check([p.value for _, p in tensors])
-        task = Task(-1, kernel, kernel.worker if worker is None else WorkerType(worker), checked)
+        task = Task(-1, kernel, kernel.worker if worker is None else WorkerType(worker), checked, self._tags)
         while (status := self._scheduler.try_submit(task, rows[:len(tensors)])) < 0:
             self._executor.make_room(status, self.unfreed)
         for _, p in tensors:

@@ -18,22 +18,25 @@ from .dtypes import WorkerType
 from .errors import PTOError, UsageError
 from .executors.parallel import ParallelExecutor
 from .executors.serial import DryExecutor, SerialExecutor
+from .executors.sim import SimExecutor
 from .executors.streams import StreamExecutor
 from .graph import Graph
 from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
 from .result import RunResult, busy_shares, kernel_times
+from .schedule import Schedule
 from .scheduler import Scheduler
 from .trace import write_trace
 
 log = logging.getLogger("pto_gpu")
 
-EXECUTORS = ("auto", "parallel", "stream", "serial", "dry")
+EXECUTORS = ("auto", "parallel", "stream", "serial", "dry", "sim")
 
 
 def default_workers(executor: str) -> dict[WorkerType, int]:
-    """Threads per worker class (parallel executor) or streams per worker class (stream)."""
-    per_class = 2 if executor == "stream" else os.cpu_count() or 1
+    """Threads per worker class (parallel executor), streams per worker class (stream), or
+    simulated workers (sim: a fixed count, so a simulation means the same on every machine)."""
+    per_class = 2 if executor in ("stream", "sim") else os.cpu_count() or 1
     return {WorkerType.CUBE: per_class, WorkerType.VECTOR: per_class, WorkerType.AI_CPU: 1,
             WorkerType.ACCELERATOR: 1}
 
@@ -73,12 +76,19 @@ class Runtime:
         self._running = False
 
     def run(self, orchestration: Callable, *args, threshold: int = 0, record: bool = False,
-            trace: str | Path | None = None, **kwargs) -> RunResult:
+            trace: str | Path | None = None, schedule: Schedule | None = None, **kwargs) -> RunResult:
         """Run `orchestration(o, *args, **kwargs)` to completion; every task has run on return.
 
         record=True keeps the logical graph in `result.graph`; trace=path also writes the
         run's timeline there as Chrome-trace JSON (and records the graph for its arrows).
+        schedule= orders ready tasks (pto.Schedule; followed by executor="sim" and "parallel" so
+        far; without one the simulator takes the critical path and the threads their FIFO order).
         """
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise PTOError(f"schedule={schedule!r} is not a pto.Schedule")
+        if schedule is not None and self.executor not in ("sim", "parallel"):
+            raise PTOError(f"schedule= is followed by executor='sim' and 'parallel' only so far, not "
+                           f"{self.executor!r}")
         if self._running:
             raise UsageError("Runtime.run called while this runtime is already running an orchestration")
         if threshold < 0:
@@ -88,7 +98,7 @@ class Runtime:
                            "use executor='serial' or 'parallel'")
         self._running = True
         try:
-            return self._run(orchestration, args, kwargs, threshold, record, trace)[0]
+            return self._run(orchestration, args, kwargs, threshold, record, trace, schedule=schedule)[0]
         finally:
             self._running = False
 
@@ -122,7 +132,7 @@ class Runtime:
         header = self._scheduler.state.header
         return int(header[H_COMPLETED]), int(header[H_NEXT_TASK])
 
-    def _run(self, orchestration, args, kwargs, threshold, record, trace, capture=False):
+    def _run(self, orchestration, args, kwargs, threshold, record, trace, capture=False, schedule=None):
         """The run's RunResult and the executor that ran it."""
         record = record or trace is not None
         scheduler = self._scheduler
@@ -130,7 +140,7 @@ class Runtime:
         recorder = Recorder() if record else None
         profile = Profile(tracing=trace is not None)
         self.backend.wait_for_caller()
-        executor = self._make_executor(threshold, profile, capture)
+        executor = self._make_executor(threshold, profile, capture, schedule)
         o = Orchestrator(scheduler, self.backend, executor, recorder)
         started = time.perf_counter()
         try:
@@ -154,6 +164,7 @@ class Runtime:
             capacity=scheduler.capacity(), stalls=profile.stalls, kernels=kernel_times(profile),
             busy=busy_shares(profile, seconds),
             graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
+            makespan=getattr(executor, "makespan", None),
         )
         if trace is not None:
             write_trace(trace, profile, result.graph)
@@ -162,14 +173,16 @@ class Runtime:
     def _workers(self, executor: str) -> dict[WorkerType, int]:
         return {**default_workers(executor), **self._workers_given}
 
-    def _make_executor(self, threshold, profile, capture):
+    def _make_executor(self, threshold, profile, capture, schedule):
         if capture or self.executor == "stream":
             return StreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"), capture)
         if self.executor == "serial":
             return SerialExecutor(self._scheduler, self.backend, profile)
         if self.executor == "dry":
             return DryExecutor(self._scheduler, self.backend, profile)
-        return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, threshold)
+        if self.executor == "sim":
+            return SimExecutor(self._scheduler, self.backend, profile, self.workers, schedule or Schedule())
+        return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, threshold, schedule)
 
 
 def _make_backend(name: str, heap_bytes: int):

@@ -30,6 +30,7 @@ class Task:
     kernel: Kernel
     worker: WorkerType
     params: tuple[Param, ...]
+    tags: dict[str, int | str] | None = None  # from `with o.tags(...)`: what a Schedule sorts by
 
     def describe_params(self) -> str:
         return ", ".join(f"{p.kind.name.lower()}({p.value!r})" for p in self.params)

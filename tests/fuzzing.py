@@ -116,12 +116,14 @@ def random_program(o, buffers, seed: int, n_ops: int, log: list | None = None) -
         o.free(t)
 
 
-def run(executor: str, seed: int, n_ops: int, threshold: int = 0, **config):
+def run(executor: str, seed: int, n_ops: int, threshold: int = 0, schedule: pto.Schedule | None = None,
+        **config):
     """Run one program; (buffers after, RunResult or the DeadlockError raised)."""
     buffers = make_buffers()
     rt = pto.Runtime(backend="cpu", executor=executor, validate=True, **config)
     try:
-        result = rt.run(random_program, buffers, seed, n_ops, record=True, threshold=threshold)
+        result = rt.run(random_program, buffers, seed, n_ops, record=True, threshold=threshold,
+                        schedule=schedule)
     except pto.DeadlockError as error:
         return buffers, error
     return buffers, result

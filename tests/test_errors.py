@@ -177,6 +177,12 @@ CASES = [
     Case("unknown backend", lambda made: pto.Runtime(backend="tpu"), pto.PTOError),
     Case("a worker class with no workers", lambda made: runtime(made, workers={pto.CUBE: 0}), pto.PTOError),
     Case("negative threshold", lambda made: runtime(made).run(lambda o: None, threshold=-1), pto.PTOError),
+    Case("schedule on an executor that does not follow one", lambda made: runtime(
+        made, executor="serial").run(lambda o: None, schedule=pto.Schedule()), pto.PTOError),
+    Case("unknown schedule order", lambda made: pto.Schedule(order_by="lifo"), pto.PTOError),
+    Case("tag that is neither an int nor a str", run(lambda o: o.tags(batch=0.5).__enter__()), pto.PTOError),
+    Case("tier limits that do not increase", lambda made: pto.tiers([(8, _noop), (4, _noop)]),
+         pto.ParamError),
 ]
 
 

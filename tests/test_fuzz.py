@@ -1,5 +1,5 @@
 """Differential fuzzing: random programs on the parallel, stream and dry executors, with random
-windows, heap sizes, thresholds and worker or stream counts, must leave every buffer
+windows, heap sizes, thresholds, worker or stream counts and (threads) schedules, must leave every buffer
 byte-identical to the serial executor, agree on whether the heap is too small, and record the
 serial executor's graph, which must be exactly the edges that the independent oracle
 (oracle.py) derives from ../shared/design.md's rules. The oracle's own tests are here too: it gives
@@ -28,16 +28,19 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1500"))
 @given(seed=st.integers(0, 2**32 - 1), n_ops=st.integers(1, 60),
        window_log2=st.integers(2, 10), heap_slack=st.integers(0, 4),
        threshold=st.sampled_from([0, 1, 5, 17]), workers=st.integers(1, 3),
-       executor=st.sampled_from([e for e in GRAPH_EXECUTORS if e != "serial"]))
-def test_matches_serial_and_the_oracle(seed, n_ops, window_log2, heap_slack, threshold, workers, executor):
+       executor=st.sampled_from([e for e in GRAPH_EXECUTORS if e != "serial"]),
+       order_by=st.sampled_from([None, "critical_path", "fifo"]))
+def test_matches_serial_and_the_oracle(seed, n_ops, window_log2, heap_slack, threshold, workers, executor,
+                                       order_by):
     _, probe = run("serial", seed, n_ops, heap_bytes=1 << 24)
     # From just big enough for the live set (the serial high-water mark) upwards.
     heap = max(64, probe.high_water["heap_bytes"]) * (1 + heap_slack) // 2 // 64 * 64 or 64
     config = {"heap_bytes": heap, "task_window": 1 << window_log2}  # the same for both executors
     expected, reference = run("serial", seed, n_ops, **config)
-    got, result = run(executor, seed, n_ops, threshold, workers={pto.CUBE: workers, pto.VECTOR: workers},
-                      **config)
-    program = f"seed={seed} n_ops={n_ops}; program:\n{describe(seed, n_ops)}"
+    schedule = pto.Schedule(order_by=order_by) if order_by and executor == "parallel" else None
+    got, result = run(executor, seed, n_ops, threshold, schedule,
+                      workers={pto.CUBE: workers, pto.VECTOR: workers}, **config)
+    program = f"seed={seed} n_ops={n_ops} {schedule}; program:\n{describe(seed, n_ops)}"
     assert type(result) is type(reference), f"serial gave {reference!r}, {executor} {result!r}; {program}"
     if isinstance(reference, pto.DeadlockError):
         return

@@ -6,17 +6,23 @@ the GIL), then completes it in the core, which hands back the consumers it made 
 With threshold=0 nothing starts until the orchestration ends or a ring fills; with
 threshold=N, once N tasks are pending. A ring that is full while nothing runs or waits to
 run can never drain: that raises DeadlockError at once instead of waiting.
+
+Ready queues are FIFO; with a `schedule=` (schedule.py) they are heaps in its order, keyed
+when a task is queued and all again when the workers start (the critical path of a task
+queued while the orchestration was still submitting its consumers has changed by then).
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
 import threading
 import time
 
 from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
+from ..schedule import CriticalPaths, Schedule, cost_of, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
 
@@ -26,17 +32,19 @@ DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
 
 class ParallelExecutor:
     runs_kernels = True
-    wants_producers = False
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
-                 threshold: int):
+                 threshold: int, schedule: Schedule | None = None):
         self._scheduler = scheduler
         self._backend = backend
         self._profile = profile
         self._tracing = profile.tracing
         self._threshold = threshold
         self._lock = threading.Lock()
-        self._queues = {w: collections.deque() for w in WorkerType}
+        self._schedule = schedule
+        self.wants_producers = schedule is not None and schedule.order_by == "critical_path"
+        self._paths = CriticalPaths() if self.wants_producers else None
+        self._queues = {w: [] if schedule else collections.deque() for w in WorkerType}
         self._wake = {w: threading.Condition(self._lock) for w in WorkerType}
         self._progress = threading.Condition(self._lock)  # the orchestrator waits on it
         self._started = False
@@ -63,6 +71,10 @@ class ParallelExecutor:
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
         self._raise_failure()
+        if self._paths is not None:
+            cost = cost_of(task, missing=1.0)  # without cost models: a path's length in tasks
+            with self._lock:
+                self._paths.add(task.id, cost, producers)
         if ready:
             self._outbox.append(task)
         if self._tracing:
@@ -76,10 +88,25 @@ class ParallelExecutor:
 
     def _flush_locked(self) -> None:
         for task in self._outbox:
-            self._queues[task.worker].append(task)
+            self._push_locked(task)
             if self._started:
                 self._wake[task.worker].notify()
         self._outbox.clear()
+
+    def _push_locked(self, task: Task) -> None:
+        if self._schedule is None:
+            self._queues[task.worker].append(task)
+        else:
+            key = priority(self._schedule, task, self._paths)
+            heapq.heappush(self._queues[task.worker], (key, task.id, task))
+
+    def _pop_locked(self, queue) -> Task:
+        if self._schedule is None:
+            return queue.popleft()
+        task = heapq.heappop(queue)[2]
+        if self._paths is not None:
+            self._paths.started(task.id)
+        return task
 
     def make_room(self, status: int, unfreed) -> None:
         started = time.perf_counter()
@@ -133,7 +160,7 @@ class ParallelExecutor:
                     wake.wait()
                 if self._stopping:
                     return
-                task = queue.popleft()
+                task = self._pop_locked(queue)
                 self._running += 1
                 if self._tracing:
                     self._sample()
@@ -150,7 +177,7 @@ class ParallelExecutor:
                 return
             with self._lock:
                 for ready in made_ready:
-                    self._queues[ready.worker].append(ready)
+                    self._push_locked(ready)
                     self._wake[ready.worker].notify()
                 self._running -= 1
                 self._completions += 1
@@ -165,6 +192,10 @@ class ParallelExecutor:
     def _start_locked(self) -> None:
         if not self._started:
             self._started = True
+            if self._schedule is not None:  # keyed again, by what has been submitted by now
+                for queue in self._queues.values():
+                    queue[:] = sorted((priority(self._schedule, task, self._paths), task.id, task)
+                                      for _, _, task in queue)
             self._notify_all_locked()
 
     def _sample(self) -> None:

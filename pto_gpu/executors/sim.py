@@ -1,0 +1,92 @@
+"""The simulating executor (executor="sim"): a deterministic discrete-event run from the
+kernels' cost models (spec 004).
+
+Each worker class has its configured number of workers. The simulation keeps a clock, each
+class's ready tasks in the order the Schedule gives (critical path, FIFO or tags), and the
+running tasks by the time they end: a free worker starts the first ready task of its class,
+which ends `kernel.cost(*params)` seconds later; the earliest end completes in the core, which
+hands back the consumers it made ready. Kernels really run, on the caller's thread, at the
+moment the simulation starts them, so results equal the serial executor's and the recorded
+graph is every executor's. Nothing starts until the orchestration returns or a ring fills
+(threshold 0): then the simulation runs until a task completes, which makes room.
+`makespan` is the simulated time of the last end; it depends on the graph, the costs and the
+schedule only, so tests can assert it exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from ..dtypes import WorkerType
+from ..profile import Profile
+from ..schedule import CriticalPaths, Schedule, cost_of, priority
+from ..scheduler import Scheduler, Task
+from . import run_kernel
+
+
+class SimExecutor:
+    runs_kernels = True
+    wants_producers = True  # the successors give each task's critical path
+
+    def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
+                 schedule: Schedule):
+        self._scheduler = scheduler
+        self._backend = backend
+        self._lane = profile.lane("sim", tuple(WorkerType))
+        self._schedule = schedule
+        self._free = dict(workers)
+        self._scratch = scheduler.ready_scratch()
+        self._paths = CriticalPaths()  # also where each unstarted task's cost waits
+        self._ready: dict[WorkerType, list] = {w: [] for w in WorkerType}  # heaps of (key, id, task)
+        self._waiting: list[Task] = []  # ready, queued once the priorities are known
+        self._running: list = []  # heap of (end, id, task)
+        self.makespan = 0.0
+
+    # --- the orchestrator's side ---------------------------------------------------------
+    def submitted(self, task: Task, ready: bool, producers) -> None:
+        self._paths.add(task.id, cost_of(task, missing=None), producers)
+        if ready:
+            self._waiting.append(task)
+
+    def make_room(self, status: int, unfreed) -> None:
+        if not self._advance(until_a_completion=True):
+            raise self._scheduler.deadlock(status, unfreed())
+
+    def finish(self) -> None:
+        self._advance(until_a_completion=False)
+
+    def abort(self) -> None:
+        pass
+
+    # --- the simulation ------------------------------------------------------------------
+    def _advance(self, until_a_completion: bool) -> bool:
+        """Run the simulation until every task has ended, or until one has; False when nothing
+        could run."""
+        self._queue_waiting()
+        while True:
+            self._start_ready()
+            if not self._running:
+                return False
+            end, _, task = heapq.heappop(self._running)
+            self.makespan = end
+            self._free[task.worker] += 1
+            self._waiting += self._scheduler.complete(task.id, self._scratch)
+            self._queue_waiting()
+            if until_a_completion:
+                return True
+
+    def _queue_waiting(self) -> None:
+        for task in self._waiting:
+            key = priority(self._schedule, task, self._paths)
+            heapq.heappush(self._ready[task.worker], (key, task.id, task))
+        self._waiting = []
+
+    def _start_ready(self) -> None:
+        for worker, queue in self._ready.items():
+            while queue and self._free[worker] > 0:
+                _, _, task = heapq.heappop(queue)
+                self._free[worker] -= 1
+                self._scheduler.start(task.id)
+                run_kernel(self._backend, task, self._lane)
+                heapq.heappush(self._running, (self.makespan + self._paths.started(task.id), task.id, task))
+

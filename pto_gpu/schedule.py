@@ -1,0 +1,114 @@
+"""Schedules (spec 004): when tasks run, never what they compute.
+
+`pto.Schedule(order_by=...)` orders each worker class's ready tasks:
+
+    "critical_path"  (the default) the longest remaining cost to the end of the graph first:
+                     a task's cost plus the most any chain of its consumers costs, from the
+                     kernels' cost models over the tasks submitted so far
+    "fifo"           submission order
+    ("batch", ...)   tag names (`with o.tags(batch=b):`): lexicographic over the tasks' values
+                     of them, ints before strings, a task without the tag after those with it
+
+Ties go to the earlier submission. The simulator (executor="sim") and the thread executor
+(executor="parallel") follow a schedule; a kernel without a cost model counts 1 in a critical
+path under the thread executor (a path's length in tasks), and is refused by the simulator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from .errors import PTOError
+
+ORDERS = ("critical_path", "fifo")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    order_by: str | tuple[str, ...] = "critical_path"
+
+    def __post_init__(self) -> None:
+        order = self.order_by
+        if isinstance(order, str):
+            if order not in ORDERS:
+                raise PTOError(f"Schedule(order_by={order!r}): choose {' or '.join(map(repr, ORDERS))}, or "
+                               "a tuple of tag names")
+        elif not (isinstance(order, tuple) and order and all(isinstance(t, str) and t.isidentifier()
+                                                             for t in order)):
+            raise PTOError(f"Schedule(order_by={order!r}): a tuple of tag names (identifiers), or "
+                           f"{' or '.join(map(repr, ORDERS))}")
+
+
+class CriticalPaths:
+    """The remaining critical path of each submitted, unstarted task: its cost plus the
+    costliest chain of its consumers. Started tasks leave, so the graph kept is at most the
+    task window; levels are recomputed, in one backward pass (ids are a topological order),
+    only after new submissions."""
+
+    def __init__(self):
+        self._costs: dict[int, float] = {}
+        self._consumers: dict[int, list[int]] = {}
+        self._levels: dict[int, float] | None = None
+
+    def add(self, task_id: int, cost: float, producers) -> None:
+        self._costs[task_id] = cost
+        for producer in producers:
+            producer = int(producer)
+            if producer in self._costs:  # a started producer's path no longer matters
+                self._consumers.setdefault(producer, []).append(task_id)
+        self._levels = None
+
+    def started(self, task_id: int) -> float:
+        """Forget a task that starts; its cost."""
+        self._consumers.pop(task_id, None)
+        if self._levels is not None:
+            self._levels.pop(task_id, None)
+        return self._costs.pop(task_id)
+
+    def level(self, task_id: int) -> float:
+        if self._levels is None:
+            levels: dict[int, float] = {}
+            for tid in sorted(self._costs, reverse=True):
+                after = (levels[c] for c in self._consumers.get(tid, ()) if c in levels)
+                levels[tid] = self._costs[tid] + max(after, default=0.0)
+            self._levels = levels
+        return self._levels[task_id]
+
+
+def cost_of(task, missing: float | None) -> float:
+    """A task's seconds from its kernel's cost model; `missing` where it has none (None: an
+    error, as the simulator needs every cost)."""
+    if task.kernel.cost is None:
+        if missing is None:
+            raise PTOError(f"executor='sim' needs a cost model for kernel {task.kernel.name}: declare it "
+                           "with @pto.kernel(cost=lambda *params: seconds)")
+        return missing
+    seconds = float(task.kernel.cost(*(p.value for p in task.params)))
+    if not seconds >= 0:
+        raise PTOError(f"kernel {task.kernel.name}'s cost model gave {seconds!r} seconds")
+    return seconds
+
+
+def priority(schedule: Schedule, task, paths: CriticalPaths | None) -> tuple:
+    """A ready task's place in its class's queue (smaller first; the task id breaks ties)."""
+    order = schedule.order_by
+    if order == "critical_path":
+        return (-paths.level(task.id),)
+    if order == "fifo":
+        return ()
+    return tag_key(task.tags or {}, order)
+
+
+def tag_key(tags: Mapping[str, int | str], names: tuple[str, ...]) -> tuple:
+    """The sort key of a task's tags under order_by=names."""
+    return tuple((0, tags[name]) if isinstance(tags.get(name), int) else
+                 (1, tags[name]) if name in tags else (2, 0) for name in names)
+
+
+def check_tags(tags: Mapping[str, object]) -> dict[str, int | str]:
+    """Tags as `o.tags(**tags)` takes them: identifiers to ints or strings."""
+    for name, value in tags.items():
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise PTOError(f"o.tags({name}={value!r}): a tag's value is an int or a str")
+    return dict(tags)

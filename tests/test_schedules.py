@@ -1,0 +1,226 @@
+"""Schedules (spec 004) on the simulating executor: exact makespans from cost models, results
+bitwise equal to the serial executor's whatever the order, tags, and tiered kernels."""
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+
+MS = 1e-3
+COST = 5 * MS
+
+
+@pto.kernel(worker=pto.VECTOR, cost=lambda x: COST)
+def bump(x):
+    x += 1
+
+
+@pto.kernel(worker=pto.VECTOR, cost=lambda a, out: COST)
+def double_into(a, out):
+    out[...] = 2 * a + out
+
+
+def independents_then_chain(o, spread, chain, independent: int = 40, links: int = 20):
+    """`independent` tasks, each on its own row of `spread`, submitted before a chain of
+    `links` tasks on `chain` (each reads the one before)."""
+    S, C = o.external(spread), o.external(chain)
+    for i in range(independent):
+        o.submit(bump, pto.inout(S[i:i + 1]))
+    for _ in range(links):
+        o.submit(bump, pto.inout(C))
+
+
+def run_sim(order_by, workers=2, **options):
+    spread, chain = np.zeros((40, 4), np.float32), np.zeros((1, 4), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: workers}, **options)
+    result = rt.run(independents_then_chain, spread, chain, schedule=pto.Schedule(order_by=order_by))
+    return result, spread, chain
+
+
+def test_the_critical_path_meets_the_bound_where_fifo_does_not():
+    bound = 60 * COST / 2  # 60 tasks of 5 ms on 2 workers: 150 ms
+    critical, _, _ = run_sim("critical_path")
+    fifo, _, _ = run_sim("fifo")
+    # The chain starts at once on one worker (100 ms) while the other takes independents; FIFO
+    # runs the 40 independents first (100 ms on 2 workers), then the chain alone.
+    assert critical.makespan == pytest.approx(bound) and critical.makespan <= 1.1 * bound
+    assert fifo.makespan == pytest.approx(200 * MS) and fifo.makespan >= 1.3 * bound
+    assert "simulated makespan 150.000 ms" in str(critical)
+
+
+@pytest.mark.parametrize("order_by", ["critical_path", "fifo", ("batch",)])
+def test_every_order_gives_the_serial_result(order_by):
+    _, spread, chain = run_sim(order_by)
+    want_spread, want_chain = np.zeros((40, 4), np.float32), np.zeros((1, 4), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(independents_then_chain, want_spread, want_chain)
+    assert spread.tobytes() == want_spread.tobytes() and chain.tobytes() == want_chain.tobytes()
+
+
+def test_a_full_task_ring_advances_the_simulation_instead_of_deadlocking():
+    result, _, chain = run_sim("critical_path", task_window=4)
+    assert result.num_tasks == 60 and np.all(chain == 20)
+    assert result.high_water["task_ring"] == 4
+    # Only 4 tasks in flight: the chain cannot be found early, so the run is FIFO-like.
+    assert result.makespan == pytest.approx(200 * MS)
+
+
+def mixing(o, data, out):
+    """A random-looking DAG over the rows of `data` and `out`, with tags: reads and writes
+    that cross rows, so the order matters to a wrong executor."""
+    D, O = o.external(data), o.external(out)
+    rows = D.shape[0]
+    for step in range(24):
+        with o.tags(batch=step % 3, stage="a" if step % 2 else "b"):
+            source, target = (step * 5) % rows, (step * 3 + 1) % rows
+            o.submit(double_into, pto.input(D[source:source + 1]), pto.inout(O[target:target + 1]))
+            o.submit(bump, pto.inout(D[target:target + 1]))
+
+
+@pytest.mark.parametrize("order_by", ["critical_path", "fifo", ("batch", "stage"), ("stage",)])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_schedules_on_a_tangled_graph_equal_the_serial_executor_bitwise(order_by, workers):
+    rng = np.random.default_rng(7)
+    data, out = rng.standard_normal((7, 5)).astype(np.float32), np.zeros((7, 5), np.float32)
+    want_data, want_out = data.copy(), out.copy()
+    pto.Runtime(backend="cpu", executor="serial").run(mixing, want_data, want_out)
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: workers})
+    rt.run(mixing, data, out, schedule=pto.Schedule(order_by=order_by))
+    assert data.tobytes() == want_data.tobytes() and out.tobytes() == want_out.tobytes()
+
+
+def test_order_by_tags_runs_the_lowest_tag_values_first():
+    ran, labels = [], ["2b", "1b", "2a", "1a", "0z", "untagged"]
+
+    @pto.kernel(worker=pto.VECTOR, cost=lambda x, label: COST)
+    def note(x, label):
+        ran.append(labels[label])
+
+    def tagged(o, x):  # five independent tasks (one row each), then an untagged one
+        X = o.external(x)
+        for label, (batch, stage) in enumerate(((2, "b"), (1, "b"), (2, "a"), (1, "a"), (0, "z"))):
+            with o.tags(batch=batch):
+                with o.tags(stage=stage):  # nested tags add up
+                    o.submit(note, pto.inout(X[label:label + 1]), label)
+        o.submit(note, pto.inout(X[9:10]), 5)
+
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 1})
+    # ties go to the task submitted first: 2a before 1a by stage alone
+    for order_by, expected in ((("batch", "stage"), ["0z", "1a", "1b", "2a", "2b", "untagged"]),
+                               (("stage",), ["2a", "1a", "2b", "1b", "0z", "untagged"]),
+                               ("fifo", ["2b", "1b", "2a", "1a", "0z", "untagged"])):
+        ran.clear()
+        rt.run(tagged, np.zeros((10, 1), np.float32), schedule=pto.Schedule(order_by=order_by))
+        assert ran == expected, order_by
+
+
+def test_misuse_is_refused_by_name():
+    @pto.kernel(worker=pto.VECTOR)
+    def uncosted(x):
+        pass
+
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 1})
+    with pytest.raises(pto.PTOError, match=r"executor='sim' needs a cost model for kernel uncosted"):
+        rt.run(lambda o, x: o.submit(uncosted, pto.inout(o.external(x))), np.zeros(2))
+    with pytest.raises(pto.PTOError, match=r"'sim' and 'parallel' only so far, not 'serial'"):
+        pto.Runtime(backend="cpu", executor="serial").run(independents_then_chain, np.zeros((40, 4)),
+                                                           np.zeros((1, 4)), schedule=pto.Schedule())
+    with pytest.raises(pto.PTOError, match=r"order_by='lifo'"):
+        pto.Schedule(order_by="lifo")
+    with pytest.raises(pto.PTOError, match=r"a tuple of tag names"):
+        pto.Schedule(order_by=("batch", 3))
+    with pytest.raises(pto.PTOError, match=r"o.tags\(batch=1.5\): a tag's value is an int or a str"):
+        rt.run(lambda o: o.tags(batch=1.5).__enter__())
+    with pytest.raises(pto.ParamError, match=r"cost=3: a function"):
+        pto.kernel(cost=3)
+
+
+# --- tiers -------------------------------------------------------------------------------------
+
+
+@pto.kernel()
+def small(x):
+    pass
+
+
+@pto.kernel()
+def medium(x):
+    pass
+
+
+@pto.kernel()
+def large(x):
+    pass
+
+
+def test_tiers_select_the_first_tier_that_holds_the_size():
+    tier = pto.tiers([(2048, small), (8192, medium), (None, large)])
+    assert [tier.select(n).name for n in (0, 1, 2048, 2049, 8192, 8193, 10**9)] == \
+        ["small", "small", "small", "medium", "medium", "large", "large"]
+    bounded = pto.tiers([(16, small), (64, medium)])
+    assert bounded.select(64) is medium
+    with pytest.raises(pto.ParamError, match=r"select\(65\): past the largest tier \(64\)"):
+        bounded.select(65)
+
+
+@pytest.mark.parametrize("entries, message", [
+    ([], r"at least one"),
+    ([(8, small), (8, medium)], r"limits must increase; 8 follows 8"),
+    ([(None, large), (8, small)], r"comes last"),
+    ([(-1, small)], r"not a non-negative int"),
+    ([(8, "small")], r"not a \(limit, kernel\) pair"),
+])
+def test_bad_tiers_are_refused(entries, message):
+    with pytest.raises(pto.ParamError, match=message):
+        pto.tiers(entries)
+
+
+# --- the thread executor ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order_by", ["critical_path", "fifo", ("batch", "stage")])
+def test_the_thread_executor_follows_schedules_with_the_serial_result(order_by):
+    rng = np.random.default_rng(11)
+    data, out = rng.standard_normal((7, 5)).astype(np.float32), np.zeros((7, 5), np.float32)
+    want_data, want_out = data.copy(), out.copy()
+    pto.Runtime(backend="cpu", executor="serial").run(mixing, want_data, want_out)
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 3})
+    for _ in range(5):  # threads interleave differently each time
+        d, o = data.copy(), out.copy()
+        rt.run(mixing, d, o, schedule=pto.Schedule(order_by=order_by))
+        assert d.tobytes() == want_data.tobytes() and o.tobytes() == want_out.tobytes()
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_critical_path_llama_layer_on_threads_equals_the_serial_one(adaptive):
+    from pto_gpu.orchestration.llama import llama_layer, llama_layer_inputs
+
+    want = llama_layer_inputs(96, hidden=64, heads=4, ffn=96, seed=2)
+    pto.Runtime(backend="cpu", executor="serial").run(llama_layer, want, adaptive)
+    got = llama_layer_inputs(96, hidden=64, heads=4, ffn=96, seed=2)
+    # library kernels have no cost model: the critical path counts tasks
+    pto.Runtime(backend="cpu", executor="parallel").run(llama_layer, got, adaptive, schedule=pto.Schedule())
+    assert got["out"].tobytes() == want["out"].tobytes()
+
+
+def test_thread_priorities_start_the_critical_path_first():
+    """One worker: the order tasks start in is the schedule's, which the kernels record."""
+    ran = []
+
+    @pto.kernel(worker=pto.VECTOR)
+    def note(x, label):
+        ran.append(int(label))
+
+    def graph(o, x):  # tasks 0..3 independent, then a chain 4 -> 5 -> 6 behind task 3's row
+        X = o.external(x)
+        for label in range(4):
+            o.submit(note, pto.inout(X[label:label + 1]), label)
+        for label in range(4, 7):
+            o.submit(note, pto.inout(X[3:4]), label)
+
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 1})
+    rt.run(graph, np.zeros((4, 1), np.float32), schedule=pto.Schedule(order_by="critical_path"))
+    # task 3 heads a 4-task path, 4 then a 3-task one, 5 a 2-task one; then all are 1 long: by id
+    assert ran == [3, 4, 5, 0, 1, 2, 6]
+    ran.clear()
+    rt.run(graph, np.zeros((4, 1), np.float32), schedule=pto.Schedule(order_by="fifo"))
+    assert ran == [0, 1, 2, 3, 4, 5, 6]
