@@ -4,6 +4,7 @@
     result = rt.run(orchestration, *args)   # orchestration(o, *args) submits tasks via `o`
 """
 
+from .costs import CostHistory
 from .dtypes import DataType, WorkerType, element_size
 from .errors import (
     DeadlockError,
@@ -47,9 +48,9 @@ AI_CPU = WorkerType.AI_CPU
 ACCELERATOR = WorkerType.ACCELERATOR
 
 __all__ = [
-    "ACCELERATOR", "AI_CPU", "BFLOAT16", "BOOL", "CUBE", "CudaCode", "FLOAT16", "FLOAT32", "FLOAT64", "INT16",
-    "INT32", "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType", "DeadlockError",
-    "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
+    "ACCELERATOR", "AI_CPU", "BFLOAT16", "BOOL", "CUBE", "CostHistory", "CudaCode", "FLOAT16", "FLOAT32",
+    "FLOAT64", "INT16", "INT32", "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType",
+    "DeadlockError", "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
     "KernelTime", "Orchestrator", "Overlap",
     "PTOError", "Param", "ParamError", "ParamKind", "Replay", "RunResult", "Runtime", "Schedule",
     "StaleVersionError", "TaskError", "TensorDescriptor", "Tiers", "UsageError", "UseAfterFreeError",

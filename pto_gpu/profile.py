@@ -13,6 +13,7 @@ import dataclasses
 import time
 
 from .core import state as cs
+from .costs import Key, Tally, key_of
 from .dtypes import WorkerType
 from .scheduler import Scheduler, Task
 
@@ -37,11 +38,14 @@ class Sample:
 class Lane:
     """One thread of execution: a worker thread, or the caller's thread for the serial executor."""
 
-    def __init__(self, name: str, serves: tuple[WorkerType, ...], origin: float, tracing: bool):
+    def __init__(self, name: str, serves: tuple[WorkerType, ...], origin: float, tracing: bool,
+                 measuring: bool):
         self.name = name
         self.kernels: dict[str, list] = {}  # kernel name -> [tasks, seconds]
         self.busy = dict.fromkeys(serves, 0.0)  # worker class -> seconds
         self.spans: list[Span] | None = [] if tracing else None
+        # per (kernel, shapes, worker class), when a cost history wants them (a key per task costs)
+        self.measured: dict[Key, Tally] | None = {} if measuring else None
         self._origin = origin
 
     def ran(self, task: Task, started: float, ended: float) -> None:
@@ -53,22 +57,37 @@ class Lane:
         tally[0] += 1
         tally[1] += seconds
         self.busy[task.worker] += seconds
+        if self.measured is not None:
+            key = key_of(task)
+            measured = self.measured.get(key)
+            if measured is None:
+                measured = self.measured[key] = Tally()
+            measured.add(seconds)
         if self.spans is not None:
             self.spans.append(Span(task, started - self._origin, ended - self._origin))
 
 
 class Profile:
-    def __init__(self, tracing: bool):
+    def __init__(self, tracing: bool, measuring: bool = False):
         self.origin = time.perf_counter()
         self.tracing = tracing
+        self.measuring = measuring  # kernel times per (kernel, shapes, worker class), for a CostHistory
         self.lanes: list[Lane] = []
         self.stalls: dict[str, float] = {}  # ring (as in RunResult.high_water) -> seconds waited
         self.samples: list[Sample] = []
 
     def lane(self, name: str, serves: tuple[WorkerType, ...]) -> Lane:
-        lane = Lane(name, serves, self.origin, self.tracing)
+        lane = Lane(name, serves, self.origin, self.tracing, self.measuring)
         self.lanes.append(lane)
         return lane
+
+    def measured(self) -> dict[Key, Tally]:
+        """Every lane's kernel times per (kernel, shapes, worker class), added up."""
+        total: dict[Key, Tally] = {}
+        for lane in self.lanes:
+            for key, tally in (lane.measured or {}).items():
+                total.setdefault(key, Tally()).add(tally.total, tally.count, tally.squares)
+        return total
 
     def stalled(self, ring: str, seconds: float) -> None:
         # Only the orchestrator's thread waits for room, so this needs no lock.

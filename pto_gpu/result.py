@@ -33,12 +33,18 @@ class RunResult:
     busy: dict[str, float]  # worker class -> share of (wall time x its workers) spent in kernels
     graph: Graph | None = None
     makespan: float | None = None  # executor="sim": the simulated seconds from first start to last end
+    # kernel -> (measured - predicted) / measured, over this run's calls the cost history (as it
+    # was before the run) or a cost= model could predict
+    prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [f"{self.orchestration}: {self.num_tasks:,} tasks, {self.num_edges:,} edges in "
                  f"{self.seconds * 1e3:.1f} ms ({self.backend} backend, {self.executor} executor)"]
         if self.makespan is not None:
             lines.append(f"  simulated makespan {self.makespan * 1e3:.3f} ms")
+        if self.prediction_error:
+            errors = ", ".join(f"{name} {e:+.0%}" for name, e in sorted(self.prediction_error.items()))
+            lines.append(f"  cost prediction error (measured vs predicted): {errors}")
         if self.kernels:
             lines.append(f"  {'kernel':<24} {'tasks':>9} {'total ms':>10} {'mean us':>9}")
             for name, k in sorted(self.kernels.items(), key=lambda item: -item[1].seconds):

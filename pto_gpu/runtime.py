@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from threadpoolctl import threadpool_limits
@@ -14,6 +14,7 @@ from threadpoolctl import threadpool_limits
 from .backends import CapturedGraph
 from .backends.cpu import CpuBackend
 from .core.state import H_COMPLETED, H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
+from .costs import CostHistory
 from .dtypes import WorkerType
 from .errors import PTOError, UsageError
 from .executors.parallel import ParallelExecutor
@@ -48,7 +49,7 @@ class Runtime:
                  heap_bytes: int = 64 << 20, task_window: int = 1024,
                  workers: dict[WorkerType, int] | None = None, buffer_window: int | None = None,
                  dep_pool: int | None = None, tensormap_entries: int | None = None,
-                 validate: bool | None = None):
+                 validate: bool | None = None, costs: CostHistory | None = None):
         if executor not in EXECUTORS:
             raise PTOError(f"executor={executor!r}; choose one of {', '.join(EXECUTORS)}")
         self.sizes = Sizes(
@@ -73,6 +74,12 @@ class Runtime:
         # Validation mode checks every scheduler invariant after every transition (slow).
         self._scheduler.validate = (os.environ.get("PTO_VALIDATE", "") not in ("", "0")
                                     if validate is None else validate)
+        # Where this runtime's runs add what kernels took (costs.py), and the simulator and
+        # critical-path schedules read costs of kernels without cost=; None: nothing is measured
+        # (measuring costs every task a little).
+        if costs is not None and not isinstance(costs, CostHistory):
+            raise PTOError(f"costs={costs!r} is not a pto.CostHistory")
+        self.costs = costs
         self._running = False
 
     def run(self, orchestration: Callable, *args, threshold: int = 0, record: bool = False,
@@ -101,6 +108,26 @@ class Runtime:
             return self._run(orchestration, args, kwargs, threshold, record, trace, schedule=schedule)[0]
         finally:
             self._running = False
+
+    def run_concurrent(self, graphs: Sequence[tuple], *, provides: Sequence[Sequence[str]] | None = None,
+                       requires: Sequence[Sequence[str]] | None = None, **options) -> RunResult:
+        """Run several orchestrations side by side, in one run: each `(orchestration, args)` or
+        `(orchestration, args, kwargs)`. Their tasks share one TensorMap, so dependencies between
+        graphs come from launch order (RAW, WAR and WAW need no declaration) and independent
+        graphs overlap; the tasks of graph i carry the tag graph=i. `provides[i]` and
+        `requires[i]` name what graph i makes and needs (spec 004's PROVIDES/REQUIRES): each
+        required name must be provided by an earlier graph. `options` are run's (schedule=,
+        record=, ...); one RunResult covers every graph."""
+        entries = [_graph_entry(index, graph) for index, graph in enumerate(graphs)]
+        _check_provisions(len(entries), provides, requires)
+
+        def side_by_side(o: Orchestrator) -> None:
+            for index, (orchestration, args, kwargs) in enumerate(entries):
+                with o.tags(graph=index):
+                    orchestration(o, *args, **kwargs)
+
+        side_by_side.__name__ = " + ".join(getattr(e[0], "__name__", "graph") for e in entries)
+        return self.run(side_by_side, **options)
 
     def capture(self, orchestration: Callable, *args, **kwargs) -> Replay:
         """Record `orchestration(o, *args, **kwargs)` as one graph of kernel launches, unrun.
@@ -138,7 +165,7 @@ class Runtime:
         scheduler = self._scheduler
         scheduler.reset(record)
         recorder = Recorder() if record else None
-        profile = Profile(tracing=trace is not None)
+        profile = Profile(tracing=trace is not None, measuring=self.costs is not None)
         self.backend.wait_for_caller()
         executor = self._make_executor(threshold, profile, capture, schedule)
         o = Orchestrator(scheduler, self.backend, executor, recorder)
@@ -155,6 +182,7 @@ class Runtime:
         finally:
             o.close()
         seconds = time.perf_counter() - started
+        measured = profile.measured()
         header = scheduler.state.header
         result = RunResult(
             orchestration=getattr(orchestration, "__name__", repr(orchestration)),
@@ -165,7 +193,10 @@ class Runtime:
             busy=busy_shares(profile, seconds),
             graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
             makespan=getattr(executor, "makespan", None),
+            prediction_error=self.costs.prediction_error(measured) if self.costs else {},
         )
+        if self.costs is not None:
+            self.costs.merge(measured)
         if trace is not None:
             write_trace(trace, profile, result.graph)
         return result, executor
@@ -181,8 +212,38 @@ class Runtime:
         if self.executor == "dry":
             return DryExecutor(self._scheduler, self.backend, profile)
         if self.executor == "sim":
-            return SimExecutor(self._scheduler, self.backend, profile, self.workers, schedule or Schedule())
-        return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, threshold, schedule)
+            return SimExecutor(self._scheduler, self.backend, profile, self.workers, schedule or Schedule(),
+                               self.costs)
+        return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, threshold, schedule,
+                                self.costs)
+
+
+def _graph_entry(index: int, graph: object) -> tuple[Callable, tuple, dict]:
+    if not (isinstance(graph, tuple) and len(graph) in (2, 3) and callable(graph[0])
+            and isinstance(graph[1], tuple | list) and (len(graph) == 2 or isinstance(graph[2], dict))):
+        raise PTOError(f"run_concurrent: graph {index} is {graph!r}, not (orchestration, args) or "
+                       "(orchestration, args, kwargs)")
+    return graph[0], tuple(graph[1]), dict(graph[2]) if len(graph) == 3 else {}
+
+
+def _check_provisions(count: int, provides, requires) -> None:
+    """PROVIDES/REQUIRES: lists aligned with the graphs; every required name is provided by an
+    earlier graph, and no name is provided twice."""
+    lists = {"provides": provides or [()] * count, "requires": requires or [()] * count}
+    for label, names in lists.items():
+        if len(names) != count:
+            raise PTOError(f"run_concurrent: {label} has {len(names)} entries for {count} graphs")
+    provided: dict[str, int] = {}
+    for index in range(count):
+        for name in lists["requires"][index] or ():
+            if name not in provided:
+                raise PTOError(f"run_concurrent: graph {index} requires {name!r}, which no earlier graph "
+                               f"provides (provided so far: {sorted(provided) or 'nothing'})")
+        for name in lists["provides"][index] or ():
+            if name in provided:
+                raise PTOError(f"run_concurrent: graph {index} provides {name!r}, which graph "
+                               f"{provided[name]} already provides")
+            provided[name] = index
 
 
 def _make_backend(name: str, heap_bytes: int):

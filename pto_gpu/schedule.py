@@ -10,8 +10,9 @@
                      of them, ints before strings, a task without the tag after those with it
 
 Ties go to the earlier submission. The simulator (executor="sim") and the thread executor
-(executor="parallel") follow a schedule; a kernel without a cost model counts 1 in a critical
-path under the thread executor (a path's length in tasks), and is refused by the simulator.
+(executor="parallel") follow a schedule. Costs come from costs.py: a kernel's model, else the
+Runtime's history; under the thread executor a kernel with neither costs the history's typical
+call (1 when there is no history: a path's length in tasks), and the simulator refuses it.
 """
 
 from __future__ import annotations
@@ -74,20 +75,6 @@ class CriticalPaths:
                 levels[tid] = self._costs[tid] + max(after, default=0.0)
             self._levels = levels
         return self._levels[task_id]
-
-
-def cost_of(task, missing: float | None) -> float:
-    """A task's seconds from its kernel's cost model; `missing` where it has none (None: an
-    error, as the simulator needs every cost)."""
-    if task.kernel.cost is None:
-        if missing is None:
-            raise PTOError(f"executor='sim' needs a cost model for kernel {task.kernel.name}: declare it "
-                           "with @pto.kernel(cost=lambda *params: seconds)")
-        return missing
-    seconds = float(task.kernel.cost(*(p.value for p in task.params)))
-    if not seconds >= 0:
-        raise PTOError(f"kernel {task.kernel.name}'s cost model gave {seconds!r} seconds")
-    return seconds
 
 
 def priority(schedule: Schedule, task, paths: CriticalPaths | None) -> tuple:

@@ -1,6 +1,8 @@
 """Schedules (spec 004) on the simulating executor: exact makespans from cost models, results
 bitwise equal to the serial executor's whatever the order, tags, and tiered kernels."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -119,7 +121,7 @@ def test_misuse_is_refused_by_name():
         pass
 
     rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 1})
-    with pytest.raises(pto.PTOError, match=r"executor='sim' needs a cost model for kernel uncosted"):
+    with pytest.raises(pto.PTOError, match=r"executor='sim' has no cost for kernel uncosted"):
         rt.run(lambda o, x: o.submit(uncosted, pto.inout(o.external(x))), np.zeros(2))
     with pytest.raises(pto.PTOError, match=r"'sim' and 'parallel' only so far, not 'serial'"):
         pto.Runtime(backend="cpu", executor="serial").run(independents_then_chain, np.zeros((40, 4)),
@@ -224,3 +226,98 @@ def test_thread_priorities_start_the_critical_path_first():
     ran.clear()
     rt.run(graph, np.zeros((4, 1), np.float32), schedule=pto.Schedule(order_by="fifo"))
     assert ran == [0, 1, 2, 3, 4, 5, 6]
+
+
+# --- concurrent graphs --------------------------------------------------------------------------
+
+
+def chain_of(o, x, links: int = 20):
+    X = o.external(x)
+    for _ in range(links):
+        o.submit(bump, pto.inout(X))
+
+
+def test_independent_graphs_take_the_longest_not_the_sum():
+    a, b = np.zeros((1, 4), np.float32), np.zeros((1, 4), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 2})
+    alone = rt.run(chain_of, a).makespan
+    both = rt.run_concurrent([(chain_of, (a,)), (chain_of, (b,), {"links": 10})], record=True)
+    assert alone == pytest.approx(20 * COST) and both.makespan == pytest.approx(alone)
+    assert both.orchestration == "chain_of + chain_of"
+    assert [t.tags for t in both.graph.tasks] == [{"graph": 0}] * 20 + [{"graph": 1}] * 10
+    assert np.all(a == 40) and np.all(b == 10)
+
+
+def test_dependencies_between_graphs_follow_launch_order():
+    """Graph 1 reads what graph 0 writes (RAW) and writes what it reads (WAR): no declaration."""
+    x, y = np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)
+
+    def writer(o, x):
+        o.submit(bump, pto.inout(o.external(x)))
+
+    def reader(o, x, y):
+        o.submit(double_into, pto.input(o.external(x)), pto.inout(o.external(y)))
+        o.submit(bump, pto.inout(o.external(x)))
+
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    result = rt.run_concurrent([(writer, (x,)), (reader, (x, y))], provides=[("x",), ()],
+                               requires=[(), ("x",)], record=True)
+    assert sorted(result.graph.edges) == [(0, 1), (0, 2), (1, 2)]
+    assert np.all(y == 4) and np.all(x == 3)
+
+
+@pytest.mark.parametrize("graphs, options, message", [
+    ([(chain_of, (np.zeros(2),))], {"requires": [("kv",)]}, r"graph 0 requires 'kv', which no earlier graph"),
+    ([(chain_of, (np.zeros(2),))] * 2, {"provides": [("kv",), ("kv",)]},
+     r"graph 1 provides 'kv', which graph 0 already provides"),
+    ([(chain_of, (np.zeros(2),))], {"provides": [(), ()]}, r"provides has 2 entries for 1 graphs"),
+    ([chain_of], {}, r"graph 0 is <function chain_of"),
+])
+def test_concurrent_graphs_are_checked(graphs, options, message):
+    with pytest.raises(pto.PTOError, match=message):
+        pto.Runtime(backend="cpu", executor="sim").run_concurrent(graphs, **options)
+
+
+# --- cost models from history -------------------------------------------------------------------
+
+
+def test_a_history_predicts_seen_shapes_by_their_mean_and_others_by_a_power_law():
+    from pto_gpu.costs import CostHistory, Tally
+
+    history = CostHistory()
+    vec = pto.VECTOR
+    history.merge({("k", ((10, 10),), vec): Tally(2, 2e-3, 2 * 1e-6 + 0),  # two calls of 1 ms: spread 0
+                   ("k", ((20, 20),), vec): Tally(1, 16e-3, (16e-3) ** 2),  # 4x the elements, 16x the time
+                   ("one", ((8,),), vec): Tally(1, 1e-3, 1e-6)})
+    assert history.tallies[("k", ((10, 10),), vec)].spread == pytest.approx(0, abs=1e-12)
+    assert history.predict(("k", ((10, 10),), vec)) == pytest.approx(1e-3)
+    assert history.predict(("k", ((40, 40),), vec)) == pytest.approx(256e-3)  # b = 2 through both points
+    assert history.predict(("one", ((32,),), vec)) == pytest.approx(4e-3)  # one size: b = 1
+    assert history.predict(("k", ((10, 10),), pto.CUBE)) is None  # never ran there
+    assert history.predict(("never", ((1,),), vec)) is None
+
+
+def test_a_runtime_learns_costs_that_a_simulator_then_uses():
+    @pto.kernel(worker=pto.VECTOR)
+    def nap(x):
+        time.sleep(2e-3)
+
+    def naps(o, x, count):
+        X = o.external(x)
+        for _ in range(count):
+            o.submit(nap, pto.inout(X))
+
+    x = np.zeros(4, np.float32)
+    history = pto.CostHistory()
+    rt = pto.Runtime(backend="cpu", executor="serial", costs=history)
+    assert pto.Runtime(backend="cpu").costs is None  # nothing measured unless asked
+    first = rt.run(naps, x, 5)
+    assert first.prediction_error == {}  # nothing to predict from yet
+    second = rt.run(naps, x, 5)
+    assert abs(second.prediction_error["nap"]) < 0.5  # same calls: measured near the mean of the first
+    mean = history.tallies[("nap", ((4,),), pto.VECTOR)].mean
+    assert mean >= 2e-3
+    sim = pto.Runtime(backend="cpu", executor="sim", costs=history)
+    assert sim.run(naps, x, 5).makespan == pytest.approx(5 * mean)
+    with pytest.raises(pto.PTOError, match=r"costs=3 is not a pto.CostHistory"):
+        pto.Runtime(backend="cpu", costs=3)

@@ -19,10 +19,11 @@ import heapq
 import threading
 import time
 
+from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
-from ..schedule import CriticalPaths, Schedule, cost_of, priority
+from ..schedule import CriticalPaths, Schedule, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
 
@@ -34,7 +35,7 @@ class ParallelExecutor:
     runs_kernels = True
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
-                 threshold: int, schedule: Schedule | None = None):
+                 threshold: int, schedule: Schedule | None = None, costs: CostHistory | None = None):
         self._scheduler = scheduler
         self._backend = backend
         self._profile = profile
@@ -44,6 +45,9 @@ class ParallelExecutor:
         self._schedule = schedule
         self.wants_producers = schedule is not None and schedule.order_by == "critical_path"
         self._paths = CriticalPaths() if self.wants_producers else None
+        self._costs = costs or CostHistory()
+        # a kernel without a model, beside kernels with one: a typical call (1: a path's length in tasks)
+        self._missing_cost = self._costs.typical() or 1.0
         self._queues = {w: [] if schedule else collections.deque() for w in WorkerType}
         self._wake = {w: threading.Condition(self._lock) for w in WorkerType}
         self._progress = threading.Condition(self._lock)  # the orchestrator waits on it
@@ -72,7 +76,7 @@ class ParallelExecutor:
     def submitted(self, task: Task, ready: bool, producers) -> None:
         self._raise_failure()
         if self._paths is not None:
-            cost = cost_of(task, missing=1.0)  # without cost models: a path's length in tasks
+            cost = self._costs.cost(task, missing=self._missing_cost)
             with self._lock:
                 self._paths.add(task.id, cost, producers)
         if ready:

@@ -1,10 +1,10 @@
 """The simulating executor (executor="sim"): a deterministic discrete-event run from the
-kernels' cost models (spec 004).
+kernels' cost models (spec 004; costs.py: a kernel's cost=, else the Runtime's history).
 
 Each worker class has its configured number of workers. The simulation keeps a clock, each
 class's ready tasks in the order the Schedule gives (critical path, FIFO or tags), and the
 running tasks by the time they end: a free worker starts the first ready task of its class,
-which ends `kernel.cost(*params)` seconds later; the earliest end completes in the core, which
+which ends its cost later; the earliest end completes in the core, which
 hands back the consumers it made ready. Kernels really run, on the caller's thread, at the
 moment the simulation starts them, so results equal the serial executor's and the recorded
 graph is every executor's. Nothing starts until the orchestration returns or a ring fills
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import heapq
 
+from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..profile import Profile
-from ..schedule import CriticalPaths, Schedule, cost_of, priority
+from ..schedule import CriticalPaths, Schedule, priority
 from ..scheduler import Scheduler, Task
 from . import run_kernel
 
@@ -29,11 +30,12 @@ class SimExecutor:
     wants_producers = True  # the successors give each task's critical path
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
-                 schedule: Schedule):
+                 schedule: Schedule, costs: CostHistory | None):
         self._scheduler = scheduler
         self._backend = backend
         self._lane = profile.lane("sim", tuple(WorkerType))
         self._schedule = schedule
+        self._costs = costs or CostHistory()
         self._free = dict(workers)
         self._scratch = scheduler.ready_scratch()
         self._paths = CriticalPaths()  # also where each unstarted task's cost waits
@@ -44,7 +46,7 @@ class SimExecutor:
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
-        self._paths.add(task.id, cost_of(task, missing=None), producers)
+        self._paths.add(task.id, self._costs.cost(task, missing=None), producers)
         if ready:
             self._waiting.append(task)
 
