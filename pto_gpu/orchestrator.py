@@ -31,7 +31,7 @@ from .jit.host import Session
 from .kernel import Kernel
 from .layout import P_KIND, PARAM_WIDTH, ROW_WIDTH
 from .params import Param, ParamKind, as_param
-from .schedule import check_tags
+from .schedule import Windows, check_tags
 from .scheduler import Scheduler, Task
 from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 
@@ -55,6 +55,10 @@ class Executor(Protocol):
         """The orchestration has returned: return once every submitted task has run, or raise
         the TaskError of the first that failed."""
 
+    # Executors that follow schedules (schedule.py) also have
+    #     wait_for_completion(): return once a task has completed since the call
+    # which a max_concurrent window waits on.
+
     def abort(self) -> None:
         """The orchestration (or the run) raised: return once every submitted task has run or
         a task has failed, with nothing left running; raise nothing (the caller re-raises)."""
@@ -73,7 +77,8 @@ class Recorder:
 
 
 class Orchestrator:
-    def __init__(self, scheduler: Scheduler, backend, executor: Executor, recorder: Recorder | None):
+    def __init__(self, scheduler: Scheduler, backend, executor: Executor, recorder: Recorder | None,
+                 windows: Windows | None = None):
         self._scheduler = scheduler
         self._state = scheduler.state
         self._backend = backend
@@ -84,6 +89,7 @@ class Orchestrator:
         self._unfreed: dict[int, Buffer] = {}  # heap buffers not yet freed, by sequence number
         self._scopes: list[list[Buffer]] = []
         self._tags: dict[str, int | str] | None = None  # what `with o.tags(...)` gives the tasks inside
+        self._windows = windows  # a schedule's max_concurrent
         self._params = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)  # reused by every submit
         self._jit: Session | None = None  # created by the first compiled() call
         self._open = True
@@ -189,10 +195,14 @@ class Orchestrator:
     @contextlib.contextmanager
     def tags(self, **tags: int | str) -> Iterator[None]:
         """Tags for the tasks submitted inside (added to those of an enclosing `tags`): what a
-        Schedule's order_by sorts by. They change when tasks run, never what they compute."""
+        Schedule's order_by sorts by. They change when tasks run, never what they compute.
+        Entering a new value of a max_concurrent tag waits until the window admits it, so the
+        memory allocated inside follows the window too."""
         self._check_open()
         outer = self._tags
-        self._tags = {**(outer or {}), **check_tags(tags)}
+        inner = {**(outer or {}), **check_tags(tags)}
+        self._wait_for_window(inner)
+        self._tags = inner
         try:
             yield
         finally:
@@ -217,6 +227,7 @@ class Orchestrator:
             rows[row, P_KIND] = p.kind
         kernel.check([p.value for _, p in tensors])
         task = Task(-1, kernel, kernel.worker if worker is None else WorkerType(worker), checked, self._tags)
+        self._wait_for_window(self._tags)
         while (status := self._scheduler.try_submit(task, rows[:len(tensors)])) < 0:
             self._executor.make_room(status, self.unfreed)
         for _, p in tensors:
@@ -224,10 +235,17 @@ class Orchestrator:
                 buffer = p.value.buffer
                 buffer.newest_version = max(buffer.newest_version, p.value.version)
         producers = self._scheduler.producers_of_last()
+        if self._windows is not None:
+            self._windows.add(status, self._tags)
         if self._recorder is not None:
             self._recorder.add(task, producers)
         self._executor.submitted(task, self._scheduler.last_was_ready(), producers)
         return status
+
+    def _wait_for_window(self, tags: dict[str, int | str] | None) -> None:
+        if self._windows is not None:
+            while not self._windows.admits(tags, self._scheduler.completed):
+                self._executor.wait_for_completion()
 
     # --- compiled orchestration ----------------------------------------------------------
     def compiled(self, body: Callable, *args: object) -> object:

@@ -25,7 +25,7 @@ from .graph import Graph
 from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
 from .result import RunResult, busy_shares, kernel_times
-from .schedule import Schedule
+from .schedule import Schedule, Windows
 from .scheduler import Scheduler
 from .trace import write_trace
 
@@ -168,7 +168,8 @@ class Runtime:
         profile = Profile(tracing=trace is not None, measuring=self.costs is not None)
         self.backend.wait_for_caller()
         executor = self._make_executor(threshold, profile, capture, schedule)
-        o = Orchestrator(scheduler, self.backend, executor, recorder)
+        windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
+        o = Orchestrator(scheduler, self.backend, executor, recorder, windows)
         started = time.perf_counter()
         try:
             with threadpool_limits(1 if self.executor == "parallel" else None):

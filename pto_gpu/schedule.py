@@ -9,7 +9,17 @@
     ("batch", ...)   tag names (`with o.tags(batch=b):`): lexicographic over the tasks' values
                      of them, ints before strings, a task without the tag after those with it
 
-Ties go to the earlier submission. The simulator (executor="sim") and the thread executor
+Ties go to the earlier submission.
+
+    max_concurrent={"batch": n}   the orchestrator holds back a task whose `batch` tag is a new
+                     value while n values have tasks not yet completed (a submit-side window:
+                     memory in use follows n)
+    stages={"indexer": {pto.VECTOR: 1}, ...}   tasks tagged stage="indexer" run only on their
+                     stage's workers of each class listed: the stages, in order, take
+                     consecutive disjoint workers (spec PIPELINE / STAGE(CORES=k)); other tasks
+                     run on any worker
+
+The simulator (executor="sim") and the thread executor
 (executor="parallel") follow a schedule. Costs come from costs.py: a kernel's model, else the
 Runtime's history; under the thread executor a kernel with neither costs the history's typical
 call (1 when there is no history: a path's length in tasks), and the simulator refuses it.
@@ -20,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from .dtypes import WorkerType
 from .errors import PTOError
 
 ORDERS = ("critical_path", "fifo")
@@ -28,8 +39,21 @@ ORDERS = ("critical_path", "fifo")
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     order_by: str | tuple[str, ...] = "critical_path"
+    max_concurrent: Mapping[str, int] | None = None
+    stages: Mapping[str, Mapping[WorkerType, int]] | None = None
 
     def __post_init__(self) -> None:
+        for tag, limit in (self.max_concurrent or {}).items():
+            if not (isinstance(tag, str) and tag.isidentifier()) or isinstance(limit, bool) or \
+                    not isinstance(limit, int) or limit < 1:
+                raise PTOError(f"Schedule(max_concurrent={self.max_concurrent!r}): a tag name and at least 1 "
+                               f"value in flight, not {tag!r}: {limit!r}")
+        for stage, counts in (self.stages or {}).items():
+            if not isinstance(stage, str) or not isinstance(counts, Mapping) or not all(
+                    isinstance(w, WorkerType) and isinstance(k, int) and not isinstance(k, bool) and k >= 1
+                    for w, k in counts.items()):
+                raise PTOError(f"Schedule(stages=...): stage {stage!r} needs {{worker class: workers >= 1}}, "
+                               f"not {counts!r}")
         order = self.order_by
         if isinstance(order, str):
             if order not in ORDERS:
@@ -85,6 +109,62 @@ def priority(schedule: Schedule, task, paths: CriticalPaths | None) -> tuple:
     if order == "fifo":
         return ()
     return tag_key(task.tags or {}, order)
+
+
+Ranges = dict[str, dict[WorkerType, range]]  # stage -> worker class -> its workers' indices
+
+
+def stage_workers(schedule: Schedule, workers: Mapping[WorkerType, int]) -> Ranges:
+    """Each stage's workers per class (indices within the class), consecutive and disjoint in
+    the stages' order; refused when a class has fewer workers than its stages take."""
+    ranges: Ranges = {}
+    taken = dict.fromkeys(workers, 0)
+    for stage, counts in (schedule.stages or {}).items():
+        ranges[stage] = {}
+        for worker, count in counts.items():
+            ranges[stage][worker] = range(taken[worker], taken[worker] + count)
+            taken[worker] += count
+    for worker, count in taken.items():
+        if count > workers[worker]:
+            raise PTOError(f"Schedule(stages=...) takes {count} {worker.name} workers; the runtime has "
+                           f"{workers[worker]}")
+    return ranges
+
+
+def allowed(task, ranges: Ranges) -> range | None:
+    """The workers of its class a task may run on, under stages; None: any."""
+    stage = task.tags.get("stage") if task.tags else None
+    return ranges[stage].get(task.worker) if stage in ranges else None
+
+
+class Windows:
+    """max_concurrent: per tag name, the values with tasks not yet completed, and those tasks."""
+
+    def __init__(self, limits: Mapping[str, int]):
+        self.limits = dict(limits)
+        self.in_flight: dict[str, dict[object, list[int]]] = {tag: {} for tag in limits}
+
+    def admits(self, tags: Mapping[str, object] | None, completed) -> bool:
+        """Whether a task with these tags may be submitted now; `completed(task_id)` says which
+        tasks have completed."""
+        for tag, limit in self.limits.items():
+            value = tags.get(tag) if tags else None
+            values = self.in_flight[tag]
+            if value is None or value in values:
+                continue
+            for other, ids in list(values.items()):
+                ids[:] = [i for i in ids if not completed(i)]  # a completed task is checked no more
+                if not ids:
+                    del values[other]
+            if len(values) >= limit:
+                return False
+        return True
+
+    def add(self, task_id: int, tags: Mapping[str, object] | None) -> None:
+        for tag in self.limits:
+            value = tags.get(tag) if tags else None
+            if value is not None:
+                self.in_flight[tag].setdefault(value, []).append(task_id)
 
 
 def tag_key(tags: Mapping[str, int | str], names: tuple[str, ...]) -> tuple:

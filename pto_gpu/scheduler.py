@@ -121,6 +121,9 @@ class Scheduler:
         if self.validate:
             self.check_invariants(f"freeing heap buffer {seq}")
 
+    def completed(self, task_id: int) -> bool:
+        return bool(rings.is_done(self.state.header, self.state.tasks, task_id))
+
     def last_was_ready(self) -> bool:
         """Whether the task just submitted had nothing to wait for (completion never reports it)."""
         return bool(self.state.header[cs.H_LAST_READY])

@@ -321,3 +321,94 @@ def test_a_runtime_learns_costs_that_a_simulator_then_uses():
     assert sim.run(naps, x, 5).makespan == pytest.approx(5 * mean)
     with pytest.raises(pto.PTOError, match=r"costs=3 is not a pto.CostHistory"):
         pto.Runtime(backend="cpu", costs=3)
+
+
+# --- windows and stages -------------------------------------------------------------------------
+
+
+@pto.kernel(worker=pto.VECTOR, cost=lambda a, out: COST)
+def twice(a, out):
+    out[...] = 2 * a
+
+
+def batches(o, data, count: int = 4, links: int = 3):
+    """`count` batches, each a chain of `links` tasks through a scratch tensor of its own."""
+    D = o.external(data)
+    for b in range(count):
+        with o.tags(batch=b):
+            scratch = o.alloc((1, 64), pto.FLOAT32)
+            o.submit(twice, pto.input(D[b:b + 1]), pto.output(scratch))
+            for _ in range(links - 1):
+                o.submit(bump, pto.inout(scratch))
+            o.submit(double_into, pto.input(scratch), pto.inout(D[b:b + 1]))
+            o.free(scratch)
+
+
+@pytest.mark.parametrize("window, makespan", [(None, 4), (1, 16), (2, 8), (4, 4)])
+def test_max_concurrent_holds_back_batches_and_the_heap_follows(window, makespan):
+    data = np.ones((4, 64), np.float32)
+    schedule = pto.Schedule(max_concurrent={"batch": window} if window else None)
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 4})
+    result = rt.run(batches, data, schedule=schedule)
+    assert result.makespan == pytest.approx(makespan * COST)  # 4 tasks a batch, `window` at a time
+    heap_slots = 256  # a (1, 64) float32 scratch
+    assert result.high_water["heap_bytes"] == heap_slots * (window or 4)
+    want = np.ones((4, 64), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(batches, want)
+    assert data.tobytes() == want.tobytes()
+
+
+def test_max_concurrent_on_threads_gives_the_serial_result_in_a_smaller_heap():
+    data, want = np.ones((8, 64), np.float32), np.ones((8, 64), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(batches, want, 8)
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 3})
+    result = rt.run(batches, data, 8, schedule=pto.Schedule(max_concurrent={"batch": 2}))
+    assert data.tobytes() == want.tobytes()
+    assert result.high_water["heap_bytes"] <= 2 * 256
+
+
+def staged(o, x):
+    X = o.external(x)
+    for i in range(6):
+        with o.tags(stage="a" if i % 2 else "b"):
+            o.submit(bump, pto.inout(X[i:i + 1]))
+
+
+def test_stages_take_disjoint_workers():
+    x = np.zeros((6, 1), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 3})
+    free = rt.run(staged, x).makespan
+    one_each = rt.run(staged, x, schedule=pto.Schedule(stages={"a": {pto.VECTOR: 1}, "b": {pto.VECTOR: 1}}))
+    assert free == pytest.approx(2 * COST)  # 6 tasks on 3 workers
+    assert one_each.makespan == pytest.approx(3 * COST)  # each stage's 3 tasks on its one worker
+    with pytest.raises(pto.PTOError, match=r"stages=...\) takes 4 VECTOR workers; the runtime has 3"):
+        rt.run(staged, x, schedule=pto.Schedule(stages={"a": {pto.VECTOR: 2}, "b": {pto.VECTOR: 2}}))
+
+
+def test_stages_on_threads_run_each_stage_on_its_own_thread():
+    import threading
+    ran: dict[str, set] = {"a": set(), "b": set()}
+
+    @pto.kernel(worker=pto.VECTOR)
+    def where(x, stage):
+        ran["ab"[int(stage)]].add(threading.current_thread().name)
+
+    def orchestration(o, x):
+        X = o.external(x)
+        for i in range(12):
+            with o.tags(stage="ab"[i % 2]):
+                o.submit(where, pto.inout(X[i:i + 1]), i % 2)
+
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 3})
+    rt.run(orchestration, np.zeros((12, 1), np.float32),
+           schedule=pto.Schedule(stages={"a": {pto.VECTOR: 1}, "b": {pto.VECTOR: 2}}))
+    assert ran["a"] == {"pto-VECTOR-0"} and ran["b"] <= {"pto-VECTOR-1", "pto-VECTOR-2"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_concurrent": {"batch": 0}}, r"at least 1 value in flight"),
+    ({"stages": {"a": {pto.VECTOR: 0}}}, r"stage 'a' needs \{worker class: workers >= 1\}"),
+])
+def test_bad_windows_and_stages_are_refused(options, message):
+    with pytest.raises(pto.PTOError, match=message):
+        pto.Schedule(**options)

@@ -9,7 +9,9 @@ run can never drain: that raises DeadlockError at once instead of waiting.
 
 Ready queues are FIFO; with a `schedule=` (schedule.py) they are heaps in its order, keyed
 when a task is queued and all again when the workers start (the critical path of a task
-queued while the orchestration was still submitting its consumers has changed by then).
+queued while the orchestration was still submitting its consumers has changed by then). With
+stages, a worker takes the first task in that order its stage lets it run, and pushing a task
+wakes all its class's workers (the right one among them takes it).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
-from ..schedule import CriticalPaths, Schedule, priority
+from ..schedule import CriticalPaths, Schedule, allowed, priority, stage_workers
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
 
@@ -46,6 +48,7 @@ class ParallelExecutor:
         self.wants_producers = schedule is not None and schedule.order_by == "critical_path"
         self._paths = CriticalPaths() if self.wants_producers else None
         self._costs = costs or CostHistory()
+        self._ranges = stage_workers(schedule, workers) if schedule else {}
         # a kernel without a model, beside kernels with one: a typical call (1: a path's length in tasks)
         self._missing_cost = self._costs.typical() or 1.0
         self._queues = {w: [] if schedule else collections.deque() for w in WorkerType}
@@ -57,6 +60,7 @@ class ParallelExecutor:
         self._completions = 0
         self._seen_completions = 0
         self._room_wanted = False  # the orchestrator waits for room in a full ring
+        self._completion_wanted = False  # the orchestrator waits for any completion (a window)
         # A full ring waits for a batch of completions, not one: handing the GIL back and
         # forth per task costs more than the tasks themselves.
         self._room_batch = max(1, scheduler.state.sizes.task_window // 8)
@@ -65,8 +69,8 @@ class ParallelExecutor:
         # worker per task costs more than a small task does.
         self._outbox: list[Task] = []
         self._threads = [
-            threading.Thread(target=self._work, args=(worker, profile.lane(f"{worker.name}-{i}", (worker,))),
-                             name=f"pto-{worker.name}-{i}", daemon=True)
+            threading.Thread(target=self._work, name=f"pto-{worker.name}-{i}", daemon=True,
+                             args=(worker, i, profile.lane(f"{worker.name}-{i}", (worker,))))
             for worker, count in workers.items() for i in range(count)
         ]
         for thread in self._threads:
@@ -94,8 +98,14 @@ class ParallelExecutor:
         for task in self._outbox:
             self._push_locked(task)
             if self._started:
-                self._wake[task.worker].notify()
+                self._notify_worker_locked(task.worker)
         self._outbox.clear()
+
+    def _notify_worker_locked(self, worker: WorkerType) -> None:
+        if self._ranges:
+            self._wake[worker].notify_all()  # only some of them may run it
+        else:
+            self._wake[worker].notify()
 
     def _push_locked(self, task: Task) -> None:
         if self._schedule is None:
@@ -104,13 +114,42 @@ class ParallelExecutor:
             key = priority(self._schedule, task, self._paths)
             heapq.heappush(self._queues[task.worker], (key, task.id, task))
 
-    def _pop_locked(self, queue) -> Task:
+    def _pop_locked(self, queue, index: int) -> Task | None:
+        """The next task worker `index` of the queue's class may run, or None."""
         if self._schedule is None:
-            return queue.popleft()
-        task = heapq.heappop(queue)[2]
-        if self._paths is not None:
+            return queue.popleft() if queue else None
+        if not self._ranges:
+            task = heapq.heappop(queue)[2] if queue else None
+        else:
+            task, waiting = None, []
+            while queue and task is None:
+                entry = heapq.heappop(queue)
+                mask = allowed(entry[2], self._ranges)
+                if mask is None or index in mask:
+                    task = entry[2]
+                else:
+                    waiting.append(entry)
+            for entry in waiting:
+                heapq.heappush(queue, entry)
+        if task is not None and self._paths is not None:
             self._paths.started(task.id)
         return task
+
+    def wait_for_completion(self) -> None:
+        """Return once a task has completed since the call (a max_concurrent window waits)."""
+        with self._lock:
+            self._flush_locked()
+            self._start_locked()
+            seen = self._completions
+            self._completion_wanted = True
+            try:
+                while self._completions == seen and self._error is None:
+                    if self._idle_locked():
+                        raise PTOError("a max_concurrent window waits for a task to complete, but none runs")
+                    self._progress.wait(WAIT_SLICE)
+            finally:
+                self._completion_wanted = False
+        self._raise_failure()
 
     def make_room(self, status: int, unfreed) -> None:
         started = time.perf_counter()
@@ -155,16 +194,18 @@ class ParallelExecutor:
             self._shutdown()
 
     # --- the workers' side ---------------------------------------------------------------
-    def _work(self, worker: WorkerType, lane) -> None:
+    def _work(self, worker: WorkerType, index: int, lane) -> None:
         queue, wake = self._queues[worker], self._wake[worker]
         scratch = self._scheduler.ready_scratch()
         while True:
             with self._lock:
-                while not self._stopping and not (self._started and queue):
+                while True:
+                    if self._stopping:
+                        return
+                    task = self._pop_locked(queue, index) if self._started else None
+                    if task is not None:
+                        break
                     wake.wait()
-                if self._stopping:
-                    return
-                task = self._pop_locked(queue)
                 self._running += 1
                 if self._tracing:
                     self._sample()
@@ -182,12 +223,12 @@ class ParallelExecutor:
             with self._lock:
                 for ready in made_ready:
                     self._push_locked(ready)
-                    self._wake[ready.worker].notify()
+                    self._notify_worker_locked(ready.worker)
                 self._running -= 1
                 self._completions += 1
                 if self._tracing:
                     self._sample()
-                if not self._scheduler.pending or (self._room_wanted and (
+                if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
                         self._completions - self._seen_completions >= self._room_batch
                         or self._idle_locked())):
                     self._progress.notify()

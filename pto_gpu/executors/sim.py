@@ -15,12 +15,14 @@ schedule only, so tests can assert it exactly.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 from ..costs import CostHistory
 from ..dtypes import WorkerType
+from ..errors import PTOError
 from ..profile import Profile
-from ..schedule import CriticalPaths, Schedule, priority
+from ..schedule import CriticalPaths, Schedule, allowed, priority, stage_workers
 from ..scheduler import Scheduler, Task
 from . import run_kernel
 
@@ -36,12 +38,13 @@ class SimExecutor:
         self._lane = profile.lane("sim", tuple(WorkerType))
         self._schedule = schedule
         self._costs = costs or CostHistory()
-        self._free = dict(workers)
+        self._ranges = stage_workers(schedule, workers)
+        self._idle = {w: list(range(n)) for w, n in workers.items()}  # free workers' indices, ascending
         self._scratch = scheduler.ready_scratch()
         self._paths = CriticalPaths()  # also where each unstarted task's cost waits
         self._ready: dict[WorkerType, list] = {w: [] for w in WorkerType}  # heaps of (key, id, task)
         self._waiting: list[Task] = []  # ready, queued once the priorities are known
-        self._running: list = []  # heap of (end, id, task)
+        self._running: list = []  # heap of (end, id, task, worker index)
         self.makespan = 0.0
 
     # --- the orchestrator's side ---------------------------------------------------------
@@ -57,6 +60,10 @@ class SimExecutor:
     def finish(self) -> None:
         self._advance(until_a_completion=False)
 
+    def wait_for_completion(self) -> None:
+        if not self._advance(until_a_completion=True):
+            raise PTOError("a max_concurrent window waits for a task to complete, but none can run")
+
     def abort(self) -> None:
         pass
 
@@ -69,9 +76,9 @@ class SimExecutor:
             self._start_ready()
             if not self._running:
                 return False
-            end, _, task = heapq.heappop(self._running)
+            end, _, task, index = heapq.heappop(self._running)
             self.makespan = end
-            self._free[task.worker] += 1
+            bisect.insort(self._idle[task.worker], index)
             self._waiting += self._scheduler.complete(task.id, self._scratch)
             self._queue_waiting()
             if until_a_completion:
@@ -84,11 +91,23 @@ class SimExecutor:
         self._waiting = []
 
     def _start_ready(self) -> None:
+        """Each class's ready tasks in order onto its idle workers, the lowest index a task's
+        stage allows; a task none of whose workers is idle waits, without holding up others."""
         for worker, queue in self._ready.items():
-            while queue and self._free[worker] > 0:
-                _, _, task = heapq.heappop(queue)
-                self._free[worker] -= 1
+            idle, waiting = self._idle[worker], []
+            while queue and idle:
+                entry = heapq.heappop(queue)
+                task = entry[2]
+                mask = allowed(task, self._ranges)
+                index = next((i for i in idle if mask is None or i in mask), None)
+                if index is None:
+                    waiting.append(entry)
+                    continue
+                idle.remove(index)
                 self._scheduler.start(task.id)
                 run_kernel(self._backend, task, self._lane)
-                heapq.heappush(self._running, (self.makespan + self._paths.started(task.id), task.id, task))
+                end = self.makespan + self._paths.started(task.id)
+                heapq.heappush(self._running, (end, task.id, task, index))
+            for entry in waiting:
+                heapq.heappush(queue, entry)
 
