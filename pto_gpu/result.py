@@ -33,6 +33,8 @@ class RunResult:
     busy: dict[str, float]  # worker class -> share of (wall time x its workers) spent in kernels
     graph: Graph | None = None
     makespan: float | None = None  # executor="sim": the simulated seconds from first start to last end
+    # consumers that ran on another worker than a producer (sim; threads under affinity)
+    cross_waits: int | None = None
     # kernel -> (measured - predicted) / measured, over this run's calls the cost history (as it
     # was before the run) or a cost= model could predict
     prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -42,6 +44,8 @@ class RunResult:
                  f"{self.seconds * 1e3:.1f} ms ({self.backend} backend, {self.executor} executor)"]
         if self.makespan is not None:
             lines.append(f"  simulated makespan {self.makespan * 1e3:.3f} ms")
+        if self.cross_waits is not None:
+            lines.append(f"  waits on a producer that ran on another worker: {self.cross_waits:,}")
         if self.prediction_error:
             errors = ", ".join(f"{name} {e:+.0%}" for name, e in sorted(self.prediction_error.items()))
             lines.append(f"  cost prediction error (measured vs predicted): {errors}")

@@ -194,6 +194,7 @@ class Runtime:
             busy=busy_shares(profile, seconds),
             graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
             makespan=getattr(executor, "makespan", None),
+            cross_waits=getattr(executor, "cross_waits", None),
             prediction_error=self.costs.prediction_error(measured) if self.costs else {},
         )
         if self.costs is not None:

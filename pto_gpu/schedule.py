@@ -14,6 +14,10 @@ Ties go to the earlier submission.
     max_concurrent={"batch": n}   the orchestrator holds back a task whose `batch` tag is a new
                      value while n values have tasks not yet completed (a submit-side window:
                      memory in use follows n)
+    affinity="batch" tasks with the same value of the tag go to the same worker of their class
+                     (the first one that ran the value) when it is free; when it is busy another
+                     may take them; RunResult.cross_waits counts consumers that ran on another
+                     worker than a producer
     stages={"indexer": {pto.VECTOR: 1}, ...}   tasks tagged stage="indexer" run only on their
                      stage's workers of each class listed: the stages, in order, take
                      consecutive disjoint workers (spec PIPELINE / STAGE(CORES=k)); other tasks
@@ -41,8 +45,12 @@ class Schedule:
     order_by: str | tuple[str, ...] = "critical_path"
     max_concurrent: Mapping[str, int] | None = None
     stages: Mapping[str, Mapping[WorkerType, int]] | None = None
+    affinity: str | None = None
 
     def __post_init__(self) -> None:
+        affinity = self.affinity
+        if affinity is not None and not (isinstance(affinity, str) and affinity.isidentifier()):
+            raise PTOError(f"Schedule(affinity={self.affinity!r}): a tag name")
         for tag, limit in (self.max_concurrent or {}).items():
             if not (isinstance(tag, str) and tag.isidentifier()) or isinstance(limit, bool) or \
                     not isinstance(limit, int) or limit < 1:
@@ -135,6 +143,65 @@ def allowed(task, ranges: Ranges) -> range | None:
     """The workers of its class a task may run on, under stages; None: any."""
     stage = task.tags.get("stage") if task.tags else None
     return ranges[stage].get(task.worker) if stage in ranges else None
+
+
+class Placement:
+    """Which worker of its class a task runs on (indices within the class): one its stage
+    allows, its affinity value's home worker first, else an idle worker that is not the home
+    of a value with tasks still to start, else any idle one; and the count of consumers that
+    ran on another worker than one of their producers (the cross-worker waits a stream
+    executor would pay events for)."""
+
+    def __init__(self, schedule: Schedule | None, workers: Mapping[WorkerType, int], counting: bool):
+        self.ranges = stage_workers(schedule, workers) if schedule else {}
+        self.affinity = schedule.affinity if schedule else None
+        self.homes: dict[tuple[WorkerType, object], int] = {}
+        self.unstarted: dict[tuple[WorkerType, object], int] = {}  # tasks of each value still to start
+        # cross waits, when counting: each task's producers until it starts, and where each ran
+        self.counting = counting
+        self.producers: dict[int, tuple[int, ...]] = {}
+        self.ran_on: dict[int, tuple[WorkerType, int]] = {}
+        self.cross_waits = 0
+
+    def _value(self, task) -> object:
+        return task.tags.get(self.affinity) if self.affinity and task.tags else None
+
+    @property
+    def choosy(self) -> bool:
+        """Whether a task's worker matters (else any idle one of its class will do)."""
+        return bool(self.ranges) or self.affinity is not None
+
+    def choose(self, task, idle) -> int | None:
+        """The worker among `idle` (ascending indices of the task's class) for `task`, or None:
+        it waits for one of its stage's."""
+        mask = allowed(task, self.ranges)
+        candidates = [i for i in idle if mask is None or i in mask]
+        value = self._value(task)
+        if not candidates or value is None:
+            return candidates[0] if candidates else None
+        home = self.homes.get((task.worker, value))
+        if home in candidates:
+            return home
+        homes = {i for key, i in self.homes.items() if key[0] == task.worker and self.unstarted.get(key)}
+        chosen = next((i for i in candidates if i not in homes), candidates[0])
+        self.homes.setdefault((task.worker, value), chosen)
+        return chosen
+
+    def submitted(self, task, producers) -> None:
+        value = self._value(task)
+        if value is not None:
+            self.unstarted[task.worker, value] = self.unstarted.get((task.worker, value), 0) + 1
+        if self.counting:
+            self.producers[task.id] = tuple(int(p) for p in producers)
+
+    def started(self, task, index: int) -> None:
+        value = self._value(task)
+        if value is not None:
+            self.unstarted[task.worker, value] -= 1
+        if self.counting:
+            where = (task.worker, index)
+            self.cross_waits += sum(1 for p in self.producers.pop(task.id, ()) if self.ran_on[p] != where)
+            self.ran_on[task.id] = where
 
 
 class Windows:

@@ -10,8 +10,9 @@ run can never drain: that raises DeadlockError at once instead of waiting.
 Ready queues are FIFO; with a `schedule=` (schedule.py) they are heaps in its order, keyed
 when a task is queued and all again when the workers start (the critical path of a task
 queued while the orchestration was still submitting its consumers has changed by then). With
-stages, a worker takes the first task in that order its stage lets it run, and pushing a task
-wakes all its class's workers (the right one among them takes it).
+stages or affinity, a worker takes the first task in that order for which schedule.Placement
+chooses it among the idle workers of its class, and pushing a task wakes all of them (the
+chosen one takes it); a busy home worker's tasks go to another.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
-from ..schedule import CriticalPaths, Schedule, allowed, priority, stage_workers
+from ..schedule import CriticalPaths, Placement, Schedule, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
 
@@ -45,10 +46,14 @@ class ParallelExecutor:
         self._threshold = threshold
         self._lock = threading.Lock()
         self._schedule = schedule
-        self.wants_producers = schedule is not None and schedule.order_by == "critical_path"
+        self.wants_producers = schedule is not None and (schedule.order_by == "critical_path"
+                                                          or schedule.affinity is not None)
         self._paths = CriticalPaths() if self.wants_producers else None
         self._costs = costs or CostHistory()
-        self._ranges = stage_workers(schedule, workers) if schedule else {}
+        # cross waits are counted under affinity, which is what they measure
+        self._placement = Placement(schedule, workers, counting=schedule is not None and
+                                    schedule.affinity is not None)
+        self._idle: dict[WorkerType, set[int]] = {w: set() for w in WorkerType}  # workers looking for a task
         # a kernel without a model, beside kernels with one: a typical call (1: a path's length in tasks)
         self._missing_cost = self._costs.typical() or 1.0
         self._queues = {w: [] if schedule else collections.deque() for w in WorkerType}
@@ -79,10 +84,12 @@ class ParallelExecutor:
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
         self._raise_failure()
-        if self._paths is not None:
-            cost = self._costs.cost(task, missing=self._missing_cost)
+        if self.wants_producers:
+            cost = self._costs.cost(task, missing=self._missing_cost) if self._paths is not None else 0.0
             with self._lock:
-                self._paths.add(task.id, cost, producers)
+                if self._paths is not None:
+                    self._paths.add(task.id, cost, producers)
+                self._placement.submitted(task, producers)
         if ready:
             self._outbox.append(task)
         if self._tracing:
@@ -101,8 +108,12 @@ class ParallelExecutor:
                 self._notify_worker_locked(task.worker)
         self._outbox.clear()
 
+    @property
+    def cross_waits(self) -> int | None:
+        return self._placement.cross_waits if self._placement.counting else None
+
     def _notify_worker_locked(self, worker: WorkerType) -> None:
-        if self._ranges:
+        if self._placement.choosy:
             self._wake[worker].notify_all()  # only some of them may run it
         else:
             self._wake[worker].notify()
@@ -114,25 +125,27 @@ class ParallelExecutor:
             key = priority(self._schedule, task, self._paths)
             heapq.heappush(self._queues[task.worker], (key, task.id, task))
 
-    def _pop_locked(self, queue, index: int) -> Task | None:
-        """The next task worker `index` of the queue's class may run, or None."""
+    def _pop_locked(self, worker: WorkerType, index: int) -> Task | None:
+        """The next task for worker `index` of class `worker`, or None."""
+        queue = self._queues[worker]
         if self._schedule is None:
             return queue.popleft() if queue else None
-        if not self._ranges:
+        if not self._placement.choosy:
             task = heapq.heappop(queue)[2] if queue else None
         else:
-            task, waiting = None, []
+            task, waiting, idle = None, [], sorted(self._idle[worker])
             while queue and task is None:
                 entry = heapq.heappop(queue)
-                mask = allowed(entry[2], self._ranges)
-                if mask is None or index in mask:
+                if self._placement.choose(entry[2], idle) == index:
                     task = entry[2]
                 else:
                     waiting.append(entry)
             for entry in waiting:
                 heapq.heappush(queue, entry)
-        if task is not None and self._paths is not None:
-            self._paths.started(task.id)
+        if task is not None:
+            self._placement.started(task, index)
+            if self._paths is not None:
+                self._paths.started(task.id)
         return task
 
     def wait_for_completion(self) -> None:
@@ -195,17 +208,19 @@ class ParallelExecutor:
 
     # --- the workers' side ---------------------------------------------------------------
     def _work(self, worker: WorkerType, index: int, lane) -> None:
-        queue, wake = self._queues[worker], self._wake[worker]
+        wake, idle = self._wake[worker], self._idle[worker]
         scratch = self._scheduler.ready_scratch()
         while True:
             with self._lock:
+                idle.add(index)
                 while True:
                     if self._stopping:
                         return
-                    task = self._pop_locked(queue, index) if self._started else None
+                    task = self._pop_locked(worker, index) if self._started else None
                     if task is not None:
                         break
                     wake.wait()
+                idle.discard(index)
                 self._running += 1
                 if self._tracing:
                     self._sample()

@@ -22,7 +22,7 @@ from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
-from ..schedule import CriticalPaths, Schedule, allowed, priority, stage_workers
+from ..schedule import CriticalPaths, Placement, Schedule, priority
 from ..scheduler import Scheduler, Task
 from . import run_kernel
 
@@ -38,7 +38,7 @@ class SimExecutor:
         self._lane = profile.lane("sim", tuple(WorkerType))
         self._schedule = schedule
         self._costs = costs or CostHistory()
-        self._ranges = stage_workers(schedule, workers)
+        self._placement = Placement(schedule, workers, counting=True)
         self._idle = {w: list(range(n)) for w, n in workers.items()}  # free workers' indices, ascending
         self._scratch = scheduler.ready_scratch()
         self._paths = CriticalPaths()  # also where each unstarted task's cost waits
@@ -50,6 +50,7 @@ class SimExecutor:
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
         self._paths.add(task.id, self._costs.cost(task, missing=None), producers)
+        self._placement.submitted(task, producers)
         if ready:
             self._waiting.append(task)
 
@@ -59,6 +60,10 @@ class SimExecutor:
 
     def finish(self) -> None:
         self._advance(until_a_completion=False)
+
+    @property
+    def cross_waits(self) -> int:
+        return self._placement.cross_waits
 
     def wait_for_completion(self) -> None:
         if not self._advance(until_a_completion=True):
@@ -76,10 +81,12 @@ class SimExecutor:
             self._start_ready()
             if not self._running:
                 return False
-            end, _, task, index = heapq.heappop(self._running)
+            end = self._running[0][0]
             self.makespan = end
-            bisect.insort(self._idle[task.worker], index)
-            self._waiting += self._scheduler.complete(task.id, self._scratch)
+            while self._running and self._running[0][0] == end:  # tasks that end together, together
+                _, _, task, index = heapq.heappop(self._running)
+                bisect.insort(self._idle[task.worker], index)
+                self._waiting += self._scheduler.complete(task.id, self._scratch)
             self._queue_waiting()
             if until_a_completion:
                 return True
@@ -91,19 +98,19 @@ class SimExecutor:
         self._waiting = []
 
     def _start_ready(self) -> None:
-        """Each class's ready tasks in order onto its idle workers, the lowest index a task's
-        stage allows; a task none of whose workers is idle waits, without holding up others."""
+        """Each class's ready tasks in order onto its idle workers, as Placement chooses; a
+        task none of whose workers is idle waits, without holding up others."""
         for worker, queue in self._ready.items():
             idle, waiting = self._idle[worker], []
             while queue and idle:
                 entry = heapq.heappop(queue)
                 task = entry[2]
-                mask = allowed(task, self._ranges)
-                index = next((i for i in idle if mask is None or i in mask), None)
+                index = self._placement.choose(task, idle)
                 if index is None:
                     waiting.append(entry)
                     continue
                 idle.remove(index)
+                self._placement.started(task, index)
                 self._scheduler.start(task.id)
                 run_kernel(self._backend, task, self._lane)
                 end = self.makespan + self._paths.started(task.id)
