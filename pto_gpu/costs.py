@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from .dtypes import WorkerType
 from .errors import PTOError
@@ -91,10 +92,16 @@ class CostHistory:
         """A task's seconds: its kernel's cost= model, else this history's prediction, else
         `missing` (None: an error, as the simulator needs every cost)."""
         if task.kernel.cost is not None:
-            seconds = float(task.kernel.cost(*(p.value for p in task.params)))
-            if not (seconds >= 0 and math.isfinite(seconds)):
-                raise PTOError(f"kernel {task.kernel.name}'s cost model gave {seconds!r} seconds")
-            return seconds
+            try:
+                seconds = task.kernel.cost(*(p.value for p in task.params))
+            except Exception as error:
+                raise PTOError(f"kernel {task.kernel.name}'s cost model raised {type(error).__name__}: "
+                               f"{error}") from error
+            if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or \
+                    not (math.isfinite(seconds) and seconds >= 0):
+                raise PTOError(f"kernel {task.kernel.name}'s cost model gave {seconds!r}, not a finite "
+                               "number of seconds >= 0")
+            return float(seconds)
         predicted = self.predict(key_of(task))
         if predicted is not None:
             return predicted

@@ -193,7 +193,7 @@ class Orchestrator:
                     self._release(buffer)
 
     @contextlib.contextmanager
-    def tags(self, **tags: int | str) -> Iterator[None]:
+    def tags(self, /, **tags: int | str) -> Iterator[None]:
         """Tags for the tasks submitted inside (added to those of an enclosing `tags`): what a
         Schedule's order_by sorts by. They change when tasks run, never what they compute.
         Entering a new value of a max_concurrent tag waits until the window admits it, so the

@@ -83,6 +83,7 @@ class CriticalPaths:
         self._costs: dict[int, float] = {}
         self._consumers: dict[int, list[int]] = {}
         self._levels: dict[int, float] | None = None
+        self.version = 0  # changes with every submission: keys made before it may be stale
 
     def add(self, task_id: int, cost: float, producers) -> None:
         self._costs[task_id] = cost
@@ -91,6 +92,7 @@ class CriticalPaths:
             if producer in self._costs:  # a started producer's path no longer matters
                 self._consumers.setdefault(producer, []).append(task_id)
         self._levels = None
+        self.version += 1
 
     def started(self, task_id: int) -> float:
         """Forget a task that starts; its cost."""
@@ -243,6 +245,8 @@ def tag_key(tags: Mapping[str, int | str], names: tuple[str, ...]) -> tuple:
 def check_tags(tags: Mapping[str, object]) -> dict[str, int | str]:
     """Tags as `o.tags(**tags)` takes them: identifiers to ints or strings."""
     for name, value in tags.items():
+        if not name.isidentifier():
+            raise PTOError(f"o.tags: tag name {name!r} is not an identifier (a Schedule could not name it)")
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise PTOError(f"o.tags({name}={value!r}): a tag's value is an int or a str")
     return dict(tags)

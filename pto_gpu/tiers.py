@@ -10,6 +10,7 @@ every n past the others), found by bisection: O(log tiers).
 from __future__ import annotations
 
 import bisect
+import numbers
 from collections.abc import Sequence
 
 from .errors import ParamError
@@ -23,7 +24,7 @@ class Tiers:
         self.limits, self.kernels, self.unbounded = limits, kernels, unbounded
 
     def select(self, n: int) -> Kernel:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             raise ParamError(f"tiers.select({n!r}): the size is a non-negative int")
         index = bisect.bisect_left(self.limits, n)
         if index < len(self.kernels):
@@ -56,10 +57,10 @@ def tiers(entries: Sequence[tuple[int | None, Kernel]]) -> Tiers:
                                  "comes last")
             unbounded = kernel
             continue
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 0:
             raise ParamError(f"tiers: entry {position}'s limit {limit!r} is not a non-negative int")
         if limits and limit <= limits[-1]:
             raise ParamError(f"tiers: limits must increase; {limit} follows {limits[-1]}")
-        limits.append(limit)
+        limits.append(int(limit))
         kernels.append(kernel)
     return Tiers(tuple(limits), tuple(kernels), unbounded)

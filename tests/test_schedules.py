@@ -450,3 +450,84 @@ def test_affinity_on_threads_gives_the_serial_result_and_counts_cross_waits():
         assert x.tobytes() == want.tobytes()
         assert 0 <= result.cross_waits <= result.num_edges
     assert rt.run(interleaved_chains, x).cross_waits is None  # counted under affinity only
+
+
+# --- what a review found ------------------------------------------------------------------------
+
+
+def test_a_task_made_ready_before_the_thread_executor_registers_it_keeps_its_place():
+    """With a threshold the workers run while the orchestration submits: a worker may make a
+    task ready between its entry into the core and `submitted` (this hung once)."""
+    import sys
+
+    def chain(o, x, n):
+        X = o.external(x)
+        for _ in range(n):
+            o.submit(bump, pto.inout(X))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 2})
+        for _ in range(20):
+            x = np.zeros(4, np.float32)
+            rt.run(chain, x, 200, threshold=1, schedule=pto.Schedule(affinity="batch"))
+            assert np.all(x == 200)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_a_cost_model_that_raises_fails_the_run_by_name_and_leaves_the_runtime_usable():
+    @pto.kernel(worker=pto.VECTOR, cost=lambda x: 1 / 0)
+    def broken(x):
+        x *= 2
+
+    def orchestration(o, x):
+        X = o.external(x)
+        o.submit(bump, pto.inout(X))
+        o.submit(broken, pto.inout(X))
+
+    for executor in ("parallel", "sim"):
+        rt = pto.Runtime(backend="cpu", executor=executor, workers={pto.VECTOR: 2})
+        with pytest.raises(pto.PTOError, match=r"kernel broken's cost model raised ZeroDivisionError"):
+            rt.run(orchestration, np.zeros(2, np.float32), schedule=pto.Schedule())
+        x = np.zeros(2, np.float32)
+        rt.run(lambda o, x: o.submit(bump, pto.inout(o.external(x))), x, schedule=pto.Schedule())
+        assert np.all(x == 1)
+
+
+def test_the_simulator_runs_what_was_submitted_before_the_orchestration_raised():
+    def raising(o, x):
+        o.submit(bump, pto.inout(o.external(x)))
+        raise RuntimeError("orchestration bug")
+
+    x = np.zeros(2, np.float32)
+    with pytest.raises(RuntimeError, match="orchestration bug"):
+        pto.Runtime(backend="cpu", executor="sim").run(raising, x)
+    assert np.all(x == 1)
+
+
+@pytest.mark.parametrize("cost", [float("inf"), "2", True, -1.0])
+def test_a_cost_that_is_not_finite_seconds_is_refused(cost):
+    @pto.kernel(worker=pto.VECTOR, cost=lambda x: cost)
+    def odd(x):
+        pass
+
+    with pytest.raises(pto.PTOError, match=r"kernel odd's cost model gave .*, not a finite number"):
+        pto.Runtime(backend="cpu", executor="sim").run(lambda o, x: o.submit(odd, pto.inout(o.external(x))),
+                                                       np.zeros(2))
+
+
+def test_tags_and_tiers_take_what_users_pass():
+    names = []
+
+    def orchestration(o):
+        with o.tags(self=1):  # `self` is a tag name like any other
+            names.append(dict(o._tags))
+        with pytest.raises(pto.PTOError, match=r"tag name 'a b' is not an identifier"):
+            o.tags(**{"a b": 1}).__enter__()
+
+    pto.Runtime(backend="cpu", executor="serial").run(orchestration)
+    assert names == [{"self": 1}]
+    tier = pto.tiers([(np.int64(8), small), (None, large)])
+    assert tier.select(np.int64(8)) is small and tier.select(np.uint16(9)) is large

@@ -54,6 +54,11 @@ class ParallelExecutor:
         self._placement = Placement(schedule, workers, counting=schedule is not None and
                                     schedule.affinity is not None)
         self._idle: dict[WorkerType, set[int]] = {w: set() for w in WorkerType}  # workers looking for a task
+        # A worker may make a task ready (and queue it) between its entry into the core and
+        # `submitted`: such a task is registered when queued (its producers have all
+        # completed, so it has none to record) and `submitted` then skips it.
+        self._registered: set[int] = set()  # by `submitted`, not started yet
+        self._early: set[int] = set()  # registered when queued, before `submitted`
         # a kernel without a model, beside kernels with one: a typical call (1: a path's length in tasks)
         self._missing_cost = self._costs.typical() or 1.0
         self._queues = {w: [] if schedule else collections.deque() for w in WorkerType}
@@ -85,11 +90,13 @@ class ParallelExecutor:
     def submitted(self, task: Task, ready: bool, producers) -> None:
         self._raise_failure()
         if self.wants_producers:
-            cost = self._costs.cost(task, missing=self._missing_cost) if self._paths is not None else 0.0
+            cost = self._cost(task)
             with self._lock:
-                if self._paths is not None:
-                    self._paths.add(task.id, cost, producers)
-                self._placement.submitted(task, producers)
+                if task.id in self._early:
+                    self._early.discard(task.id)
+                else:
+                    self._register_locked(task, cost, producers)
+                    self._registered.add(task.id)
         if ready:
             self._outbox.append(task)
         if self._tracing:
@@ -118,7 +125,18 @@ class ParallelExecutor:
         else:
             self._wake[worker].notify()
 
+    def _cost(self, task: Task) -> float:
+        return self._costs.cost(task, missing=self._missing_cost) if self._paths is not None else 0.0
+
+    def _register_locked(self, task: Task, cost: float, producers) -> None:
+        if self._paths is not None:
+            self._paths.add(task.id, cost, producers)
+        self._placement.submitted(task, producers)
+
     def _push_locked(self, task: Task) -> None:
+        if self.wants_producers and task.id not in self._registered:
+            self._register_locked(task, self._cost(task), ())
+            self._early.add(task.id)
         if self._schedule is None:
             self._queues[task.worker].append(task)
         else:
@@ -143,6 +161,7 @@ class ParallelExecutor:
             for entry in waiting:
                 heapq.heappush(queue, entry)
         if task is not None:
+            self._registered.discard(task.id)
             self._placement.started(task, index)
             if self._paths is not None:
                 self._paths.started(task.id)
@@ -219,7 +238,9 @@ class ParallelExecutor:
                     task = self._pop_locked(worker, index) if self._started else None
                     if task is not None:
                         break
-                    wake.wait()
+                    # Placement may pass a task to another idle worker: it was woken when the
+                    # task was queued, and looks again now and then lest a wakeup be missed.
+                    wake.wait(WAIT_SLICE if self._placement.choosy else None)
                 idle.discard(index)
                 self._running += 1
                 if self._tracing:
@@ -228,25 +249,25 @@ class ParallelExecutor:
                 self._scheduler.start(task.id)
                 run_kernel(self._backend, task, lane)
                 made_ready = self._scheduler.complete(task.id, scratch)
-            except BaseException as error:  # a kernel's TaskError, or validation mode's finding
+                with self._lock:
+                    for ready in made_ready:  # a schedule's cost model may raise here
+                        self._push_locked(ready)
+                        self._notify_worker_locked(ready.worker)
+                    self._running -= 1
+                    self._completions += 1
+                    if self._tracing:
+                        self._sample()
+                    if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
+                            self._completions - self._seen_completions >= self._room_batch
+                            or self._idle_locked())):
+                        self._progress.notify()
+            except BaseException as error:  # a kernel's TaskError, validation mode's finding, a cost model's
                 with self._lock:
                     self._error = self._error or error
                     self._running -= 1
                     self._stopping = True
                     self._notify_all_locked()
                 return
-            with self._lock:
-                for ready in made_ready:
-                    self._push_locked(ready)
-                    self._notify_worker_locked(ready.worker)
-                self._running -= 1
-                self._completions += 1
-                if self._tracing:
-                    self._sample()
-                if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
-                        self._completions - self._seen_completions >= self._room_batch
-                        or self._idle_locked())):
-                    self._progress.notify()
 
     # --- helpers -------------------------------------------------------------------------
     def _start_locked(self) -> None:

@@ -16,6 +16,7 @@ schedule only, so tests can assert it exactly.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import heapq
 
 from ..costs import CostHistory
@@ -45,6 +46,8 @@ class SimExecutor:
         self._ready: dict[WorkerType, list] = {w: [] for w in WorkerType}  # heaps of (key, id, task)
         self._waiting: list[Task] = []  # ready, queued once the priorities are known
         self._running: list = []  # heap of (end, id, task, worker index)
+        self._keyed = 0  # the critical paths' version the ready queues were keyed at
+        self._failed = False
         self.makespan = 0.0
 
     # --- the orchestrator's side ---------------------------------------------------------
@@ -60,6 +63,8 @@ class SimExecutor:
 
     def finish(self) -> None:
         self._advance(until_a_completion=False)
+        if self._scheduler.pending:
+            raise PTOError(f"{self._scheduler.pending} tasks can never become ready")
 
     @property
     def cross_waits(self) -> int:
@@ -70,12 +75,20 @@ class SimExecutor:
             raise PTOError("a max_concurrent window waits for a task to complete, but none can run")
 
     def abort(self) -> None:
-        pass
+        """Run what was submitted, as every executor does (docs/ERRORS.md), unless a task
+        failed; raise nothing (a task whose cost could not be had stops it there)."""
+        if not self._failed:
+            with contextlib.suppress(Exception):
+                self._advance(until_a_completion=False)
 
     # --- the simulation ------------------------------------------------------------------
     def _advance(self, until_a_completion: bool) -> bool:
         """Run the simulation until every task has ended, or until one has; False when nothing
         could run."""
+        if self._schedule.order_by == "critical_path" and self._paths.version != self._keyed:
+            self._keyed = self._paths.version  # new submissions: every queued task's path may be longer
+            for queue in self._ready.values():
+                queue[:] = sorted((priority(self._schedule, t, self._paths), t.id, t) for _, _, t in queue)
         self._queue_waiting()
         while True:
             self._start_ready()
@@ -112,7 +125,11 @@ class SimExecutor:
                 idle.remove(index)
                 self._placement.started(task, index)
                 self._scheduler.start(task.id)
-                run_kernel(self._backend, task, self._lane)
+                try:
+                    run_kernel(self._backend, task, self._lane)
+                except BaseException:
+                    self._failed = True  # so an abort runs nothing more
+                    raise
                 end = self.makespan + self._paths.started(task.id)
                 heapq.heappush(self._running, (end, task.id, task, index))
             for entry in waiting:
