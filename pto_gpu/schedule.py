@@ -2,7 +2,7 @@
 
 `pto.Schedule(order_by=...)` orders each worker class's ready tasks:
 
-    "critical_path"  (the default) the longest remaining cost to the end of the graph first:
+    "critical_path"  (Schedule()'s) the longest remaining cost to the end of the graph first:
                      a task's cost plus the most any chain of its consumers costs, from the
                      kernels' cost models over the tasks submitted so far
     "fifo"           submission order
@@ -23,10 +23,11 @@ Ties go to the earlier submission.
                      consecutive disjoint workers (spec PIPELINE / STAGE(CORES=k)); other tasks
                      run on any worker
 
-The simulator (executor="sim") and the thread executor
-(executor="parallel") follow a schedule. Costs come from costs.py: a kernel's model, else the
-Runtime's history; under the thread executor a kernel with neither costs the history's typical
-call (1 when there is no history: a path's length in tasks), and the simulator refuses it.
+The simulator (executor="sim"; without schedule= it takes Schedule()) and the thread executor
+(executor="parallel"; without schedule= it keeps its FIFO queues) follow a schedule. Costs
+come from costs.py: a kernel's model, else the Runtime's history; under the thread executor a
+kernel with neither costs the history's typical call (1 when there is no history: a path's
+length in tasks), and the simulator refuses it.
 """
 
 from __future__ import annotations

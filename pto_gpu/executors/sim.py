@@ -3,12 +3,13 @@ kernels' cost models (spec 004; costs.py: a kernel's cost=, else the Runtime's h
 
 Each worker class has its configured number of workers. The simulation keeps a clock, each
 class's ready tasks in the order the Schedule gives (critical path, FIFO or tags), and the
-running tasks by the time they end: a free worker starts the first ready task of its class,
-which ends its cost later; the earliest end completes in the core, which
-hands back the consumers it made ready. Kernels really run, on the caller's thread, at the
-moment the simulation starts them, so results equal the serial executor's and the recorded
-graph is every executor's. Nothing starts until the orchestration returns or a ring fills
-(threshold 0): then the simulation runs until a task completes, which makes room.
+running tasks by the time they end: idle workers start the first ready tasks of their class
+(the worker as schedule.Placement chooses: stages, affinity), each ending its cost later; the
+earliest ends complete in the core, together, which hands back the consumers they made ready.
+Kernels really run, on the caller's thread, at the moment the simulation starts them, so
+results equal the serial executor's and the recorded graph is every executor's. Nothing
+starts until the orchestration returns, a ring fills or a max_concurrent window waits
+(whatever the threshold): then the simulation runs until a task completes.
 `makespan` is the simulated time of the last end; it depends on the graph, the costs and the
 schedule only, so tests can assert it exactly.
 """
