@@ -56,7 +56,7 @@ class Executor(Protocol):
         the TaskError of the first that failed."""
 
     # Executors that follow schedules (schedule.py) also have
-    #     wait_for_completion(): return once a task has completed since the call
+    #     wait_until(done): run tasks until done() holds
     # which a max_concurrent window waits on.
 
     def abort(self) -> None:
@@ -243,9 +243,8 @@ class Orchestrator:
         return status
 
     def _wait_for_window(self, tags: dict[str, int | str] | None) -> None:
-        if self._windows is not None:
-            while not self._windows.admits(tags, self._scheduler.completed):
-                self._executor.wait_for_completion()
+        if self._windows is not None and not self._windows.admits(tags, self._scheduler.completed):
+            self._executor.wait_until(lambda: self._windows.admits(tags, self._scheduler.completed))
 
     # --- compiled orchestration ----------------------------------------------------------
     def compiled(self, body: Callable, *args: object) -> object:

@@ -174,21 +174,21 @@ class Placement:
         """Whether a task's worker matters (else any idle one of its class will do)."""
         return bool(self.ranges) or self.affinity is not None
 
-    def choose(self, task, idle) -> int | None:
-        """The worker among `idle` (ascending indices of the task's class) for `task`, or None:
-        it waits for one of its stage's."""
+    def choose(self, task, idle, asking: int | None = None) -> int | None:
+        """The worker among `idle` (ascending indices of the task's class) for `task`, the
+        `asking` one where nothing prefers another; None: it waits for one of its stage's."""
         mask = allowed(task, self.ranges)
         candidates = [i for i in idle if mask is None or i in mask]
+        if not candidates:
+            return None
         value = self._value(task)
-        if not candidates or value is None:
-            return candidates[0] if candidates else None
-        home = self.homes.get((task.worker, value))
-        if home in candidates:
-            return home
-        homes = {i for key, i in self.homes.items() if key[0] == task.worker and self.unstarted.get(key)}
-        chosen = next((i for i in candidates if i not in homes), candidates[0])
-        self.homes.setdefault((task.worker, value), chosen)
-        return chosen
+        if value is not None:
+            home = self.homes.get((task.worker, value))
+            if home in candidates:
+                return home
+            homes = {i for key, i in self.homes.items() if key[0] == task.worker and self.unstarted.get(key)}
+            candidates = [i for i in candidates if i not in homes] or candidates
+        return asking if asking in candidates else candidates[0]
 
     def submitted(self, task, producers) -> None:
         value = self._value(task)
@@ -201,6 +201,7 @@ class Placement:
         value = self._value(task)
         if value is not None:
             self.unstarted[task.worker, value] -= 1
+            self.homes.setdefault((task.worker, value), index)  # the first worker that ran it
         if self.counting:
             where = (task.worker, index)
             self.cross_waits += sum(1 for p in self.producers.pop(task.id, ()) if self.ran_on[p] != where)

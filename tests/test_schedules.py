@@ -531,3 +531,24 @@ def test_tags_and_tiers_take_what_users_pass():
     assert names == [{"self": 1}]
     tier = pto.tiers([(np.int64(8), small), (None, large)])
     assert tier.select(np.int64(8)) is small and tier.select(np.uint16(9)) is large
+
+
+def test_stages_and_affinity_spread_tasks_over_every_allowed_thread():
+    """A task nothing ties to a worker goes to the worker asking for it, not always the lowest."""
+    import threading
+    who = {}
+
+    @pto.kernel(worker=pto.VECTOR)
+    def nap(x):
+        time.sleep(1e-3)
+        who[threading.current_thread().name] = who.get(threading.current_thread().name, 0) + 1
+
+    def independent(o, x):
+        X = o.external(x)
+        for i in range(64):
+            o.submit(nap, pto.inout(X[i:i + 1]))
+
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 4})
+    schedule = pto.Schedule(stages={"unused": {pto.VECTOR: 1}})
+    rt.run(independent, np.zeros((64, 1), np.float32), schedule=schedule)
+    assert len(who) == 4  # every thread took some

@@ -21,6 +21,7 @@ import collections
 import heapq
 import threading
 import time
+from collections.abc import Callable
 
 from ..costs import CostHistory
 from ..dtypes import WorkerType
@@ -154,12 +155,14 @@ class ParallelExecutor:
             task, waiting, idle = None, [], sorted(self._idle[worker])
             while queue and task is None:
                 entry = heapq.heappop(queue)
-                if self._placement.choose(entry[2], idle) == index:
+                if self._placement.choose(entry[2], idle, asking=index) == index:
                     task = entry[2]
                 else:
                     waiting.append(entry)
             for entry in waiting:
                 heapq.heappush(queue, entry)
+            if waiting:
+                self._wake[worker].notify_all()  # the tasks passed over are other idle workers' to take
         if task is not None:
             self._registered.discard(task.id)
             self._placement.started(task, index)
@@ -167,17 +170,17 @@ class ParallelExecutor:
                 self._paths.started(task.id)
         return task
 
-    def wait_for_completion(self) -> None:
-        """Return once a task has completed since the call (a max_concurrent window waits)."""
+    def wait_until(self, done: Callable[[], bool]) -> None:
+        """Run tasks until `done()` (a max_concurrent window admits), judged under the lock, so
+        no completion slips between it and the check that something still runs."""
         with self._lock:
             self._flush_locked()
             self._start_locked()
-            seen = self._completions
             self._completion_wanted = True
             try:
-                while self._completions == seen and self._error is None:
+                while not done() and self._error is None:
                     if self._idle_locked():
-                        raise PTOError("a max_concurrent window waits for a task to complete, but none runs")
+                        raise PTOError("a max_concurrent window waits for tasks to complete, but none runs")
                     self._progress.wait(WAIT_SLICE)
             finally:
                 self._completion_wanted = False

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+from collections.abc import Callable
 
 from ..costs import CostHistory
 from ..dtypes import WorkerType
@@ -71,9 +72,10 @@ class SimExecutor:
     def cross_waits(self) -> int:
         return self._placement.cross_waits
 
-    def wait_for_completion(self) -> None:
-        if not self._advance(until_a_completion=True):
-            raise PTOError("a max_concurrent window waits for a task to complete, but none can run")
+    def wait_until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            if not self._advance(until_a_completion=True):
+                raise PTOError("a max_concurrent window waits for tasks to complete, but none can run")
 
     def abort(self) -> None:
         """Run what was submitted, as every executor does (docs/ERRORS.md), unless a task
