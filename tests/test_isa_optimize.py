@@ -10,18 +10,15 @@ writes another tile, a tile carried across iterations, an accumulating destinati
 across an IF, a RETURN in a loop), and programs where the pass must reach an exact tile count.
 """
 
-import ctypes
 import shutil
-import subprocess
 
+import host_cuda
 import numpy as np
 import pytest
 from kernel_samples import KERNELS, SCALARS, SIZES
 
 import pto_gpu as pto
 from pto_gpu import isa
-from pto_gpu.backends import cuda_abi
-from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
 from pto_gpu.isa import cpu_codegen, cuda_codegen, interpret
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
@@ -134,24 +131,9 @@ def _reference(module, name, arrays, scalars) -> list[np.ndarray]:
 
 
 def _host_run(module: isa.Module, name: str, arrays, scalars, dtype, folder) -> None:
-    """The CUDA code of `name`, built for the host by g++ and called with the backend's
-    arguments (as tests/test_kernels.py does for the families' own instances)."""
+    """The CUDA code of `name`, built for the host and called with the backend's arguments."""
     code = cuda_codegen.cuda_code(module, name, folder)
-    library = folder / f"{code.source.stem}-{dtype.name}.so"
-    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
-                    "-Werror", *cuda_abi.COMPILE_OPTIONS[dtype.numpy], str(code.source), "-o", str(library)],
-                   check=True)
-    items = code.items([a.shape for a in arrays])
-    args = [ctypes.c_longlong(min(MAX_BLOCKS, -(-items // THREADS_PER_BLOCK)))]
-    for array in arrays:
-        args.append(ctypes.c_void_p(array.ctypes.data))
-        args += [ctypes.c_longlong(int(w)) for w in cuda_abi.tensor_words(array.shape, array.strides,
-                                                                           array.itemsize)]
-    for value, integer in zip(scalars, code.integer_scalars):
-        word = cuda_abi.scalar_word(value, integer)
-        integer = isinstance(word, np.int64)
-        args.append(ctypes.c_longlong(int(word)) if integer else ctypes.c_double(float(word)))
-    getattr(ctypes.CDLL(str(library)), f"pto_host_{name}")(*args)
+    host_cuda.call(host_cuda.build(code, dtype.numpy, folder), name, code, arrays, scalars)
 
 
 def test_the_pass_changes_the_instances_it_should():

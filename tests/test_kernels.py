@@ -15,11 +15,11 @@ rope's angles of order 10 lose ~1e-6; float16 to 4e-3 (ulp 1e-3 at 1-2, one roun
 stored result, computed in float32).
 """
 
-import ctypes
 import re
 import shutil
 import subprocess
 
+import host_cuda
 import numpy as np
 import pytest
 from kernel_references import REFERENCES
@@ -29,7 +29,6 @@ from pto_gpu.kernels.elementwise import scale
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
-from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
 from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
 from pto_gpu.isa.family import family_of
 
@@ -147,26 +146,11 @@ def test_rope_refuses_heads_that_do_not_split_the_row():
 # --- CUDA, built for the host --------------------------------------------------------------------
 def _host_library(kernel, dtype, call_shapes, scalars, folder):
     code = family_of(kernel).cuda(tuple(call_shapes), np.dtype(dtype), scalars)
-    library = folder / f"{code.source.stem}-{np.dtype(dtype)}.so"  # dlopen caches by path
-    options = cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)]
-    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
-                    "-Werror", *options, str(code.source), "-o", str(library)], check=True)
-    return code, ctypes.CDLL(str(library))
+    return code, host_cuda.build(code, dtype, folder)
 
 
 def _host_call(library, kernel, code, arrays, scalars):
-    """pto_host_<name>, with the arguments CudaBackend._launch would pass."""
-    items = code.items([a.shape for a in arrays])
-    args = [ctypes.c_longlong(min(MAX_BLOCKS, -(-items // THREADS_PER_BLOCK)))]
-    for array in arrays:
-        args.append(ctypes.c_void_p(array.ctypes.data))
-        args += [ctypes.c_longlong(int(w)) for w in cuda_abi.tensor_words(array.shape, array.strides,
-                                                                           array.itemsize)]
-    for value, integer in zip(scalars, code.integer_scalars):
-        word = cuda_abi.scalar_word(value, integer)
-        integer = isinstance(word, np.int64)
-        args.append(ctypes.c_longlong(int(word)) if integer else ctypes.c_double(float(word)))
-    getattr(library, f"pto_host_{kernel.name}")(*args)
+    host_cuda.call(library, kernel.name, code, arrays, scalars)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")

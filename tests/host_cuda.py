@@ -1,0 +1,36 @@
+"""Generated CUDA code built for the host by g++ (pto_isa.cuh makes it plain C++) and called
+with the arguments CudaBackend._launch would pass: how the tests run CUDA code without a GPU."""
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from pto_gpu.backends import cuda_abi
+from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.kernel import CudaCode
+
+
+def build(code: CudaCode, dtype, folder: Path) -> ctypes.CDLL:
+    """The code's source compiled for the host, as a loaded library."""
+    library = folder / f"{code.source.stem}-{np.dtype(dtype)}.so"  # dlopen caches by path
+    options = cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)]
+    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
+                    "-Werror", *options, str(code.source), "-o", str(library)], check=True)
+    return ctypes.CDLL(str(library))
+
+
+def call(library: ctypes.CDLL, name: str, code: CudaCode, arrays, scalars) -> None:
+    """pto_host_<name> over numpy arrays and scalars."""
+    items = code.items([a.shape for a in arrays])
+    args = [ctypes.c_longlong(min(MAX_BLOCKS, -(-items // THREADS_PER_BLOCK)))]
+    for array in arrays:
+        args.append(ctypes.c_void_p(array.ctypes.data))
+        args += [ctypes.c_longlong(int(w)) for w in cuda_abi.tensor_words(array.shape, array.strides,
+                                                                           array.itemsize)]
+    for value, integer in zip(scalars, code.integer_scalars):
+        word = cuda_abi.scalar_word(value, integer)
+        integer = isinstance(word, np.int64)
+        args.append(ctypes.c_longlong(int(word)) if integer else ctypes.c_double(float(word)))
+    getattr(library, f"pto_host_{name}")(*args)
