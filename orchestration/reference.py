@@ -56,3 +56,36 @@ def llama_layer(inputs: dict, eps: float = 1e-6) -> np.ndarray:
     normed = rms_norm(residual, w["ffn_norm"], eps)
     gate, up = normed @ w["w_gate"], normed @ w["w_up"]
     return residual + (gate / (1 + np.exp(-gate)) * up) @ w["w_down"]
+
+
+def sparse_attention(x, weights, sizes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One sequence of DeepSeek-style block-sparse attention (orchestration/sparse_attention.py):
+    the output; per query block, its top-k earlier key blocks by the lightning indexer's scores
+    (-1 where fewer); and, per block with blocks left out, the k-th score's margin over the next."""
+    x = x.astype(np.float64)
+    w = {name: a.astype(np.float64) for name, a in weights.items()}
+    seq, block, heads = x.shape[0], sizes.block, sizes.heads
+    q, k, v = (x @ w[name] for name in ("wq", "wk", "wv"))
+    q_index = (x @ w["wq_index"]).reshape(seq, sizes.index_heads, sizes.index_dim)
+    k_index, w_index = x @ w["wk_index"], x @ w["w_index"]
+    # I[t, s] = sum_j w[t, j] relu(q[t, j] . k[s])
+    index = np.einsum("tj,tjs->ts", w_index, np.maximum(np.einsum("tjd,sd->tjs", q_index, k_index), 0))
+    blocks = seq // block
+    chosen = np.full((blocks, sizes.top_k), -1)
+    margins = []
+    out = np.zeros_like(q)
+    for tile in range(blocks):
+        rows = slice(tile * block, (tile + 1) * block)
+        scores = index[rows, :tile * block].reshape(block, tile, block).sum(axis=(0, 2))
+        ranked = sorted(range(tile), key=lambda c: -scores[c])
+        picked = sorted(ranked[:sizes.top_k])
+        chosen[tile, :len(picked)] = picked
+        if len(ranked) > sizes.top_k:
+            margins.append(scores[ranked[sizes.top_k - 1]] - scores[ranked[sizes.top_k]])
+        keys = np.concatenate([np.arange(c * block, (c + 1) * block) for c in picked + [tile]])
+        for head in range(heads):
+            cols = slice(head * sizes.head_dim, (head + 1) * sizes.head_dim)
+            s = q[rows, cols] @ k[keys, cols].T / np.sqrt(sizes.head_dim)
+            visible = keys[None, :] <= np.arange(tile * block, (tile + 1) * block)[:, None]
+            out[rows, cols] = softmax(np.where(visible, s, -np.inf)) @ v[keys, cols]
+    return out, chosen, np.array(margins)

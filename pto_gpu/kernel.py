@@ -13,8 +13,10 @@ unless `mixed_dtypes=True`, and names the param that is wrong.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +126,27 @@ class Kernel:
 def registered() -> list[Kernel]:
     """Every kernel declared so far, indexed by id."""
     return _REGISTRY
+
+
+_first_calls = threading.local()  # per thread: whether a call since the last take did first-call work
+
+
+@contextlib.contextmanager
+def preparing() -> Iterator[None]:
+    """Around the one-time work of a kernel's first call at a shape (generating, compiling or
+    loading its code, or waiting for another thread doing it): a cost history leaves such a
+    call out, so it learns what calls take, not what compiling took."""
+    try:
+        yield
+    finally:
+        _first_calls.happened = True
+
+
+def took_first_call() -> bool:
+    """Whether this thread did first-call work since it last asked."""
+    happened = getattr(_first_calls, "happened", False)
+    _first_calls.happened = False
+    return happened
 
 
 def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,

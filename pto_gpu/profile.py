@@ -48,8 +48,9 @@ class Lane:
         self.measured: dict[Key, Tally] | None = {} if measuring else None
         self._origin = origin
 
-    def ran(self, task: Task, started: float, ended: float) -> None:
-        """Record one task's kernel run, between two perf_counter() readings."""
+    def ran(self, task: Task, started: float, ended: float, first_call: bool = False) -> None:
+        """Record one task's kernel run, between two perf_counter() readings; a first call
+        (compiling its code) is left out of the measurements for a cost history."""
         seconds = ended - started
         tally = self.kernels.get(task.kernel.name)
         if tally is None:
@@ -57,7 +58,7 @@ class Lane:
         tally[0] += 1
         tally[1] += seconds
         self.busy[task.worker] += seconds
-        if self.measured is not None:
+        if self.measured is not None and not first_call:
             key = key_of(task)
             measured = self.measured.get(key)
             if measured is None:

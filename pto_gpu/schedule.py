@@ -153,9 +153,12 @@ class Placement:
     allows, its affinity value's home worker first, else an idle worker that is not the home
     of a value with tasks still to start, else any idle one; and the count of consumers that
     ran on another worker than one of their producers (the cross-worker waits a stream
-    executor would pay events for)."""
+    executor would pay events for). Where each task ran is kept for two task windows of
+    submissions: a producer older than that completed long before (the ring has turned over
+    twice since), and a stream waiting for it would not wait, so it is not counted."""
 
-    def __init__(self, schedule: Schedule | None, workers: Mapping[WorkerType, int], counting: bool):
+    def __init__(self, schedule: Schedule | None, workers: Mapping[WorkerType, int], counting: bool,
+                 window: int):
         self.ranges = stage_workers(schedule, workers) if schedule else {}
         self.affinity = schedule.affinity if schedule else None
         self.homes: dict[tuple[WorkerType, object], int] = {}
@@ -165,6 +168,8 @@ class Placement:
         self.producers: dict[int, tuple[int, ...]] = {}
         self.ran_on: dict[int, tuple[WorkerType, int]] = {}
         self.cross_waits = 0
+        self.window = window
+        self.newest = 0  # the newest task submitted
 
     def _value(self, task) -> object:
         return task.tags.get(self.affinity) if self.affinity and task.tags else None
@@ -196,6 +201,7 @@ class Placement:
             self.unstarted[task.worker, value] = self.unstarted.get((task.worker, value), 0) + 1
         if self.counting:
             self.producers[task.id] = tuple(int(p) for p in producers)
+            self.newest = max(self.newest, task.id)
 
     def started(self, task, index: int) -> None:
         value = self._value(task)
@@ -204,8 +210,12 @@ class Placement:
             self.homes.setdefault((task.worker, value), index)  # the first worker that ran it
         if self.counting:
             where = (task.worker, index)
-            self.cross_waits += sum(1 for p in self.producers.pop(task.id, ()) if self.ran_on[p] != where)
+            producers = self.producers.pop(task.id, ())
+            self.cross_waits += sum(1 for p in producers if self.ran_on.get(p, where) != where)
             self.ran_on[task.id] = where
+            if len(self.ran_on) > 4 * self.window:  # amortised: a pass per 2 windows of starts
+                oldest = self.newest - 2 * self.window
+                self.ran_on = {i: w for i, w in self.ran_on.items() if i > oldest}
 
 
 class Windows:

@@ -324,6 +324,36 @@ def test_a_runtime_learns_costs_that_a_simulator_then_uses():
         pto.Runtime(backend="cpu", costs=3)
 
 
+def test_a_history_leaves_out_first_call_compiling():
+    from pto_gpu.kernels.elementwise import add
+
+    from pto_gpu.kernel import preparing
+
+    compiled = set()
+
+    @pto.kernel(worker=pto.VECTOR)
+    def compiles_once(x):
+        if not compiled:
+            with preparing():
+                time.sleep(0.2)  # what generating and compiling its code would take
+            compiled.add(True)
+
+    def calls(o, x, y, count):
+        X, Y = o.external(x), o.external(y)
+        for _ in range(count):
+            o.submit(compiles_once, pto.inout(X))
+        o.submit(add, pto.input(Y), pto.input(Y), pto.output(Y))  # a family at a shape new to it
+
+    history = pto.CostHistory()
+    x, y = np.zeros(4, np.float32), np.ones((3, 37), np.float32)
+    result = pto.Runtime(backend="cpu", executor="serial", costs=history).run(calls, x, y, 4)
+    assert result.kernels["compiles_once"].seconds >= 0.2  # the run's own times are what happened
+    measured = history.tallies[("compiles_once", ((4,),), pto.VECTOR)]
+    assert measured.count == 3 and measured.total < 0.05  # the first call is left out
+    assert ("add", ((3, 37),) * 3, pto.VECTOR) not in history.tallies  # its only call compiled it
+    assert y.tobytes() == np.full((3, 37), 2, np.float32).tobytes()
+
+
 # --- windows and stages -------------------------------------------------------------------------
 
 
@@ -438,6 +468,35 @@ def test_affinity_keeps_each_batch_on_one_worker():
     assert homed.makespan == plain.makespan == pytest.approx(5 * COST)  # batch 1 starts after batch 2
     assert "on another worker: 0" in str(homed)
     np.testing.assert_array_equal(x, [[8, 8], [8, 8], [2, 2]])
+
+
+def test_where_tasks_ran_is_kept_for_two_task_windows_only():
+    from unittest import mock
+
+    from pto_gpu.schedule import Placement
+
+    started = Placement.started
+    def long_run(o, x, rows):
+        X = o.external(x)
+        for i in range(rows):
+            with o.tags(batch=i % 3):
+                o.submit(bump, pto.inout(X[i:i + 1]))
+                o.submit(bump, pto.inout(X[i:i + 1]))
+                o.submit(bump, pto.inout(X[(i + 7) % rows:(i + 7) % rows + 1]))  # reads an older row too
+
+    small, large = (pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 2}, task_window=window)
+                    for window in (8, 4096))
+    x, y = np.zeros((300, 2), np.float32), np.zeros((300, 2), np.float32)
+    schedule = pto.Schedule(order_by="fifo", affinity="batch")
+    kept = []
+    with mock.patch.object(Placement, "started", autospec=True,
+                           side_effect=lambda p, *a: kept.append(len(p.ran_on)) or started(p, *a)):
+        bounded = small.run(long_run, x, 300, schedule=schedule)
+    assert max(kept) <= 4 * 8  # not one entry per task of the run (900)
+    unbounded = large.run(long_run, y, 300, schedule=schedule)
+    # Only producers that completed more than two windows earlier can go uncounted.
+    assert 0 < bounded.cross_waits <= unbounded.cross_waits
+    assert x.tobytes() == y.tobytes()
 
 
 def test_affinity_on_threads_gives_the_serial_result_and_counts_cross_waits():

@@ -53,7 +53,7 @@ class ParallelExecutor:
         self._costs = costs or CostHistory()
         # cross waits are counted under affinity, which is what they measure
         self._placement = Placement(schedule, workers, counting=schedule is not None and
-                                    schedule.affinity is not None)
+                                    schedule.affinity is not None, window=scheduler.state.sizes.task_window)
         self._idle: dict[WorkerType, set[int]] = {w: set() for w in WorkerType}  # workers looking for a task
         # A worker may make a task ready (and queue it) between its entry into the core and
         # `submitted`: such a task is registered when queued (its producers have all

@@ -41,7 +41,8 @@ class SimExecutor:
         self._lane = profile.lane("sim", tuple(WorkerType))
         self._schedule = schedule
         self._costs = costs or CostHistory()
-        self._placement = Placement(schedule, workers, counting=True)
+        self._placement = Placement(schedule, workers, counting=True,
+                                    window=scheduler.state.sizes.task_window)
         self._idle = {w: list(range(n)) for w, n in workers.items()}  # free workers' indices, ascending
         self._scratch = scheduler.ready_scratch()
         self._paths = CriticalPaths()  # also where each unstarted task's cost waits

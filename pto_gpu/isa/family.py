@@ -32,7 +32,7 @@ import numpy as np
 
 from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import ParamError
-from ..kernel import CudaCode, CudaInstances, Kernel, kernel
+from ..kernel import CudaCode, CudaInstances, Kernel, kernel, preparing
 from . import cpu_codegen, cuda_codegen, optimize
 from .builder import FunctionBuilder
 from .ir import Function, Module
@@ -123,11 +123,14 @@ class Family:
         structural = tuple(args[self.tensors + i] for i in self.structural)
         signature = (shapes, tensors[0].dtype, structural)
         run = self._cpu.get(signature)  # a dict read is atomic under the GIL
-        if run is None:
+        if run is not None:
+            run(*args)
+            return
+        with preparing():
             with self._lock:
                 run = self._cpu.get(signature) or self._cpu_entry(shapes, tensors[0].dtype, structural)
                 self._cpu[signature] = run
-        run(*args)
+            run(*args)  # the first call of generated code compiles it, or loads it from the cache
 
     def generated_cpu(self, *args) -> None:
         """The generated CPU code of this call's instance, library or not (what tests check)."""
@@ -162,7 +165,7 @@ class Family:
         key = (self.sizes(shapes), as_dtype(dtype), tuple(scalars[i] for i in self.structural))
         code = self._cuda.get(key)
         if code is None:
-            with self._lock:
+            with preparing(), self._lock:
                 code = self._cuda.get(key)
                 if code is None:
                     module = self.module(*key, local_memory=cuda_codegen.SHARED_LIMIT)
