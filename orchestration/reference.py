@@ -80,7 +80,7 @@ def sparse_attention(x, weights, sizes) -> tuple[np.ndarray, np.ndarray, np.ndar
         ranked = sorted(range(tile), key=lambda c: -scores[c])
         picked = sorted(ranked[:sizes.top_k])
         chosen[tile, :len(picked)] = picked
-        if len(ranked) > sizes.top_k:
+        if 0 < sizes.top_k < len(ranked):
             margins.append(scores[ranked[sizes.top_k - 1]] - scores[ranked[sizes.top_k]])
         keys = np.concatenate([np.arange(c * block, (c + 1) * block) for c in picked + [tile]])
         for head in range(heads):

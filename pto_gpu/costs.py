@@ -108,7 +108,8 @@ class CostHistory:
         if missing is None:
             raise PTOError(f"executor='sim' has no cost for kernel {task.kernel.name}: declare "
                            "@pto.kernel(cost=lambda *params: seconds), or measure it first into a "
-                           "pto.CostHistory that both runtimes share (pto.Runtime(costs=history))")
+                           "pto.CostHistory that both runtimes share (pto.Runtime(costs=history)); "
+                           "a call that compiled its kernel's code is not measured, so run it twice")
         return missing
 
     def prediction_error(self, measured: dict[Key, Tally]) -> dict[str, float]:

@@ -128,25 +128,23 @@ def registered() -> list[Kernel]:
     return _REGISTRY
 
 
-_first_calls = threading.local()  # per thread: whether a call since the last take did first-call work
+_first_calls = threading.local()  # per thread: how many first calls it has made
 
 
 @contextlib.contextmanager
 def preparing() -> Iterator[None]:
     """Around the one-time work of a kernel's first call at a shape (generating, compiling or
-    loading its code, or waiting for another thread doing it): a cost history leaves such a
-    call out, so it learns what calls take, not what compiling took."""
+    loading its code, or waiting for another thread doing it): a cost history leaves a call
+    that did such work out, so it learns what calls take, not what compiling took."""
     try:
         yield
     finally:
-        _first_calls.happened = True
+        _first_calls.count = getattr(_first_calls, "count", 0) + 1
 
 
-def took_first_call() -> bool:
-    """Whether this thread did first-call work since it last asked."""
-    happened = getattr(_first_calls, "happened", False)
-    _first_calls.happened = False
-    return happened
+def first_calls() -> int:
+    """How many times this thread has done first-call work (compare before and after a call)."""
+    return getattr(_first_calls, "count", 0)
 
 
 def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,

@@ -338,20 +338,25 @@ def test_a_history_leaves_out_first_call_compiling():
                 time.sleep(0.2)  # what generating and compiling its code would take
             compiled.add(True)
 
-    def calls(o, x, y, count):
+    def calls(o, x, y, count):  # y's shape is this test's only: add compiles for it here
         X, Y = o.external(x), o.external(y)
         for _ in range(count):
             o.submit(compiles_once, pto.inout(X))
         o.submit(add, pto.input(Y), pto.input(Y), pto.output(Y))  # a family at a shape new to it
 
     history = pto.CostHistory()
-    x, y = np.zeros(4, np.float32), np.ones((3, 37), np.float32)
+    x, y = np.zeros(4, np.float32), np.ones((3, 53), np.float32)
     result = pto.Runtime(backend="cpu", executor="serial", costs=history).run(calls, x, y, 4)
     assert result.kernels["compiles_once"].seconds >= 0.2  # the run's own times are what happened
     measured = history.tallies[("compiles_once", ((4,),), pto.VECTOR)]
     assert measured.count == 3 and measured.total < 0.05  # the first call is left out
-    assert ("add", ((3, 37),) * 3, pto.VECTOR) not in history.tallies  # its only call compiled it
-    assert y.tobytes() == np.full((3, 37), 2, np.float32).tobytes()
+    assert ("add", ((3, 53),) * 3, pto.VECTOR) not in history.tallies  # its only call compiled it
+    assert y.tobytes() == np.full((3, 53), 2, np.float32).tobytes()
+    # A first call on this thread outside a run (a direct call) leaves the next measured one alone.
+    add.cpu(np.ones((3, 59), np.float32), np.ones((3, 59), np.float32), np.empty((3, 59), np.float32))
+    pto.Runtime(backend="cpu", executor="serial", costs=history).run(calls, x, y, 4)
+    assert history.tallies[("compiles_once", ((4,),), pto.VECTOR)].count == 3 + 4
+    assert history.tallies[("add", ((3, 53),) * 3, pto.VECTOR)].count == 1
 
 
 # --- windows and stages -------------------------------------------------------------------------
@@ -471,32 +476,31 @@ def test_affinity_keeps_each_batch_on_one_worker():
 
 
 def test_where_tasks_ran_is_kept_for_two_task_windows_only():
-    from unittest import mock
+    """The same starts into a Placement that keeps every task and one that keeps two windows:
+    the same cross waits while producers are within two windows, a bounded record, and a
+    producer older than that not counted."""
+    from types import SimpleNamespace
 
     from pto_gpu.schedule import Placement
 
-    started = Placement.started
-    def long_run(o, x, rows):
-        X = o.external(x)
-        for i in range(rows):
-            with o.tags(batch=i % 3):
-                o.submit(bump, pto.inout(X[i:i + 1]))
-                o.submit(bump, pto.inout(X[i:i + 1]))
-                o.submit(bump, pto.inout(X[(i + 7) % rows:(i + 7) % rows + 1]))  # reads an older row too
-
-    small, large = (pto.Runtime(backend="cpu", executor="sim", workers={pto.VECTOR: 2}, task_window=window)
-                    for window in (8, 4096))
-    x, y = np.zeros((300, 2), np.float32), np.zeros((300, 2), np.float32)
-    schedule = pto.Schedule(order_by="fifo", affinity="batch")
-    kept = []
-    with mock.patch.object(Placement, "started", autospec=True,
-                           side_effect=lambda p, *a: kept.append(len(p.ran_on)) or started(p, *a)):
-        bounded = small.run(long_run, x, 300, schedule=schedule)
-    assert max(kept) <= 4 * 8  # not one entry per task of the run (900)
-    unbounded = large.run(long_run, y, 300, schedule=schedule)
-    # Only producers that completed more than two windows earlier can go uncounted.
-    assert 0 < bounded.cross_waits <= unbounded.cross_waits
-    assert x.tobytes() == y.tobytes()
+    window, tasks = 8, 300
+    bounded, unbounded = (Placement(pto.Schedule(affinity="batch"), {pto.VECTOR: 2}, counting=True, window=w)
+                          for w in (window, 10 ** 9))
+    largest = 0
+    for i in range(tasks):
+        task = SimpleNamespace(id=i, worker=pto.VECTOR, tags={"batch": i % 3})
+        producers = [p for p in (i - 1, i - 5, i - 2 * window + 1) if p >= 0]
+        for placement in (bounded, unbounded):
+            placement.submitted(task, producers)
+            placement.started(task, i % 2)
+        largest = max(largest, len(bounded.ran_on))
+    assert bounded.cross_waits == unbounded.cross_waits > 0
+    assert largest <= 4 * window  # not one entry per task (300)
+    old = SimpleNamespace(id=tasks, worker=pto.VECTOR, tags={"batch": 0})
+    for placement in (bounded, unbounded):
+        placement.submitted(old, [0])  # ran on worker 0; this one runs on 1
+        placement.started(old, 1)
+    assert unbounded.cross_waits == bounded.cross_waits + 1
 
 
 def test_affinity_on_threads_gives_the_serial_result_and_counts_cross_waits():

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PTOError
+from ..kernel import preparing
 from ..params import ParamKind
 from ..tensor import TensorDescriptor
 from . import ExternalArray, ExternalMemory, cuda_abi, locate
@@ -146,7 +147,7 @@ class CudaBackend:
         key = (code.source, np.dtype(dtype), name)
         function = self._functions.get(key)  # a dict read is atomic under the GIL
         if function is None:
-            with self._modules_lock:  # worker threads share the compiled modules
+            with preparing(), self._modules_lock:  # worker threads share the compiled modules
                 module_key = key[:2]
                 module = self._modules.get(module_key)
                 if module is None:

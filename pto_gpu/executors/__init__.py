@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..errors import TaskError
-from ..kernel import took_first_call
+from ..kernel import first_calls
 from ..profile import Lane
 from ..scheduler import Task
 
@@ -19,10 +19,10 @@ from ..scheduler import Task
 def run_kernel(backend, task: Task, lane: Lane) -> None:
     """Run one task's kernel on the backend and note its time in `lane`, and whether it was a
     first call (kernel.preparing); a failure becomes TaskError with the cause chained."""
+    prepared = first_calls()
     started = time.perf_counter()
     try:
         backend.run(task)
     except Exception as cause:
-        took_first_call()
         raise TaskError.of(task, cause) from cause
-    lane.ran(task, started, time.perf_counter(), took_first_call())
+    lane.ran(task, started, time.perf_counter(), first_calls() != prepared)

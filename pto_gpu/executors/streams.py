@@ -26,6 +26,7 @@ import time
 from ..backends import StreamBackend, memory_of
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, TaskError
+from ..kernel import first_calls
 from ..profile import Profile
 from ..scheduler import RINGS, Scheduler, Task
 
@@ -39,6 +40,7 @@ class Issued:
     event: object  # reached when the kernel has run
     at: float  # perf_counter() when issued
     after: tuple[Issued, ...]  # the in-flight producers it waits for on other streams
+    first_call: bool  # whether issuing it did first-call work (compiling: kernel.preparing)
     end: float = 0.0  # when its retirement was observed
     waiters: int = 0  # tasks in flight whose stream waits on `event`
 
@@ -84,6 +86,7 @@ class StreamExecutor:
                 held = newest.get(issued.stream)
                 if held is None or held.task.id < issued.task.id:
                     newest[issued.stream] = issued
+        prepared = first_calls()
         try:  # refused on the host (no CUDA implementation, bad arguments), or a device fault
             for issued in newest.values():
                 self._backend.wait(stream, issued.event)
@@ -95,7 +98,8 @@ class StreamExecutor:
                 # A device fault fails every later CUDA call: name the task it came from.
                 self._retire_reached()
             raise TaskError.of(task, cause) from cause
-        record = Issued(task, index, event, time.perf_counter(), tuple(newest.values()))
+        record = Issued(task, index, event, time.perf_counter(), tuple(newest.values()),
+                        first_calls() != prepared)
         self._in_flight.append(record)
         self._issued[task.id] = record
         self._profile.sample(self._scheduler, len(self._in_flight))
@@ -182,5 +186,5 @@ class StreamExecutor:
             self._backend.release(record.event)
         record.after = ()  # its producers' ends are used: let their records go
         self._last_end[record.stream] = record.end
-        self._lanes[record.stream].ran(record.task, start, record.end)
+        self._lanes[record.stream].ran(record.task, start, record.end, record.first_call)
         self._scheduler.retire(record.task.id, self._scratch)

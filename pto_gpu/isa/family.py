@@ -123,14 +123,17 @@ class Family:
         structural = tuple(args[self.tensors + i] for i in self.structural)
         signature = (shapes, tensors[0].dtype, structural)
         run = self._cpu.get(signature)  # a dict read is atomic under the GIL
-        if run is not None:
-            run(*args)
-            return
-        with preparing():
-            with self._lock:
-                run = self._cpu.get(signature) or self._cpu_entry(shapes, tensors[0].dtype, structural)
-                self._cpu[signature] = run
-            run(*args)  # the first call of generated code compiles it, or loads it from the cache
+        if run is None:
+            with preparing(), self._lock:  # compiling, or waiting for the thread that is
+                run = self._cpu.get(signature)
+                if run is None:
+                    run = self._cpu_entry(shapes, tensors[0].dtype, structural)
+                    # The first call of generated code compiles it (or loads it from the
+                    # cache): made before publishing, so no thread meets that unflagged.
+                    run(*args)
+                    self._cpu[signature] = run
+                    return
+        run(*args)
 
     def generated_cpu(self, *args) -> None:
         """The generated CPU code of this call's instance, library or not (what tests check)."""
