@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 
 from .dtypes import WorkerType
 from .errors import PTOError
@@ -89,11 +90,27 @@ class CostHistory:
         return sum(t.total for t in self.tallies.values()) / count if count else None
 
     def cost(self, task, missing: float | None) -> float:
-        """A task's seconds: its kernel's cost= model, else this history's prediction, else
-        `missing` (None: an error, as the simulator needs every cost)."""
-        if task.kernel.cost is not None:
+        """A task's seconds on its worker class: its kernel's cost= model, else this history's
+        prediction, else `missing` (None: an error, as the simulator needs every cost)."""
+        seconds = self.known(task)
+        if seconds is not None:
+            return seconds
+        if missing is None:
+            raise PTOError(f"executor='sim' has no cost for kernel {task.kernel.name} on {task.worker.name}: "
+                           "declare @pto.kernel(cost=lambda *params: seconds), or measure it first into a "
+                           "pto.CostHistory that both runtimes share (pto.Runtime(costs=history)); "
+                           "a call that compiled its kernel's code is not measured, so run it twice")
+        return missing
+
+    def known(self, task) -> float | None:
+        """A task's seconds on its worker class from its kernel's model or this history; None
+        when neither has one."""
+        model = task.kernel.cost
+        if isinstance(model, Mapping):
+            model = model.get(task.worker)
+        if model is not None:
             try:
-                seconds = task.kernel.cost(*(p.value for p in task.params))
+                seconds = model(*(p.value for p in task.params))
             except Exception as error:
                 raise PTOError(f"kernel {task.kernel.name}'s cost model raised {type(error).__name__}: "
                                f"{error}") from error
@@ -102,15 +119,7 @@ class CostHistory:
                 raise PTOError(f"kernel {task.kernel.name}'s cost model gave {seconds!r}, not a finite "
                                "number of seconds >= 0")
             return float(seconds)
-        predicted = self.predict(key_of(task))
-        if predicted is not None:
-            return predicted
-        if missing is None:
-            raise PTOError(f"executor='sim' has no cost for kernel {task.kernel.name}: declare "
-                           "@pto.kernel(cost=lambda *params: seconds), or measure it first into a "
-                           "pto.CostHistory that both runtimes share (pto.Runtime(costs=history)); "
-                           "a call that compiled its kernel's code is not measured, so run it twice")
-        return missing
+        return self.predict(key_of(task))
 
     def prediction_error(self, measured: dict[Key, Tally]) -> dict[str, float]:
         """Per kernel, (measured - predicted) / measured over a run's calls that this history

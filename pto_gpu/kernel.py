@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -74,10 +74,17 @@ class Kernel:
     mixed_dtypes: bool = False
     id: int = -1
     # Seconds a call takes, from its params (tensor descriptors, then scalars): the cost model
-    # the simulator (executor="sim") and critical-path schedules use.
-    cost: Callable[..., float] | None = None
+    # the simulator (executor="sim") and critical-path schedules use; per worker class where
+    # the kernel runs on several.
+    cost: Callable[..., float] | Mapping[WorkerType, Callable[..., float]] | None = None
+    # Every worker class it can run on (`worker` first, the class its tasks are recorded with);
+    # with more than one, the sim and thread executors place each task by earliest finish.
+    workers: tuple[WorkerType, ...] = ()
     # Shape-and-dtype signatures already checked: tiles repeat, so most submits hit this.
     _accepted: set = dataclasses.field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self.workers = self.workers or (self.worker,)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.worker.name})"
@@ -128,6 +135,18 @@ def registered() -> list[Kernel]:
     return _REGISTRY
 
 
+def _worker_classes(worker: object) -> tuple[WorkerType, ...]:
+    classes = worker if isinstance(worker, tuple) else (worker,)
+    try:
+        workers = tuple(WorkerType(w) for w in classes)
+    except ValueError:
+        workers = ()
+    if not workers or len(set(workers)) != len(workers):
+        raise ParamError(f"worker={worker!r}: a worker class (pto.CUBE, pto.VECTOR, ...) or a tuple of "
+                         "different ones")
+    return workers
+
+
 _first_calls = threading.local()  # per thread: how many first calls it has made
 
 
@@ -147,17 +166,26 @@ def first_calls() -> int:
     return getattr(_first_calls, "count", 0)
 
 
-def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
+def kernel(worker: WorkerType | tuple[WorkerType, ...] = WorkerType.VECTOR, name: str | None = None,
            shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False,
            cuda: CudaCode | CudaInstances | None = None,
-           cost: Callable[..., float] | None = None) -> Callable[[Callable], Kernel]:
+           cost: Callable[..., float] | Mapping[WorkerType, Callable[..., float]] | None = None,
+           ) -> Callable[[Callable], Kernel]:
     """Declare an InCore kernel; the decorated function is its CPU implementation.
 
     It receives one array view per tensor param and the scalar values, in param order.
     `cost(*params)` (tensor descriptors, then scalars) gives a call's seconds, for the
-    simulator and critical-path schedules.
+    simulator and critical-path schedules. `worker=(pto.CUBE, pto.VECTOR)`: it may run on
+    either class, and each task goes where it would finish earliest (HEFT), from its cost on
+    each (`cost={pto.CUBE: f, pto.VECTOR: g}`, or a history measured per class).
     """
-    if cost is not None and not callable(cost):
+    workers = _worker_classes(worker)
+    if isinstance(cost, Mapping):
+        missing = [w.name for w in workers if not callable(cost.get(w))]
+        if missing or set(cost) - set(workers):
+            raise ParamError(f"cost={{...}} gives a function per worker class the kernel runs on "
+                             f"({', '.join(w.name for w in workers)}), not for {sorted(map(str, cost))}")
+    elif cost is not None and not callable(cost):
         raise ParamError(f"cost={cost!r}: a function of the params that gives seconds")
     parsed = None if shapes is None else tuple(tuple(s.split()) for s in shapes)
     for word in (w for dims in parsed or () for w in dims):
@@ -167,8 +195,8 @@ def kernel(worker: WorkerType = WorkerType.VECTOR, name: str | None = None,
                              "with N a positive number")
 
     def declare(function: Callable) -> Kernel:
-        declared = Kernel(name or function.__name__, WorkerType(worker), function, cuda=cuda, shapes=parsed,
-                          mixed_dtypes=mixed_dtypes, id=len(_REGISTRY), cost=cost)
+        declared = Kernel(name or function.__name__, workers[0], function, cuda=cuda, shapes=parsed,
+                          mixed_dtypes=mixed_dtypes, id=len(_REGISTRY), cost=cost, workers=workers)
         _REGISTRY.append(declared)
         return declared
 

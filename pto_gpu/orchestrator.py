@@ -226,7 +226,11 @@ class Orchestrator:
             rows[row, :ROW_WIDTH] = p.value.layout
             rows[row, P_KIND] = p.kind
         kernel.check([p.value for _, p in tensors])
-        task = Task(-1, kernel, kernel.worker if worker is None else WorkerType(worker), checked, self._tags)
+        if worker is None:
+            task = Task(-1, kernel, kernel.worker, checked, self._tags,
+                        kernel.workers if len(kernel.workers) > 1 else None)
+        else:
+            task = Task(-1, kernel, WorkerType(worker), checked, self._tags)
         if self._windows is not None:  # the common case pays one test, not a call
             self._wait_for_window(self._tags)
         while (status := self._scheduler.try_submit(task, rows[:len(tensors)])) < 0:

@@ -23,6 +23,9 @@ Ties go to the earlier submission.
                      consecutive disjoint workers (spec PIPELINE / STAGE(CORES=k)); other tasks
                      run on any worker
 
+A kernel declared with several worker classes (`worker=(pto.CUBE, pto.VECTOR)`) has each task
+placed on the class where it would finish earliest (Heft), with or without a schedule.
+
 The simulator (executor="sim"; without schedule= it takes Schedule()) and the thread executor
 (executor="parallel"; without schedule= it keeps its FIFO queues) follow a schedule. Costs
 come from costs.py: a kernel's model, else the Runtime's history; under the thread executor a
@@ -162,7 +165,7 @@ class Placement:
         self.ranges = stage_workers(schedule, workers) if schedule else {}
         self.affinity = schedule.affinity if schedule else None
         self.homes: dict[tuple[WorkerType, object], int] = {}
-        self.unstarted: dict[tuple[WorkerType, object], int] = {}  # tasks of each value still to start
+        self.unstarted: dict[object, int] = {}  # tasks of each value still to start
         # cross waits, when counting: each task's producers until it starts, and where each ran
         self.counting = counting
         self.producers: dict[int, tuple[int, ...]] = {}
@@ -191,14 +194,15 @@ class Placement:
             home = self.homes.get((task.worker, value))
             if home in candidates:
                 return home
-            homes = {i for key, i in self.homes.items() if key[0] == task.worker and self.unstarted.get(key)}
+            homes = {i for (worker, other), i in self.homes.items()
+                     if worker == task.worker and self.unstarted.get(other)}
             candidates = [i for i in candidates if i not in homes] or candidates
         return asking if asking in candidates else candidates[0]
 
     def submitted(self, task, producers) -> None:
         value = self._value(task)
-        if value is not None:
-            self.unstarted[task.worker, value] = self.unstarted.get((task.worker, value), 0) + 1
+        if value is not None:  # by value alone: Heft may run a task on another class than submitted
+            self.unstarted[value] = self.unstarted.get(value, 0) + 1
         if self.counting:
             self.producers[task.id] = tuple(int(p) for p in producers)
             self.newest = max(self.newest, task.id)
@@ -206,7 +210,7 @@ class Placement:
     def started(self, task, index: int) -> None:
         value = self._value(task)
         if value is not None:
-            self.unstarted[task.worker, value] -= 1
+            self.unstarted[value] -= 1
             self.homes.setdefault((task.worker, value), index)  # the first worker that ran it
         if self.counting:
             where = (task.worker, index)
@@ -216,6 +220,71 @@ class Placement:
             if len(self.ran_on) > 4 * self.window:  # amortised: a pass per 2 windows of starts
                 oldest = self.newest - 2 * self.window
                 self.ran_on = {i: w for i, w in self.ran_on.items() if i > oldest}
+
+
+class Heft:
+    """Earliest finish time across worker classes (HEFT's choice of processor) for tasks whose
+    kernel runs on several (Task.classes). Each class has a backlog: the predicted seconds of
+    the tasks queued or running on it, shared among its workers. A task goes to the class where
+    backlog / workers + its cost there is least (the first listed on a tie) and runs as a copy
+    of itself with that `worker`; the recorded task keeps the class it was submitted with.
+    Tasks of one class count in the backlog once `active` (a task with classes was placed), so
+    runs without such kernels pay nothing; `cost_on(task)` is the executor's cost model, for
+    the task's `worker`, None where it has none (that class is not considered)."""
+
+    def __init__(self, workers: Mapping[WorkerType, int], cost_on):
+        self.workers = {w: n for w, n in workers.items() if n > 0}
+        self.cost_on = cost_on
+        self.backlog = dict.fromkeys(WorkerType, 0.0)
+        self.queued: dict[int, tuple[WorkerType, float]] = {}  # task id -> where it counts, seconds
+        self.active = False
+
+    def place(self, task, known: float | None = None):
+        """The task to queue: `task`, or a copy on the class chosen. `known`: its cost on its
+        own class, where the caller has it."""
+        if task.classes is None:
+            if self.active:
+                self._count(task.id, task.worker, self.cost_on(task) if known is None else known)
+            return task
+        self.active = True
+        best = None
+        for worker in (w for w in task.classes if w in self.workers):
+            option = task if worker == task.worker else dataclasses.replace(task, worker=worker)
+            seconds = self.cost_on(option)
+            if seconds is not None:
+                finish = self.backlog[worker] / self.workers[worker] + seconds
+                if best is None or finish < best[0]:
+                    best = (finish, option, seconds)
+        if best is None:
+            raise PTOError(f"{task.kernel.name} runs on {', '.join(w.name for w in task.classes)}, but "
+                           "this runtime has no workers there with a cost for it")
+        _, placed, seconds = best
+        self._count(task.id, placed.worker, seconds)
+        return placed
+
+    def seconds(self, task_id: int) -> float:
+        """The predicted seconds of a placed task on the class it was placed on."""
+        return self.queued[task_id][1]
+
+    def done(self, task_id: int) -> None:
+        counted = self.queued.pop(task_id, None)
+        if counted is not None:
+            self.backlog[counted[0]] -= counted[1]
+
+    def _count(self, task_id: int, worker: WorkerType, seconds: float | None) -> None:
+        if seconds is not None:
+            self.backlog[worker] += seconds
+            self.queued[task_id] = (worker, seconds)
+
+
+def mean_cost(task, cost_on) -> float | None:
+    """A task's cost for its critical path: with several classes, the mean over those it has a
+    cost on (HEFT's upward rank); else its cost."""
+    if task.classes is None:
+        return cost_on(task)
+    known = [s for w in task.classes
+             if (s := cost_on(task if w == task.worker else dataclasses.replace(task, worker=w))) is not None]
+    return sum(known) / len(known) if known else None
 
 
 class Windows:

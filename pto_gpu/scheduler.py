@@ -31,6 +31,9 @@ class Task:
     worker: WorkerType
     params: tuple[Param, ...]
     tags: dict[str, int | str] | None = None  # from `with o.tags(...)`: what a Schedule sorts by
+    # The classes it may run on, when its kernel has several and submit did not name one: the
+    # executor places it (schedule.Heft), running a copy with `worker` set to the class chosen.
+    classes: tuple[WorkerType, ...] | None = None
 
     def describe_params(self) -> str:
         return ", ".join(f"{p.kind.name.lower()}({p.value!r})" for p in self.params)

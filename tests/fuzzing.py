@@ -3,11 +3,12 @@ independent dependency oracle (oracle.py).
 
 A program is drawn from a seed: strided and transposed slices of a few external buffers
 (and of aliasing views of them in other dtypes and strides), both overlap levels, alloc / free
-/ scopes / versions, and input / output / inout params of CUBE and VECTOR kernels whose every
-output depends on every input. Besides 256-512 B buffers there are owners of 8 KiB to 1 MiB,
-sliced into small tiles as well as large windows, so that regions hash by their 4 KiB
-TensorMap blocks, long ones by the owner's wide chain (docs/ARCHITECTURE.md, "TensorMap
-hashing"). `describe` lists the ops, for failure reports.
+/ scopes / versions, and input / output / inout params of VECTOR kernels and of kernels that run
+on CUBE or VECTOR (placed by HEFT), whose every output depends on every input. Besides
+256-512 B buffers there are owners of 8 KiB to 1 MiB, sliced into small tiles as well as
+large windows, so that regions hash by their 4 KiB TensorMap blocks, long ones by the owner's
+wide chain (docs/ARCHITECTURE.md, "TensorMap hashing"). `describe` lists the ops, for failure
+reports.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def _combine(n_inputs, *views):
             out[...] = (out * 0.5 + total).astype(out.dtype)
 
 
-combine_cube = pto.kernel(worker=pto.CUBE, name="combine_cube", mixed_dtypes=True)(_combine)
+# Either class: the sim and thread executors place each of its tasks by earliest finish (HEFT).
+combine_either = pto.kernel(worker=(pto.CUBE, pto.VECTOR), name="combine_either", mixed_dtypes=True)(_combine)
 combine_vector = pto.kernel(worker=pto.VECTOR, name="combine_vector", mixed_dtypes=True)(_combine)
 
 
@@ -109,7 +111,7 @@ def random_program(o, buffers, seed: int, n_ops: int, log: list | None = None) -
             picks = [_slice(rng, pool[int(rng.integers(len(pool)))]) for _ in range(n_in + n_out)]
             kinds = [pto.input] * n_in + [pto.inout if rng.random() < 0.5 else pto.output
                                           for _ in range(n_out)]
-            kernel = combine_cube if rng.random() < 0.5 else combine_vector
+            kernel = combine_either if rng.random() < 0.5 else combine_vector
             note(kernel.name, *(f"{k.__name__}({t!r})" for k, t in zip(kinds, picks)))
             o.submit(kernel, n_in, *(k(t) for k, t in zip(kinds, picks)))
     for t in live:

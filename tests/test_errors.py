@@ -183,6 +183,10 @@ CASES = [
     Case("tag that is neither an int nor a str", run(lambda o: o.tags(batch=0.5).__enter__()), pto.PTOError),
     Case("tier limits that do not increase", lambda made: pto.tiers([(8, _noop), (4, _noop)]),
          pto.ParamError),
+    Case("a worker class named twice", lambda made: pto.kernel(worker=(pto.CUBE, pto.CUBE))(_noop),
+         pto.ParamError),
+    Case("costs per class that miss one of the kernel's classes", lambda made: pto.kernel(
+        worker=(pto.CUBE, pto.VECTOR), cost={pto.CUBE: _noop})(_noop), pto.ParamError),
 ]
 
 

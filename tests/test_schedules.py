@@ -515,6 +515,76 @@ def test_affinity_on_threads_gives_the_serial_result_and_counts_cross_waits():
     assert rt.run(interleaved_chains, x).cross_waits is None  # counted under affinity only
 
 
+# --- HEFT: kernels that run on more than one worker class ------------------------------------
+
+
+@pto.kernel(worker=(pto.CUBE, pto.VECTOR), cost={pto.CUBE: lambda x: COST, pto.VECTOR: lambda x: 3 * COST})
+def either(x):
+    x += 1
+
+
+def eight_rows(o, x, worker=None):
+    X = o.external(x)
+    for i in range(8):
+        o.submit(either, pto.inout(X[i:i + 1]), worker=worker)
+
+
+def test_heft_places_each_task_where_it_finishes_first():
+    """Costs 1 on CUBE and 3 on VECTOR, one worker each, 8 independent tasks: by earliest finish
+    6 go to CUBE and 2 to VECTOR, both done at 6; all on CUBE takes 8."""
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.CUBE: 1, pto.VECTOR: 1})
+    x = np.zeros((8, 4), np.float32)
+    placed = rt.run(eight_rows, x, record=True)
+    assert placed.makespan == pytest.approx(6 * COST)
+    assert {t.worker for t in placed.graph.tasks} == {pto.CUBE}  # recorded as submitted
+    assert rt.run(eight_rows, x, pto.CUBE).makespan == pytest.approx(8 * COST)  # named: not placed
+    assert rt.run(eight_rows, x, pto.VECTOR).makespan == pytest.approx(24 * COST)
+    np.testing.assert_array_equal(x, 3)  # three runs, each task once
+
+
+def test_heft_learns_per_class_costs_from_history():
+    @pto.kernel(worker=(pto.CUBE, pto.VECTOR))
+    def measured(x):
+        x += 1
+
+    def rows(o, x, worker=None):
+        X = o.external(x)
+        for i in range(8):
+            o.submit(measured, pto.inout(X[i:i + 1]), worker=worker)
+
+    from pto_gpu.costs import Tally
+
+    history = pto.CostHistory()
+    history.merge({("measured", ((1, 4),), pto.CUBE): Tally(1, COST, COST ** 2),
+                   ("measured", ((1, 4),), pto.VECTOR): Tally(1, 3 * COST, 9 * COST ** 2)})
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.CUBE: 1, pto.VECTOR: 1}, costs=history)
+    assert rt.run(rows, np.zeros((8, 4), np.float32)).makespan == pytest.approx(6 * COST)
+
+
+def test_heft_on_threads_uses_both_classes_and_gives_the_serial_result():
+    want = np.zeros((8, 4), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(eight_rows, want)
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.CUBE: 1, pto.VECTOR: 1})
+    for schedule in (None, pto.Schedule()):
+        x = np.zeros((8, 4), np.float32)
+        result = rt.run(eight_rows, x, schedule=schedule)
+        assert x.tobytes() == want.tobytes()
+        # Placed before any runs (threshold 0): 6 on CUBE, 2 on VECTOR, as on the simulator.
+        assert result.kernels["either"].tasks == 8 and result.busy["VECTOR"] > 0 and result.busy["CUBE"] > 0
+
+
+@pytest.mark.parametrize("worker, cost, message", [
+    ((), None, r"worker=\(\): a worker class \(pto.CUBE, pto.VECTOR, ...\) or a tuple of different ones"),
+    ((pto.CUBE, pto.CUBE), None, r"a tuple of different ones"),
+    ((pto.CUBE, pto.VECTOR), {pto.CUBE: lambda x: 1.0},
+     r"cost=\{...\} gives a function per worker class the kernel runs on \(CUBE, VECTOR\)"),
+    (pto.CUBE, {pto.VECTOR: lambda x: 1.0}, r"runs on \(CUBE\)"),
+])
+def test_worker_classes_and_their_costs_are_checked(worker, cost, message):
+    with pytest.raises(pto.ParamError, match=message):
+        pto.kernel(worker=worker, cost=cost)(lambda x: None)
+
+
 # --- what a review found ------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
-from ..schedule import CriticalPaths, Placement, Schedule, priority
+from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
 
@@ -62,6 +62,7 @@ class ParallelExecutor:
         self._early: set[int] = set()  # registered when queued, before `submitted`
         # a kernel without a model, beside kernels with one: a typical call (1: a path's length in tasks)
         self._missing_cost = self._costs.typical() or 1.0
+        self._heft = Heft(workers, lambda task: self._costs.cost(task, missing=self._missing_cost))
         self._queues = {w: [] if schedule else collections.deque() for w in WorkerType}
         self._wake = {w: threading.Condition(self._lock) for w in WorkerType}
         self._progress = threading.Condition(self._lock)  # the orchestrator waits on it
@@ -111,9 +112,9 @@ class ParallelExecutor:
 
     def _flush_locked(self) -> None:
         for task in self._outbox:
-            self._push_locked(task)
+            worker = self._push_locked(task)
             if self._started:
-                self._notify_worker_locked(task.worker)
+                self._notify_worker_locked(worker)
         self._outbox.clear()
 
     @property
@@ -127,22 +128,27 @@ class ParallelExecutor:
             self._wake[worker].notify()
 
     def _cost(self, task: Task) -> float:
-        return self._costs.cost(task, missing=self._missing_cost) if self._paths is not None else 0.0
+        if self._paths is None:
+            return 0.0
+        return mean_cost(task, lambda t: self._costs.cost(t, missing=self._missing_cost))
 
     def _register_locked(self, task: Task, cost: float, producers) -> None:
         if self._paths is not None:
             self._paths.add(task.id, cost, producers)
         self._placement.submitted(task, producers)
 
-    def _push_locked(self, task: Task) -> None:
+    def _push_locked(self, task: Task) -> WorkerType:
+        """Queue a ready task (on the class Heft places it on); the class."""
         if self.wants_producers and task.id not in self._registered:
             self._register_locked(task, self._cost(task), ())
             self._early.add(task.id)
+        task = self._heft.place(task)
         if self._schedule is None:
             self._queues[task.worker].append(task)
         else:
             key = priority(self._schedule, task, self._paths)
             heapq.heappush(self._queues[task.worker], (key, task.id, task))
+        return task.worker
 
     def _pop_locked(self, worker: WorkerType, index: int) -> Task | None:
         """The next task for worker `index` of class `worker`, or None."""
@@ -253,9 +259,9 @@ class ParallelExecutor:
                 run_kernel(self._backend, task, lane)
                 made_ready = self._scheduler.complete(task.id, scratch)
                 with self._lock:
+                    self._heft.done(task.id)
                     for ready in made_ready:  # a schedule's cost model may raise here
-                        self._push_locked(ready)
-                        self._notify_worker_locked(ready.worker)
+                        self._notify_worker_locked(self._push_locked(ready))
                     self._running -= 1
                     self._completions += 1
                     if self._tracing:

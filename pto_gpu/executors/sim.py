@@ -25,7 +25,7 @@ from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
-from ..schedule import CriticalPaths, Placement, Schedule, priority
+from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..scheduler import Scheduler, Task
 from . import run_kernel
 
@@ -41,6 +41,7 @@ class SimExecutor:
         self._lane = profile.lane("sim", tuple(WorkerType))
         self._schedule = schedule
         self._costs = costs or CostHistory()
+        self._heft = Heft(workers, self._costs.known)
         self._placement = Placement(schedule, workers, counting=True,
                                     window=scheduler.state.sizes.task_window)
         self._idle = {w: list(range(n)) for w, n in workers.items()}  # free workers' indices, ascending
@@ -55,7 +56,8 @@ class SimExecutor:
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
-        self._paths.add(task.id, self._costs.cost(task, missing=None), producers)
+        cost = mean_cost(task, self._costs.known)
+        self._paths.add(task.id, self._costs.cost(task, missing=None) if cost is None else cost, producers)
         self._placement.submitted(task, producers)
         if ready:
             self._waiting.append(task)
@@ -103,6 +105,7 @@ class SimExecutor:
             while self._running and self._running[0][0] == end:  # tasks that end together, together
                 _, _, task, index = heapq.heappop(self._running)
                 bisect.insort(self._idle[task.worker], index)
+                self._heft.done(task.id)
                 self._waiting += self._scheduler.complete(task.id, self._scratch)
             self._queue_waiting()
             if until_a_completion:
@@ -110,6 +113,7 @@ class SimExecutor:
 
     def _queue_waiting(self) -> None:
         for task in self._waiting:
+            task = self._heft.place(task)
             key = priority(self._schedule, task, self._paths)
             heapq.heappush(self._ready[task.worker], (key, task.id, task))
         self._waiting = []
@@ -134,7 +138,8 @@ class SimExecutor:
                 except BaseException:
                     self._failed = True  # so an abort runs nothing more
                     raise
-                end = self.makespan + self._paths.started(task.id)
+                seconds = self._paths.started(task.id)  # the critical path's cost: its class's, or a mean
+                end = self.makespan + (seconds if task.classes is None else self._heft.seconds(task.id))
                 heapq.heappush(self._running, (end, task.id, task, index))
             for entry in waiting:
                 heapq.heappush(queue, entry)
