@@ -256,6 +256,7 @@ class Orchestrator:
         """Run `body(jo, *args)`, an njit orchestration body (see pto_gpu.jit), in this run.
 
         Tensor descriptors among args arrive as compiled descriptors; other args as they are.
+        The tasks it submits carry the tags around the call (`o.tags`).
         """
         self._check_open()
         if self._jit is None:
@@ -265,7 +266,7 @@ class Orchestrator:
             if isinstance(arg, TensorDescriptor):
                 self._check_usable(arg)
         converted = tuple(from_tensor(a) if isinstance(a, TensorDescriptor) else a for a in args)
-        self._jit.enter(list(self._externals.values()), list(self._unfreed.values()))
+        self._jit.enter(list(self._externals.values()), list(self._unfreed.values()), self._tags)
         try:
             result = body(self._jit.o, *converted)
         except BaseException:

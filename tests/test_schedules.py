@@ -515,6 +515,33 @@ def test_affinity_on_threads_gives_the_serial_result_and_counts_cross_waits():
     assert rt.run(interleaved_chains, x).cross_waits is None  # counted under affinity only
 
 
+# --- compiled orchestrations ---------------------------------------------------------------------
+
+
+def test_tasks_from_compiled_code_carry_the_tags_around_the_call():
+    from tests.conftest import add_into, fill
+    from tests.test_compiled import _chain
+
+    def tagged(o, x, y):
+        X, Y = o.external(x), o.external(y)
+        with o.tags(batch=1):
+            o.compiled(_chain, X, X, fill.id, add_into.id, 2)
+        o.submit(fill, pto.output(Y), 2.0)  # untagged, between two compiled calls
+        with o.tags(batch=0, stage="late"):
+            o.compiled(_chain, Y, Y, fill.id, add_into.id, 1)
+
+    want = [np.zeros((4, 4), np.float32) for _ in range(2)]
+    pto.Runtime(backend="cpu", executor="serial").run(tagged, *want)
+    history = pto.CostHistory()  # the threads' run measures what the simulator's then uses
+    for executor in ("parallel", "sim"):
+        x, y = np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32)
+        rt = pto.Runtime(backend="cpu", executor=executor, workers={pto.VECTOR: 2}, costs=history)
+        result = rt.run(tagged, x, y, record=True, schedule=pto.Schedule(order_by=("batch",)))
+        assert [t.tags for t in result.graph.tasks] == [{"batch": 1}] * 3 + [None] + [
+            {"batch": 0, "stage": "late"}] * 2
+        assert x.tobytes() == want[0].tobytes() and y.tobytes() == want[1].tobytes()
+
+
 # --- HEFT: kernels that run on more than one worker class ------------------------------------
 
 

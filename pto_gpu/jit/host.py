@@ -9,6 +9,7 @@ buffer records, so either side can go on where the other stopped.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import numpy as np
@@ -116,12 +117,20 @@ class Session:
         self._externals: dict[int, Buffer] = {}
         self._python_heap: dict[int, Buffer] = {}  # heap buffers the Python side allocated
         self._seen_heap: dict[int, Buffer] = {}  # records made for compiled allocations
+        # The tags around each entry, from the first task id it could submit: a task compiled
+        # code submits carries the tags of the `o.compiled` call that submitted it.
+        self._tag_starts: list[int] = []
+        self._tags: list[dict[str, int | str] | None] = []
         scheduler.materialise = self.materialise
         bridge.SESSIONS[self.key] = self
 
     # --- entering and leaving compiled code ----------------------------------------------
-    def enter(self, externals: list[Buffer], python_heap: list[Buffer]) -> None:
-        """Bring the Python side's buffer records in: versions, writeability, buffers known."""
+    def enter(self, externals: list[Buffer], python_heap: list[Buffer],
+              tags: dict[str, int | str] | None) -> None:
+        """Bring the Python side's buffer records in: versions, writeability, buffers known;
+        and the tags of the tasks submitted until the next entry."""
+        self._tag_starts.append(int(self._scheduler.state.header[cs.H_NEXT_TASK]))
+        self._tags.append(tags)
         f = self._fields
         if len(externals) > len(f["externals"]):
             f["externals"] = np.zeros((len(externals), 3), np.int64)
@@ -205,8 +214,9 @@ class Session:
             params.append(Param(ParamKind.SCALAR, int(f["arg_int"][slot, i]) if is_int
                                 else float(f["arg_float"][slot, i])))
         row = self._scheduler.state.tasks[slot]
+        tags = self._tags[bisect.bisect_right(self._tag_starts, task_id) - 1]
         return Task(task_id, self._kernels[row[cs.T_KERNEL]], WorkerType(int(row[cs.T_WORKER])),
-                    tuple(params))
+                    tuple(params), tags)
 
     def _tensor(self, desc: np.ndarray):
         return to_tensor(desc, self._buffer(desc), DataType(int(desc[D_DTYPE])))
