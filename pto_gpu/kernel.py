@@ -147,6 +147,11 @@ def _worker_classes(worker: object) -> tuple[WorkerType, ...]:
     return workers
 
 
+def multi_class() -> bool:
+    """Whether any kernel declared so far runs on more than one worker class."""
+    return any(len(k.workers) > 1 for k in _REGISTRY)
+
+
 _first_calls = threading.local()  # per thread: how many first calls it has made
 
 
@@ -181,10 +186,11 @@ def kernel(worker: WorkerType | tuple[WorkerType, ...] = WorkerType.VECTOR, name
     """
     workers = _worker_classes(worker)
     if isinstance(cost, Mapping):
-        missing = [w.name for w in workers if not callable(cost.get(w))]
-        if missing or set(cost) - set(workers):
+        problems = [f"none for {w.name}" for w in workers if not callable(cost.get(w))]
+        problems += [f"{getattr(w, 'name', repr(w))} is not one" for w in cost if w not in workers]
+        if problems:
             raise ParamError(f"cost={{...}} gives a function per worker class the kernel runs on "
-                             f"({', '.join(w.name for w in workers)}), not for {sorted(map(str, cost))}")
+                             f"({', '.join(w.name for w in workers)}): {'; '.join(problems)}")
     elif cost is not None and not callable(cost):
         raise ParamError(f"cost={cost!r}: a function of the params that gives seconds")
     parsed = None if shapes is None else tuple(tuple(s.split()) for s in shapes)

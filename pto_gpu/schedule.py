@@ -165,7 +165,8 @@ class Placement:
         self.ranges = stage_workers(schedule, workers) if schedule else {}
         self.affinity = schedule.affinity if schedule else None
         self.homes: dict[tuple[WorkerType, object], int] = {}
-        self.unstarted: dict[object, int] = {}  # tasks of each value still to start
+        self.unstarted: dict[tuple[WorkerType, object], int] = {}  # tasks of each value still to start
+        self.counted_under: dict[int, tuple[WorkerType, object]] = {}  # multi-class tasks: their key
         # cross waits, when counting: each task's producers until it starts, and where each ran
         self.counting = counting
         self.producers: dict[int, tuple[int, ...]] = {}
@@ -194,15 +195,17 @@ class Placement:
             home = self.homes.get((task.worker, value))
             if home in candidates:
                 return home
-            homes = {i for (worker, other), i in self.homes.items()
-                     if worker == task.worker and self.unstarted.get(other)}
+            homes = {i for key, i in self.homes.items() if key[0] == task.worker and self.unstarted.get(key)}
             candidates = [i for i in candidates if i not in homes] or candidates
         return asking if asking in candidates else candidates[0]
 
     def submitted(self, task, producers) -> None:
         value = self._value(task)
-        if value is not None:  # by value alone: Heft may run a task on another class than submitted
-            self.unstarted[value] = self.unstarted.get(value, 0) + 1
+        if value is not None:
+            key = (task.worker, value)
+            self.unstarted[key] = self.unstarted.get(key, 0) + 1
+            if task.classes is not None:  # Heft may run it on another class: remember where it counts
+                self.counted_under[task.id] = key
         if self.counting:
             self.producers[task.id] = tuple(int(p) for p in producers)
             self.newest = max(self.newest, task.id)
@@ -210,7 +213,7 @@ class Placement:
     def started(self, task, index: int) -> None:
         value = self._value(task)
         if value is not None:
-            self.unstarted[value] -= 1
+            self.unstarted[self.counted_under.pop(task.id, (task.worker, value))] -= 1
             self.homes.setdefault((task.worker, value), index)  # the first worker that ran it
         if self.counting:
             where = (task.worker, index)
@@ -225,19 +228,23 @@ class Placement:
 class Heft:
     """Earliest finish time across worker classes (HEFT's choice of processor) for tasks whose
     kernel runs on several (Task.classes). Each class has a backlog: the predicted seconds of
-    the tasks queued or running on it, shared among its workers. A task goes to the class where
-    backlog / workers + its cost there is least (the first listed on a tie) and runs as a copy
-    of itself with that `worker`; the recorded task keeps the class it was submitted with.
-    Tasks of one class count in the backlog once `active` (a task with classes was placed), so
-    runs without such kernels pay nothing; `cost_on(task)` is the executor's cost model, for
-    the task's `worker`, None where it has none (that class is not considered)."""
+    the tasks queued or running on it, over the workers that may take them. A task goes to the
+    class where backlog / workers + its cost there is least (the first listed on a tie) and
+    runs as a copy of itself with that `worker`; the recorded task keeps the class it was
+    submitted with. Under stages, only the classes its stage lists are considered, over the
+    stage's workers. `cost_on(task)` is the executor's cost model for the task's `worker`,
+    None where it has none: a task with no cost anywhere goes where the fewest tasks are
+    queued or running per worker. Every task counts once `active` (from the start when a
+    kernel with several classes exists: kernel.multi_class), so other runs pay nothing."""
 
-    def __init__(self, workers: Mapping[WorkerType, int], cost_on):
+    def __init__(self, workers: Mapping[WorkerType, int], cost_on, ranges: Ranges, active: bool):
         self.workers = {w: n for w, n in workers.items() if n > 0}
         self.cost_on = cost_on
+        self.ranges = ranges
+        self.active = active
         self.backlog = dict.fromkeys(WorkerType, 0.0)
+        self.tasks = dict.fromkeys(WorkerType, 0)  # queued or running, per class
         self.queued: dict[int, tuple[WorkerType, float]] = {}  # task id -> where it counts, seconds
-        self.active = False
 
     def place(self, task, known: float | None = None):
         """The task to queue: `task`, or a copy on the class chosen. `known`: its cost on its
@@ -246,19 +253,22 @@ class Heft:
             if self.active:
                 self._count(task.id, task.worker, self.cost_on(task) if known is None else known)
             return task
-        self.active = True
-        best = None
-        for worker in (w for w in task.classes if w in self.workers):
-            option = task if worker == task.worker else dataclasses.replace(task, worker=worker)
-            seconds = self.cost_on(option)
-            if seconds is not None:
-                finish = self.backlog[worker] / self.workers[worker] + seconds
-                if best is None or finish < best[0]:
-                    best = (finish, option, seconds)
-        if best is None:
+        stage = self.ranges.get(task.tags.get("stage")) if task.tags else None
+        classes = [w for w in task.classes if w in self.workers and (not stage or w in stage)]
+        if not classes:
             raise PTOError(f"{task.kernel.name} runs on {', '.join(w.name for w in task.classes)}, but "
-                           "this runtime has no workers there with a cost for it")
-        _, placed, seconds = best
+                           "this run has no workers there" + (" in its stage" if stage else ""))
+        options = []
+        for worker in classes:
+            option = task if worker == task.worker else dataclasses.replace(task, worker=worker)
+            workers = len(stage[worker]) if stage else self.workers[worker]
+            options.append((option, workers, self.cost_on(option)))
+        if any(seconds is not None for _, _, seconds in options):
+            finish = [(self.backlog[o.worker] / n + seconds, k) for k, (o, n, seconds) in enumerate(options)
+                      if seconds is not None]
+        else:
+            finish = [(self.tasks[o.worker] / n, k) for k, (o, n, _) in enumerate(options)]
+        placed, _, seconds = options[min(finish)[1]]  # the first listed on a tie
         self._count(task.id, placed.worker, seconds)
         return placed
 
@@ -269,12 +279,15 @@ class Heft:
     def done(self, task_id: int) -> None:
         counted = self.queued.pop(task_id, None)
         if counted is not None:
-            self.backlog[counted[0]] -= counted[1]
+            worker, seconds = counted
+            self.tasks[worker] -= 1
+            # An empty class's backlog is 0 exactly: rounding left over would break ties.
+            self.backlog[worker] = self.backlog[worker] - seconds if self.tasks[worker] else 0.0
 
     def _count(self, task_id: int, worker: WorkerType, seconds: float | None) -> None:
-        if seconds is not None:
-            self.backlog[worker] += seconds
-            self.queued[task_id] = (worker, seconds)
+        self.tasks[worker] += 1
+        self.backlog[worker] += seconds or 0.0
+        self.queued[task_id] = (worker, seconds or 0.0)
 
 
 def mean_cost(task, cost_on) -> float | None:

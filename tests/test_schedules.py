@@ -1,6 +1,8 @@
 """Schedules (spec 004) on the simulating executor: exact makespans from cost models, results
 bitwise equal to the serial executor's whatever the order, tags, and tiered kernels."""
 
+import contextlib
+import threading
 import time
 
 import numpy as np
@@ -488,7 +490,7 @@ def test_where_tasks_ran_is_kept_for_two_task_windows_only():
                           for w in (window, 10 ** 9))
     largest = 0
     for i in range(tasks):
-        task = SimpleNamespace(id=i, worker=pto.VECTOR, tags={"batch": i % 3})
+        task = SimpleNamespace(id=i, worker=pto.VECTOR, tags={"batch": i % 3}, classes=None)
         producers = [p for p in (i - 1, i - 5, i - 2 * window + 1) if p >= 0]
         for placement in (bounded, unbounded):
             placement.submitted(task, producers)
@@ -496,7 +498,7 @@ def test_where_tasks_ran_is_kept_for_two_task_windows_only():
         largest = max(largest, len(bounded.ran_on))
     assert bounded.cross_waits == unbounded.cross_waits > 0
     assert largest <= 4 * window  # not one entry per task (300)
-    old = SimpleNamespace(id=tasks, worker=pto.VECTOR, tags={"batch": 0})
+    old = SimpleNamespace(id=tasks, worker=pto.VECTOR, tags={"batch": 0}, classes=None)
     for placement in (bounded, unbounded):
         placement.submitted(old, [0])  # ran on worker 0; this one runs on 1
         placement.started(old, 1)
@@ -588,24 +590,99 @@ def test_heft_learns_per_class_costs_from_history():
     assert rt.run(rows, np.zeros((8, 4), np.float32)).makespan == pytest.approx(6 * COST)
 
 
-def test_heft_on_threads_uses_both_classes_and_gives_the_serial_result():
-    want = np.zeros((8, 4), np.float32)
-    pto.Runtime(backend="cpu", executor="serial").run(eight_rows, want)
+ran_on_class: list[str] = []
+
+
+@pto.kernel(worker=(pto.CUBE, pto.VECTOR), cost={pto.CUBE: lambda x: COST, pto.VECTOR: lambda x: 3 * COST})
+def either_noting(x):
+    ran_on_class.append(threading.current_thread().name.split("-")[-2:][0])  # pto-CUBE-0: CUBE
+    x += 1
+
+
+@pto.kernel(worker=pto.VECTOR)
+def uncosted_bump(x):
+    x += 1
+
+
+def test_heft_on_threads_places_as_the_simulator_does_and_gives_the_serial_result():
+    def rows(o, x, uncosted):
+        X = o.external(x)
+        for i in range(8):
+            o.submit(either_noting, pto.inout(X[i:i + 1]))
+            if uncosted and i == 0:  # no model and no history: not weighed (not as 1 second)
+                o.submit(uncosted_bump, pto.inout(X[8:9]))
+
+    want = np.zeros((9, 4), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(rows, want, True)
     rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.CUBE: 1, pto.VECTOR: 1})
-    for schedule in (None, pto.Schedule()):
-        x = np.zeros((8, 4), np.float32)
-        result = rt.run(eight_rows, x, schedule=schedule)
-        assert x.tobytes() == want.tobytes()
+    for schedule, uncosted in ((None, False), (pto.Schedule(), False), (None, True)):
+        x = np.zeros((9, 4), np.float32)
+        ran_on_class.clear()
+        rt.run(rows, x, uncosted, schedule=schedule)
         # Placed before any runs (threshold 0): 6 on CUBE, 2 on VECTOR, as on the simulator.
-        assert result.kernels["either"].tasks == 8 and result.busy["VECTOR"] > 0 and result.busy["CUBE"] > 0
+        assert sorted(ran_on_class) == ["CUBE"] * 6 + ["VECTOR"] * 2
+        if uncosted:
+            assert x.tobytes() == want.tobytes()
+
+
+def test_heft_counts_the_tasks_before_the_first_it_places():
+    @pto.kernel(worker=pto.CUBE, cost=lambda x: COST)
+    def cube_only(x):
+        x += 1
+
+    def four_then_one(o, x):
+        X = o.external(x)
+        for i in range(4):
+            o.submit(cube_only, pto.inout(X[i:i + 1]))
+        o.submit(either, pto.inout(X[4:5]))  # CUBE 1 after 4 queued there, or VECTOR 3 now
+
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.CUBE: 1, pto.VECTOR: 1})
+    assert rt.run(four_then_one, np.zeros((5, 4), np.float32)).makespan == pytest.approx(4 * COST)
+
+
+def test_heft_keeps_a_stage_to_the_classes_and_workers_it_lists():
+    def staged_rows(o, x):
+        with o.tags(stage="indexer"):
+            eight_rows(o, x)
+
+    rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.CUBE: 4, pto.VECTOR: 4})
+    free = rt.run(eight_rows, np.zeros((8, 4), np.float32)).makespan
+    staged = rt.run(staged_rows, np.zeros((8, 4), np.float32),
+                    schedule=pto.Schedule(stages={"indexer": {pto.VECTOR: 1}})).makespan
+    assert free == pytest.approx(2 * COST)  # 4 CUBE workers, two rounds of 1
+    assert staged == pytest.approx(8 * 3 * COST)  # the stage's one VECTOR worker, each costing 3
+
+
+def test_a_cost_model_that_raises_on_threads_fails_the_run_and_runs_nothing_twice():
+    runs = []
+
+    def cube_cost(x, k):
+        if k == 20:
+            raise ValueError("boom")
+        return COST
+
+    @pto.kernel(worker=(pto.CUBE, pto.VECTOR), cost={pto.CUBE: cube_cost, pto.VECTOR: lambda x, k: 3 * COST})
+    def counted(x, k):
+        runs.append(k)
+
+    def orchestration(o, x):
+        X = o.external(x)
+        for i in range(40):
+            with contextlib.suppress(pto.PTOError):  # an orchestration that goes on regardless
+                o.submit(counted, pto.inout(X[i:i + 1]), i)
+
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.CUBE: 1, pto.VECTOR: 1})
+    with pytest.raises(pto.PTOError, match="kernel counted's cost model raised ValueError: boom"):
+        rt.run(orchestration, np.zeros((40, 4), np.float32), threshold=1)
+    assert len(runs) == len(set(runs))
 
 
 @pytest.mark.parametrize("worker, cost, message", [
     ((), None, r"worker=\(\): a worker class \(pto.CUBE, pto.VECTOR, ...\) or a tuple of different ones"),
     ((pto.CUBE, pto.CUBE), None, r"a tuple of different ones"),
     ((pto.CUBE, pto.VECTOR), {pto.CUBE: lambda x: 1.0},
-     r"cost=\{...\} gives a function per worker class the kernel runs on \(CUBE, VECTOR\)"),
-    (pto.CUBE, {pto.VECTOR: lambda x: 1.0}, r"runs on \(CUBE\)"),
+     r"cost=\{...\} gives a function per worker class the kernel runs on \(CUBE, VECTOR\): none for VECTOR"),
+    (pto.CUBE, {pto.VECTOR: lambda x: 1.0}, r"runs on \(CUBE\): none for CUBE; VECTOR is not one"),
 ])
 def test_worker_classes_and_their_costs_are_checked(worker, cost, message):
     with pytest.raises(pto.ParamError, match=message):

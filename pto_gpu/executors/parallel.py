@@ -26,6 +26,7 @@ from collections.abc import Callable
 from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
+from ..kernel import multi_class
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..scheduler import RINGS, Scheduler, Task
@@ -61,8 +62,9 @@ class ParallelExecutor:
         self._registered: set[int] = set()  # by `submitted`, not started yet
         self._early: set[int] = set()  # registered when queued, before `submitted`
         # a kernel without a model, beside kernels with one: a typical call (1: a path's length in tasks)
-        self._missing_cost = self._costs.typical() or 1.0
-        self._heft = Heft(workers, lambda task: self._costs.cost(task, missing=self._missing_cost))
+        self._typical = self._costs.typical()  # a run adds to its history only at the end
+        self._missing_cost = self._typical or 1.0
+        self._heft = Heft(workers, self._seconds, self._placement.ranges, active=multi_class())
         self._queues = {w: [] if schedule else collections.deque() for w in WorkerType}
         self._wake = {w: threading.Condition(self._lock) for w in WorkerType}
         self._progress = threading.Condition(self._lock)  # the orchestrator waits on it
@@ -111,11 +113,17 @@ class ParallelExecutor:
                     self._start_locked()
 
     def _flush_locked(self) -> None:
-        for task in self._outbox:
-            worker = self._push_locked(task)
+        outbox, self._outbox = self._outbox, []  # taken first: none is pushed twice
+        for task in outbox:
+            try:
+                worker = self._push_locked(task)
+            except BaseException as error:  # a cost model's: the run fails with it, as from a worker
+                self._error = self._error or error
+                self._stopping = True
+                self._notify_all_locked()
+                raise
             if self._started:
                 self._notify_worker_locked(worker)
-        self._outbox.clear()
 
     @property
     def cross_waits(self) -> int | None:
@@ -131,6 +139,12 @@ class ParallelExecutor:
         if self._paths is None:
             return 0.0
         return mean_cost(task, lambda t: self._costs.cost(t, missing=self._missing_cost))
+
+    def _seconds(self, task: Task) -> float | None:
+        """What Heft weighs: a task's predicted seconds, the history's typical call where it has
+        no model, None without a history (not 1, the critical path's count of tasks)."""
+        known = self._costs.known(task)
+        return known if known is not None else self._typical
 
     def _register_locked(self, task: Task, cost: float, producers) -> None:
         if self._paths is not None:

@@ -41,9 +41,9 @@ class SimExecutor:
         self._lane = profile.lane("sim", tuple(WorkerType))
         self._schedule = schedule
         self._costs = costs or CostHistory()
-        self._heft = Heft(workers, self._costs.known)
         self._placement = Placement(schedule, workers, counting=True,
                                     window=scheduler.state.sizes.task_window)
+        self._heft = Heft(workers, self._costs.known, self._placement.ranges, active=True)
         self._idle = {w: list(range(n)) for w, n in workers.items()}  # free workers' indices, ascending
         self._scratch = scheduler.ready_scratch()
         self._paths = CriticalPaths()  # also where each unstarted task's cost waits
