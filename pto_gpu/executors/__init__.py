@@ -17,7 +17,9 @@ from ..scheduler import Task
 
 def run_kernel(backend, task: Task, lane: Lane) -> None:
     """Run one task's kernel on the backend and note its time in `lane`; a failure becomes
-    TaskError with the cause chained."""
+    TaskError with the cause chained. A task another rank runs completes here unrun."""
+    if not task.runs_here:
+        return
     started = time.perf_counter()
     try:
         backend.run(task)

@@ -1,0 +1,182 @@
+"""Moving a region's elements between ranks, and telling every rank when one has failed.
+
+`Transport` is what the transfer tasks (placement.py) call; `MpiTransport` implements it
+over mpi4py: host memory directly, GPU memory staged through the host. nccl.py sends GPU
+memory GPU to GPU and uses this class for everything else.
+
+Matching needs no tags: each rank runs its transfers one at a time in submission order
+(placement.py chains them), so the messages between two ranks are sent and received in the
+same order, and MPI does not let messages on one communicator and tag overtake each other.
+A send copies (packs) the elements and returns at once, so it never waits for its
+receiver; a receive waits, polling, and gives up with RankError when a rank has said it
+failed. Each run works on its own duplicate of the communicator, so a failed run's unmatched
+messages cannot reach a later run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import RankError
+
+DATA, NOTICE = 1, 2  # tags
+SPIN = 2000  # Test() calls before a wait starts sleeping between them: short messages need no sleep
+
+
+class PeerFailed(RankError):
+    """A wait gave up because a rank (this one or another) failed: the run's real error is that one."""
+
+
+class Transport(Protocol):
+    rank: int
+    size: int
+    bytes_sent: int  # this run's, as sent over the wire (packed)
+    bytes_received: int
+
+    def begin(self, name: str) -> None:
+        """A run of orchestration `name` starts (every rank calls it: a collective)."""
+
+    def send(self, view, mask: np.ndarray | None, dest: int) -> None:
+        """Send view[mask] (all of view when mask is None) to rank `dest`; returns at once."""
+
+    def recv(self, view, mask: np.ndarray | None, source: int) -> None:
+        """Receive view[mask] from rank `source`; PeerFailed if a rank fails meanwhile."""
+
+    def fail(self) -> None:
+        """This rank's run has failed: tell every other rank now, so none waits for it."""
+
+    def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
+        """The run ends (a collective): wait until this rank's sends are delivered, then
+        exchange failures; every rank's (rank, failure) that is not None."""
+
+
+def on_device(view) -> bool:
+    return hasattr(view, "__cuda_array_interface__")
+
+
+def pack(view, mask: np.ndarray | None) -> np.ndarray:
+    """A host copy of view[mask] as bytes, in the mask's (C) order."""
+    if on_device(view):
+        import cupy
+
+        chosen = view if mask is None else view[cupy.asarray(mask)]
+        host = cupy.ascontiguousarray(chosen).get()
+    else:
+        host = np.array(view, order="C") if mask is None else view[mask]  # both copy
+    return host.reshape(-1).view(np.uint8)
+
+
+def unpack(data: np.ndarray, view, mask: np.ndarray | None) -> None:
+    """Write bytes made by `pack` into view[mask]."""
+    values = data.view(view.dtype)
+    if on_device(view):
+        import cupy
+
+        values = cupy.asarray(values)
+        mask = None if mask is None else cupy.asarray(mask)
+    if mask is None:
+        view[...] = values.reshape(view.shape)
+    else:
+        view[mask] = values
+
+
+def packed_bytes(view, mask: np.ndarray | None) -> int:
+    count = view.size if mask is None else int(np.count_nonzero(mask))
+    return count * view.dtype.itemsize
+
+
+class MpiTransport:
+    """Transport over an mpi4py communicator; see the module docstring."""
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RankError("MPI was initialised without MPI_THREAD_MULTIPLE, which pto-gpu's worker threads "
+                            "need; let mpi4py initialise MPI (its default asks for it)")
+        self._MPI = MPI
+        self._base = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.bytes_sent = self.bytes_received = 0
+        self._comm = None
+        self._sends: list = []  # (request, packed bytes) not known to be delivered
+        self._notices: list = []  # requests of this rank's failure notices
+        self._notice = None  # the receive of another rank's failure notice
+        self._heard = np.zeros(1, np.int32)  # who failed, once _notice completes
+        self._notice_lock = threading.Lock()  # MPI forbids testing one request from two threads
+        self._failed = False
+
+    def begin(self, name: str) -> None:
+        self._comm = self._base.Dup()
+        names = self._comm.allgather(name)
+        self.bytes_sent = self.bytes_received = 0
+        self._sends, self._notices, self._failed = [], [], False
+        self._notice = self._comm.Irecv(self._heard, source=self._MPI.ANY_SOURCE, tag=NOTICE)
+        if len(set(names)) > 1:
+            raise RankError(f"the ranks run different orchestrations: {names} (by rank); every rank "
+                            "must run the same one")
+
+    def send(self, view, mask: np.ndarray | None, dest: int) -> None:
+        data = pack(view, mask)
+        self._sends.append((self._comm.Isend(data, dest=dest, tag=DATA), data))
+        self.bytes_sent += data.nbytes
+        if len(self._sends) > 64:  # let delivered sends' copies go
+            self._sends = [(r, d) for r, d in self._sends if not r.Test()]
+
+    def recv(self, view, mask: np.ndarray | None, source: int) -> None:
+        data = np.empty(packed_bytes(view, mask), np.uint8)
+        self.wait(self._comm.Irecv(data, source=source, tag=DATA), f"data from rank {source}")
+        unpack(data, view, mask)
+        self.bytes_received += data.nbytes
+
+    def wait(self, request, what: str) -> None:
+        """Wait for `request`, polling; PeerFailed once a rank, this one too, has failed."""
+        spins = 0
+        while not request.Test():
+            if self._failed or self._heard_failure():
+                request.Cancel()
+                request.Free()
+                who = "this rank" if self._failed else f"rank {int(self._heard[0])}"
+                raise PeerFailed(f"stopped waiting for {what}: {who} failed")
+            spins += 1
+            if spins > SPIN:
+                time.sleep(min(1e-3, 1e-6 * (spins - SPIN)))
+
+    def _heard_failure(self) -> bool:
+        with self._notice_lock:
+            return self._notice is not None and self._notice.Test()
+
+    def fail(self) -> None:
+        if self._failed or self._comm is None:
+            return
+        self._failed = True
+        me = np.array([self.rank], np.int32)
+        self._notices = [self._comm.Isend(me, dest=other, tag=NOTICE)
+                         for other in range(self.size) if other != self.rank]
+
+    def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
+        if failure is None:
+            try:
+                for request, _ in self._sends:
+                    self.wait(request, "a send to be delivered")
+            except PeerFailed as error:
+                failure = ("secondary", str(error))
+        failures = [(rank, f) for rank, f in enumerate(self._comm.allgather(failure)) if f is not None]
+        # Undelivered messages of a failed run stay behind in its communicator, never read.
+        for request in [r for r, _ in self._sends] + self._notices:
+            if not request.Test():
+                request.Free()
+        with self._notice_lock:
+            if not self._notice.Test():
+                self._notice.Cancel()
+                self._notice.Wait()
+            self._notice = None
+        self._sends, self._notices = [], []
+        self._comm.Free()
+        self._comm = None
+        return failures

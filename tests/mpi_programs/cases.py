@@ -1,0 +1,94 @@
+"""Run under mpiexec (tests/test_mpi.py): one distributed case, checked on rank 0 against one
+process's serial run. Prints "OK <case> <ranks>" on rank 0 when every check holds.
+
+    mpiexec -n 2 python -m tests.mpi_programs.cases matmul [executor]
+
+Checks: each output row block, from its owner, bitwise equal to the serial executor's; every
+rank's recorded graph equal to the serial run's; the ranks' executed tasks a partition of the
+graph; each rank's bytes sent and received equal to the count worked out from the case.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import pto_gpu as pto
+from pto_gpu.orchestration.flash_attention import flash_attention_heads
+from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.stencil import stencil
+
+
+def matmul(size: int):
+    n, tile = 256, 32
+    rng = np.random.default_rng(1)
+    arrays = (rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32),
+              np.zeros((n, n), np.float32))
+    # Each rank receives the B rows the others own, once, and sends its own to each other rank.
+    block = n // size * n * 4
+    expected = [((size - 1) * block, n * n * 4 - block)] * size
+    return tiled_matmul, arrays, (tile,), [2], expected
+
+
+def stencil_case(size: int):
+    n, steps = 4096, 5
+    arrays = (np.random.default_rng(2).standard_normal(n), np.zeros(n))
+    # Per step, one halo element each way across each boundary between ranks.
+    inner = [(rank > 0) + (rank < size - 1) for rank in range(size)]
+    expected = [(steps * 8 * k, steps * 8 * k) for k in inner]
+    return stencil, arrays, (steps, 512), [0], expected
+
+
+def flash(size: int):
+    heads, seq, dim = 4, 128, 32
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((heads, seq, dim), np.float32) for _ in range(3))
+    # Every head's tasks run where its rows are: nothing moves.
+    return flash_attention_heads, (q, k, v, np.zeros_like(q)), (64,), [3], [(0, 0)] * size
+
+
+CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash}
+
+
+def owners(rows: int, size: int) -> np.ndarray:
+    return pto.block_rows(size).row_owners(rows)
+
+
+def graph_of(result: pto.RunResult) -> tuple:
+    return ([(t.id, t.kernel.name) for t in result.graph.tasks], sorted(result.graph.edges))
+
+
+def main(case: str, executor: str) -> None:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    orchestration, arrays, extra, outputs, expected = CASES[case](size)
+    inputs = [a.copy() for a in arrays]
+    rt = pto.Runtime(backend="cpu", executor=executor, comm=comm,
+                     workers={pto.CUBE: 1, pto.VECTOR: 1, pto.AI_CPU: 1})
+    result = rt.run(orchestration, *inputs, *extra, record=True)
+    gathered = comm.gather(([inputs[i] for i in outputs], graph_of(result), result.ranks), root=0)
+    if rank != 0:
+        return
+    reference = [a.copy() for a in arrays]
+    serial = pto.Runtime(backend="cpu", executor="serial").run(orchestration, *reference, *extra, record=True)
+    for position, index in enumerate(outputs):
+        rows = owners(reference[index].shape[0], size)
+        for owner in range(size):
+            mine = rows == owner
+            got, want = gathered[owner][0][position][mine], reference[index][mine]
+            assert np.array_equal(got, want), f"output {index}, rows of rank {owner}: differs from serial"
+    want_graph = graph_of(serial)
+    for owner, (_, graph, _) in enumerate(gathered):
+        assert graph == want_graph, f"rank {owner}'s recorded graph differs from the serial run's"
+    runs = [ranks.tasks_run for _, _, ranks in gathered]
+    assert sorted(t for ran in runs for t in ran) == list(range(serial.num_tasks)), \
+        f"the ranks' executed tasks {[len(r) for r in runs]} are not a partition of {serial.num_tasks} tasks"
+    moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks in gathered]
+    assert moved == expected, f"bytes (sent, received) by rank {moved}, expected {expected}"
+    print(f"OK {case} {size}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "parallel")
