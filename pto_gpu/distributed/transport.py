@@ -10,7 +10,7 @@ same order, and MPI does not let messages on one communicator and tag overtake e
 A send copies (packs) the elements and returns at once, so it never waits for its
 receiver; a receive waits, polling, and gives up with RankError when a rank has said it
 failed. Each run works on its own duplicate of the communicator, so a failed run's unmatched
-messages cannot reach a later run.
+messages cannot reach a later run (a failed run's duplicate is kept, never freed, for that).
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ class MpiTransport:
         self._heard = np.zeros(1, np.int32)  # who failed, once _notice completes
         self._notice_lock = threading.Lock()  # MPI forbids testing one request from two threads
         self._failed = False
+        self._abandoned: list = []  # communicators of failed runs, never freed
 
     def begin(self, name: str) -> None:
         self._comm = self._base.Dup()
@@ -167,7 +168,6 @@ class MpiTransport:
             except PeerFailed as error:
                 failure = ("secondary", str(error))
         failures = [(rank, f) for rank, f in enumerate(self._comm.allgather(failure)) if f is not None]
-        # Undelivered messages of a failed run stay behind in its communicator, never read.
         for request in [r for r, _ in self._sends] + self._notices:
             if not request.Test():
                 request.Free()
@@ -177,6 +177,11 @@ class MpiTransport:
                 self._notice.Wait()
             self._notice = None
         self._sends, self._notices = [], []
-        self._comm.Free()
+        if failures:
+            # Its unmatched messages stay in it; freed, its context id could be reused by a
+            # later run's communicator, and they would reach that run.
+            self._abandoned.append(self._comm)
+        else:
+            self._comm.Free()
         self._comm = None
         return failures

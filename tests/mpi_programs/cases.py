@@ -1,7 +1,7 @@
 """Run under mpiexec (tests/test_mpi.py): one distributed case, checked on rank 0 against one
 process's serial run. Prints "OK <case> <ranks>" on rank 0 when every check holds.
 
-    mpiexec -n 2 python -m tests.mpi_programs.cases matmul [executor]
+    mpiexec -n 2 python -m tests.mpi_programs.cases parallel matmul stencil flash
 
 Checks: each output row block, from its owner, bitwise equal to the serial executor's; every
 rank's recorded graph equal to the serial run's; the ranks' executed tasks a partition of the
@@ -14,11 +14,11 @@ import sys
 
 import numpy as np
 from mpi4py import MPI
-
-import pto_gpu as pto
 from pto_gpu.orchestration.flash_attention import flash_attention_heads
 from pto_gpu.orchestration.matmul import tiled_matmul
 from pto_gpu.orchestration.stencil import stencil
+
+import pto_gpu as pto
 
 
 def matmul(size: int):
@@ -91,4 +91,5 @@ def main(case: str, executor: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "parallel")
+    for name in sys.argv[2:]:
+        main(name, sys.argv[1])
