@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .transport import SPIN, MpiTransport, PeerFailed, packed_bytes
+from .transport import MpiTransport, PeerFailed, packed_bytes
 
 
 def use_local_gpu(comm) -> int:
@@ -73,12 +73,12 @@ class NcclTransport(MpiTransport):
         return cupy.ascontiguousarray(chosen).reshape(-1).view(cupy.uint8)
 
     def _finish(self, stream, what: str) -> None:
-        """Wait for the stream, polling for failures as MpiTransport.wait does."""
-        spins = 0
+        """Wait for the stream, polling it and the failure notice (MpiTransport's)."""
+        pause = 1e-6
         while not stream.done:
-            if self._failed or self._heard_failure():
+            if self._someone_failed or self._notice.Test():
+                self._someone_failed = True
                 self._communicator.abort()
                 raise PeerFailed(f"stopped waiting for {what}: a rank failed")
-            spins += 1
-            if spins > SPIN:
-                time.sleep(min(1e-3, 1e-6 * (spins - SPIN)))
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-4)

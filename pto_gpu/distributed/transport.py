@@ -7,16 +7,15 @@ memory GPU to GPU and uses this class for everything else.
 Matching needs no tags: each rank runs its transfers one at a time in submission order
 (placement.py chains them), so the messages between two ranks are sent and received in the
 same order, and MPI does not let messages on one communicator and tag overtake each other.
-A send copies (packs) the elements and returns at once, so it never waits for its
-receiver; a receive waits, polling, and gives up with RankError when a rank has said it
-failed. Each run works on its own duplicate of the communicator, so a failed run's unmatched
-messages cannot reach a later run (a failed run's duplicate is kept, never freed, for that).
+A send packs the elements and waits until its receiver has taken them, a receive until they
+have come; either gives up (PeerFailed) when a rank, this one included, has said it failed.
+Waiting inside MPI releases the GIL, so the rank's other threads go on. Each run works on its
+own duplicate of the communicator, so a failed run's unmatched messages cannot reach a later
+run (a failed run's duplicate is kept, never freed, for that).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Protocol
 
 import numpy as np
@@ -24,7 +23,6 @@ import numpy as np
 from ..errors import RankError
 
 DATA, NOTICE = 1, 2  # tags
-SPIN = 2000  # Test() calls before a wait starts sleeping between them: short messages need no sleep
 
 
 class PeerFailed(RankError):
@@ -41,7 +39,8 @@ class Transport(Protocol):
         """A run of orchestration `name` starts (every rank calls it: a collective)."""
 
     def send(self, view, mask: np.ndarray | None, dest: int) -> None:
-        """Send view[mask] (all of view when mask is None) to rank `dest`; returns at once."""
+        """Send view[mask] (all of view when mask is None) to rank `dest`; PeerFailed if a rank
+        fails meanwhile."""
 
     def recv(self, view, mask: np.ndarray | None, source: int) -> None:
         """Receive view[mask] from rank `source`; PeerFailed if a rank fails meanwhile."""
@@ -50,8 +49,8 @@ class Transport(Protocol):
         """This rank's run has failed: tell every other rank now, so none waits for it."""
 
     def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
-        """The run ends (a collective): wait until this rank's sends are delivered, then
-        exchange failures; every rank's (rank, failure) that is not None."""
+        """The run ends (a collective): exchange failures; every rank's (rank, failure) that is
+        not None."""
 
 
 def on_device(view) -> bool:
@@ -104,19 +103,17 @@ class MpiTransport:
         self.size = comm.Get_size()
         self.bytes_sent = self.bytes_received = 0
         self._comm = None
-        self._sends: list = []  # (request, packed bytes) not known to be delivered
-        self._notices: list = []  # requests of this rank's failure notices
-        self._notice = None  # the receive of another rank's failure notice
+        self._notice = None  # the receive of a failure notice, any rank's (this one's too)
         self._heard = np.zeros(1, np.int32)  # who failed, once _notice completes
-        self._notice_lock = threading.Lock()  # MPI forbids testing one request from two threads
-        self._failed = False
+        self._someone_failed = False  # _notice has completed
+        self._notices: list = []  # requests of this rank's failure notices
         self._abandoned: list = []  # communicators of failed runs, never freed
 
     def begin(self, name: str) -> None:
         self._comm = self._base.Dup()
         names = self._comm.allgather(name)
         self.bytes_sent = self.bytes_received = 0
-        self._sends, self._notices, self._failed = [], [], False
+        self._notices, self._someone_failed = [], False
         self._notice = self._comm.Irecv(self._heard, source=self._MPI.ANY_SOURCE, tag=NOTICE)
         if len(set(names)) > 1:
             raise RankError(f"the ranks run different orchestrations: {names} (by rank); every rank "
@@ -124,10 +121,8 @@ class MpiTransport:
 
     def send(self, view, mask: np.ndarray | None, dest: int) -> None:
         data = pack(view, mask)
-        self._sends.append((self._comm.Isend(data, dest=dest, tag=DATA), data))
+        self.wait(self._comm.Isend(data, dest=dest, tag=DATA), f"rank {dest} to take a send")
         self.bytes_sent += data.nbytes
-        if len(self._sends) > 64:  # let delivered sends' copies go
-            self._sends = [(r, d) for r, d in self._sends if not r.Test()]
 
     def recv(self, view, mask: np.ndarray | None, source: int) -> None:
         data = np.empty(packed_bytes(view, mask), np.uint8)
@@ -136,47 +131,32 @@ class MpiTransport:
         self.bytes_received += data.nbytes
 
     def wait(self, request, what: str) -> None:
-        """Wait for `request`, polling; PeerFailed once a rank, this one too, has failed."""
-        spins = 0
-        while not request.Test():
-            if self._failed or self._heard_failure():
-                request.Cancel()
-                request.Free()
-                who = "this rank" if self._failed else f"rank {int(self._heard[0])}"
-                raise PeerFailed(f"stopped waiting for {what}: {who} failed")
-            spins += 1
-            if spins > SPIN:
-                time.sleep(min(1e-3, 1e-6 * (spins - SPIN)))
-
-    def _heard_failure(self) -> bool:
-        with self._notice_lock:
-            return self._notice is not None and self._notice.Test()
+        """Wait for `request` (in MPI, without the GIL) or a failure notice, whichever comes
+        first; PeerFailed on a notice. Transfers are chained, so one thread waits at a time."""
+        if not self._someone_failed and self._MPI.Request.Waitany([request, self._notice]) == 0:
+            return
+        self._someone_failed = True
+        request.Cancel()
+        request.Free()
+        who = "this rank" if int(self._heard[0]) == self.rank else f"rank {int(self._heard[0])}"
+        raise PeerFailed(f"stopped waiting for {what}: {who} failed")
 
     def fail(self) -> None:
-        if self._failed or self._comm is None:
+        if self._notices or self._comm is None:
             return
-        self._failed = True
+        # To itself too: a wait of its own, on a worker thread, stops on that notice.
         me = np.array([self.rank], np.int32)
-        self._notices = [self._comm.Isend(me, dest=other, tag=NOTICE)
-                         for other in range(self.size) if other != self.rank]
+        self._notices = [self._comm.Isend(me, dest=other, tag=NOTICE) for other in range(self.size)]
 
     def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
-        if failure is None:
-            try:
-                for request, _ in self._sends:
-                    self.wait(request, "a send to be delivered")
-            except PeerFailed as error:
-                failure = ("secondary", str(error))
         failures = [(rank, f) for rank, f in enumerate(self._comm.allgather(failure)) if f is not None]
-        for request in [r for r, _ in self._sends] + self._notices:
+        for request in self._notices:
             if not request.Test():
                 request.Free()
-        with self._notice_lock:
-            if not self._notice.Test():
-                self._notice.Cancel()
-                self._notice.Wait()
-            self._notice = None
-        self._sends, self._notices = [], []
+        if not self._someone_failed and not self._notice.Test():
+            self._notice.Cancel()
+            self._notice.Wait()
+        self._notice, self._notices = None, []
         if failures:
             # Its unmatched messages stay in it; freed, its context id could be reused by a
             # later run's communicator, and they would reach that run.
