@@ -86,6 +86,9 @@ class Runtime:
         self.placement = None if comm is None else Placement(_make_transport(comm, transport, self.backend))
         self.executor = executor
         self.workers = self._workers(self.executor)
+        if comm is not None and self.executor == "parallel" and self.workers[WorkerType.ACCELERATOR] < 2:
+            raise PTOError(f"workers={workers}: a distributed run needs at least 2 ACCELERATOR workers, one "
+                           "free for sends while another waits for a receive (docs/ARCHITECTURE.md)")
         self._scheduler = Scheduler(CoreState.allocate(self.sizes))
         # Validation mode checks every scheduler invariant after every transition (slow).
         self._scheduler.validate = (os.environ.get("PTO_VALIDATE", "") not in ("", "0")
@@ -243,7 +246,10 @@ class Runtime:
         return result, executor
 
     def _workers(self, executor: str) -> dict[WorkerType, int]:
-        return {**default_workers(executor), **self._workers_given}
+        defaults = default_workers(executor)
+        if self.placement is not None:
+            defaults[WorkerType.ACCELERATOR] = 2
+        return {**defaults, **self._workers_given}
 
     def _make_executor(self, threshold, profile, capture, schedule):
         if capture or self.executor == "stream":

@@ -36,13 +36,14 @@ def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_cases_match_the_serial_executor(ranks):
-    out = mpiexec(ranks, "cases", "parallel", "matmul", "stencil", "flash")
-    for case in ("matmul", "stencil", "flash"):
+    out = mpiexec(ranks, "cases", "parallel", "matmul", "stencil", "flash", "spread")
+    for case in ("matmul", "stencil", "flash", "spread"):
         assert f"OK {case} {ranks}" in out
 
 
 def test_serial_executor_on_each_rank():
-    assert "OK matmul 2" in mpiexec(2, "cases", "serial", "matmul")
+    out = mpiexec(2, "cases", "serial", "matmul", "spread")
+    assert "OK matmul 2" in out and "OK spread 2" in out
 
 
 @pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "orchestration")])

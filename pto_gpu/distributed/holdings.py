@@ -44,15 +44,36 @@ def element_view(array: np.ndarray, tensor: TensorDescriptor, itemsize: int) -> 
 
 class Holdings:
     """See the module docstring. `owners` gives every element's owner, flat over the buffer,
-    whose elements are of `dtype`."""
+    whose elements are of `dtype` (an int for one owner of every element: the tables are then
+    made only when a region smaller than the buffer first makes the elements differ, which a
+    tile-sized accumulator never does)."""
 
-    def __init__(self, owners: np.ndarray, dtype: DataType, size: int):
+    def __init__(self, owners: np.ndarray | int, count: int, dtype: DataType, size: int):
+        """`owners`: int8, one per element, or one int for all."""
         self.dtype = dtype
         self.itemsize = dtype.itemsize
-        self.owner = owners.astype(np.int16)
-        self.writer = self.owner.copy()
-        self.valid = np.left_shift(np.int64(1), owners.astype(np.int64)).astype(valid_dtype(size))
+        self.count = count  # elements of the buffer
+        self._valid_type = valid_dtype(size)
         self._full: dict[bytes, int] = {}  # region layout -> AND of its elements' valid bits
+        # Uniform: (owner, writer, valid bits) shared by every element, until _tables() splits it.
+        self._uniform: tuple[int, int, int] | None = None
+        if isinstance(owners, int):
+            self._uniform = (owners, owners, 1 << owners)
+            self.owner = self.writer = self.valid = None
+        else:
+            self.owner = owners
+            self.writer = owners.copy()
+            self.valid = np.left_shift(self._valid_type(1), owners.astype(self._valid_type, copy=False))
+
+    def _tables(self) -> None:
+        owner, writer, valid = self._uniform
+        self.owner = np.full(self.count, owner, np.int8)
+        self.writer = np.full(self.count, writer, np.int8)
+        self.valid = np.full(self.count, valid, self._valid_type)
+        self._uniform = None
+
+    def _whole(self, tensor: TensorDescriptor) -> bool:
+        return tensor.byte_offset == 0 and tensor.size == self.count and tensor.is_contiguous()
 
     def view(self, array: np.ndarray, tensor: TensorDescriptor) -> np.ndarray:
         """`array` (one of the per-element tables) seen through `tensor`'s layout."""
@@ -60,13 +81,29 @@ class Holdings:
 
     def owner_of(self, tensor: TensorDescriptor) -> int:
         """The owner of the region's first element."""
+        if self._uniform is not None:
+            return self._uniform[0]
         return int(self.owner[tensor.byte_offset // self.itemsize])
+
+    def owners_of(self, tensor: TensorDescriptor) -> np.ndarray:
+        """The owners of the region's elements."""
+        if self._uniform is not None:
+            return np.full(tensor.shape, self._uniform[0], np.int8)
+        return self.view(self.owner, tensor)
 
     def fetch(self, tensor: TensorDescriptor, rank: int) -> list[tuple[int, np.ndarray | None]]:
         """What `rank` must receive to read `tensor`: (source rank, mask over the tensor's
         elements, None for all of them) per source; from now on `rank` holds them."""
         if tensor.size == 0:
             return []
+        if self._uniform is not None:
+            owner, writer, valid = self._uniform
+            if valid >> rank & 1:
+                return []
+            if self._whole(tensor):
+                self._uniform = (owner, writer, valid | 1 << rank)
+                return [(writer, None)]
+            self._tables()
         key = tensor.layout.tobytes()
         full = self._full.get(key)
         if full is not None and full >> rank & 1:
@@ -78,10 +115,13 @@ class Holdings:
             self._full[key] = int(np.bitwise_and.reduce(valid, axis=None))
             return []
         writers = self.view(self.writer, tensor)
-        needed = []
-        for source in np.unique(writers[missing]):
-            mask = missing & (writers == source)
-            needed.append((int(source), None if mask.all() else mask))
+        if missing.all() and (writers == writers.flat[0]).all():  # the common case: one tile, one writer
+            needed = [(int(writers.flat[0]), None)]
+        else:
+            needed = []
+            for source in np.flatnonzero(np.bincount(writers[missing].astype(np.intp))):
+                mask = missing & (writers == source)
+                needed.append((int(source), None if mask.all() else mask))
         valid[missing] |= bit
         # Other regions' remembered ANDs can only have gained `bit` from this: a stale entry
         # costs a recount, never a wrong answer.
@@ -92,14 +132,22 @@ class Holdings:
         """`rank` wrote the region: it alone holds the newest version."""
         if tensor.size == 0:
             return
+        if self._uniform is not None:
+            if self._whole(tensor):
+                self._uniform = (self._uniform[0], rank, 1 << rank)
+                return
+            self._tables()
         self.view(self.writer, tensor)[...] = rank
-        valid = self.view(self.valid, tensor)
-        valid[...] = 1 << rank
+        self.view(self.valid, tensor)[...] = 1 << rank
         self._full.clear()
         self._full[tensor.layout.tobytes()] = 1 << rank
 
-    def stale_at_owner(self) -> list[tuple[int, int, np.ndarray]]:
-        """(writer, owner, flat mask) for the elements whose owner lacks their newest version."""
+    def stale_at_owner(self) -> list[tuple[int, int, np.ndarray | None]]:
+        """(writer, owner, flat mask, None for all) for the elements whose owner lacks their
+        newest version."""
+        if self._uniform is not None:
+            owner, writer, valid = self._uniform
+            return [] if valid >> owner & 1 else [(writer, owner, None)]
         stale = (self.valid >> self.owner.astype(self.valid.dtype)) & 1 == 0
         if not stale.any():
             return []

@@ -1,11 +1,12 @@
 """GPU-to-GPU transfers over NCCL (cupy.cuda.nccl), one GPU per rank.
 
-NOT YET RUN: it needs two GPUs, which no machine this was written on had. The protocol it
-follows is the one MpiTransport's tests check (matching by submission order, every rank's
-transfers chained); MPI still carries everything but the data: the NCCL id at the start,
-failure notices, and the end-of-run exchange. A send is packed on the GPU and enqueued on the
-worker thread's stream; NCCL's send completes only when the peer receives, which the chained
-submission order makes safe (docs/ARCHITECTURE.md, "Several ranks"). A wait that learns of a
+NOT YET RUN: it needs two GPUs, which no machine this was written on had. MPI still carries
+everything but the data: the NCCL id at the start, failure notices, and the end-of-run
+exchange. NCCL has no tags: a pair's messages match in the order they are issued, so unlike
+MPI's sends, NCCL's must go in their sequence order; and an NCCL send completes only when
+its peer receives. So this transport needs sends chained like receives (the `chained_sends`
+flag placement.py reads), which keeps the protocol deadlock-free by the argument for
+fully ordered transfers (docs/ARCHITECTURE.md, "Several ranks"). A wait that learns of a
 failure aborts the NCCL communicator, the only way to stop an NCCL operation in flight.
 """
 
@@ -34,6 +35,8 @@ def use_local_gpu(comm) -> int:
 class NcclTransport(MpiTransport):
     """Transport whose data moves GPU to GPU; see the module docstring."""
 
+    chained_sends = True
+
     def __init__(self, comm):
         super().__init__(comm)
         from cupy.cuda import nccl
@@ -42,7 +45,7 @@ class NcclTransport(MpiTransport):
         uid = comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
         self._communicator = nccl.NcclCommunicator(self.size, uid, self.rank)
 
-    def send(self, view, mask: np.ndarray | None, dest: int) -> None:
+    def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         import cupy
 
         data = self._packed(view, mask)
@@ -51,7 +54,7 @@ class NcclTransport(MpiTransport):
         self._finish(stream, f"a send to rank {dest}")
         self.bytes_sent += data.nbytes
 
-    def recv(self, view, mask: np.ndarray | None, source: int) -> None:
+    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
         import cupy
 
         data = cupy.empty(packed_bytes(view, mask), cupy.uint8)

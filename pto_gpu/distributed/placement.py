@@ -9,10 +9,13 @@ and submit, in the same order, so every rank makes the same decisions:
   ranks submit neither;
 - on every other rank the task is submitted too, with `runs_here` False: it completes
   without running, so the graph, and every rank's view of what depends on what, stays whole.
-Each rank's transfers are chained in submission order through an inout of one small tensor,
-the lane: that order is what makes sends and receives match and the protocol deadlock-free
-(docs/ARCHITECTURE.md, "Several ranks"). When the orchestration returns, elements of external
-arrays whose owner lacks their newest version are sent to it (`write_back`).
+A send copies the elements out and returns; it runs as soon as what it reads is written. A
+receive waits for its message; each rank's receives are chained in submission order through
+an inout of one small tensor, the lane, and the executor keeps a second ACCELERATOR worker
+for sends, which is what makes the protocol deadlock-free (docs/ARCHITECTURE.md, "Several
+ranks"). Messages are matched by their place in the sequence of transfers between their two
+ranks, which both count alike. When the orchestration returns, elements of external arrays
+whose owner lacks their newest version are sent to it (`write_back`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .transport import Transport
 class Transfer:
     mask: np.ndarray | None  # the elements of the region that move (None: all)
     peer: int  # the rank sent to, or received from
+    sequence: int  # its place among the transfers from its sender to its receiver
 
 
 class Placement:
@@ -67,6 +71,7 @@ class Placement:
         self._holdings: dict[int, Holdings] = {}  # by buffer key
         self._externals: list[Buffer] = []
         self._transfers: list[Transfer | None] = []  # by the index a transfer task carries
+        self._sequence: dict[tuple[int, int], int] = {}  # (sender, receiver) -> transfers so far
         self._default_owner = [0]
         self._next_label = 0
         self.tasks_run: list[int] = []
@@ -107,12 +112,17 @@ class Placement:
         return self._holding(tensor).owner_of(tensor)
 
     def _track(self, tensor: TensorDescriptor, owner: Owner | None) -> Holdings:
-        rows = self._rows(tensor, owner)
-        itemsize = tensor.dtype.itemsize
-        owners = np.full(tensor.buffer.nbytes // itemsize, rows[0] if len(rows) else 0, np.int64)
-        if tensor.size:
-            element_view(owners, tensor, itemsize)[...] = rows.reshape((-1,) + (1,) * (tensor.ndim - 1))
-        return Holdings(owners, tensor.dtype, self.size)
+        rows = self._rows(tensor, owner).astype(np.int8)
+        count = tensor.buffer.nbytes // tensor.dtype.itemsize
+        if len(rows) == 0 or (rows == rows[0]).all():
+            return Holdings(int(rows[0]) if len(rows) else 0, count, tensor.dtype, self.size)
+        if tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous():
+            owners = np.repeat(rows, count // len(rows))  # the usual whole array: one pass
+        else:
+            owners = np.full(count, rows[0], np.int8)
+            by_row = rows.reshape((-1,) + (1,) * (tensor.ndim - 1))
+            element_view(owners, tensor, tensor.dtype.itemsize)[...] = by_row
+        return Holdings(owners, count, tensor.dtype, self.size)
 
     def _rows(self, tensor: TensorDescriptor, owner: Owner | None) -> np.ndarray:
         what = f"{tensor!r}"
@@ -120,8 +130,7 @@ class Placement:
                           tensor.shape[0] if tensor.ndim else 1, self.size, what)
 
     def _owners_of(self, tensor: TensorDescriptor) -> np.ndarray:
-        holdings = self._holding(tensor)
-        view = holdings.view(holdings.owner, tensor)
+        view = self._holding(tensor).owners_of(tensor)
         return view[(slice(None),) + (0,) * (tensor.ndim - 1)] if tensor.ndim else view.reshape(1)
 
     def _holding(self, tensor: TensorDescriptor) -> Holdings:
@@ -157,7 +166,7 @@ class Placement:
         transfers = []
         for buffer in self._externals:
             holdings = self._holdings[buffer.key]
-            whole = TensorDescriptor(buffer, buffer.base, 0, (1,), (len(holdings.owner),), holdings.dtype)
+            whole = TensorDescriptor(buffer, buffer.base, 0, (1,), (holdings.count,), holdings.dtype)
             for writer, owner, mask in holdings.stale_at_owner():
                 transfers += self._transfer(whole, mask, writer, owner)
         return transfers
@@ -166,18 +175,26 @@ class Placement:
                   dest: int) -> list[Task]:
         if self.rank not in (source, dest):
             return []
+        sequence = self._sequence.get((source, dest), 0)
+        self._sequence[source, dest] = sequence + 1
         sending = self.rank == source
-        self._transfers.append(Transfer(mask, dest if sending else source))
-        region = input(tensor) if sending else output(tensor)
-        params = (region, inout(self.lane), scalar(len(self._transfers) - 1))
+        self._transfers.append(Transfer(mask, dest if sending else source, sequence))
+        index = scalar(len(self._transfers) - 1)
+        # Receives are chained (in submission order), sends are not unless the transport says
+        # so: see the module docstring.
+        if sending and not self.transport.chained_sends:
+            params = (input(tensor), index)
+        else:
+            params = ((input if sending else output)(tensor), inout(self.lane), index)
         return [Task(-1, self.send_kernel if sending else self.recv_kernel, WorkerType.ACCELERATOR, params,
                      label=-1)]
 
     # --- the transfer kernels (run by the executor's ACCELERATOR worker) ------------------
-    def _send(self, region, lane, index: int) -> None:
+    def _send(self, region, *lane_and_index) -> None:
+        index = lane_and_index[-1]
         transfer, self._transfers[index] = self._transfers[index], None
-        self.transport.send(region, transfer.mask, transfer.peer)
+        self.transport.send(region, transfer.mask, transfer.peer, transfer.sequence)
 
     def _recv(self, region, lane, index: int) -> None:
         transfer, self._transfers[index] = self._transfers[index], None
-        self.transport.recv(region, transfer.mask, transfer.peer)
+        self.transport.recv(region, transfer.mask, transfer.peer, transfer.sequence)

@@ -4,25 +4,29 @@
 over mpi4py: host memory directly, GPU memory staged through the host. nccl.py sends GPU
 memory GPU to GPU and uses this class for everything else.
 
-Matching needs no tags: each rank runs its transfers one at a time in submission order
-(placement.py chains them), so the messages between two ranks are sent and received in the
-same order, and MPI does not let messages on one communicator and tag overtake each other.
-A send packs the elements and waits until its receiver has taken them, a receive until they
-have come; either gives up (PeerFailed) when a rank, this one included, has said it failed.
-Waiting inside MPI releases the GIL, so the rank's other threads go on. Each run works on its
+A message's tag is its place in the sequence of transfers between its two ranks (placement.py
+counts them at submission, on both ranks alike), so sends may go in any order.
+A send packs (copies) the elements and returns, so it never waits for its receiver; MPI
+moves the copy while this rank waits for anything (a receive, the end of the run). A receive
+waits until the elements have come, and gives up (PeerFailed) when a rank, this one
+included, has said it failed.
+Each run works on its
 own duplicate of the communicator, so a failed run's unmatched messages cannot reach a later
 run (a failed run's duplicate is kept, never freed, for that).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import numpy as np
 
 from ..errors import RankError
 
-DATA, NOTICE = 1, 2  # tags
+NOTICE, FIRST_DATA = 1, 2  # tags: a failure notice; data tags count from FIRST_DATA
+SPIN = 200e-6  # seconds a wait polls without sleeping
+MAX_PAUSE = 1e-3  # the longest sleep between polls: how late a wait may notice its message
 
 
 class PeerFailed(RankError):
@@ -32,25 +36,26 @@ class PeerFailed(RankError):
 class Transport(Protocol):
     rank: int
     size: int
+    chained_sends: bool  # whether its sends must go in their sequence order (placement chains them)
     bytes_sent: int  # this run's, as sent over the wire (packed)
     bytes_received: int
 
     def begin(self, name: str) -> None:
         """A run of orchestration `name` starts (every rank calls it: a collective)."""
 
-    def send(self, view, mask: np.ndarray | None, dest: int) -> None:
-        """Send view[mask] (all of view when mask is None) to rank `dest`; PeerFailed if a rank
-        fails meanwhile."""
+    def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
+        """Send view[mask] (all of view when mask is None) to rank `dest`, the `sequence`th
+        transfer from this rank to it; returns at once."""
 
-    def recv(self, view, mask: np.ndarray | None, source: int) -> None:
+    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
         """Receive view[mask] from rank `source`; PeerFailed if a rank fails meanwhile."""
 
     def fail(self) -> None:
         """This rank's run has failed: tell every other rank now, so none waits for it."""
 
     def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
-        """The run ends (a collective): exchange failures; every rank's (rank, failure) that is
-        not None."""
+        """The run ends (a collective): wait until this rank's sends are delivered, then
+        exchange failures; every rank's (rank, failure) that is not None."""
 
 
 def on_device(view) -> bool:
@@ -91,6 +96,8 @@ def packed_bytes(view, mask: np.ndarray | None) -> int:
 class MpiTransport:
     """Transport over an mpi4py communicator; see the module docstring."""
 
+    chained_sends = False
+
     def __init__(self, comm):
         from mpi4py import MPI
 
@@ -101,40 +108,60 @@ class MpiTransport:
         self._base = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        self._tag_bound = comm.Get_attr(MPI.TAG_UB)
         self.bytes_sent = self.bytes_received = 0
         self._comm = None
         self._notice = None  # the receive of a failure notice, any rank's (this one's too)
         self._heard = np.zeros(1, np.int32)  # who failed, once _notice completes
         self._someone_failed = False  # _notice has completed
         self._notices: list = []  # requests of this rank's failure notices
+        self._sends: list = []  # (request, packed copy) of sends not known to be delivered
         self._abandoned: list = []  # communicators of failed runs, never freed
 
     def begin(self, name: str) -> None:
         self._comm = self._base.Dup()
         names = self._comm.allgather(name)
         self.bytes_sent = self.bytes_received = 0
-        self._notices, self._someone_failed = [], False
+        self._notices, self._sends, self._someone_failed = [], [], False
         self._notice = self._comm.Irecv(self._heard, source=self._MPI.ANY_SOURCE, tag=NOTICE)
         if len(set(names)) > 1:
             raise RankError(f"the ranks run different orchestrations: {names} (by rank); every rank "
                             "must run the same one")
 
-    def send(self, view, mask: np.ndarray | None, dest: int) -> None:
+    def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         data = pack(view, mask)
-        self.wait(self._comm.Isend(data, dest=dest, tag=DATA), f"rank {dest} to take a send")
+        self._sends.append((self._comm.Isend(data, dest=dest, tag=self._tag(sequence)), data))
         self.bytes_sent += data.nbytes
+        if len(self._sends) > 64:  # let delivered sends' copies go
+            self._sends = [(r, d) for r, d in self._sends if not r.Test()]
 
-    def recv(self, view, mask: np.ndarray | None, source: int) -> None:
+    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
         data = np.empty(packed_bytes(view, mask), np.uint8)
-        self.wait(self._comm.Irecv(data, source=source, tag=DATA), f"data from rank {source}")
+        self.wait(self._comm.Irecv(data, source=source, tag=self._tag(sequence)), f"data from rank {source}")
         unpack(data, view, mask)
         self.bytes_received += data.nbytes
 
+    def _tag(self, sequence: int) -> int:
+        # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that
+        # many transfers apart could be confused, and receives are chained in order.
+        return FIRST_DATA + sequence % (self._tag_bound - FIRST_DATA)
+
     def wait(self, request, what: str) -> None:
-        """Wait for `request` (in MPI, without the GIL) or a failure notice, whichever comes
-        first; PeerFailed on a notice. Transfers are chained, so one thread waits at a time."""
-        if not self._someone_failed and self._MPI.Request.Waitany([request, self._notice]) == 0:
-            return
+        """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a
+        notice. Receives are chained, and sends never wait, so one thread waits at a time (the
+end of the run's wait for the sends comes after every task's). It polls: MPI's own wait
+        spins on a core, which the rank's workers (and other ranks) need; so it spins for
+        SPIN seconds, which short messages from a ready peer take, then sleeps between polls."""
+        requests, started, pause = [request, self._notice], time.perf_counter(), 0.0
+        while not self._someone_failed:
+            index, done = self._MPI.Request.Testany(requests)
+            if done:
+                if index == 0:
+                    return
+                break
+            if pause or time.perf_counter() - started > SPIN:
+                pause = min(max(2 * pause, 1e-5), MAX_PAUSE)
+            time.sleep(pause)  # lets the rank's other threads have the GIL, even at 0
         self._someone_failed = True
         request.Cancel()
         request.Free()
@@ -149,14 +176,20 @@ class MpiTransport:
         self._notices = [self._comm.Isend(me, dest=other, tag=NOTICE) for other in range(self.size)]
 
     def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
+        if failure is None:
+            try:
+                for request, _ in self._sends:
+                    self.wait(request, "a send to be delivered")
+            except PeerFailed as error:
+                failure = ("secondary", str(error))
         failures = [(rank, f) for rank, f in enumerate(self._comm.allgather(failure)) if f is not None]
-        for request in self._notices:
+        for request in [r for r, _ in self._sends] + self._notices:
             if not request.Test():
                 request.Free()
         if not self._someone_failed and not self._notice.Test():
             self._notice.Cancel()
             self._notice.Wait()
-        self._notice, self._notices = None, []
+        self._notice, self._notices, self._sends = None, [], []
         if failures:
             # Its unmatched messages stay in it; freed, its context id could be reused by a
             # later run's communicator, and they would reach that run.
