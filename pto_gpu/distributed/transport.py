@@ -26,7 +26,7 @@ from ..errors import RankError
 
 NOTICE, FIRST_DATA = 1, 2  # tags: a failure notice; data tags count from FIRST_DATA
 SPIN = 200e-6  # seconds a wait polls without sleeping
-MAX_PAUSE = 1e-3  # the longest sleep between polls: how late a wait may notice its message
+MAX_PAUSE = 1e-4  # the longest sleep between polls: how late a wait may notice its message
 
 
 class PeerFailed(RankError):
