@@ -73,7 +73,12 @@ class Runtime:
         self._workers_given = {WorkerType(k): v for k, v in (workers or {}).items()}
         if any(n < 1 for n in self._workers_given.values()):
             raise PTOError(f"workers={workers}: every worker class needs at least one worker")
-        if comm is not None and backend != "cpu" and cuda_unavailable() is None:
+        self._distributed = comm is not None
+        accelerators = self._workers("parallel")[WorkerType.ACCELERATOR]
+        if self._distributed and executor != "serial" and accelerators < 2:
+            raise PTOError(f"workers={workers}: a distributed run needs at least 2 ACCELERATOR workers, one "
+                           "free for sends while another waits for a receive (docs/ARCHITECTURE.md)")
+        if self._distributed and backend != "cpu" and cuda_unavailable() is None:
             from .distributed.nccl import use_local_gpu
 
             use_local_gpu(comm)  # before the heap is allocated on the current device
@@ -81,14 +86,11 @@ class Runtime:
         # On a GPU, issue-ahead onto streams; on the CPU, a thread pool. A distributed run's
         # transfers need its worker threads.
         if executor == "auto":
-            executor = "stream" if self.backend.name == "cuda" and comm is None else "parallel"
-        # A distributed run (comm=, an mpi4py communicator): see pto_gpu/distributed.
-        self.placement = None if comm is None else Placement(_make_transport(comm, transport, self.backend))
+            executor = "stream" if self.backend.name == "cuda" and not self._distributed else "parallel"
         self.executor = executor
         self.workers = self._workers(self.executor)
-        if comm is not None and self.executor == "parallel" and self.workers[WorkerType.ACCELERATOR] < 2:
-            raise PTOError(f"workers={workers}: a distributed run needs at least 2 ACCELERATOR workers, one "
-                           "free for sends while another waits for a receive (docs/ARCHITECTURE.md)")
+        # A distributed run (comm=, an mpi4py communicator): see pto_gpu/distributed.
+        self.placement = None if comm is None else Placement(_make_transport(comm, transport, self.backend))
         self._scheduler = Scheduler(CoreState.allocate(self.sizes))
         # Validation mode checks every scheduler invariant after every transition (slow).
         self._scheduler.validate = (os.environ.get("PTO_VALIDATE", "") not in ("", "0")
@@ -247,7 +249,7 @@ class Runtime:
 
     def _workers(self, executor: str) -> dict[WorkerType, int]:
         defaults = default_workers(executor)
-        if self.placement is not None:
+        if self._distributed:
             defaults[WorkerType.ACCELERATOR] = 2
         return {**defaults, **self._workers_given}
 

@@ -8,6 +8,7 @@ failure on one rank raising on every rank within seconds, after which the Runtim
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install
 
 
 def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
-    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", f"tests.mpi_programs.{module}", *args]
+    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", module, *args]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
@@ -36,20 +37,20 @@ def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_cases_match_the_serial_executor(ranks):
-    out = mpiexec(ranks, "cases", "parallel", "matmul", "stencil", "flash", "spread")
+    out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", "matmul", "stencil", "flash", "spread")
     for case in ("matmul", "stencil", "flash", "spread"):
         assert f"OK {case} {ranks}" in out
 
 
 def test_serial_executor_on_each_rank():
-    out = mpiexec(2, "cases", "serial", "matmul", "spread")
+    out = mpiexec(2, "tests.mpi_programs.cases", "serial", "matmul", "spread")
     assert "OK matmul 2" in out and "OK spread 2" in out
 
 
 @pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "orchestration")])
 def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
     started = time.monotonic()
-    out = mpiexec(ranks, "failure", mode, timeout=60)
+    out = mpiexec(ranks, "tests.mpi_programs.failure", mode, timeout=60)
     raised = dict((int(rank), (error, task, float(seconds)))
                   for rank, error, task, seconds in re.findall(r"RAISED (\d+) (\w+) (\S+) ([\d.]+)", out))
     assert sorted(raised) == list(range(ranks)), out
@@ -64,3 +65,18 @@ def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
     assert max(seconds for _, _, seconds in raised.values()) < 10, out
     assert len(re.findall(r"AGAIN \d+ OK", out)) == ranks, out
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("name, size", [("matmul", 512), ("stencil", 256), ("flash_attention_heads", 128)])
+def test_the_command_runs_a_workload_over_the_ranks_and_merges_their_traces(name, size, tmp_path):
+    trace = tmp_path / "run.json"
+    out = mpiexec(2, "pto_gpu", "run", name, "--ranks", "--size", str(size), "--backend", "cpu",
+                  "--trace", str(trace))
+    assert "(OK, tolerance" in out and "rank 1: ran" in out
+    merged = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in merged if e.get("name") == "process_name"}
+    assert names == {"rank 0", "rank 1"}
+    ran = {pid: sum(e["ph"] == "X" and e["name"] not in ("send", "recv") for e in merged if e["pid"] == pid)
+           for pid in (1, 2)}
+    tasks = int(re.search(r": ([\d,]+) tasks", out).group(1).replace(",", ""))
+    assert sum(ran.values()) == tasks and all(ran.values())

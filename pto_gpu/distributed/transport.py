@@ -50,6 +50,9 @@ class Transport(Protocol):
     def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
         """Receive view[mask] from rank `source`; PeerFailed if a rank fails meanwhile."""
 
+    def barrier(self) -> None:
+        """Return once every rank has called it (between runs)."""
+
     def fail(self) -> None:
         """This rank's run has failed: tell every other rank now, so none waits for it."""
 
@@ -127,6 +130,9 @@ class MpiTransport:
         if len(set(names)) > 1:
             raise RankError(f"the ranks run different orchestrations: {names} (by rank); every rank "
                             "must run the same one")
+
+    def barrier(self) -> None:
+        self._base.Barrier()
 
     def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         data = pack(view, mask)

@@ -38,7 +38,7 @@ def stencil_case(size: int):
     # Per step, one halo element each way across each boundary between ranks.
     inner = [(rank > 0) + (rank < size - 1) for rank in range(size)]
     expected = [(steps * 8 * k, steps * 8 * k) for k in inner]
-    return stencil, arrays, (steps, 512), [0], expected
+    return stencil, arrays, (steps, 512), [1], expected
 
 
 def flash(size: int):
