@@ -17,6 +17,7 @@ run (a failed run's duplicate is kept, never freed, for that).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Protocol
 
@@ -119,6 +120,7 @@ class MpiTransport:
         self._someone_failed = False  # _notice has completed
         self._notices: list = []  # requests of this rank's failure notices
         self._sends: list = []  # (request, packed copy) of sends not known to be delivered
+        self._sends_lock = threading.Lock()
         self._abandoned: list = []  # communicators of failed runs, never freed
 
     def begin(self, name: str) -> None:
@@ -136,10 +138,13 @@ class MpiTransport:
 
     def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         data = pack(view, mask)
-        self._sends.append((self._comm.Isend(data, dest=dest, tag=self._tag(sequence)), data))
-        self.bytes_sent += data.nbytes
-        if len(self._sends) > 64:  # let delivered sends' copies go
-            self._sends = [(r, d) for r, d in self._sends if not r.Test()]
+        request = self._comm.Isend(data, dest=dest, tag=self._tag(sequence))
+        with self._sends_lock:  # sends run on any ACCELERATOR worker, side by side
+            # The copy must live until MPI has sent it: it is kept with its request.
+            self._sends.append((request, data))
+            self.bytes_sent += data.nbytes
+            if len(self._sends) > 64:  # let delivered sends' copies go
+                self._sends = [(r, d) for r, d in self._sends if not r.Test()]
 
     def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
         data = np.empty(packed_bytes(view, mask), np.uint8)
@@ -155,8 +160,8 @@ class MpiTransport:
     def wait(self, request, what: str) -> None:
         """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a
         notice. Receives are chained, and sends never wait, so one thread waits at a time (the
-end of the run's wait for the sends comes after every task's). It polls: MPI's own wait
-        spins on a core, which the rank's workers (and other ranks) need; so it spins for
+        end of the run's wait for the sends comes after every task's). It polls: MPI's own
+        wait spins on a core, which the rank's workers (and other ranks) need; so it spins for
         SPIN seconds, which short messages from a ready peer take, then sleeps between polls."""
         requests, started, pause = [request, self._notice], time.perf_counter(), 0.0
         while not self._someone_failed:
