@@ -72,7 +72,15 @@ def spread_case(size: int):
     return spread, arrays, (), [0, 2], None  # bytes: the other cases count them
 
 
-CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case}
+def matmul_pressed(size: int):
+    """matmul with a task window of 16 and tasks starting 4 at a time: ranks stall on a full
+    ring while their transfers wait."""
+    return matmul(size)
+
+
+CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
+         "pressed": matmul_pressed}
+SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4})}  # Runtime's, run's
 
 
 def row_owners(orchestration, index: int, rows: int, size: int) -> np.ndarray:
@@ -90,9 +98,10 @@ def main(case: str, executor: str) -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     orchestration, arrays, extra, outputs, expected = CASES[case](size)
     inputs = [a.copy() for a in arrays]
+    settings, options = SETTINGS.get(case, ({}, {}))
     rt = pto.Runtime(backend="cpu", executor=executor, comm=comm,
-                     workers={pto.CUBE: 1, pto.VECTOR: 1, pto.AI_CPU: 1})
-    result = rt.run(orchestration, *inputs, *extra, record=True)
+                     workers={pto.CUBE: 1, pto.VECTOR: 1, pto.AI_CPU: 1}, **settings)
+    result = rt.run(orchestration, *inputs, *extra, record=True, **options)
     gathered = comm.gather(([inputs[i] for i in outputs], graph_of(result), result.ranks), root=0)
     if rank != 0:
         return
