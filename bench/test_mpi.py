@@ -43,7 +43,8 @@ def test_two_ranks_against_one(benchmark, what):
     one, two = figures["one"], figures["two"]
     if what == "matmul":
         benchmark.extra_info.update(one_rank_s=one["seconds"], two_ranks_s=two["seconds"],
-                                    speedup=one["seconds"] / two["seconds"])
+                                    speedup=one["seconds"] / two["seconds"],
+                                    one_rank_cpu_s=one["cpu_seconds"], two_ranks_cpu_s=two["cpu_seconds"])
     else:
         added = two["per_hop_us"] - one["per_hop_us"] - two["mpi_one_way_us"]
         benchmark.extra_info.update(hop_one_rank_us=one["per_hop_us"], hop_two_ranks_us=two["per_hop_us"],
