@@ -25,19 +25,21 @@ pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec beside 
                                                               "mpich)")
 
 
-def timing(ranks: int, what: str) -> dict:
-    command = [str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", "bench.mpi_programs.timing", what]
+def timing(ranks: int, what: str, tile: int) -> dict:
+    command = [str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", "bench.mpi_programs.timing", what,
+               str(tile)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("what", ["matmul", "latency"])
-def test_two_ranks_against_one(benchmark, what):
+@pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("latency", 0)],
+                         ids=["matmul-256", "matmul-512", "latency"])
+def test_two_ranks_against_one(benchmark, what, tile):
     figures = {}
 
     def both() -> None:
-        figures["one"], figures["two"] = timing(1, what), timing(2, what)
+        figures["one"], figures["two"] = timing(1, what, tile), timing(2, what, tile)
 
     benchmark.pedantic(both, rounds=1, iterations=1)
     one, two = figures["one"], figures["two"]

@@ -1,6 +1,6 @@
 """Run under mpiexec (bench/test_mpi.py); prints one JSON line of figures on rank 0.
 
-    mpiexec -n 2 python -m bench.mpi_programs.timing matmul   # 2048² tiled matmul, wall seconds
+    mpiexec -n 2 python -m bench.mpi_programs.timing matmul 256  # 2048² tiled matmul, 256 tiles
     mpiexec -n 2 python -m bench.mpi_programs.timing latency  # a ping-pong of small tensors
 
 Every rank runs with one thread per worker class, so N ranks use N cores. A round's time is
@@ -66,11 +66,11 @@ def raw_one_way(comm, count: int = 2000) -> float:
     return (time.perf_counter() - started) / (2 * count)
 
 
-def main(what: str) -> None:
+def main(what: str, tile: int) -> None:
     comm = MPI.COMM_WORLD
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
     if what == "matmul":
-        n, tile = 2048, 256
+        n = 2048
         rng = np.random.default_rng(0)
         a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
         c = np.zeros((n, n), np.float32)
@@ -95,4 +95,4 @@ def main(what: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 256)
