@@ -32,7 +32,8 @@ class Ranks:
 @dataclasses.dataclass
 class RunResult:
     orchestration: str
-    num_tasks: int
+    num_tasks: int  # the orchestration's (a distributed run's transfers are not counted)
+    # a distributed run's, unless recorded, also counts the edges of this rank's transfers
     num_edges: int
     seconds: float  # wall time of the whole run: orchestration and execution
     backend: str

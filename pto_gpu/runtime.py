@@ -227,7 +227,8 @@ class Runtime:
         result = RunResult(
             orchestration=name,
             num_tasks=int(header[H_NEXT_TASK]) if placement is None else placement.submitted,
-            num_edges=int(header[H_NUM_EDGES]), seconds=seconds,
+            num_edges=len(logical.edges) if placement is not None and logical else int(header[H_NUM_EDGES]),
+            seconds=seconds,
             backend=self.backend.name, executor="stream" if capture else self.executor,
             high_water=scheduler.high_water(),
             capacity=scheduler.capacity(), stalls=profile.stalls, kernels=kernel_times(profile),
