@@ -12,3 +12,15 @@ import pto_gpu as pto
 def flash_attention(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                     tile: int = 64, causal: bool = False) -> None:
     program().orchestration("flash_attention")(o, q, k, v, out, tile, int(causal))
+
+
+def flash_attention_heads(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+                          tile: int = 64, causal: bool = False) -> None:
+    """flash_attention with the heads in blocks over the ranks of a distributed run: each head's
+    tasks, and the scratch they allocate, are on the rank owning its rows, so nothing moves."""
+    heads = pto.block_rows(o.ranks)
+    tensors = [o.external(array, owner=heads) for array in (q, k, v, out)]
+    attention = program().orchestration("flash_attention")
+    for h in range(q.shape[0]):
+        with o.on_rank(o.owner_of(tensors[0][h])):
+            attention(o, q[h:h + 1], k[h:h + 1], v[h:h + 1], out[h:h + 1], tile, int(causal))

@@ -1,19 +1,25 @@
 """Tiled matmul (spec 001 §9.4): C = A @ B tile by tile, with explicit alloc and free."""
 
+import itertools
+
 from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 
 import pto_gpu as pto
 
 
 def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
-    """C[i, j] = sum_k A[i, k] @ B[k, j], accumulated in a heap tile per output tile."""
-    A, B, C = o.external(a), o.external(b), o.external(c)
+    """C[i, j] = sum_k A[i, k] @ B[k, j], accumulated in a heap tile per output tile. In a
+    distributed run the rows of A, B and C are in blocks over the ranks, each output tile's
+    accumulator is owned with the tile, so every rank computes its block of C rows and
+    receives the blocks of B the others own."""
+    rows = pto.block_rows(o.ranks)
+    A, B, C = o.external(a, owner=rows), o.external(b, owner=rows), o.external(c, owner=rows)
     m, k_total = A.shape
     n = B.shape[1]
-    for i in range(0, m, tile):
+    for i in interleaved(o, C, tile):
         for j in range(0, n, tile):
             rows, cols = min(tile, m - i), min(tile, n - j)
-            acc = o.alloc((rows, cols), C.dtype)
+            acc = o.alloc((rows, cols), C.dtype, owner=o.owner_of(C[i:i + rows, j:j + cols]))
             o.submit(zero, pto.output(acc))
             for k in range(0, k_total, tile):
                 depth = min(tile, k_total - k)
@@ -21,3 +27,14 @@ def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
                          pto.input(B[k:k + depth, j:j + cols]), pto.inout(acc))
             o.submit(copy, pto.input(acc), pto.output(C[i:i + rows, j:j + cols]))
             o.free(acc)
+
+
+def interleaved(o: pto.Orchestrator, C: pto.TensorDescriptor, tile: int) -> list[int]:
+    """C's row-tile starts, the ranks' turns interleaved (in order with one rank): every rank
+    submits its own first tiles, and the transfers they need, early rather than when the
+    ranks before it have submitted theirs. Each tile's sum runs in the same order either way."""
+    by_rank: dict[int, list[int]] = {}
+    for i in range(0, C.shape[0], tile):
+        by_rank.setdefault(o.owner_of(C[i:i + 1]), []).append(i)
+    turns = itertools.zip_longest(*(by_rank[rank] for rank in sorted(by_rank)))
+    return [i for turn in turns for i in turn if i is not None]

@@ -8,10 +8,11 @@ from collections.abc import Callable
 
 import numpy as np
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_heads
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul
 from pto_gpu.orchestration.softmax import fused_softmax
+from pto_gpu.orchestration.stencil import stencil
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,9 @@ class Workload:
     default_size: int
     tolerance: float  # relative to the reference's largest magnitude; see tests/test_workloads.py
     prepare: Callable[[int, np.random.Generator], Prepared]
+    # Whether the output's dim 0 is in blocks over the ranks of a distributed run (pto.block_rows),
+    # each block's newest version on its rank; otherwise rank 0 owns it all.
+    distributed: bool = False
 
 
 def to_backend(backend, value: object) -> object:
@@ -59,6 +63,25 @@ def _flash_attention(seq: int, rng: np.random.Generator) -> Prepared:
                     lambda args: args[3], lambda: reference.attention(q, k, v, causal=True))
 
 
+def _flash_attention_heads(seq: int, rng: np.random.Generator) -> Prepared:
+    prepared = _flash_attention(seq, rng)
+    return dataclasses.replace(prepared, orchestration=flash_attention_heads)
+
+
+def _stencil(n: int, rng: np.random.Generator) -> Prepared:
+    x, steps = rng.standard_normal(n), 4
+
+    def smoothed() -> np.ndarray:
+        y = x.copy()
+        for _ in range(steps):
+            padded = np.concatenate([y[:1], y, y[-1:]])
+            y = (padded[:-2] + padded[1:-1] + padded[2:]) / 3
+        return y
+
+    return Prepared(stencil, (x, np.zeros(n)), {"steps": steps, "chunk": max(16, n // 16)},
+                    lambda args: args[1], smoothed)
+
+
 def _llama(orchestration: Callable) -> Callable[[int, np.random.Generator], Prepared]:
     def prepare(seq: int, rng: np.random.Generator) -> Prepared:
         inputs = llama_layer_inputs(seq, hidden=1024, heads=16, ffn=2752, seed=int(rng.integers(1 << 31)))
@@ -68,10 +91,16 @@ def _llama(orchestration: Callable) -> Callable[[int, np.random.Generator], Prep
 
 
 WORKLOADS: dict[str, Workload] = {
-    "matmul": Workload("tiled float32 matmul, size x size, 128-square tiles", 1024, 1e-4, _matmul),
+    "matmul": Workload("tiled float32 matmul, size x size, 128-square tiles", 1024, 1e-4, _matmul,
+                       distributed=True),
     "softmax": Workload("row softmax of size x 256 float32, 32-row tiles", 4096, 1e-5, _softmax),
     "flash_attention": Workload("causal flash attention, 8 heads x size x 64, 128-row tiles", 1024, 1e-4,
                                 _flash_attention),
+    "flash_attention_heads": Workload("flash_attention, by heads: the heads in blocks over the ranks of "
+                                      "a distributed run", 1024, 1e-4, _flash_attention_heads,
+                                      distributed=True),
+    "stencil": Workload("4 steps of a 3-point stencil over size float64 values, in 16 chunks", 1 << 16,
+                        1e-12, _stencil, distributed=True),
     "llama": Workload("one LLaMA layer (hidden 1024, 16 heads, ffn 2752) over size tokens, adaptive "
                       "tiles", 256, 1e-4, _llama(llama_layer)),
     "llama_compiled": Workload("the llama workload, orchestrated by compiled (numba) code", 256, 1e-4,

@@ -5,6 +5,7 @@
 """
 
 from .costs import CostHistory
+from .distributed import block_cyclic, block_rows
 from .dtypes import DataType, WorkerType, element_size
 from .errors import (
     DeadlockError,
@@ -14,6 +15,7 @@ from .errors import (
     LifecycleError,
     ParamError,
     PTOError,
+    RankError,
     StaleVersionError,
     TaskError,
     UsageError,
@@ -24,7 +26,7 @@ from .kernel import CudaCode, Kernel, kernel
 from .orchestrator import Orchestrator
 from .overlap import Overlap
 from .params import Param, ParamKind, inout, input, output, scalar
-from .result import KernelTime, RunResult
+from .result import KernelTime, Ranks, RunResult
 from .runtime import Replay, Runtime
 from .schedule import Schedule
 from .tensor import Buffer, TensorDescriptor
@@ -52,7 +54,8 @@ __all__ = [
     "FLOAT64", "INT16", "INT32", "INT64", "INT8", "UINT64", "UINT8", "VECTOR", "Buffer", "DataType",
     "DeadlockError", "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
     "KernelTime", "Orchestrator", "Overlap",
-    "PTOError", "Param", "ParamError", "ParamKind", "Replay", "RunResult", "Runtime", "Schedule",
+    "PTOError", "Param", "ParamError", "ParamKind", "RankError", "Ranks", "Replay", "RunResult", "Runtime",
+    "Schedule", "block_cyclic", "block_rows",
     "StaleVersionError", "TaskError", "TensorDescriptor", "Tiers", "UsageError", "UseAfterFreeError",
     "WorkerType", "element_size", "inout", "input", "kernel", "output", "scalar", "tiers",
 ]

@@ -3,6 +3,8 @@ pto_gpu.orchestration.workloads, print its statistics, write artefacts; and the 
 tools of spec 003 §3.3.
 
     pto-gpu run flash_attention --size 2048 --trace attention.json --graph attention.svg
+    mpiexec -n 2 pto-gpu run matmul --ranks      # one run over the ranks of an MPI launch
+    pto-gpu merge-traces run.json run.rank0.json run.rank1.json
     pto-gpu run softmax.pto --shape input=64x64 --shape output=64x64 --scalar num_tiles=8 --check
     pto-gpu compile softmax.pto --emit cuda      # pto (canonical form), python, cpu or cuda
     pto-gpu parse programs/                      # writes <name>_builder.py beside each .pto
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import re
 import sys
 import threading
@@ -29,8 +32,10 @@ from typing import TYPE_CHECKING, TextIO
 
 import numpy as np
 
+from .distributed.ownership import block_rows
 from .errors import PTOError
 from .runtime import EXECUTORS, Runtime
+from .trace import merge, rank_path
 
 if TYPE_CHECKING:
     from pto_gpu.orchestration.workloads import Workload
@@ -77,6 +82,10 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
            help="run N times and report the last: the first run also pays for page faults "
                 "and loading compiled code (default: 1)")
     option("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    option("--ranks", action="store_true",
+           help="run over every rank of the MPI launch (mpiexec -n N pto-gpu run NAME --ranks; needs "
+                "mpi4py): rank 0 checks the result and prints its statistics with every rank's tasks "
+                "and bytes; --trace FILE also gets each rank's FILE.rankR.json, merged into FILE")
     option = command.add_argument_group(
         "FILE.pto", "Every memref (outputs too) is filled with standard-normal values from --seed, in "
         "declaration order.").add_argument
@@ -107,6 +116,12 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
         description="For every DIR/*.pto, write DIR/<stem>_builder.py: isa.FunctionBuilder code that "
                     "rebuilds the same module (spec 003 §3.3).")
     command.add_argument("directory", type=Path, metavar="DIR")
+    command = commands.add_parser(
+        "merge-traces", help="merge the ranks' traces of a distributed run into one timeline",
+        description="Write OUT: the Chrome-trace files IN (rank 0's first, as `run --trace` writes "
+                    "them: FILE.rank0.json, ...), a process per rank.")
+    command.add_argument("out", type=Path, metavar="OUT")
+    command.add_argument("inputs", type=Path, nargs="+", metavar="IN")
     return top
 
 
@@ -114,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     from pto_gpu.orchestration.workloads import WORKLOADS  # here, not at the top: see the docstring
 
     args = parser(WORKLOADS).parse_args(argv)
+    if args.command == "merge-traces":
+        try:
+            args.out.write_text(json.dumps(merge(args.inputs)))
+        except (OSError, ValueError, KeyError) as error:
+            print(f"pto-gpu: {error}", file=sys.stderr)
+            return 2
+        return 0
     if args.command in ("compile", "parse"):
         try:
             if args.command == "compile":
@@ -127,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         stray = ["--size"] if args.size is not None else []
     else:
         stray = [f"--{dest}" for dest in PROGRAM_OPTIONS if getattr(args, dest)]
+    if program and args.ranks:
+        stray.append("--ranks")
     if stray:
         raise SystemExit(f"pto-gpu: {', '.join(stray)}: only for {'a workload' if program else 'a FILE.pto'}")
     workload = None if program else WORKLOADS[args.name]
@@ -145,24 +169,53 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, workload: Workload, size: int) -> int:
     from pto_gpu.orchestration.workloads import to_backend
 
+    comm = None
+    if args.ranks:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
     prepared = workload.prepare(size, np.random.default_rng(args.seed))
-    rt = Runtime(backend=args.backend, executor=args.executor)
+    rt = Runtime(backend=args.backend, executor=args.executor, comm=comm)
     run_args = tuple(to_backend(rt.backend, arg) for arg in prepared.args)
-    run_and_report(args, rt, prepared.orchestration, lambda: run_args, **prepared.options)
+    _, result = run_and_report(args, rt, prepared.orchestration, lambda: run_args, **prepared.options)
     if args.executor == "dry":
         return 0
-    got, expected = rt.backend.to_host(prepared.output(run_args)), prepared.reference()
+    got = rt.backend.to_host(prepared.output(run_args))
+    if comm is not None:
+        got = gather_output(comm, got, workload.distributed, result)
+        if comm.Get_rank() != 0:
+            return comm.bcast(None, root=0)
+    expected = prepared.reference()
     error = float(np.abs(got - expected).max() / np.abs(expected).max())
     ok = error <= workload.tolerance
     print(f"max error vs numpy float64, relative to its largest value: {error:.1e} "
           f"({'OK' if ok else 'MISMATCH'}, tolerance {workload.tolerance:.0e})")
-    return 0 if ok else 1
+    status = 0 if ok else 1
+    return status if comm is None else comm.bcast(status, root=0)
+
+
+def gather_output(comm, output: np.ndarray, distributed: bool, result) -> np.ndarray | None:
+    """On rank 0, the output as its owners hold it (rows in blocks, or all on rank 0), after a
+    line per rank of what it ran and moved; None elsewhere."""
+    parts = comm.gather((output, result.ranks), root=0)
+    if comm.Get_rank() != 0:
+        return None
+    for ranks in (r for _, r in parts):
+        print(f"  rank {ranks.rank}: ran {len(ranks.tasks_run):,} tasks, sent {ranks.bytes_sent:,} B, "
+              f"received {ranks.bytes_received:,} B")
+    if not distributed:
+        return output
+    owners = block_rows(len(parts)).row_owners(output.shape[0])
+    assembled = output.copy()
+    for rank, (part, _) in enumerate(parts):
+        assembled[owners == rank] = part[owners == rank]
+    return assembled
 
 
 def run_and_report(args: argparse.Namespace, rt: Runtime, orchestration: Callable,
                    arguments: Callable[[], tuple], **options) -> tuple:
     """Run `orchestration` --runs times, each on `arguments()`; print the last run's statistics,
-    write its artefacts (--trace, --dump, --graph) and return its arguments."""
+    write its artefacts (--trace, --dump, --graph) and return its arguments and result."""
     for index in range(args.runs):
         last = index == args.runs - 1
         record = last and (args.dump or args.graph) is not None
@@ -170,6 +223,14 @@ def run_and_report(args: argparse.Namespace, rt: Runtime, orchestration: Callabl
         with progress_bar(rt, sys.stderr):
             result = rt.run(orchestration, *run_args, record=record, trace=args.trace if last else None,
                             **options)
+    if rt.placement is not None:  # a distributed run: rank 0 reports, and merges the traces
+        if args.trace:
+            rt.placement.transport.barrier()  # every rank has written its own
+        if rt.placement.rank != 0:
+            return run_args, result
+        if args.trace:
+            paths = [rank_path(args.trace, rank) for rank in range(rt.placement.size)]
+            args.trace.write_text(json.dumps(merge(paths)))
     print(result)
     if args.dump:
         result.graph.dump(args.dump)
@@ -178,7 +239,7 @@ def run_and_report(args: argparse.Namespace, rt: Runtime, orchestration: Callabl
             args.graph.write_text(result.graph.to_dot())
         else:
             result.graph.render(args.graph)
-    return run_args
+    return run_args, result
 
 
 def run_program(args: argparse.Namespace, path: Path) -> int:
@@ -201,7 +262,7 @@ def run_program(args: argparse.Namespace, path: Path) -> int:
         return (*(rt.backend.to_device(array.copy()) for array in arrays.values()), *scalars)
 
     rt = Runtime(backend=args.backend, executor=args.executor)
-    last = run_and_report(args, rt, orchestration, lambda: inputs(rt))
+    last, _ = run_and_report(args, rt, orchestration, lambda: inputs(rt))
     if args.executor == "dry":
         return 0
     results = {name: rt.backend.to_host(array) for name, array in zip(arrays, last) if name in written}

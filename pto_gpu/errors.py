@@ -22,7 +22,12 @@ class TaskError(PTOError):
     @classmethod
     def of(cls, task, cause: BaseException) -> "TaskError":
         """The error for `task` (a scheduler Task), whose kernel raised `cause`."""
-        return cls(task.id, task.kernel.name, task.describe_params(), cause)
+        return cls(task.public_id, task.kernel.name, task.describe_params(), cause)
+
+
+class RankError(PTOError):
+    """Another rank of a distributed run failed (its error is in the message), or the ranks
+    disagree about the run (communicator size, owners out of range)."""
 
 
 class LifecycleError(PTOError):

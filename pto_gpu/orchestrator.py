@@ -16,6 +16,8 @@ import numpy as np
 
 from .core import state as cs
 from .core.rings import heap_size
+from .distributed.ownership import Owner, check_rank, row_owners
+from .distributed.placement import Placement
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import (
     DoubleFreeError,
@@ -78,7 +80,7 @@ class Recorder:
 
 class Orchestrator:
     def __init__(self, scheduler: Scheduler, backend, executor: Executor, recorder: Recorder | None,
-                 windows: Windows | None = None):
+                 windows: Windows | None = None, ranks: Placement | None = None):
         self._scheduler = scheduler
         self._state = scheduler.state
         self._backend = backend
@@ -92,12 +94,16 @@ class Orchestrator:
         self._windows = windows  # a schedule's max_concurrent
         self._params = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)  # reused by every submit
         self._jit: Session | None = None  # created by the first compiled() call
+        self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
+        self._transfer_rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
         self._open = True
 
     # --- memory --------------------------------------------------------------------------
-    def external(self, array: object) -> TensorDescriptor:
+    def external(self, array: object, owner: Owner | None = None) -> TensorDescriptor:
         """A tensor over caller memory (numpy, CuPy, PyTorch, JAX, ...: see backends/interop.py);
-        aliases of one allocation share one owner."""
+        aliases of one allocation share one owner. `owner` (a rank, or a distribution of dim 0
+        such as pto.block_rows(n)) says which rank of a distributed run holds its data; the
+        first o.external of an allocation sets it (default: rank 0, or o.on_rank's)."""
         self._check_open()
         ext = self._backend.resolve(array)
         dtype = as_dtype(ext.dtype)
@@ -110,8 +116,16 @@ class Orchestrator:
         if any(s % dtype.itemsize for s in ext.strides) or any(s < 0 for s in ext.strides):
             raise LayoutError(f"external array strides {ext.strides} are negative or not a multiple "
                               f"of its {dtype.itemsize}-byte elements; pass np.ascontiguousarray(a)")
-        return TensorDescriptor(buffer, ext.data, 0, tuple(s // dtype.itemsize for s in ext.strides),
-                                tuple(ext.shape), dtype)
+        tensor = TensorDescriptor(buffer, ext.data, 0, tuple(s // dtype.itemsize for s in ext.strides),
+                                  tuple(ext.shape), dtype)
+        self._own(tensor, owner, self._ranks.external if self._ranks else None)
+        return tensor
+
+    def _own(self, tensor: TensorDescriptor, owner: Owner | None, hook) -> None:
+        if hook is not None:
+            hook(tensor, owner)
+        elif owner is not None:  # one process is rank 0 of 1: owners are checked, then moot
+            row_owners(owner, tensor.shape[0] if tensor.ndim else 1, 1, repr(tensor))
 
     def _check_no_partial_alias(self, ext) -> Buffer | None:
         """The external buffer whose memory holds ext's owner whole, or None if none overlaps it.
@@ -133,8 +147,10 @@ class Orchestrator:
                     "allocation; pass the whole allocation and slice it with the tensor API")
         return None
 
-    def alloc(self, shape, dtype: DataType = DataType.FLOAT32) -> TensorDescriptor:
-        """A contiguous heap tensor; its address is fixed now, so later tasks can use it."""
+    def alloc(self, shape, dtype: DataType = DataType.FLOAT32,
+              owner: Owner | None = None) -> TensorDescriptor:
+        """A contiguous heap tensor; its address is fixed now, so later tasks can use it.
+        `owner` as for external: tasks that write it run there."""
         self._check_open()
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
@@ -150,7 +166,9 @@ class Orchestrator:
         self._unfreed[seq] = buffer
         if self._scopes:
             self._scopes[-1].append(buffer)
-        return TensorDescriptor(buffer, base, 0, contiguous_strides(shape), shape, dtype)
+        tensor = TensorDescriptor(buffer, base, 0, contiguous_strides(shape), shape, dtype)
+        self._own(tensor, owner, self._ranks.alloc if self._ranks else None)
+        return tensor
 
     def free(self, tensor: TensorDescriptor) -> None:
         """No more uses will be added; the memory returns once every user has completed."""
@@ -166,6 +184,8 @@ class Orchestrator:
         buffer.freed = True
         del self._unfreed[buffer.key]
         self._scheduler.buffer_free(buffer.key)
+        if self._ranks is not None:
+            self._ranks.freed(buffer)
 
     def version_inc(self, tensor: TensorDescriptor) -> TensorDescriptor:
         """A handle to the same memory at version + 1 (SSA-style in-place update)."""
@@ -208,9 +228,46 @@ class Orchestrator:
         finally:
             self._tags = outer
 
+    # --- ranks (a distributed run: Runtime(comm=...)) ------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank in the run (0 without comm=)."""
+        return 0 if self._ranks is None else self._ranks.rank
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks run the orchestration (1 without comm=)."""
+        return 1 if self._ranks is None else self._ranks.size
+
+    def owner_of(self, tensor: TensorDescriptor) -> int:
+        """The rank owning the tensor's first element: where tasks writing it run."""
+        self._tensor_buffer(tensor, "owner_of")
+        return 0 if self._ranks is None else self._ranks.owner_of(tensor)
+
+    @contextlib.contextmanager
+    def on_rank(self, rank: int) -> Iterator[None]:
+        """Buffers allocated (and arrays first seen) inside without owner= are owned by `rank`,
+        so the tasks writing them run there."""
+        self._check_open()
+        if self._ranks is None:
+            check_rank(rank, 1, "o.on_rank", "rank")
+            yield
+        else:
+            with self._ranks.owning(rank):
+                yield
+
+    def write_back(self) -> None:
+        """The orchestration has returned: give each external array's owner the newest version
+        of its elements (a distributed run's transfers; nothing in one process)."""
+        if self._ranks is not None:
+            for transfer in self._ranks.write_back():
+                self._enter_transfer(transfer)
+
     # --- tasks ---------------------------------------------------------------------------
-    def submit(self, kernel: Kernel, *params: object, worker: WorkerType | None = None) -> int:
-        """Submit one kernel call; its task id (ids count from 0 within a run)."""
+    def submit(self, kernel: Kernel, *params: object, worker: WorkerType | None = None,
+               rank: int | None = None) -> int:
+        """Submit one kernel call; its task id (ids count from 0 within a run). In a distributed
+        run it runs on `rank`, by default the owner of the first region it writes."""
         self._check_open()
         if not isinstance(kernel, Kernel):
             raise ParamError(f"submit() takes a @pto.kernel, not {type(kernel).__name__}")
@@ -233,19 +290,37 @@ class Orchestrator:
             task = Task(-1, kernel, WorkerType(worker), checked, self._tags)
         if self._windows is not None:  # the common case pays one test, not a call
             self._wait_for_window(self._tags)
-        while (status := self._scheduler.try_submit(task, rows[:len(tensors)])) < 0:
-            self._executor.make_room(status, self.unfreed)
+        if self._ranks is not None:
+            for transfer in self._ranks.place(task, [p for _, p in tensors], rank):
+                self._enter_transfer(transfer)
+        elif rank is not None:
+            check_rank(rank, 1, f"submit({kernel.name})", "rank")
+        status = self._enter(task, rows[:len(tensors)])
         for _, p in tensors:
             if p.writes:
                 buffer = p.value.buffer
                 buffer.newest_version = max(buffer.newest_version, p.value.version)
-        producers = self._scheduler.producers_of_last()
         if self._windows is not None:
             self._windows.add(status, self._tags)
+        return task.public_id
+
+    def _enter(self, task: Task, rows: np.ndarray) -> int:
+        """Submit a checked task to the core (making room as needed) and hand it to the executor."""
+        while (status := self._scheduler.try_submit(task, rows)) < 0:
+            self._executor.make_room(status, self.unfreed)
+        producers = self._scheduler.producers_of_last()
         if self._recorder is not None:
             self._recorder.add(task, producers)
         self._executor.submitted(task, self._scheduler.last_was_ready(), producers)
         return status
+
+    def _enter_transfer(self, task: Task) -> None:
+        tensors = [p for p in task.params if p.kind != ParamKind.SCALAR]
+        rows = self._transfer_rows[:len(tensors)]
+        for row, p in zip(rows, tensors):
+            row[:ROW_WIDTH] = p.value.layout
+            row[P_KIND] = p.kind
+        self._enter(task, rows)
 
     def _wait_for_window(self, tags: dict[str, int | str] | None) -> None:
         if self._windows is not None and not self._windows.admits(tags, self._scheduler.completed):
@@ -259,6 +334,9 @@ class Orchestrator:
         The tasks it submits carry the tags around the call (`o.tags`).
         """
         self._check_open()
+        if self._ranks is not None:
+            raise UsageError("o.compiled is not supported in a distributed run (Runtime(comm=...)) yet: "
+                             "its tasks would not be placed on ranks")
         if self._jit is None:
             self._jit = Session(self._scheduler, self._executor, self._recorder,
                                 self._backend.heap_base, len(self._externals))

@@ -18,10 +18,22 @@ class KernelTime:
         return self.seconds / self.tasks
 
 
+@dataclasses.dataclass(frozen=True)
+class Ranks:
+    """This rank's share of a distributed run (Runtime(comm=...))."""
+
+    rank: int
+    size: int
+    tasks_run: list[int]  # ids of the orchestration's tasks that ran on this rank
+    bytes_sent: int  # by this rank's transfers, packed
+    bytes_received: int
+
+
 @dataclasses.dataclass
 class RunResult:
     orchestration: str
-    num_tasks: int
+    num_tasks: int  # the orchestration's (a distributed run's transfers are not counted)
+    # a distributed run's, unless recorded, also counts the edges of this rank's transfers
     num_edges: int
     seconds: float  # wall time of the whole run: orchestration and execution
     backend: str
@@ -38,10 +50,20 @@ class RunResult:
     # kernel -> (measured - predicted) / measured, over this run's calls the cost history (as it
     # was before the run) or a cost= model could predict
     prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
+    ranks: Ranks | None = None  # a distributed run's: this rank's tasks and bytes
+
+    @property
+    def tasks_run(self) -> list[int]:
+        """Ids of the tasks that ran in this process: all of them, except in a distributed run."""
+        return list(range(self.num_tasks)) if self.ranks is None else self.ranks.tasks_run
 
     def __str__(self) -> str:
         lines = [f"{self.orchestration}: {self.num_tasks:,} tasks, {self.num_edges:,} edges in "
                  f"{self.seconds * 1e3:.1f} ms ({self.backend} backend, {self.executor} executor)"]
+        if self.ranks is not None:
+            r = self.ranks
+            lines.append(f"  rank {r.rank} of {r.size}: ran {len(r.tasks_run):,} tasks, "
+                         f"sent {r.bytes_sent:,} B, received {r.bytes_received:,} B")
         if self.makespan is not None:
             lines.append(f"  simulated makespan {self.makespan * 1e3:.3f} ms")
         if self.cross_waits is not None:

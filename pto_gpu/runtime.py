@@ -9,12 +9,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 from threadpoolctl import threadpool_limits
 
 from .backends import CapturedGraph
 from .backends.cpu import CpuBackend
 from .core.state import H_COMPLETED, H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
 from .costs import CostHistory
+from .distributed.outcome import conclude
+from .distributed.placement import Placement
 from .dtypes import WorkerType
 from .errors import PTOError, UsageError
 from .executors.parallel import ParallelExecutor
@@ -24,10 +27,10 @@ from .executors.streams import StreamExecutor
 from .graph import Graph
 from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
-from .result import RunResult, busy_shares, kernel_times
+from .result import Ranks, RunResult, busy_shares, kernel_times
 from .schedule import Schedule, Windows
 from .scheduler import Scheduler
-from .trace import write_trace
+from .trace import rank_path, write_trace
 
 log = logging.getLogger("pto_gpu")
 
@@ -49,9 +52,15 @@ class Runtime:
                  heap_bytes: int = 64 << 20, task_window: int = 1024,
                  workers: dict[WorkerType, int] | None = None, buffer_window: int | None = None,
                  dep_pool: int | None = None, tensormap_entries: int | None = None,
-                 validate: bool | None = None, costs: CostHistory | None = None):
+                 validate: bool | None = None, costs: CostHistory | None = None, comm: object = None,
+                 transport: str = "mpi"):
         if executor not in EXECUTORS:
             raise PTOError(f"executor={executor!r}; choose one of {', '.join(EXECUTORS)}")
+        if comm is not None and executor not in ("auto", "parallel", "serial"):
+            raise PTOError(f"executor={executor!r} cannot run a distributed run (comm=) yet; use 'parallel' "
+                           "or 'serial'")
+        if transport not in ("mpi", "nccl"):
+            raise PTOError(f"transport={transport!r}; choose 'mpi' or 'nccl'")
         self.sizes = Sizes(
             task_window=task_window,
             heap_bytes=heap_bytes,
@@ -64,12 +73,24 @@ class Runtime:
         self._workers_given = {WorkerType(k): v for k, v in (workers or {}).items()}
         if any(n < 1 for n in self._workers_given.values()):
             raise PTOError(f"workers={workers}: every worker class needs at least one worker")
+        self._distributed = comm is not None
+        accelerators = self._workers("parallel")[WorkerType.ACCELERATOR]
+        if self._distributed and executor != "serial" and accelerators < 2:
+            raise PTOError(f"workers={workers}: a distributed run needs at least 2 ACCELERATOR workers, one "
+                           "free for sends while another waits for a receive (docs/ARCHITECTURE.md)")
+        if self._distributed and backend != "cpu" and cuda_unavailable() is None:
+            from .distributed.nccl import use_local_gpu
+
+            use_local_gpu(comm)  # before the heap is allocated on the current device
         self.backend = _make_backend(backend, heap_bytes)
-        # On a GPU, issue-ahead onto streams; on the CPU, a thread pool.
+        # On a GPU, issue-ahead onto streams; on the CPU, a thread pool. A distributed run's
+        # transfers need its worker threads.
         if executor == "auto":
-            executor = "stream" if self.backend.name == "cuda" else "parallel"
+            executor = "stream" if self.backend.name == "cuda" and not self._distributed else "parallel"
         self.executor = executor
         self.workers = self._workers(self.executor)
+        # A distributed run (comm=, an mpi4py communicator): see pto_gpu/distributed.
+        self.placement = None if comm is None else Placement(_make_transport(comm, transport, self.backend))
         self._scheduler = Scheduler(CoreState.allocate(self.sizes))
         # Validation mode checks every scheduler invariant after every transition (slow).
         self._scheduler.validate = (os.environ.get("PTO_VALIDATE", "") not in ("", "0")
@@ -164,47 +185,74 @@ class Runtime:
         record = record or trace is not None
         scheduler = self._scheduler
         scheduler.reset(record)
-        recorder = Recorder() if record else None
+        placement = self.placement
+        name = getattr(orchestration, "__name__", repr(orchestration))
+        if placement is not None:
+            if capture:
+                raise PTOError("Runtime.capture cannot capture a distributed run (comm=)")
+            placement.start(self.sizes, record)
+            placement.transport.begin(name)
+        recorder = Recorder() if record and placement is None else None
         profile = Profile(tracing=trace is not None, measuring=self.costs is not None)
         self.backend.wait_for_caller()
         executor = self._make_executor(threshold, profile, capture, schedule)
         windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
-        o = Orchestrator(scheduler, self.backend, executor, recorder, windows)
+        o = Orchestrator(scheduler, self.backend, executor, recorder, windows, placement)
         started = time.perf_counter()
         try:
             with threadpool_limits(1 if self.executor == "parallel" else None):
+                if placement is not None:  # the tensor that chains this rank's transfers
+                    placement.lane = o.external(self.backend.to_device(np.zeros(1, np.uint8)))
                 orchestration(o, *args, **kwargs)
+                o.write_back()
                 o.close()
                 executor.finish()
-        except BaseException:
+        except BaseException as error:
+            if placement is not None:
+                placement.transport.fail()  # first, so that no rank waits for this one
             executor.abort()
             scheduler.reset(record)  # nothing of an unwound run stays in the rings
+            if placement is not None:
+                raise conclude(placement.transport, error) from None
             raise
         finally:
             o.close()
+        if placement is not None and (error := conclude(placement.transport, None)) is not None:
+            scheduler.reset(record)
+            raise error
         seconds = time.perf_counter() - started
         measured = profile.measured()
         header = scheduler.state.header
+        logical = placement.graph if placement is not None else recorder
         result = RunResult(
-            orchestration=getattr(orchestration, "__name__", repr(orchestration)),
-            num_tasks=int(header[H_NEXT_TASK]), num_edges=int(header[H_NUM_EDGES]), seconds=seconds,
+            orchestration=name,
+            num_tasks=int(header[H_NEXT_TASK]) if placement is None else placement.submitted,
+            num_edges=len(logical.edges) if placement is not None and logical else int(header[H_NUM_EDGES]),
+            seconds=seconds,
             backend=self.backend.name, executor="stream" if capture else self.executor,
             high_water=scheduler.high_water(),
             capacity=scheduler.capacity(), stalls=profile.stalls, kernels=kernel_times(profile),
             busy=busy_shares(profile, seconds),
-            graph=Graph(recorder.tasks, recorder.edges) if recorder else None,
+            graph=Graph(logical.tasks, logical.edges) if logical else None,
             makespan=getattr(executor, "makespan", None),
             cross_waits=getattr(executor, "cross_waits", None),
             prediction_error=self.costs.prediction_error(measured) if self.costs else {},
+            ranks=None if placement is None else Ranks(placement.rank, placement.size, placement.tasks_run,
+                                                       placement.transport.bytes_sent,
+                                                       placement.transport.bytes_received),
         )
         if self.costs is not None:
             self.costs.merge(measured)
         if trace is not None:
-            write_trace(trace, profile, result.graph)
+            path = trace if placement is None else rank_path(trace, placement.rank)
+            write_trace(path, profile, result.graph)
         return result, executor
 
     def _workers(self, executor: str) -> dict[WorkerType, int]:
-        return {**default_workers(executor), **self._workers_given}
+        defaults = default_workers(executor)
+        if self._distributed:
+            defaults[WorkerType.ACCELERATOR] = 2
+        return {**defaults, **self._workers_given}
 
     def _make_executor(self, threshold, profile, capture, schedule):
         if capture or self.executor == "stream":
@@ -246,6 +294,18 @@ def _check_provisions(count: int, provides, requires) -> None:
                 raise PTOError(f"run_concurrent: graph {index} provides {name!r}, which graph "
                                f"{provided[name]} already provides")
             provided[name] = index
+
+
+def _make_transport(comm: object, name: str, backend):
+    if name == "nccl":
+        if backend.name != "cuda":
+            raise PTOError("transport='nccl' moves GPU memory: it needs the CUDA backend")
+        from .distributed.nccl import NcclTransport
+
+        return NcclTransport(comm)
+    from .distributed.transport import MpiTransport
+
+    return MpiTransport(comm)
 
 
 def _make_backend(name: str, heap_bytes: int):

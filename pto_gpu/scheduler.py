@@ -34,6 +34,17 @@ class Task:
     # The classes it may run on, when its kernel has several and submit did not name one: the
     # executor places it (schedule.Heft), running a copy with `worker` set to the class chosen.
     classes: tuple[WorkerType, ...] | None = None
+    # A distributed run (pto_gpu/distributed) submits every task on every rank, and transfers
+    # besides: a task placed on another rank completes here without running, and `label` is
+    # the id users see (the task's place in the orchestration's own submissions; -1 for a
+    # transfer), which the core's id is not once transfers are counted.
+    runs_here: bool = True
+    label: int | None = None
+
+    @property
+    def public_id(self) -> int:
+        """The id users see: in submission order, counting the orchestration's tasks only."""
+        return self.id if self.label is None else self.label
 
     def describe_params(self) -> str:
         return ", ".join(f"{p.kind.name.lower()}({p.value!r})" for p in self.params)

@@ -27,9 +27,10 @@ def chrome_trace(profile: Profile, graph: Graph) -> dict:
             task = span.task
             start, duration = _us(span.start), _us(span.end - span.start)
             events.append(_event("X", tid=tid, name=task.kernel.name, cat=task.worker.name, ts=start,
-                                 dur=duration, args={"task": task.id, "worker": task.worker.name,
+                                 dur=duration, args={"task": task.public_id, "worker": task.worker.name,
                                                      "params": [_describe(p) for p in task.params]}))
-            where[task.id] = events[-1]
+            if task.public_id >= 0:  # a distributed run's transfers have no id of the graph's
+                where[task.public_id] = events[-1]
     # A flow end binds to the slice that starts at its timestamp on its thread and, for Chrome,
     # has its category; the slices come first so that Perfetto has opened them at that moment.
     for flow, (producer, consumer) in enumerate(graph.edges):
@@ -47,6 +48,26 @@ def chrome_trace(profile: Profile, graph: Graph) -> dict:
 
 def write_trace(path: str | Path, profile: Profile, graph: Graph) -> None:
     Path(path).write_text(json.dumps(chrome_trace(profile, graph)))
+
+
+def rank_path(path: str | Path, rank: int) -> Path:
+    """Where rank `rank` of a distributed run writes the trace asked for at `path`."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def merge(paths: list[Path]) -> dict:
+    """One timeline of several ranks' traces (rank i's from paths[i]), a process per rank.
+    Each rank's clock starts when its run began, which the ranks do together."""
+    events = []
+    for rank, path in enumerate(paths):
+        for event in json.loads(Path(path).read_text())["traceEvents"]:
+            if event.get("name") == "process_name":
+                event["args"] = {"name": f"rank {rank}"}
+            if "id" in event:  # flow ids are per file
+                event["id"] = f"{rank}-{event['id']}"
+            events.append({**event, "pid": PID + rank})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def _us(seconds: float) -> float:

@@ -18,7 +18,10 @@ from ..scheduler import Task
 
 def run_kernel(backend, task: Task, lane: Lane) -> None:
     """Run one task's kernel on the backend and note its time in `lane`, and whether it was a
-    first call (kernel.preparing); a failure becomes TaskError with the cause chained."""
+    first call (kernel.preparing); a failure becomes TaskError with the cause chained. A task
+    another rank runs completes here unrun."""
+    if not task.runs_here:
+        return
     prepared = first_calls()
     started = time.perf_counter()
     try:

@@ -1,0 +1,98 @@
+"""Run under mpiexec (bench/test_mpi.py); prints one JSON line of figures on rank 0.
+
+    mpiexec -n 2 python -m bench.mpi_programs.timing matmul 256  # 2048² tiled matmul, 256 tiles
+    mpiexec -n 2 python -m bench.mpi_programs.timing latency  # a ping-pong of small tensors
+
+Every rank runs with one thread per worker class, so N ranks use N cores. A round's time is
+the slowest rank's, from a barrier to the end of its run; the figure is the median round,
+with the busiest rank's CPU seconds beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+from pto_gpu.orchestration.matmul import tiled_matmul
+
+import pto_gpu as pto
+
+WORKERS = {pto.CUBE: 1, pto.VECTOR: 1, pto.AI_CPU: 1, pto.ACCELERATOR: 2}
+
+
+@pto.kernel(worker=pto.VECTOR)
+def bump(source, target):
+    target[...] = source + 1
+
+
+def ping_pong(o: pto.Orchestrator, x, hops: int) -> None:
+    """x's rows alternate between the ranks 0 and 1 (the last if only one): each hop reads the
+    row the previous hop wrote and writes the other, so each hop moves 32 bytes between ranks."""
+    X = o.external(x, owner=pto.block_rows(min(o.ranks, 2)))
+    for hop in range(hops):
+        o.submit(bump, pto.input(X[hop % 2]), pto.output(X[(hop + 1) % 2]))
+
+
+def rounds(comm, run, count: int) -> tuple[float, float]:
+    """Median over rounds of the slowest rank's wall seconds, and of the busiest rank's CPU
+    seconds (all its threads): on a machine others share, the CPU time says what the ranks
+    would take with a core each."""
+    times, cpu = [], []
+    for _ in range(count):
+        comm.Barrier()
+        started, started_cpu = time.perf_counter(), time.process_time()
+        run()
+        cpu.append(comm.allreduce(time.process_time() - started_cpu, op=MPI.MAX))
+        times.append(comm.allreduce(time.perf_counter() - started, op=MPI.MAX))
+    return statistics.median(times), statistics.median(cpu)
+
+
+def raw_one_way(comm, count: int = 2000) -> float:
+    """Half an mpi4py round trip of 32 bytes between ranks 0 and 1, in seconds."""
+    buffer = np.zeros(4)
+    comm.Barrier()
+    started = time.perf_counter()
+    for _ in range(count):
+        if comm.rank == 0:
+            comm.Send(buffer, dest=1)
+            comm.Recv(buffer, source=1)
+        elif comm.rank == 1:
+            comm.Recv(buffer, source=0)
+            comm.Send(buffer, dest=0)
+    return (time.perf_counter() - started) / (2 * count)
+
+
+def main(what: str, tile: int) -> None:
+    comm = MPI.COMM_WORLD
+    rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
+    if what == "matmul":
+        n = 2048
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
+        c = np.zeros((n, n), np.float32)
+        # Not pipelined: measured here, a rank's orchestrator and workers sharing its core
+        # while both run slowed its kernels more than the overlap gained.
+        rt.run(tiled_matmul, a, b, c, tile)  # warm-up: numba caches, BLAS, page faults
+        seconds, cpu = rounds(comm, lambda: rt.run(tiled_matmul, a, b, c, tile), 5)
+        figures = {"seconds": seconds, "cpu_seconds": cpu}
+        mine = pto.block_rows(comm.size).row_owners(n) == comm.rank
+        assert np.allclose(c[mine], (a @ b)[mine], rtol=1e-3, atol=1e-2)
+    else:
+        hops = 2000
+        x = np.zeros((2, 4))
+        rt.run(ping_pong, x, 10)
+        seconds, cpu = rounds(comm, lambda: rt.run(ping_pong, x, hops), 5)
+        figures = {"per_hop_us": seconds / hops * 1e6, "cpu_per_hop_us": cpu / hops * 1e6}
+        if comm.size > 1:
+            figures["mpi_one_way_us"] = raw_one_way(comm) * 1e6
+    figures["ranks"] = comm.size
+    if comm.rank == 0:
+        print(json.dumps(figures), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 256)

@@ -1,0 +1,53 @@
+"""Distributed runs (issue 18): the 2048² tiled matmul on 2 ranks against 1, and the added
+latency of a small cross-rank transfer against mpi4py's own.
+
+Each case starts `mpiexec -n N python -m bench.mpi_programs.timing ...` with
+OMP_NUM_THREADS=1 (every rank one thread per worker class, so N ranks use N cores), which
+times its rounds itself and prints them; the benchmark's own time is the whole launch, and
+the figures are in extra_info. Targets: matmul 2 ranks >= 1.7x 1 rank; a transfer adds at
+most 20 µs to MPI's latency (ping-pong hop on 2 ranks - hop on 1 rank - MPI's one-way time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec beside the interpreter (pip install "
+                                                              "mpich)")
+
+
+def timing(ranks: int, what: str, tile: int) -> dict:
+    command = [str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", "bench.mpi_programs.timing", what,
+               str(tile)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("latency", 0)],
+                         ids=["matmul-256", "matmul-512", "latency"])
+def test_two_ranks_against_one(benchmark, what, tile):
+    figures = {}
+
+    def both() -> None:
+        figures["one"], figures["two"] = timing(1, what, tile), timing(2, what, tile)
+
+    benchmark.pedantic(both, rounds=1, iterations=1)
+    one, two = figures["one"], figures["two"]
+    if what == "matmul":
+        benchmark.extra_info.update(one_rank_s=one["seconds"], two_ranks_s=two["seconds"],
+                                    speedup=one["seconds"] / two["seconds"],
+                                    one_rank_cpu_s=one["cpu_seconds"], two_ranks_cpu_s=two["cpu_seconds"])
+    else:
+        added = two["per_hop_us"] - one["per_hop_us"] - two["mpi_one_way_us"]
+        benchmark.extra_info.update(hop_one_rank_us=one["per_hop_us"], hop_two_ranks_us=two["per_hop_us"],
+                                    mpi_one_way_us=two["mpi_one_way_us"], added_by_a_transfer_us=added)

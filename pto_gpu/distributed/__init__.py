@@ -1,0 +1,13 @@
+"""Several processes (and GPUs) running one orchestration: StarPU-MPI's model over MPI.
+
+Layers, each importing only those below: `ownership` (ranks and distributions of rows),
+`holdings` (which rank holds the newest version of each element), `transport` (moving
+elements, telling ranks of failures: MPI) and `nccl` (GPU to GPU), `logical` (the graph a
+single process would record), `placement` (where tasks run, the transfer tasks), `outcome`
+(how a run ends on every rank). The orchestrator calls placement's hooks; the Runtime makes
+the transport and ends each run through outcome.
+"""
+
+from .ownership import BlockCyclic, BlockRows, block_cyclic, block_rows
+
+__all__ = ["BlockCyclic", "BlockRows", "block_cyclic", "block_rows"]

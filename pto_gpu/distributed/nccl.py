@@ -1,0 +1,87 @@
+"""GPU-to-GPU transfers over NCCL (cupy.cuda.nccl), one GPU per rank.
+
+NOT YET RUN: it needs two GPUs, which no machine this was written on had. MPI still carries
+everything but the data: the NCCL id at the start, failure notices, and the end-of-run
+exchange. NCCL has no tags: a pair's messages match in the order they are issued, so unlike
+MPI's sends, NCCL's must go in their sequence order; and an NCCL send completes only when
+its peer receives. So this transport needs sends chained like receives (the `chained_sends`
+flag placement.py reads), which keeps the protocol deadlock-free by the argument for
+fully ordered transfers (docs/ARCHITECTURE.md, "Several ranks"). A wait that learns of a
+failure aborts the NCCL communicator, the only way to stop an NCCL operation in flight.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .transport import MpiTransport, PeerFailed, packed_bytes
+
+
+def use_local_gpu(comm) -> int:
+    """Make the GPU of this rank's index among the ranks on its node the current device (before
+    the runtime allocates its heap there); its index."""
+    import cupy
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    index = local.Get_rank()
+    local.Free()
+    cupy.cuda.Device(index % cupy.cuda.runtime.getDeviceCount()).use()
+    return index
+
+
+class NcclTransport(MpiTransport):
+    """Transport whose data moves GPU to GPU; see the module docstring."""
+
+    chained_sends = True
+
+    def __init__(self, comm):
+        super().__init__(comm)
+        from cupy.cuda import nccl
+
+        self._nccl = nccl
+        uid = comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
+        self._communicator = nccl.NcclCommunicator(self.size, uid, self.rank)
+
+    def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
+        import cupy
+
+        data = self._packed(view, mask)
+        stream = cupy.cuda.get_current_stream()
+        self._communicator.send(data.data.ptr, data.nbytes, self._nccl.NCCL_UINT8, dest, stream.ptr)
+        self._finish(stream, f"a send to rank {dest}")
+        self.bytes_sent += data.nbytes
+
+    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
+        import cupy
+
+        data = cupy.empty(packed_bytes(view, mask), cupy.uint8)
+        stream = cupy.cuda.get_current_stream()
+        self._communicator.recv(data.data.ptr, data.nbytes, self._nccl.NCCL_UINT8, source, stream.ptr)
+        self._finish(stream, f"data from rank {source}")
+        values = data.view(view.dtype)
+        if mask is None:
+            view[...] = values.reshape(view.shape)
+        else:
+            view[cupy.asarray(mask)] = values
+        self.bytes_received += data.nbytes
+
+    @staticmethod
+    def _packed(view, mask):
+        import cupy
+
+        chosen = view if mask is None else view[cupy.asarray(mask)]
+        return cupy.ascontiguousarray(chosen).reshape(-1).view(cupy.uint8)
+
+    def _finish(self, stream, what: str) -> None:
+        """Wait for the stream, polling it and the failure notice (MpiTransport's)."""
+        pause = 1e-6
+        while not stream.done:
+            if self._someone_failed or self._notice.Test():
+                self._someone_failed = True
+                self._communicator.abort()
+                raise PeerFailed(f"stopped waiting for {what}: a rank failed")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-4)

@@ -1,0 +1,200 @@
+"""Where each task runs, and the transfers that bring it what it reads (StarPU-MPI's model).
+
+Every rank runs the whole orchestration and calls these hooks at each alloc, external, free
+and submit, in the same order, so every rank makes the same decisions:
+- a task runs on `rank=` if given, else on the owner of the first region it writes;
+- for each region it reads, the elements its rank lacks (holdings.py) come from the rank
+  that wrote them: a send task on that rank (reads the region) and a receive task on the
+  reader's rank (writes it), both ACCELERATOR tasks submitted just before the reader. Other
+  ranks submit neither;
+- on every other rank the task is submitted too, with `runs_here` False: it completes
+  without running, so the graph, and every rank's view of what depends on what, stays whole.
+A send copies the elements out and returns; it runs as soon as what it reads is written. A
+receive waits for its message; each rank's receives are chained in submission order through
+an inout of one small tensor, the lane, and the executor keeps a second ACCELERATOR worker
+for sends, which is what makes the protocol deadlock-free (docs/ARCHITECTURE.md, "Several
+ranks"). Messages are matched by their place in the sequence of transfers between their two
+ranks, which both count alike. When the orchestration returns, elements of external arrays
+whose owner lacks their newest version are sent to it (`write_back`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ..core.state import Sizes
+from ..dtypes import WorkerType
+from ..errors import RankError
+from ..kernel import CudaCode, kernel
+from ..params import Param, inout, input, output, scalar
+from ..scheduler import Task
+from ..tensor import Buffer, TensorDescriptor
+from .holdings import Holdings, element_view
+from .logical import LogicalGraph
+from .ownership import Owner, check_rank, row_owners
+from .transport import Transport
+
+
+@dataclasses.dataclass(slots=True)
+class Transfer:
+    mask: np.ndarray | None  # the elements of the region that move (None: all)
+    peer: int  # the rank sent to, or received from
+    sequence: int  # its place among the transfers from its sender to its receiver
+
+
+class Placement:
+    """One Runtime's distributed side: the transport, the transfer kernels, and the current
+    run's decisions (`start` begins a run)."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.rank, self.size = transport.rank, transport.size
+        # Their CUDA "implementation" is the same host function (library=): no device code.
+        no_device_code = CudaCode(Path(__file__), lambda shapes: 0)
+        self.send_kernel = kernel(WorkerType.ACCELERATOR, name="send", mixed_dtypes=True,
+                                  cuda=dataclasses.replace(no_device_code, library=self._send))(self._send)
+        self.recv_kernel = kernel(WorkerType.ACCELERATOR, name="recv", mixed_dtypes=True,
+                                  cuda=dataclasses.replace(no_device_code, library=self._recv))(self._recv)
+        self.start(None, record=False)
+
+    @property
+    def submitted(self) -> int:
+        """The orchestration's tasks submitted so far in this run."""
+        return self._next_label
+
+    def start(self, sizes: Sizes | None, record: bool) -> None:
+        self._holdings: dict[int, Holdings] = {}  # by buffer key
+        self._externals: list[Buffer] = []
+        self._transfers: list[Transfer | None] = []  # by the index a transfer task carries
+        self._sequence: dict[tuple[int, int], int] = {}  # (sender, receiver) -> transfers so far
+        self._default_owner = [0]
+        self._next_label = 0
+        self.tasks_run: list[int] = []
+        self.graph = LogicalGraph(sizes) if record else None
+        self.lane: TensorDescriptor | None = None
+
+    # --- memory --------------------------------------------------------------------------
+    def external(self, tensor: TensorDescriptor, owner: Owner | None) -> None:
+        buffer = tensor.buffer
+        if buffer.key in self._holdings:
+            if owner is not None and not np.array_equal(self._rows(tensor, owner), self._owners_of(tensor)):
+                raise RankError(f"o.external(owner={owner}): {buffer!r} already has other owners; give an "
+                                "array's owners once, at its first o.external")
+            return
+        self._holdings[buffer.key] = self._track(tensor, owner)
+        self._externals.append(buffer)
+
+    def alloc(self, tensor: TensorDescriptor, owner: Owner | None) -> None:
+        self._holdings[tensor.buffer.key] = self._track(tensor, owner)
+        if self.graph is not None:
+            self.graph.alloc(tensor.buffer.nbytes, tensor.buffer.key)
+
+    def freed(self, buffer: Buffer) -> None:
+        del self._holdings[buffer.key]
+        if self.graph is not None:
+            self.graph.free(buffer.key)
+
+    @contextlib.contextmanager
+    def owning(self, rank: int) -> Iterator[None]:
+        check_rank(rank, self.size, "o.on_rank", "rank")
+        self._default_owner.append(rank)
+        try:
+            yield
+        finally:
+            self._default_owner.pop()
+
+    def owner_of(self, tensor: TensorDescriptor) -> int:
+        return self._holding(tensor).owner_of(tensor)
+
+    def _track(self, tensor: TensorDescriptor, owner: Owner | None) -> Holdings:
+        rows = self._rows(tensor, owner).astype(np.int8)
+        count = tensor.buffer.nbytes // tensor.dtype.itemsize
+        if len(rows) == 0 or (rows == rows[0]).all():
+            return Holdings(int(rows[0]) if len(rows) else 0, count, tensor.dtype, self.size)
+        if tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous():
+            owners = np.repeat(rows, count // len(rows))  # the usual whole array: one pass
+        else:
+            owners = np.full(count, rows[0], np.int8)
+            by_row = rows.reshape((-1,) + (1,) * (tensor.ndim - 1))
+            element_view(owners, tensor, tensor.dtype.itemsize)[...] = by_row
+        return Holdings(owners, count, tensor.dtype, self.size)
+
+    def _rows(self, tensor: TensorDescriptor, owner: Owner | None) -> np.ndarray:
+        what = f"{tensor!r}"
+        return row_owners(self._default_owner[-1] if owner is None else owner,
+                          tensor.shape[0] if tensor.ndim else 1, self.size, what)
+
+    def _owners_of(self, tensor: TensorDescriptor) -> np.ndarray:
+        view = self._holding(tensor).owners_of(tensor)
+        return view[(slice(None),) + (0,) * (tensor.ndim - 1)] if tensor.ndim else view.reshape(1)
+
+    def _holding(self, tensor: TensorDescriptor) -> Holdings:
+        return self._holdings[tensor.buffer.key]
+
+    # --- tasks ---------------------------------------------------------------------------
+    def place(self, task: Task, tensors: list[Param], rank: int | None) -> list[Task]:
+        """Decide where `task` runs and mark it; the transfer tasks to submit before it."""
+        task.label = self._next_label
+        self._next_label += 1
+        if rank is None:
+            written = next((p.value for p in tensors if p.writes), None)
+            rank = 0 if written is None else self.owner_of(written)
+        else:
+            check_rank(rank, self.size, f"submit({task.kernel.name})", "rank")
+        task.runs_here = rank == self.rank
+        if task.runs_here:
+            self.tasks_run.append(task.label)
+        if self.graph is not None:
+            self.graph.add(task)
+        transfers = []
+        for p in tensors:
+            if p.reads:
+                for source, mask in self._holding(p.value).fetch(p.value, rank):
+                    transfers += self._transfer(p.value, mask, source, rank)
+        for p in tensors:
+            if p.writes:
+                self._holding(p.value).wrote(p.value, rank)
+        return transfers
+
+    def write_back(self) -> list[Task]:
+        """Transfers that give each external array's owner the newest version of its elements."""
+        transfers = []
+        for buffer in self._externals:
+            holdings = self._holdings[buffer.key]
+            whole = TensorDescriptor(buffer, buffer.base, 0, (1,), (holdings.count,), holdings.dtype)
+            for writer, owner, mask in holdings.stale_at_owner():
+                transfers += self._transfer(whole, mask, writer, owner)
+        return transfers
+
+    def _transfer(self, tensor: TensorDescriptor, mask: np.ndarray | None, source: int,
+                  dest: int) -> list[Task]:
+        if self.rank not in (source, dest):
+            return []
+        sequence = self._sequence.get((source, dest), 0)
+        self._sequence[source, dest] = sequence + 1
+        sending = self.rank == source
+        self._transfers.append(Transfer(mask, dest if sending else source, sequence))
+        index = scalar(len(self._transfers) - 1)
+        # Receives are chained (in submission order), sends are not unless the transport says
+        # so: see the module docstring.
+        if sending and not self.transport.chained_sends:
+            params = (input(tensor), index)
+        else:
+            params = ((input if sending else output)(tensor), inout(self.lane), index)
+        return [Task(-1, self.send_kernel if sending else self.recv_kernel, WorkerType.ACCELERATOR, params,
+                     label=-1)]
+
+    # --- the transfer kernels (run by the executor's ACCELERATOR worker) ------------------
+    def _send(self, region, *lane_and_index) -> None:
+        index = lane_and_index[-1]
+        transfer, self._transfers[index] = self._transfers[index], None
+        self.transport.send(region, transfer.mask, transfer.peer, transfer.sequence)
+
+    def _recv(self, region, lane, index: int) -> None:
+        transfer, self._transfers[index] = self._transfers[index], None
+        self.transport.recv(region, transfer.mask, transfer.peer, transfer.sequence)

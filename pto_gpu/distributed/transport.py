@@ -1,0 +1,211 @@
+"""Moving a region's elements between ranks, and telling every rank when one has failed.
+
+`Transport` is what the transfer tasks (placement.py) call; `MpiTransport` implements it
+over mpi4py: host memory directly, GPU memory staged through the host. nccl.py sends GPU
+memory GPU to GPU and uses this class for everything else.
+
+A message's tag is its place in the sequence of transfers between its two ranks (placement.py
+counts them at submission, on both ranks alike), so sends may go in any order.
+A send packs (copies) the elements and returns, so it never waits for its receiver; MPI
+moves the copy while this rank waits for anything (a receive, the end of the run). A receive
+waits until the elements have come, and gives up (PeerFailed) when a rank, this one
+included, has said it failed.
+Each run works on its
+own duplicate of the communicator, so a failed run's unmatched messages cannot reach a later
+run (a failed run's duplicate is kept, never freed, for that).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import RankError
+
+NOTICE, FIRST_DATA = 1, 2  # tags: a failure notice; data tags count from FIRST_DATA
+SPIN = 200e-6  # seconds a wait polls without sleeping
+MAX_PAUSE = 1e-4  # the longest sleep between polls: how late a wait may notice its message
+
+
+class PeerFailed(RankError):
+    """A wait gave up because a rank (this one or another) failed: the run's real error is that one."""
+
+
+class Transport(Protocol):
+    rank: int
+    size: int
+    chained_sends: bool  # whether its sends must go in their sequence order (placement chains them)
+    bytes_sent: int  # this run's, as sent over the wire (packed)
+    bytes_received: int
+
+    def begin(self, name: str) -> None:
+        """A run of orchestration `name` starts (every rank calls it: a collective)."""
+
+    def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
+        """Send view[mask] (all of view when mask is None) to rank `dest`, the `sequence`th
+        transfer from this rank to it; returns at once."""
+
+    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
+        """Receive view[mask] from rank `source`; PeerFailed if a rank fails meanwhile."""
+
+    def barrier(self) -> None:
+        """Return once every rank has called it (between runs)."""
+
+    def fail(self) -> None:
+        """This rank's run has failed: tell every other rank now, so none waits for it."""
+
+    def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
+        """The run ends (a collective): wait until this rank's sends are delivered, then
+        exchange failures; every rank's (rank, failure) that is not None."""
+
+
+def on_device(view) -> bool:
+    return hasattr(view, "__cuda_array_interface__")
+
+
+def pack(view, mask: np.ndarray | None) -> np.ndarray:
+    """A host copy of view[mask] as bytes, in the mask's (C) order."""
+    if on_device(view):
+        import cupy
+
+        chosen = view if mask is None else view[cupy.asarray(mask)]
+        host = cupy.ascontiguousarray(chosen).get()
+    else:
+        host = np.array(view, order="C") if mask is None else view[mask]  # both copy
+    return host.reshape(-1).view(np.uint8)
+
+
+def unpack(data: np.ndarray, view, mask: np.ndarray | None) -> None:
+    """Write bytes made by `pack` into view[mask]."""
+    values = data.view(view.dtype)
+    if on_device(view):
+        import cupy
+
+        values = cupy.asarray(values)
+        mask = None if mask is None else cupy.asarray(mask)
+    if mask is None:
+        view[...] = values.reshape(view.shape)
+    else:
+        view[mask] = values
+
+
+def packed_bytes(view, mask: np.ndarray | None) -> int:
+    count = view.size if mask is None else int(np.count_nonzero(mask))
+    return count * view.dtype.itemsize
+
+
+class MpiTransport:
+    """Transport over an mpi4py communicator; see the module docstring."""
+
+    chained_sends = False
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RankError("MPI was initialised without MPI_THREAD_MULTIPLE, which pto-gpu's worker threads "
+                            "need; let mpi4py initialise MPI (its default asks for it)")
+        self._MPI = MPI
+        self._base = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self._tag_bound = comm.Get_attr(MPI.TAG_UB)
+        self.bytes_sent = self.bytes_received = 0
+        self._comm = None
+        self._notice = None  # the receive of a failure notice, any rank's (this one's too)
+        self._heard = np.zeros(1, np.int32)  # who failed, once _notice completes
+        self._someone_failed = False  # _notice has completed
+        self._notices: list = []  # requests of this rank's failure notices
+        self._sends: list = []  # (request, packed copy) of sends not known to be delivered
+        self._sends_lock = threading.Lock()
+        self._abandoned: list = []  # communicators of failed runs, never freed
+
+    def begin(self, name: str) -> None:
+        self._comm = self._base.Dup()
+        names = self._comm.allgather(name)
+        self.bytes_sent = self.bytes_received = 0
+        self._notices, self._sends, self._someone_failed = [], [], False
+        self._notice = self._comm.Irecv(self._heard, source=self._MPI.ANY_SOURCE, tag=NOTICE)
+        if len(set(names)) > 1:
+            raise RankError(f"the ranks run different orchestrations: {names} (by rank); every rank "
+                            "must run the same one")
+
+    def barrier(self) -> None:
+        self._base.Barrier()
+
+    def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
+        data = pack(view, mask)
+        request = self._comm.Isend(data, dest=dest, tag=self._tag(sequence))
+        with self._sends_lock:  # sends run on any ACCELERATOR worker, side by side
+            # The copy must live until MPI has sent it: it is kept with its request.
+            self._sends.append((request, data))
+            self.bytes_sent += data.nbytes
+            if len(self._sends) > 64:  # let delivered sends' copies go
+                self._sends = [(r, d) for r, d in self._sends if not r.Test()]
+
+    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
+        data = np.empty(packed_bytes(view, mask), np.uint8)
+        self.wait(self._comm.Irecv(data, source=source, tag=self._tag(sequence)), f"data from rank {source}")
+        unpack(data, view, mask)
+        self.bytes_received += data.nbytes
+
+    def _tag(self, sequence: int) -> int:
+        # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that
+        # many transfers apart could be confused, and receives are chained in order.
+        return FIRST_DATA + sequence % (self._tag_bound - FIRST_DATA)
+
+    def wait(self, request, what: str) -> None:
+        """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a
+        notice. Receives are chained, and sends never wait, so one thread waits at a time (the
+        end of the run's wait for the sends comes after every task's). It polls: MPI's own
+        wait spins on a core, which the rank's workers (and other ranks) need; so it spins for
+        SPIN seconds, which short messages from a ready peer take, then sleeps between polls."""
+        requests, started, pause = [request, self._notice], time.perf_counter(), 0.0
+        while not self._someone_failed:
+            index, done = self._MPI.Request.Testany(requests)
+            if done:
+                if index == 0:
+                    return
+                break
+            if pause or time.perf_counter() - started > SPIN:
+                pause = min(max(2 * pause, 1e-5), MAX_PAUSE)
+            time.sleep(pause)  # lets the rank's other threads have the GIL, even at 0
+        self._someone_failed = True
+        request.Cancel()
+        request.Free()
+        who = "this rank" if int(self._heard[0]) == self.rank else f"rank {int(self._heard[0])}"
+        raise PeerFailed(f"stopped waiting for {what}: {who} failed")
+
+    def fail(self) -> None:
+        if self._notices or self._comm is None:
+            return
+        # To itself too: a wait of its own, on a worker thread, stops on that notice.
+        me = np.array([self.rank], np.int32)
+        self._notices = [self._comm.Isend(me, dest=other, tag=NOTICE) for other in range(self.size)]
+
+    def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
+        if failure is None:
+            try:
+                for request, _ in self._sends:
+                    self.wait(request, "a send to be delivered")
+            except PeerFailed as error:
+                failure = ("secondary", str(error))
+        failures = [(rank, f) for rank, f in enumerate(self._comm.allgather(failure)) if f is not None]
+        for request in [r for r, _ in self._sends] + self._notices:
+            if not request.Test():
+                request.Free()
+        if not self._someone_failed and not self._notice.Test():
+            self._notice.Cancel()
+            self._notice.Wait()
+        self._notice, self._notices, self._sends = None, [], []
+        if failures:
+            # Its unmatched messages stay in it; freed, its context id could be reused by a
+            # later run's communicator, and they would reach that run.
+            self._abandoned.append(self._comm)
+        else:
+            self._comm.Free()
+        self._comm = None
+        return failures

@@ -1,0 +1,67 @@
+"""Run under mpiexec (tests/test_mpi.py): one rank fails, and every rank must raise, soon.
+
+    mpiexec -n 2 python -m tests.mpi_programs.failure kernel|orchestration
+
+kernel: the last rank's kernel raises while rank 0 waits for the data that task would have
+made. orchestration: the last rank's orchestration raises while the others go on. Each rank
+prints "RAISED <rank> <error type> <task id or -> <seconds>", then runs a matmul with the same
+Runtime and prints "AGAIN <rank> OK" when it is right.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+from pto_gpu.kernels.tiles import copy
+from pto_gpu.orchestration.matmul import tiled_matmul
+
+import pto_gpu as pto
+
+
+@pto.kernel(worker=pto.VECTOR)
+def boom(x):
+    raise ValueError("boom")
+
+
+@pto.kernel(worker=pto.VECTOR)
+def slow_fill(x):
+    time.sleep(0.2)
+    x[...] = 1
+
+
+def failing(o: pto.Orchestrator, x, y, mode: str) -> None:
+    X, Y = o.external(x, owner=pto.block_rows(o.ranks)), o.external(y, owner=0)
+    last = X[(o.ranks - 1) * 8:]
+    for _ in range(3):  # work on every rank before the failure
+        for r in range(o.ranks):
+            o.submit(slow_fill, pto.output(X[r * 8:(r + 1) * 8]))
+    if mode == "orchestration" and o.rank == o.ranks - 1:
+        raise RuntimeError("the last rank's orchestration gave up")
+    o.submit(boom if mode == "kernel" else slow_fill, pto.output(last))
+    o.submit(copy, pto.input(last), pto.output(Y[:8]))  # rank 0 needs what boom would have made
+
+
+def main(mode: str) -> None:
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    rt = pto.Runtime(backend="cpu", comm=comm)
+    started = time.perf_counter()
+    try:
+        rt.run(failing, np.zeros((8 * comm.Get_size(), 4)), np.zeros((8, 4)), mode)
+    except Exception as error:  # the failing rank's own, else the TaskError or RankError of it
+        task = error.task_id if isinstance(error, pto.TaskError) else "-"
+        print(f"RAISED {rank} {type(error).__name__} {task} {time.perf_counter() - started:.2f}", flush=True)
+    else:
+        print(f"RAISED {rank} nothing - {time.perf_counter() - started:.2f}", flush=True)
+    a = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096
+    c = np.zeros_like(a)
+    rt.run(tiled_matmul, a, a, c, 16)
+    mine = pto.block_rows(comm.Get_size()).row_owners(64) == rank
+    print(f"AGAIN {rank} {'OK' if np.allclose(c[mine], (a @ a)[mine], rtol=1e-5) else 'WRONG'}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

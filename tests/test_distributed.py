@@ -1,0 +1,75 @@
+"""The distributed run's bookkeeping without MPI: distributions, and which rank must receive
+what (holdings), which every rank works out alike. tests/test_mpi.py runs it on ranks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import pto_gpu as pto
+from pto_gpu.distributed.holdings import Holdings
+from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
+from pto_gpu.trace import merge, rank_path
+
+
+def test_distributions_deal_rows_to_ranks():
+    assert pto.block_rows(2).row_owners(5).tolist() == [0, 0, 0, 1, 1]
+    assert pto.block_rows(4).row_owners(8).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert pto.block_cyclic(2, 3).row_owners(8).tolist() == [0, 0, 1, 1, 2, 2, 0, 0]
+
+
+def matrix(rows: int, cols: int) -> TensorDescriptor:
+    buffer = Buffer(-1, BufferKind.EXTERNAL, 0, rows * cols * 4)
+    return TensorDescriptor(buffer, 0, 0, (cols, 1), (rows, cols), pto.FLOAT32)
+
+
+def test_each_version_reaches_each_rank_once_from_its_writer():
+    t = matrix(4, 4)
+    holdings = Holdings(np.repeat(np.array([0, 0, 1, 1], np.int8), 4), 16, pto.FLOAT32, 2)
+    assert holdings.fetch(t[0:2], 1) == [(0, None)]  # rows 0-1 are rank 0's
+    assert holdings.fetch(t[0:2], 1) == []  # rank 1 holds them now
+    assert holdings.fetch(t[2:4], 1) == []  # its own
+    holdings.wrote(t[:, 0:1], 0)  # a new version of column 0, on rank 0 only
+    [(source, mask)] = holdings.fetch(t, 1)
+    assert source == 0 and mask.tolist() == [[True, False, False, False]] * 4
+    [(source, mask)] = holdings.fetch(t, 0)  # rows 2-3 but their column 0, from rank 1
+    assert source == 1 and mask.tolist() == [[False] * 4] * 2 + [[False, True, True, True]] * 2
+    # Rank 1 owns rows 2-3 and fetched their column 0: no owner lacks its newest version.
+    assert holdings.stale_at_owner() == []
+    holdings.wrote(t[3:4, 1:3], 0)
+    [(writer, owner, flat)] = holdings.stale_at_owner()
+    assert (writer, owner) == (0, 1) and np.flatnonzero(flat).tolist() == [13, 14]
+
+
+def test_a_read_spanning_writers_is_one_transfer_per_writer():
+    t = matrix(3, 2)
+    holdings = Holdings(np.array([0, 0, 1, 1, 2, 2], np.int8), 6, pto.FLOAT32, 3)
+    needed = holdings.fetch(t[:, 0:1], 2)  # column 0: rows of ranks 0 and 1, and its own
+    assert [(source, mask.ravel().tolist()) for source, mask in needed] == [(0, [True, False, False]),
+                                                                            (1, [False, True, False])]
+
+
+def test_one_owner_buffers_have_no_tables_until_a_region_splits_them():
+    t = matrix(2, 8)
+    holdings = Holdings(1, 16, pto.FLOAT32, 2)
+    assert holdings.owner_of(t[1]) == 1
+    holdings.wrote(t, 1)
+    assert holdings.fetch(t, 0) == [(1, None)] and holdings.fetch(t, 0) == []
+    assert holdings.owner is None  # whole-buffer reads and writes keep it uniform
+    holdings.wrote(t[0], 0)
+    [(source, mask)] = holdings.fetch(t, 1)
+    assert source == 0 and mask.tolist() == [[True] * 8, [False] * 8]
+    assert holdings.owner is not None and holdings.writer.tolist() == [0] * 8 + [1] * 8
+
+
+def test_ranks_traces_merge_into_one_timeline_a_process_per_rank(tmp_path):
+    for rank in range(2):
+        events = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "pto-gpu run"}},
+                  {"ph": "X", "pid": 1, "tid": 1, "name": "gemm", "ts": 0, "dur": 1},
+                  {"ph": "s", "pid": 1, "tid": 1, "name": "dependency", "id": 0, "ts": 0}]
+        rank_path(tmp_path / "run.json", rank).write_text(json.dumps({"traceEvents": events}))
+    merged = merge([tmp_path / "run.rank0.json", tmp_path / "run.rank1.json"])["traceEvents"]
+    assert [e["pid"] for e in merged] == [1, 1, 1, 2, 2, 2]
+    assert [e["args"]["name"] for e in merged if e["name"] == "process_name"] == ["rank 0", "rank 1"]
+    assert len({e["id"] for e in merged if "id" in e}) == 2  # flow ids stay apart

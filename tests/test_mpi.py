@@ -1,0 +1,83 @@
+"""Distributed runs (Runtime(comm=...)) on 1, 2 and 4 MPI ranks of this machine.
+
+Each test starts `mpiexec -n N python -m tests.mpi_programs....` (the programs check the
+results on rank 0 and print what they found): results bitwise equal to the serial executor,
+every rank's graph the serial run's, the executed tasks a partition, bytes as counted; and a
+failure on one rank raising on every rank within seconds, after which the Runtime still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The mpich wheel's launcher sits beside the interpreter in a virtual environment.
+MPIEXEC = next((str(p) for p in (Path(sys.executable).parent / "mpiexec",) if p.exists()),
+               shutil.which("mpiexec"))
+
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich mpi4py)")
+
+
+def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
+    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", module, *args]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_cases_match_the_serial_executor(ranks):
+    cases = ("matmul", "stencil", "flash", "spread", "pressed")
+    out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", *cases)
+    for case in cases:
+        assert f"OK {case} {ranks}" in out
+
+
+def test_serial_executor_on_each_rank():
+    out = mpiexec(2, "tests.mpi_programs.cases", "serial", "matmul", "spread")
+    assert "OK matmul 2" in out and "OK spread 2" in out
+
+
+@pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "orchestration")])
+def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
+    started = time.monotonic()
+    out = mpiexec(ranks, "tests.mpi_programs.failure", mode, timeout=60)
+    raised = dict((int(rank), (error, task, float(seconds)))
+                  for rank, error, task, seconds in re.findall(r"RAISED (\d+) (\w+) (\S+) ([\d.]+)", out))
+    assert sorted(raised) == list(range(ranks)), out
+    last = ranks - 1
+    if mode == "kernel":  # the same TaskError everywhere: the task that failed on the last rank
+        assert {error for error, _, _ in raised.values()} == {"TaskError"}, out
+        assert len({task for _, task, _ in raised.values()}) == 1, out
+    else:  # the last rank's own error; the others are told of it
+        assert raised[last][0] == "RuntimeError", out
+        assert all(raised[r][0] == "RankError" for r in range(last)), out
+    # The failing program works 0.6 s before the failure; waiting ranks give up at once.
+    assert max(seconds for _, _, seconds in raised.values()) < 10, out
+    assert len(re.findall(r"AGAIN \d+ OK", out)) == ranks, out
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("name, size", [("matmul", 512), ("stencil", 256), ("flash_attention_heads", 128)])
+def test_the_command_runs_a_workload_over_the_ranks_and_merges_their_traces(name, size, tmp_path):
+    trace = tmp_path / "run.json"
+    out = mpiexec(2, "pto_gpu", "run", name, "--ranks", "--size", str(size), "--backend", "cpu",
+                  "--trace", str(trace))
+    assert "(OK, tolerance" in out and "rank 1: ran" in out
+    merged = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in merged if e.get("name") == "process_name"}
+    assert names == {"rank 0", "rank 1"}
+    ran = {pid: sum(e["ph"] == "X" and e["name"] not in ("send", "recv") for e in merged if e["pid"] == pid)
+           for pid in (1, 2)}
+    tasks = int(re.search(r": ([\d,]+) tasks", out).group(1).replace(",", ""))
+    assert sum(ran.values()) == tasks and all(ran.values())
