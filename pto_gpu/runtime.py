@@ -191,15 +191,17 @@ class Runtime:
             if capture:
                 raise PTOError("Runtime.capture cannot capture a distributed run (comm=)")
             placement.start(self.sizes, record)
-            placement.transport.begin(name)
         recorder = Recorder() if record and placement is None else None
         profile = Profile(tracing=trace is not None, measuring=self.costs is not None)
         self.backend.wait_for_caller()
-        executor = self._make_executor(threshold, profile, capture, schedule)
-        windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
-        o = Orchestrator(scheduler, self.backend, executor, recorder, windows, placement)
+        executor = o = None
         started = time.perf_counter()
-        try:
+        try:  # from the distributed run's start: whatever fails after it, every rank hears of it
+            if placement is not None:
+                placement.transport.begin(name)
+            executor = self._make_executor(threshold, profile, capture, schedule)
+            windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
+            o = Orchestrator(scheduler, self.backend, executor, recorder, windows, placement)
             with threadpool_limits(1 if self.executor == "parallel" else None):
                 if placement is not None:  # the tensor that chains this rank's transfers
                     placement.lane = o.external(self.backend.to_device(np.zeros(1, np.uint8)))
@@ -210,13 +212,15 @@ class Runtime:
         except BaseException as error:
             if placement is not None:
                 placement.transport.fail()  # first, so that no rank waits for this one
-            executor.abort()
+            if executor is not None:
+                executor.abort()
             scheduler.reset(record)  # nothing of an unwound run stays in the rings
             if placement is not None:
                 raise conclude(placement.transport, error) from None
             raise
         finally:
-            o.close()
+            if o is not None:
+                o.close()
         if placement is not None and (error := conclude(placement.transport, None)) is not None:
             scheduler.reset(record)
             raise error

@@ -48,7 +48,8 @@ def test_serial_executor_on_each_rank():
     assert "OK matmul 2" in out and "OK spread 2" in out
 
 
-@pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "orchestration")])
+@pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "receiving"),
+                                         (2, "orchestration")])
 def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
     started = time.monotonic()
     out = mpiexec(ranks, "tests.mpi_programs.failure", mode, timeout=60)
@@ -56,7 +57,7 @@ def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
                   for rank, error, task, seconds in re.findall(r"RAISED (\d+) (\w+) (\S+) ([\d.]+)", out))
     assert sorted(raised) == list(range(ranks)), out
     last = ranks - 1
-    if mode == "kernel":  # the same TaskError everywhere: the task that failed on the last rank
+    if mode != "orchestration":  # the same TaskError everywhere: the task that failed on the last rank
         assert {error for error, _, _ in raised.values()} == {"TaskError"}, out
         assert len({task for _, task, _ in raised.values()}) == 1, out
     else:  # the last rank's own error; the others are told of it

@@ -42,8 +42,25 @@ class NcclTransport(MpiTransport):
         from cupy.cuda import nccl
 
         self._nccl = nccl
-        uid = comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
-        self._communicator = nccl.NcclCommunicator(self.size, uid, self.rank)
+        self._aborted = False
+        self._communicator = self._connect(comm)
+
+    def _connect(self, comm):
+        uid = comm.bcast(self._nccl.get_unique_id() if self.rank == 0 else None, root=0)
+        return self._nccl.NcclCommunicator(self.size, uid, self.rank)
+
+    def begin(self, name: str) -> None:
+        super().begin(name)
+        if self._communicator is None:  # the last run failed: NCCL has no tags to tell runs apart
+            self._communicator = self._connect(self._comm)
+
+    def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
+        failures = super().conclude(failure)
+        if failures:  # its unfinished operations would pair with the next run's: a fresh one then
+            if not self._aborted:
+                self._communicator.abort()
+            self._communicator, self._aborted = None, False
+        return failures
 
     def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         import cupy
@@ -82,6 +99,7 @@ class NcclTransport(MpiTransport):
             if self._someone_failed or self._notice.Test():
                 self._someone_failed = True
                 self._communicator.abort()
+                self._aborted = True
                 raise PeerFailed(f"stopped waiting for {what}: a rank failed")
             time.sleep(pause)
             pause = min(2 * pause, 1e-4)

@@ -121,13 +121,17 @@ class MpiTransport:
         self._notices: list = []  # requests of this rank's failure notices
         self._sends: list = []  # (request, packed copy) of sends not known to be delivered
         self._sends_lock = threading.Lock()
-        self._abandoned: list = []  # communicators of failed runs, never freed
+        self._prune_at = 64  # undelivered sends at which delivered ones are let go
+        self._given_up: list = []  # buffers of receives a failure stopped: MPI may still fill them
+        # Failed runs' communicators, never freed, with the buffers their unfinished messages
+        # may still read or write. MPICH has ~2,000 communicator ids: as many failed runs.
+        self._abandoned: list = []
 
     def begin(self, name: str) -> None:
         self._comm = self._base.Dup()
         names = self._comm.allgather(name)
         self.bytes_sent = self.bytes_received = 0
-        self._notices, self._sends, self._someone_failed = [], [], False
+        self._notices, self._sends, self._given_up, self._someone_failed = [], [], [], False
         self._notice = self._comm.Irecv(self._heard, source=self._MPI.ANY_SOURCE, tag=NOTICE)
         if len(set(names)) > 1:
             raise RankError(f"the ranks run different orchestrations: {names} (by rank); every rank "
@@ -143,12 +147,18 @@ class MpiTransport:
             # The copy must live until MPI has sent it: it is kept with its request.
             self._sends.append((request, data))
             self.bytes_sent += data.nbytes
-            if len(self._sends) > 64:  # let delivered sends' copies go
+            if len(self._sends) > self._prune_at:  # let delivered sends' copies go, now and then
                 self._sends = [(r, d) for r, d in self._sends if not r.Test()]
+                self._prune_at = 2 * len(self._sends) + 64
 
     def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
         data = np.empty(packed_bytes(view, mask), np.uint8)
-        self.wait(self._comm.Irecv(data, source=source, tag=self._tag(sequence)), f"data from rank {source}")
+        request = self._comm.Irecv(data, source=source, tag=self._tag(sequence))
+        try:
+            self.wait(request, f"data from rank {source}")
+        except PeerFailed:
+            self._given_up.append(data)  # a cancel does not stop a message already matched
+            raise
         unpack(data, view, mask)
         self.bytes_received += data.nbytes
 
@@ -200,11 +210,12 @@ class MpiTransport:
         if not self._someone_failed and not self._notice.Test():
             self._notice.Cancel()
             self._notice.Wait()
-        self._notice, self._notices, self._sends = None, [], []
+        self._notice, self._notices = None, []
+        self._prune_at = 64
         if failures:
             # Its unmatched messages stay in it; freed, its context id could be reused by a
             # later run's communicator, and they would reach that run.
-            self._abandoned.append(self._comm)
+            self._abandoned.append((self._comm, self._sends, self._given_up))
         else:
             self._comm.Free()
         self._comm = None

@@ -233,8 +233,11 @@ class ParallelExecutor:
                 if self._idle_locked():
                     raise PTOError(f"{self._scheduler.pending} tasks can never become ready")
                 self._progress.wait(WAIT_SLICE)
-        self._shutdown()
+        # A failure is raised before the workers are joined (abort joins them): in a
+        # distributed run a worker may wait on a message that comes only once this rank has
+        # told the others it failed, which the runtime does when this raises.
         self._raise_failure()
+        self._shutdown()
 
     def abort(self) -> None:
         """The run is unwinding: run what was submitted, as the serial executor already has

@@ -1,9 +1,12 @@
 """Run under mpiexec (tests/test_mpi.py): one rank fails, and every rank must raise, soon.
 
-    mpiexec -n 2 python -m tests.mpi_programs.failure kernel|orchestration
+    mpiexec -n 2 python -m tests.mpi_programs.failure kernel|receiving|orchestration
 
 kernel: the last rank's kernel raises while rank 0 waits for the data that task would have
-made. orchestration: the last rank's orchestration raises while the others go on. Each rank
+made. receiving: the same, while the failing rank itself waits for a message that rank 0 can
+send only after the one it waits for (its receives are chained): only the failing rank's
+notice frees both. orchestration: the last rank's orchestration raises while the others go
+on. Each rank
 prints "RAISED <rank> <error type> <task id or -> <seconds>", then runs a matmul with the same
 Runtime and prints "AGAIN <rank> OK" when it is right.
 """
@@ -44,13 +47,33 @@ def failing(o: pto.Orchestrator, x, y, mode: str) -> None:
     o.submit(copy, pto.input(last), pto.output(Y[:8]))  # rank 0 needs what boom would have made
 
 
+@pto.kernel(worker=pto.VECTOR)
+def late_boom(x):
+    time.sleep(0.5)  # the other ranks are waiting by now
+    raise ValueError("boom")
+
+
+def receiving(o: pto.Orchestrator, a, z, b, w, c, mode: str) -> None:
+    last = o.ranks - 1
+    A, Z, C = (o.external(x, owner=last) for x in (a, z, c))
+    B, W = (o.external(x, owner=0) for x in (b, w))
+    o.submit(late_boom, pto.output(A))            # the last rank: fails
+    o.submit(slow_fill, pto.output(Z))            # the last rank
+    o.submit(copy, pto.input(A), pto.output(B))   # rank 0 receives A, which never comes
+    o.submit(copy, pto.input(Z), pto.output(W))   # rank 0 receives Z, chained behind A's
+    o.submit(copy, pto.input(W), pto.output(C))   # the last rank receives W: sent once W is made
+
+
 def main(mode: str) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     rt = pto.Runtime(backend="cpu", comm=comm)
     started = time.perf_counter()
     try:
-        rt.run(failing, np.zeros((8 * comm.Get_size(), 4)), np.zeros((8, 4)), mode)
+        if mode == "receiving":
+            rt.run(receiving, *(np.zeros((8, 4)) for _ in range(5)), mode)
+        else:
+            rt.run(failing, np.zeros((8 * comm.Get_size(), 4)), np.zeros((8, 4)), mode)
     except Exception as error:  # the failing rank's own, else the TaskError or RankError of it
         task = error.task_id if isinstance(error, pto.TaskError) else "-"
         print(f"RAISED {rank} {type(error).__name__} {task} {time.perf_counter() - started:.2f}", flush=True)
