@@ -246,12 +246,11 @@ class Heft:
         self.tasks = dict.fromkeys(WorkerType, 0)  # queued or running, per class
         self.queued: dict[int, tuple[WorkerType, float]] = {}  # task id -> where it counts, seconds
 
-    def place(self, task, known: float | None = None):
-        """The task to queue: `task`, or a copy on the class chosen. `known`: its cost on its
-        own class, where the caller has it."""
+    def place(self, task):
+        """The task to queue: `task`, or a copy on the class chosen."""
         if task.classes is None:
             if self.active:
-                self._count(task.id, task.worker, self.cost_on(task) if known is None else known)
+                self._count(task.id, task.worker, self.cost_on(task))
             return task
         stage = self.ranges.get(task.tags.get("stage")) if task.tags else None
         classes = [w for w in task.classes if w in self.workers and (not stage or w in stage)]
