@@ -552,10 +552,10 @@ def either(x):
     x += 1
 
 
-def eight_rows(o, x, worker=None):
+def eight_rows(o, x, worker=None, kernel=either):
     X = o.external(x)
     for i in range(8):
-        o.submit(either, pto.inout(X[i:i + 1]), worker=worker)
+        o.submit(kernel, pto.inout(X[i:i + 1]), worker=worker)
 
 
 def test_heft_places_each_task_where_it_finishes_first():
@@ -576,18 +576,14 @@ def test_heft_learns_per_class_costs_from_history():
     def measured(x):
         x += 1
 
-    def rows(o, x, worker=None):
-        X = o.external(x)
-        for i in range(8):
-            o.submit(measured, pto.inout(X[i:i + 1]), worker=worker)
-
     from pto_gpu.costs import Tally
 
     history = pto.CostHistory()
     history.merge({("measured", ((1, 4),), pto.CUBE): Tally(1, COST, COST ** 2),
                    ("measured", ((1, 4),), pto.VECTOR): Tally(1, 3 * COST, 9 * COST ** 2)})
     rt = pto.Runtime(backend="cpu", executor="sim", workers={pto.CUBE: 1, pto.VECTOR: 1}, costs=history)
-    assert rt.run(rows, np.zeros((8, 4), np.float32)).makespan == pytest.approx(6 * COST)
+    result = rt.run(eight_rows, np.zeros((8, 4), np.float32), None, measured)
+    assert result.makespan == pytest.approx(6 * COST)
 
 
 ran_on_class: list[str] = []
