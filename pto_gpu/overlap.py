@@ -186,4 +186,35 @@ def row_covers(outer, inner):
         return False
     if outer[R_NDIM] == 0:
         return True
+    # Fast paths for a tile written again or inside a wider one; each gives _walk's verdict.
+    if _identical(outer, inner):
+        return _nested(outer)
+    if (outer[R_NDIM] == 1 and inner[R_NDIM] == 1 and outer[R_STRIDE] == inner[R_STRIDE]
+            and outer[R_STRIDE] >= outer[R_RUN] and inner[R_STRIDE] >= inner[R_RUN]):
+        # Inner leaf j starts at column m of outer leaf j + q (q >= 0: the ranges nest).
+        q, m = divmod(inner[R_LO] - outer[R_LO], outer[R_STRIDE])
+        return m + inner[R_RUN] <= outer[R_RUN] and q + inner[R_COUNT] <= outer[R_COUNT]
     return _walk(inner, inner[R_LO], inner[R_HI], outer, True)
+
+
+@njit(cache=True, inline="always")
+def _identical(a, b):
+    """Whether two rows (of one owner) describe the same leaves."""
+    nd = a[R_NDIM]
+    if a[R_LO] != b[R_LO] or a[R_HI] != b[R_HI] or a[R_RUN] != b[R_RUN] or nd != b[R_NDIM]:
+        return False
+    for k in range(nd):
+        if a[R_STRIDE + k] != b[R_STRIDE + k] or a[R_COUNT + k] != b[R_COUNT + k]:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _nested(row):
+    """_extents' verdict without its scratch array: each stride spans the sub-block below it."""
+    extent = row[R_RUN]
+    for k in range(row[R_NDIM] - 1, -1, -1):
+        if row[R_STRIDE + k] < extent:
+            return False
+        extent += (row[R_COUNT + k] - 1) * row[R_STRIDE + k]
+    return True
