@@ -28,7 +28,7 @@ def fresh(**sizes):
 def _task_ring_loop(header, tasks, n):
     for _ in range(n):
         task = rings.task_ring_alloc(header, tasks)
-        tasks[task & (header[cs.H_WINDOW] - 1), cs.T_STATE] = cs.COMPLETED
+        tasks[task & (header[0].window - 1)].state = cs.COMPLETED
         rings.retire_completed(header, tasks)
 
 
@@ -100,7 +100,7 @@ def test_submit_and_complete(benchmark, chain):
     ready = np.empty(64, np.int64)
     n = N // 10
     refused = benchmark(_submit_complete_loop, *s.tables, s.producers, s.covered, even, odd, ready, n)
-    assert refused == 0 and s.header[cs.H_TM_USED] <= chain + 4
+    assert refused == 0 and s.head["tm_used"] <= chain + 4
     per_op(benchmark, n)
 
 

@@ -13,7 +13,7 @@ from threadpoolctl import threadpool_limits
 
 from .backends import CapturedGraph
 from .backends.cpu import CpuBackend
-from .core.state import H_COMPLETED, H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
+from .core.state import CoreState, Sizes
 from .costs import CostHistory
 from .dtypes import WorkerType
 from .errors import PTOError, UsageError
@@ -156,8 +156,8 @@ class Runtime:
     @property
     def progress(self) -> tuple[int, int]:
         """(tasks completed, tasks submitted) so far in the current run; safe from another thread."""
-        header = self._scheduler.state.header
-        return int(header[H_COMPLETED]), int(header[H_NEXT_TASK])
+        header = self._scheduler.state.head
+        return int(header["completed"]), int(header["next_task"])
 
     def _run(self, orchestration, args, kwargs, threshold, record, trace, capture=False, schedule=None):
         """The run's RunResult and the executor that ran it."""
@@ -184,10 +184,10 @@ class Runtime:
             o.close()
         seconds = time.perf_counter() - started
         measured = profile.measured()
-        header = scheduler.state.header
+        header = scheduler.state.head
         result = RunResult(
             orchestration=getattr(orchestration, "__name__", repr(orchestration)),
-            num_tasks=int(header[H_NEXT_TASK]), num_edges=int(header[H_NUM_EDGES]), seconds=seconds,
+            num_tasks=int(header["next_task"]), num_edges=int(header["num_edges"]), seconds=seconds,
             backend=self.backend.name, executor="stream" if capture else self.executor,
             high_water=scheduler.high_water(),
             capacity=scheduler.capacity(), stalls=profile.stalls, kernels=kernel_times(profile),

@@ -205,8 +205,7 @@ class Session:
             params.append(Param(ParamKind.SCALAR, int(f["arg_int"][slot, i]) if is_int
                                 else float(f["arg_float"][slot, i])))
         row = self._scheduler.state.tasks[slot]
-        return Task(task_id, self._kernels[row[cs.T_KERNEL]], WorkerType(int(row[cs.T_WORKER])),
-                    tuple(params))
+        return Task(task_id, self._kernels[row["kernel"]], WorkerType(int(row["worker"])), tuple(params))
 
     def _tensor(self, desc: np.ndarray):
         return to_tensor(desc, self._buffer(desc), DataType(int(desc[D_DTYPE])))
@@ -225,15 +224,15 @@ class Session:
 
     def unfreed(self) -> list[Buffer]:
         """Heap buffers allocated and not freed, oldest first, from either side."""
-        h, buffers = self._scheduler.state.header, self._scheduler.state.buffers
+        h, buffers = self._scheduler.state.head, self._scheduler.state.buffers
         base = int(self._fields["meta"][M_HEAP_BASE])
         found = []
-        for seq in range(int(h[cs.H_BUF_TAIL]), int(h[cs.H_BUF_NEXT])):
+        for seq in range(int(h["buf_tail"]), int(h["buf_next"])):
             if self._heap_live(seq):
                 row = buffers[seq % len(buffers)]
-                nbytes = int(row[cs.B_VEND] - row[cs.B_VSTART])
+                nbytes = int(row["vend"] - row["vstart"])
                 found.append(self._python_heap.get(seq)
-                             or Buffer(seq, BufferKind.HEAP, base + int(row[cs.B_OFFSET]), nbytes))
+                             or Buffer(seq, BufferKind.HEAP, base + int(row["offset"]), nbytes))
         return found
 
     def _heap_live(self, seq: int) -> bool:
