@@ -162,7 +162,8 @@ def rows_overlap(a, b):
     """Whether two layout rows of the same owner share a byte, at their common level."""
     if a[R_LO] >= b[R_HI] or b[R_LO] >= a[R_HI] or a[R_LO] == a[R_HI] or b[R_LO] == b[R_HI]:
         return False
-    if min(a[R_LEVEL], b[R_LEVEL]) == 0 or (a[R_NDIM] == 0 and b[R_NDIM] == 0):
+    # Both non-empty: each holds its first byte, so a common start is a shared byte.
+    if a[R_LO] == b[R_LO] or min(a[R_LEVEL], b[R_LEVEL]) == 0 or (a[R_NDIM] == 0 and b[R_NDIM] == 0):
         return True
     if (a[R_NDIM] == 1 and b[R_NDIM] == 1 and a[R_STRIDE] == b[R_STRIDE]
             and a[R_STRIDE] >= a[R_RUN] and b[R_STRIDE] >= b[R_RUN]):
@@ -190,7 +191,7 @@ def row_covers(outer, inner):
         return True
     # Fast paths for a tile written again or inside a wider one; each gives _walk's verdict.
     if _identical(outer, inner):
-        return _extents(outer)[0]
+        return _nested(outer)
     if (outer[R_NDIM] == 1 and inner[R_NDIM] == 1 and outer[R_STRIDE] == inner[R_STRIDE]
             and outer[R_STRIDE] >= outer[R_RUN] and inner[R_STRIDE] >= inner[R_RUN]):
         # Inner leaf j starts at column m of outer leaf j + q (q >= 0: the ranges nest).
@@ -210,3 +211,15 @@ def _identical(a, b):
             return False
     return True
 
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _nested(row):
+    """_extents' first answer without building the extents (the common case of a tile
+    written again asks only this)."""
+    extent = row[R_RUN]
+    for k in range(row[R_NDIM] - 1, -1, -1):
+        if row[R_STRIDE + k] < extent:
+            return False
+        extent += (row[R_COUNT + k] - 1) * row[R_STRIDE + k]
+    return True

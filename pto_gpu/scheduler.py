@@ -116,7 +116,7 @@ class Scheduler:
         return seq
 
     def heap_offset(self, seq: int) -> int:
-        return int(self.state.buffers["offset"][seq % self.state.sizes.buffer_window])
+        return int(self.state.buffers["offset"][seq & self.state.head["buf_mask"]])
 
     def buffer_free(self, seq: int) -> None:
         s = self.state

@@ -71,16 +71,15 @@ def check(header, tasks, buffers, deps, entries, buckets, where):
     if fanout_entries != h.dep_used:
         return 8
 
-    cap = h.buf_cap
-    users = np.zeros(cap, np.int64)
+    users = np.zeros(len(buffers), np.int64)
     for task_id in range(first, end):
         task = tasks[task_id & mask]
         if task.state < COMPLETED:
             for i in range(task.nbuf):
-                users[task.bufs[i] % cap] += 1
+                users[task.bufs[i] & h.buf_mask] += 1
     previous_end = h.heap_tail
     for seq in range(h.buf_tail, h.buf_next):
-        slot = seq % cap
+        slot = seq & h.buf_mask
         buffer = buffers[slot]
         where[0] = seq
         refs, state = buffer.refs, buffer.state

@@ -89,25 +89,28 @@ def heap_alloc(header, buffers, nbytes):
     size = heap_size(nbytes)
     head = h.heap_head
     tail = h.heap_tail
+    lap = h.heap_lap  # kept rather than head // capacity: a division is most of an alloc
     if seq == h.buf_tail:
         # Nothing is alive: start again at physical 0, so that a buffer as large as the heap
         # fits whatever position the last one ended at.
-        head = (head + capacity - 1) // capacity * capacity
+        if head != lap:
+            lap += capacity
+            head = lap
         tail = head
-    physical = head % capacity
-    if physical + size > capacity:  # never split a buffer across the wrap
-        head += capacity - physical
-        physical = 0
+    if head - lap + size > capacity:  # never split a buffer across the wrap
+        lap += capacity
+        head = lap
     if head + size - tail > capacity:
         return FULL_HEAP
     h.heap_tail = tail
-    buffer = buffers[seq % h.buf_cap]
+    h.heap_lap = lap
+    buffer = buffers[seq & h.buf_mask]
     buffer.seq = seq
     buffer.state = LIVE
     buffer.refs = 1
     buffer.vstart = head
     buffer.vend = head + size
-    buffer.offset = physical
+    buffer.offset = head - lap
     h.heap_head = head + size
     h.buf_next = seq + 1
     h.hw_heap = max(h.hw_heap, head + size - tail)
@@ -117,14 +120,14 @@ def heap_alloc(header, buffers, nbytes):
 
 @njit(cache=True, _nrt=False)
 def buffer_is_live(header, buffers, seq):
-    buffer = buffers[seq % header[0].buf_cap]
+    buffer = buffers[seq & header[0].buf_mask]
     return buffer.seq == seq and buffer.state != DEAD
 
 
 @njit(cache=True, _nrt=False)
 def buffer_unfreed(header, buffers, seq):
     """Whether heap buffer `seq` is allocated and the orchestration has not freed it."""
-    buffer = buffers[seq % header[0].buf_cap]
+    buffer = buffers[seq & header[0].buf_mask]
     return buffer.seq == seq and buffer.state == LIVE
 
 
@@ -132,25 +135,25 @@ def buffer_unfreed(header, buffers, seq):
 def buffer_release(header, buffers, seq):
     """Drop one reference to a heap buffer; reclaim heap space when it dies."""
     h = header[0]
-    buffer = buffers[seq % h.buf_cap]
+    mask = h.buf_mask
+    buffer = buffers[seq & mask]
     buffer.refs -= 1
     if buffer.refs == 0:
         buffer.state = DEAD
         tail = h.buf_tail
         end = h.buf_next
-        cap = h.buf_cap
-        while tail < end and buffers[tail % cap].state == DEAD:
+        while tail < end and buffers[tail & mask].state == DEAD:
             tail += 1
         h.buf_tail = tail
         # The live part starts where the oldest live buffer does, which after a wrap lies
         # past the end of the one before it: the skipped bytes are free too.
-        h.heap_tail = buffers[tail % cap].vstart if tail < end else h.heap_head
+        h.heap_tail = buffers[tail & mask].vstart if tail < end else h.heap_head
 
 
 @njit(cache=True, _nrt=False)
 def buffer_free(header, buffers, seq):
     """The orchestrator's `free`: no more references will be added."""
-    buffers[seq % header[0].buf_cap].state = FREED
+    buffers[seq & header[0].buf_mask].state = FREED
     buffer_release(header, buffers, seq)
 
 

@@ -31,9 +31,11 @@ HEADER = np.dtype([
     ("heap_cap", _I8),
     ("heap_head", _I8),  # virtual byte position of the next allocation
     ("heap_tail", _I8),  # virtual byte position where the live part begins (the oldest live buffer)
+    ("heap_lap", _I8),  # virtual position of physical byte 0 in the current pass over the heap
     ("buf_next", _I8),  # sequence number of the next heap buffer
     ("buf_tail", _I8),  # oldest heap buffer not yet dead
-    ("buf_cap", _I8),
+    ("buf_cap", _I8),  # heap buffers alive at most
+    ("buf_mask", _I8),  # slot of buffer seq: seq & buf_mask (the table has a power of two of slots)
     ("dep_free", _I8),  # dep-list pool free-list head
     ("dep_used", _I8),
     ("tm_free", _I8),  # TensorMap entry free-list head
@@ -149,7 +151,7 @@ class CoreState:
             sizes=sizes,
             header=np.zeros(1, HEADER),
             tasks=np.zeros(sizes.task_window, TASK),
-            buffers=np.zeros(sizes.buffer_window, BUFFER),
+            buffers=np.zeros(1 << (sizes.buffer_window - 1).bit_length(), BUFFER),
             deps=np.zeros(sizes.dep_pool, DEP),
             entries=np.zeros(sizes.tensormap_entries, ENTRY),
             buckets=np.zeros(sizes.tensormap_buckets, BUCKET),
@@ -193,6 +195,7 @@ def reset_tables(state: CoreState) -> None:
     h["window"] = s.task_window
     h["heap_cap"] = s.heap_bytes
     h["buf_cap"] = s.buffer_window
+    h["buf_mask"] = len(state.buffers) - 1
     state.tasks[:] = 0
     state.tasks["id"] = -1
     state.buffers[:] = 0

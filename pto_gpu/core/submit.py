@@ -92,7 +92,7 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
         if owner >= 0 and not _contains(bufs, n_buf, owner):
             bufs[n_buf] = owner
             n_buf += 1
-            buffers[owner % h.buf_cap].refs += 1
+            buffers[owner & h.buf_mask].refs += 1
     task.nbuf = n_buf
     h.num_edges += unique
     h.last_edges = unique

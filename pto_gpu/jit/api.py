@@ -110,7 +110,7 @@ def alloc(o, shape, dtype):
         _service(o, bridge.SERVICE_ROOM, seq, 0, 0)
     if o.meta[M_VALIDATE]:
         _service(o, bridge.SERVICE_CHECK, seq, bridge.CHECK_ALLOC, 0)
-    slot = seq % o.header[0].buf_cap
+    slot = seq & o.header[0].buf_mask
     o.heap_versions[slot, :] = 0
     desc = tuple_setitem(_ZERO_DESC, D_KEY, seq)
     desc = tuple_setitem(desc, D_BASE, o.meta[M_HEAP_BASE] + o.buffers[slot].offset)
@@ -265,7 +265,7 @@ def _service(o, code, a, b, c):
 def _versions_of(o, key):
     """The row of a buffer's versions (VERSION_* columns): a heap slot's or an external's."""
     if key >= 0:
-        return o.heap_versions[key % o.header[0].buf_cap]
+        return o.heap_versions[key & o.header[0].buf_mask]
     return o.externals[-1 - key]
 
 
