@@ -2,7 +2,9 @@
 
 Each benchmark runs N operations in one njit call; ns/op = median / N. Every loop must stay
 in a steady state (nothing fills up), and the submit loops count refused submits so that
-a benchmark never measures the FULL_* fast path by accident.
+a benchmark never measures the FULL_* fast path by accident. The loops are compiled as the
+core's own transitions are (`_nrt=False`, see pto_gpu/core), since the helpers they call
+are inlined into their callers and run inside submit and complete in the runtime.
 """
 
 import numpy as np
@@ -24,7 +26,7 @@ def fresh(**sizes):
     return cs.CoreState.allocate(cs.Sizes(**sizes))
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _task_ring_loop(header, tasks, n):
     for _ in range(n):
         task = rings.task_ring_alloc(header, tasks)
@@ -32,21 +34,21 @@ def _task_ring_loop(header, tasks, n):
         rings.retire_completed(header, tasks)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _heap_ring_loop(header, buffers, n):
     for _ in range(n):
         seq = rings.heap_alloc(header, buffers, 4096)
         rings.buffer_free(header, buffers, seq)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _tm_insert_loop(header, entries, buckets, row, n):
     for i in range(n):
         entry = tm_insert(header, entries, buckets, row, i, cs.WRITER)
         tm_remove(header, entries, buckets, entry)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _submit_complete_loop(header, tasks, buffers, deps, entries, buckets, producers, covered, even, odd,
                           ready, n):
     """Tasks alternate between reading tile A and writing B, and the reverse: each write covers

@@ -157,7 +157,7 @@ def _same_lattice_overlap(a, b):
     return m + b[R_RUN] > stride and max(q + 1, 0) <= min(q + nb, na - 1)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")  # a TensorMap walk mostly ends in these tests
 def rows_overlap(a, b):
     """Whether two layout rows of the same owner share a byte, at their common level."""
     if a[R_LO] >= b[R_HI] or b[R_LO] >= a[R_HI] or a[R_LO] == a[R_HI] or b[R_LO] == b[R_HI]:
@@ -165,6 +165,12 @@ def rows_overlap(a, b):
     # Both non-empty: each holds its first byte, so a common start is a shared byte.
     if a[R_LO] == b[R_LO] or min(a[R_LEVEL], b[R_LEVEL]) == 0 or (a[R_NDIM] == 0 and b[R_NDIM] == 0):
         return True
+    return _layouts_overlap(a, b)
+
+
+@njit(cache=True, _nrt=False)
+def _layouts_overlap(a, b):
+    """rows_overlap for two non-empty rows with intersecting byte ranges, judged by leaves."""
     if (a[R_NDIM] == 1 and b[R_NDIM] == 1 and a[R_STRIDE] == b[R_STRIDE]
             and a[R_STRIDE] >= a[R_RUN] and b[R_STRIDE] >= b[R_RUN]):
         return _same_lattice_overlap(a, b)

@@ -26,7 +26,7 @@ from .state import (
 # --- task ring ---------------------------------------------------------------------------
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def task_ring_alloc(header, tasks):
     """Claim the next task id and its slot, or FULL_TASKS when the window is full."""
     h = header[0]
@@ -47,7 +47,7 @@ def task_ring_alloc(header, tasks):
     return task_id
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def is_done(header, tasks, task_id):
     """Whether a task has completed (retired ids no longer own their slot)."""
     h = header[0]
@@ -56,7 +56,7 @@ def is_done(header, tasks, task_id):
     return tasks[task_id & (h.window - 1)].state >= COMPLETED
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def retire_completed(header, tasks):
     """Move last_task_alive past the leading completed tasks, freeing their slots."""
     h = header[0]
@@ -118,7 +118,7 @@ def heap_alloc(header, buffers, nbytes):
     return seq
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def buffer_is_live(header, buffers, seq):
     buffer = buffers[seq & header[0].buf_mask]
     return buffer.seq == seq and buffer.state != DEAD
@@ -131,7 +131,7 @@ def buffer_unfreed(header, buffers, seq):
     return buffer.seq == seq and buffer.state == LIVE
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def buffer_release(header, buffers, seq):
     """Drop one reference to a heap buffer; reclaim heap space when it dies."""
     h = header[0]
@@ -160,7 +160,7 @@ def buffer_free(header, buffers, seq):
 # --- dep-list pool -----------------------------------------------------------------------
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def dep_prepend(header, deps, head, task_id):
     """Prepend task_id to the list starting at head (O(1)); the new head, or FULL_DEPS."""
     h = header[0]
@@ -176,7 +176,7 @@ def dep_prepend(header, deps, head, task_id):
     return entry
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def dep_release(header, deps, entry):
     """Return one entry to the pool; the next entry of its list."""
     h = header[0]

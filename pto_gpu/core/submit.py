@@ -123,7 +123,7 @@ def _collect(header, buffers, entries, buckets, entry, row, writes, stamp, produ
     return found, n_covered
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _sort_unique(values, count):
     """Sort values[:count] in place and drop repeats; the number left."""
     if count > 32:

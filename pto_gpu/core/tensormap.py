@@ -64,7 +64,7 @@ def is_stale(header, buffers, entries, entry):
     return owner >= 0 and not buffer_is_live(header, buffers, owner)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def tm_insert(header, entries, buckets, row, task_id, kind):
     """Insert a region at the head of its chain; the entry index, or -1 when the pool is full."""
     h = header[0]
@@ -94,7 +94,7 @@ def tm_insert(header, entries, buckets, row, task_id, kind):
     return entry
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def tm_remove(header, entries, buckets, entry):
     """Unlink an entry and return it to the pool; the entry that followed it."""
     h = header[0]
