@@ -142,6 +142,17 @@ def _walk(row, lo, hi, other, coverage):
         last = tuple_setitem(last, k, end)
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _row_and_column(offset, stride):
+    """divmod(offset, stride) for stride > 0, without dividing when the offset is under one
+    row either way (tiles side by side): a 64-bit division is ~40 cycles."""
+    if 0 <= offset < stride:
+        return 0, offset
+    if -stride <= offset < 0:
+        return -1, offset + stride
+    return divmod(offset, stride)
+
+
 @njit(cache=True, _nrt=False)
 def _same_lattice_overlap(a, b):
     """Exact test for two nested rows of one outer dim with the same stride (2-D tiles).
@@ -150,7 +161,7 @@ def _same_lattice_overlap(a, b):
     row j starts at column m of A's row j + q and may spill into row j + q + 1.
     """
     stride = a[R_STRIDE]
-    q, m = divmod(b[R_LO] - a[R_LO], stride)
+    q, m = _row_and_column(b[R_LO] - a[R_LO], stride)
     na, nb = a[R_COUNT], b[R_COUNT]
     if m < a[R_RUN] and max(q, 0) <= min(q + nb - 1, na - 1):
         return True
@@ -201,7 +212,7 @@ def row_covers(outer, inner):
     if (outer[R_NDIM] == 1 and inner[R_NDIM] == 1 and outer[R_STRIDE] == inner[R_STRIDE]
             and outer[R_STRIDE] >= outer[R_RUN] and inner[R_STRIDE] >= inner[R_RUN]):
         # Inner leaf j starts at column m of outer leaf j + q (q >= 0: the ranges nest).
-        q, m = divmod(inner[R_LO] - outer[R_LO], outer[R_STRIDE])
+        q, m = _row_and_column(inner[R_LO] - outer[R_LO], outer[R_STRIDE])
         return m + inner[R_RUN] <= outer[R_RUN] and q + inner[R_COUNT] <= outer[R_COUNT]
     return _walk(inner, inner[R_LO], inner[R_HI], outer, True)
 

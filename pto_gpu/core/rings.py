@@ -189,6 +189,6 @@ def dep_release(header, deps, entry):
     return following
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def dep_free_count(header, deps):
     return len(deps) - header[0].dep_used

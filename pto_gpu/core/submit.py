@@ -13,7 +13,7 @@ from numba import njit
 
 from ..layout import P_KIND, R_OWNER, ROW_WIDTH
 from ..overlap import row_covers, rows_overlap
-from .rings import dep_prepend, is_done, task_ring_alloc
+from .rings import dep_free_count, dep_prepend, is_done, task_ring_alloc
 from .state import (
     FULL_DEPS,
     FULL_TASKS,
@@ -24,7 +24,7 @@ from .state import (
     READY,
     WRITER,
 )
-from .tensormap import WIDE, chain_head, is_stale, lookup_blocks, tm_insert, tm_remove
+from .tensormap import WIDE, chain_head, is_stale, lookup_blocks, tm_free_count, tm_insert, tm_remove
 
 
 @njit(cache=True, _nrt=False)
@@ -39,7 +39,7 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
     n_params = len(params)
     if h.next_task - h.last_alive >= h.window:
         return FULL_TASKS
-    if len(entries) - h.tm_used < n_params:
+    if tm_free_count(header, entries) < n_params:
         return FULL_TENSORMAP
     h.stamp += 1
     stamp = h.stamp
@@ -63,7 +63,7 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
     for i in range(unique):
         if not is_done(header, tasks, producers[i]):
             waiting += 1
-    if len(deps) - h.dep_used < waiting:
+    if dep_free_count(header, deps) < waiting:
         return FULL_DEPS
 
     # Commit: nothing below can fail.

@@ -115,7 +115,7 @@ def tm_remove(header, entries, buckets, entry):
     return following
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def tm_free_count(header, entries):
     return len(entries) - header[0].tm_used
 
