@@ -3,7 +3,8 @@
 State is plain data: a header of counters plus one table per structure, passed as
 arguments to the njit functions (numba freezes global arrays, so nothing lives in globals).
 Positions that wrap (task ids, heap bytes, buffer sequence numbers) are kept as
-ever-increasing virtual counters; the physical slot is the counter modulo the capacity.
+ever-increasing virtual counters; a table slot is the counter masked by a power of two,
+a heap offset the counter less the start of the heap's current pass.
 """
 
 from __future__ import annotations
