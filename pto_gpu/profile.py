@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from .core import state as cs
 from .costs import Key, Tally, key_of
 from .dtypes import WorkerType
 from .scheduler import Scheduler, Task
@@ -97,7 +96,7 @@ class Profile:
     def sample(self, scheduler: Scheduler, ready: int) -> None:
         """When tracing, note the ready-queue depth and how full the task and heap rings are."""
         if self.tracing:
-            h = scheduler.state.header
+            h = scheduler.state.head
             self.samples.append(Sample(time.perf_counter() - self.origin, ready,
-                                       int(h[cs.H_NEXT_TASK] - h[cs.H_LAST_ALIVE]),
-                                       int(h[cs.H_HEAP_HEAD] - h[cs.H_HEAP_TAIL])))
+                                       int(h["next_task"] - h["last_alive"]),
+                                       int(h["heap_head"] - h["heap_tail"])))

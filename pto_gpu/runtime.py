@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from .backends import CapturedGraph
 from .backends.cpu import CpuBackend
-from .core.state import H_COMPLETED, H_NEXT_TASK, H_NUM_EDGES, CoreState, Sizes
+from .core.state import CoreState, Sizes
 from .costs import CostHistory
 from .distributed.outcome import conclude
 from .distributed.placement import Placement
@@ -177,8 +177,8 @@ class Runtime:
     @property
     def progress(self) -> tuple[int, int]:
         """(tasks completed, tasks submitted) so far in the current run; safe from another thread."""
-        header = self._scheduler.state.header
-        return int(header[H_COMPLETED]), int(header[H_NEXT_TASK])
+        header = self._scheduler.state.head
+        return int(header["completed"]), int(header["next_task"])
 
     def _run(self, orchestration, args, kwargs, threshold, record, trace, capture=False, schedule=None):
         """The run's RunResult and the executor that ran it."""
@@ -226,12 +226,12 @@ class Runtime:
             raise error
         seconds = time.perf_counter() - started
         measured = profile.measured()
-        header = scheduler.state.header
+        header = scheduler.state.head
         logical = placement.graph if placement is not None else recorder
         result = RunResult(
             orchestration=name,
-            num_tasks=int(header[H_NEXT_TASK]) if placement is None else placement.submitted,
-            num_edges=len(logical.edges) if placement is not None and logical else int(header[H_NUM_EDGES]),
+            num_tasks=int(header["next_task"]) if placement is None else placement.submitted,
+            num_edges=len(logical.edges) if placement is not None and logical else int(header["num_edges"]),
             seconds=seconds,
             backend=self.backend.name, executor="stream" if capture else self.executor,
             high_water=scheduler.high_water(),

@@ -54,15 +54,15 @@ class Ring(NamedTuple):
     label: str  # as error messages name it
     setting: str  # the Runtime argument that sizes it
     key: str  # its key in RunResult.high_water and RunResult.stalls
-    header: int  # its high-water mark in the core header
+    header: str  # the header field of its high-water mark
 
 
 RINGS = {
-    cs.FULL_TASKS: Ring("task ring", "task_window", "task_ring", cs.H_HW_TASKS),
-    cs.FULL_HEAP: Ring("heap ring", "heap_bytes", "heap_bytes", cs.H_HW_HEAP),
-    cs.FULL_BUFFERS: Ring("buffer table", "buffer_window", "buffer_table", cs.H_HW_BUF),
-    cs.FULL_DEPS: Ring("dep-list pool", "dep_pool", "dep_pool", cs.H_HW_DEP),
-    cs.FULL_TENSORMAP: Ring("TensorMap pool", "tensormap_entries", "tensormap", cs.H_HW_TM),
+    cs.FULL_TASKS: Ring("task ring", "task_window", "task_ring", "hw_tasks"),
+    cs.FULL_HEAP: Ring("heap ring", "heap_bytes", "heap_bytes", "hw_heap"),
+    cs.FULL_BUFFERS: Ring("buffer table", "buffer_window", "buffer_table", "hw_buf"),
+    cs.FULL_DEPS: Ring("dep-list pool", "dep_pool", "dep_pool", "hw_dep"),
+    cs.FULL_TENSORMAP: Ring("TensorMap pool", "tensormap_entries", "tensormap", "hw_tm"),
 }
 
 
@@ -92,7 +92,7 @@ class Scheduler:
         """Submit to the core; the task id, or a FULL_* code after room-making that needs no wait."""
         s = self.state
         # Registered before the core sees it: a worker may make it ready the moment it exists.
-        task.id = int(s.header[cs.H_NEXT_TASK])
+        task.id = int(s.head["next_task"])
         self.live[task.id] = task
         while True:
             status = core_submit(*s.tables, s.producers, s.covered, task.kernel.id, int(task.worker),
@@ -127,7 +127,7 @@ class Scheduler:
         return seq
 
     def heap_offset(self, seq: int) -> int:
-        return int(self.state.buffers[seq % self.state.sizes.buffer_window, cs.B_OFFSET])
+        return int(self.state.buffers["offset"][seq & self.state.head["buf_mask"]])
 
     def buffer_free(self, seq: int) -> None:
         s = self.state
@@ -140,10 +140,10 @@ class Scheduler:
 
     def last_was_ready(self) -> bool:
         """Whether the task just submitted had nothing to wait for (completion never reports it)."""
-        return bool(self.state.header[cs.H_LAST_READY])
+        return bool(self.state.head["last_ready"])
 
     def producers_of_last(self) -> np.ndarray:
-        return self.state.producers[: self.state.header[cs.H_LAST_EDGES]]
+        return self.state.producers[: self.state.head["last_edges"]]
 
     # --- execution -----------------------------------------------------------------------
     def start(self, task_id: int) -> None:
@@ -185,12 +185,12 @@ class Scheduler:
     @property
     def pending(self) -> int:
         """Tasks submitted and not yet completed."""
-        h = self.state.header
-        return int(h[cs.H_NEXT_TASK] - h[cs.H_COMPLETED])
+        h = self.state.head
+        return int(h["next_task"] - h["completed"])
 
     def high_water(self) -> dict[str, int]:
         """The most each ring held at once, by Ring.key."""
-        return {ring.key: int(self.state.header[ring.header]) for ring in RINGS.values()}
+        return {ring.key: int(self.state.head[ring.header]) for ring in RINGS.values()}
 
     def capacity(self) -> dict[str, int]:
         """Each ring's size, by Ring.key."""
@@ -206,11 +206,11 @@ class Scheduler:
     def deadlock(self, status: int, unfreed: list) -> DeadlockError:
         """The error for a ring that is full with nothing left that could free it."""
         ring, setting = RINGS[status].label, RINGS[status].setting
-        s, h = self.state, self.state.header
+        s, h = self.state, self.state.head
         size = getattr(s.sizes, setting)
         if status == cs.FULL_HEAP or status == cs.FULL_BUFFERS:
-            in_use = int(h[cs.H_HEAP_HEAD] - h[cs.H_HEAP_TAIL])
-            live = int(h[cs.H_BUF_NEXT] - h[cs.H_BUF_TAIL])
+            in_use = int(h["heap_head"] - h["heap_tail"])
+            live = int(h["buf_next"] - h["buf_tail"])
             shown = ", ".join(repr(b) for b in unfreed[:4]) + (" ..." if len(unfreed) > 4 else "")
             holds = (f"{live} buffers from the oldest live one on span {in_use} bytes; "
                      f"{len(unfreed)} of them are not freed yet ({shown})")
@@ -221,11 +221,11 @@ class Scheduler:
             advice = (f"free buffers once their last use is submitted, allocate long-lived buffers "
                       f"before short-lived ones or reuse them, or raise {setting}=")
         elif status == cs.FULL_TASKS:
-            holds = (f"tasks {int(h[cs.H_LAST_ALIVE])}..{int(h[cs.H_NEXT_TASK]) - 1} are live and "
+            holds = (f"tasks {int(h['last_alive'])}..{int(h['next_task']) - 1} are live and "
                      f"none can complete")
             advice = f"raise {setting}= above the tasks the orchestration keeps waiting at once"
         else:
-            used = int(h[cs.H_TM_USED] if status == cs.FULL_TENSORMAP else h[cs.H_DEP_USED])
+            used = int(h["tm_used"] if status == cs.FULL_TENSORMAP else h["dep_used"])
             holds = (f"{used} entries are held by the regions or edges of {self.pending} unfinished "
                      "tasks and external arrays, and the task being submitted needs more")
             advice = f"raise {setting}="

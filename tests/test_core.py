@@ -18,14 +18,14 @@ def test_task_ring_allocates_in_order_and_stalls_when_full():
     ids = [rings.task_ring_alloc(s.header, s.tasks) for _ in range(5)]
     assert ids == [0, 1, 2, 3, cs.FULL_TASKS]
     # Completing task 1 first retires nothing (task 0 still live); then task 0 frees both slots.
-    s.tasks[1, cs.T_STATE] = cs.COMPLETED
+    s.tasks["state"][1] = cs.COMPLETED
     rings.retire_completed(s.header, s.tasks)
-    assert s.header[cs.H_LAST_ALIVE] == 0
-    s.tasks[0, cs.T_STATE] = cs.COMPLETED
+    assert s.head["last_alive"] == 0
+    s.tasks["state"][0] = cs.COMPLETED
     rings.retire_completed(s.header, s.tasks)
-    assert s.header[cs.H_LAST_ALIVE] == 2
+    assert s.head["last_alive"] == 2
     assert [rings.task_ring_alloc(s.header, s.tasks) for _ in range(3)] == [4, 5, cs.FULL_TASKS]
-    assert s.tasks[4 & 3, cs.T_ID] == 4  # wrapped onto slot 0
+    assert s.tasks["id"][4 & 3] == 4  # wrapped onto slot 0
 
 
 def test_heap_ring_aligns_wraps_without_splitting_and_reclaims_in_order():
@@ -33,7 +33,7 @@ def test_heap_ring_aligns_wraps_without_splitting_and_reclaims_in_order():
     a = rings.heap_alloc(s.header, s.buffers, 100)  # 128 bytes
     b = rings.heap_alloc(s.header, s.buffers, 500)  # 512 bytes
     c = rings.heap_alloc(s.header, s.buffers, 300)  # 320 bytes: 960 in use
-    offsets = [int(s.buffers[x, cs.B_OFFSET]) for x in (a, b, c)]
+    offsets = [int(s.buffers["offset"][x]) for x in (a, b, c)]
     assert offsets == [0, 128, 640]
     assert all(o % 64 == 0 for o in offsets)
     assert rings.heap_alloc(s.header, s.buffers, 100) == cs.FULL_HEAP
@@ -41,21 +41,21 @@ def test_heap_ring_aligns_wraps_without_splitting_and_reclaims_in_order():
     rings.buffer_free(s.header, s.buffers, b)
     assert rings.heap_alloc(s.header, s.buffers, 100) == cs.FULL_HEAP
     rings.buffer_free(s.header, s.buffers, a)
-    assert s.header[cs.H_HEAP_TAIL] == 640
+    assert s.head["heap_tail"] == 640
     # 64 bytes remain before the end: a 128-byte buffer skips to offset 0 rather than split.
     d = rings.heap_alloc(s.header, s.buffers, 128)
-    assert s.buffers[d % 8, cs.B_OFFSET] == 0
-    assert s.buffers[d % 8, cs.B_VSTART] == 1024
+    assert s.buffers["offset"][d % 8] == 0
+    assert s.buffers["vstart"][d % 8] == 1024
 
 
 def test_buffer_stays_until_its_last_user_completes():
     s = make(heap_bytes=1024)
     seq = rings.heap_alloc(s.header, s.buffers, 1024)
     task = rings.task_ring_alloc(s.header, s.tasks)
-    s.tasks[task, cs.T_NBUF] = 1
-    s.tasks[task, cs.T_BUF] = seq
-    s.tasks[task, cs.T_FANOUT] = -1
-    s.buffers[seq, cs.B_REFS] += 1
+    s.tasks["nbuf"][task] = 1
+    s.tasks["bufs"][task, 0] = seq
+    s.tasks["fanout"][task] = -1
+    s.buffers["refs"][seq] += 1
     rings.buffer_free(s.header, s.buffers, seq)
     assert rings.heap_alloc(s.header, s.buffers, 64) == cs.FULL_HEAP
     complete(s.header, s.tasks, s.buffers, s.deps, task, np.empty(4, np.int64))
@@ -77,12 +77,12 @@ def test_dep_pool_prepends_and_recycles_without_overwriting_live_entries():
     assert rings.dep_prepend(s.header, s.deps, -1, 10) == cs.FULL_DEPS
     walked, entry = [], head
     while entry >= 0:
-        walked.append(int(s.deps[entry, cs.D_TASK]))
-        entry = s.deps[entry, cs.D_NEXT]
+        walked.append(int(s.deps["task"][entry]))
+        entry = s.deps["next"][entry]
     assert walked == [9, 8, 7]
     rings.dep_release(s.header, s.deps, head)
     reused = rings.dep_prepend(s.header, s.deps, -1, 11)
-    assert reused == head and s.deps[reused, cs.D_TASK] == 11
+    assert reused == head and s.deps["task"][reused] == 11
     assert rings.dep_free_count(s.header, s.deps) == 0
 
 
@@ -96,8 +96,8 @@ def test_tensormap_insert_chain_order_remove_and_reuse():
     assert tm_insert(s.header, s.entries, s.buckets, row(5), 99, cs.WRITER) == -1
     chain, entry = [], chain_head(s.buckets, 5, 0, cs.WRITER)
     while entry >= 0:
-        chain.append(int(s.entries[entry, cs.E_TASK]))
-        entry = s.entries[entry, cs.E_NEXT]
+        chain.append(int(s.entries["task"][entry]))
+        entry = s.entries["next"][entry]
     assert chain == [12, 11, 10]  # newest first
     tm_remove(s.header, s.entries, s.buckets, e[1])
     assert tm_free_count(s.header, s.entries) == 1
@@ -115,7 +115,7 @@ def test_tensormap_sweep_drops_dead_buffers_and_evicts_only_retired_tasks():
     tm_insert(s.header, s.entries, s.buckets, row(-1), 3, cs.READER)
     rings.buffer_free(s.header, s.buffers, dead)
     assert tm_sweep(s.header, s.buffers, s.entries, s.buckets, False) == 1
-    s.header[cs.H_LAST_ALIVE] = 2  # tasks 0 and 1 have retired
+    s.head["last_alive"] = 2  # tasks 0 and 1 have retired
     assert tm_sweep(s.header, s.buffers, s.entries, s.buckets, True) == 2
-    remaining = [int(s.entries[e, cs.E_ROW + R_OWNER]) for e in range(8) if s.entries[e, cs.E_TASK] >= 0]
-    assert remaining == [-1] and s.header[cs.H_TM_USED] == 1
+    remaining = [int(s.entries["row"][e, R_OWNER]) for e in range(8) if s.entries["task"][e] >= 0]
+    assert remaining == [-1] and s.head["tm_used"] == 1

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pto_gpu as pto
-from pto_gpu.core import state as cs
 
 ran: list[int] = []
 
@@ -67,9 +66,9 @@ def test_injected_failures(seed, n_tasks, data, threshold, window_log2, executor
     failed = failing & set(ran)
     assert not descendants(graph.edges, failed) & set(ran)
     assert not worker_threads()
-    header = rt._scheduler.state.header
-    assert header[cs.H_NEXT_TASK] == header[cs.H_LAST_ALIVE] == 0 and header[cs.H_DEP_USED] == 0
-    assert header[cs.H_HEAP_HEAD] == header[cs.H_HEAP_TAIL] and not rt._scheduler.live
+    header = rt._scheduler.state.head
+    assert header["next_task"] == header["last_alive"] == 0 and header["dep_used"] == 0
+    assert header["heap_head"] == header["heap_tail"] and not rt._scheduler.live
     # The same runtime runs the next program correctly.
     expected, got = np.zeros((6, 4)), np.zeros((6, 4))
     pto.Runtime(backend="cpu", executor="serial").run(program, expected, seed + 1, n_tasks, set())
@@ -85,4 +84,4 @@ def test_failure_in_the_serial_executor_also_unwinds():
     except pto.TaskError as error:
         assert error.task_id == 5
     assert ran == list(range(6))
-    assert rt._scheduler.state.header[cs.H_NEXT_TASK] == 0
+    assert rt._scheduler.state.head["next_task"] == 0

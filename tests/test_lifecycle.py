@@ -56,10 +56,9 @@ def test_large_graph_leaves_rings_empty(executor):
     result = rt.run(orch, out)
     assert result.num_tasks == 2400
     np.testing.assert_array_equal(out, 300.0)
-    from pto_gpu.core import state as cs
-    h = rt._scheduler.state.header
-    assert h[cs.H_LAST_ALIVE] == h[cs.H_NEXT_TASK] == 2400
-    assert h[cs.H_HEAP_HEAD] == h[cs.H_HEAP_TAIL] and h[cs.H_DEP_USED] == 0
+    h = rt._scheduler.state.head
+    assert h["last_alive"] == h["next_task"] == 2400
+    assert h["heap_head"] == h["heap_tail"] and h["dep_used"] == 0
 
 
 def test_heap_too_small_for_live_set_raises_deadlock_quickly(graph_executor):

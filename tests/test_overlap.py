@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pto_gpu.dtypes import DataType
-from pto_gpu.overlap import Overlap, row_covers, rows_overlap
+from pto_gpu.layout import R_HI, R_LO, R_NDIM
+from pto_gpu.overlap import Overlap, _walk, row_covers, rows_overlap
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 
 BUFFER_BYTES = 4096
@@ -66,6 +67,18 @@ def test_covers_is_never_wrong(a, b):
     # A "covers" verdict removes a TensorMap entry, so it must be true; "no" may be conservative.
     if row_covers(a.layout, b.layout):
         assert byte_set(b) <= byte_set(a)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(views(), views())
+def test_covers_fast_paths_agree_with_the_walk(a, b):
+    # Covering decides which TensorMap entries go, so a fast path must not change a verdict.
+    outer, inner = a.layout, b.layout
+    lo, hi = inner[R_LO], inner[R_HI]
+    if lo < hi and outer[R_LO] <= lo and hi <= outer[R_HI] and outer[R_NDIM] > 0:
+        assert row_covers(outer, inner) == _walk(inner, lo, hi, outer, True)
+    if outer[R_LO] < outer[R_HI] and outer[R_NDIM] > 0:
+        assert row_covers(outer, outer) == _walk(outer, outer[R_LO], outer[R_HI], outer, True)
 
 
 def test_covers_recognises_common_cases():

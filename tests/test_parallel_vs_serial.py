@@ -47,6 +47,5 @@ def test_hundred_thousand_tasks_complete_with_rings_empty():
     result = rt.run(orch, counters, threshold=64)
     assert result.num_tasks == 100_000
     np.testing.assert_array_equal(counters, 12_500)
-    from pto_gpu.core import state as cs
-    h = rt._scheduler.state.header
-    assert h[cs.H_LAST_ALIVE] == 100_000 and h[cs.H_DEP_USED] == 0
+    h = rt._scheduler.state.head
+    assert h["last_alive"] == 100_000 and h["dep_used"] == 0

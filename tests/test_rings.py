@@ -69,7 +69,7 @@ def test_heap_ring_places_and_refuses_exactly_as_the_model(capacity_blocks, prog
                 assert seq == cs.FULL_HEAP, f"core placed {value} B where the model finds no room"
                 continue
             assert seq >= 0, f"core refused {value} B that fit at offset {expected} ({model.held})"
-            assert state.buffers[seq % 128, cs.B_OFFSET] == expected
+            assert state.buffers["offset"][seq % 128] == expected
             held.append(seq)
             alive.append(seq)
         elif alive:
@@ -77,7 +77,7 @@ def test_heap_ring_places_and_refuses_exactly_as_the_model(capacity_blocks, prog
             model.release(held.index(seq))
             rings.buffer_free(state.header, state.buffers, seq)
             held = held[len(held) - len(model.held):]  # the model reclaims from the oldest
-            assert state.header[cs.H_BUF_TAIL] == (held[0] if held else state.header[cs.H_BUF_NEXT])
+            assert state.head["buf_tail"] == (held[0] if held else state.head["buf_next"])
 
 
 @pto.kernel(worker=pto.VECTOR)

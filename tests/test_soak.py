@@ -7,7 +7,6 @@ orchestration); a leak of even 16 bytes per task would add 16 MB.
 import numpy as np
 
 import pto_gpu as pto
-from pto_gpu.core import state as cs
 
 TASKS = 1_000_000
 
@@ -46,8 +45,8 @@ def test_million_tasks_with_flat_memory(record_property):
     print(f"\nsoak: {result.num_tasks:,} tasks in {result.seconds:.1f} s; "
           f"resident {before / 2**20:.1f} MB before, {after / 2**20:.1f} MB after")
     assert result.num_tasks == TASKS
-    h = rt._scheduler.state.header
-    assert h[cs.H_LAST_ALIVE] == h[cs.H_NEXT_TASK] == TASKS
-    assert h[cs.H_HEAP_HEAD] == h[cs.H_HEAP_TAIL] and h[cs.H_DEP_USED] == 0
+    h = rt._scheduler.state.head
+    assert h["last_alive"] == h["next_task"] == TASKS
+    assert h["heap_head"] == h["heap_tail"] and h["dep_used"] == 0
     assert result.high_water["task_ring"] <= 64 and result.high_water["heap_bytes"] <= 64 << 10
     assert after - before < 16 << 20

@@ -9,7 +9,6 @@ from conftest import fill, runtime
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
-from pto_gpu.core import state as cs
 
 SUBMITTED = 31
 
@@ -56,7 +55,7 @@ def corrupt_before(o, rt, step):
     """Corrupt the dep-list pool's count, then take one transition of kind `step`."""
     kept = o.alloc((4,))
     o.submit(fill, pto.output(kept), 1.0)
-    rt._scheduler.state.header[cs.H_DEP_USED] += 1
+    rt._scheduler.state.head["dep_used"] += 1
     if step == "alloc":
         o.alloc((4,))
     else:
@@ -78,7 +77,7 @@ def test_validation_checks_when_a_worker_starts_a_task():
     def orchestration(o):
         o.submit(fill, pto.output(o.external(out)), 1.0)
         # With threshold=0 nothing has started yet, so a worker's start is the next transition.
-        rt._scheduler.state.header[cs.H_DEP_USED] += 1
+        rt._scheduler.state.head["dep_used"] += 1
 
     with pytest.raises(pto.InvariantError, match="after starting task 0: the dep-list pool"):
         rt.run(orchestration)

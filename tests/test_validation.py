@@ -5,7 +5,6 @@ import pytest
 from conftest import add_into, fill, noop
 
 import pto_gpu as pto
-from pto_gpu.core import state as cs
 
 
 def corrupting(corrupt):
@@ -21,10 +20,10 @@ def corrupting(corrupt):
 
 
 @pytest.mark.parametrize("corrupt, message", [
-    (lambda s: s.header.__setitem__(cs.H_DEP_USED, s.header[cs.H_DEP_USED] + 1), "dep-list pool"),
-    (lambda s: s.buffers.__setitem__((0, cs.B_REFS), 7), "refcount differs"),
-    (lambda s: s.header.__setitem__(cs.H_TM_USED, 0), "TensorMap's used count"),
-    (lambda s: s.header.__setitem__(cs.H_HEAP_TAIL, s.header[cs.H_HEAP_HEAD] + 64), "heap ring"),
+    (lambda s: s.head.__setitem__("dep_used", s.head["dep_used"] + 1), "dep-list pool"),
+    (lambda s: s.buffers["refs"].__setitem__(0, 7), "refcount differs"),
+    (lambda s: s.head.__setitem__("tm_used", 0), "TensorMap's used count"),
+    (lambda s: s.head.__setitem__("heap_tail", s.head["heap_head"] + 64), "heap ring"),
 ])
 def test_validation_catches_corrupted_state(corrupt, message):
     rt = pto.Runtime(backend="cpu", executor="serial", validate=True)
@@ -34,11 +33,11 @@ def test_validation_catches_corrupted_state(corrupt, message):
 
 def test_validation_off_does_not_check():
     rt = pto.Runtime(backend="cpu", executor="serial", validate=False)
-    rt.run(corrupting(lambda s: s.header.__setitem__(cs.H_TM_USED, s.header[cs.H_TM_USED] + 1)), rt)
+    rt.run(corrupting(lambda s: s.head.__setitem__("tm_used", s.head["tm_used"] + 1)), rt)
 
 
 def test_validation_env_var(monkeypatch):
     monkeypatch.setenv("PTO_VALIDATE", "1")
     rt = pto.Runtime(backend="cpu", executor="parallel")
     with pytest.raises(pto.PTOError, match="dep-list pool|fanin count"):
-        rt.run(corrupting(lambda s: s.header.__setitem__(cs.H_DEP_USED, 5)), rt, threshold=1)
+        rt.run(corrupting(lambda s: s.head.__setitem__("dep_used", 5)), rt, threshold=1)

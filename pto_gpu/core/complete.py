@@ -11,47 +11,35 @@ from __future__ import annotations
 from numba import njit
 
 from .rings import buffer_release, dep_release, retire_completed
-from .state import (
-    COMPLETED,
-    D_TASK,
-    H_COMPLETED,
-    H_WINDOW,
-    PENDING,
-    READY,
-    RUNNING,
-    T_BUF,
-    T_FANIN,
-    T_FANOUT,
-    T_NBUF,
-    T_STATE,
-)
+from .state import COMPLETED, PENDING, READY, RUNNING
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def start(header, tasks, task_id):
-    tasks[task_id & (header[H_WINDOW] - 1), T_STATE] = RUNNING
+    tasks[task_id & (header[0].window - 1)].state = RUNNING
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def complete(header, tasks, buffers, deps, task_id, ready):
     """Complete a task; the number of consumers it made ready, written to ready[:n]."""
-    mask = header[H_WINDOW] - 1
-    slot = task_id & mask
-    tasks[slot, T_STATE] = COMPLETED
-    header[H_COMPLETED] += 1
+    h = header[0]
+    mask = h.window - 1
+    task = tasks[task_id & mask]
+    task.state = COMPLETED
+    h.completed += 1
     n_ready = 0
-    entry = tasks[slot, T_FANOUT]
+    entry = task.fanout
     while entry >= 0:
-        consumer = deps[entry, D_TASK]
-        cs = consumer & mask
-        tasks[cs, T_FANIN] -= 1
-        if tasks[cs, T_FANIN] == 0 and tasks[cs, T_STATE] == PENDING:
-            tasks[cs, T_STATE] = READY
-            ready[n_ready] = consumer
+        consumer_id = deps[entry].task
+        consumer = tasks[consumer_id & mask]
+        consumer.fanin -= 1
+        if consumer.fanin == 0 and consumer.state == PENDING:
+            consumer.state = READY
+            ready[n_ready] = consumer_id
             n_ready += 1
         entry = dep_release(header, deps, entry)
-    tasks[slot, T_FANOUT] = -1
-    for i in range(tasks[slot, T_NBUF]):
-        buffer_release(header, buffers, tasks[slot, T_BUF + i])
+    task.fanout = -1
+    for i in range(task.nbuf):
+        buffer_release(header, buffers, task.bufs[i])
     retire_completed(header, tasks)
     return n_ready

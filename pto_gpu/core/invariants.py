@@ -10,44 +10,8 @@ import numpy as np
 from numba import njit
 
 from ..layout import R_OWNER
-from .state import (
-    B_REFS,
-    B_SEQ,
-    B_STATE,
-    B_VEND,
-    B_VSTART,
-    COMPLETED,
-    D_NEXT,
-    D_TASK,
-    DEAD,
-    E_BUCKET,
-    E_KIND,
-    E_NEXT,
-    E_PREV,
-    E_ROW,
-    FREED,
-    H_BUF_CAP,
-    H_BUF_NEXT,
-    H_BUF_TAIL,
-    H_DEP_USED,
-    H_HEAP_CAP,
-    H_HEAP_HEAD,
-    H_HEAP_TAIL,
-    H_LAST_ALIVE,
-    H_NEXT_TASK,
-    H_TM_USED,
-    H_WINDOW,
-    PENDING,
-    READY,
-    RUNNING,
-    T_BUF,
-    T_FANIN,
-    T_FANOUT,
-    T_ID,
-    T_NBUF,
-    T_STATE,
-)
-from .tensormap import NARROW, WIDE, bucket_of, home_block
+from .state import COMPLETED, DEAD, FREED, PENDING, READY, RUNNING
+from .tensormap import WIDE, bucket_of, home_block
 
 VIOLATIONS = {
     1: "task ring head and tail out of order, or more live tasks than the window",
@@ -70,58 +34,59 @@ VIOLATIONS = {
 
 @njit(cache=True)
 def check(header, tasks, buffers, deps, entries, buckets, where):
-    mask = header[H_WINDOW] - 1
-    first, end = header[H_LAST_ALIVE], header[H_NEXT_TASK]
-    if not (0 <= first <= end and end - first <= header[H_WINDOW]):
+    h = header[0]
+    mask = h.window - 1
+    first, end = h.last_alive, h.next_task
+    if not (0 <= first <= end and end - first <= h.window):
         return 1
-    if not (header[H_HEAP_TAIL] <= header[H_HEAP_HEAD] <= header[H_HEAP_TAIL] + header[H_HEAP_CAP]
-            and 0 <= header[H_BUF_TAIL] <= header[H_BUF_NEXT]
-            and header[H_BUF_NEXT] - header[H_BUF_TAIL] <= header[H_BUF_CAP]):
+    if not (h.heap_tail <= h.heap_head <= h.heap_tail + h.heap_cap
+            and 0 <= h.buf_tail <= h.buf_next
+            and h.buf_next - h.buf_tail <= h.buf_cap):
         return 2
     waiting_on = np.zeros(len(tasks), np.int64)
     fanout_entries = 0
-    for task in range(first, end):
-        slot = task & mask
-        where[0] = task
-        if tasks[slot, T_ID] != task:
+    for task_id in range(first, end):
+        task = tasks[task_id & mask]
+        where[0] = task_id
+        if task.id != task_id:
             return 3
-        state, fanin = tasks[slot, T_STATE], tasks[slot, T_FANIN]
+        state, fanin = task.state, task.fanin
         if fanin < 0:
             return 4
         if (state == PENDING and fanin == 0) or ((state == READY or state == RUNNING) and fanin != 0):
             return 5
-        entry = tasks[slot, T_FANOUT]
+        entry = task.fanout
         while entry >= 0:
-            consumer = deps[entry, D_TASK]
-            if not (task < consumer < end) or tasks[consumer & mask, T_STATE] != PENDING:
+            consumer = deps[entry].task
+            if not (task_id < consumer < end) or tasks[consumer & mask].state != PENDING:
                 return 6
             waiting_on[consumer & mask] += 1
             fanout_entries += 1
-            entry = deps[entry, D_NEXT]
-    for task in range(first, end):
-        where[0] = task
-        if tasks[task & mask, T_STATE] < COMPLETED and waiting_on[task & mask] != tasks[task & mask, T_FANIN]:
+            entry = deps[entry].next
+    for task_id in range(first, end):
+        where[0] = task_id
+        task = tasks[task_id & mask]
+        if task.state < COMPLETED and waiting_on[task_id & mask] != task.fanin:
             return 7
-    if fanout_entries != header[H_DEP_USED]:
+    if fanout_entries != h.dep_used:
         return 8
 
-    cap = header[H_BUF_CAP]
-    users = np.zeros(cap, np.int64)
-    for task in range(first, end):
-        slot = task & mask
-        if tasks[slot, T_STATE] < COMPLETED:
-            for i in range(tasks[slot, T_NBUF]):
-                users[tasks[slot, T_BUF + i] % cap] += 1
-    previous_end = header[H_HEAP_TAIL]
-    for seq in range(header[H_BUF_TAIL], header[H_BUF_NEXT]):
-        slot = seq % cap
+    users = np.zeros(len(buffers), np.int64)
+    for task_id in range(first, end):
+        task = tasks[task_id & mask]
+        if task.state < COMPLETED:
+            for i in range(task.nbuf):
+                users[task.bufs[i] & h.buf_mask] += 1
+    previous_end = h.heap_tail
+    for seq in range(h.buf_tail, h.buf_next):
+        slot = seq & h.buf_mask
+        buffer = buffers[slot]
         where[0] = seq
-        refs, state = buffers[slot, B_REFS], buffers[slot, B_STATE]
-        if buffers[slot, B_SEQ] != seq or refs < 0 or (state == DEAD) != (refs == 0):
+        refs, state = buffer.refs, buffer.state
+        if buffer.seq != seq or refs < 0 or (state == DEAD) != (refs == 0):
             return 9
-        start, stop = buffers[slot, B_VSTART], buffers[slot, B_VEND]
-        if start < previous_end or stop > header[H_HEAP_HEAD] or \
-                start % header[H_HEAP_CAP] + (stop - start) > header[H_HEAP_CAP]:
+        start, stop = buffer.vstart, buffer.vend
+        if start < previous_end or stop > h.heap_head or start % h.heap_cap + (stop - start) > h.heap_cap:
             return 10
         previous_end = stop
         if state != DEAD and refs != users[slot] + (0 if state == FREED else 1):
@@ -132,22 +97,22 @@ def check(header, tasks, buffers, deps, entries, buckets, where):
     for bucket in range(len(buckets)):
         for kind in range(2):
             previous = -1
-            entry = buckets[bucket, kind]
+            entry = buckets[bucket].head[kind]
             while entry >= 0:
                 where[0] = entry
-                home = bucket_of(buckets, entries[entry, E_ROW + R_OWNER], home_block(entries[entry, E_ROW:]))
-                if entries[entry, E_PREV] != previous or entries[entry, E_BUCKET] != bucket or \
-                        entries[entry, E_KIND] != kind or home != bucket:
+                e = entries[entry]
+                home = bucket_of(buckets, e.row[R_OWNER], home_block(e.row))
+                if e.prev != previous or e.bucket != bucket or e.kind != kind or home != bucket:
                     return 12
-                if home_block(entries[entry, E_ROW:]) != WIDE:
-                    narrow[bucket_of(buckets, entries[entry, E_ROW + R_OWNER], WIDE), kind] += 1
+                if home_block(e.row) != WIDE:
+                    narrow[bucket_of(buckets, e.row[R_OWNER], WIDE), kind] += 1
                 linked += 1
                 previous = entry
-                entry = entries[entry, E_NEXT]
-    if linked != header[H_TM_USED]:
+                entry = e.next
+    if linked != h.tm_used:
         return 13
     for bucket in range(len(buckets)):
         where[0] = bucket
-        if narrow[bucket, 0] != buckets[bucket, NARROW] or narrow[bucket, 1] != buckets[bucket, NARROW + 1]:
+        if narrow[bucket, 0] != buckets[bucket].narrow[0] or narrow[bucket, 1] != buckets[bucket].narrow[1]:
             return 14
     return 0

@@ -1,9 +1,10 @@
-"""The core's state: preallocated int64 tables, their column layout, and their sizes.
+"""The core's state: preallocated tables of int64 records, their fields, and their sizes.
 
 State is plain data: a header of counters plus one table per structure, passed as
 arguments to the njit functions (numba freezes global arrays, so nothing lives in globals).
 Positions that wrap (task ids, heap bytes, buffer sequence numbers) are kept as
-ever-increasing virtual counters; the physical slot is the counter modulo the capacity.
+ever-increasing virtual counters; a table slot is the counter masked by a power of two,
+a heap offset the counter less the start of the heap's current pass.
 """
 
 from __future__ import annotations
@@ -18,72 +19,86 @@ from ..layout import ROW_WIDTH
 MAX_PARAMS = 16  # tensor params per task (spec 003: args[16])
 HEAP_ALIGN = 64
 
-# Header fields.
-H_NEXT_TASK = 0  # task ring head: id of the next task
-H_LAST_ALIVE = 1  # task ring tail: oldest task not yet retired
-H_WINDOW = 2  # task ring capacity (power of two)
-H_HEAP_CAP = 3
-H_HEAP_HEAD = 4  # virtual byte position of the next allocation
-H_HEAP_TAIL = 5  # virtual byte position where the live part begins (the oldest live buffer)
-H_BUF_NEXT = 6  # sequence number of the next heap buffer
-H_BUF_TAIL = 7  # oldest heap buffer not yet dead
-H_BUF_CAP = 8
-H_DEP_FREE = 9  # dep-list pool free-list head
-H_DEP_USED = 10
-H_TM_FREE = 11  # TensorMap entry free-list head
-H_TM_USED = 12
-H_NUM_EDGES = 13  # logical edges so far
-H_LAST_EDGES = 14  # edges of the last submitted task (written to the producers scratch)
-H_HW_TASKS = 15  # high-water marks
-H_HW_HEAP = 16
-H_HW_DEP = 17
-H_HW_TM = 18
-H_HW_BUF = 19
-H_STAMP = 20  # id of the current submit attempt, to collect each entry once
-H_LAST_READY = 21  # 1 when the last submitted task had no producer left to wait for
-H_COMPLETED = 22  # tasks completed so far
-H_WIDTH = 23
+# Every table is a numpy structured array of int64 fields, so njit code reads a row as a
+# record (`tasks[slot].fanin`): a record is a pointer into the table, with no reference
+# count to keep, where a row slice of a 2-D table was an array that had one. The header is
+# the single record of a 1-element array: njit functions take the array and use `header[0]`.
+_I8 = np.int64
 
-# Task table columns (one row per task-ring slot).
-T_ID = 0
-T_STATE = 1
-T_KERNEL = 2
-T_WORKER = 3
-T_FANIN = 4  # producers not yet completed
-T_FANOUT = 5  # head of the consumer list in the dep-list pool, -1 when empty
-T_NBUF = 6
-T_BUF = 7  # T_BUF + i: sequence numbers of the heap buffers the task references
-T_WIDTH = T_BUF + MAX_PARAMS
+HEADER = np.dtype([
+    ("next_task", _I8),  # task ring head: id of the next task
+    ("last_alive", _I8),  # task ring tail: oldest task not yet retired
+    ("window", _I8),  # task ring capacity (power of two)
+    ("heap_cap", _I8),
+    ("heap_head", _I8),  # virtual byte position of the next allocation
+    ("heap_tail", _I8),  # virtual byte position where the live part begins (the oldest live buffer)
+    ("heap_lap", _I8),  # virtual position of physical byte 0 in the current pass over the heap
+    ("buf_next", _I8),  # sequence number of the next heap buffer
+    ("buf_tail", _I8),  # oldest heap buffer not yet dead
+    ("buf_cap", _I8),  # heap buffers alive at most
+    ("buf_mask", _I8),  # slot of buffer seq: seq & buf_mask (the table has a power of two of slots)
+    ("dep_free", _I8),  # dep-list pool free-list head
+    ("dep_used", _I8),
+    ("tm_free", _I8),  # TensorMap entry free-list head
+    ("tm_used", _I8),
+    ("num_edges", _I8),  # logical edges so far
+    ("last_edges", _I8),  # edges of the last submitted task (written to the producers scratch)
+    ("hw_tasks", _I8),  # high-water marks
+    ("hw_heap", _I8),
+    ("hw_dep", _I8),
+    ("hw_tm", _I8),
+    ("hw_buf", _I8),
+    ("stamp", _I8),  # id of the current submit attempt, to collect each entry once
+    ("last_ready", _I8),  # 1 when the last submitted task had no producer left to wait for
+    ("completed", _I8),  # tasks completed so far
+], align=True)
+
+# One row per task-ring slot.
+TASK = np.dtype([
+    ("id", _I8),
+    ("state", _I8),
+    ("kernel", _I8),
+    ("worker", _I8),
+    ("fanin", _I8),  # producers not yet completed
+    ("fanout", _I8),  # head of the consumer list in the dep-list pool, -1 when empty
+    ("nbuf", _I8),
+    ("bufs", _I8, (MAX_PARAMS,)),  # bufs[:nbuf]: sequence numbers of the heap buffers it references
+], align=True)
 
 # Task states (spec 001 §3.3).
 PENDING, READY, RUNNING, COMPLETED, CONSUMED = 0, 1, 2, 3, 4
 
-# Heap buffer table columns (one row per buffer slot, in allocation order).
-B_SEQ = 0
-B_STATE = 1
-B_REFS = 2  # the orchestrator's reference until free, plus one per live task using it
-B_VSTART = 3
-B_VEND = 4
-B_OFFSET = 5  # physical byte offset in the heap
-B_WIDTH = 6
+# One row per heap buffer slot, in allocation order.
+BUFFER = np.dtype([
+    ("seq", _I8),
+    ("state", _I8),
+    ("refs", _I8),  # the orchestrator's reference until free, plus one per live task using it
+    ("vstart", _I8),
+    ("vend", _I8),
+    ("offset", _I8),  # physical byte offset in the heap
+], align=True)
 
 LIVE, FREED, DEAD = 0, 1, 2
 
-# Dep-list pool columns.
-D_TASK = 0
-D_NEXT = 1
+# The dep-list pool: consumer lists, and the free list through `next`.
+DEP = np.dtype([("task", _I8), ("next", _I8)], align=True)
 
-# TensorMap entry columns; the entry's layout row follows at E_ROW.
-E_TASK = 0  # -1 when the entry is on the free list
-E_NEXT = 1
-E_PREV = 2
-E_BUCKET = 3
-E_KIND = 4  # WRITER or READER: which chain of the bucket it is on
-E_STAMP = 5  # id of the last submit that collected this entry's task (dedup)
-E_ROW = 6
-E_WIDTH = E_ROW + ROW_WIDTH
+# TensorMap entries; `row` is the region's layout row (pto_gpu.layout's R_* columns).
+ENTRY = np.dtype([
+    ("task", _I8),  # -1 when the entry is on the free list
+    ("next", _I8),
+    ("prev", _I8),
+    ("bucket", _I8),
+    ("kind", _I8),  # WRITER or READER: which chain of the bucket it is on
+    ("stamp", _I8),  # id of the last submit that collected this entry's task (dedup)
+    ("row", _I8, (ROW_WIDTH,)),
+], align=True)
 
 WRITER, READER = 0, 1
+
+# TensorMap buckets, by kind: the chain heads, and the narrow entries of the owners whose
+# wide block hashes here (tensormap.py).
+BUCKET = np.dtype([("head", _I8, (2,)), ("narrow", _I8, (2,))], align=True)
 
 # Param kinds.
 INPUT, OUTPUT, INOUT = 0, 1, 2
@@ -135,13 +150,12 @@ class CoreState:
     def allocate(cls, sizes: Sizes) -> CoreState:
         state = cls(
             sizes=sizes,
-            header=np.zeros(H_WIDTH, np.int64),
-            tasks=np.zeros((sizes.task_window, T_WIDTH), np.int64),
-            buffers=np.zeros((sizes.buffer_window, B_WIDTH), np.int64),
-            deps=np.zeros((sizes.dep_pool, 2), np.int64),
-            entries=np.zeros((sizes.tensormap_entries, E_WIDTH), np.int64),
-            # writer chain head, reader chain head, then narrow-entry counts (tensormap.py)
-            buckets=np.zeros((sizes.tensormap_buckets, 4), np.int64),
+            header=np.zeros(1, HEADER),
+            tasks=np.zeros(sizes.task_window, TASK),
+            buffers=np.zeros(1 << (sizes.buffer_window - 1).bit_length(), BUFFER),
+            deps=np.zeros(sizes.dep_pool, DEP),
+            entries=np.zeros(sizes.tensormap_entries, ENTRY),
+            buckets=np.zeros(sizes.tensormap_buckets, BUCKET),
             producers=np.zeros(sizes.tensormap_entries, np.int64),
             covered=np.zeros(sizes.tensormap_entries, np.int64),
         )
@@ -152,6 +166,11 @@ class CoreState:
         reset_tables(self)
 
     @property
+    def head(self) -> np.void:
+        """The header record (a view: assigning a field writes the table)."""
+        return self.header[0]
+
+    @property
     def tables(self) -> tuple:
         """The arguments every core call takes, in order."""
         return (self.header, self.tasks, self.buffers, self.deps, self.entries, self.buckets)
@@ -159,12 +178,12 @@ class CoreState:
     def grow_tensormap(self) -> None:
         """Double the TensorMap entry pool (recording runs keep every region's history)."""
         old = self.entries
-        grown = np.zeros((2 * len(old), E_WIDTH), np.int64)
+        grown = np.zeros(2 * len(old), ENTRY)
         grown[: len(old)] = old
-        grown[len(old):, E_TASK] = -1
-        grown[len(old):, E_NEXT] = np.arange(len(old) + 1, 2 * len(old) + 1)
-        grown[-1, E_NEXT] = self.header[H_TM_FREE]
-        self.header[H_TM_FREE] = len(old)
+        grown["task"][len(old):] = -1
+        grown["next"][len(old):] = np.arange(len(old) + 1, 2 * len(old) + 1)
+        grown["next"][-1] = self.head["tm_free"]
+        self.head["tm_free"] = len(old)
         self.entries = grown
         self.producers = np.zeros(len(grown), np.int64)
         self.covered = np.zeros(len(grown), np.int64)
@@ -172,24 +191,25 @@ class CoreState:
 
 
 def reset_tables(state: CoreState) -> None:
-    s, h = state.sizes, state.header
-    h[:] = 0
-    h[H_WINDOW] = s.task_window
-    h[H_HEAP_CAP] = s.heap_bytes
-    h[H_BUF_CAP] = s.buffer_window
+    s, h = state.sizes, state.head
+    state.header[:] = 0
+    h["window"] = s.task_window
+    h["heap_cap"] = s.heap_bytes
+    h["buf_cap"] = s.buffer_window
+    h["buf_mask"] = len(state.buffers) - 1
     state.tasks[:] = 0
-    state.tasks[:, T_ID] = -1
+    state.tasks["id"] = -1
     state.buffers[:] = 0
-    state.buffers[:, B_SEQ] = -1
-    # Free lists thread through the NEXT column; -1 ends them.
-    state.deps[:, D_TASK] = -1
-    state.deps[:, D_NEXT] = np.arange(1, len(state.deps) + 1)
-    state.deps[-1, D_NEXT] = -1
-    h[H_DEP_FREE] = 0
+    state.buffers["seq"] = -1
+    # Free lists thread through `next`; -1 ends them.
+    state.deps["task"] = -1
+    state.deps["next"] = np.arange(1, len(state.deps) + 1)
+    state.deps["next"][-1] = -1
+    h["dep_free"] = 0
     state.entries[:] = 0
-    state.entries[:, E_TASK] = -1
-    state.entries[:, E_NEXT] = np.arange(1, len(state.entries) + 1)
-    state.entries[-1, E_NEXT] = -1
-    h[H_TM_FREE] = 0
-    state.buckets[:, :2] = -1
-    state.buckets[:, 2:] = 0
+    state.entries["task"] = -1
+    state.entries["next"] = np.arange(1, len(state.entries) + 1)
+    state.entries["next"][-1] = -1
+    h["tm_free"] = 0
+    state.buckets["head"] = -1
+    state.buckets["narrow"] = 0

@@ -9,60 +9,40 @@ ring, the TensorMap and the dep-list pool have room, and returns a FULL_* code o
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from ..layout import P_KIND, R_OWNER, ROW_WIDTH
 from ..overlap import row_covers, rows_overlap
 from .rings import dep_free_count, dep_prepend, is_done, task_ring_alloc
 from .state import (
-    B_REFS,
-    E_NEXT,
-    E_ROW,
-    E_STAMP,
-    E_TASK,
     FULL_DEPS,
     FULL_TASKS,
     FULL_TENSORMAP,
-    H_BUF_CAP,
-    H_LAST_ALIVE,
-    H_LAST_EDGES,
-    H_LAST_READY,
-    H_NEXT_TASK,
-    H_NUM_EDGES,
-    H_STAMP,
-    H_WINDOW,
     INPUT,
     PENDING,
     READER,
     READY,
-    T_BUF,
-    T_FANIN,
-    T_FANOUT,
-    T_KERNEL,
-    T_NBUF,
-    T_STATE,
-    T_WORKER,
     WRITER,
 )
 from .tensormap import WIDE, chain_head, is_stale, lookup_blocks, tm_free_count, tm_insert, tm_remove
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
            kernel_id, worker, params):
     """Submit one task; its id, or a FULL_* code with nothing but stale entries changed.
 
     params: one row per tensor param, its layout row then its kind (INPUT, OUTPUT or INOUT).
-    On success producers[:header[H_LAST_EDGES]] holds the task's producers, ascending.
+    On success producers[:header[0].last_edges] holds the task's producers, ascending.
     """
+    h = header[0]
     n_params = len(params)
-    if header[H_NEXT_TASK] - header[H_LAST_ALIVE] >= header[H_WINDOW]:
+    if h.next_task - h.last_alive >= h.window:
         return FULL_TASKS
     if tm_free_count(header, entries) < n_params:
         return FULL_TENSORMAP
-    header[H_STAMP] += 1
-    stamp = header[H_STAMP]
+    h.stamp += 1
+    stamp = h.stamp
 
     # Look up every param's producers; note the entries a write makes obsolete.
     found = 0
@@ -88,35 +68,35 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
 
     # Commit: nothing below can fail.
     task_id = task_ring_alloc(header, tasks)
-    mask = header[H_WINDOW] - 1
-    slot = task_id & mask
-    tasks[slot, T_KERNEL] = kernel_id
-    tasks[slot, T_WORKER] = worker
-    tasks[slot, T_FANOUT] = -1
+    mask = h.window - 1
+    task = tasks[task_id & mask]
+    task.kernel = kernel_id
+    task.worker = worker
     for i in range(unique):
         producer = producers[i]
         if not is_done(header, tasks, producer):
-            ps = producer & mask
-            tasks[ps, T_FANOUT] = dep_prepend(header, deps, tasks[ps, T_FANOUT], task_id)
-    tasks[slot, T_FANIN] = waiting
-    tasks[slot, T_STATE] = READY if waiting == 0 else PENDING
+            ptask = tasks[producer & mask]
+            ptask.fanout = dep_prepend(header, deps, ptask.fanout, task_id)
+    task.fanin = waiting
+    task.state = READY if waiting == 0 else PENDING
 
     for i in range(n_covered):
-        if entries[covered[i], E_TASK] >= 0:  # the same entry may be covered twice
+        if entries[covered[i]].task >= 0:  # the same entry may be covered twice
             tm_remove(header, entries, buckets, covered[i])
     n_buf = 0
+    bufs = task.bufs
     for p in range(n_params):
         owner = params[p, R_OWNER]
         kind = READER if params[p, P_KIND] == INPUT else WRITER
         tm_insert(header, entries, buckets, params[p, :ROW_WIDTH], task_id, kind)
-        if owner >= 0 and not _contains(tasks[slot, T_BUF:T_BUF + n_buf], owner):
-            tasks[slot, T_BUF + n_buf] = owner
+        if owner >= 0 and not _contains(bufs, n_buf, owner):
+            bufs[n_buf] = owner
             n_buf += 1
-            buffers[owner % header[H_BUF_CAP], B_REFS] += 1
-    tasks[slot, T_NBUF] = n_buf
-    header[H_NUM_EDGES] += unique
-    header[H_LAST_EDGES] = unique
-    header[H_LAST_READY] = 1 if waiting == 0 else 0
+            buffers[owner & h.buf_mask].refs += 1
+    task.nbuf = n_buf
+    h.num_edges += unique
+    h.last_edges = unique
+    h.last_ready = 1 if waiting == 0 else 0
     return task_id
 
 
@@ -130,24 +110,25 @@ def _collect(header, buffers, entries, buckets, entry, row, writes, stamp, produ
         if is_stale(header, buffers, entries, entry):
             entry = tm_remove(header, entries, buckets, entry)
             continue
-        hit = entries[entry, E_ROW + R_OWNER] == owner and rows_overlap(entries[entry, E_ROW:], row)
-        if hit and entries[entry, E_STAMP] != stamp:
-            entries[entry, E_STAMP] = stamp
-            producers[found] = entries[entry, E_TASK]
+        e = entries[entry]
+        hit = e.row[R_OWNER] == owner and rows_overlap(e.row, row)
+        if hit and e.stamp != stamp:
+            e.stamp = stamp
+            producers[found] = e.task
             found += 1
-        if hit and writes and n_covered < len(covered) and row_covers(row, entries[entry, E_ROW:]):
+        if hit and writes and n_covered < len(covered) and row_covers(row, e.row):
             covered[n_covered] = entry
             n_covered += 1
-        entry = entries[entry, E_NEXT]
+        entry = e.next
     return found, n_covered
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def _sort_unique(values, count):
     """Sort values[:count] in place and drop repeats; the number left."""
     if count > 32:
-        values[:count] = np.sort(values[:count])
-    else:  # the usual handful of producers: insertion sort, no allocation
+        _heapsort(values, count)
+    else:  # the usual handful of producers: insertion sort
         for i in range(1, count):
             value = values[i]
             j = i - 1
@@ -163,9 +144,31 @@ def _sort_unique(values, count):
     return kept
 
 
-@njit(cache=True)
-def _contains(values, value):
-    for v in values:
-        if v == value:
+@njit(cache=True, _nrt=False)
+def _heapsort(values, count):
+    """In place, without numba's sort (its quicksort needs the runtime to allocate)."""
+    for root in range(count // 2 - 1, -1, -1):
+        _sift_down(values, root, count)
+    for end in range(count - 1, 0, -1):
+        values[0], values[end] = values[end], values[0]
+        _sift_down(values, 0, end)
+
+
+@njit(cache=True, _nrt=False)
+def _sift_down(values, root, end):
+    while 2 * root + 1 < end:
+        child = 2 * root + 1
+        if child + 1 < end and values[child + 1] > values[child]:
+            child += 1
+        if values[root] >= values[child]:
+            return
+        values[root], values[child] = values[child], values[root]
+        root = child
+
+
+@njit(cache=True, inline="always")
+def _contains(values, count, value):
+    for i in range(count):
+        if values[i] == value:
             return True
     return False

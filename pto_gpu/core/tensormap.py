@@ -5,8 +5,8 @@ and readers, newest first: a read scans only the writers, a write scans both. An
 has about 256 blocks (its row's R_SHIFT); a region of at most NARROW_BLOCKS blocks hashes
 by the block it starts in, a longer one by the owner's "wide" block, so a lookup walks
 the chains of the blocks it spans, the NARROW_BLOCKS blocks before them, and the wide
-chain: the entries near a tile, not every entry of its array. Each bucket row also counts
-the narrow entries of the owners whose wide block hashes there (columns NARROW + kind):
+chain: the entries near a tile, not every entry of its array. Each bucket also counts
+the narrow entries of the owners whose wide block hashes there (`narrow[kind]`):
 when that count is 0, a lookup walks the wide chain alone, so a read of a whole weight
 matrix costs one probe, not one per block. An entry stops
 mattering when a later write covers its region (it is removed once its edge is recorded)
@@ -21,25 +21,10 @@ from numba import njit
 
 from ..layout import R_HI, R_LO, R_OWNER, R_SHIFT
 from .rings import buffer_is_live
-from .state import (
-    E_BUCKET,
-    E_KIND,
-    E_NEXT,
-    E_PREV,
-    E_ROW,
-    E_STAMP,
-    E_TASK,
-    H_HW_TM,
-    H_LAST_ALIVE,
-    H_TM_FREE,
-    H_TM_USED,
-    READER,
-    WRITER,
-)
+from .state import READER, WRITER
 
 WIDE = -1  # the block of regions longer than NARROW_BLOCKS blocks
 NARROW_BLOCKS = 8
-NARROW = 2  # bucket columns NARROW + kind: narrow entries of the owners whose wide block is here
 
 
 @njit(cache=True, inline="always")
@@ -60,95 +45,100 @@ def home_block(row):
 def lookup_blocks(buckets, row, kind):
     """The blocks whose `kind` chains may hold an entry overlapping row: first..last, then WIDE
     (first > last when the owner has no narrow entry of that kind)."""
-    if buckets[bucket_of(buckets, row[R_OWNER], WIDE), NARROW + kind] == 0:
+    if buckets[bucket_of(buckets, row[R_OWNER], WIDE)].narrow[kind] == 0:
         return 0, -1
     shift = row[R_SHIFT]
     last = (max(row[R_HI], row[R_LO] + 1) - 1) >> shift
     return max(0, (row[R_LO] >> shift) - NARROW_BLOCKS), last
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _count_narrow(buckets, row, kind, change):
     if home_block(row) != WIDE:
-        buckets[bucket_of(buckets, row[R_OWNER], WIDE), NARROW + kind] += change
+        buckets[bucket_of(buckets, row[R_OWNER], WIDE)].narrow[kind] += change
 
 
 @njit(cache=True, inline="always")
 def is_stale(header, buffers, entries, entry):
-    owner = entries[entry, E_ROW + R_OWNER]
+    owner = entries[entry].row[R_OWNER]
     return owner >= 0 and not buffer_is_live(header, buffers, owner)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def tm_insert(header, entries, buckets, row, task_id, kind):
     """Insert a region at the head of its chain; the entry index, or -1 when the pool is full."""
-    entry = header[H_TM_FREE]
+    h = header[0]
+    entry = h.tm_free
     if entry < 0:
         return -1
-    header[H_TM_FREE] = entries[entry, E_NEXT]
+    e = entries[entry]
+    h.tm_free = e.next
     bucket = bucket_of(buckets, row[R_OWNER], home_block(row))
-    head = buckets[bucket, kind]
-    entries[entry, E_TASK] = task_id
-    entries[entry, E_NEXT] = head
-    entries[entry, E_PREV] = -1
-    entries[entry, E_BUCKET] = bucket
-    entries[entry, E_KIND] = kind
-    entries[entry, E_STAMP] = -1
-    entries[entry, E_ROW:] = row
+    chains = buckets[bucket].head
+    head = chains[kind]
+    e.task = task_id
+    e.next = head
+    e.prev = -1
+    e.bucket = bucket
+    e.kind = kind
+    e.stamp = -1
+    region = e.row
+    for k in range(len(region)):
+        region[k] = row[k]
     if head >= 0:
-        entries[head, E_PREV] = entry
-    buckets[bucket, kind] = entry
+        entries[head].prev = entry
+    chains[kind] = entry
     _count_narrow(buckets, row, kind, 1)
-    header[H_TM_USED] += 1
-    header[H_HW_TM] = max(header[H_HW_TM], header[H_TM_USED])
+    h.tm_used += 1
+    h.hw_tm = max(h.hw_tm, h.tm_used)
     return entry
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def tm_remove(header, entries, buckets, entry):
     """Unlink an entry and return it to the pool; the entry that followed it."""
-    following = entries[entry, E_NEXT]
-    previous = entries[entry, E_PREV]
+    h = header[0]
+    e = entries[entry]
+    following = e.next
+    previous = e.prev
     if previous >= 0:
-        entries[previous, E_NEXT] = following
+        entries[previous].next = following
     else:
-        buckets[entries[entry, E_BUCKET], entries[entry, E_KIND]] = following
+        buckets[e.bucket].head[e.kind] = following
     if following >= 0:
-        entries[following, E_PREV] = previous
-    _count_narrow(buckets, entries[entry, E_ROW:], entries[entry, E_KIND], -1)
-    entries[entry, E_TASK] = -1
-    entries[entry, E_NEXT] = header[H_TM_FREE]
-    header[H_TM_FREE] = entry
-    header[H_TM_USED] -= 1
+        entries[following].prev = previous
+    _count_narrow(buckets, e.row, e.kind, -1)
+    e.task = -1
+    e.next = h.tm_free
+    h.tm_free = entry
+    h.tm_used -= 1
     return following
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False, inline="always")
 def tm_free_count(header, entries):
-    return len(entries) - header[H_TM_USED]
+    return len(entries) - header[0].tm_used
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def tm_sweep(header, buffers, entries, buckets, evict_retired):
     """Remove every stale entry (and, if asked, every entry of a retired task); the count removed."""
     removed = 0
-    alive = header[H_LAST_ALIVE]
+    alive = header[0].last_alive
     for bucket in range(len(buckets)):
         for kind in (WRITER, READER):
-            entry = buckets[bucket, kind]
+            entry = buckets[bucket].head[kind]
             while entry >= 0:
                 if is_stale(header, buffers, entries, entry) or (
-                    evict_retired and entries[entry, E_TASK] < alive
+                    evict_retired and entries[entry].task < alive
                 ):
                     entry = tm_remove(header, entries, buckets, entry)
                     removed += 1
                 else:
-                    entry = entries[entry, E_NEXT]
+                    entry = entries[entry].next
     return removed
 
 
 @njit(cache=True, inline="always")
 def chain_head(buckets, owner, block, kind):
-    return buckets[bucket_of(buckets, owner, block), kind]
-
-
+    return buckets[bucket_of(buckets, owner, block)].head[kind]

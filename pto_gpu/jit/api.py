@@ -17,18 +17,7 @@ from numba.extending import overload
 
 from ..core import complete as core_complete
 from ..core import rings
-from ..core.state import (
-    B_OFFSET,
-    H_BUF_CAP,
-    H_HEAP_CAP,
-    H_LAST_EDGES,
-    H_LAST_READY,
-    H_WINDOW,
-    INOUT,
-    INPUT,
-    MAX_PARAMS,
-    OUTPUT,
-)
+from ..core.state import INOUT, INPUT, MAX_PARAMS, OUTPUT
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
 from ..layout import P_KIND
@@ -112,7 +101,7 @@ def alloc(o, shape, dtype):
         if n < 0:
             _service(o, bridge.ERR_ALLOC_ARGS, ndim, dtype, n)
         nbytes *= n
-    if rings.heap_size(nbytes) > o.header[H_HEAP_CAP]:
+    if rings.heap_size(nbytes) > o.header[0].heap_cap:
         _service(o, bridge.ERR_ALLOC_SIZE, nbytes, 0, 0)
     while True:
         seq = rings.heap_alloc(o.header, o.buffers, nbytes)
@@ -121,10 +110,10 @@ def alloc(o, shape, dtype):
         _service(o, bridge.SERVICE_ROOM, seq, 0, 0)
     if o.meta[M_VALIDATE]:
         _service(o, bridge.SERVICE_CHECK, seq, bridge.CHECK_ALLOC, 0)
-    slot = seq % o.header[H_BUF_CAP]
+    slot = seq & o.header[0].buf_mask
     o.heap_versions[slot, :] = 0
     desc = tuple_setitem(_ZERO_DESC, D_KEY, seq)
-    desc = tuple_setitem(desc, D_BASE, o.meta[M_HEAP_BASE] + o.buffers[slot, B_OFFSET])
+    desc = tuple_setitem(desc, D_BASE, o.meta[M_HEAP_BASE] + o.buffers[slot].offset)
     desc = tuple_setitem(desc, D_NBYTES, nbytes)
     desc = tuple_setitem(desc, D_DTYPE, dtype)
     desc = tuple_setitem(desc, D_ITEMSIZE, itemsize)
@@ -228,7 +217,7 @@ def submit(o, kernel_id, tensors, scalars=()):
             break
         _service(o, bridge.SERVICE_ROOM, task_id, n, 0)
 
-    slot = task_id & (o.header[H_WINDOW] - 1)
+    slot = task_id & (o.header[0].window - 1)
     for p in range(n):
         kind, desc = tensors[p]
         o.arg_desc[slot, p, :] = o.pending[p, :]
@@ -242,7 +231,7 @@ def submit(o, kernel_id, tensors, scalars=()):
         _service(o, bridge.SERVICE_CHECK, task_id, bridge.CHECK_SUBMIT, 0)
     if o.meta[M_LOG_EDGES]:
         _record_edges(o, task_id)
-    ready = o.header[H_LAST_READY]
+    ready = o.header[0].last_ready
     if o.meta[M_COMPLETE_AT_SUBMIT]:
         core_complete.complete(o.header, o.tasks, o.buffers, o.deps, task_id, o.ready)
         if o.meta[M_VALIDATE]:
@@ -276,7 +265,7 @@ def _service(o, code, a, b, c):
 def _versions_of(o, key):
     """The row of a buffer's versions (VERSION_* columns): a heap slot's or an external's."""
     if key >= 0:
-        return o.heap_versions[key % o.header[H_BUF_CAP]]
+        return o.heap_versions[key & o.header[0].buf_mask]
     return o.externals[-1 - key]
 
 
@@ -340,7 +329,7 @@ def _signature_ok(o, kernel_id, n):
 
 @njit(cache=True)
 def _record_edges(o, task_id):
-    for i in range(o.header[H_LAST_EDGES]):
+    for i in range(o.header[0].last_edges):
         if o.meta[M_EDGES] == EDGE_CAPACITY:
             _service(o, bridge.SERVICE_FLUSH, 0, 0, 0)
         e = o.meta[M_EDGES]

@@ -99,7 +99,7 @@ def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kerne
         arg_scalar_kind=np.zeros((window, MAX_SCALARS), i64),
         log=np.zeros((LOG_CAPACITY, 2), i64),  # task id, ready at submit
         edges=np.zeros((EDGE_CAPACITY, 2), i64),
-        heap_versions=np.zeros((state.sizes.buffer_window, 2), i64),  # per buffer slot: VERSION_*
+        heap_versions=np.zeros((len(state.buffers), 2), i64),  # per buffer slot: VERSION_*
         externals=np.zeros((max(1, num_externals), 3), i64),  # per external: VERSION_*, EXTERNAL_WRITEABLE
         scope=np.zeros(SCOPE_CAPACITY, i64),
         scope_marks=np.zeros(MAX_SCOPE_DEPTH, i64),

@@ -129,7 +129,7 @@ class Session:
               tags: dict[str, int | str] | None) -> None:
         """Bring the Python side's buffer records in: versions, writeability, buffers known;
         and the tags of the tasks submitted until the next entry."""
-        self._tag_starts.append(int(self._scheduler.state.header[cs.H_NEXT_TASK]))
+        self._tag_starts.append(int(self._scheduler.state.head["next_task"]))
         self._tags.append(tags)
         f = self._fields
         if len(externals) > len(f["externals"]):
@@ -215,8 +215,8 @@ class Session:
                                 else float(f["arg_float"][slot, i])))
         row = self._scheduler.state.tasks[slot]
         tags = self._tags[bisect.bisect_right(self._tag_starts, task_id) - 1]
-        return Task(task_id, self._kernels[row[cs.T_KERNEL]], WorkerType(int(row[cs.T_WORKER])),
-                    tuple(params), tags)
+        return Task(task_id, self._kernels[row["kernel"]], WorkerType(int(row["worker"])), tuple(params),
+                    tags)
 
     def _tensor(self, desc: np.ndarray):
         return to_tensor(desc, self._buffer(desc), DataType(int(desc[D_DTYPE])))
@@ -235,15 +235,15 @@ class Session:
 
     def unfreed(self) -> list[Buffer]:
         """Heap buffers allocated and not freed, oldest first, from either side."""
-        h, buffers = self._scheduler.state.header, self._scheduler.state.buffers
+        h, buffers = self._scheduler.state.head, self._scheduler.state.buffers
         base = int(self._fields["meta"][M_HEAP_BASE])
         found = []
-        for seq in range(int(h[cs.H_BUF_TAIL]), int(h[cs.H_BUF_NEXT])):
+        for seq in range(int(h["buf_tail"]), int(h["buf_next"])):
             if self._heap_live(seq):
                 row = buffers[seq % len(buffers)]
-                nbytes = int(row[cs.B_VEND] - row[cs.B_VSTART])
+                nbytes = int(row["vend"] - row["vstart"])
                 found.append(self._python_heap.get(seq)
-                             or Buffer(seq, BufferKind.HEAP, base + int(row[cs.B_OFFSET]), nbytes))
+                             or Buffer(seq, BufferKind.HEAP, base + int(row["offset"]), nbytes))
         return found
 
     def _heap_live(self, seq: int) -> bool:
