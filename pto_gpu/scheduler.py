@@ -92,7 +92,7 @@ class Scheduler:
         """Submit to the core; the task id, or a FULL_* code after room-making that needs no wait."""
         s = self.state
         # Registered before the core sees it: a worker may make it ready the moment it exists.
-        task.id = int(s.head["next_task"])
+        task.id = int(s.at.next_task[0])
         self.live[task.id] = task
         while True:
             status = core_submit(*s.tables, s.producers, s.covered, task.kernel.id, int(task.worker),
@@ -127,7 +127,7 @@ class Scheduler:
         return seq
 
     def heap_offset(self, seq: int) -> int:
-        return int(self.state.buffers["offset"][seq & self.state.head["buf_mask"]])
+        return int(self.state.buffers["offset"][seq & self.state.at.buf_mask[0]])
 
     def buffer_free(self, seq: int) -> None:
         s = self.state
@@ -140,10 +140,10 @@ class Scheduler:
 
     def last_was_ready(self) -> bool:
         """Whether the task just submitted had nothing to wait for (completion never reports it)."""
-        return bool(self.state.head["last_ready"])
+        return bool(self.state.at.last_ready[0])
 
     def producers_of_last(self) -> np.ndarray:
-        return self.state.producers[: self.state.head["last_edges"]]
+        return self.state.producers[: self.state.at.last_edges[0]]
 
     # --- execution -----------------------------------------------------------------------
     def start(self, task_id: int) -> None:
