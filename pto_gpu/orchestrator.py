@@ -32,7 +32,7 @@ from .jit.descriptor import from_tensor
 from .jit.host import Session
 from .kernel import Kernel
 from .layout import P_KIND, PARAM_WIDTH, ROW_WIDTH
-from .params import Param, ParamKind, as_param
+from .params import Param, ParamKind, as_param, core_rows
 from .schedule import Windows, check_tags
 from .scheduler import Scheduler, Task
 from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
@@ -315,12 +315,7 @@ class Orchestrator:
         return status
 
     def _enter_transfer(self, task: Task) -> None:
-        tensors = [p for p in task.params if p.kind != ParamKind.SCALAR]
-        rows = self._transfer_rows[:len(tensors)]
-        for row, p in zip(rows, tensors):
-            row[:ROW_WIDTH] = p.value.layout
-            row[P_KIND] = p.kind
-        self._enter(task, rows)
+        self._enter(task, core_rows(task.params, self._transfer_rows))
 
     def _wait_for_window(self, tags: dict[str, int | str] | None) -> None:
         if self._windows is not None and not self._windows.admits(tags, self._scheduler.completed):

@@ -6,7 +6,10 @@ import dataclasses
 import enum
 import numbers
 
+import numpy as np
+
 from .errors import ParamError
+from .layout import P_KIND, ROW_WIDTH
 from .tensor import TensorDescriptor
 
 
@@ -69,3 +72,13 @@ def as_param(value: object, position: int) -> Param:
                          "wrap it in pto.input(), pto.output() or pto.inout()")
     raise ParamError(f"param {position} is a {type(value).__module__}.{type(value).__name__}; "
                      "pass arrays through o.external() and wrap them in pto.input/output/inout")
+
+
+def core_rows(params: tuple[Param, ...], rows: np.ndarray) -> np.ndarray:
+    """The rows the core takes for a task's tensor params (each its layout row, then its
+    kind), written into the first rows of `rows` (PARAM_WIDTH wide); those rows."""
+    tensors = [p for p in params if p.kind != ParamKind.SCALAR]
+    for row, p in zip(rows, tensors):
+        row[:ROW_WIDTH] = p.value.layout
+        row[P_KIND] = p.kind
+    return rows[:len(tensors)]

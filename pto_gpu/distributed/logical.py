@@ -16,8 +16,8 @@ import numpy as np
 
 from ..core.state import CoreState, Sizes
 from ..errors import InvariantError
-from ..layout import P_KIND, PARAM_WIDTH, ROW_WIDTH
-from ..params import ParamKind
+from ..layout import PARAM_WIDTH
+from ..params import core_rows
 from ..scheduler import Scheduler, Task
 
 
@@ -40,11 +40,7 @@ class LogicalGraph:
     def add(self, task: Task) -> None:
         """Record one of the orchestration's tasks (its id becomes its label)."""
         copy = dataclasses.replace(task)
-        tensors = [p for p in task.params if p.kind != ParamKind.SCALAR]
-        rows = np.empty((len(tensors), PARAM_WIDTH), np.int64)
-        for row, p in zip(rows, tensors):
-            row[:ROW_WIDTH] = p.value.layout
-            row[P_KIND] = p.kind
+        rows = core_rows(task.params, np.empty((len(task.params), PARAM_WIDTH), np.int64))
         status = self._scheduler.try_submit(copy, rows)
         if status < 0:
             raise InvariantError(f"the logical graph's core refused task {task.label} (code {status})")
