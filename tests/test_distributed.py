@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import pto_gpu as pto
 from pto_gpu.distributed.holdings import Holdings
@@ -50,17 +51,77 @@ def test_a_read_spanning_writers_is_one_transfer_per_writer():
                                                                             (1, [False, True, False])]
 
 
-def test_one_owner_buffers_have_no_tables_until_a_region_splits_them():
+def test_tables_are_as_coarse_as_the_regions_seen_allow():
     t = matrix(2, 8)
     holdings = Holdings(1, 16, pto.FLOAT32, 2)
     assert holdings.owner_of(t[1]) == 1
     holdings.wrote(t, 1)
     assert holdings.fetch(t, 0) == [(1, None)] and holdings.fetch(t, 0) == []
-    assert holdings.owner is None  # whole-buffer reads and writes keep it uniform
+    assert holdings.unit == 16  # whole-buffer reads and writes: one entry
     holdings.wrote(t[0], 0)
+    assert holdings.unit == 8 and holdings.writer.tolist() == [0, 1]
     [(source, mask)] = holdings.fetch(t, 1)
     assert source == 0 and mask.tolist() == [[True] * 8, [False] * 8]
-    assert holdings.owner is not None and holdings.writer.tolist() == [0] * 8 + [1] * 8
+    holdings.fetch(t[:, 2:6], 0)  # cuts rows into 4-element units: 2 | 4 | 2 elements
+    assert holdings.unit == 2 and holdings.writer.tolist() == [0] * 4 + [1] * 4
+    tiled = Holdings(np.array([0, 0, 1, 1], np.int8), 64, pto.FLOAT32, 2)  # 4 rows of 16, 2 ranks
+    assert tiled.unit == 32 and tiled.owner.tolist() == [0, 1]
+    wide = Holdings(np.array([0, 0, 1, 1], np.int8), 48, pto.FLOAT32, 2)  # 4 rows of 12: units of 24
+    assert wide.fetch(matrix(4, 12)[0:2, 0:8], 1) == [(0, None)]
+    assert wide.unit == 4  # 8 columns, but a row starts every 12 elements
+
+
+def random_region(rng, rows: int, cols: int, granule: int) -> tuple:
+    """Rows and columns of a random window whose columns start and end on multiples of
+    `granule` (so that tables stay coarse for a while), strided when the granule is 1."""
+    r0, c0 = rng.integers(0, rows), rng.integers(0, cols // granule) * granule
+    r1, c1 = rng.integers(r0 + 1, rows + 1), rng.integers(c0 // granule + 1, cols // granule + 1) * granule
+    column_step = 1 if granule > 1 else int(rng.choice([1, 2]))
+    return slice(r0, r1, int(rng.integers(1, 3))), slice(c0, c1, column_step)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_holdings_agree_with_a_table_per_element(seed):
+    """Random reads and writes of random windows by random ranks: the transfers and the
+    write-back equal those of a model that keeps one owner, writer and set of holders per
+    element (written here, sharing nothing with holdings.py)."""
+    rng = np.random.default_rng(seed)
+    rows, cols, size = int(rng.integers(1, 9)), int(rng.choice([4, 8, 12])), int(rng.integers(1, 5))
+    granule = int(rng.choice([1, 2, 4]))
+    row_owner = np.sort(rng.integers(0, size, rows)).astype(np.int8)
+    t = matrix(rows, cols)
+    holdings = Holdings(row_owner, rows * cols, pto.FLOAT32, size)
+    owner = np.repeat(row_owner, cols).reshape(rows, cols)
+    writer = owner.copy()
+    holders = [[{int(owner[r, c])} for c in range(cols)] for r in range(rows)]
+    for _ in range(30):
+        rs, cs = random_region(rng, rows, cols, granule)
+        rank = int(rng.integers(0, size))
+        cells = [(r, c) for r in range(rows)[rs] for c in range(cols)[cs]]
+        region = t[rs, cs]
+        if rng.random() < 0.4:
+            holdings.wrote(region, rank)
+            for r, c in cells:
+                writer[r, c], holders[r][c] = rank, {rank}
+            continue
+        expected: dict[int, set] = {}
+        for r, c in cells:
+            if rank not in holders[r][c]:
+                expected.setdefault(int(writer[r, c]), set()).add((r, c))
+                holders[r][c].add(rank)
+        got = {}
+        for source, mask in holdings.fetch(region, rank):
+            chosen = np.ones(region.shape, bool) if mask is None else mask
+            got[source] = {cell for cell, moved in zip(cells, chosen.ravel()) if moved}
+        assert got == expected
+    expected_stale: dict[tuple, set] = {}
+    for r in range(rows):
+        for c in range(cols):
+            if int(owner[r, c]) not in holders[r][c]:
+                expected_stale.setdefault((int(writer[r, c]), int(owner[r, c])), set()).add(r * cols + c)
+    got_stale = {(w, o): set(range(rows * cols)) if mask is None else set(np.flatnonzero(mask).tolist())
+                 for w, o, mask in holdings.stale_at_owner()}
+    assert got_stale == expected_stale
 
 
 def test_ranks_traces_merge_into_one_timeline_a_process_per_rank(tmp_path):

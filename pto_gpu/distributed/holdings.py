@@ -7,11 +7,19 @@ it last, or its owner before that) and `valid`, a bit per rank holding its newes
 A write by rank w leaves only w valid; a read by rank r of elements it lacks is a transfer
 from their writer, after which r holds them too, so each version reaches each rank once.
 
+The tables are kept per *unit* of `unit` consecutive elements, the coarsest granularity at
+which the owners and every region seen so far start and end on unit boundaries: one entry
+for a buffer one rank owns and tasks use whole, one per tile row for a tiled matrix in
+block rows (a 256-column tile of a 2048² matrix: 16K entries, not 4M). A region that cuts a
+unit splits the tables once (`_refine`); masks leave as masks over elements.
+
 Tiled orchestrations read the same tiles again and again, so each region's AND of valid
 bits is remembered (`_full`) until a write to the buffer changes what it could be.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -33,95 +41,121 @@ def valid_dtype(size: int) -> type:
 def element_view(array: np.ndarray, tensor: TensorDescriptor, itemsize: int) -> np.ndarray:
     """A per-element table of a buffer (flat, one entry per `itemsize` bytes) seen through
     `tensor`'s layout."""
-    if tensor.dtype.itemsize != itemsize or tensor.byte_offset % itemsize:
-        raise RankError(f"{tensor!r}: a distributed run tracks each buffer in elements of the dtype it "
-                        f"was first used with ({itemsize} bytes); views of it in another dtype "
-                        "are not supported")
+    _check_itemsize(tensor, itemsize)
     offset = tensor.byte_offset // itemsize * array.itemsize
     return np.ndarray(tensor.shape, array.dtype, buffer=array, offset=offset,
                       strides=tuple(s * array.itemsize for s in tensor.strides))
 
 
+def _check_itemsize(tensor: TensorDescriptor, itemsize: int) -> None:
+    if tensor.dtype.itemsize != itemsize or tensor.byte_offset % itemsize:
+        raise RankError(f"{tensor!r}: a distributed run tracks each buffer in elements of the dtype it "
+                        f"was first used with ({itemsize} bytes); views of it in another dtype "
+                        "are not supported")
+
+
+def runs_of(tensor: TensorDescriptor, itemsize: int) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+    """The region as runs of consecutive elements: (first element, the shape and element
+    strides of the grid of runs, elements per run), dims of one element left out."""
+    outer_shape: list[int] = []
+    outer_strides: list[int] = []
+    run, contiguous = 1, True
+    for extent, stride in zip(reversed(tensor.shape), reversed(tensor.strides)):
+        if extent == 1:
+            continue
+        if contiguous and stride == run:  # the dims so far and this one are consecutive elements
+            run *= extent
+        else:
+            contiguous = False
+            outer_shape.insert(0, extent)
+            outer_strides.insert(0, stride)
+    return tensor.byte_offset // itemsize, tuple(outer_shape), tuple(outer_strides), run
+
+
 class Holdings:
-    """See the module docstring. `owners` gives every element's owner, flat over the buffer,
-    whose elements are of `dtype` (an int for one owner of every element: the tables are then
-    made only when a region smaller than the buffer first makes the elements differ, which a
-    tile-sized accumulator never does)."""
+    """See the module docstring. `owners` gives the owners in order, each entry covering
+    count / len(owners) consecutive elements (a matrix's row owners, say), or is one int for
+    one owner of every element; the elements are of `dtype`."""
 
     def __init__(self, owners: np.ndarray | int, count: int, dtype: DataType, size: int):
-        """`owners`: int8, one per element, or one int for all."""
         self.dtype = dtype
         self.itemsize = dtype.itemsize
         self.count = count  # elements of the buffer
         self._valid_type = valid_dtype(size)
+        owners = np.array([owners] if isinstance(owners, int) else owners, np.int8)
+        self.unit = max(count, 1) // len(owners)  # elements per table entry
+        # The coarsest unit the owners allow: the gcd of the places where the owner changes.
+        changes = np.flatnonzero(owners[1:] != owners[:-1]) + 1
+        coarser = math.gcd(len(owners), *changes.tolist())
+        owners = owners[::coarser].copy()  # its own table, contiguous for the views
+        self.unit *= coarser
+        self.owner = owners
+        self.writer = owners.copy()
+        self.valid = np.left_shift(self._valid_type(1), owners.astype(self._valid_type))
         self._full: dict[bytes, int] = {}  # region layout -> AND of its elements' valid bits
-        # Uniform: (owner, writer, valid bits) shared by every element, until _tables() splits it.
-        self._uniform: tuple[int, int, int] | None = None
-        if isinstance(owners, int):
-            self._uniform = (owners, owners, 1 << owners)
-            self.owner = self.writer = self.valid = None
-        else:
-            self.owner = owners
-            self.writer = owners.copy()
-            self.valid = np.left_shift(self._valid_type(1), owners.astype(self._valid_type, copy=False))
+        self._views: dict[bytes, tuple] = {}  # region layout -> (its element count per entry, views)
 
-    def _tables(self) -> None:
-        owner, writer, valid = self._uniform
-        self.owner = np.full(self.count, owner, np.int8)
-        self.writer = np.full(self.count, writer, np.int8)
-        self.valid = np.full(self.count, valid, self._valid_type)
-        self._uniform = None
+    # --- the tables seen through a region --------------------------------------------------
+    def _region(self, tensor: TensorDescriptor) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+        """The region's layout key and its views of the owner, writer and valid tables, in
+        units (splitting the tables first if the region cuts a unit)."""
+        key = tensor.layout.tobytes()
+        cached = self._views.get(key)
+        if cached is not None and cached[0] == self.unit:
+            return key, *cached[1]
+        _check_itemsize(tensor, self.itemsize)
+        first, shape, strides, run = runs_of(tensor, self.itemsize)
+        unit = math.gcd(self.unit, first, run, *strides)
+        if unit != self.unit:
+            self._refine(unit)
+        shape, strides = shape + (run // unit,), tuple(s // unit for s in strides) + (1,)
+        views = tuple(np.ndarray(shape, table.dtype, buffer=table, offset=first // unit * table.itemsize,
+                                 strides=tuple(s * table.itemsize for s in strides))
+                      for table in (self.owner, self.writer, self.valid))
+        self._views[key] = (self.unit, views)
+        return key, *views
 
-    def _whole(self, tensor: TensorDescriptor) -> bool:
-        return tensor.byte_offset == 0 and tensor.size == self.count and tensor.is_contiguous()
+    def _refine(self, unit: int) -> None:
+        """Split every table entry into entries of `unit` elements."""
+        factor = self.unit // unit
+        tables = (self.owner, self.writer, self.valid)
+        self.owner, self.writer, self.valid = (np.repeat(table, factor) for table in tables)
+        self.unit = unit
 
-    def view(self, array: np.ndarray, tensor: TensorDescriptor) -> np.ndarray:
-        """`array` (one of the per-element tables) seen through `tensor`'s layout."""
-        return element_view(array, tensor, self.itemsize)
+    def _elements(self, units: np.ndarray, tensor: TensorDescriptor) -> np.ndarray:
+        """A per-unit array of a region's view as one per element, in the region's shape."""
+        return np.repeat(units.reshape(-1), self.unit).reshape(tensor.shape)
 
+    # --- what the placement asks ------------------------------------------------------------
     def owner_of(self, tensor: TensorDescriptor) -> int:
         """The owner of the region's first element."""
-        if self._uniform is not None:
-            return self._uniform[0]
-        return int(self.owner[tensor.byte_offset // self.itemsize])
+        return int(self.owner[tensor.byte_offset // self.itemsize // self.unit])
 
     def owners_of(self, tensor: TensorDescriptor) -> np.ndarray:
         """The owners of the region's elements."""
-        if self._uniform is not None:
-            return np.full(tensor.shape, self._uniform[0], np.int8)
-        return self.view(self.owner, tensor)
+        return self._elements(self._region(tensor)[1], tensor)
 
     def fetch(self, tensor: TensorDescriptor, rank: int) -> list[tuple[int, np.ndarray | None]]:
         """What `rank` must receive to read `tensor`: (source rank, mask over the tensor's
         elements, None for all of them) per source; from now on `rank` holds them."""
         if tensor.size == 0:
             return []
-        if self._uniform is not None:
-            owner, writer, valid = self._uniform
-            if valid >> rank & 1:
-                return []
-            if self._whole(tensor):
-                self._uniform = (owner, writer, valid | 1 << rank)
-                return [(writer, None)]
-            self._tables()
-        key = tensor.layout.tobytes()
+        key, _, writers, valid = self._region(tensor)
         full = self._full.get(key)
         if full is not None and full >> rank & 1:
             return []
-        valid = self.view(self.valid, tensor)
         bit = valid.dtype.type(1 << rank)
         missing = (valid & bit) == 0
         if not missing.any():  # rank gained them by another region's transfer since `full` was noted
             self._full[key] = int(np.bitwise_and.reduce(valid, axis=None))
             return []
-        writers = self.view(self.writer, tensor)
         if missing.all() and (writers == writers.flat[0]).all():  # the common case: one tile, one writer
             needed = [(int(writers.flat[0]), None)]
         else:
             needed = []
             for source in np.flatnonzero(np.bincount(writers[missing].astype(np.intp))):
                 mask = missing & (writers == source)
-                needed.append((int(source), None if mask.all() else mask))
+                needed.append((int(source), None if mask.all() else self._elements(mask, tensor)))
         valid[missing] |= bit
         # Other regions' remembered ANDs can only have gained `bit` from this: a stale entry
         # costs a recount, never a wrong answer.
@@ -132,24 +166,20 @@ class Holdings:
         """`rank` wrote the region: it alone holds the newest version."""
         if tensor.size == 0:
             return
-        if self._uniform is not None:
-            if self._whole(tensor):
-                self._uniform = (self._uniform[0], rank, 1 << rank)
-                return
-            self._tables()
-        self.view(self.writer, tensor)[...] = rank
-        self.view(self.valid, tensor)[...] = 1 << rank
+        key, _, writers, valid = self._region(tensor)
+        writers[...] = rank
+        valid[...] = 1 << rank
         self._full.clear()
-        self._full[tensor.layout.tobytes()] = 1 << rank
+        self._full[key] = 1 << rank
 
     def stale_at_owner(self) -> list[tuple[int, int, np.ndarray | None]]:
-        """(writer, owner, flat mask, None for all) for the elements whose owner lacks their
-        newest version."""
-        if self._uniform is not None:
-            owner, writer, valid = self._uniform
-            return [] if valid >> owner & 1 else [(writer, owner, None)]
+        """(writer, owner, flat mask over the buffer's elements, None for all) for the elements
+        whose owner lacks their newest version."""
         stale = (self.valid >> self.owner.astype(self.valid.dtype)) & 1 == 0
         if not stale.any():
             return []
+        if stale.all() and len(set(self.writer.tolist())) == 1 and len(set(self.owner.tolist())) == 1:
+            return [(int(self.writer[0]), int(self.owner[0]), None)]
         pairs = np.unique(np.stack([self.writer[stale], self.owner[stale]]), axis=1)
-        return [(int(w), int(o), stale & (self.writer == w) & (self.owner == o)) for w, o in pairs.T]
+        return [(int(w), int(o), np.repeat(stale & (self.writer == w) & (self.owner == o), self.unit))
+                for w, o in pairs.T]

@@ -117,7 +117,7 @@ class Placement:
         if len(rows) == 0 or (rows == rows[0]).all():
             return Holdings(int(rows[0]) if len(rows) else 0, count, tensor.dtype, self.size)
         if tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous():
-            owners = np.repeat(rows, count // len(rows))  # the usual whole array: one pass
+            owners = rows  # the usual whole array: a row's owner covers its elements
         else:
             owners = np.full(count, rows[0], np.int8)
             by_row = rows.reshape((-1,) + (1,) * (tensor.ndim - 1))
