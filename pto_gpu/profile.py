@@ -56,7 +56,8 @@ class Lane:
             tally = self.kernels[task.kernel.name] = [0, 0.0]
         tally[0] += 1
         tally[1] += seconds
-        self.busy[task.worker] += seconds
+        # an inline task (scheduler.Task.inline) may be of a class the lane does not serve
+        self.busy[task.worker] = self.busy.get(task.worker, 0.0) + seconds
         if self.measured is not None and not first_call:
             key = key_of(task)
             measured = self.measured.get(key)

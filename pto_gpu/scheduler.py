@@ -40,6 +40,10 @@ class Task:
     # transfer), which the core's id is not once transfers are counted.
     runs_here: bool = True
     label: int | None = None
+    # Run by the worker thread whose completion makes it ready, not queued for a worker of its
+    # class: a distributed run's tasks of other ranks (nothing to run) and sends (a copy and a
+    # non-blocking MPI call), which cost less than a hand-over between threads.
+    inline: bool = False
 
     @property
     def public_id(self) -> int:

@@ -9,7 +9,8 @@ and submit, in the same order, so every rank makes the same decisions:
   ranks submit neither;
 - on every other rank the task is submitted too, with `runs_here` False: it completes
   without running, so the graph, and every rank's view of what depends on what, stays whole.
-A send copies the elements out and returns; it runs as soon as what it reads is written. A
+A send copies the elements out and returns; it runs as soon as what it reads is written, on
+the worker that completed the writer (Task.inline), as do other ranks' tasks here. A
 receive waits for its message; each rank's receives are chained in submission order through
 an inout of one small tensor, the lane, and the executor keeps a second ACCELERATOR worker
 for sends, which is what makes the protocol deadlock-free (docs/ARCHITECTURE.md, "Several
@@ -147,6 +148,7 @@ class Placement:
         else:
             check_rank(rank, self.size, f"submit({task.kernel.name})", "rank")
         task.runs_here = rank == self.rank
+        task.inline = not task.runs_here  # completes unrun: whichever worker makes it ready does that
         if task.runs_here:
             self.tasks_run.append(task.label)
         if self.graph is not None:
@@ -187,7 +189,7 @@ class Placement:
         else:
             params = ((input if sending else output)(tensor), inout(self.lane), index)
         return [Task(-1, self.send_kernel if sending else self.recv_kernel, WorkerType.ACCELERATOR, params,
-                     label=-1)]
+                     label=-1, inline=sending)]
 
     # --- the transfer kernels (run by the executor's ACCELERATOR worker) ------------------
     def _send(self, region, *lane_and_index) -> None:

@@ -17,8 +17,8 @@ run (a failed run's duplicate is kept, never freed, for that).
 
 from __future__ import annotations
 
+import os
 import threading
-import time
 from typing import Protocol
 
 import numpy as np
@@ -26,8 +26,6 @@ import numpy as np
 from ..errors import RankError
 
 NOTICE, FIRST_DATA = 1, 2  # tags: a failure notice; data tags count from FIRST_DATA
-SPIN = 200e-6  # seconds a wait polls without sleeping
-MAX_PAUSE = 1e-4  # the longest sleep between polls: how late a wait may notice its message
 
 
 class PeerFailed(RankError):
@@ -170,19 +168,18 @@ class MpiTransport:
     def wait(self, request, what: str) -> None:
         """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a
         notice. Receives are chained, and sends never wait, so one thread waits at a time (the
-        end of the run's wait for the sends comes after every task's). It polls: MPI's own
-        wait spins on a core, which the rank's workers (and other ranks) need; so it spins for
-        SPIN seconds, which short messages from a ready peer take, then sleeps between polls."""
-        requests, started, pause = [request, self._notice], time.perf_counter(), 0.0
+        end of the run's wait for the sends comes after every task's). It polls, yielding the
+        core between polls: MPI's own wait spins on the core without yielding, which the
+        rank's workers (and other ranks) need, and a sleep, however short, lasts the kernel's
+        timer slack (~50 µs), which would be most of a small transfer's latency."""
+        requests = [request, self._notice]
         while not self._someone_failed:
             index, done = self._MPI.Request.Testany(requests)
             if done:
                 if index == 0:
                     return
                 break
-            if pause or time.perf_counter() - started > SPIN:
-                pause = min(max(2 * pause, 1e-5), MAX_PAUSE)
-            time.sleep(pause)  # lets the rank's other threads have the GIL, even at 0
+            os.sched_yield()  # lets the rank's other threads have the core and the GIL
         self._someone_failed = True
         request.Cancel()
         request.Free()

@@ -151,12 +151,17 @@ class ParallelExecutor:
             self._paths.add(task.id, cost, producers)
         self._placement.submitted(task, producers)
 
-    def _push_locked(self, task: Task) -> WorkerType:
-        """Queue a ready task (on the class Heft places it on); the class."""
+    def _admit_locked(self, task: Task) -> Task:
+        """A ready task, registered if `submitted` has not been called for it yet, placed on
+        the class Heft chooses (a copy, if another)."""
         if self.wants_producers and task.id not in self._registered:
             self._register_locked(task, self._cost(task), ())
             self._early.add(task.id)
-        task = self._heft.place(task)
+        return self._heft.place(task)
+
+    def _push_locked(self, task: Task) -> WorkerType:
+        """Queue a ready task (on the class Heft places it on); the class."""
+        task = self._admit_locked(task)
         if self._schedule is None:
             self._queues[task.worker].append(task)
         else:
@@ -184,11 +189,14 @@ class ParallelExecutor:
             if waiting:
                 self._wake[worker].notify_all()  # the tasks passed over are other idle workers' to take
         if task is not None:
-            self._registered.discard(task.id)
-            self._placement.started(task, index)
-            if self._paths is not None:
-                self._paths.started(task.id)
+            self._starting_locked(task, index)
         return task
+
+    def _starting_locked(self, task: Task, index: int) -> None:
+        self._registered.discard(task.id)
+        self._placement.started(task, index)
+        if self._paths is not None:
+            self._paths.started(task.id)
 
     def wait_until(self, done: Callable[[], bool]) -> None:
         """Run tasks until `done()` (a max_concurrent window admits), judged under the lock, so
@@ -272,21 +280,7 @@ class ParallelExecutor:
                 if self._tracing:
                     self._sample()
             try:
-                self._scheduler.start(task.id)
-                run_kernel(self._backend, task, lane)
-                made_ready = self._scheduler.complete(task.id, scratch)
-                with self._lock:
-                    self._heft.done(task.id)
-                    for ready in made_ready:  # a schedule's cost model may raise here
-                        self._notify_worker_locked(self._push_locked(ready))
-                    self._running -= 1
-                    self._completions += 1
-                    if self._tracing:
-                        self._sample()
-                    if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
-                            self._completions - self._seen_completions >= self._room_batch
-                            or self._idle_locked())):
-                        self._progress.notify()
+                self._run(task, index, lane, scratch)
             except BaseException as error:  # a kernel's TaskError, validation mode's finding, a cost model's
                 with self._lock:
                     self._error = self._error or error
@@ -294,6 +288,34 @@ class ParallelExecutor:
                     self._stopping = True
                     self._notify_all_locked()
                 return
+
+    def _run(self, task: Task, index: int, lane, scratch) -> None:
+        """Run `task` and complete it, then the inline tasks (Task.inline) that makes ready, on
+        this thread: handing those to a worker would cost more than they do. The thread counts
+        as running until the last of them has completed."""
+        batch = [task]
+        while batch:
+            task = batch.pop()
+            self._scheduler.start(task.id)
+            run_kernel(self._backend, task, lane)
+            made_ready = self._scheduler.complete(task.id, scratch)
+            with self._lock:
+                self._heft.done(task.id)
+                for ready in made_ready:  # a schedule's cost model may raise here
+                    if ready.inline:
+                        batch.append(ready := self._admit_locked(ready))
+                        self._starting_locked(ready, index)
+                    else:
+                        self._notify_worker_locked(self._push_locked(ready))
+                if not batch:
+                    self._running -= 1
+                self._completions += 1
+                if self._tracing:
+                    self._sample()
+                if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
+                        self._completions - self._seen_completions >= self._room_batch
+                        or self._idle_locked())):
+                    self._progress.notify()
 
     # --- helpers -------------------------------------------------------------------------
     def _start_locked(self) -> None:
