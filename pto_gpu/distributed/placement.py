@@ -10,7 +10,8 @@ and submit, in the same order, so every rank makes the same decisions:
 - on every other rank the task is submitted too, with `runs_here` False: it completes
   without running, so the graph, and every rank's view of what depends on what, stays whole.
 A send copies the elements out and returns; it runs as soon as what it reads is written, on
-the worker that completed the writer (Task.inline), as do other ranks' tasks here. A
+the worker that completed the writer (Task.inline: a send that never waits), as do other
+ranks' tasks here. A
 receive waits for its message; each rank's receives are chained in submission order through
 an inout of one small tensor, the lane, and the executor keeps a second ACCELERATOR worker
 for sends, which is what makes the protocol deadlock-free (docs/ARCHITECTURE.md, "Several
@@ -113,8 +114,11 @@ class Placement:
         return self._holding(tensor).owner_of(tensor)
 
     def _track(self, tensor: TensorDescriptor, owner: Owner | None) -> Holdings:
-        rows = self._rows(tensor, owner).astype(np.int8)
         count = tensor.buffer.nbytes // tensor.dtype.itemsize
+        whole = self._default_owner[-1] if owner is None else owner
+        if type(whole) is int and 0 <= whole < self.size:  # one rank's (a heap tile, say): nothing to check
+            return Holdings(whole, count, tensor.dtype, self.size)
+        rows = self._rows(tensor, owner).astype(np.int8)
         if len(rows) == 0 or (rows == rows[0]).all():
             return Holdings(int(rows[0]) if len(rows) else 0, count, tensor.dtype, self.size)
         if tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous():
@@ -189,7 +193,7 @@ class Placement:
         else:
             params = ((input if sending else output)(tensor), inout(self.lane), index)
         return [Task(-1, self.send_kernel if sending else self.recv_kernel, WorkerType.ACCELERATOR, params,
-                     label=-1, inline=sending)]
+                     label=-1, inline=sending and not self.transport.chained_sends)]
 
     # --- the transfer kernels (run by the executor's ACCELERATOR worker) ------------------
     def _send(self, region, *lane_and_index) -> None:
