@@ -21,7 +21,6 @@ from numba import njit
 
 from ..layout import R_HI, R_LO, R_OWNER, R_SHIFT
 from .rings import buffer_is_live
-from .state import READER, WRITER
 
 WIDE = -1  # the block of regions longer than NARROW_BLOCKS blocks
 NARROW_BLOCKS = 8
@@ -125,17 +124,12 @@ def tm_sweep(header, buffers, entries, buckets, evict_retired):
     """Remove every stale entry (and, if asked, every entry of a retired task); the count removed."""
     removed = 0
     alive = header[0].last_alive
-    for bucket in range(len(buckets)):
-        for kind in (WRITER, READER):
-            entry = buckets[bucket].head[kind]
-            while entry >= 0:
-                if is_stale(header, buffers, entries, entry) or (
-                    evict_retired and entries[entry].task < alive
-                ):
-                    entry = tm_remove(header, entries, buckets, entry)
-                    removed += 1
-                else:
-                    entry = entries[entry].next
+    # In pool order, not chain by chain: a walk of the chains jumps around the pool.
+    for entry in range(len(entries)):
+        task = entries[entry].task
+        if task >= 0 and (is_stale(header, buffers, entries, entry) or (evict_retired and task < alive)):
+            tm_remove(header, entries, buckets, entry)
+            removed += 1
     return removed
 
 

@@ -33,6 +33,7 @@ import hashlib
 from collections.abc import Callable
 
 from ..dtypes import DataType
+from ..jit import source_fingerprint
 from .cpu_codegen import cache_dir, load_source
 from .errors import ISAError
 from .ir import Alloc, Call, For, Function, If, Module, Op, Predicate, Return, Split, View, walk
@@ -63,7 +64,8 @@ def orchestration_source(module: Module, name: str) -> tuple[str, list[tuple[str
 def orchestration(program, name: str) -> Callable[..., None]:
     """Orchestration function `name` of a compiled program as a compiled orchestration."""
     source, kernel_args = orchestration_source(program.module, name)
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    # The runtime's fingerprint too: numba's cache of the body holds the jit functions it calls.
+    digest = hashlib.sha256((source + source_fingerprint()).encode()).hexdigest()[:24]
     body = load_source(cache_dir() / f"orchestration_{digest}.py", source, digest).body
     function = program.module.functions[name]
     memrefs = len(function.memrefs)

@@ -19,7 +19,16 @@ order, so they must not be baked into cached code). Descriptors are int64 tuples
 descriptor.py) sliced with `narrow`, `split` and `swap`. Tensor params come before
 scalar params. The same tasks and edges result as from the Python API, and full rings
 wait for the executor as they do there.
+
+A body compiled with `cache=True` keeps, in numba's cache, its own copy of every function of
+this package it calls, and numba never checks those again: after pto-gpu changes, delete
+such a body's cache (its `__pycache__/*.nbi`, `*.nbc`). Orchestrations generated from PTO
+programs need not: their cache names include `source_fingerprint()`.
 """
+
+import functools
+import hashlib
+from pathlib import Path
 
 from .api import (
     alloc,
@@ -35,5 +44,20 @@ from .api import (
 )
 from .descriptor import dtype, narrow, ndim, shape, split, swap, with_version
 
+
+@functools.cache
+def source_fingerprint() -> str:
+    """A digest of the sources compiled orchestrations link in: this package, the core, the
+    overlap judgement and the layouts."""
+    package = Path(__file__).resolve().parent.parent
+    files = sorted([*package.joinpath("jit").glob("*.py"), *package.joinpath("core").glob("*.py"),
+                    package / "overlap.py", package / "layout.py"])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 __all__ = ["alloc", "dtype", "flush", "free", "inout", "input", "narrow", "ndim", "output", "scope_begin",
-           "scope_end", "shape", "split", "submit", "swap", "version_inc", "with_version"]
+           "scope_end", "shape", "source_fingerprint", "split", "submit", "swap", "version_inc",
+           "with_version"]
