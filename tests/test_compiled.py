@@ -39,6 +39,17 @@ def test_the_llama_program_interpreted_and_compiled_builds_the_hand_written_grap
         assert task_signature(result.graph) == task_signature(by_hand.graph)
 
 
+def test_a_recording_run_grows_the_tensormap_under_compiled_code():
+    """The pool fills while compiled code runs: a recording run grows it (new tables, which
+    compiled code must then use) and records the same graph as the Python-level build."""
+    inputs = llama_layer_inputs(1024, lazy=True)
+    small = pto.Runtime(backend="cpu", executor="dry", tensormap_entries=64)
+    result = small.run(llama_layer_compiled, inputs, True, record=True)
+    assert len(small._scheduler.state.entries) > 64
+    reference = pto.Runtime(backend="cpu", executor="dry").run(llama_layer, inputs, True, record=True)
+    assert task_signature(result.graph) == task_signature(reference.graph)
+
+
 @pytest.mark.parametrize("seq, tile, causal", [(256, 64, True), (200, 32, False), (45, 64, True)])
 def test_the_flash_attention_program_builds_the_hand_written_graph(seq, tile, causal):
     q, k, v = (np.empty((4, seq, 16), np.float32) for _ in range(3))
