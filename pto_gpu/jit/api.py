@@ -227,6 +227,7 @@ def submit(o, kernel_id, tensors, scalars=()):
         if task_id >= 0:
             break
         _service(t, bridge.SERVICE_ROOM, task_id, n, 0)
+        t = tables(o)  # a recording run's room is a grown TensorMap: new entries, producers, covered
 
     slot = task_id & (t.header[0].window - 1)
     for p in range(n):
