@@ -64,6 +64,20 @@ class CudaInstances:
         return self.instance(tuple(shapes), np.dtype(dtype), scalars)
 
 
+@dataclasses.dataclass(frozen=True)
+class NativeCode:
+    """A kernel's CPU code that workers call without the GIL (executors/native.py).
+
+    `entry(shapes, dtype, scalars)` gives the address of the native entry (isa/native_abi.py)
+    that runs a call with these tensor shapes, element type and scalar values, or None where
+    that call has none (it runs the Python way); `structural` are the positions of the scalars
+    whose value picks the entry (shapes and dtype always do).
+    """
+
+    entry: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], int | None]
+    structural: tuple[int, ...] = ()
+
+
 @dataclasses.dataclass(eq=False)
 class Kernel:
     name: str
@@ -80,6 +94,7 @@ class Kernel:
     # Every worker class it can run on (`worker` first, the class its tasks are recorded with);
     # with more than one, the sim and thread executors place each task by earliest finish.
     workers: tuple[WorkerType, ...] = ()
+    native: NativeCode | None = None  # generated kernels' code for workers without the GIL
     # Shape-and-dtype signatures already checked: tiles repeat, so most submits hit this.
     _accepted: set = dataclasses.field(default_factory=set, repr=False)
 

@@ -59,7 +59,10 @@ class Executor(Protocol):
 
     # Executors that follow schedules (schedule.py) also have
     #     wait_until(done): run tasks until done() holds
-    # which a max_concurrent window waits on.
+    # which a max_concurrent window waits on; executors with native workers have
+    #     native_lanes(args, kernels) -> executors.native.NativeLanes | None
+    #     admitted(): ready native tasks were queued (NativeLanes.admit)
+    # which a compiled orchestration's session calls (jit/host.py).
 
     def abort(self) -> None:
         """The orchestration (or the run) raised: return once every submitted task has run or

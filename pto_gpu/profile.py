@@ -68,6 +68,17 @@ class Lane:
             self.spans.append(Span(task, started - self._origin, ended - self._origin))
 
 
+    def ran_natively(self, kernel: str, worker: WorkerType, tasks: int, seconds: float) -> None:
+        """Record `tasks` runs of a kernel by native workers (executors/native.py), which time
+        kernels but keep no spans: runs that trace or measure have none."""
+        tally = self.kernels.get(kernel)
+        if tally is None:
+            tally = self.kernels[kernel] = [0, 0.0]
+        tally[0] += tasks
+        tally[1] += seconds
+        self.busy[worker] = self.busy.get(worker, 0.0) + seconds
+
+
 class Profile:
     def __init__(self, tracing: bool, measuring: bool = False):
         self.origin = time.perf_counter()

@@ -51,6 +51,7 @@ class RunResult:
     # was before the run) or a cost= model could predict
     prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
     ranks: Ranks | None = None  # a distributed run's: this rank's tasks and bytes
+    native_tasks: int = 0  # run by native workers, without the GIL (executors/native.py)
 
     @property
     def tasks_run(self) -> list[int]:
@@ -68,6 +69,8 @@ class RunResult:
             lines.append(f"  simulated makespan {self.makespan * 1e3:.3f} ms")
         if self.cross_waits is not None:
             lines.append(f"  waits on a producer that ran on another worker: {self.cross_waits:,}")
+        if self.native_tasks:
+            lines.append(f"  run by native workers: {self.native_tasks:,} tasks")
         if self.prediction_error:
             errors = ", ".join(f"{name} {e:+.0%}" for name, e in sorted(self.prediction_error.items()))
             lines.append(f"  cost prediction error (measured vs predicted): {errors}")

@@ -240,6 +240,7 @@ class Runtime:
             graph=Graph(logical.tasks, logical.edges) if logical else None,
             makespan=getattr(executor, "makespan", None),
             cross_waits=getattr(executor, "cross_waits", None),
+            native_tasks=getattr(executor, "native_tasks", 0),
             prediction_error=self.costs.prediction_error(measured) if self.costs else {},
             ranks=None if placement is None else Ranks(placement.rank, placement.size, placement.tasks_run,
                                                        placement.transport.bytes_sent,

@@ -155,16 +155,23 @@ class Scheduler:
         if self.validate:
             self.check_invariants(f"starting task {task_id}")
 
-    def complete(self, task_id: int, ready_scratch: np.ndarray) -> list[Task]:
-        """Complete a task; the tasks it made ready."""
-        n = self.retire(task_id, ready_scratch)
+    def complete(self, task_id: int, ready_scratch: np.ndarray,
+                 core: Callable[[int, np.ndarray], int] | None = None) -> list[Task]:
+        """Complete a task; the tasks it made ready. `core(task_id, ready_scratch)` completes it
+        in the core instead, leaving the consumers it returns no record for in ready_scratch[:n]
+        (native workers queue their own: executors/native.py)."""
+        n = self.retire(task_id, ready_scratch, core)
         return [self.task(int(t)) for t in ready_scratch[:n]]
 
-    def retire(self, task_id: int, ready_scratch: np.ndarray) -> int:
+    def retire(self, task_id: int, ready_scratch: np.ndarray,
+               core: Callable[[int, np.ndarray], int] | None = None) -> int:
         """Complete a task without building records of the consumers it made ready (their ids
         are in ready_scratch[:n], n returned), for callers that do not queue them."""
         s = self.state
-        n = core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
+        if core is None:
+            n = core_complete.complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
+        else:
+            n = core(task_id, ready_scratch)
         self.live.pop(task_id, None)
         if self.validate:
             self.check_invariants(f"completing task {task_id}")

@@ -10,18 +10,36 @@ from __future__ import annotations
 
 from numba import njit
 
+from .lock import acquire, release
 from .rings import buffer_release, dep_release, retire_completed
 from .state import COMPLETED, PENDING, READY, RUNNING
 
 
 @njit(cache=True, _nrt=False)
 def start(header, tasks, task_id):
+    acquire(header)
+    start_held(header, tasks, task_id)
+    release(header)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def start_held(header, tasks, task_id):
+    """`start`, by a caller that holds the core lock."""
     tasks[task_id & (header[0].window - 1)].state = RUNNING
 
 
 @njit(cache=True, _nrt=False)
 def complete(header, tasks, buffers, deps, task_id, ready):
     """Complete a task; the number of consumers it made ready, written to ready[:n]."""
+    acquire(header)
+    n_ready = complete_held(header, tasks, buffers, deps, task_id, ready)
+    release(header)
+    return n_ready
+
+
+@njit(cache=True, _nrt=False)
+def complete_held(header, tasks, buffers, deps, task_id, ready):
+    """`complete`, by a caller that holds the core lock."""
     h = header[0]
     mask = h.window - 1
     task = tasks[task_id & mask]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from numba import njit
 
+from .lock import acquire, release
 from .state import (
     COMPLETED,
     CONSUMED,
@@ -81,6 +82,14 @@ def heap_size(nbytes):
 @njit(cache=True, _nrt=False)
 def heap_alloc(header, buffers, nbytes):
     """Allocate a heap buffer; its sequence number, or FULL_HEAP / FULL_BUFFERS."""
+    acquire(header)
+    seq = _heap_alloc(header, buffers, nbytes)
+    release(header)
+    return seq
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _heap_alloc(header, buffers, nbytes):
     h = header[0]
     seq = h.buf_next
     if seq - h.buf_tail >= h.buf_cap:
@@ -153,8 +162,10 @@ def buffer_release(header, buffers, seq):
 @njit(cache=True, _nrt=False)
 def buffer_free(header, buffers, seq):
     """The orchestrator's `free`: no more references will be added."""
+    acquire(header)
     buffers[seq & header[0].buf_mask].state = FREED
     buffer_release(header, buffers, seq)
+    release(header)
 
 
 # --- dep-list pool -----------------------------------------------------------------------

@@ -52,6 +52,8 @@ HEADER = np.dtype([
     ("stamp", _I8),  # id of the current submit attempt, to collect each entry once
     ("last_ready", _I8),  # 1 when the last submitted task had no producer left to wait for
     ("completed", _I8),  # tasks completed so far
+    ("locking", _I8),  # 1 while native workers run: core entries take `lock` (lock.py)
+    ("lock", _I8),
 ], align=True)
 
 # One row per task-ring slot.

@@ -13,6 +13,7 @@ from numba import njit
 
 from ..layout import P_KIND, R_OWNER, ROW_WIDTH
 from ..overlap import row_covers, rows_overlap
+from .lock import acquire, release
 from .rings import dep_free_count, dep_prepend, is_done, task_ring_alloc
 from .state import (
     FULL_DEPS,
@@ -35,6 +36,15 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
     params: one row per tensor param, its layout row then its kind (INPUT, OUTPUT or INOUT).
     On success producers[:header[0].last_edges] holds the task's producers, ascending.
     """
+    acquire(header)
+    status = _submit(header, tasks, buffers, deps, entries, buckets, producers, covered, kernel_id, worker,
+                     params)
+    release(header)
+    return status
+
+
+@njit(cache=True, _nrt=False)
+def _submit(header, tasks, buffers, deps, entries, buckets, producers, covered, kernel_id, worker, params):
     h = header[0]
     n_params = len(params)
     if h.next_task - h.last_alive >= h.window:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from numba import njit
 
 from ..layout import R_HI, R_LO, R_OWNER, R_SHIFT
+from .lock import acquire, release
 from .rings import buffer_is_live
 
 WIDE = -1  # the block of regions longer than NARROW_BLOCKS blocks
@@ -122,6 +123,7 @@ def tm_free_count(header, entries):
 @njit(cache=True, _nrt=False)
 def tm_sweep(header, buffers, entries, buckets, evict_retired):
     """Remove every stale entry (and, if asked, every entry of a retired task); the count removed."""
+    acquire(header)  # staleness reads what completions write
     removed = 0
     alive = header[0].last_alive
     # In pool order, not chain by chain: a walk of the chains jumps around the pool.
@@ -130,6 +132,7 @@ def tm_sweep(header, buffers, entries, buckets, evict_retired):
         if task >= 0 and (is_stale(header, buffers, entries, entry) or (evict_retired and task < alive)):
             tm_remove(header, entries, buckets, entry)
             removed += 1
+    release(header)
     return removed
 
 

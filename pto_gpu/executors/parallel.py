@@ -26,11 +26,13 @@ from collections.abc import Callable
 from ..costs import CostHistory
 from ..dtypes import WorkerType
 from ..errors import PTOError
-from ..kernel import multi_class
+from ..jit.context import ArgTables
+from ..kernel import Kernel, multi_class
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
+from .native import NativeLanes
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
 DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
@@ -82,6 +84,8 @@ class ParallelExecutor:
         # Tasks ready at submission wait here and reach the queues in batches: waking an idle
         # worker per task costs more than a small task does.
         self._outbox: list[Task] = []
+        self._native: NativeLanes | None = None  # once a compiled orchestration submits (native.py)
+        self.native_tasks = 0  # tasks its native workers ran
         self._threads = [
             threading.Thread(target=self._work, name=f"pto-{worker.name}-{i}", daemon=True,
                              args=(worker, i, profile.lane(f"{worker.name}-{i}", (worker,))))
@@ -124,6 +128,31 @@ class ParallelExecutor:
                 raise
             if self._started:
                 self._notify_worker_locked(worker)
+
+    def native_lanes(self, args: ArgTables, kernels: list[Kernel]) -> NativeLanes | None:
+        """Native workers for the tasks a compiled orchestration submits (native.py), where
+        nothing needs a record of each task run: no schedule, trace, cost measurements or
+        validation checks, and the CPU backend. (HEFT, which places the tasks of kernels with
+        several classes, then weighs the backlog of Python-run tasks only.)"""
+        if (self._native is None and self._schedule is None and not self._tracing
+                and not self._profile.measuring and not self._scheduler.validate
+                and self._backend.name == "cpu"):
+            self._native = NativeLanes(self._scheduler, args, kernels)
+        return self._native
+
+    def admitted(self) -> None:
+        """The orchestrator queued ready native tasks (NativeLanes.admit): wake the workers."""
+        self._raise_failure()
+        with self._lock:
+            if not self._started and 0 < self._threshold <= self._scheduler.pending:
+                self._start_locked()
+            elif self._started:
+                self._wake_native_locked()
+
+    def _wake_native_locked(self) -> None:
+        for worker in WorkerType:
+            if self._idle[worker] and self._native.has_work(worker):
+                self._wake[worker].notify_all()
 
     @property
     def cross_waits(self) -> int | None:
@@ -263,6 +292,7 @@ class ParallelExecutor:
     def _work(self, worker: WorkerType, index: int, lane) -> None:
         wake, idle = self._wake[worker], self._idle[worker]
         scratch = self._scheduler.ready_scratch()
+        native_scratch = None
         while True:
             with self._lock:
                 idle.add(index)
@@ -272,15 +302,26 @@ class ParallelExecutor:
                     task = self._pop_locked(worker, index) if self._started else None
                     if task is not None:
                         break
+                    if self._started and self._native is not None and self._native.has_work(worker):
+                        break
                     # Placement may pass a task to another idle worker: it was woken when the
                     # task was queued, and looks again now and then lest a wakeup be missed.
+                    native = self._native
+                    if native is not None:
+                        native.sleeping(worker, 1)
                     wake.wait(WAIT_SLICE if self._placement.choosy else None)
+                    if native is not None:
+                        native.sleeping(worker, -1)
                 idle.discard(index)
                 self._running += 1
                 if self._tracing:
                     self._sample()
             try:
-                self._run(task, index, lane, scratch)
+                if task is not None:
+                    self._run(task, index, lane, scratch)
+                else:
+                    native_scratch = native_scratch or self._native.scratch(scratch)
+                    self._drain(worker, lane, native_scratch)
             except BaseException as error:  # a kernel's TaskError, validation mode's finding, a cost model's
                 with self._lock:
                     self._error = self._error or error
@@ -288,6 +329,31 @@ class ParallelExecutor:
                     self._stopping = True
                     self._notify_all_locked()
                 return
+
+    def _drain(self, worker: WorkerType, lane, scratch) -> None:
+        """Run ready native tasks until there are none for this class or Python must look."""
+        completed = self._native.drain(worker, scratch)
+        self._native.tally(scratch, lane)
+        with self._lock:
+            self._running -= 1
+            self._completions += completed
+            self.native_tasks += completed
+            self._take_handoffs_locked()
+            self._wake_native_locked()
+            if self._tracing:
+                self._sample()
+            self._notify_progress_locked()
+
+    def _take_handoffs_locked(self) -> None:
+        """Queue for Python workers the tasks native loops handed over (native.py)."""
+        if self._native.has_handoffs():
+            for task_id in self._native.handoffs():
+                self._notify_worker_locked(self._push_locked(self._scheduler.task(task_id)))
+
+    def _notify_progress_locked(self) -> None:
+        if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
+                self._completions - self._seen_completions >= self._room_batch or self._idle_locked())):
+            self._progress.notify()
 
     def _run(self, task: Task, index: int, lane, scratch) -> None:
         """Run `task` and complete it, then the inline tasks (Task.inline) that makes ready, on
@@ -298,7 +364,11 @@ class ParallelExecutor:
             task = batch.pop()
             self._scheduler.start(task.id)
             run_kernel(self._backend, task, lane)
-            made_ready = self._scheduler.complete(task.id, scratch)
+            if self._native is None:
+                made_ready = self._scheduler.complete(task.id, scratch)
+            else:  # native consumers made ready go straight to their rings
+                self._native.learn(task)
+                made_ready = self._scheduler.complete(task.id, scratch, self._native.complete)
             with self._lock:
                 self._heft.done(task.id)
                 for ready in made_ready:  # a schedule's cost model may raise here
@@ -310,12 +380,11 @@ class ParallelExecutor:
                 if not batch:
                     self._running -= 1
                 self._completions += 1
+                if self._native is not None:
+                    self._wake_native_locked()
                 if self._tracing:
                     self._sample()
-                if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
-                        self._completions - self._seen_completions >= self._room_batch
-                        or self._idle_locked())):
-                    self._progress.notify()
+                self._notify_progress_locked()
 
     # --- helpers -------------------------------------------------------------------------
     def _start_locked(self) -> None:
@@ -333,8 +402,11 @@ class ParallelExecutor:
         self._profile.sample(self._scheduler, ready)
 
     def _idle_locked(self) -> bool:
-        """Nothing runs and nothing waits to run: no completion can come any more."""
-        return self._running == 0 and not any(self._queues.values())
+        """Nothing runs and nothing waits to run: no completion can come any more. (Only running
+        workers and the orchestrator, which asks this, push on the native rings.)"""
+        return self._running == 0 and not any(self._queues.values()) and (
+            self._native is None or not (any(map(self._native.has_work, WorkerType))
+                                         or self._native.has_handoffs()))
 
     def _notify_all_locked(self) -> None:
         for wake in self._wake.values():

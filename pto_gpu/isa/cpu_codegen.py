@@ -64,7 +64,7 @@ from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statemen
 from .ops import OPCODES, Form, OpSpec
 from .verify import describe, verify_module
 
-GENERATOR_VERSION = 4
+GENERATOR_VERSION = 5
 LANES = 8  # columns per iteration of a column loop that holds a max or min reduction
 
 _HALF = (DataType.FLOAT16, DataType.BFLOAT16)
@@ -251,9 +251,9 @@ class _Generator:
         self.flush()
         arguments = [memrefs[m.name] for m in f.memrefs] + [f"p_{s.name}" for s in params]
         text = [f"# PTO ISA CPU code generator v{GENERATOR_VERSION}: InCore function @{f.name}",
-                "import math", "", "import numpy as np", "from numba import njit", "",
+                "import math", "", "import numpy as np", "from numba import njit, types", "",
                 "from pto_gpu.isa.cpu_codegen import exp32", "", "",
-                f"@njit(cache=True, nogil=True, fastmath={_FASTMATH})",
+                f"@njit({self.signature(2)}, cache=True, nogil=True, fastmath={_FASTMATH})",
                 f"def kernel({', '.join(arguments)}):"]
         text += ["    " + line for line in self.prologue] + self.lines + ["    return"]
         # Batched: every memref 3-d, the function once per leading index; a memref whose
@@ -261,10 +261,25 @@ class _Generator:
         leading = [f"{memrefs[m.name]}.shape[0]" for m in f.memrefs]
         count = leading[0] if len(leading) == 1 else f"max({', '.join(leading)})"
         windows = [f"{memrefs[m.name]}[_b % {memrefs[m.name]}.shape[0]]" for m in f.memrefs]
-        text += ["", "", "@njit(cache=True, nogil=True)", f"def batched({', '.join(arguments)}):",
+        text += ["", "", f"@njit({self.signature(3)}, cache=True, nogil=True)",
+                 f"def batched({', '.join(arguments)}):",
                  f"    for _b in range({count}):",
                  f"        kernel({', '.join(windows + arguments[len(windows):])})"]
         return "\n".join(text) + "\n"
+
+    def signature(self, ndim: int) -> str:
+        """The one numba signature of the generated function (`ndim`: 3 for `batched`): every
+        memref an array of any layout ('A'), read-only where the function only loads it, every
+        scalar param int64 or float64. Contiguous views convert to it, so the Python path and
+        native workers (native_abi.py), whose views are strided, run the same machine code: a
+        specialisation per layout vectorises differently, and under fastmath's reassociation
+        that changes the last bits of sums."""
+        f = self.function
+        memrefs = [f"types.Array(types.{_compute_type(m.dtype)[3:]}, {ndim}, 'A', "
+                   f"readonly={f'm0_{m.name}' not in self.stored_roots})" for m in f.memrefs]
+        scalars = ["types.int64" if s.dtype.numpy.kind in "iu" else "types.float64"
+                   for s in f.scalars if s.param]
+        return f"types.void({', '.join(memrefs + scalars)})"
 
     # statements
 
@@ -665,6 +680,38 @@ def cpu_function(module: Module, name: str, directory: Path | None = None, batch
     generated = _LOADED.get(path) or load_source(path, source, digest)
     kernel = generated.batched if batched else generated.kernel
     return _on_float32(kernel, half, stored) if half else kernel
+
+
+def native_entry(module: Module, name: str, directory: Path | None = None,
+                 batched: bool = False) -> int | None:
+    """The address of the native entry (native_abi.py) of InCore function `name`'s generated
+    function (its `batched` one), or None where there is none: numba has no half types, so
+    those kernels run through the float32 copies of `cpu_function`. Written beside the
+    function's module, in a module of its own: only runs with native workers compile it."""
+    generator, source = _generate(module, name)
+    function = generator.function
+    if any(m.dtype in _HALF for m in function.memrefs):
+        return None
+    directory = cache_dir() if directory is None else Path(directory)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    path = directory / f"isa_{digest}.py"
+    _LOADED.get(path) or load_source(path, source, digest)  # the entry imports it by name
+    view = "tensor3" if batched else "tensor2"
+    arguments = [f"{view}(descs, {i}, {_compute_type(m.dtype)})" for i, m in enumerate(function.memrefs)]
+    scalars = [s for s in function.scalars if s.param]
+    arguments += [f"{'int' if s.dtype.numpy.kind in 'iu' else 'float'}_scalar(kinds, ints, floats, {k})"
+                  for k, s in enumerate(scalars)]
+    text = [f"# PTO ISA CPU code generator v{GENERATOR_VERSION}: the native entry of @{function.name}",
+            "import numpy as np", "from numba import cfunc", "",
+            "from pto_gpu.isa.native_abi import ENTRY, float_scalar, int_scalar, tensor2, tensor3",
+            f"from pto_gpu_isa_{digest} import {'batched' if batched else 'kernel'} as run", "", "",
+            "@cfunc(ENTRY, cache=True)", "def entry(descs, kinds, ints, floats):",
+            f"    run({', '.join(arguments)})", ""]
+    entry_source = "\n".join(text)
+    entry_digest = hashlib.sha256(entry_source.encode()).hexdigest()[:24]
+    entry_path = directory / f"isa_{entry_digest}.py"
+    generated = _LOADED.get(entry_path) or load_source(entry_path, entry_source, entry_digest)
+    return generated.entry.address
 
 
 def load_source(path: Path, source: str, digest: str):

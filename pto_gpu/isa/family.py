@@ -32,7 +32,7 @@ import numpy as np
 
 from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import ParamError
-from ..kernel import CudaCode, CudaInstances, Kernel, kernel, preparing
+from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel, preparing
 from . import cpu_codegen, cuda_codegen, optimize
 from .builder import FunctionBuilder
 from .ir import Function, Module
@@ -57,6 +57,7 @@ class Family:
         self._modules: dict[tuple, Module] = {}
         self._cpu: dict[tuple, Callable] = {}  # call signature -> ready-to-call CPU entry
         self._cuda: dict[tuple, CudaCode] = {}
+        self._native: dict[tuple, int | None] = {}  # (instance key, batched) -> native entry address
         self._lock = threading.RLock()  # worker threads may meet a new shape together
 
     # --- instances ---------------------------------------------------------------------------
@@ -163,6 +164,23 @@ class Family:
 
         return run
 
+    def native_entry(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype,
+                     scalars: tuple) -> int | None:
+        """The address of the native entry of the instance for a call with these shapes and
+        scalar values (NativeCode.entry), or None: a family with a CPU library runs that."""
+        if self.library_cpu is not None:
+            return None
+        structural = tuple(scalars[i] for i in self.structural)
+        key = (self.sizes(shapes), as_dtype(dtype), structural)
+        batched = not all(len(s) == 2 for s in shapes)
+        with self._lock:
+            if (key, batched) not in self._native:
+                with preparing():
+                    module = self.module(*key)
+                    self._native[key, batched] = cpu_codegen.native_entry(
+                        module, self.name, cpu_codegen.cache_dir(), batched)
+            return self._native[key, batched]
+
     def cuda(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple) -> CudaCode:
         """The CUDA code of the instance for a call with these shapes and scalar values."""
         key = (self.sizes(shapes), as_dtype(dtype), tuple(scalars[i] for i in self.structural))
@@ -204,8 +222,10 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
 
     def declare(build: Builder) -> Kernel:
         instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu)
-        return kernel(worker=worker, name=instances.name, shapes=shapes,
-                      cuda=CudaInstances(instances.cuda, library))(instances.cpu)
+        declared = kernel(worker=worker, name=instances.name, shapes=shapes,
+                          cuda=CudaInstances(instances.cuda, library))(instances.cpu)
+        declared.native = NativeCode(instances.native_entry, instances.structural)
+        return declared
 
     return declare
 

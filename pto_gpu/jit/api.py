@@ -238,6 +238,7 @@ def submit(o, kernel_id, tensors, scalars=()):
         if kind != INPUT:
             _note_version(o, desc)
     t.arg_count[slot, 0] = n
+    t.arg_task[slot] = task_id
     t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot], t.arg_scalar_kind[slot],
                                           scalars)
     if t.meta[M_VALIDATE]:

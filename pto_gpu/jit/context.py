@@ -67,7 +67,7 @@ FIELDS = (
     "params", "pending", "ready", "names",
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
     "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
-    "kernels", "kernel_shapes", "meta",
+    "kernels", "kernel_shapes", "meta", "arg_task",
 )
 
 
@@ -115,6 +115,16 @@ def tables(typingctx, o):
     return result(o), codegen
 
 
+class ArgTables(collections.namedtuple("ArgTables", "desc count scalar_kind int float float_bits task")):
+    """The argument tables native workers read (executors/native.py): `float_bits` is `float`
+    viewed as int64, `task` the task whose arguments each slot holds."""
+
+    @classmethod
+    def of(cls, fields: dict[str, np.ndarray]) -> ArgTables:
+        return cls(fields["arg_desc"], fields["arg_count"], fields["arg_scalar_kind"], fields["arg_int"],
+                   fields["arg_float"], fields["arg_float"].view(np.int64), fields["arg_task"])
+
+
 def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kernel_shapes: np.ndarray,
              meta: np.ndarray) -> tuple[JitOrchestrator, dict[str, np.ndarray]]:
     """A new context over the state's tables, and its fields for the host side to read."""
@@ -140,6 +150,7 @@ def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kerne
         scope=np.zeros(SCOPE_CAPACITY, i64),
         scope_marks=np.zeros(MAX_SCOPE_DEPTH, i64),
         kernels=kernels, kernel_shapes=kernel_shapes, meta=meta,
+        arg_task=np.full(window, -1, i64),  # the task whose arguments a slot holds (native workers check)
     )
     return JitOrchestrator(*(fields[name] for name in FIELDS)), fields
 

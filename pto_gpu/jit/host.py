@@ -114,6 +114,11 @@ class Session:
         self._kernels = list(registered())
         table, shapes = kernel_tables(self._kernels)
         self.o, self._fields = context.allocate(state, num_externals, table, shapes, meta)
+        # Executors with native workers (executors/native.py) run this session's tasks of
+        # generated kernels without records; the log flush hands those over by id.
+        lanes = getattr(executor, "native_lanes", None)
+        self._native = None if lanes is None or self._complete_at_submit else lanes(
+            context.ArgTables.of(self._fields), self._kernels)
         self._externals: dict[int, Buffer] = {}
         self._python_heap: dict[int, Buffer] = {}  # heap buffers the Python side allocated
         self._seen_heap: dict[int, Buffer] = {}  # records made for compiled allocations
@@ -179,14 +184,22 @@ class Session:
         if self._producers is not None:
             for producer, consumer in edge_log:
                 self._producers.setdefault(consumer, []).append(producer)
-        for task_id, ready in self._fields["log"][:logged].tolist():
-            task = self._scheduler.task(task_id)
-            if self._recorder is not None:
-                self._recorder.tasks.append(task)
-            if not self._complete_at_submit:
-                producers = self._producers.pop(task_id, ()) if self._producers is not None else ()
-                self._executor.submitted(task, bool(ready), producers)
-        return logged
+        log = self._fields["log"]
+        recorded: dict[int, Task] = {}  # one record per task, for the recorder and the executor
+        if self._recorder is not None:
+            recorded = {task_id: self._scheduler.task(task_id) for task_id in log[:logged, 0].tolist()}
+            self._recorder.tasks.extend(recorded.values())
+        if self._complete_at_submit:
+            return logged
+        delivered = logged
+        if self._native is not None:
+            logged = self._native.admit(log, logged)
+            self._executor.admitted()
+        for task_id, ready in log[:logged].tolist():
+            task = recorded.get(task_id) or self._scheduler.task(task_id)
+            producers = self._producers.pop(task_id, ()) if self._producers is not None else ()
+            self._executor.submitted(task, bool(ready), producers)
+        return delivered
 
     def _make_room(self, status: int, needed: int) -> None:
         delivered = self.flush()

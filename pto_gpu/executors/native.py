@@ -1,0 +1,408 @@
+"""Native workers: the ready tasks of generated kernels run and complete without the GIL.
+
+A task is *native* when compiled code submitted it (its arguments are in the compiled
+orchestration's argument tables, jit/context.py) and its kernel has NativeCode (kernel.py):
+a worker thread then pops it, calls its kernel's native entry (isa/native_abi.py) and
+completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
+consumers that made ready; Python sees the loop only every BUDGET tasks. Everything else runs
+the Python way (executors/parallel.py), and the two hand tasks to each other:
+
+  - the ready native tasks of each worker class wait in a ring here (`ready`); the
+    orchestrator's log flush (jit/host.py) pushes those ready at submission, and every
+    completion, native or not, pushes the native consumers it makes ready;
+  - a native loop that makes a non-native task ready, or meets an instance it has no entry
+    for yet, puts it in `handoff` and returns: the executor builds its record and queues it
+    for a Python worker, which runs it (compiling the instance) and `learn`s its entry.
+
+Concurrency: the core's tables, the rings and the instance table change only under the core
+lock (core/lock.py), which every core entry takes once `locking` is set; the kernel runs
+outside it. A native loop never takes the executor's lock (it runs without the GIL); the
+executor reads the rings' counters without the core lock only to decide whether to wake or
+wait, which a later look under its own lock settles (parallel.py's `_idle_locked`).
+
+Entries are found by an instance key (the kernel, its tensors' dtype and shapes, and its
+structural scalars: what picks a kernel family's instance) in an open-addressing table;
+entries learnt are kept for the process's later runs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..core import state as cs
+from ..core.complete import complete_held, start_held
+from ..core.lock import acquire, release
+from ..dtypes import WorkerType
+from ..isa.native_abi import call_entry
+from ..jit.context import MAX_SCALARS, S_INT, ArgTables
+from ..jit.descriptor import D_DTYPE, D_NDIM, D_SHAPE
+from ..kernel import Kernel
+from ..params import ParamKind
+from ..profile import Lane
+from ..scheduler import Scheduler, Task
+
+BUDGET = 64  # tasks a native loop runs before Python looks (completions counted, sleepers woken)
+# A native loop that has run this long returns as soon as it makes ready a task that a sleeping
+# worker could take, so that the executor wakes it: waking costs a Python round trip (~5 us),
+# worth it for tasks of that size, not for the tiny tasks of a loop that has just started.
+WAKE_AFTER_NS = 20_000
+INSTANCES = 1024  # instance table slots (a power of two); at most half are filled
+KEY_WIDTH = 3 + cs.MAX_PARAMS * 4 + MAX_SCALARS * 2
+NO_ENTRY = -1  # an instance that runs the Python way (a library, half precision)
+CLASSES = len(WorkerType)
+
+CONTROL = np.dtype([
+    ("head", np.int64, (CLASSES,)),  # per worker class: next ready task to pop
+    ("tail", np.int64, (CLASSES,)),  # per worker class: where the next ready task goes
+    ("handoff_head", np.int64),
+    ("handoff_tail", np.int64),
+    ("sleeping", np.int64, (CLASSES,)),  # per worker class: workers waiting for a task (set by Python)
+], align=True)
+
+_LEARNT: dict[bytes, int] = {}  # instance key -> entry address (or NO_ENTRY), for the process
+
+
+class WorkerScratch(NamedTuple):
+    ready: np.ndarray  # completion scratch (consumers made ready)
+    key: np.ndarray  # an instance key
+    stats: np.ndarray  # per kernel: tasks run natively, their ns
+
+
+@intrinsic
+def _monotonic_ns(typingctx):
+    """clock_gettime(CLOCK_MONOTONIC) in ns: the clock of Python's time.perf_counter on Linux."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        timespec = ir.LiteralStructType([i64, i64])
+        function = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(32), [ir.IntType(32), timespec.as_pointer()]),
+            "clock_gettime")
+        now = cgutils.alloca_once(builder, timespec)
+        builder.call(function, [ir.Constant(ir.IntType(32), 1), now])  # 1: CLOCK_MONOTONIC
+        seconds = builder.load(cgutils.gep(builder, now, 0, 0))
+        nanoseconds = builder.load(cgutils.gep(builder, now, 0, 1))
+        return builder.add(builder.mul(seconds, ir.Constant(i64, 1_000_000_000)), nanoseconds)
+
+    return types.int64(), codegen
+
+
+# --- the rings ---------------------------------------------------------------------------------
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _is_native(tasks, kernel_info, arg_task, window, task_id):
+    slot = task_id & (window - 1)
+    return arg_task[slot] == task_id and kernel_info[tasks[slot].kernel, 0]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _push_ready(tasks, control, ready, window, task_id):
+    worker = tasks[task_id & (window - 1)].worker
+    c = control[0]
+    ready[worker, c.tail[worker] & (window - 1)] = task_id
+    c.tail[worker] += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _push_handoff(control, handoff, task_id):
+    c = control[0]
+    handoff[c.handoff_tail & (len(handoff) - 1)] = task_id
+    c.handoff_tail += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, n, hand_off):
+    """Push the native ones of the n tasks in scratch[:n] on their rings; the others go to
+    `handoff` if `hand_off`, else stay in scratch (compacted to the front); how many stay."""
+    window = header[0].window
+    kept = 0
+    for i in range(n):
+        task_id = scratch[i]
+        if _is_native(tasks, kernel_info, arg_task, window, task_id):
+            _push_ready(tasks, control, ready, window, task_id)
+        elif hand_off:
+            _push_handoff(control, handoff, task_id)
+        else:
+            scratch[kept] = task_id
+            kept += 1
+    return kept
+
+
+@njit(cache=True, _nrt=False)
+def _admit(header, tasks, control, ready, kernel_info, arg_task, log, logged):
+    """The log flush: queue the native tasks ready at submission, leave the native ones not ready
+    (their last producer's completion queues them), and compact the others to the front of the
+    log for the executor; how many those are."""
+    acquire(header)
+    window = header[0].window
+    kept = 0
+    for i in range(logged):
+        task_id = log[i, 0]
+        if _is_native(tasks, kernel_info, arg_task, window, task_id):
+            if log[i, 1]:
+                _push_ready(tasks, control, ready, window, task_id)
+        else:
+            log[kept, 0] = task_id
+            log[kept, 1] = log[i, 1]
+            kept += 1
+    release(header)
+    return kept
+
+
+@njit(cache=True, _nrt=False)
+def _complete(header, tasks, buffers, deps, control, ready, kernel_info, arg_task, task_id, scratch):
+    """A Python worker's completion: the native consumers made ready go on their rings; the
+    others are left in scratch[:n], n returned."""
+    acquire(header)
+    n = complete_held(header, tasks, buffers, deps, task_id, scratch)
+    kept = _route(header, tasks, control, ready, scratch, kernel_info, arg_task, scratch, n, False)
+    release(header)
+    return kept
+
+
+@njit(cache=True, _nrt=False)
+def _take_handoffs(header, control, handoff, out):
+    """Move the handed-off task ids to out[:n]; n."""
+    acquire(header)
+    c = control[0]
+    n = 0
+    while c.handoff_head != c.handoff_tail:
+        out[n] = handoff[c.handoff_head & (len(handoff) - 1)]
+        c.handoff_head += 1
+        n += 1
+    release(header)
+    return n
+
+
+# --- instances ---------------------------------------------------------------------------------
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _instance_key(tasks, kernel_info, args, window, task_id, key):
+    """Write the instance key of a native task to `key`; False when it has none (more dims than
+    any generated kernel takes)."""
+    slot = task_id & (window - 1)
+    kernel = tasks[slot].kernel
+    key[:] = 0
+    key[0] = kernel
+    n = args.count[slot, 0]
+    key[1] = n
+    key[2] = args.desc[slot, 0, D_DTYPE] if n else -1
+    for p in range(n):
+        ndim = args.desc[slot, p, D_NDIM]
+        if ndim > 3:
+            return False
+        key[3 + 4 * p] = ndim
+        for d in range(ndim):
+            key[4 + 4 * p + d] = args.desc[slot, p, D_SHAPE + d]
+    scalars = 3 + 4 * cs.MAX_PARAMS
+    for k in range(args.count[slot, 1]):
+        if kernel_info[kernel, 1 + k]:
+            kind = args.scalar_kind[slot, k]
+            key[scalars + 2 * k] = 1 + kind
+            key[scalars + 2 * k + 1] = args.int[slot, k] if kind == S_INT else args.float_bits[slot, k]
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _find(keys, addresses, key):
+    """The table slot holding `key`, or the empty slot where it would go."""
+    mask = len(addresses) - 1
+    hashed = np.uint64(14695981039346656037)
+    for value in key:
+        hashed = (hashed ^ np.uint64(value)) * np.uint64(1099511628211)
+    slot = np.int64(hashed >> np.uint64(1)) & mask
+    while addresses[slot] != 0:
+        same = True
+        for i in range(len(key)):
+            if keys[slot, i] != key[i]:
+                same = False
+                break
+        if same:
+            return slot
+        slot = (slot + 1) & mask
+    return slot
+
+
+@njit(cache=True, _nrt=False)
+def _learn(header, tasks, kernel_info, args, keys, addresses, filled, task_id, address, key):
+    """Enter a task's instance with its entry; whether there was room."""
+    acquire(header)
+    done = False
+    if filled[0] < len(addresses) // 2 and _instance_key(tasks, kernel_info, args, header[0].window, task_id,
+                                                         key):
+        slot = _find(keys, addresses, key)
+        if addresses[slot] == 0:
+            for i in range(len(key)):
+                keys[slot, i] = key[i]
+            addresses[slot] = address
+            filled[0] += 1
+        done = True
+    release(header)
+    return done
+
+
+# --- the loop ----------------------------------------------------------------------------------
+
+
+@njit(cache=True, _nrt=False, nogil=True)
+def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, args, keys, addresses, worker,
+           scratch, key, stats, budget):
+    """Run and complete the ready native tasks of class `worker` until there are none, a task
+    needs Python (handed off) or `budget` have run; how many ran. stats[kernel] += (tasks, ns)."""
+    window = header[0].window
+    c = control[0]
+    done = 0
+    entered = _monotonic_ns()
+    while done < budget:
+        acquire(header)
+        if c.head[worker] == c.tail[worker] or c.handoff_head != c.handoff_tail:
+            release(header)  # nothing to do, or Python has (a task to queue)
+            break
+        task_id = ready[worker, c.head[worker] & (window - 1)]
+        c.head[worker] += 1
+        slot = task_id & (window - 1)
+        address = 0
+        if _instance_key(tasks, kernel_info, args, window, task_id, key):
+            address = addresses[_find(keys, addresses, key)]
+        if address <= 0:  # not learnt yet, or no entry: the Python way
+            _push_handoff(control, handoff, task_id)
+            release(header)
+            break
+        start_held(header, tasks, task_id)
+        release(header)
+
+        began = _monotonic_ns()
+        call_entry(address, args.desc[slot].ctypes.data, args.scalar_kind[slot].ctypes.data,
+                   args.int[slot].ctypes.data, args.float[slot].ctypes.data)
+        kernel = tasks[slot].kernel
+        ended = _monotonic_ns()
+        stats[kernel, 0] += 1
+        stats[kernel, 1] += ended - began
+
+        acquire(header)
+        n = complete_held(header, tasks, buffers, deps, task_id, scratch)
+        _route(header, tasks, control, ready, handoff, kernel_info, args.task, scratch, n, True)
+        release(header)
+        done += 1
+        if ended - entered < WAKE_AFTER_NS:
+            continue
+        for other in range(CLASSES):  # more than this loop takes next, and a worker asleep: wake it
+            if c.sleeping[other] and c.tail[other] - c.head[other] > (other == worker):
+                return done
+    return done
+
+
+class NativeLanes:
+    """The rings, instance table and argument tables native workers share, over one run's
+    compiled orchestration session; the executor's handle on them."""
+
+    def __init__(self, scheduler: Scheduler, args: ArgTables, kernels: list[Kernel]):
+        self._scheduler = scheduler
+        state = scheduler.state
+        window = state.sizes.task_window
+        self._args = args
+        self._kernels = kernels
+        self.control = np.zeros(1, CONTROL)
+        self._head, self._tail = self.control["head"][0], self.control["tail"][0]
+        self._sleeping = self.control["sleeping"][0]
+        self._handoff_counters = (self.control["handoff_head"], self.control["handoff_tail"])
+        self._ready = np.zeros((CLASSES, window), np.int64)
+        self._handoff = np.zeros(window, np.int64)
+        self._taken = np.zeros(window, np.int64)
+        # per kernel: whether it may run natively, then which of its scalars are structural
+        self._kernel_info = np.zeros((max(1, len(kernels)), 1 + MAX_SCALARS), np.int64)
+        for kernel in kernels:
+            if kernel.native is not None and len(kernel.workers) == 1:
+                self._kernel_info[kernel.id, 0] = 1
+                for position in kernel.native.structural:
+                    self._kernel_info[kernel.id, 1 + position] = 1
+        self._keys = np.zeros((INSTANCES, KEY_WIDTH), np.int64)
+        self._addresses = np.zeros(INSTANCES, np.int64)
+        self._filled = np.zeros(1, np.int64)
+        self._key = np.zeros(KEY_WIDTH, np.int64)
+        for key, address in _LEARNT.items():
+            row = np.frombuffer(key, np.int64)
+            slot = _find(self._keys, self._addresses, row)
+            if self._addresses[slot] == 0 and self._filled[0] < INSTANCES // 2:
+                self._keys[slot] = row
+                self._addresses[slot] = address
+                self._filled[0] += 1
+        state.head["locking"] = 1  # from now on the GIL no longer orders core calls
+
+    # --- the executor's side -------------------------------------------------------------------
+    def admit(self, log: np.ndarray, logged: int) -> int:
+        """Take the native tasks out of a flushed log (log[:logged]); how many others are left
+        at its front."""
+        s = self._scheduler.state
+        return _admit(s.header, s.tasks, self.control, self._ready, self._kernel_info, self._args.task, log,
+                      logged)
+
+    def has_work(self, worker: WorkerType) -> bool:
+        """Whether class `worker` has ready native tasks (read without the lock: a hint)."""
+        return self._tail[worker] != self._head[worker]
+
+    def sleeping(self, worker: WorkerType, change: int) -> None:
+        """A worker of class `worker` starts (+1) or stops (-1) waiting for a task: native loops
+        that make one ready then return, so that the executor wakes it."""
+        self._sleeping[worker] += change
+
+    def has_handoffs(self) -> bool:
+        head, tail = self._handoff_counters
+        return head[0] != tail[0]
+
+    def handoffs(self) -> list[int]:
+        """The tasks native loops handed to Python since the last call."""
+        s = self._scheduler.state
+        n = _take_handoffs(s.header, self.control, self._handoff, self._taken)
+        return self._taken[:n].tolist()
+
+    def drain(self, worker: WorkerType, scratch: WorkerScratch) -> int:
+        """Run ready native tasks of class `worker` on this thread, without the GIL; how many
+        completed (their kernels' counts and ns added to scratch.stats)."""
+        s = self._scheduler.state
+        return _drain(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._handoff,
+                      self._kernel_info, self._args, self._keys, self._addresses, int(worker), scratch.ready,
+                      scratch.key, scratch.stats, BUDGET)
+
+    def scratch(self, ready: np.ndarray) -> WorkerScratch:
+        """A worker thread's own scratch for `drain` (`ready`: its completion scratch)."""
+        stats = np.zeros((len(self._kernel_info), 2), np.int64)
+        return WorkerScratch(ready, np.zeros(KEY_WIDTH, np.int64), stats)
+
+    def tally(self, scratch: WorkerScratch, lane: Lane) -> None:
+        """Move a worker's counts of native runs to its profile lane."""
+        stats = scratch.stats
+        for kernel in np.flatnonzero(stats[:, 0]).tolist():
+            k = self._kernels[kernel]
+            lane.ran_natively(k.name, k.worker, int(stats[kernel, 0]), stats[kernel, 1] * 1e-9)
+        stats[:] = 0
+
+    def complete(self, task_id: int, scratch: np.ndarray) -> int:
+        """Complete a task run the Python way: its native consumers made ready are queued here,
+        the others left in scratch[:n], n returned."""
+        s = self._scheduler.state
+        return _complete(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._kernel_info,
+                         self._args.task, task_id, scratch)
+
+    def learn(self, task: Task) -> None:
+        """After a native task ran the Python way (which made its instance): enter the
+        instance's entry, so the rest of its kind run natively."""
+        kernel = task.kernel
+        slot = task.id & (len(self._handoff) - 1)
+        if not self._kernel_info[kernel.id, 0] or self._args.task[slot] != task.id:
+            return
+        tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
+        scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
+        address = kernel.native.entry(tuple(t.shape for t in tensors), tensors[0].dtype.numpy, scalars)
+        s = self._scheduler.state
+        key = self._key
+        if _learn(s.header, s.tasks, self._kernel_info, self._args, self._keys, self._addresses, self._filled,
+                  task.id, NO_ENTRY if address is None else address, key):
+            _LEARNT[key.tobytes()] = NO_ENTRY if address is None else address

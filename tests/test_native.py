@@ -1,0 +1,153 @@
+"""Native workers (executors/native.py): the tasks of generated kernels that compiled code
+submits run and complete without the GIL, and give the serial executor's results."""
+
+import numba
+import numpy as np
+import pytest
+from pto_gpu.kernels.elementwise import add, scale
+from pto_gpu.kernels.llm import swiglu
+from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
+
+import pto_gpu as pto
+from pto_gpu import jit as pj
+
+TILE = 4
+
+
+@numba.njit(cache=True)
+def _tiles(o, x, acc, out, scale_id, add_id, swiglu_id):
+    """Per row tile of x: a heap tile t = 3x; acc += t (one in-place chain through every tile);
+    out's tile = x, then silu(out's tile) * t in place; then, per column block of out (strided
+    windows), out *= 0.5."""
+    for r in range(0, pj.shape(x, 0), TILE):
+        rows, out_rows = pj.narrow(x, 0, r, r + TILE), pj.narrow(out, 0, r, r + TILE)
+        t = pj.alloc(o, (TILE, pj.shape(x, 1)), pj.dtype(x))
+        pj.submit(o, scale_id, (pj.input(rows), pj.output(t)), (3.0,))
+        pj.submit(o, add_id, (pj.input(t), pj.input(acc), pj.output(acc)))
+        pj.submit(o, scale_id, (pj.input(rows), pj.output(out_rows)), (1.0,))
+        pj.submit(o, swiglu_id, (pj.inout(out_rows), pj.input(t)))
+        pj.free(o, t)
+    for c in range(0, pj.shape(out, 1), 8):
+        block = pj.narrow(out, 1, c, c + 8)
+        pj.submit(o, scale_id, (pj.input(block), pj.output(block)), (0.5,))
+
+
+def _run(executor: str, seed: int = 0, python_tasks: bool = False, **options):
+    """Run `_tiles` (with Python-level tasks around it if asked); the arrays and the result."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((64, 24)).astype(np.float32)
+    acc, out = np.zeros((TILE, 24), np.float32), np.zeros((64, 24), np.float32)
+
+    def orchestration(o):
+        X, ACC, OUT = o.external(x), o.external(acc), o.external(out)
+        if python_tasks:  # Python-level tasks of the same kernels never run natively
+            o.submit(scale, pto.input(ACC), pto.output(ACC), 2.0)
+        o.compiled(_tiles, X, ACC, OUT, scale.id, add.id, swiglu.id)
+        if python_tasks:
+            o.submit(add, pto.input(OUT[0:TILE]), pto.input(ACC), pto.output(ACC))
+
+    result = pto.Runtime(backend="cpu", executor=executor, **options).run(orchestration)
+    return (x, acc, out), result
+
+
+@pytest.mark.parametrize("python_tasks", [False, True])
+@pytest.mark.parametrize("window", [1024, 8])
+def test_native_workers_give_the_serial_results(python_tasks, window):
+    (_, *expected), _ = _run("serial", python_tasks=python_tasks)
+    # The first call of each instance runs the Python way (which compiles it) and enters its
+    # native entry for the process's later runs: the second run's compiled tasks are all native.
+    for _ in range(2):
+        (_, *arrays), result = _run("parallel", python_tasks=python_tasks, task_window=window,
+                                    heap_bytes=4096)
+        for got, want in zip(arrays, expected):
+            assert got.tobytes() == want.tobytes()  # the same generated code on the same values
+    assert result.native_tasks == result.num_tasks - 2 * python_tasks
+    assert sum(k.tasks for k in result.kernels.values()) == result.num_tasks
+
+
+def test_the_numbers_match_numpy():
+    (x, acc, out), _ = _run("parallel")
+    t = 3.0 * x.astype(np.float64)
+    expected_acc = t.reshape(-1, TILE, x.shape[1]).sum(axis=0)
+    silu = x / (1 + np.exp(-x.astype(np.float64)))
+    # float32 arithmetic over 16 tiles of sums and a silu: a few ulps of the largest value
+    np.testing.assert_allclose(acc, expected_acc, rtol=1e-5, atol=1e-5 * np.abs(expected_acc).max())
+    np.testing.assert_allclose(out, 0.5 * silu * t, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["schedule", "trace", "validate"])
+def test_runs_that_need_each_task_s_record_run_them_the_python_way(case, tmp_path):
+    (_, *expected), _ = _run("serial")
+    rt = pto.Runtime(backend="cpu", executor="parallel", validate=case == "validate")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 24)).astype(np.float32)
+    acc, out = np.zeros((TILE, 24), np.float32), np.zeros((64, 24), np.float32)
+
+    def orchestration(o):
+        o.compiled(_tiles, o.external(x), o.external(acc), o.external(out), scale.id, add.id, swiglu.id)
+
+    result = rt.run(orchestration, schedule=pto.Schedule() if case == "schedule" else None,
+                    trace=tmp_path / "trace.json" if case == "trace" else None)
+    assert result.native_tasks == 0
+    assert acc.tobytes() == expected[0].tobytes() and out.tobytes() == expected[1].tobytes()
+
+
+def test_the_compiled_llama_layer_runs_natively_with_the_serial_results():
+    """Batched families (attention over heads), library matmuls handed to Python workers, rings
+    that fill: the layer's output is the Python-level serial run's, bit for bit."""
+    inputs = llama_layer_inputs(200, hidden=64, heads=4, ffn=96, seed=5)
+    rt = pto.Runtime(backend="cpu", executor="parallel", task_window=32, heap_bytes=96 << 10)
+    result = rt.run(llama_layer_compiled, inputs, adaptive=True)
+    assert result.native_tasks > result.num_tasks // 3
+    serial_inputs = llama_layer_inputs(200, hidden=64, heads=4, ffn=96, seed=5)
+    pto.Runtime(backend="cpu", executor="serial").run(llama_layer, serial_inputs, adaptive=True)
+    assert inputs["out"].tobytes() == serial_inputs["out"].tobytes()
+
+
+@numba.njit(cache=True)
+def _planned(o, a, b, plan, scale_id, add_id, swiglu_id):
+    """One task per row of plan: (kernel, source array, rows, cols, height, width, destination
+    rows, cols); the destination is in the other array, so tasks meet only through regions."""
+    for i in range(plan.shape[0]):
+        kernel, which, r, c, h, w, dr, dc = plan[i]
+        src, dst = (a, b) if which == 0 else (b, a)
+        source = pj.narrow(pj.narrow(src, 0, r, r + h), 1, c, c + w)
+        target = pj.narrow(pj.narrow(dst, 0, dr, dr + h), 1, dc, dc + w)
+        if kernel == 0:
+            pj.submit(o, scale_id, (pj.input(source), pj.output(target)), (0.75,))
+        elif kernel == 1:
+            pj.submit(o, add_id, (pj.input(source), pj.input(target), pj.output(target)))
+        else:
+            pj.submit(o, swiglu_id, (pj.inout(target), pj.input(source)))
+
+
+def _orchestrate_plan(o, a, b, plan):
+    o.compiled(_planned, o.external(a), o.external(b), plan, scale.id, add.id, swiglu.id)
+
+
+def _random_plan(rng, tasks):
+    plan = []
+    for _ in range(tasks):
+        h, w = int(rng.choice([2, 4])), int(rng.choice([8, 16]))
+        plan.append([rng.integers(0, 3), rng.integers(0, 2), rng.integers(0, 17 - h), rng.integers(0, 33 - w),
+                     h, w, rng.integers(0, 17 - h), rng.integers(0, 33 - w)])
+    return np.array(plan, np.int64)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_graphs_of_generated_kernels_give_the_serial_results(seed):
+    """Overlapping tiles of two arrays, in-place updates, small rings: native workers against
+    the serial executor, bit for bit (the second run, when every instance has its entry)."""
+    rng = np.random.default_rng(seed)
+    plan = _random_plan(rng, 150)
+    start = rng.uniform(-1, 1, (2, 16, 32)).astype(np.float32)
+    results = {}
+    for executor, window in (("serial", 1024), ("parallel", 8), ("parallel", 64)):
+        a, b = start[0].copy(), start[1].copy()
+        runtime = pto.Runtime(backend="cpu", executor=executor, task_window=window)
+        result = runtime.run(_orchestrate_plan, a, b, plan)
+        results[executor, window] = (a.tobytes(), b.tobytes(), result.native_tasks)
+    serial = results["serial", 1024]
+    for key in (("parallel", 8), ("parallel", 64)):
+        assert results[key][:2] == serial[:2], key
+    assert results["parallel", 64][2] == len(plan)
