@@ -104,9 +104,11 @@ class Kernel:
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.worker.name})"
 
-    def check(self, tensors: list) -> None:
-        """Check the tensor params (descriptors, in order) against the declaration."""
-        signature = tuple((t.repeats, t.dtype) for t in tensors)
+    def check(self, tensors: list, signature: tuple | None = None) -> None:
+        """Check the tensor params (descriptors, in order) against the declaration. `signature`
+        is theirs, tuple((t.repeats, t.dtype) for t in tensors), if the caller has built it."""
+        if signature is None:
+            signature = tuple((t.repeats, t.dtype) for t in tensors)
         if signature in self._accepted:
             return
         self._check_signature(tensors)

@@ -31,7 +31,7 @@ from .errors import (
 from .jit.descriptor import from_tensor
 from .jit.host import Session
 from .kernel import Kernel
-from .layout import P_KIND, PARAM_WIDTH, ROW_WIDTH
+from .layout import PARAM_WIDTH
 from .params import Param, ParamKind, as_param, core_rows
 from .schedule import Windows, check_tags
 from .scheduler import Scheduler, Task
@@ -95,7 +95,13 @@ class Orchestrator:
         self._scopes: list[list[Buffer]] = []
         self._tags: dict[str, int | str] | None = None  # what `with o.tags(...)` gives the tasks inside
         self._windows = windows  # a schedule's max_concurrent
-        self._params = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)  # reused by every submit
+        # Every submit writes its rows here, as bytes (a memoryview copy is the cheapest), and
+        # hands the core the view of its first n rows.
+        rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
+        self._row_bytes = memoryview(rows).cast("B")
+        self._row_views = [rows[:n] for n in range(cs.MAX_PARAMS + 1)]
+        # Whether `_enter` reads the producers (executors that do not want them are passed none)
+        self._producers_wanted = recorder is not None or executor.wants_producers
         self._jit: Session | None = None  # created by the first compiled() call
         self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
         self._transfer_rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
@@ -274,35 +280,58 @@ class Orchestrator:
         self._check_open()
         if not isinstance(kernel, Kernel):
             raise ParamError(f"submit() takes a @pto.kernel, not {type(kernel).__name__}")
-        checked = tuple(p if type(p) is Param else as_param(p, i) for i, p in enumerate(params))
-        tensors = [(i, p) for i, p in enumerate(checked) if p.kind != ParamKind.SCALAR]
-        if len(tensors) > cs.MAX_PARAMS:
-            raise ParamError(f"{kernel.name} has {len(tensors)} tensor params; at most {cs.MAX_PARAMS}")
-        rows = self._params
-        for row, (position, p) in enumerate(tensors):
-            self._check_usable(p.value, position, kernel)
-            if p.kind != ParamKind.INPUT:
-                _check_writable(p.value, position, kernel)
-            rows[row, :ROW_WIDTH] = p.value.layout
-            rows[row, P_KIND] = p.kind
-        kernel.check([p.value for _, p in tensors])
+        for p in params:
+            if type(p) is not Param:
+                params = tuple(p if type(p) is Param else as_param(p, i) for i, p in enumerate(params))
+                break
+        if len(params) > cs.MAX_PARAMS:
+            count = sum(p.kind != ParamKind.SCALAR for p in params)
+            if count > cs.MAX_PARAMS:
+                raise ParamError(f"{kernel.name} has {count} tensor params; at most {cs.MAX_PARAMS}")
+        # One pass over the tensor params. What the checks accept is tested inline (a buffer of
+        # this run, heap keys >= 0 and externals < 0, not freed, at its newest version; for an
+        # output, writeable with no stride-0 dim) and only the rest goes to them, to name the
+        # fault: their calls, and the lists built for them, were half of submit's Python time.
+        row_bytes = self._row_bytes
+        tensors: list[TensorDescriptor] = []
+        written: list[TensorDescriptor] = []
+        signature = []
+        for position, p in enumerate(params):
+            kind = p.kind
+            if kind == _SCALAR:
+                continue
+            tensor = p.value
+            buffer = tensor.buffer if type(tensor) is TensorDescriptor else None
+            if (buffer is None or buffer.freed or tensor.version < buffer.newest_version
+                    or (self._unfreed if buffer.key >= 0 else self._externals).get(buffer.key) is not buffer):
+                self._check_usable(tensor, position, kernel)
+                buffer = tensor.buffer
+            if kind != _INPUT:
+                if not buffer.writeable or 0 in tensor.strides:
+                    _check_writable(tensor, position, kernel)
+                written.append(tensor)
+            start = len(tensors) * _ROW_BYTES
+            row_bytes[start:start + _ROW_BYTES] = tensor.param_row(kind)
+            tensors.append(tensor)
+            signature.append((tensor.repeats, tensor.dtype))
+        kernel.check(tensors, tuple(signature))
         if worker is None:
-            task = Task(-1, kernel, kernel.worker, checked, self._tags,
+            task = Task(-1, kernel, kernel.worker, params, self._tags,
                         kernel.workers if len(kernel.workers) > 1 else None)
         else:
-            task = Task(-1, kernel, WorkerType(worker), checked, self._tags)
+            task = Task(-1, kernel, WorkerType(worker), params, self._tags)
         if self._windows is not None:  # the common case pays one test, not a call
             self._wait_for_window(self._tags)
         if self._ranks is not None:
-            for transfer in self._ranks.place(task, [p for _, p in tensors], rank):
+            for transfer in self._ranks.place(task, [p for p in params if p.kind != ParamKind.SCALAR], rank):
                 self._enter_transfer(transfer)
         elif rank is not None:
             check_rank(rank, 1, f"submit({kernel.name})", "rank")
-        status = self._enter(task, rows[:len(tensors)])
-        for _, p in tensors:
-            if p.writes:
-                buffer = p.value.buffer
-                buffer.newest_version = max(buffer.newest_version, p.value.version)
+        status = self._enter(task, self._row_views[len(tensors)])
+        for tensor in written:
+            buffer = tensor.buffer
+            if tensor.version > buffer.newest_version:
+                buffer.newest_version = tensor.version
         if self._windows is not None:
             self._windows.add(status, self._tags)
         return task.public_id
@@ -311,7 +340,7 @@ class Orchestrator:
         """Submit a checked task to the core (making room as needed) and hand it to the executor."""
         while (status := self._scheduler.try_submit(task, rows)) < 0:
             self._executor.make_room(status, self.unfreed)
-        producers = self._scheduler.producers_of_last()
+        producers = self._scheduler.producers_of_last() if self._producers_wanted else ()
         if self._recorder is not None:
             self._recorder.add(task, producers)
         self._executor.submitted(task, self._scheduler.last_was_ready(), producers)
@@ -396,6 +425,10 @@ class Orchestrator:
     def unfreed(self) -> list[Buffer]:
         """Heap buffers allocated and not yet freed, oldest first."""
         return list(self._unfreed.values())
+
+
+_SCALAR, _INPUT = ParamKind.SCALAR, ParamKind.INPUT
+_ROW_BYTES = PARAM_WIDTH * 8  # a param row's bytes in the rows submit hands the core
 
 
 def _check_writable(tensor: TensorDescriptor, position: int, kernel: Kernel) -> None:

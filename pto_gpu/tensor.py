@@ -54,7 +54,7 @@ class TensorDescriptor:
     """An immutable strided view of a buffer. See the module docstring."""
 
     __slots__ = ("buffer", "addr", "start_offset", "strides", "repeats", "dtype", "version",
-                 "overlap", "_layout", "_slices")
+                 "overlap", "_layout", "_slices", "_param_rows")
 
     def __init__(self, buffer: Buffer, addr: int, start_offset: int, strides: tuple[int, ...],
                  repeats: tuple[int, ...], dtype: DataType, version: int = 0,
@@ -211,6 +211,17 @@ class TensorDescriptor:
                 self.repeats, int(self.overlap)), np.int64))
         return self._layout
 
+    def param_row(self, kind: int) -> bytes:
+        """The row the core takes for this tensor as a param of `kind` (INPUT, OUTPUT, INOUT):
+        its layout row, then the kind, as bytes, made once per kind, since submit copies it
+        whole into the rows it hands the core."""
+        if self._param_rows is None:
+            _SET(self, "_param_rows", {})
+        row = self._param_rows.get(kind)
+        if row is None:
+            row = self._param_rows[kind] = np.append(self.layout, np.int64(kind)).tobytes()
+        return row
+
 
 _SET = object.__setattr__
 
@@ -226,6 +237,7 @@ def _init(t, buffer, addr, start_offset, strides, repeats, dtype, version, overl
     _SET(t, "overlap", overlap)
     _SET(t, "_layout", None)
     _SET(t, "_slices", None)
+    _SET(t, "_param_rows", None)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
