@@ -70,11 +70,13 @@ class NativeCode:
 
     `entry(shapes, dtype, scalars)` gives the address of the native entry (isa/native_abi.py)
     that runs a call with these tensor shapes, element type and scalar values, or None where
-    that call has none (it runs the Python way); `structural` are the positions of the scalars
-    whose value picks the entry (shapes and dtype always do).
+    that call has none (it runs the Python way); `scalars` is how many scalar params the kernel
+    takes, and `structural` the positions of those whose value picks the entry (shapes and
+    dtype always do).
     """
 
     entry: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], int | None]
+    scalars: int
     structural: tuple[int, ...] = ()
 
 

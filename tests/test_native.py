@@ -5,7 +5,7 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import add, scale
-from pto_gpu.kernels.llm import swiglu
+from pto_gpu.kernels.llm import flash_normalise, swiglu
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 
 import pto_gpu as pto
@@ -151,3 +151,73 @@ def test_random_graphs_of_generated_kernels_give_the_serial_results(seed):
     for key in (("parallel", 8), ("parallel", 64)):
         assert results[key][:2] == serial[:2], key
     assert results["parallel", 64][2] == len(plan)
+
+
+@numba.njit(cache=True)
+def _rows(o, x, y, scale_id, with_factor):
+    for r in range(pj.shape(x, 0)):
+        source, target = pj.narrow(x, 0, r, r + 1), pj.narrow(y, 0, r, r + 1)
+        if with_factor:
+            pj.submit(o, scale_id, (pj.input(source), pj.output(target)), (1.0 + r,))
+        else:
+            pj.submit(o, scale_id, (pj.input(source), pj.output(target)))
+
+
+def _scale_rows(o, x, y, with_factor):
+    o.compiled(_rows, o.external(x), o.external(y), scale.id, with_factor)
+
+
+def test_each_task_runs_with_its_own_scalars_and_a_missing_one_is_named():
+    """Scalars are per task (a factor per row); a task missing its scalar goes to a Python
+    worker, which names the fault as the serial executor does, even once the instance runs
+    natively."""
+    x = np.ones((8, 16), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    for _ in range(2):
+        y = np.zeros_like(x)
+        result = rt.run(_scale_rows, x, y, True)
+        assert np.array_equal(y, np.arange(1, 9, dtype=np.float32)[:, None] * x)
+    assert result.native_tasks == 8
+    for executor in ("serial", "parallel"):
+        with pytest.raises(pto.TaskError, match="not enough arguments"):
+            pto.Runtime(backend="cpu", executor=executor).run(_scale_rows, x, np.zeros_like(x), False)
+
+
+def test_a_kernel_declared_after_compiled_code_began_runs_on_a_python_worker():
+    @numba.njit(cache=True)
+    def double(o, x, scale_id):
+        pj.submit(o, scale_id, (pj.input(x), pj.output(x)), (2.0,))
+
+    def orchestration(o, x):
+        X = o.external(x)
+        o.compiled(double, X, scale.id)
+
+        @pto.kernel(pto.VECTOR, name="late")
+        def late(a):
+            a += 1
+
+        o.submit(late, pto.inout(X))
+
+    x = np.ones((4, 8), np.float32)
+    pto.Runtime(backend="cpu", executor="parallel").run(orchestration, x)
+    assert np.array_equal(x, np.full((4, 8), 3.0, np.float32))
+
+
+@numba.njit(cache=True)
+def _empty_batches(o, acc, total, out, normalise_id):
+    none = 0  # an empty batch of heads: a family runs nothing for it
+    pj.submit(o, normalise_id, (pj.input(pj.narrow(acc, 0, 0, none)), pj.input(pj.narrow(total, 0, 0, none)),
+                                pj.output(pj.narrow(out, 0, 0, none))))
+
+
+def test_an_empty_batch_runs_nothing_natively_either(capfd):
+    acc, total, out = (np.ones((2, 4, n), np.float32) for n in (8, 1, 8))
+
+    def orchestration(o):
+        o.compiled(_empty_batches, o.external(acc), o.external(total), o.external(out), flash_normalise.id)
+
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    for _ in range(2):
+        result = rt.run(orchestration)
+    assert result.native_tasks == 0 and np.array_equal(out, np.ones_like(out))
+    assert "Exception" not in capfd.readouterr().err

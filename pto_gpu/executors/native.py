@@ -27,6 +27,7 @@ entries learnt are kept for the process's later runs.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -65,6 +66,14 @@ CONTROL = np.dtype([
     ("sleeping", np.int64, (CLASSES,)),  # per worker class: workers waiting for a task (set by Python)
 ], align=True)
 
+# Per kernel id: whether its tasks may run natively, how many scalars it takes (a task with
+# other counts goes to Python, which names the fault), and which of them pick its instance.
+KERNEL_INFO = np.dtype([
+    ("native", np.int64),
+    ("scalars", np.int64),
+    ("structural", np.int64, (MAX_SCALARS,)),
+], align=True)
+
 _LEARNT: dict[bytes, int] = {}  # instance key -> entry address (or NO_ENTRY), for the process
 
 
@@ -98,7 +107,7 @@ def _monotonic_ns(typingctx):
 @njit(cache=True, _nrt=False, inline="always")
 def _is_native(tasks, kernel_info, arg_task, window, task_id):
     slot = task_id & (window - 1)
-    return arg_task[slot] == task_id and kernel_info[tasks[slot].kernel, 0]
+    return arg_task[slot] == task_id and kernel_info[tasks[slot].kernel].native
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -186,9 +195,11 @@ def _take_handoffs(header, control, handoff, out):
 @njit(cache=True, _nrt=False, inline="always")
 def _instance_key(tasks, kernel_info, args, window, task_id, key):
     """Write the instance key of a native task to `key`; False when it has none (more dims than
-    any generated kernel takes)."""
+    any generated kernel takes, or scalars other than the kernel's)."""
     slot = task_id & (window - 1)
     kernel = tasks[slot].kernel
+    if args.count[slot, 1] != kernel_info[kernel].scalars:
+        return False
     key[:] = 0
     key[0] = kernel
     n = args.count[slot, 0]
@@ -203,7 +214,7 @@ def _instance_key(tasks, kernel_info, args, window, task_id, key):
             key[4 + 4 * p + d] = args.desc[slot, p, D_SHAPE + d]
     scalars = 3 + 4 * cs.MAX_PARAMS
     for k in range(args.count[slot, 1]):
-        if kernel_info[kernel, 1 + k]:
+        if kernel_info[kernel].structural[k]:
             kind = args.scalar_kind[slot, k]
             key[scalars + 2 * k] = 1 + kind
             key[scalars + 2 * k + 1] = args.int[slot, k] if kind == S_INT else args.float_bits[slot, k]
@@ -231,21 +242,29 @@ def _find(keys, addresses, key):
 
 
 @njit(cache=True, _nrt=False)
-def _learn(header, tasks, kernel_info, args, keys, addresses, filled, task_id, address, key):
-    """Enter a task's instance with its entry; whether there was room."""
+def _known(header, tasks, kernel_info, args, keys, addresses, filled, task_id, key):
+    """Write a task's instance key to `key`; whether the table has the instance, or has no
+    room for it, or the task has no key (then there is nothing to learn)."""
     acquire(header)
-    done = False
-    if filled[0] < len(addresses) // 2 and _instance_key(tasks, kernel_info, args, header[0].window, task_id,
-                                                         key):
-        slot = _find(keys, addresses, key)
-        if addresses[slot] == 0:
-            for i in range(len(key)):
-                keys[slot, i] = key[i]
-            addresses[slot] = address
-            filled[0] += 1
-        done = True
+    known = True
+    if _instance_key(tasks, kernel_info, args, header[0].window, task_id, key):
+        full = 2 * filled[0] >= len(addresses)  # at most half full: probes stay short
+        known = full or addresses[_find(keys, addresses, key)] != 0
     release(header)
-    return done
+    return known
+
+
+@njit(cache=True, _nrt=False)
+def _enter(header, keys, addresses, filled, key, address):
+    """Enter an instance's key with its entry (once: another thread may have just done it)."""
+    acquire(header)
+    slot = _find(keys, addresses, key)
+    if addresses[slot] == 0:
+        for i in range(len(key)):
+            keys[slot, i] = key[i]
+        addresses[slot] = address
+        filled[0] += 1
+    release(header)
 
 
 # --- the loop ----------------------------------------------------------------------------------
@@ -316,24 +335,22 @@ class NativeLanes:
         self._ready = np.zeros((CLASSES, window), np.int64)
         self._handoff = np.zeros(window, np.int64)
         self._taken = np.zeros(window, np.int64)
-        # per kernel: whether it may run natively, then which of its scalars are structural
-        self._kernel_info = np.zeros((max(1, len(kernels)), 1 + MAX_SCALARS), np.int64)
+        self._kernel_info = np.zeros(max(1, len(kernels)), KERNEL_INFO)
         for kernel in kernels:
             if kernel.native is not None and len(kernel.workers) == 1:
-                self._kernel_info[kernel.id, 0] = 1
-                for position in kernel.native.structural:
-                    self._kernel_info[kernel.id, 1 + position] = 1
+                info = self._kernel_info[kernel.id]
+                info["native"] = 1
+                info["scalars"] = kernel.native.scalars
+                info["structural"][list(kernel.native.structural)] = 1
         self._keys = np.zeros((INSTANCES, KEY_WIDTH), np.int64)
         self._addresses = np.zeros(INSTANCES, np.int64)
         self._filled = np.zeros(1, np.int64)
-        self._key = np.zeros(KEY_WIDTH, np.int64)
-        for key, address in _LEARNT.items():
+        for key, address in list(_LEARNT.items())[:INSTANCES // 2]:  # runs of other runtimes may add
             row = np.frombuffer(key, np.int64)
             slot = _find(self._keys, self._addresses, row)
-            if self._addresses[slot] == 0 and self._filled[0] < INSTANCES // 2:
-                self._keys[slot] = row
-                self._addresses[slot] = address
-                self._filled[0] += 1
+            self._keys[slot] = row
+            self._addresses[slot] = address
+            self._filled[0] += 1
         state.head["locking"] = 1  # from now on the GIL no longer orders core calls
 
     # --- the executor's side -------------------------------------------------------------------
@@ -392,17 +409,28 @@ class NativeLanes:
                          self._args.task, task_id, scratch)
 
     def learn(self, task: Task) -> None:
-        """After a native task ran the Python way (which made its instance): enter the
-        instance's entry, so the rest of its kind run natively."""
+        """After a native task ran the Python way (which made its instance, the kernel having
+        run well): enter the instance's entry, so the rest of its kind run natively. An
+        entry that cannot be built is entered as NO_ENTRY, with a warning: its tasks still run,
+        the Python way."""
         kernel = task.kernel
         slot = task.id & (len(self._handoff) - 1)
-        if not self._kernel_info[kernel.id, 0] or self._args.task[slot] != task.id:
+        if kernel.id >= len(self._kernel_info) or not self._kernel_info[kernel.id]["native"] \
+                or self._args.task[slot] != task.id:
+            return  # declared after the session began, not native, or a Python-level task
+        s = self._scheduler.state
+        key = np.zeros(KEY_WIDTH, np.int64)  # this thread's: another may learn at the same time
+        if _known(s.header, s.tasks, self._kernel_info, self._args, self._keys, self._addresses, self._filled,
+                  task.id, key):
             return
         tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
         scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
-        address = kernel.native.entry(tuple(t.shape for t in tensors), tensors[0].dtype.numpy, scalars)
-        s = self._scheduler.state
-        key = self._key
-        if _learn(s.header, s.tasks, self._kernel_info, self._args, self._keys, self._addresses, self._filled,
-                  task.id, NO_ENTRY if address is None else address, key):
-            _LEARNT[key.tobytes()] = NO_ENTRY if address is None else address
+        try:
+            address = kernel.native.entry(tuple(t.shape for t in tensors), tensors[0].dtype.numpy, scalars)
+        except Exception as error:  # the Python way works: say why this one is slow
+            warnings.warn(f"{kernel.name}: no native entry for {task.describe_params()}: {error!r}; "
+                          "its tasks run on Python workers", RuntimeWarning, stacklevel=2)
+            address = None
+        address = NO_ENTRY if address is None else address
+        _enter(s.header, self._keys, self._addresses, self._filled, key, address)
+        _LEARNT[key.tobytes()] = address

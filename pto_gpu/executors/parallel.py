@@ -335,10 +335,10 @@ class ParallelExecutor:
         completed = self._native.drain(worker, scratch)
         self._native.tally(scratch, lane)
         with self._lock:
-            self._running -= 1
             self._completions += completed
             self.native_tasks += completed
             self._take_handoffs_locked()
+            self._running -= 1  # after the hand-offs: a failure there is counted by _work
             self._wake_native_locked()
             if self._tracing:
                 self._sample()

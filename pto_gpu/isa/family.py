@@ -167,12 +167,15 @@ class Family:
     def native_entry(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype,
                      scalars: tuple) -> int | None:
         """The address of the native entry of the instance for a call with these shapes and
-        scalar values (NativeCode.entry), or None: a family with a CPU library runs that."""
+        scalar values (NativeCode.entry), or None: a family with a CPU library runs that, and
+        an empty batch runs nothing."""
         if self.library_cpu is not None:
             return None
         structural = tuple(scalars[i] for i in self.structural)
         key = (self.sizes(shapes), as_dtype(dtype), structural)
         batched = not all(len(s) == 2 for s in shapes)
+        if batched and next(s[0] for s in shapes if len(s) == 3) == 0:
+            return None  # an empty batch: nothing to run, as `cpu` runs nothing
         with self._lock:
             if (key, batched) not in self._native:
                 with preparing():
@@ -224,7 +227,7 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
         instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu)
         declared = kernel(worker=worker, name=instances.name, shapes=shapes,
                           cuda=CudaInstances(instances.cuda, library))(instances.cpu)
-        declared.native = NativeCode(instances.native_entry, instances.structural)
+        declared.native = NativeCode(instances.native_entry, len(scalars), instances.structural)
         return declared
 
     return declare

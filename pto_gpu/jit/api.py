@@ -20,6 +20,7 @@ from numba.extending import overload
 
 from ..core import complete as core_complete
 from ..core import rings
+from ..core.lock import store_release
 from ..core.state import INOUT, INPUT, MAX_PARAMS, OUTPUT
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
@@ -238,9 +239,12 @@ def submit(o, kernel_id, tensors, scalars=()):
         if kind != INPUT:
             _note_version(o, desc)
     t.arg_count[slot, 0] = n
-    t.arg_task[slot] = task_id
     t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot], t.arg_scalar_kind[slot],
                                           scalars)
+    # Last, and after every argument store: from here a native worker (executors/native.py)
+    # that completes the task's last producer runs it from these rows. Until then it hands the
+    # task to a Python worker, which reads them only once this code lets go of the GIL.
+    store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
     if t.meta[M_VALIDATE]:
         _service(t, bridge.SERVICE_CHECK, task_id, bridge.CHECK_SUBMIT, 0)
     if t.meta[M_LOG_EDGES]:
