@@ -167,10 +167,8 @@ class Family:
     def native_entry(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype,
                      scalars: tuple) -> int | None:
         """The address of the native entry of the instance for a call with these shapes and
-        scalar values (NativeCode.entry), or None: a family with a CPU library runs that, and
-        an empty batch runs nothing."""
-        if self.library_cpu is not None:
-            return None
+        scalar values (NativeCode.entry), or None: an empty batch runs nothing. (A family with
+        a CPU library has no NativeCode.)"""
         structural = tuple(scalars[i] for i in self.structural)
         key = (self.sizes(shapes), as_dtype(dtype), structural)
         batched = not all(len(s) == 2 for s in shapes)
@@ -227,7 +225,8 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
         instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu)
         declared = kernel(worker=worker, name=instances.name, shapes=shapes,
                           cuda=CudaInstances(instances.cuda, library))(instances.cpu)
-        declared.native = NativeCode(instances.native_entry, len(scalars), instances.structural)
+        if library_cpu is None:  # a CPU library is Python: its tasks go to Python workers at once
+            declared.native = NativeCode(instances.native_entry, len(scalars), instances.structural)
         return declared
 
     return declare
