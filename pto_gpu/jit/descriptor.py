@@ -11,8 +11,11 @@ does, so both paths see the same dependencies.
 
 from __future__ import annotations
 
-from numba import njit, objmode
+from llvmlite import ir
+from numba import njit, objmode, types
+from numba.core import cgutils
 from numba.cpython.unsafe.tuple import tuple_setitem
+from numba.extending import intrinsic
 
 from ..errors import LayoutError
 from ..layout import (
@@ -198,10 +201,22 @@ def write_layout(desc, row):
     row[R_NDIM] = merged
 
 
-@njit(cache=True)
+@intrinsic
+def _leading_zeros(typingctx, value):
+    """The zero bits above the highest one of an int64 (llvm.ctlz: one instruction)."""
+    if not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        ctlz = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i64, [i64, ir.IntType(1)]),
+                                              "llvm.ctlz.i64")
+        return builder.call(ctlz, [args[0], ir.Constant(ir.IntType(1), 0)])
+
+    return types.int64(value), codegen
+
+
+@njit(cache=True, inline="always")
 def _bit_length(value):
-    bits = 0
-    while value > 0:
-        value >>= 1
-        bits += 1
-    return bits
+    """int.bit_length for value >= 0 (0 below): a shift loop cost 15% of a compiled build."""
+    return 64 - _leading_zeros(value) if value > 0 else 0
