@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from .dtypes import WorkerType
@@ -166,6 +168,18 @@ def _worker_classes(worker: object) -> tuple[WorkerType, ...]:
     return workers
 
 
+def _compiled(function: Callable, tensors: int, name: str) -> tuple[Callable, NativeCode]:
+    """A hand-written kernel compiled with numba, and its NativeCode."""
+    from .isa.native_abi import NjitEntries  # the compiler's layer, above this one: at declaration
+
+    params = [p for p in inspect.signature(function).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) < tensors:
+        raise ParamError(f"{name}: shapes= declares {tensors} tensor params, but it takes {len(params)}")
+    compiled = numba.njit(nogil=True)(function)
+    return compiled, NativeCode(NjitEntries(compiled), len(params) - tensors)
+
+
 def multi_class() -> bool:
     """Whether any kernel declared so far runs on more than one worker class."""
     return any(len(k.workers) > 1 for k in _REGISTRY)
@@ -194,10 +208,13 @@ def kernel(worker: WorkerType | tuple[WorkerType, ...] = WorkerType.VECTOR, name
            shapes: tuple[str, ...] | None = None, mixed_dtypes: bool = False,
            cuda: CudaCode | CudaInstances | None = None,
            cost: Callable[..., float] | Mapping[WorkerType, Callable[..., float]] | None = None,
-           ) -> Callable[[Callable], Kernel]:
+           njit: bool = False) -> Callable[[Callable], Kernel]:
     """Declare an InCore kernel; the decorated function is its CPU implementation.
 
     It receives one array view per tensor param and the scalar values, in param order.
+    `njit=True` compiles it with numba (nogil), and compiled orchestrations' tasks of it then
+    run on native workers (executors/native.py); it needs `shapes=`, which says how many of
+    the params are tensors, and one dtype for them all.
     `cost(*params)` (tensor descriptors, then scalars) gives a call's seconds, for the
     simulator and critical-path schedules. `worker=(pto.CUBE, pto.VECTOR)`: it may run on
     either class, and each task goes where it would finish earliest (HEFT), from its cost on
@@ -219,9 +236,17 @@ def kernel(worker: WorkerType | tuple[WorkerType, ...] = WorkerType.VECTOR, name
             raise ParamError(f"shape word {word!r} in shapes={shapes!r}: a dim is a number, a name, or <=N "
                              "with N a positive number")
 
+    if njit and (parsed is None or mixed_dtypes):
+        raise ParamError("njit=True needs shapes=(...) (which of the params are tensors) and one dtype for "
+                         "them all (not mixed_dtypes=True)")
+
     def declare(function: Callable) -> Kernel:
-        declared = Kernel(name or function.__name__, workers[0], function, cuda=cuda, shapes=parsed,
-                          mixed_dtypes=mixed_dtypes, id=len(_REGISTRY), cost=cost, workers=workers)
+        kernel_name, native = name or function.__name__, None
+        if njit:
+            function, native = _compiled(function, len(parsed), kernel_name)
+        declared = Kernel(kernel_name, workers[0], function, cuda=cuda, shapes=parsed,
+                          mixed_dtypes=mixed_dtypes, id=len(_REGISTRY), cost=cost, workers=workers,
+                          native=native)
         _REGISTRY.append(declared)
         return declared
 

@@ -221,3 +221,46 @@ def test_an_empty_batch_runs_nothing_natively_either(capfd):
         result = rt.run(orchestration)
     assert result.native_tasks == 0 and np.array_equal(out, np.ones_like(out))
     assert "Exception" not in capfd.readouterr().err
+
+
+@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m n"), njit=True)
+def _axpy(x, out, a, times):
+    """out = a * x + out, `times` times over (an int scalar beside a float one)."""
+    for _ in range(times):
+        for i in range(x.shape[0]):
+            for j in range(x.shape[1]):
+                out[i, j] += a * x[i, j]
+
+
+@numba.njit(cache=True)
+def _axpy_tiles(o, x, out, axpy_id):
+    for r in range(0, pj.shape(x, 0), 2):
+        for c in range(0, pj.shape(x, 1), 4):
+            tile = pj.narrow(pj.narrow(x, 0, r, r + 2), 1, c, c + 4)
+            target = pj.narrow(pj.narrow(out, 0, r, r + 2), 1, c, c + 4)
+            pj.submit(o, axpy_id, (pj.input(tile), pj.inout(target)), (0.5 + r, 1 + c % 3))
+
+
+def _orchestrate_axpy(o, x, out):
+    o.compiled(_axpy_tiles, o.external(x), o.external(out), _axpy.id)
+
+
+def test_hand_written_njit_kernels_run_natively_with_the_serial_results():
+    x = np.random.default_rng(3).standard_normal((8, 16))
+    results = []
+    for executor in ("serial", "parallel", "parallel"):
+        out = np.ones((8, 16))
+        result = pto.Runtime(backend="cpu", executor=executor).run(_orchestrate_axpy, x, out)
+        results.append((out.tobytes(), result.native_tasks))
+    assert results[1][0] == results[0][0] and results[2][0] == results[0][0]
+    assert results[2][1] == 16
+    expected = np.ones((8, 16))
+    for r in range(0, 8, 2):
+        for c in range(0, 16, 4):
+            expected[r:r + 2, c:c + 4] += (1 + c % 3) * (0.5 + r) * x[r:r + 2, c:c + 4]
+    np.testing.assert_allclose(np.frombuffer(results[0][0]).reshape(8, 16), expected, rtol=1e-12)
+
+
+def test_njit_kernels_need_their_tensor_params_declared():
+    with pytest.raises(pto.ParamError, match="njit=True needs shapes"):
+        pto.kernel(njit=True)(lambda a: None)

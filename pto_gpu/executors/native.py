@@ -214,9 +214,9 @@ def _instance_key(tasks, kernel_info, args, window, task_id, key):
             key[4 + 4 * p + d] = args.desc[slot, p, D_SHAPE + d]
     scalars = 3 + 4 * cs.MAX_PARAMS
     for k in range(args.count[slot, 1]):
+        kind = args.scalar_kind[slot, k]
+        key[scalars + 2 * k] = 1 + kind  # an int and a float may pick different code
         if kernel_info[kernel].structural[k]:
-            kind = args.scalar_kind[slot, k]
-            key[scalars + 2 * k] = 1 + kind
             key[scalars + 2 * k + 1] = args.int[slot, k] if kind == S_INT else args.float_bits[slot, k]
     return True
 

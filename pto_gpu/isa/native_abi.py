@@ -13,13 +13,17 @@ CPU backend's numpy views are, and calls the instance's generated function.
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 from numpy.lib.stride_tricks import as_strided
 
 from ..jit.context import S_INT
-from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH
+from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH, MAX_JIT_DIMS
+from ..kernel import preparing
 
 _I64P = types.CPointer(types.int64)
 ENTRY = types.void(_I64P, _I64P, _I64P, types.CPointer(types.float64))
@@ -37,11 +41,18 @@ def _void_pointer(typingctx, address):
 
 
 @njit(inline="always")
+def _first(descs, p, dtype):
+    """Tensor param p's element [0, ...] as a one-element array of `dtype`, to stride from."""
+    d = p * DESC_WIDTH
+    return carray(_void_pointer(descs[d + D_BASE] + descs[d + D_OFFSET]), 1, dtype)
+
+
+@njit(inline="always")
 def tensor2(descs, p, dtype):
     """Tensor param p as a 2-d array of `dtype` (a memref of an unbatched instance)."""
     d = p * DESC_WIDTH
     size = descs[d + D_ITEMSIZE]
-    base = carray(_void_pointer(descs[d + D_BASE] + descs[d + D_OFFSET]), 1, dtype)
+    base = _first(descs, p, dtype)
     return as_strided(base, (descs[d + D_SHAPE], descs[d + D_SHAPE + 1]),
                       (descs[d + D_STRIDE] * size, descs[d + D_STRIDE + 1] * size))
 
@@ -52,7 +63,7 @@ def tensor3(descs, p, dtype):
     is one window for every batch index, as family.py passes it."""
     d = p * DESC_WIDTH
     size = descs[d + D_ITEMSIZE]
-    base = carray(_void_pointer(descs[d + D_BASE] + descs[d + D_OFFSET]), 1, dtype)
+    base = _first(descs, p, dtype)
     if descs[d + D_NDIM] == 3:
         return as_strided(base, (descs[d + D_SHAPE], descs[d + D_SHAPE + 1], descs[d + D_SHAPE + 2]),
                           (descs[d + D_STRIDE] * size, descs[d + D_STRIDE + 1] * size,
@@ -69,6 +80,51 @@ def float_scalar(kinds, ints, floats, k):
 @njit(inline="always")
 def int_scalar(kinds, ints, floats, k):
     return ints[k] if kinds[k] == S_INT else int(floats[k])
+
+
+class NjitEntries:
+    """NativeCode.entry of a hand-written numba kernel (`pto.kernel(..., njit=True)`): a cfunc
+    per (dims of each tensor, dtype, kind of each scalar) of its calls, made in this process
+    (it calls the user's function, which a generated module could not import). Scalars go in
+    as the Python path passes them, int64 or float64, so both run the same specialisation
+    save for read-only and contiguous views."""
+
+    def __init__(self, function):
+        self._function = function
+        self._entries: dict[tuple, object] = {}  # the cfuncs: their code lives while they do
+        self._lock = threading.Lock()
+
+    def __call__(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple) -> int | None:
+        ndims = tuple(len(shape) for shape in shapes)
+        if not all(1 <= n <= MAX_JIT_DIMS for n in ndims):
+            return None
+        kinds = tuple(isinstance(value, (int, np.integer)) for value in scalars)
+        key = (ndims, np.dtype(dtype), kinds)
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = self._compile(*key)
+            return self._entries[key].address
+
+    def _compile(self, ndims: tuple[int, ...], dtype: np.dtype, kinds: tuple[bool, ...]):
+        views = [f"as_strided(first(descs, {p}, np.{dtype.name}), {_dims(p, ndim, D_SHAPE)}, "
+                 f"{_dims(p, ndim, D_STRIDE, '* descs[{0} + D_ITEMSIZE]')})" for p, ndim in enumerate(ndims)]
+        values = [f"{'int' if is_int else 'float'}_scalar(kinds, ints, floats, {k})"
+                  for k, is_int in enumerate(kinds)]
+        source = ("def entry(descs, kinds, ints, floats):\n"
+                  f"    run({', '.join(views + values)})\n")
+        namespace = dict(np=np, as_strided=as_strided, first=_first, run=self._function, D_SHAPE=D_SHAPE,
+                         D_STRIDE=D_STRIDE, D_ITEMSIZE=D_ITEMSIZE, int_scalar=int_scalar,
+                         float_scalar=float_scalar)
+        exec(source, namespace)  # the text above: one view or scalar per param
+        with preparing():  # compiling: a cost history leaves this call out
+            return cfunc(ENTRY)(namespace["entry"])
+
+
+def _dims(p: int, ndim: int, field: int, scale: str = "") -> str:
+    """The source of a tuple of tensor param p's shape (field D_SHAPE) or byte strides."""
+    d = p * DESC_WIDTH
+    items = [f"descs[{d + field + k}]" + (" " + scale.format(d) if scale else "") for k in range(ndim)]
+    return f"({', '.join(items)},)"
 
 
 @intrinsic
