@@ -1,7 +1,8 @@
-"""Native workers: the ready tasks of generated kernels run and complete without the GIL.
+"""Native workers: the ready tasks of compiled kernels run and complete without the GIL.
 
 A task is *native* when compiled code submitted it (its arguments are in the compiled
-orchestration's argument tables, jit/context.py) and its kernel has NativeCode (kernel.py):
+orchestration's argument tables, jit/context.py) and its kernel has NativeCode (kernel.py:
+the kernel families the ISA compiler generates, and `pto.kernel(..., njit=True)`):
 a worker thread then pops it, calls its kernel's native entry (isa/native_abi.py) and
 completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
 consumers that made ready; Python sees the loop only every BUDGET tasks. Everything else runs
@@ -20,9 +21,9 @@ outside it. A native loop never takes the executor's lock (it runs without the G
 executor reads the rings' counters without the core lock only to decide whether to wake or
 wait, which a later look under its own lock settles (parallel.py's `_idle_locked`).
 
-Entries are found by an instance key (the kernel, its tensors' dtype and shapes, and its
-structural scalars: what picks a kernel family's instance) in an open-addressing table;
-entries learnt are kept for the process's later runs.
+Entries are found by an instance key (the kernel, its tensors' dtype and shapes, each
+scalar's kind and the structural scalars' values: what picks a kernel family's instance) in an
+open-addressing table; entries learnt are kept for the process's later runs.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ BUDGET = 64  # tasks a native loop runs before Python looks (completions counted
 WAKE_AFTER_NS = 20_000
 INSTANCES = 1024  # instance table slots (a power of two); at most half are filled
 KEY_WIDTH = 3 + cs.MAX_PARAMS * 4 + MAX_SCALARS * 2
-NO_ENTRY = -1  # an instance that runs the Python way (a library, half precision)
+NO_ENTRY = -1  # an instance that runs the Python way (half precision, an empty batch)
 CLASSES = len(WorkerType)
 
 CONTROL = np.dtype([
