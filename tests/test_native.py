@@ -264,3 +264,44 @@ def test_hand_written_njit_kernels_run_natively_with_the_serial_results():
 def test_njit_kernels_need_their_tensor_params_declared():
     with pytest.raises(pto.ParamError, match="njit=True needs shapes"):
         pto.kernel(njit=True)(lambda a: None)
+
+
+@numba.njit(cache=True)
+def _doublings(o, x, tasks, scale_id):
+    for i in range(tasks):
+        row = pj.narrow(x, 0, i % pj.shape(x, 0), i % pj.shape(x, 0) + 1)
+        pj.submit(o, scale_id, (pj.input(row), pj.output(row)), (2.0,))
+
+
+@pto.kernel(worker=pto.VECTOR)
+def _fails(a):
+    raise ValueError("a Python kernel among native tasks failed")
+
+
+def test_failures_beside_native_workers_raise_and_leave_the_runtime_usable():
+    """A Python task failing while native loops run raises its TaskError; an orchestration
+    that raises after submitting still runs what it submitted (docs/ERRORS.md); then the same
+    runtime runs natively again."""
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    x = np.ones((64, 4), np.float32)
+
+    def kernel_fails(o):
+        X = o.external(x)
+        o.compiled(_doublings, X, 640, scale.id)
+        o.submit(_fails, pto.inout(X[0:1]))
+        o.compiled(_doublings, X, 640, scale.id)
+
+    with pytest.raises(pto.TaskError, match="among native tasks failed"):
+        rt.run(kernel_fails)
+
+    def orchestration_fails(o):
+        o.compiled(_doublings, o.external(x), 640, scale.id)
+        raise KeyError("after submitting")
+
+    x[...] = 1
+    with pytest.raises(KeyError, match="after submitting"):
+        rt.run(orchestration_fails)
+    assert np.array_equal(x, np.full_like(x, 2.0 ** 10))  # each row doubled 10 times
+    x[...] = 1
+    result = rt.run(lambda o: o.compiled(_doublings, o.external(x), 640, scale.id))
+    assert np.array_equal(x, np.full_like(x, 2.0 ** 10)) and result.native_tasks == 640
