@@ -9,7 +9,6 @@ import numbers
 import numpy as np
 
 from .errors import ParamError
-from .layout import P_KIND, ROW_WIDTH
 from .tensor import TensorDescriptor
 
 
@@ -75,10 +74,12 @@ def as_param(value: object, position: int) -> Param:
 
 
 def core_rows(params: tuple[Param, ...], rows: np.ndarray) -> np.ndarray:
-    """The rows the core takes for a task's tensor params (each its layout row, then its
-    kind), written into the first rows of `rows` (PARAM_WIDTH wide); those rows."""
+    """The rows the core takes for a task's tensor params (TensorDescriptor.param_row: its
+    layout row, then its kind), written into the first rows of `rows` (PARAM_WIDTH wide, C
+    order); those rows."""
     tensors = [p for p in params if p.kind != ParamKind.SCALAR]
-    for row, p in zip(rows, tensors):
-        row[:ROW_WIDTH] = p.value.layout
-        row[P_KIND] = p.kind
+    row_bytes = memoryview(rows).cast("B")
+    width = rows.shape[1] * rows.itemsize
+    for i, p in enumerate(tensors):
+        row_bytes[i * width:(i + 1) * width] = p.value.param_row(p.kind)
     return rows[:len(tensors)]

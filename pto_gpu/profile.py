@@ -51,13 +51,7 @@ class Lane:
         """Record one task's kernel run, between two perf_counter() readings; a first call
         (compiling its code) is left out of the measurements for a cost history."""
         seconds = ended - started
-        tally = self.kernels.get(task.kernel.name)
-        if tally is None:
-            tally = self.kernels[task.kernel.name] = [0, 0.0]
-        tally[0] += 1
-        tally[1] += seconds
-        # an inline task (scheduler.Task.inline) may be of a class the lane does not serve
-        self.busy[task.worker] = self.busy.get(task.worker, 0.0) + seconds
+        self._tally(task.kernel.name, task.worker, 1, seconds)
         if self.measured is not None and not first_call:
             key = key_of(task)
             measured = self.measured.get(key)
@@ -67,15 +61,18 @@ class Lane:
         if self.spans is not None:
             self.spans.append(Span(task, started - self._origin, ended - self._origin))
 
-
     def ran_natively(self, kernel: str, worker: WorkerType, tasks: int, seconds: float) -> None:
         """Record `tasks` runs of a kernel by native workers (executors/native.py), which time
         kernels but keep no spans: runs that trace or measure have none."""
+        self._tally(kernel, worker, tasks, seconds)
+
+    def _tally(self, kernel: str, worker: WorkerType, tasks: int, seconds: float) -> None:
         tally = self.kernels.get(kernel)
         if tally is None:
             tally = self.kernels[kernel] = [0, 0.0]
         tally[0] += tasks
         tally[1] += seconds
+        # an inline task (scheduler.Task.inline) may be of a class the lane does not serve
         self.busy[worker] = self.busy.get(worker, 0.0) + seconds
 
 
