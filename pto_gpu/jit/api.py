@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 from numba import literal_unroll, njit, objmode, types
+from numba.core import cgutils
 from numba.cpython.unsafe.tuple import tuple_setitem
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from ..core import complete as core_complete
 from ..core import rings
 from ..core.lock import store_release
-from ..core.state import INOUT, INPUT, MAX_PARAMS, OUTPUT
+from ..core.state import FULL_TASKS, INOUT, INPUT, MAX_PARAMS, OUTPUT
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
 from ..layout import P_KIND
@@ -100,22 +101,22 @@ def alloc(o, shape, dtype):
     t = tables(o)
     ndim = len(shape)
     if ndim > MAX_JIT_DIMS or dtype < 0 or dtype >= len(ITEMSIZES):
-        _service(t, bridge.ERR_ALLOC_ARGS, ndim, dtype, 0)
+        _service(t.meta, bridge.ERR_ALLOC_ARGS, ndim, dtype, 0)
     itemsize = ITEMSIZES[dtype]
     nbytes = itemsize
     for n in shape:
         if n < 0:
-            _service(t, bridge.ERR_ALLOC_ARGS, ndim, dtype, n)
+            _service(t.meta, bridge.ERR_ALLOC_ARGS, ndim, dtype, n)
         nbytes *= n
     if rings.heap_size(nbytes) > t.header[0].heap_cap:
-        _service(t, bridge.ERR_ALLOC_SIZE, nbytes, 0, 0)
+        _service(t.meta, bridge.ERR_ALLOC_SIZE, nbytes, 0, 0)
     while True:
         seq = rings.heap_alloc(t.header, t.buffers, nbytes)
         if seq >= 0:
             break
-        _service(t, bridge.SERVICE_ROOM, seq, 0, 0)
+        _service(t.meta, bridge.SERVICE_ROOM, seq, 0, 0)
     if t.meta[M_VALIDATE]:
-        _service(t, bridge.SERVICE_CHECK, seq, bridge.CHECK_ALLOC, 0)
+        _service(t.meta, bridge.SERVICE_CHECK, seq, bridge.CHECK_ALLOC, 0)
     slot = seq & t.header[0].buf_mask
     t.heap_versions[slot, :] = 0
     desc = tuple_setitem(_ZERO_DESC, D_KEY, seq)
@@ -134,7 +135,7 @@ def alloc(o, shape, dtype):
     if depth > 0:
         top = t.meta[M_SCOPE_TOP]
         if top == SCOPE_CAPACITY:
-            _service(t, bridge.ERR_SCOPE_FULL, SCOPE_CAPACITY, 0, 0)
+            _service(t.meta, bridge.ERR_SCOPE_FULL, SCOPE_CAPACITY, 0, 0)
         t.scope[top] = seq
         t.meta[M_SCOPE_TOP] = top + 1
     return desc
@@ -146,9 +147,9 @@ def free(o, desc):
     t = tables(o)
     key = desc[D_KEY]
     if key < 0:
-        _service(t, bridge.ERR_FREE_EXTERNAL, key, 0, 0)
+        _service(t.meta, bridge.ERR_FREE_EXTERNAL, key, 0, 0)
     if not rings.buffer_unfreed(t.header, t.buffers, key):
-        _service(t, bridge.ERR_DOUBLE_FREE, key, 0, 0)
+        _service(t.meta, bridge.ERR_DOUBLE_FREE, key, 0, 0)
     _free(o, key)
 
 
@@ -157,19 +158,17 @@ def _free(o, key):
     t = tables(o)
     rings.buffer_free(t.header, t.buffers, key)
     if t.meta[M_VALIDATE]:
-        _service(t, bridge.SERVICE_CHECK, key, bridge.CHECK_FREE, 0)
+        _service(t.meta, bridge.SERVICE_CHECK, key, bridge.CHECK_FREE, 0)
 
 
 @njit(cache=True, _nrt=False)
 def version_inc(o, desc):
     """A handle to the same memory at version + 1; each version has one (single assignment)."""
     t = tables(o)
-    for i in range(DESC_WIDTH):
-        t.pending[0, i] = desc[i]  # where the host finds the descriptor an error names
     _check_usable(o, desc, -1, -1)
     versions = _versions_of(o, desc[D_KEY])
     if desc[D_VERSION] < versions[VERSION_MADE]:
-        _service(t, bridge.ERR_VERSION_TAKEN, 0, 0, 0)
+        _fail_naming(t, desc, 0, bridge.ERR_VERSION_TAKEN, 0, 0, 0)
     versions[VERSION_MADE] = desc[D_VERSION] + 1
     return with_version(desc, desc[D_VERSION] + 1)
 
@@ -180,7 +179,7 @@ def scope_begin(o):
     t = tables(o)
     depth = t.meta[M_SCOPE_DEPTH]
     if depth == MAX_SCOPE_DEPTH:
-        _service(t, bridge.ERR_SCOPE_DEPTH, MAX_SCOPE_DEPTH, 0, 0)
+        _service(t.meta, bridge.ERR_SCOPE_DEPTH, MAX_SCOPE_DEPTH, 0, 0)
     t.scope_marks[depth] = t.meta[M_SCOPE_TOP]
     t.meta[M_SCOPE_DEPTH] = depth + 1
 
@@ -190,7 +189,7 @@ def scope_end(o):
     t = tables(o)
     depth = t.meta[M_SCOPE_DEPTH] - 1
     if depth < 0:
-        _service(t, bridge.ERR_SCOPE_DEPTH, -1, 0, 0)
+        _service(t.meta, bridge.ERR_SCOPE_DEPTH, -1, 0, 0)
     mark = t.scope_marks[depth]
     for i in range(mark, t.meta[M_SCOPE_TOP]):
         if rings.buffer_unfreed(t.header, t.buffers, t.scope[i]):
@@ -207,53 +206,57 @@ def submit(o, kernel_id, tensors, scalars=()):
     t = tables(o)
     n = len(tensors)
     if n > MAX_PARAMS or len(scalars) > MAX_SCALARS:
-        _service(t, bridge.ERR_TOO_MANY, n, len(scalars), 0)
+        _service(t.meta, bridge.ERR_TOO_MANY, n, len(scalars), 0)
     if kernel_id < 0 or kernel_id >= len(t.kernels):
-        _service(t, bridge.ERR_KERNEL, kernel_id, 0, 0)
-    for p in range(n):
-        kind, desc = tensors[p]
-        for i in range(DESC_WIDTH):
-            t.pending[p, i] = desc[i]
-        _check_usable(o, desc, p, kernel_id)
-        if kind != INPUT:
-            _check_writable(o, desc, p, kernel_id)
-        write_layout(desc, t.params[p])
-        t.params[p, P_KIND] = kind
-    if not _signature_ok(o, kernel_id, n):
-        _service(t, bridge.ERR_SIGNATURE, kernel_id, n, 0)
-
+        _service(t.meta, bridge.ERR_KERNEL, kernel_id, 0, 0)
     while True:
-        task_id = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
-                              t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], t.params[:n])
-        if task_id >= 0:
-            break
-        _service(t, bridge.SERVICE_ROOM, task_id, n, 0)
+        # The arguments go straight into the slot the task will have: it is free while the
+        # ring has room (its last task retired), and this code is the only submitter. So a
+        # native worker (executors/native.py) finds them as soon as the core publishes the task.
+        h = t.header[0]
+        task_id = h.next_task
+        status = FULL_TASKS
+        if task_id - h.last_alive < h.window:
+            slot = task_id & (h.window - 1)
+            rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
+            _store_params(tensors, rows, kinds)
+            for p in range(n):
+                _check_usable(o, rows[p], p, kernel_id)
+                if kinds[p] != INPUT:
+                    _check_writable(o, rows[p], p, kernel_id)
+                write_layout(rows[p], t.params[p])
+                t.params[p, P_KIND] = kinds[p]
+            if not _signature_ok(o, kernel_id, rows, n):
+                for p in range(n):
+                    for i in range(DESC_WIDTH):
+                        t.named[p, i] = rows[p, i]
+                _service(t.meta, bridge.ERR_SIGNATURE, kernel_id, n, 0)
+            t.arg_count[slot, 0] = n
+            t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot],
+                                                  t.arg_scalar_kind[slot], scalars)
+            # Released before the core publishes the task: whoever sees it sees its arguments.
+            store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
+            status = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
+                                 t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], t.params[:n])
+            if status >= 0:
+                break
+            t.arg_task[slot] = -1  # the slot is not the task's yet: making room may raise
+        _service(t.meta, bridge.SERVICE_ROOM, status, n, 0)
         t = tables(o)  # a recording run's room is a grown TensorMap: new entries, producers, covered
 
-    slot = task_id & (t.header[0].window - 1)
+    rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
     for p in range(n):
-        kind, desc = tensors[p]
-        for i in range(DESC_WIDTH):
-            t.arg_desc[slot, p, i] = t.pending[p, i]
-        t.arg_kind[slot, p] = kind
-        if kind != INPUT:
-            _note_version(o, desc)
-    t.arg_count[slot, 0] = n
-    t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot], t.arg_scalar_kind[slot],
-                                          scalars)
-    # Last, and after every argument store: from here a native worker (executors/native.py)
-    # that completes the task's last producer runs it from these rows. Until then it hands the
-    # task to a Python worker, which reads them only once this code lets go of the GIL.
-    store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
+        if kinds[p] != INPUT:
+            _note_version(o, rows[p])
     if t.meta[M_VALIDATE]:
-        _service(t, bridge.SERVICE_CHECK, task_id, bridge.CHECK_SUBMIT, 0)
+        _service(t.meta, bridge.SERVICE_CHECK, task_id, bridge.CHECK_SUBMIT, 0)
     if t.meta[M_LOG_EDGES]:
         _record_edges(o, task_id)
     ready = t.header[0].last_ready
     if t.meta[M_COMPLETE_AT_SUBMIT]:
         core_complete.complete(t.header, t.tasks, t.buffers, t.deps, task_id, t.ready)
         if t.meta[M_VALIDATE]:
-            _service(t, bridge.SERVICE_CHECK, task_id, bridge.CHECK_COMPLETE, 0)
+            _service(t.meta, bridge.SERVICE_CHECK, task_id, bridge.CHECK_COMPLETE, 0)
         if not t.meta[M_LOG_EDGES]:
             return task_id
     logged = t.meta[M_LOGGED]
@@ -261,22 +264,30 @@ def submit(o, kernel_id, tensors, scalars=()):
     t.log[logged, 1] = ready
     t.meta[M_LOGGED] = logged + 1
     if logged + 1 >= t.meta[M_LOG_LIMIT]:
-        _service(t, bridge.SERVICE_FLUSH, 0, 0, 0)
+        _service(t.meta, bridge.SERVICE_FLUSH, 0, 0, 0)
     return task_id
 
 
 @njit(cache=True, _nrt=False)
 def flush(o):
     """Hand every logged task to the executor (the session calls it when the body returns)."""
-    _service(tables(o), bridge.SERVICE_FLUSH, 0, 0, 0)
+    _service(tables(o).meta, bridge.SERVICE_FLUSH, 0, 0, 0)
 
 
 # --- helpers -----------------------------------------------------------------------------
 @njit(cache=True, _nrt=False)
-def _service(t, code, a, b, c):
-    session = t.meta[M_SESSION]
+def _service(meta, code, a, b, c):
+    session = meta[M_SESSION]
     with objmode():
         bridge.service(session, code, a, b, c)
+
+
+@njit(cache=True, _nrt=False)
+def _fail_naming(t, desc, position, code, a, b, c):
+    """Raise the error `code` names, with the descriptor it is about in named[position]."""
+    for i in range(DESC_WIDTH):
+        t.named[position, i] = desc[i]
+    _service(t.meta, code, a, b, c)
 
 
 @njit(cache=True, _nrt=False, inline="always")  # inlined: code without the runtime returns no views
@@ -293,9 +304,9 @@ def _check_usable(o, desc, position, kernel_id):
     t = tables(o)
     key = desc[D_KEY]
     if key >= 0 and not rings.buffer_unfreed(t.header, t.buffers, key):
-        _service(t, bridge.ERR_USE_AFTER_FREE, position, kernel_id, key)
+        _fail_naming(t, desc, max(position, 0), bridge.ERR_USE_AFTER_FREE, position, kernel_id, key)
     if desc[D_VERSION] < _versions_of(o, key)[VERSION_WRITTEN]:
-        _service(t, bridge.ERR_STALE, position, kernel_id, key)
+        _fail_naming(t, desc, max(position, 0), bridge.ERR_STALE, position, kernel_id, key)
 
 
 @njit(cache=True, _nrt=False)
@@ -304,10 +315,10 @@ def _check_writable(o, desc, position, kernel_id):
     t = tables(o)
     key = desc[D_KEY]
     if key < 0 and t.externals[-1 - key, EXTERNAL_WRITEABLE] == 0:
-        _service(t, bridge.ERR_UNWRITABLE, position, kernel_id, -1)
+        _fail_naming(t, desc, position, bridge.ERR_UNWRITABLE, position, kernel_id, -1)
     for dim in range(desc[D_NDIM]):
         if desc[D_STRIDE + dim] == 0 and desc[D_SHAPE + dim] > 1:
-            _service(t, bridge.ERR_UNWRITABLE, position, kernel_id, dim)
+            _fail_naming(t, desc, position, bridge.ERR_UNWRITABLE, position, kernel_id, dim)
 
 
 @njit(cache=True, _nrt=False)
@@ -317,8 +328,8 @@ def _note_version(o, desc):
 
 
 @njit(cache=True, _nrt=False)
-def _signature_ok(o, kernel_id, n):
-    """The check Kernel.check makes, over the pending descriptors (the host names the fault)."""
+def _signature_ok(o, kernel_id, rows, n):
+    """The check Kernel.check makes, over the descriptors rows[:n] (the host names the fault)."""
     t = tables(o)
     declared = t.kernels[kernel_id, K_TENSORS]
     if declared >= 0:
@@ -326,13 +337,13 @@ def _signature_ok(o, kernel_id, n):
             return False
         t.names[:t.kernels[kernel_id, K_NAMES]] = -1
         for p in range(n):
-            ndim = t.pending[p, D_NDIM]
+            ndim = rows[p, D_NDIM]
             if t.kernel_shapes[kernel_id, p, 0, SHAPE_CODE] != ndim:
                 return False
             for d in range(ndim):
                 code = t.kernel_shapes[kernel_id, p, 1 + d, SHAPE_CODE]
                 bound = t.kernel_shapes[kernel_id, p, 1 + d, SHAPE_BOUND]
-                size = t.pending[p, D_SHAPE + d]
+                size = rows[p, D_SHAPE + d]
                 if bound >= 0 and size > bound:
                     return False
                 if code >= 0:
@@ -344,7 +355,7 @@ def _signature_ok(o, kernel_id, n):
                     return False
     if t.kernels[kernel_id, K_MIXED] == 0:
         for p in range(1, n):
-            if t.pending[p, D_DTYPE] != t.pending[0, D_DTYPE]:
+            if rows[p, D_DTYPE] != rows[0, D_DTYPE]:
                 return False
     return True
 
@@ -354,11 +365,38 @@ def _record_edges(o, task_id):
     t = tables(o)
     for i in range(t.header[0].last_edges):
         if t.meta[M_EDGES] == EDGE_CAPACITY:
-            _service(t, bridge.SERVICE_FLUSH, 0, 0, 0)
+            _service(t.meta, bridge.SERVICE_FLUSH, 0, 0, 0)
         e = t.meta[M_EDGES]
         t.edges[e, 0] = t.producers[i]
         t.edges[e, 1] = task_id
         t.meta[M_EDGES] = e + 1
+
+
+@intrinsic
+def _store_params(typingctx, tensors, rows, kinds):
+    """rows[p] = the descriptor of tensors[p] and kinds[p] its kind, for every p, in straight-line
+    code: a tuple read at a variable index is a jump table, per element (a fifth of a submit)."""
+    if not isinstance(tensors, types.BaseTuple):
+        return None
+
+    def codegen(context, builder, signature, args):
+        tensors_type, rows_type, kinds_type = signature.args
+        rows_array = context.make_array(rows_type)(context, builder, args[1])
+        kinds_array = context.make_array(kinds_type)(context, builder, args[2])
+        for p, param_type in enumerate(tensors_type.types[:MAX_PARAMS]):  # submit refuses more first
+            param = builder.extract_value(args[0], p)
+            position = context.get_constant(types.intp, p)
+            kind = context.cast(builder, builder.extract_value(param, 0), param_type.types[0], types.int64)
+            kind_pointer = cgutils.get_item_pointer(context, builder, kinds_type, kinds_array, [position])
+            builder.store(kind, kind_pointer)
+            desc = builder.extract_value(param, 1)
+            for i, field_type in enumerate(param_type.types[1].types):
+                value = context.cast(builder, builder.extract_value(desc, i), field_type, types.int64)
+                index = [position, context.get_constant(types.intp, i)]
+                builder.store(value, cgutils.get_item_pointer(context, builder, rows_type, rows_array, index))
+        return context.get_dummy_value()
+
+    return types.void(tensors, rows, kinds), codegen
 
 
 def _store_scalars(floats, ints, kinds, scalars):

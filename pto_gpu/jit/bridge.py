@@ -26,7 +26,7 @@ ERR_SCOPE_DEPTH = 17  # a: limit, or -1 for scope_end without scope_begin
 ERR_SCOPE_FULL = 18  # a: limit
 ERR_ALLOC_SIZE = 19  # a: bytes
 ERR_ALLOC_ARGS = 20  # a: dims, b: dtype code, c: a negative dim (or 0)
-ERR_VERSION_TAKEN = 21  # version_inc of a version that already has a successor (descriptor in pending[0])
+ERR_VERSION_TAKEN = 21  # version_inc of a version that already has a successor (descriptor in named[0])
 ERR_UNWRITABLE = 22  # a: param position, b: kernel id, c: -1 read-only memory, else the dim of stride 0
 
 SESSIONS: dict[int, object] = {}

@@ -64,7 +64,7 @@ S_FLOAT, S_INT = 0, 1
 
 FIELDS = (
     "header", "tasks", "buffers", "deps", "entries", "buckets", "producers", "covered",
-    "params", "pending", "ready", "names",
+    "params", "named", "ready", "names",
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
     "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
     "kernels", "kernel_shapes", "meta", "arg_task",
@@ -134,7 +134,7 @@ def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kerne
         header=state.header, tasks=state.tasks, buffers=state.buffers, deps=state.deps,
         entries=state.entries, buckets=state.buckets, producers=state.producers, covered=state.covered,
         params=np.zeros((cs.MAX_PARAMS, PARAM_WIDTH), i64),  # layout rows for the core
-        pending=np.zeros((cs.MAX_PARAMS, DESC_WIDTH), i64),  # descriptors of the submit at hand
+        named=np.zeros((cs.MAX_PARAMS, DESC_WIDTH), i64),  # descriptors an error names (jit.api._fail_naming)
         ready=np.zeros(len(state.deps), i64),  # completion scratch
         names=np.zeros(MAX_NAMES, i64),  # sizes bound to dim names while checking shapes
         arg_desc=np.zeros((window, cs.MAX_PARAMS, DESC_WIDTH), i64),

@@ -146,8 +146,10 @@ def with_version(desc, version):
 
 @njit(cache=True)
 def write_layout(desc, row):
-    """Write the canonical layout row of a descriptor (see layout.layout_row) into row."""
-    row[:] = 0
+    """Write the canonical layout row of a descriptor (see layout.layout_row) into row[:ROW_WIDTH].
+
+    `desc` is a descriptor tuple or a row of descriptors (jit/api.py's submit: an array is read
+    at a variable index without the jump table a tuple needs)."""
     offset = desc[D_OFFSET]
     itemsize = desc[D_ITEMSIZE]
     row[R_OWNER] = desc[D_KEY]
@@ -157,7 +159,12 @@ def write_layout(desc, row):
     row[R_SHIFT] = max(MIN_BLOCK_SHIFT, _bit_length(desc[D_NBYTES] - 1) - BLOCKS_PER_OWNER_LOG2)
     ndim = desc[D_NDIM]
     for k in range(ndim):
-        if desc[D_SHAPE + k] == 0:
+        if desc[D_SHAPE + k] == 0:  # empty: no bytes, no dims
+            row[R_RUN] = 0
+            row[R_NDIM] = 0
+            for i in range(MAX_DIMS):
+                row[R_STRIDE + i] = 0
+                row[R_COUNT + i] = 0
             return
     # Dims of more than one element, by byte stride then count, largest first.
     n = 0

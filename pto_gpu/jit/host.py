@@ -265,9 +265,9 @@ class Session:
 
     # --- errors --------------------------------------------------------------------------
     def _error(self, code: int, a: int, b: int, c: int) -> Exception:
-        pending = self._fields["pending"]
+        named = self._fields["named"]
         if code in (bridge.ERR_USE_AFTER_FREE, bridge.ERR_STALE):
-            desc = pending[max(a, 0)]
+            desc = named[max(a, 0)]
             what = "version_inc" if a < 0 else f"param {a} of {self._kernels[b].name}"
             name = self._describe(int(desc[D_KEY]))
             if code == bridge.ERR_USE_AFTER_FREE:
@@ -276,14 +276,14 @@ class Session:
             return StaleVersionError(f"{what}: version {int(desc[D_VERSION])} of {name} is stale; "
                                      f"version {int(newest)} has been written")
         if code == bridge.ERR_VERSION_TAKEN:
-            desc = pending[0]
+            desc = named[0]
             made = self._versions(int(desc[D_KEY]))[VERSION_MADE]
             return StaleVersionError(
                 f"version_inc: version {int(desc[D_VERSION])} of {self._describe(int(desc[D_KEY]))} already "
                 f"has a successor (version {int(made)} exists); versions are single-assignment, so "
                 "increment the newest handle")
         if code == bridge.ERR_UNWRITABLE:
-            what, desc = f"param {a} of {self._kernels[b].name}", pending[a]
+            what, desc = f"param {a} of {self._kernels[b].name}", named[a]
             if c < 0:
                 return ParamError(f"{what}: {self._describe(int(desc[D_KEY]))} is read-only memory and "
                                   "cannot be an output or inout; pass a writeable array")
@@ -293,7 +293,7 @@ class Session:
         if code == bridge.ERR_SIGNATURE:
             kernel = self._kernels[a]
             try:
-                kernel.check([self._tensor(desc) for desc in pending[:b]])
+                kernel.check([self._tensor(desc) for desc in named[:b]])
             except ParamError as error:
                 return error
             return InvariantError(f"compiled signature check of {kernel.name} disagrees with Kernel.check")
