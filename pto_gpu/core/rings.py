@@ -79,7 +79,9 @@ def heap_size(nbytes):
     return max(HEAP_ALIGN, (nbytes + HEAP_ALIGN - 1) // HEAP_ALIGN * HEAP_ALIGN)
 
 
-@njit(cache=True, _nrt=False)
+# The two heap entries are inlined into their callers (compiled alloc and free): with the lock
+# around them, LLVM stopped inlining them, and a call cost more than the operation.
+@njit(cache=True, _nrt=False, inline="always")
 def heap_alloc(header, buffers, nbytes):
     """Allocate a heap buffer; its sequence number, or FULL_HEAP / FULL_BUFFERS."""
     acquire(header)
@@ -159,7 +161,7 @@ def buffer_release(header, buffers, seq):
         h.heap_tail = buffers[tail & mask].vstart if tail < end else h.heap_head
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def buffer_free(header, buffers, seq):
     """The orchestrator's `free`: no more references will be added."""
     acquire(header)
