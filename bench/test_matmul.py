@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 
@@ -23,12 +23,15 @@ def check(c, reference):
     assert np.abs(c - reference).max() <= 1e-4 * np.abs(reference).max()
 
 
+@pytest.mark.parametrize("orchestration", [tiled_matmul, tiled_matmul_compiled], ids=["python", "compiled"])
 @pytest.mark.parametrize("tile", [TILE, 256])
-def test_pto_parallel(benchmark, operands, tile):
+def test_pto_parallel(benchmark, operands, tile, orchestration):
+    """The Python orchestration's tasks run on Python workers; the compiled one's on native
+    workers, without the GIL (BLAS tiles included)."""
     a, b, reference = operands
     c = np.zeros((N, N), np.float32)
     rt = pto.Runtime(backend="cpu")
-    benchmark.pedantic(rt.run, (tiled_matmul, a, b, c), {"tile": tile}, rounds=5, warmup_rounds=1)
+    benchmark.pedantic(rt.run, (orchestration, a, b, c), {"tile": tile}, rounds=5, warmup_rounds=1)
     check(c, reference)
 
 

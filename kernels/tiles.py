@@ -1,21 +1,27 @@
 """Data movement and matrix tiles (TLOAD/TSTORE, TFILL, TMATMUL, TMATMUL_ACC).
 
 The matmuls run BLAS on the task's views: cuBLAS through CuPy on the GPU (their generated
-kernels run while a CUDA graph is being captured, where CuPy refuses cuBLAS calls), numpy's on
-the CPU, where the tile model's copies would cost more than the product when b is a whole
-weight matrix (3x at 32x4096x4096). Their programs stay the definition the tests hold both to.
+kernels run while a CUDA graph is being captured, where CuPy refuses cuBLAS calls), and on the
+CPU, where the tile model's copies would cost more than the product when b is a whole weight
+matrix (3x at 32x4096x4096), kernels/blas.py's gemm from numba code, which native workers run
+without the GIL (numpy for dtypes BLAS lacks). Their programs stay the definition the tests
+hold both to.
 """
 
 import contextlib
 from collections.abc import Iterator
 
 import numpy as np
+from numba import njit
 
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import WARP
 from pto_gpu.isa.family import family
+from pto_gpu.isa.native_abi import NjitEntries
+
+from . import blas
 
 # Columns per block of a row-wise CUDA tile: a lane holds a tile row's columns in registers
 # (COLUMN_BLOCK / 32 of them), so a 4096-wide tile would spill; and of a matmul's output when b
@@ -96,12 +102,28 @@ def _cublas_matmul_acc(a, b, acc):
     acc += a @ b  # CuPy arrays: cuBLAS into a pooled temporary
 
 
+@njit(nogil=True, cache=True)
+def _gemm(a, b, out):
+    blas.gemm(a, b, out, False)
+
+
+@njit(nogil=True, cache=True)
+def _gemm_acc(a, b, acc):
+    blas.gemm(a, b, acc, True)
+
+
 def _blas_matmul(a, b, out):
-    np.matmul(a, b, out=out)
+    if blas.takes(a, b, out):  # the native workers' code (below), on a Python worker
+        _gemm(a, b, out)
+    else:
+        np.matmul(a, b, out=out)
 
 
 def _blas_matmul_acc(a, b, acc):
-    acc += a @ b  # BLAS releases the GIL
+    if blas.takes(a, b, acc):
+        _gemm_acc(a, b, acc)
+    else:
+        acc += a @ b
 
 
 def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: int, local_memory: int | None,
@@ -122,7 +144,8 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
         f.end_for()
 
 
-@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul, library_cpu=_blas_matmul)
+@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul, library_cpu=_blas_matmul,
+        library_native=NjitEntries(_gemm, blas.DTYPES))
 def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """out = a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("out", dtype, (m, n))
@@ -130,7 +153,7 @@ def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_me
 
 
 @family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul_acc,
-        library_cpu=_blas_matmul_acc)
+        library_cpu=_blas_matmul_acc, library_native=NjitEntries(_gemm_acc, blas.DTYPES))
 def matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """acc += a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("acc", dtype, (m, n))

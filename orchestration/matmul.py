@@ -1,10 +1,18 @@
-"""Tiled matmul (spec 001 §9.4): C = A @ B tile by tile, with explicit alloc and free."""
+"""Tiled matmul (spec 001 §9.4): C = A @ B tile by tile, with explicit alloc and free.
 
+`tiled_matmul` is the Python orchestration (and the distributed one); `tiled_matmul_compiled`
+submits the same graph from programs/matmul.pto's generated numba code, so its tasks run on
+native workers (executors/native.py).
+"""
+
+import functools
+import importlib.resources
 import itertools
 
 from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 
 import pto_gpu as pto
+from pto_gpu import isa
 
 
 def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
@@ -27,6 +35,17 @@ def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
                          pto.input(B[k:k + depth, j:j + cols]), pto.inout(acc))
             o.submit(copy, pto.input(acc), pto.output(C[i:i + rows, j:j + cols]))
             o.free(acc)
+
+
+def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
+    """tiled_matmul's graph in one process, submitted by compiled code."""
+    program().orchestration("tiled_matmul", compiled=True)(o, a, b, c, tile)
+
+
+@functools.cache
+def program() -> isa.Program:
+    text = importlib.resources.files("pto_gpu.orchestration").joinpath("programs", "matmul.pto").read_text()
+    return isa.compile(isa.parse(text))
 
 
 def interleaved(o: pto.Orchestrator, C: pto.TensorDescriptor, tile: int) -> list[int]:

@@ -9,6 +9,8 @@ import pytest
 from pto_gpu.orchestration import reference
 from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
+from pto_gpu.orchestration.matmul import program as matmul_program
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
@@ -36,6 +38,18 @@ def test_the_llama_program_interpreted_and_compiled_builds_the_hand_written_grap
     for orchestration in (llama_layer, llama_layer_compiled):
         result = rt.run(orchestration, inputs, adaptive, record=True)
         assert result.num_tasks == by_hand.num_tasks and result.num_edges == by_hand.num_edges
+        assert task_signature(result.graph) == task_signature(by_hand.graph)
+
+
+@pytest.mark.parametrize("m, k, n, tile", [(256, 192, 128, 64), (200, 130, 70, 64)])
+def test_the_matmul_program_interpreted_and_compiled_builds_the_python_graph(m, k, n, tile):
+    a, b, c = np.empty((m, k), np.float32), np.empty((k, n), np.float32), np.empty((m, n), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    by_hand = rt.run(tiled_matmul, a, b, c, tile, record=True)
+    tiles = -(-m // tile) * -(-n // tile)
+    assert by_hand.num_tasks == tiles * (2 + -(-k // tile))
+    for orchestration in (matmul_program().orchestration("tiled_matmul"), tiled_matmul_compiled):
+        result = rt.run(orchestration, a, b, c, tile, record=True)
         assert task_signature(result.graph) == task_signature(by_hand.graph)
 
 

@@ -7,6 +7,7 @@ import pytest
 from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.llm import flash_normalise, swiglu
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
@@ -305,3 +306,23 @@ def test_failures_beside_native_workers_raise_and_leave_the_runtime_usable():
     x[...] = 1
     result = rt.run(lambda o: o.compiled(_doublings, o.external(x), 640, scale.id))
     assert np.array_equal(x, np.full_like(x, 2.0 ** 10)) and result.native_tasks == 640
+
+
+def test_the_compiled_tiled_matmul_runs_natively_with_the_python_bits():
+    """Every task of the compiled tiled matmul, BLAS tiles included (kernels/blas.py), runs on
+    native workers, with the bits of the Python orchestration on the serial executor."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((200, 130)).astype(np.float32)
+    b = rng.standard_normal((130, 70)).astype(np.float32)
+    by_python = np.zeros((200, 70), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, a, b, by_python, 64)
+    native = np.zeros((200, 70), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    rt.run(tiled_matmul_compiled, a, b, native, 64)  # the first run learns the entries
+    native[...] = 0
+    result = rt.run(tiled_matmul_compiled, a, b, native, 64)
+    assert result.native_tasks == result.num_tasks == 4 * 2 * (2 + 3)
+    assert native.tobytes() == by_python.tobytes()
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    # float32 sums of 130 products of unit normals: within 1e-5 of the largest entry
+    assert np.abs(native - expected).max() <= 1e-5 * np.abs(expected).max()

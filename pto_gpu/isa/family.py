@@ -168,7 +168,7 @@ class Family:
                      scalars: tuple) -> int | None:
         """The address of the native entry of the instance for a call with these shapes and
         scalar values (NativeCode.entry), or None: an empty batch runs nothing. (A family with
-        a CPU library has no NativeCode.)"""
+        a CPU library runs its `library_native` instead.)"""
         structural = tuple(scalars[i] for i in self.structural)
         key = (self.sizes(shapes), as_dtype(dtype), structural)
         batched = not all(len(s) == 2 for s in shapes)
@@ -204,14 +204,17 @@ class Family:
 
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),
            structural: tuple[str, ...] = (), name: str | None = None, library: Callable | None = None,
-           library_cpu: Callable | None = None) -> Callable[[Builder], Kernel]:
+           library_cpu: Callable | None = None,
+           library_native: Callable | None = None) -> Callable[[Builder], Kernel]:
     """Declare a kernel family: the decorated function writes the InCore function for given sizes.
 
     `scalars` names the kernel's scalar params in order (the builder declares them with the same
     names); `structural` those among them whose value shapes the program; `library` a CuPy-level
     implementation the CUDA backend runs instead (as CudaCode.library: cuBLAS for the matmuls),
     and `library_cpu` a numpy one the CPU runs instead (BLAS on the views, for the matmuls, where
-    the tile model's copies of whole weight matrices would cost more than the product).
+    the tile model's copies of whole weight matrices would cost more than the product), and
+    `library_native` the NativeCode.entry that runs that library without the GIL (native_abi's
+    NjitEntries over an njit function that library_cpu calls too, so both give the same bits).
     Generated code stays the kernel's definition: tests check the libraries against it.
     """
     for word in (s.split()[0] for s in shapes if len(s.split()) == 3):
@@ -225,8 +228,10 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
         instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu)
         declared = kernel(worker=worker, name=instances.name, shapes=shapes,
                           cuda=CudaInstances(instances.cuda, library))(instances.cpu)
-        if library_cpu is None:  # a CPU library is Python: its tasks go to Python workers at once
+        if library_cpu is None:
             declared.native = NativeCode(instances.native_entry, len(scalars), instances.structural)
+        elif library_native is not None:  # else its tasks go to Python workers
+            declared.native = NativeCode(library_native, len(scalars), instances.structural)
         return declared
 
     return declare

@@ -83,20 +83,23 @@ def int_scalar(kinds, ints, floats, k):
 
 
 class NjitEntries:
-    """NativeCode.entry of a hand-written numba kernel (`pto.kernel(..., njit=True)`): a cfunc
+    """NativeCode.entry of a hand-written numba kernel (`pto.kernel(..., njit=True)`, or a kernel
+    family's native library, for the `dtypes` it takes): a cfunc
     per (dims of each tensor, dtype, kind of each scalar) of its calls, made in this process
     (it calls the user's function, which a generated module could not import). Scalars go in
     as the Python path passes them, int64 or float64, so both run the same specialisation
     save for read-only and contiguous views."""
 
-    def __init__(self, function):
+    def __init__(self, function, dtypes: tuple[type, ...] | None = None):
         self._function = function
+        self._dtypes = None if dtypes is None else {np.dtype(d) for d in dtypes}  # None: every dtype
         self._entries: dict[tuple, object] = {}  # the cfuncs: their code lives while they do
         self._lock = threading.Lock()
 
     def __call__(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple) -> int | None:
         ndims = tuple(len(shape) for shape in shapes)
-        if not all(1 <= n <= MAX_JIT_DIMS for n in ndims):
+        if not all(1 <= n <= MAX_JIT_DIMS for n in ndims) or (
+                self._dtypes is not None and np.dtype(dtype) not in self._dtypes):
             return None
         kinds = tuple(isinstance(value, (int, np.integer)) for value in scalars)
         key = (ndims, np.dtype(dtype), kinds)

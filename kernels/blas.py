@@ -1,0 +1,118 @@
+"""GEMM for the matmul families' CPU library: BLAS called from numba code, without the GIL.
+
+`gemm(a, b, out, accumulate)` computes out = a @ b (or out += a @ b) for float32 and float64
+views straight on their memory: BLAS reads the strided tiles of a large matrix in place and
+accumulates into `out` (beta = 1), with no temporary; a view with no unit-stride dim is copied
+first. Being numba code, it runs the same on a Python worker and inside a native worker's loop
+(executors/native.py), so both give the same bits. The routine is the one numba's own np.dot
+calls (SciPy's ?gemm, through numba's helper library), so the process loads no second BLAS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+DTYPES = (np.float32, np.float64)
+_NO_TRANSPOSE, _TRANSPOSE = ord("N"), ord("T")
+_KINDS = {types.float32: ord("s"), types.float64: ord("d")}  # the BLAS routine's letter
+
+
+def takes(*arrays: np.ndarray) -> bool:
+    """Whether gemm takes these operands: 2-d, and one of DTYPES, the same for all."""
+    dtype = arrays[0].dtype
+    return dtype in DTYPES and all(a.dtype == dtype and a.ndim == 2 for a in arrays)
+
+
+@intrinsic
+def _xxgemm(typingctx, kind, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """numba's own `numba_xxgemm` (its helper library: SciPy's ?gemm, loaded on first use),
+    with every pointer passed as an integer address."""
+    args = (kind, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    if not all(isinstance(t, types.Integer) for t in args):
+        return None
+    char, size, pointer = ir.IntType(8), ir.IntType(64), ir.IntType(8).as_pointer()
+    shape = (char, char, char, size, size, size, pointer, pointer, size, pointer, size, pointer, pointer,
+             size)
+
+    def codegen(context, builder, signature, values):
+        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), shape),
+                                                  "numba_xxgemm")
+        converted = [builder.trunc(v, t) if t == char else builder.inttoptr(v, t) if t == pointer else v
+                     for v, t in zip(values, shape)]
+        return builder.call(function, converted)
+
+    return types.int32(*args), codegen
+
+
+@njit(nogil=True, cache=True)
+def gemm(a, b, out, accumulate):
+    """out = a @ b, or out += a @ b with `accumulate`, for 2-d float32 or float64 a (m, k),
+    b (k, n) and out (m, n) of one dtype."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        if not accumulate:
+            out[...] = 0
+        return
+    if not _blas_gemm(a, b, out, accumulate):  # a layout BLAS cannot read: contiguous copies can
+        product = np.empty((m, n), out.dtype)
+        _blas_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), product, False)
+        if accumulate:
+            out += product
+        else:
+            out[...] = product
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _operand(x):
+    """How BLAS reads the row-major matrix x as its column-major transpose: (transpose flag,
+    leading dimension), or (0, 0) when x has no unit-stride dim."""
+    rows, cols = x.shape
+    itemsize = x.itemsize
+    row_stride, col_stride = x.strides[0] // itemsize, x.strides[1] // itemsize
+    if cols == 1 or col_stride == 1:
+        ld = row_stride if rows > 1 else cols
+        if ld >= max(1, cols) and x.strides[0] % itemsize == 0:
+            return _NO_TRANSPOSE, ld
+    if rows == 1 or row_stride == 1:
+        ld = col_stride if cols > 1 else rows
+        if ld >= max(1, rows) and x.strides[1] % itemsize == 0:
+            return _TRANSPOSE, ld
+    return 0, 0
+
+
+def _blas_gemm(a, b, out, accumulate):
+    """Whether BLAS computed it (the layouts it reads); False leaves `out` untouched."""
+
+
+@overload(_blas_gemm)
+def _blas_gemm_impl(a, b, out, accumulate):
+    kind = _KINDS.get(a.dtype)
+    if kind is None or not (a.dtype == b.dtype == out.dtype):
+        return None
+    itemsize = np.dtype(str(a.dtype)).itemsize
+
+    def run(a, b, out, accumulate):
+        m, k = a.shape
+        n = b.shape[1]
+        flag_a, lda = _operand(a)
+        flag_b, ldb = _operand(b)
+        flag_out, ldc = _operand(out)
+        if flag_a == 0 or flag_b == 0 or flag_out != _NO_TRANSPOSE:
+            return False
+        # Row-major out = a @ b is column-major out^T = b^T @ a^T: BLAS gets b first, and each
+        # operand as the column-major transpose _operand describes. Every argument by address.
+        factors = np.empty(2, a.dtype)  # alpha, beta: BLAS takes them by address
+        factors[0], factors[1] = 1, 1 if accumulate else 0
+        alpha = factors.ctypes.data
+        _xxgemm(kind, flag_b, flag_a, n, m, k, alpha, b.ctypes.data, ldb, a.ctypes.data, lda,
+                alpha + itemsize, out.ctypes.data, ldc)
+        return True
+
+    return run
