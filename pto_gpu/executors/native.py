@@ -2,7 +2,8 @@
 
 A task is *native* when compiled code submitted it (its arguments are in the compiled
 orchestration's argument tables, jit/context.py) and its kernel has NativeCode (kernel.py:
-the kernel families the ISA compiler generates, and `pto.kernel(..., njit=True)`):
+the kernel families the ISA compiler generates, the matmuls' BLAS library, and
+`pto.kernel(..., njit=True)`):
 a worker thread then pops it, calls its kernel's native entry (isa/native_abi.py) and
 completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
 consumers that made ready; Python sees the loop only every BUDGET tasks. Everything else runs
