@@ -1,12 +1,16 @@
-"""`make run`: the tiled-matmul and flash-attention demos, on the GPU when there is one, else the CPU."""
+"""`make run`: the tiled-matmul and flash-attention demos, on the GPU when there is one, else the CPU.
+
+On the CPU they run the orchestrations' compiled forms, whose tasks run on native workers
+without the GIL; on the GPU the Python ones (compiled orchestration has not run on a GPU yet).
+"""
 
 import argparse
 import time
 
 import numpy as np
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.flash_attention import flash_attention
-from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_compiled
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 
@@ -36,25 +40,29 @@ def main() -> None:
     rt = pto.Runtime(backend="auto")
 
     device, host = rt.backend.to_device, rt.backend.to_host  # the identity on the CPU backend
+    compiled = rt.backend.name == "cpu"
+    matmul = tiled_matmul_compiled if compiled else tiled_matmul
+    attention = flash_attention_compiled if compiled else flash_attention
+    form = ", compiled orchestration" if compiled else ""
 
     n = args.size
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
     operands = device(a), device(b), device(np.zeros((n, n), np.float32))
-    rt.run(tiled_matmul, *operands, tile=args.tile)  # warm-up: numba's cache, BLAS, page faults
-    result = rt.run(tiled_matmul, *operands, tile=args.tile)
+    rt.run(matmul, *operands, tile=args.tile)  # warm-up: numba's cache, BLAS, page faults
+    result = rt.run(matmul, *operands, tile=args.tile)
     c = host(operands[2])
     expected, numpy_seconds = timed(np.matmul, a, b)
-    matmul_ok = report(f"tiled matmul {n}x{n} float32, {args.tile}-row tiles", result, numpy_seconds,
+    matmul_ok = report(f"tiled matmul {n}x{n} float32, {args.tile}-row tiles{form}", result, numpy_seconds,
                        np.abs(c - expected).max() / np.abs(expected).max(), 1e-4)
 
     q, k, v = (rng.standard_normal((8, args.seq, 64)).astype(np.float32) for _ in range(3))
     operands = device(q), device(k), device(v), device(np.zeros_like(q))
-    rt.run(flash_attention, *operands, tile=128, causal=True)  # warm-up
-    result = rt.run(flash_attention, *operands, tile=128, causal=True)
+    rt.run(attention, *operands, tile=128, causal=True)  # warm-up
+    result = rt.run(attention, *operands, tile=128, causal=True)
     out = host(operands[3])
     _, numpy_seconds = timed(reference.attention, q, k, v, True, np.float32)  # monolithic float32
     expected = reference.attention(q, k, v, causal=True)
-    attention_ok = report(f"causal flash attention, 8 heads x {args.seq} x 64, 128-row tiles", result,
+    attention_ok = report(f"causal flash attention, 8 heads x {args.seq} x 64, 128-row tiles{form}", result,
                           numpy_seconds, np.abs(out - expected).max() / np.abs(expected).max(), 1e-4)
     if not (matmul_ok and attention_ok):
         raise SystemExit(1)

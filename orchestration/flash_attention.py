@@ -14,6 +14,13 @@ def flash_attention(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.nda
     program().orchestration("flash_attention")(o, q, k, v, out, tile, int(causal))
 
 
+def flash_attention_compiled(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                             out: np.ndarray, tile: int = 64, causal: bool = False) -> None:
+    """flash_attention submitted by the program's compiled form (one process): on the CPU its
+    tasks run on native workers."""
+    program().orchestration("flash_attention", compiled=True)(o, q, k, v, out, tile, int(causal))
+
+
 def flash_attention_heads(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                           tile: int = 64, causal: bool = False) -> None:
     """flash_attention with the heads in blocks over the ranks of a distributed run: each head's

@@ -7,7 +7,7 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_compiled
 from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import program as matmul_program
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
@@ -69,8 +69,9 @@ def test_the_flash_attention_program_builds_the_hand_written_graph(seq, tile, ca
     q, k, v = (np.empty((4, seq, 16), np.float32) for _ in range(3))
     rt = pto.Runtime(backend="cpu", executor="dry")
     by_hand = rt.run(hand_written.flash_attention, q, k, v, np.empty_like(q), tile, causal, record=True)
-    result = rt.run(flash_attention, q, k, v, np.empty_like(q), tile, causal, record=True)
-    assert task_signature(result.graph) == task_signature(by_hand.graph)
+    for orchestration in (flash_attention, flash_attention_compiled):
+        result = rt.run(orchestration, q, k, v, np.empty_like(q), tile, causal, record=True)
+        assert task_signature(result.graph) == task_signature(by_hand.graph)
 
 
 def test_compiled_llama_fills_window_and_heap_and_matches_reference(executor):

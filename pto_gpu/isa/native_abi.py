@@ -83,16 +83,16 @@ def int_scalar(kinds, ints, floats, k):
 
 
 class NjitEntries:
-    """NativeCode.entry of a hand-written numba kernel (`pto.kernel(..., njit=True)`, or a kernel
-    family's native library, for the `dtypes` it takes): a cfunc
-    per (dims of each tensor, dtype, kind of each scalar) of its calls, made in this process
-    (it calls the user's function, which a generated module could not import). Scalars go in
-    as the Python path passes them, int64 or float64, so both run the same specialisation
-    save for read-only and contiguous views."""
+    """NativeCode.entry of a hand-written numba kernel (`pto.kernel(..., njit=True)`), or of a
+    kernel family's native library for the `dtypes` it takes (None: any): a cfunc per (dims of
+    each tensor, dtype, kind of each scalar) of its calls, made in this process (it calls the
+    user's function, which a generated module could not import). Scalars go in as the Python
+    path passes them, int64 or float64, so both run the same specialisation save for read-only
+    and contiguous views."""
 
     def __init__(self, function, dtypes: tuple[type, ...] | None = None):
         self._function = function
-        self._dtypes = None if dtypes is None else {np.dtype(d) for d in dtypes}  # None: every dtype
+        self._dtypes = None if dtypes is None else {np.dtype(d) for d in dtypes}
         self._entries: dict[tuple, object] = {}  # the cfuncs: their code lives while they do
         self._lock = threading.Lock()
 
