@@ -677,7 +677,7 @@ def cpu_function(module: Module, name: str, directory: Path | None = None, batch
     directory = cache_dir() if directory is None else Path(directory)
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     path = directory / f"isa_{digest}.py"
-    generated = _LOADED.get(path) or load_source(path, source, digest)
+    generated = load_source(path, source, digest)
     kernel = generated.batched if batched else generated.kernel
     return _on_float32(kernel, half, stored) if half else kernel
 
@@ -695,7 +695,7 @@ def native_entry(module: Module, name: str, directory: Path | None = None,
     directory = cache_dir() if directory is None else Path(directory)
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     path = directory / f"isa_{digest}.py"
-    _LOADED.get(path) or load_source(path, source, digest)  # the entry imports it by name
+    load_source(path, source, digest)  # the entry imports it by name
     view = "tensor3" if batched else "tensor2"
     arguments = [f"{view}(descs, {i}, {_compute_type(m.dtype)})" for i, m in enumerate(function.memrefs)]
     scalars = [s for s in function.scalars if s.param]
@@ -710,13 +710,17 @@ def native_entry(module: Module, name: str, directory: Path | None = None,
     entry_source = "\n".join(text)
     entry_digest = hashlib.sha256(entry_source.encode()).hexdigest()[:24]
     entry_path = directory / f"isa_{entry_digest}.py"
-    generated = _LOADED.get(entry_path) or load_source(entry_path, entry_source, entry_digest)
+    generated = load_source(entry_path, entry_source, entry_digest)
     return generated.entry.address
 
 
 def load_source(path: Path, source: str, digest: str):
     """The module of generated `source`, written to `path` once (atomically) and imported
-    under a name from its `digest`, so numba's cache finds its functions across processes."""
+    under a name from its `digest`, so numba's cache finds its functions across processes;
+    imported once per process (importing again makes new dispatchers, which load their
+    machine code from numba's cache again: 40 ms a run for a compiled orchestration)."""
+    if path in _LOADED:
+        return _LOADED[path]
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")

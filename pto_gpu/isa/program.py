@@ -33,6 +33,7 @@ class Program:
     def __init__(self, module: Module, variants: dict[str, Function], kernels: dict[str, Kernel],
                  cache_dir: Path):
         self.module, self.variants, self.kernels, self.cache_dir = module, variants, kernels, cache_dir
+        self._orchestrations: dict[tuple[str, bool], Callable[..., None]] = {}
 
     def function(self, name: str) -> Function:
         """A function of the module, or a variant the compiler made."""
@@ -57,9 +58,11 @@ class Program:
         of an InCore function a task: its body run against the Python orchestrator API
         (orchestrate.py), or with `compiled=True` as generated numba code over pto_gpu.jit
         (orchestration_codegen.py); the same tasks and edges either way."""
-        if compiled:
-            return orchestration_codegen.orchestration(self, name)
-        return orchestrate.orchestration(self, name)
+        key = (name, compiled)
+        if key not in self._orchestrations:  # generated once: a run is then just the calls
+            make = orchestration_codegen.orchestration if compiled else orchestrate.orchestration
+            self._orchestrations[key] = make(self, name)
+        return self._orchestrations[key]
 
 
 def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shared/design.md: isa.compile)
