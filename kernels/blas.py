@@ -62,7 +62,8 @@ def gemm(a, b, out, accumulate):
         return
     if not _blas_gemm(a, b, out, accumulate):  # a layout BLAS cannot read: contiguous copies can
         product = np.empty((m, n), out.dtype)
-        _blas_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), product, False)
+        if not _blas_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), product, False):
+            raise RuntimeError("BLAS gemm failed: SciPy's cython_blas did not load")
         if accumulate:
             out += product
         else:
@@ -88,7 +89,7 @@ def _operand(x):
 
 
 def _blas_gemm(a, b, out, accumulate):
-    """Whether BLAS computed it (the layouts it reads); False leaves `out` untouched."""
+    """Whether BLAS computed it (the layouts it reads, and it loaded); False leaves `out` untouched."""
 
 
 @overload(_blas_gemm)
@@ -111,8 +112,8 @@ def _blas_gemm_impl(a, b, out, accumulate):
         factors = np.empty(2, a.dtype)  # alpha, beta: BLAS takes them by address
         factors[0], factors[1] = 1, 1 if accumulate else 0
         alpha = factors.ctypes.data
-        _xxgemm(kind, flag_b, flag_a, n, m, k, alpha, b.ctypes.data, ldb, a.ctypes.data, lda,
-                alpha + itemsize, out.ctypes.data, ldc)
-        return True
+        status = _xxgemm(kind, flag_b, flag_a, n, m, k, alpha, b.ctypes.data, ldb, a.ctypes.data, lda,
+                         alpha + itemsize, out.ctypes.data, ldc)
+        return status == 0
 
     return run
