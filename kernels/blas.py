@@ -3,7 +3,8 @@
 `gemm(a, b, out, accumulate)` computes out = a @ b (or out += a @ b) for float32 and float64
 views straight on their memory: BLAS reads the strided tiles of a large matrix in place and
 accumulates into `out` (beta = 1), with no temporary; a view with no unit-stride dim is copied
-first. Being numba code, it runs the same on a Python worker and inside a native worker's loop
+first, and an output that shares memory with an operand gets a product of its own. Being
+numba code, it runs the same on a Python worker and inside a native worker's loop
 (executors/native.py), so both give the same bits. The routine is the one numba's own np.dot
 calls (SciPy's ?gemm, through numba's helper library), so the process loads no second BLAS.
 """
@@ -15,6 +16,12 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
+from scipy.linalg import cython_blas
+
+# numba_xxgemm loads these on first use and reports a failure only as a status, which a native
+# worker could not raise: refuse to import without them instead.
+if not {"sgemm", "dgemm"} <= set(cython_blas.__pyx_capi__):
+    raise ImportError("kernels/blas.py needs SciPy's BLAS (scipy.linalg.cython_blas sgemm and dgemm)")
 
 DTYPES = (np.float32, np.float64)
 _NO_TRANSPOSE, _TRANSPOSE = ord("N"), ord("T")
@@ -60,10 +67,12 @@ def gemm(a, b, out, accumulate):
         if not accumulate:
             out[...] = 0
         return
-    if not _blas_gemm(a, b, out, accumulate):  # a layout BLAS cannot read: contiguous copies can
+    # BLAS writes its output while it reads the operands: an output sharing memory with one
+    # (a task may name the same array as input and inout) goes through a product of its own.
+    if _overlaps(out, a) or _overlaps(out, b) or not _blas_gemm(a, b, out, accumulate):
         product = np.empty((m, n), out.dtype)
         if not _blas_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), product, False):
-            raise RuntimeError("BLAS gemm failed: SciPy's cython_blas did not load")
+            raise RuntimeError("BLAS gemm failed")  # unreachable: the import checked BLAS is there
         if accumulate:
             out += product
         else:
@@ -73,19 +82,39 @@ def gemm(a, b, out, accumulate):
 @njit(nogil=True, cache=True, inline="always")
 def _operand(x):
     """How BLAS reads the row-major matrix x as its column-major transpose: (transpose flag,
-    leading dimension), or (0, 0) when x has no unit-stride dim."""
+    leading dimension), or (0, 0) when x has no unit-stride dim (in elements, not bytes)."""
     rows, cols = x.shape
     itemsize = x.itemsize
-    row_stride, col_stride = x.strides[0] // itemsize, x.strides[1] // itemsize
-    if cols == 1 or col_stride == 1:
-        ld = row_stride if rows > 1 else cols
-        if ld >= max(1, cols) and x.strides[0] % itemsize == 0:
+    row_bytes, col_bytes = x.strides[0], x.strides[1]
+    if (cols == 1 or col_bytes == itemsize) and row_bytes % itemsize == 0:
+        ld = row_bytes // itemsize if rows > 1 else cols
+        if ld >= max(1, cols):
             return _NO_TRANSPOSE, ld
-    if rows == 1 or row_stride == 1:
-        ld = col_stride if cols > 1 else rows
-        if ld >= max(1, rows) and x.strides[1] % itemsize == 0:
+    if (rows == 1 or row_bytes == itemsize) and col_bytes % itemsize == 0:
+        ld = col_bytes // itemsize if cols > 1 else rows
+        if ld >= max(1, rows):
             return _TRANSPOSE, ld
     return 0, 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _overlaps(x, y):
+    """Whether the byte ranges of two non-empty 2-d views meet (conservative for interleaved ones)."""
+    x_low, x_high = _extent(x)
+    y_low, y_high = _extent(y)
+    return x_low < y_high and y_low < x_high
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _extent(x):
+    low = high = x.ctypes.data
+    for dim in range(2):
+        span = (x.shape[dim] - 1) * x.strides[dim]
+        if span < 0:
+            low += span
+        else:
+            high += span
+    return low, high + x.itemsize
 
 
 def _blas_gemm(a, b, out, accumulate):

@@ -38,7 +38,8 @@ def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
 
 
 def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
-    """tiled_matmul's graph in one process, submitted by compiled code."""
+    """tiled_matmul's graph in one process for float32 arrays (the program's memrefs),
+    submitted by compiled code."""
     program().orchestration("tiled_matmul", compiled=True)(o, a, b, c, tile)
 
 

@@ -40,6 +40,30 @@ def test_gemm_matches_numpy_on_every_layout(dtype, accumulate):
         assert np.abs(out - expected).max() <= TOLERANCE[dtype] * scale, (a.shape, a.strides, b.strides)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_output_sharing_memory_with_an_operand_gets_the_product_of_the_old_values(dtype):
+    x = RNG.standard_normal((96, 96)).astype(dtype)
+    w = RNG.standard_normal((96, 96)).astype(dtype)
+    expected = x.astype(np.float64) + x.astype(np.float64) @ w.astype(np.float64)
+    gemm(x, w, x, True)  # x += x @ w
+    assert np.abs(x - expected).max() <= 1e-4 * np.abs(expected).max()
+    big = RNG.standard_normal((128, 128)).astype(dtype)
+    a, out = big[:64, :64], big[32:96, 32:96]  # overlapping windows of one matrix
+    expected = a.astype(np.float64) @ w[:64, :64].astype(np.float64)
+    gemm(a, w[:64, :64], out, False)
+    assert np.abs(out - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+def test_a_stride_that_is_not_a_whole_element_is_not_read_as_one():
+    raw = RNG.standard_normal(64 * 12)
+    odd = np.ndarray((8, 4), np.float64, raw.data, strides=(96, 12))  # 12 bytes: 1.5 elements
+    b = RNG.standard_normal((4, 3))
+    out = np.zeros((8, 3))
+    gemm(odd, b, out, False)
+    expected = np.array(odd) @ b
+    assert np.abs(out - expected).max() <= 1e-12 * np.abs(expected).max()
+
+
 def test_gemm_writes_only_its_view():
     c = np.zeros((8, 8), np.float32)
     gemm(np.ones((3, 2), np.float32), np.ones((2, 4), np.float32), c[2:5, 1:5], False)
