@@ -244,7 +244,6 @@ def submit(o, kernel_id, tensors, scalars=()):
         _service(t.meta, bridge.SERVICE_ROOM, status, n, 0)
         t = tables(o)  # a recording run's room is a grown TensorMap: new entries, producers, covered
 
-    rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
     for p in range(n):
         if kinds[p] != INPUT:
             _note_version(o, rows[p])

@@ -148,8 +148,8 @@ def with_version(desc, version):
 def write_layout(desc, row):
     """Write the canonical layout row of a descriptor (see layout.layout_row) into row[:ROW_WIDTH].
 
-    `desc` is a descriptor tuple or a row of descriptors (jit/api.py's submit: an array is read
-    at a variable index without the jump table a tuple needs)."""
+    `desc` is a descriptor tuple or its DESC_WIDTH values in an array row (jit/api.py's submit:
+    an array is read at a variable index without the jump table a tuple needs)."""
     offset = desc[D_OFFSET]
     itemsize = desc[D_ITEMSIZE]
     row[R_OWNER] = desc[D_KEY]
