@@ -28,9 +28,10 @@ from .errors import (
     UsageError,
     UseAfterFreeError,
 )
+from .jit.context import ArgTables
 from .jit.descriptor import from_tensor
 from .jit.host import Session
-from .kernel import Kernel
+from .kernel import Kernel, registered
 from .layout import PARAM_WIDTH
 from .params import Param, ParamKind, as_param, core_rows
 from .schedule import Windows, check_tags
@@ -103,6 +104,12 @@ class Orchestrator:
         # Whether `_enter` reads the producers (executors that do not want them are passed none)
         self._producers_wanted = recorder is not None or executor.wants_producers
         self._jit: Session | None = None  # created by the first compiled() call
+        # The run's argument tables and the executor's native lanes (executors/native.py), made
+        # by the first compiled() call or submit of a kernel with native code (_make_arguments):
+        # submits of the kernels the lanes run (`_native_kernels`) write their arguments there.
+        self._args: ArgTables | None = None
+        self._lanes = None
+        self._native_kernels: frozenset[int] = frozenset()
         self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
         self._transfer_rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
         self._open = True
@@ -327,7 +334,13 @@ class Orchestrator:
                 self._enter_transfer(transfer)
         elif rank is not None:
             check_rank(rank, 1, f"submit({kernel.name})", "rank")
-        status = self._enter(task, self._row_views[len(tensors)])
+        arguments = None
+        if kernel.native is not None and self._ranks is None:
+            if self._args is None:
+                self._make_arguments()
+            if kernel.id in self._native_kernels:
+                arguments = self._args
+        status = self._enter(task, self._row_views[len(tensors)], arguments)
         for tensor in written:
             buffer = tensor.buffer
             if tensor.version > buffer.newest_version:
@@ -336,9 +349,10 @@ class Orchestrator:
             self._windows.add(status, self._tags)
         return task.public_id
 
-    def _enter(self, task: Task, rows: np.ndarray) -> int:
-        """Submit a checked task to the core (making room as needed) and hand it to the executor."""
-        while (status := self._scheduler.try_submit(task, rows)) < 0:
+    def _enter(self, task: Task, rows: np.ndarray, arguments: ArgTables | None = None) -> int:
+        """Submit a checked task to the core (making room as needed) and hand it to the executor;
+        with `arguments`, native workers may run it (Scheduler.try_submit)."""
+        while (status := self._scheduler.try_submit(task, rows, arguments)) < 0:
             self._executor.make_room(status, self.unfreed)
         producers = self._scheduler.producers_of_last() if self._producers_wanted else ()
         if self._recorder is not None:
@@ -365,8 +379,10 @@ class Orchestrator:
             raise UsageError("o.compiled is not supported in a distributed run (Runtime(comm=...)) yet: "
                              "its tasks would not be placed on ranks")
         if self._jit is None:
+            if self._args is None:
+                self._make_arguments()
             self._jit = Session(self._scheduler, self._executor, self._recorder,
-                                self._backend.heap_base, len(self._externals))
+                                self._backend.heap_base, len(self._externals), self._args, self._lanes)
         for arg in args:
             if isinstance(arg, TensorDescriptor):
                 self._check_usable(arg)
@@ -387,6 +403,16 @@ class Orchestrator:
             for key in [key for key, buffer in self._unfreed.items() if buffer.freed]:
                 del self._unfreed[key]
         return result
+
+    def _make_arguments(self) -> None:
+        """The run's argument tables, and native lanes over them if the executor runs tasks and
+        has lanes for this run."""
+        self._args = ArgTables.allocate(self._state.sizes.task_window)
+        lanes_of = getattr(self._executor, "native_lanes", None)
+        if lanes_of is not None and self._executor.runs_kernels:
+            self._lanes = lanes_of(self._args, list(registered()))
+        if self._lanes is not None:
+            self._native_kernels = self._lanes.kernel_ids
 
     # --- checks --------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .errors import DeadlockError, InvariantError
 from .kernel import Kernel
 from .layout import PARAM_WIDTH
 from .params import Param
+
+if TYPE_CHECKING:  # the compiled layer's, above this one
+    from .jit.context import ArgTables
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -45,6 +48,9 @@ class Task:
     # class: a distributed run's tasks of other ranks (nothing to run) and sends (a copy and a
     # non-blocking MPI call), which cost less than a hand-over between threads.
     inline: bool = False
+    # Its arguments are in the run's argument tables (jit/context.py) and its kernel has native
+    # code: native workers run it without the GIL, and may complete it without its record.
+    native: bool = False
 
     @property
     def public_id(self) -> int:
@@ -86,9 +92,10 @@ RINGS = {
 class Scheduler:
     """Owns the core state of one runtime and the Python records of its live tasks.
 
-    Tasks submitted from Python have their record in `live`; tasks a compiled orchestration
-    submitted have none until someone asks: `materialise(task_id)` builds it from the
-    argument tables the compiled code wrote.
+    Tasks submitted from Python have their record in `records`, at their task ring slot (a
+    native worker may complete one without touching Python: the next task in the slot
+    replaces it); tasks a compiled orchestration submitted have none until someone asks:
+    `materialise(task_id)` builds it from the argument tables the compiled code wrote.
     """
 
     def __init__(self, state: cs.CoreState):
@@ -98,24 +105,33 @@ class Scheduler:
                                    np.zeros((1, PARAM_WIDTH), np.int64))
         self._core_complete = _bound(core_complete.complete, s.header, s.tasks, s.buffers, s.deps, 0,
                                      self.ready_scratch())
-        self.live: dict[int, Task] = {}
+        self._slot_mask = state.sizes.task_window - 1
+        self.records: list[Task | None] = [None] * state.sizes.task_window
         self.materialise: Callable[[int], Task] | None = None
         self.record = False
         self.validate = False
 
     def reset(self, record: bool) -> None:
         self.state.reset()
-        self.live.clear()
+        self.records = [None] * len(self.records)
         self.materialise = None
         self.record = record
 
     # --- submission ----------------------------------------------------------------------
-    def try_submit(self, task: Task, params: np.ndarray) -> int:
-        """Submit to the core; the task id, or a FULL_* code after room-making that needs no wait."""
+    def try_submit(self, task: Task, params: np.ndarray, arguments: ArgTables | None = None) -> int:
+        """Submit to the core; the task id, or a FULL_* code after room-making that needs no wait.
+        With `arguments`, the task's arguments go in its slot first (ArgTables.write), so that
+        native workers may run it (task.native)."""
         s = self.state
-        # Registered before the core sees it: a worker may make it ready the moment it exists.
-        task.id = int(s.at.next_task[0])
-        self.live[task.id] = task
+        task_id = int(s.at.next_task[0])
+        if task_id - int(s.at.last_alive[0]) > self._slot_mask:
+            return cs.FULL_TASKS  # its slot is still an earlier task's (the core would say so too)
+        # Recorded before the core sees it: a worker may make it ready the moment it exists.
+        task.id = task_id
+        slot = task_id & self._slot_mask
+        self.records[slot] = task
+        if arguments is not None:
+            task.native = arguments.write(slot, task)
         while True:
             status = self._core_submit(*s.tables, s.producers, s.covered, task.kernel.id, int(task.worker),
                                        params)
@@ -124,7 +140,10 @@ class Scheduler:
                     self.check_invariants(f"submitting task {status}")
                 return status
             if status != cs.FULL_TENSORMAP or not self.make_tensormap_room(len(params)):
-                del self.live[task.id]
+                if task.native:
+                    arguments.task[slot] = -1
+                    task.native = False
+                self.records[slot] = None
                 return status
 
     def make_tensormap_room(self, needed: int) -> bool:
@@ -190,15 +209,18 @@ class Scheduler:
             n = self._core_complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
         else:
             n = core(task_id, ready_scratch)
-        self.live.pop(task_id, None)
+        slot = task_id & self._slot_mask
+        record = self.records[slot]
+        if record is not None and record.id == task_id:
+            self.records[slot] = None
         if self.validate:
             self.check_invariants(f"completing task {task_id}")
         return n
 
     def task(self, task_id: int) -> Task:
         """The record of a live task."""
-        task = self.live.get(task_id)
-        return task if task is not None else self.materialise(task_id)
+        record = self.records[task_id & self._slot_mask]
+        return record if record is not None and record.id == task_id else self.materialise(task_id)
 
     def ready_scratch(self) -> np.ndarray:
         return np.empty(len(self.state.deps), np.int64)

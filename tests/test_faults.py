@@ -68,7 +68,7 @@ def test_injected_failures(seed, n_tasks, data, threshold, window_log2, executor
     assert not worker_threads()
     header = rt._scheduler.state.head
     assert header["next_task"] == header["last_alive"] == 0 and header["dep_used"] == 0
-    assert header["heap_head"] == header["heap_tail"] and not rt._scheduler.live
+    assert header["heap_head"] == header["heap_tail"] and not any(rt._scheduler.records)
     # The same runtime runs the next program correctly.
     expected, got = np.zeros((6, 4)), np.zeros((6, 4))
     pto.Runtime(backend="cpu", executor="serial").run(program, expected, seed + 1, n_tasks, set())

@@ -1,5 +1,5 @@
-"""Native workers (executors/native.py): the tasks of generated kernels that compiled code
-submits run and complete without the GIL, and give the serial executor's results."""
+"""Native workers (executors/native.py): the tasks of generated kernels, submitted by compiled
+code or from Python, run and complete without the GIL, and give the serial executor's results."""
 
 import numba
 import numpy as np
@@ -34,14 +34,15 @@ def _tiles(o, x, acc, out, scale_id, add_id, swiglu_id):
 
 
 def _run(executor: str, seed: int = 0, python_tasks: bool = False, **options):
-    """Run `_tiles` (with Python-level tasks around it if asked); the arrays and the result."""
+    """Run `_tiles` (with Python-level tasks around it if asked: the two kinds of submit share
+    the run's argument tables); the arrays and the result."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((64, 24)).astype(np.float32)
     acc, out = np.zeros((TILE, 24), np.float32), np.zeros((64, 24), np.float32)
 
     def orchestration(o):
         X, ACC, OUT = o.external(x), o.external(acc), o.external(out)
-        if python_tasks:  # Python-level tasks of the same kernels never run natively
+        if python_tasks:
             o.submit(scale, pto.input(ACC), pto.output(ACC), 2.0)
         o.compiled(_tiles, X, ACC, OUT, scale.id, add.id, swiglu.id)
         if python_tasks:
@@ -56,13 +57,13 @@ def _run(executor: str, seed: int = 0, python_tasks: bool = False, **options):
 def test_native_workers_give_the_serial_results(python_tasks, window):
     (_, *expected), _ = _run("serial", python_tasks=python_tasks)
     # The first call of each instance runs the Python way (which compiles it) and enters its
-    # native entry for the process's later runs: the second run's compiled tasks are all native.
+    # native entry for the process's later runs: the second run's tasks are all native.
     for _ in range(2):
         (_, *arrays), result = _run("parallel", python_tasks=python_tasks, task_window=window,
                                     heap_bytes=4096)
         for got, want in zip(arrays, expected):
             assert got.tobytes() == want.tobytes()  # the same generated code on the same values
-    assert result.native_tasks == result.num_tasks - 2 * python_tasks
+    assert result.native_tasks == result.num_tasks
     assert sum(k.tasks for k in result.kernels.values()) == result.num_tasks
 
 
@@ -326,3 +327,64 @@ def test_the_compiled_tiled_matmul_runs_natively_with_the_python_bits():
     expected = a.astype(np.float64) @ b.astype(np.float64)
     # float32 sums of 130 products of unit normals: within 1e-5 of the largest entry
     assert np.abs(native - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_python_level_tasks_of_native_kernels_run_natively():
+    """The Python tiled matmul (BLAS matmul tiles, generated zero and copy tasks) on a ring that
+    fills: its tasks' arguments go in the argument tables, native workers run every one of
+    them, bit for bit the serial run's."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((96, 80)).astype(np.float32), rng.standard_normal((80, 72)).astype(np.float32)
+
+    def run(executor):
+        c = np.zeros((96, 72), np.float32)
+        runtime = pto.Runtime(backend="cpu", executor=executor, task_window=16)
+        return c, runtime.run(tiled_matmul, a, b, c, tile=32)
+
+    expected, _ = run("serial")
+    for _ in range(2):  # the first run learns each instance's entry (test_native_workers_give_...)
+        got, result = run("parallel")
+        assert got.tobytes() == expected.tobytes()
+    assert result.native_tasks == result.num_tasks == 9 * (2 + 3)
+    reference = a.astype(np.float64) @ b
+    # float32 sums of 80 products: well under 1e-5 of the largest entry
+    assert np.abs(got - reference).max() <= 1e-5 * np.abs(reference).max()
+
+
+def _axpy_rows(o, x, out):
+    X, OUT = o.external(x), o.external(out)
+    for r in range(0, x.shape[0], 2):
+        o.submit(_axpy, pto.input(X[r:r + 2]), pto.inout(OUT[r:r + 2]), 0.5 + r, 1 + r % 3)
+
+
+def test_python_level_tasks_carry_their_scalars_to_native_workers():
+    x = np.random.default_rng(5).standard_normal((8, 16))
+    results = []
+    for executor in ("serial", "parallel", "parallel"):
+        out = np.ones((8, 16))
+        result = pto.Runtime(backend="cpu", executor=executor).run(_axpy_rows, x, out)
+        results.append((out.tobytes(), result.native_tasks))
+    assert results[1][0] == results[0][0] and results[2][0] == results[0][0]
+    assert results[2][1] == 4
+    expected = np.ones((8, 16))
+    for r in range(0, 8, 2):
+        expected[r:r + 2] += (1 + r % 3) * (0.5 + r) * x[r:r + 2]
+    np.testing.assert_allclose(np.frombuffer(results[0][0]).reshape(8, 16), expected, rtol=1e-12)
+
+
+@pto.kernel(worker=pto.VECTOR, shapes=("a b c d e",), njit=True)
+def _bump5(x):
+    x += 1
+
+
+def test_a_python_level_task_whose_arguments_do_not_fit_runs_on_a_python_worker():
+    """Five dims are more than the argument tables hold (MAX_JIT_DIMS): the Python way runs it."""
+    x = np.zeros((2, 1, 2, 1, 3))
+
+    def orchestration(o):
+        X = o.external(x)
+        for _ in range(3):
+            o.submit(_bump5, pto.inout(X))
+
+    result = pto.Runtime(backend="cpu", executor="parallel").run(orchestration)
+    assert np.array_equal(x, np.full_like(x, 3.0)) and result.native_tasks == 0

@@ -1,17 +1,18 @@
 """Native workers: the ready tasks of compiled kernels run and complete without the GIL.
 
-A task is *native* when compiled code submitted it (its arguments are in the compiled
-orchestration's argument tables, jit/context.py) and its kernel has NativeCode (kernel.py:
-the kernel families the ISA compiler generates, the matmuls' BLAS library, and
-`pto.kernel(..., njit=True)`):
+A task is *native* when its arguments are in the run's argument tables (jit/context.py: every
+compiled submit writes them, and so does a Python submit of a kernel these lanes run) and its
+kernel has NativeCode (kernel.py: the kernel families the ISA compiler generates, the matmuls'
+BLAS library, and `pto.kernel(..., njit=True)`):
 a worker thread then pops it, calls its kernel's native entry (isa/native_abi.py) and
 completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
 consumers that made ready; Python sees the loop only every BUDGET tasks. Everything else runs
 the Python way (executors/parallel.py), and the two hand tasks to each other:
 
   - the ready native tasks of each worker class wait in a ring here (`ready`); the
-    orchestrator's log flush (jit/host.py) pushes those ready at submission, and every
-    completion, native or not, pushes the native consumers it makes ready;
+    orchestrator's log flush (jit/host.py) and the executor's flush (`queue`) push those
+    ready at submission, and every completion, native or not, pushes the native consumers
+    it makes ready;
   - a native loop that makes a non-native task ready, or meets an instance it has no entry
     for yet, puts it in `handoff` and returns: the executor builds its record and queues it
     for a Python worker, which runs it (compiling the instance) and `learn`s its entry.
@@ -42,6 +43,7 @@ from ..core import state as cs
 from ..core.complete import complete_held, start_held
 from ..core.lock import acquire, release
 from ..dtypes import WorkerType
+from ..errors import InvariantError
 from ..isa.native_abi import call_entry
 from ..jit.context import MAX_SCALARS, S_INT, ArgTables
 from ..jit.descriptor import D_DTYPE, D_NDIM, D_SHAPE
@@ -109,7 +111,10 @@ def _monotonic_ns(typingctx):
 @njit(cache=True, _nrt=False, inline="always")
 def _is_native(tasks, kernel_info, arg_task, window, task_id):
     slot = task_id & (window - 1)
-    return arg_task[slot] == task_id and kernel_info[tasks[slot].kernel].native
+    if arg_task[slot] != task_id:
+        return False
+    kernel = tasks[slot].kernel  # one declared after the lanes were made runs the Python way
+    return kernel < len(kernel_info) and kernel_info[kernel].native
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -322,7 +327,7 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
 
 class NativeLanes:
     """The rings, instance table and argument tables native workers share, over one run's
-    compiled orchestration session; the executor's handle on them."""
+    argument tables (filled by its compiled and Python submits); the executor's handle on them."""
 
     def __init__(self, scheduler: Scheduler, args: ArgTables, kernels: list[Kernel]):
         self._scheduler = scheduler
@@ -362,6 +367,18 @@ class NativeLanes:
         s = self._scheduler.state
         return _admit(s.header, s.tasks, self.control, self._ready, self._kernel_info, self._args.task, log,
                       logged)
+
+    def queue(self, task_ids: list[int]) -> None:
+        """Queue tasks of `kernel_ids` whose arguments a Python submit wrote, ready at submission."""
+        log = np.ones((len(task_ids), 2), np.int64)
+        log[:, 0] = task_ids
+        if self.admit(log, len(task_ids)):  # a task left out would never run: the run would hang
+            raise InvariantError(f"tasks {log[:, 0].tolist()} were queued as native without native arguments")
+
+    @property
+    def kernel_ids(self) -> frozenset[int]:
+        """The kernels whose tasks these lanes run, given their arguments (ArgTables)."""
+        return frozenset(np.flatnonzero(self._kernel_info["native"]).tolist())
 
     def has_work(self, worker: WorkerType) -> bool:
         """Whether class `worker` has ready native tasks (read without the lock: a hint)."""
@@ -419,7 +436,7 @@ class NativeLanes:
         slot = task.id & (len(self._handoff) - 1)
         if kernel.id >= len(self._kernel_info) or not self._kernel_info[kernel.id]["native"] \
                 or self._args.task[slot] != task.id:
-            return  # declared after the session began, not native, or a Python-level task
+            return  # declared after the lanes were made, not native, or its arguments did not fit
         s = self._scheduler.state
         key = np.zeros(KEY_WIDTH, np.int64)  # this thread's: another may learn at the same time
         if _known(s.header, s.tasks, self._kernel_info, self._args, self._keys, self._addresses, self._filled,

@@ -84,7 +84,8 @@ class ParallelExecutor:
         # Tasks ready at submission wait here and reach the queues in batches: waking an idle
         # worker per task costs more than a small task does.
         self._outbox: list[Task] = []
-        self._native: NativeLanes | None = None  # once a compiled orchestration submits (native.py)
+        self._native_outbox: list[int] = []  # the same, of native tasks a Python submit wrote (by id)
+        self._native: NativeLanes | None = None  # once a task of native code is submitted (native.py)
         self.native_tasks = 0  # tasks its native workers ran
         self._threads = [
             threading.Thread(target=self._work, name=f"pto-{worker.name}-{i}", daemon=True,
@@ -97,26 +98,35 @@ class ParallelExecutor:
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
         self._raise_failure()
-        if self.wants_producers:
-            cost = self._cost(task)
-            with self._lock:
-                if task.id in self._early:
-                    self._early.discard(task.id)
-                else:
-                    self._register_locked(task, cost, producers)
-                    self._registered.add(task.id)
-        if ready:
-            self._outbox.append(task)
-        if self._tracing:
-            self._sample()
+        if task.native:  # native workers run it: queued by id if ready, else by its last producer
+            if ready:
+                self._native_outbox.append(task.id)
+        else:
+            if self.wants_producers:
+                cost = self._cost(task)
+                with self._lock:
+                    if task.id in self._early:
+                        self._early.discard(task.id)
+                    else:
+                        self._register_locked(task, cost, producers)
+                        self._registered.add(task.id)
+            if ready:
+                self._outbox.append(task)
+            if self._tracing:
+                self._sample()
         threshold_reached = not self._started and 0 < self._threshold <= self._scheduler.pending
-        if len(self._outbox) >= DISPATCH_BATCH or threshold_reached:
+        if len(self._outbox) + len(self._native_outbox) >= DISPATCH_BATCH or threshold_reached:
             with self._lock:
                 self._flush_locked()
                 if threshold_reached:
                     self._start_locked()
 
     def _flush_locked(self) -> None:
+        if self._native_outbox:
+            task_ids, self._native_outbox = self._native_outbox, []
+            self._native.queue(task_ids)
+            if self._started:
+                self._wake_native_locked()
         outbox, self._outbox = self._outbox, []  # taken first: none is pushed twice
         for task in outbox:
             try:
@@ -130,7 +140,7 @@ class ParallelExecutor:
                 self._notify_worker_locked(worker)
 
     def native_lanes(self, args: ArgTables, kernels: list[Kernel]) -> NativeLanes | None:
-        """Native workers for the tasks a compiled orchestration submits (native.py), where
+        """Native workers for the tasks of native code the run submits (native.py), where
         nothing needs a record of each task run: no schedule, trace, cost measurements or
         validation checks, and the CPU backend. (HEFT, which places the tasks of kernels with
         several classes, then weighs the backlog of Python-run tasks only.)"""

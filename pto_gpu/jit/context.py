@@ -21,7 +21,8 @@ from numba.experimental import structref
 
 from ..core import state as cs
 from ..layout import PARAM_WIDTH
-from .descriptor import DESC_WIDTH, MAX_JIT_DIMS
+from ..params import ParamKind
+from .descriptor import DESC_WIDTH, MAX_JIT_DIMS, from_tensor
 
 MAX_SCALARS = 8  # scalar params per compiled submit
 LOG_CAPACITY = 256  # tasks handed to the executor together
@@ -115,20 +116,62 @@ def tables(typingctx, o):
     return result(o), codegen
 
 
-class ArgTables(collections.namedtuple("ArgTables", "desc count scalar_kind int float float_bits task")):
-    """The argument tables native workers read (executors/native.py): `float_bits` is `float`
-    viewed as int64, `task` the task whose arguments each slot holds."""
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class ArgTables(collections.namedtuple("ArgTables", "desc kind count scalar_kind int float float_bits task")):
+    """A run's argument tables, one slot per task ring slot: what compiled submits (jit/api.py)
+    and Python submits of native kernels (orchestrator.py) write, and what native workers
+    (executors/native.py) and `host.Session.materialise` read. `float_bits` is `float` viewed
+    as int64, `task` the task whose arguments each slot holds (-1: none)."""
 
     @classmethod
-    def of(cls, fields: dict[str, np.ndarray]) -> ArgTables:
-        return cls(fields["arg_desc"], fields["arg_count"], fields["arg_scalar_kind"], fields["arg_int"],
-                   fields["arg_float"], fields["arg_float"].view(np.int64), fields["arg_task"])
+    def allocate(cls, window: int) -> ArgTables:
+        i64 = np.int64
+        floats = np.zeros((window, MAX_SCALARS), np.float64)
+        return cls(desc=np.zeros((window, cs.MAX_PARAMS, DESC_WIDTH), i64),
+                   kind=np.zeros((window, cs.MAX_PARAMS), i64),
+                   count=np.zeros((window, 2), i64),  # tensor and scalar params
+                   scalar_kind=np.zeros((window, MAX_SCALARS), i64), int=np.zeros((window, MAX_SCALARS), i64),
+                   float=floats, float_bits=floats.view(i64), task=np.full(window, -1, i64))
+
+    def write(self, slot: int, task) -> bool:
+        """Write a Python-submitted task's arguments in `slot` (free: the caller checked), as a
+        compiled submit does, the task id last; whether they fit (tensors of at most
+        MAX_JIT_DIMS dims, at most MAX_SCALARS numbers): if not, the slot stays no task's."""
+        tensors = scalars = 0
+        desc, kinds = self.desc[slot], self.kind[slot]
+        for param in task.params:
+            value = param.value
+            if param.kind != ParamKind.SCALAR:
+                if value.ndim > MAX_JIT_DIMS:
+                    return False
+                desc[tensors] = from_tensor(value)
+                kinds[tensors] = param.kind
+                tensors += 1
+            elif scalars == MAX_SCALARS:
+                return False
+            elif isinstance(value, (bool, int, np.integer)):
+                if not _INT64_MIN <= value <= _INT64_MAX:
+                    return False  # native code takes int64s; the Python way takes any int
+                self.int[slot, scalars] = value
+                self.scalar_kind[slot, scalars] = S_INT
+                scalars += 1
+            elif isinstance(value, (float, np.floating)):
+                self.float[slot, scalars] = value
+                self.scalar_kind[slot, scalars] = S_FLOAT
+                scalars += 1
+            else:
+                return False
+        self.count[slot] = tensors, scalars
+        self.task[slot] = task.id
+        return True
 
 
-def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kernel_shapes: np.ndarray,
-             meta: np.ndarray) -> tuple[JitOrchestrator, dict[str, np.ndarray]]:
-    """A new context over the state's tables, and its fields for the host side to read."""
-    window = state.sizes.task_window
+def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: np.ndarray,
+             kernel_shapes: np.ndarray, meta: np.ndarray) -> tuple[JitOrchestrator, dict[str, np.ndarray]]:
+    """A new context over the state's tables and the run's argument tables, and its fields for
+    the host side to read."""
     i64 = np.int64
     fields = dict(
         header=state.header, tasks=state.tasks, buffers=state.buffers, deps=state.deps,
@@ -137,12 +180,8 @@ def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kerne
         named=np.zeros((cs.MAX_PARAMS, DESC_WIDTH), i64),  # descriptors an error names (jit.api._fail_naming)
         ready=np.zeros(len(state.deps), i64),  # completion scratch
         names=np.zeros(MAX_NAMES, i64),  # sizes bound to dim names while checking shapes
-        arg_desc=np.zeros((window, cs.MAX_PARAMS, DESC_WIDTH), i64),
-        arg_kind=np.zeros((window, cs.MAX_PARAMS), i64),
-        arg_count=np.zeros((window, 2), i64),  # tensor and scalar params
-        arg_float=np.zeros((window, MAX_SCALARS), np.float64),
-        arg_int=np.zeros((window, MAX_SCALARS), i64),
-        arg_scalar_kind=np.zeros((window, MAX_SCALARS), i64),
+        arg_desc=args.desc, arg_kind=args.kind, arg_count=args.count, arg_float=args.float, arg_int=args.int,
+        arg_scalar_kind=args.scalar_kind,
         log=np.zeros((LOG_CAPACITY, 2), i64),  # task id, ready at submit
         edges=np.zeros((EDGE_CAPACITY, 2), i64),
         heap_versions=np.zeros((len(state.buffers), 2), i64),  # per buffer slot: VERSION_*
@@ -150,7 +189,7 @@ def allocate(state: cs.CoreState, num_externals: int, kernels: np.ndarray, kerne
         scope=np.zeros(SCOPE_CAPACITY, i64),
         scope_marks=np.zeros(MAX_SCOPE_DEPTH, i64),
         kernels=kernels, kernel_shapes=kernel_shapes, meta=meta,
-        arg_task=np.full(window, -1, i64),  # the task whose arguments a slot holds (native workers check)
+        arg_task=args.task,
     )
     return JitOrchestrator(*(fields[name] for name in FIELDS)), fields
 

@@ -94,7 +94,8 @@ def kernel_tables(kernels: list[Kernel]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Session:
-    def __init__(self, scheduler: Scheduler, executor, recorder, heap_base: int, num_externals: int):
+    def __init__(self, scheduler: Scheduler, executor, recorder, heap_base: int, num_externals: int,
+                 args: context.ArgTables, lanes):
         self._scheduler = scheduler
         self._executor = executor
         self._recorder = recorder
@@ -113,12 +114,10 @@ class Session:
         meta[M_LOG_LIMIT] = min(LOG_CAPACITY, state.sizes.task_window)
         self._kernels = list(registered())
         table, shapes = kernel_tables(self._kernels)
-        self.o, self._fields = context.allocate(state, num_externals, table, shapes, meta)
-        # Executors with native workers (executors/native.py) run this session's tasks of
-        # generated kernels without records; the log flush hands those over by id.
-        lanes = getattr(executor, "native_lanes", None)
-        self._native = None if lanes is None or self._complete_at_submit else lanes(
-            context.ArgTables.of(self._fields), self._kernels)
+        self.o, self._fields = context.allocate(state, args, num_externals, table, shapes, meta)
+        # The run's native lanes (executors/native.py), if its executor has them: they run this
+        # session's tasks of generated kernels without records; the log flush hands those over by id.
+        self._native = lanes
         self._externals: dict[int, Buffer] = {}
         self._python_heap: dict[int, Buffer] = {}  # heap buffers the Python side allocated
         self._seen_heap: dict[int, Buffer] = {}  # records made for compiled allocations
