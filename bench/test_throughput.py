@@ -1,6 +1,6 @@
 """Task throughput against dask.threaded.get, same graphs: no-op Python kernels through the
-parallel and stream executors, and tiny generated kernels a compiled orchestration submits
-(run by native workers) against Dask running the same numpy work.
+parallel and stream executors, and tiny generated kernels that a compiled orchestration or a
+Python one submits (run by native workers) against Dask running the same numpy work.
 
 Figures are tasks per second: extra_info["tasks_per_s"] = tasks / median.
 """
@@ -101,6 +101,19 @@ def generated(o, x, y, shape):
         o.compiled(_generated_chain, o.external(x), TASKS, scale.id)
 
 
+def generated_python(o, x, y, shape):
+    """`generated`'s graph, submitted from Python: its tasks run natively too."""
+    X, Y = o.external(x), o.external(y)
+    if shape == "independent":
+        pairs = [(pto.input(X[r:r + 1]), pto.output(Y[r:r + 1])) for r in range(len(x))]
+        for i in range(TASKS):
+            o.submit(scale, *pairs[i % len(pairs)], 2.0)
+    else:
+        row = X[0:1]
+        for _ in range(TASKS):
+            o.submit(scale, pto.input(row), pto.output(row), 1.0)
+
+
 def _rows() -> tuple[np.ndarray, np.ndarray]:
     """x and y, two allocations (views of one would share a TensorMap owner and so its chains)."""
     x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
@@ -122,11 +135,12 @@ def dask_generated(x, y, shape):
     return graph, f"t{TASKS - 1}"
 
 
+@pytest.mark.parametrize("orchestration", [generated, generated_python], ids=["compiled", "python"])
 @pytest.mark.parametrize("shape", ["independent", "chain"])
-def test_pto_generated(benchmark, shape):
+def test_pto_generated(benchmark, shape, orchestration):
     rt = pto.Runtime(backend="cpu", executor="parallel")
     x, y = _rows()
-    result = benchmark.pedantic(rt.run, (generated, x, y, shape), rounds=5, warmup_rounds=1)
+    result = benchmark.pedantic(rt.run, (orchestration, x, y, shape), rounds=5, warmup_rounds=1)
     assert result.num_tasks == TASKS and result.native_tasks == TASKS
     if shape == "independent":
         assert np.array_equal(y, 2 * x)

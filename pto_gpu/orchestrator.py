@@ -28,7 +28,7 @@ from .errors import (
     UsageError,
     UseAfterFreeError,
 )
-from .jit.context import ArgTables
+from .jit.context import ArgTables, ArgWriter
 from .jit.descriptor import from_tensor
 from .jit.host import Session
 from .kernel import Kernel, registered
@@ -108,6 +108,7 @@ class Orchestrator:
         # by the first compiled() call or submit of a kernel with native code (_make_arguments):
         # submits of the kernels the lanes run (`_native_kernels`) write their arguments there.
         self._args: ArgTables | None = None
+        self._writer: ArgWriter | None = None  # over _args, for Python submits
         self._lanes = None
         self._native_kernels: frozenset[int] = frozenset()
         self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
@@ -339,7 +340,7 @@ class Orchestrator:
             if self._args is None:
                 self._make_arguments()
             if kernel.id in self._native_kernels:
-                arguments = self._args
+                arguments = self._writer
         status = self._enter(task, self._row_views[len(tensors)], arguments)
         for tensor in written:
             buffer = tensor.buffer
@@ -349,7 +350,7 @@ class Orchestrator:
             self._windows.add(status, self._tags)
         return task.public_id
 
-    def _enter(self, task: Task, rows: np.ndarray, arguments: ArgTables | None = None) -> int:
+    def _enter(self, task: Task, rows: np.ndarray, arguments: ArgWriter | None = None) -> int:
         """Submit a checked task to the core (making room as needed) and hand it to the executor;
         with `arguments`, native workers may run it (Scheduler.try_submit)."""
         while (status := self._scheduler.try_submit(task, rows, arguments)) < 0:
@@ -408,6 +409,7 @@ class Orchestrator:
         """The run's argument tables, and native lanes over them if the executor runs tasks and
         has lanes for this run."""
         self._args = ArgTables.allocate(self._state.sizes.task_window)
+        self._writer = ArgWriter(self._args)
         lanes_of = getattr(self._executor, "native_lanes", None)
         if lanes_of is not None and self._executor.runs_kernels:
             self._lanes = lanes_of(self._args, list(registered()))

@@ -25,7 +25,7 @@ from .layout import PARAM_WIDTH
 from .params import Param
 
 if TYPE_CHECKING:  # the compiled layer's, above this one
-    from .jit.context import ArgTables
+    from .jit.context import ArgWriter
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -118,9 +118,9 @@ class Scheduler:
         self.record = record
 
     # --- submission ----------------------------------------------------------------------
-    def try_submit(self, task: Task, params: np.ndarray, arguments: ArgTables | None = None) -> int:
+    def try_submit(self, task: Task, params: np.ndarray, arguments: ArgWriter | None = None) -> int:
         """Submit to the core; the task id, or a FULL_* code after room-making that needs no wait.
-        With `arguments`, the task's arguments go in its slot first (ArgTables.write), so that
+        With `arguments`, the task's arguments go in its slot first (ArgWriter.write), so that
         native workers may run it (task.native)."""
         s = self.state
         task_id = int(s.at.next_task[0])
@@ -141,7 +141,7 @@ class Scheduler:
                 return status
             if status != cs.FULL_TENSORMAP or not self.make_tensormap_room(len(params)):
                 if task.native:
-                    arguments.task[slot] = -1
+                    arguments.tables.task[slot] = -1
                     task.native = False
                 self.records[slot] = None
                 return status

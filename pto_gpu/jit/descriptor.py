@@ -11,6 +11,8 @@ does, so both paths see the same dependencies.
 
 from __future__ import annotations
 
+import struct
+
 from llvmlite import ir
 from numba import njit, objmode, types
 from numba.core import cgutils
@@ -52,14 +54,33 @@ DESC_WIDTH = D_STRIDE + MAX_JIT_DIMS
 
 def from_tensor(tensor: TensorDescriptor) -> tuple:
     """The compiled-code form of a descriptor."""
-    if tensor.ndim > MAX_JIT_DIMS:
+    packed = desc_bytes(tensor)
+    if packed is None:
         raise LayoutError(f"compiled orchestrations take tensors of at most {MAX_JIT_DIMS} dims, "
                           f"not {tensor.shape}")
-    pad = (0,) * (MAX_JIT_DIMS - tensor.ndim)
-    buffer = tensor.buffer
-    return ((buffer.key, buffer.base, buffer.nbytes, tensor.byte_offset, int(tensor.dtype),
-             tensor.dtype.itemsize, tensor.version, int(tensor.overlap), tensor.ndim)
-            + tensor.shape + pad + tensor.strides + pad)
+    return _DESC.unpack(packed)
+
+
+_DESC = struct.Struct(f"={DESC_WIDTH}q")
+DESC_BYTES = _DESC.size
+_PADS = [(0,) * (MAX_JIT_DIMS - n) for n in range(MAX_JIT_DIMS + 1)]
+
+
+def desc_bytes(tensor: TensorDescriptor) -> bytes | None:
+    """A tensor's compiled descriptor as DESC_BYTES native int64 bytes (the argument tables'
+    rows), made once per tensor; None for a tensor of more than MAX_JIT_DIMS dims."""
+    packed = tensor._desc
+    if packed is None:
+        shape, strides, buffer, dtype = tensor.repeats, tensor.strides, tensor.buffer, tensor.dtype
+        if len(shape) > MAX_JIT_DIMS:
+            return None
+        itemsize = dtype.itemsize
+        pad = _PADS[len(shape)]
+        packed = _DESC.pack(buffer.key, buffer.base, buffer.nbytes,
+                            tensor.addr - buffer.base + tensor.start_offset * itemsize, dtype, itemsize,
+                            tensor.version, tensor.overlap, len(shape), *shape, *pad, *strides, *pad)
+        object.__setattr__(tensor, "_desc", packed)  # a cache: the descriptor is immutable
+    return packed
 
 
 def to_tensor(desc, buffer: Buffer, dtype) -> TensorDescriptor:
