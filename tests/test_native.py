@@ -136,8 +136,23 @@ def _random_plan(rng, tasks):
     return np.array(plan, np.int64)
 
 
+def _submit_plan(o, a, b, plan):
+    """`_planned` from Python: the same tasks, through o.submit."""
+    arrays = (o.external(a), o.external(b))
+    for kernel, which, r, c, h, w, dr, dc in plan.tolist():
+        source = arrays[which][r:r + h, c:c + w]
+        target = arrays[1 - which][dr:dr + h, dc:dc + w]
+        if kernel == 0:
+            o.submit(scale, pto.input(source), pto.output(target), 0.75)
+        elif kernel == 1:
+            o.submit(add, pto.input(source), pto.input(target), pto.output(target))
+        else:
+            o.submit(swiglu, pto.inout(target), pto.input(source))
+
+
+@pytest.mark.parametrize("orchestration", [_orchestrate_plan, _submit_plan], ids=["compiled", "python"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_graphs_of_generated_kernels_give_the_serial_results(seed):
+def test_random_graphs_of_generated_kernels_give_the_serial_results(seed, orchestration):
     """Overlapping tiles of two arrays, in-place updates, small rings: native workers against
     the serial executor, bit for bit (the second run, when every instance has its entry)."""
     rng = np.random.default_rng(seed)
@@ -147,7 +162,7 @@ def test_random_graphs_of_generated_kernels_give_the_serial_results(seed):
     for executor, window in (("serial", 1024), ("parallel", 8), ("parallel", 64)):
         a, b = start[0].copy(), start[1].copy()
         runtime = pto.Runtime(backend="cpu", executor=executor, task_window=window)
-        result = runtime.run(_orchestrate_plan, a, b, plan)
+        result = runtime.run(orchestration, a, b, plan)
         results[executor, window] = (a.tobytes(), b.tobytes(), result.native_tasks)
     serial = results["serial", 1024]
     for key in (("parallel", 8), ("parallel", 64)):
