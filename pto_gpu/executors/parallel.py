@@ -328,7 +328,7 @@ class ParallelExecutor:
                     self._sample()
             try:
                 if task is not None:
-                    self._run(task, index, lane, scratch)
+                    self._run(task, worker, index, lane, scratch)
                 else:
                     native_scratch = native_scratch or self._native.scratch(scratch)
                     self._drain(worker, lane, native_scratch)
@@ -365,10 +365,11 @@ class ParallelExecutor:
                 self._completions - self._seen_completions >= self._room_batch or self._idle_locked())):
             self._progress.notify()
 
-    def _run(self, task: Task, index: int, lane, scratch) -> None:
+    def _run(self, task: Task, worker: WorkerType, index: int, lane, scratch) -> None:
         """Run `task` and complete it, then the inline tasks (Task.inline) that makes ready, on
-        this thread: handing those to a worker would cost more than they do. The thread counts
-        as running until the last of them has completed."""
+        this thread: handing those to a worker would cost more than they do; then the next
+        queued task of its class, popped under the lock its completion took (`_next_locked`).
+        The thread counts as running until the last of them has completed."""
         batch = [task]
         while batch:
             task = batch.pop()
@@ -388,13 +389,27 @@ class ParallelExecutor:
                     else:
                         self._notify_worker_locked(self._push_locked(ready))
                 if not batch:
-                    self._running -= 1
+                    following = self._next_locked(worker, index)
+                    if following is None:
+                        self._running -= 1
+                    else:
+                        batch.append(following)
                 self._completions += 1
                 if self._native is not None:
                     self._wake_native_locked()
                 if self._tracing:
                     self._sample()
                 self._notify_progress_locked()
+
+    def _next_locked(self, worker: WorkerType, index: int) -> Task | None:
+        """The next queued task for a worker that has just completed one, or None when it should
+        go back to `_work` (stopping; a placement that chooses among idle workers, which this
+        one is not; native tasks of its class waiting): one lock round per task instead of two,
+        which is most of what two Python workers of one class contend for."""
+        if self._stopping or self._placement.choosy or (self._native is not None
+                                                         and self._native.has_work(worker)):
+            return None
+        return self._pop_locked(worker, index)
 
     # --- helpers -------------------------------------------------------------------------
     def _start_locked(self) -> None:
