@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -45,12 +46,27 @@ def default_workers(executor: str) -> dict[WorkerType, int]:
             WorkerType.ACCELERATOR: 1}
 
 
+def _worker_counts(workers: dict) -> dict[WorkerType, int]:
+    """workers= by class: keys are classes (pto.CUBE, ...), their values or their names."""
+    counts = {}
+    for key, count in workers.items():
+        try:
+            worker = WorkerType[key] if isinstance(key, str) else WorkerType(key)
+        except (KeyError, ValueError):
+            raise PTOError(f"workers={workers}: {key!r} is not a worker class; the classes are "
+                           f"{', '.join(w.name for w in WorkerType)}") from None
+        if not isinstance(count, numbers.Integral) or count < 1:
+            raise PTOError(f"workers={workers}: every worker class needs at least one worker")
+        counts[worker] = count
+    return counts
+
+
 class Runtime:
     """Runs orchestration functions. See ../shared/design.md, "The public contract"."""
 
     def __init__(self, backend: str = "auto", executor: str = "auto", *,
                  heap_bytes: int = 64 << 20, task_window: int = 1024,
-                 workers: dict[WorkerType, int] | None = None, buffer_window: int | None = None,
+                 workers: dict[WorkerType | str, int] | None = None, buffer_window: int | None = None,
                  dep_pool: int | None = None, tensormap_entries: int | None = None,
                  validate: bool | None = None, costs: CostHistory | None = None, comm: object = None,
                  transport: str = "mpi"):
@@ -70,9 +86,7 @@ class Runtime:
             dep_pool=dep_pool or 8 * task_window,
             tensormap_entries=tensormap_entries or 16 * task_window,
         )
-        self._workers_given = {WorkerType(k): v for k, v in (workers or {}).items()}
-        if any(n < 1 for n in self._workers_given.values()):
-            raise PTOError(f"workers={workers}: every worker class needs at least one worker")
+        self._workers_given = _worker_counts(workers or {})
         self._distributed = comm is not None
         accelerators = self._workers("parallel")[WorkerType.ACCELERATOR]
         if self._distributed and executor != "serial" and accelerators < 2:

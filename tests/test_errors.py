@@ -176,6 +176,7 @@ CASES = [
     Case("unknown executor", lambda made: runtime(made, executor="gpu"), pto.PTOError),
     Case("unknown backend", lambda made: pto.Runtime(backend="tpu"), pto.PTOError),
     Case("a worker class with no workers", lambda made: runtime(made, workers={pto.CUBE: 0}), pto.PTOError),
+    Case("workers= naming no worker class", lambda made: runtime(made, workers={"TENSOR": 2}), pto.PTOError),
     Case("negative threshold", lambda made: runtime(made).run(lambda o: None, threshold=-1), pto.PTOError),
     Case("schedule on an executor that does not follow one", lambda made: runtime(
         made, executor="serial").run(lambda o: None, schedule=pto.Schedule()), pto.PTOError),
@@ -253,6 +254,11 @@ def render() -> str:
 def test_errors_doc_is_current():
     doc = pathlib.Path(__file__).parent.parent / "docs" / "ERRORS.md"
     assert doc.read_text() == render(), "regenerate with: python tests/test_errors.py > docs/ERRORS.md"
+
+
+def test_worker_classes_are_named_by_class_value_or_name():
+    rt = pto.Runtime(backend="cpu", workers={"VECTOR": 1, 0: 3, pto.AI_CPU: np.int64(2)})
+    assert (rt.workers[pto.VECTOR], rt.workers[pto.CUBE], rt.workers[pto.AI_CPU]) == (1, 3, 2)
 
 
 if __name__ == "__main__":
