@@ -74,12 +74,15 @@ class NativeCode:
     that runs a call with these tensor shapes, element type and scalar values, or None where
     that call has none (it runs the Python way); `scalars` is how many scalar params the kernel
     takes, and `structural` the positions of those whose value picks the entry (shapes and
-    dtype always do).
+    dtype always do). `may_raise`: user code (a hand-written njit kernel), which a native entry
+    cannot report an exception from; Python submits of it run the Python way, which raises it
+    as the task's TaskError.
     """
 
     entry: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], int | None]
     scalars: int
     structural: tuple[int, ...] = ()
+    may_raise: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -177,7 +180,7 @@ def _compiled(function: Callable, tensors: int, name: str) -> tuple[Callable, Na
     if len(params) < tensors:
         raise ParamError(f"{name}: shapes= declares {tensors} tensor params, but it takes {len(params)}")
     compiled = numba.njit(nogil=True)(function)
-    return compiled, NativeCode(NjitEntries(compiled), len(params) - tensors)
+    return compiled, NativeCode(NjitEntries(compiled), len(params) - tensors, may_raise=True)
 
 
 def multi_class() -> bool:

@@ -223,6 +223,7 @@ class Runtime:
                 o.write_back()
                 o.close()
                 executor.finish()
+                scheduler.release_records()
         except BaseException as error:
             if placement is not None:
                 placement.transport.fail()  # first, so that no rank waits for this one

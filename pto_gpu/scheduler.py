@@ -111,9 +111,13 @@ class Scheduler:
         self.record = False
         self.validate = False
 
+    def release_records(self) -> None:
+        """Drop the records native completions left in their slots: they hold the run's arrays."""
+        self.records = [None] * len(self.records)
+
     def reset(self, record: bool) -> None:
         self.state.reset()
-        self.records = [None] * len(self.records)
+        self.release_records()
         self.materialise = None
         self.record = record
 
@@ -205,14 +209,15 @@ class Scheduler:
         """Complete a task without building records of the consumers it made ready (their ids
         are in ready_scratch[:n], n returned), for callers that do not queue them."""
         s = self.state
-        if core is None:
-            n = self._core_complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
-        else:
-            n = core(task_id, ready_scratch)
+        # Before the core: once it completes the task, the orchestrator may fill its slot.
         slot = task_id & self._slot_mask
         record = self.records[slot]
         if record is not None and record.id == task_id:
             self.records[slot] = None
+        if core is None:
+            n = self._core_complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
+        else:
+            n = core(task_id, ready_scratch)
         if self.validate:
             self.check_invariants(f"completing task {task_id}")
         return n

@@ -1,6 +1,9 @@
 """Native workers (executors/native.py): the tasks of generated kernels, submitted by compiled
 code or from Python, run and complete without the GIL, and give the serial executor's results."""
 
+import gc
+import weakref
+
 import numba
 import numpy as np
 import pytest
@@ -366,25 +369,97 @@ def test_python_level_tasks_of_native_kernels_run_natively():
     assert np.abs(got - reference).max() <= 1e-5 * np.abs(reference).max()
 
 
-def _axpy_rows(o, x, out):
-    X, OUT = o.external(x), o.external(out)
-    for r in range(0, x.shape[0], 2):
-        o.submit(_axpy, pto.input(X[r:r + 2]), pto.inout(OUT[r:r + 2]), 0.5 + r, 1 + r % 3)
+def _scale_rows_python(o, x, y, factors):
+    X, Y = o.external(x), o.external(y)
+    for r, factor in enumerate(factors):
+        o.submit(scale, pto.input(X[r:r + 1]), pto.output(Y[r:r + 1]), factor)
 
 
-def test_python_level_tasks_carry_their_scalars_to_native_workers():
-    x = np.random.default_rng(5).standard_normal((8, 16))
-    results = []
-    for executor in ("serial", "parallel", "parallel"):
-        out = np.ones((8, 16))
-        result = pto.Runtime(backend="cpu", executor=executor).run(_axpy_rows, x, out)
-        results.append((out.tobytes(), result.native_tasks))
-    assert results[1][0] == results[0][0] and results[2][0] == results[0][0]
-    assert results[2][1] == 4
-    expected = np.ones((8, 16))
-    for r in range(0, 8, 2):
-        expected[r:r + 2] += (1 + r % 3) * (0.5 + r) * x[r:r + 2]
-    np.testing.assert_allclose(np.frombuffer(results[0][0]).reshape(8, 16), expected, rtol=1e-12)
+def test_python_level_scalars_run_natively_where_native_code_takes_them_as_given():
+    """Python ints and floats (and numpy's 64-bit ones) go to native code as they are; others
+    (float32, bools) run the Python way, which hands a hand-written kernel the value as
+    passed: either way the serial results."""
+    x = np.random.default_rng(6).standard_normal((6, 16)).astype(np.float32)
+    factors = [0.5, np.float64(1.5), 2, np.float32(0.25), True, np.int64(3)]
+    expected = np.zeros_like(x)
+    pto.Runtime(backend="cpu", executor="serial").run(_scale_rows_python, x, expected, factors)
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    for _ in range(2):
+        y = np.zeros_like(x)
+        result = rt.run(_scale_rows_python, x, y, factors)
+        assert y.tobytes() == expected.tobytes()
+    assert result.native_tasks == 4
+
+
+def _raise_on_negative(o, x, kernel):
+    X = o.external(x)
+    for r in range(x.shape[0]):
+        o.submit(kernel, pto.inout(X[r:r + 1]))
+
+
+@pto.kernel(worker=pto.VECTOR, shapes=("m n",), njit=True)
+def _checked_double(a):
+    if a[0, 0] < 0:
+        raise ValueError("a negative row")
+    for j in range(a.shape[1]):
+        a[0, j] *= 2
+
+
+def test_python_level_tasks_of_hand_written_kernels_raise_their_exceptions():
+    """A hand-written njit kernel may raise, which a native entry cannot report: from Python its
+    tasks run the Python way and the run raises the TaskError, as the serial executor does."""
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    x = np.ones((8, 4))
+    result = rt.run(_raise_on_negative, x, _checked_double)
+    assert np.array_equal(x, np.full((8, 4), 2.0)) and result.native_tasks == 0
+    x[5] = -1
+    for executor in ("serial", "parallel"):
+        with pytest.raises(pto.TaskError, match="a negative row"):
+            pto.Runtime(backend="cpu", executor=executor).run(_raise_on_negative, x.copy(), _checked_double)
+
+
+def test_a_kernel_writing_a_param_submitted_as_input_fails_after_an_entry_was_learnt():
+    """The instance key says which tensors are written: an entry learnt with an output is not
+    used for the same call with an input, which the Python way refuses (a read-only view)."""
+    x = np.ones((4, 8), np.float32)
+
+    def scale_into(o, out, kind):
+        o.submit(scale, pto.input(o.external(x)), kind(o.external(out)), 2.0)
+
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    for _ in range(2):
+        out = np.zeros_like(x)
+        assert rt.run(scale_into, out, pto.output).native_tasks in (0, 1) and np.array_equal(out, 2 * x)
+    out = np.zeros_like(x)
+    with pytest.raises(pto.TaskError, match="readonly array"):
+        rt.run(scale_into, out, pto.input)
+    assert not out.any()
+
+
+def test_a_scalar_before_the_tensors_runs_the_python_way():
+    """The native entry passes tensors first; a call with a scalar first fails the Python way
+    (the kernel gets its params in order), as on the serial executor."""
+    x, out = np.ones((4, 8), np.float32), np.zeros((4, 8), np.float32)
+
+    for executor in ("parallel", "serial", "parallel"):
+        rt = pto.Runtime(backend="cpu", executor=executor)
+        rt.run(lambda o: o.submit(scale, pto.input(o.external(x)), pto.output(o.external(out)), 2.0))
+        with pytest.raises(pto.TaskError):
+            rt.run(lambda o: o.submit(scale, 2.0, pto.input(o.external(x)), pto.output(o.external(out))))
+
+
+def test_a_run_keeps_no_task_record_and_so_no_array_of_its_caller():
+    """Native workers complete tasks without Python, leaving their records in the slots; the run
+    drops them when it ends, and with them the last reference to the caller's arrays."""
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    for _ in range(2):
+        x = np.ones((32, 16), np.float32)
+        result = rt.run(_scale_rows_python, x, np.zeros_like(x), [2.0] * 32)
+        alive = weakref.ref(x)
+        del x
+        gc.collect()
+        assert alive() is None and not any(rt._scheduler.records)
+    assert result.native_tasks == 32
 
 
 @pto.kernel(worker=pto.VECTOR, shapes=("a b c d e",), njit=True)

@@ -202,7 +202,9 @@ def _take_handoffs(header, control, handoff, out):
 @njit(cache=True, _nrt=False, inline="always")
 def _instance_key(tasks, kernel_info, args, window, task_id, key):
     """Write the instance key of a native task to `key`; False when it has none (more dims than
-    any generated kernel takes, or scalars other than the kernel's)."""
+    any generated kernel takes, or scalars other than the kernel's). Whether each tensor is
+    written is part of it: the Python way gives an input a read-only view, so a kernel that
+    writes one fails there, and an entry learnt from an output must not run it."""
     slot = task_id & (window - 1)
     kernel = tasks[slot].kernel
     if args.count[slot, 1] != kernel_info[kernel].scalars:
@@ -216,7 +218,7 @@ def _instance_key(tasks, kernel_info, args, window, task_id, key):
         ndim = args.desc[slot, p, D_NDIM]
         if ndim > 3:
             return False
-        key[3 + 4 * p] = ndim
+        key[3 + 4 * p] = ndim + 4 * (args.kind[slot, p] != cs.INPUT)
         for d in range(ndim):
             key[4 + 4 * p + d] = args.desc[slot, p, D_SHAPE + d]
     scalars = 3 + 4 * cs.MAX_PARAMS
@@ -377,8 +379,10 @@ class NativeLanes:
 
     @property
     def kernel_ids(self) -> frozenset[int]:
-        """The kernels whose tasks these lanes run, given their arguments (ArgTables)."""
-        return frozenset(np.flatnonzero(self._kernel_info["native"]).tolist())
+        """The kernels whose Python-submitted tasks these lanes run, given their arguments
+        (ArgWriter): those whose native code cannot raise (NativeCode.may_raise)."""
+        native = self._kernel_info["native"]
+        return frozenset(k.id for k in self._kernels[:len(native)] if native[k.id] and not k.native.may_raise)
 
     def has_work(self, worker: WorkerType) -> bool:
         """Whether class `worker` has ready native tasks (read without the lock: a hint)."""

@@ -118,6 +118,7 @@ def tables(typingctx, o):
 
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INTS, _FLOATS = (int, np.int64), (float, np.float64)
 
 
 class ArgTables(collections.namedtuple("ArgTables", "desc kind count scalar_kind int float float_bits task")):
@@ -150,8 +151,11 @@ class ArgWriter:
 
     def write(self, slot: int, task) -> bool:
         """Write the arguments of `task` in `slot` (free: the caller checked), its id last;
-        whether they fit (tensors of at most MAX_JIT_DIMS dims, at most MAX_SCALARS int64 or
-        float numbers): if not, the slot stays no task's."""
+        whether native code would run it as the Python way does: tensors (of at most
+        MAX_JIT_DIMS dims) before scalars, as the native entry passes them, and at most
+        MAX_SCALARS scalars that are Python or numpy 64-bit ints and floats (the entry's
+        int64 and float64; a hand-written kernel called the Python way with a float32 or a
+        bool would compile for that type). If not, the slot stays no task's."""
         t = self.tables
         descs, kinds = [], []
         scalars = 0
@@ -159,19 +163,19 @@ class ArgWriter:
             value = param.value
             if param.kind != ParamKind.SCALAR:
                 desc = desc_bytes(value)
-                if desc is None:
+                if desc is None or scalars:
                     return False
                 descs.append(desc)
                 kinds.append(_KIND_BYTES[param.kind])
             elif scalars == MAX_SCALARS:
                 return False
-            elif isinstance(value, (bool, int, np.integer)):
+            elif type(value) in _INTS:
                 if not _INT64_MIN <= value <= _INT64_MAX:
-                    return False  # native code takes int64s; the Python way takes any int
+                    return False
                 t.int[slot, scalars] = value
                 t.scalar_kind[slot, scalars] = S_INT
                 scalars += 1
-            elif isinstance(value, (float, np.floating)):
+            elif type(value) in _FLOATS:
                 t.float[slot, scalars] = value
                 t.scalar_kind[slot, scalars] = S_FLOAT
                 scalars += 1
