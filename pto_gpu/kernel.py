@@ -74,9 +74,9 @@ class NativeCode:
     that runs a call with these tensor shapes, element type and scalar values, or None where
     that call has none (it runs the Python way); `scalars` is how many scalar params the kernel
     takes, and `structural` the positions of those whose value picks the entry (shapes and
-    dtype always do). `may_raise`: user code (a hand-written njit kernel), which a native entry
-    cannot report an exception from; Python submits of it run the Python way, which raises it
-    as the task's TaskError.
+    dtype always do). `may_raise`: user code (a hand-written njit kernel), of whose exceptions a
+    native entry can report only that one was raised; Python submits of it run the Python way,
+    whose TaskError carries the exception.
     """
 
     entry: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], int | None]

@@ -478,3 +478,31 @@ def test_a_python_level_task_whose_arguments_do_not_fit_runs_on_a_python_worker(
 
     result = pto.Runtime(backend="cpu", executor="parallel").run(orchestration)
     assert np.array_equal(x, np.full_like(x, 3.0)) and result.native_tasks == 0
+
+
+@numba.njit(cache=True)
+def _checked_rows(o, x, kernel_id):
+    for r in range(pj.shape(x, 0)):
+        pj.submit(o, kernel_id, (pj.inout(pj.narrow(x, 0, r, r + 1)),))
+
+
+def test_a_hand_written_kernel_raising_in_a_native_worker_fails_the_run():
+    """An entry catches the exception (a cfunc cannot pass it on) and the native worker reports
+    the task: the run raises its TaskError, and no task that depends on it runs."""
+    def orchestration(o, x):
+        X = o.external(x)
+        o.compiled(_checked_rows, X, _checked_double.id)
+        o.compiled(_checked_rows, X, _checked_double.id)  # each row again, after its first task
+
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    x = np.ones((8, 4))
+    rt.run(orchestration, x)  # learns the entry
+    x = np.ones((8, 4))
+    assert rt.run(orchestration, x).native_tasks == 16 and np.array_equal(x, np.full((8, 4), 4.0))
+    x[5] = -1
+    with pytest.raises(pto.TaskError, match=r"task 5 \(_checked_double\) failed: .*inside a native worker"):
+        rt.run(orchestration, x)
+    assert np.array_equal(x[5], np.full(4, -1.0))  # its second task, which depends on it, never ran
+    assert set(np.delete(x, 5, axis=0).ravel()) <= {4.0, 8.0, 16.0}  # the others ran or were stopped
+    x = np.ones((8, 4))
+    assert rt.run(orchestration, x).native_tasks == 16 and np.array_equal(x, np.full((8, 4), 4.0))

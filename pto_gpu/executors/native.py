@@ -68,6 +68,7 @@ CONTROL = np.dtype([
     ("handoff_head", np.int64),
     ("handoff_tail", np.int64),
     ("sleeping", np.int64, (CLASSES,)),  # per worker class: workers waiting for a task (set by Python)
+    ("failed", np.int64),  # the first task whose kernel raised in a native loop, or -1
 ], align=True)
 
 # Per kernel id: whether its tasks may run natively, how many scalars it takes (a task with
@@ -283,7 +284,8 @@ def _enter(header, keys, addresses, filled, key, address):
 def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, args, keys, addresses, worker,
            scratch, key, stats, budget):
     """Run and complete the ready native tasks of class `worker` until there are none, a task
-    needs Python (handed off) or `budget` have run; how many ran. stats[kernel] += (tasks, ns)."""
+    needs Python (handed off), a kernel raised (control.failed) or `budget` have run; how many
+    ran. stats[kernel] += (tasks, ns)."""
     window = header[0].window
     c = control[0]
     done = 0
@@ -307,10 +309,16 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
         release(header)
 
         began = _monotonic_ns()
-        call_entry(address, args.desc[slot].ctypes.data, args.scalar_kind[slot].ctypes.data,
-                   args.int[slot].ctypes.data, args.float[slot].ctypes.data)
+        status = call_entry(address, args.desc[slot].ctypes.data, args.scalar_kind[slot].ctypes.data,
+                            args.int[slot].ctypes.data, args.float[slot].ctypes.data)
         kernel = tasks[slot].kernel
         ended = _monotonic_ns()
+        if status != 0:  # not completed: its consumers never run; Python raises its TaskError
+            acquire(header)
+            if c.failed < 0:
+                c.failed = task_id
+            release(header)
+            return done
         stats[kernel, 0] += 1
         stats[kernel, 1] += ended - began
 
@@ -338,6 +346,7 @@ class NativeLanes:
         self._args = args
         self._kernels = kernels
         self.control = np.zeros(1, CONTROL)
+        self.control["failed"] = -1
         self._head, self._tail = self.control["head"][0], self.control["tail"][0]
         self._sleeping = self.control["sleeping"][0]
         self._handoff_counters = (self.control["handoff_head"], self.control["handoff_tail"])
@@ -392,6 +401,11 @@ class NativeLanes:
         """A worker of class `worker` starts (+1) or stops (-1) waiting for a task: native loops
         that make one ready then return, so that the executor wakes it."""
         self._sleeping[worker] += change
+
+    def failed(self) -> int | None:
+        """The task whose kernel raised in a native loop (the first), if one did."""
+        task_id = int(self.control["failed"][0])
+        return None if task_id < 0 else task_id
 
     def has_handoffs(self) -> bool:
         head, tail = self._handoff_counters

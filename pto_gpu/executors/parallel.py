@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from ..costs import CostHistory
 from ..dtypes import WorkerType
-from ..errors import PTOError
+from ..errors import PTOError, TaskError
 from ..jit.context import ArgTables
 from ..kernel import Kernel, multi_class
 from ..profile import Profile
@@ -344,6 +344,14 @@ class ParallelExecutor:
         """Run ready native tasks until there are none for this class or Python must look."""
         completed = self._native.drain(worker, scratch)
         self._native.tally(scratch, lane)
+        failed = self._native.failed()
+        if failed is not None:  # _work counts this worker out and stops the run
+            with self._lock:
+                self._completions += completed
+                self.native_tasks += completed
+            raise TaskError.of(self._scheduler.task(failed), RuntimeError(
+                "the kernel raised inside a native worker, which cannot pass the exception on (a numba "
+                "cfunc); run with executor='serial' to see it"))
         with self._lock:
             self._completions += completed
             self.native_tasks += completed

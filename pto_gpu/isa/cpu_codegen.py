@@ -703,10 +703,11 @@ def native_entry(module: Module, name: str, directory: Path | None = None,
                   for k, s in enumerate(scalars)]
     text = [f"# PTO ISA CPU code generator v{GENERATOR_VERSION}: the native entry of @{function.name}",
             "import numpy as np", "from numba import cfunc", "",
-            "from pto_gpu.isa.native_abi import ENTRY, float_scalar, int_scalar, tensor2, tensor3",
+            "from pto_gpu.isa.native_abi import ENTRY, RAISED, float_scalar, int_scalar, tensor2, tensor3",
             f"from pto_gpu_isa_{digest} import {'batched' if batched else 'kernel'} as run", "", "",
             "@cfunc(ENTRY, cache=True)", "def entry(descs, kinds, ints, floats):",
-            f"    run({', '.join(arguments)})", ""]
+            "    try:", f"        run({', '.join(arguments)})",
+            "    except Exception:", "        return RAISED", "    return 0", ""]
     entry_source = "\n".join(text)
     entry_digest = hashlib.sha256(entry_source.encode()).hexdigest()[:24]
     entry_path = directory / f"isa_{entry_digest}.py"

@@ -2,13 +2,15 @@
 
 An entry is a C function
 
-    void entry(int64 *descs, int64 *kinds, int64 *ints, double *floats)
+    int64 entry(int64 *descs, int64 *kinds, int64 *ints, double *floats)
 
 where `descs` are the task's tensor descriptors as compiled orchestrations write them
 (jit/descriptor.py: DESC_WIDTH int64s each, in param order) and `kinds`, `ints`, `floats` its
 scalar params as the argument tables hold them (jit/context.py). cpu_codegen.native_entry
 writes one per kernel instance; its body makes each memref's view from its descriptor, as the
-CPU backend's numpy views are, and calls the instance's generated function.
+CPU backend's numpy views are, and calls the instance's generated function. It returns 0, or
+RAISED when the kernel raised: a cfunc cannot pass an exception on, so the entry catches it
+and the native worker reports the task as failed (executors/native.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_ST
 from ..kernel import preparing
 
 _I64P = types.CPointer(types.int64)
-ENTRY = types.void(_I64P, _I64P, _I64P, types.CPointer(types.float64))
+ENTRY = types.int64(_I64P, _I64P, _I64P, types.CPointer(types.float64))
+RAISED = 1  # what an entry returns when its kernel raised
 
 
 @intrinsic
@@ -114,10 +117,14 @@ class NjitEntries:
         values = [f"{'int' if is_int else 'float'}_scalar(kinds, ints, floats, {k})"
                   for k, is_int in enumerate(kinds)]
         source = ("def entry(descs, kinds, ints, floats):\n"
-                  f"    run({', '.join(views + values)})\n")
+                  "    try:\n"
+                  f"        run({', '.join(views + values)})\n"
+                  "    except Exception:\n"
+                  "        return RAISED\n"
+                  "    return 0\n")
         namespace = dict(np=np, as_strided=as_strided, first=_first, run=self._function, D_SHAPE=D_SHAPE,
                          D_STRIDE=D_STRIDE, D_ITEMSIZE=D_ITEMSIZE, int_scalar=int_scalar,
-                         float_scalar=float_scalar)
+                         float_scalar=float_scalar, RAISED=RAISED)
         exec(source, namespace)  # the text above: one view or scalar per param
         with preparing():  # compiling: a cost history leaves this call out
             return cfunc(ENTRY)(namespace["entry"])
@@ -132,17 +139,17 @@ def _dims(p: int, ndim: int, field: int, scale: str = "") -> str:
 
 @intrinsic
 def call_entry(typingctx, address, descs, kinds, ints, floats):
-    """Call the native entry at `address` with the addresses of a task's argument rows."""
+    """Call the native entry at `address` with the addresses of a task's argument rows; its
+    status (0, or RAISED)."""
     if not all(isinstance(t, types.Integer) for t in (address, descs, kinds, ints, floats)):
         return None
 
     def codegen(context, builder, signature, args):
         i64p = ir.IntType(64).as_pointer()
         f64p = ir.DoubleType().as_pointer()
-        signature = ir.FunctionType(ir.VoidType(), [i64p, i64p, i64p, f64p])
+        signature = ir.FunctionType(ir.IntType(64), [i64p, i64p, i64p, f64p])
         function = builder.inttoptr(args[0], signature.as_pointer())
-        builder.call(function, [builder.inttoptr(args[1], i64p), builder.inttoptr(args[2], i64p),
-                                builder.inttoptr(args[3], i64p), builder.inttoptr(args[4], f64p)])
-        return context.get_dummy_value()
+        return builder.call(function, [builder.inttoptr(args[1], i64p), builder.inttoptr(args[2], i64p),
+                                       builder.inttoptr(args[3], i64p), builder.inttoptr(args[4], f64p)])
 
-    return types.void(address, descs, kinds, ints, floats), codegen
+    return types.int64(address, descs, kinds, ints, floats), codegen
