@@ -111,6 +111,8 @@ class Orchestrator:
         self._writer: ArgWriter | None = None  # over _args, for Python submits
         self._lanes = None
         self._native_kernels: frozenset[int] = frozenset()
+        # Only an executor with lanes (and one process) needs the tables for Python submits.
+        self._lanes_possible = ranks is None and executor.runs_kernels and hasattr(executor, "native_lanes")
         self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
         self._transfer_rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
         self._open = True
@@ -336,7 +338,7 @@ class Orchestrator:
         elif rank is not None:
             check_rank(rank, 1, f"submit({kernel.name})", "rank")
         arguments = None
-        if kernel.native is not None and self._ranks is None:
+        if kernel.native is not None and self._lanes_possible:
             if self._args is None:
                 self._make_arguments()
             if kernel.id in self._native_kernels:
@@ -410,9 +412,8 @@ class Orchestrator:
         has lanes for this run."""
         self._args = ArgTables.allocate(self._state.sizes.task_window)
         self._writer = ArgWriter(self._args)
-        lanes_of = getattr(self._executor, "native_lanes", None)
-        if lanes_of is not None and self._executor.runs_kernels:
-            self._lanes = lanes_of(self._args, list(registered()))
+        if self._lanes_possible:
+            self._lanes = self._executor.native_lanes(self._args, list(registered()))
         if self._lanes is not None:
             self._native_kernels = self._lanes.kernel_ids
 
