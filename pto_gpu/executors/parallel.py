@@ -345,16 +345,13 @@ class ParallelExecutor:
         completed = self._native.drain(worker, scratch)
         self._native.tally(scratch, lane)
         failed = self._native.failed()
-        if failed is not None:  # _work counts this worker out and stops the run
-            with self._lock:
-                self._completions += completed
-                self.native_tasks += completed
-            raise TaskError.of(self._scheduler.task(failed), RuntimeError(
-                "the kernel raised inside a native worker, which cannot pass the exception on (a numba "
-                "cfunc); run with executor='serial' to see it"))
         with self._lock:
             self._completions += completed
             self.native_tasks += completed
+            if failed is not None:  # _work counts this worker out and stops the run
+                raise TaskError.of(self._scheduler.task(failed), RuntimeError(
+                    "the kernel raised inside a native worker, which cannot pass the exception on (a "
+                    "numba cfunc); run with executor='serial' to see it"))
             self._take_handoffs_locked()
             self._running -= 1  # after the hand-offs: a failure there is counted by _work
             self._wake_native_locked()
