@@ -1,8 +1,11 @@
-"""Tiled matmul 2048x2048 float32 with 128-row tiles: pto-gpu against numpy and dask.array."""
+"""Tiled matmul 2048x2048 float32 with 128-row tiles: pto-gpu against numpy and dask.array.
+
+`panels` is the tiled matmul with B packed into panels once (tiled_matmul_panels), whose tile
+products run kernels/panels.py's micro-kernel; the others run BLAS on the strided tiles."""
 
 import numpy as np
 import pytest
-from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled, tiled_matmul_panels
 
 import pto_gpu as pto
 
@@ -23,7 +26,8 @@ def check(c, reference):
     assert np.abs(c - reference).max() <= 1e-4 * np.abs(reference).max()
 
 
-@pytest.mark.parametrize("orchestration", [tiled_matmul, tiled_matmul_compiled], ids=["python", "compiled"])
+@pytest.mark.parametrize("orchestration", [tiled_matmul, tiled_matmul_compiled, tiled_matmul_panels],
+                         ids=["python", "compiled", "panels"])
 @pytest.mark.parametrize("tile", [TILE, 256])
 def test_pto_parallel(benchmark, operands, tile, orchestration):
     """The Python orchestration's tasks run on Python workers; the compiled one's on native

@@ -69,7 +69,7 @@ def gemm(a, b, out, accumulate):
         return
     # BLAS writes its output while it reads the operands: an output sharing memory with one
     # (a task may name the same array as input and inout) goes through a product of its own.
-    if _overlaps(out, a) or _overlaps(out, b) or not _blas_gemm(a, b, out, accumulate):
+    if overlaps(out, a) or overlaps(out, b) or not _blas_gemm(a, b, out, accumulate):
         product = np.empty((m, n), out.dtype)
         if not _blas_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), product, False):
             raise RuntimeError("BLAS gemm failed")  # unreachable: the import checked BLAS is there
@@ -98,8 +98,8 @@ def _operand(x):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _overlaps(x, y):
-    """Whether the byte ranges of two non-empty 2-d views meet (conservative for interleaved ones)."""
+def overlaps(x, y):
+    """Whether the byte ranges of two non-empty views meet (conservative for interleaved ones)."""
     x_low, x_high = _extent(x)
     y_low, y_high = _extent(y)
     return x_low < y_high and y_low < x_high
@@ -108,7 +108,7 @@ def _overlaps(x, y):
 @njit(nogil=True, cache=True, inline="always")
 def _extent(x):
     low = high = x.ctypes.data
-    for dim in range(2):
+    for dim in range(x.ndim):
         span = (x.shape[dim] - 1) * x.strides[dim]
         if span < 0:
             low += span

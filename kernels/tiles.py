@@ -21,7 +21,7 @@ from pto_gpu.isa.cuda_codegen import WARP
 from pto_gpu.isa.family import family
 from pto_gpu.isa.native_abi import NjitEntries
 
-from . import blas
+from . import blas, panels
 
 # Columns per block of a row-wise CUDA tile: a lane holds a tile row's columns in registers
 # (COLUMN_BLOCK / 32 of them), so a 4096-wide tile would spill; and of a matmul's output when b
@@ -78,11 +78,15 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     return f
 
 
-@family(worker=pto.ACCELERATOR, shapes=("m n", "m n"))
-def copy(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
+def _copy(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
     f.memref("src", dtype, (m, n)).memref("dst", dtype, (m, n))
     with column_blocks(f, n, local_memory) as (cols, j):
         f.tile("t", m, cols, dtype).load("t", "src", 0, j).store("dst", "t", 0, j)
+
+
+copy = family(worker=pto.ACCELERATOR, shapes=("m n", "m n"), name="copy")(_copy)
+# The same copy for each index of a leading batch dim (tiled_matmul_panels packs B's panels).
+copy_batched = family(worker=pto.ACCELERATOR, shapes=("b m n", "b m n"), name="copy_batched")(_copy)
 
 
 @family(worker=pto.VECTOR, shapes=("m n",))
@@ -144,17 +148,62 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
         f.end_for()
 
 
-@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul, library_cpu=_blas_matmul,
-        library_native=NjitEntries(_gemm, blas.DTYPES))
-def matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
+def _matmul(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
     """out = a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("out", dtype, (m, n))
     _product(f, dtype, "out", m, k, n, local_memory, accumulate=False)
 
 
-@family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), library=_cublas_matmul_acc,
-        library_cpu=_blas_matmul_acc, library_native=NjitEntries(_gemm_acc, blas.DTYPES))
-def matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int, local_memory: int | None) -> None:
+def _matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
+                local_memory: int | None) -> None:
     """acc += a @ b."""
     f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("acc", dtype, (m, n))
     _product(f, dtype, "acc", m, k, n, local_memory, accumulate=True)
+
+
+matmul = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul", library=_cublas_matmul,
+                library_cpu=_blas_matmul, library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
+matmul_acc = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul_acc",
+                    library=_cublas_matmul_acc, library_cpu=_blas_matmul_acc,
+                    library_native=NjitEntries(_gemm_acc, blas.DTYPES))(_matmul_acc)
+
+
+# The products of a tiled matmul whose right operand is packed in panels of 32 columns
+# (orchestration/matmul.py's tiled_matmul_panels): out[q] (+)= a @ b[q] for each panel q of b
+# (panels, k, n) and of out (panels, m, n), a SPLIT view of the output tile. Each panel's program
+# is matmul's (the definition, and the CUDA code); the CPU runs kernels/panels.py's micro-kernel,
+# CUDA cuBLAS (matmul_acc's library broadcasts a over the panels as it is).
+def _cupy_panels(a, b, out):
+    out[...] = a @ b  # CuPy arrays: a broadcast over the panels; out a strided view of C
+
+
+@njit(nogil=True, cache=True)
+def _panels(a, b, out):
+    panels.panels_product(a, b, out, False)
+
+
+@njit(nogil=True, cache=True)
+def _panels_acc(a, b, acc):
+    panels.panels_product(a, b, acc, True)
+
+
+def _panels_cpu(a, b, out):
+    if a.dtype in blas.DTYPES and a.dtype == b.dtype == out.dtype:
+        _panels(a, b, out)
+    else:
+        np.matmul(a, b, out=out)
+
+
+def _panels_acc_cpu(a, b, acc):
+    if a.dtype in blas.DTYPES and a.dtype == b.dtype == acc.dtype:
+        _panels_acc(a, b, acc)
+    else:
+        acc += a @ b
+
+
+matmul_panels = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels",
+                       library=_cupy_panels, library_cpu=_panels_cpu,
+                       library_native=NjitEntries(_panels, blas.DTYPES))(_matmul)
+matmul_panels_acc = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels_acc",
+                           library=_cublas_matmul_acc, library_cpu=_panels_acc_cpu,
+                           library_native=NjitEntries(_panels_acc, blas.DTYPES))(_matmul_acc)

@@ -9,10 +9,12 @@ import functools
 import importlib.resources
 import itertools
 
+from pto_gpu.kernels.panels import PANEL
 from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 
 import pto_gpu as pto
 from pto_gpu import isa
+from pto_gpu.errors import ParamError
 
 
 def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
@@ -41,6 +43,16 @@ def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None
     """tiled_matmul's graph in one process for float32 arrays (the program's memrefs),
     submitted by compiled code."""
     program().orchestration("tiled_matmul", compiled=True)(o, a, b, c, tile)
+
+
+def tiled_matmul_panels(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
+    """C = A @ B for float32 arrays with B packed once into panels of 32 columns in a heap buffer,
+    so that every tile product runs on contiguous panels (kernels/panels.py's micro-kernel on the
+    CPU), straight into C's tile; submitted by programs/matmul.pto's compiled code."""
+    if tile <= 0 or tile % PANEL or b.shape[1] % PANEL:
+        raise ParamError(f"tiled_matmul_panels: the tile ({tile}) and B's columns ({b.shape[1]}) must be "
+                         f"positive multiples of the panel width, {PANEL}")
+    program().orchestration("tiled_matmul_panels", compiled=True)(o, a, b, c, tile)
 
 
 @functools.cache

@@ -40,9 +40,12 @@ def _set(out, value):
 
 REFERENCES = {
     "copy": lambda src, dst: _set(dst, src),
+    "copy_batched": lambda src, dst: _set(dst, src),
     "zero": lambda out: _set(out, 0),
     "matmul": lambda a, b, out: _set(out, a @ b),
     "matmul_acc": lambda a, b, acc: _set(acc, acc + a @ b),
+    "matmul_panels": lambda a, b, out: _set(out, a @ b),  # a (m, k) against each panel b[q]
+    "matmul_panels_acc": lambda a, b, acc: _set(acc, acc + a @ b),
     "add": lambda a, b, out: _set(out, a + b),
     "sub": lambda a, b, out: _set(out, a - b),
     "mul": lambda a, b, out: _set(out, a * b),

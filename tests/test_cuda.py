@@ -19,7 +19,7 @@ from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.tiles import copy, zero
 from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
-from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_panels
 from pto_gpu.orchestration.softmax import fused_softmax
 from pto_gpu.orchestration.workloads import to_backend
 
@@ -85,6 +85,7 @@ def workloads():
     llama = llama_layer_inputs(96, hidden=64, heads=4, ffn=96)
     return {
         "matmul": (tiled_matmul, [a, b, np.zeros((256, 160), np.float32)], {"tile": 64}, 2),
+        "matmul_panels": (tiled_matmul_panels, [a, b, np.zeros((256, 160), np.float32)], {"tile": 64}, 2),
         "softmax": (fused_softmax, [x, np.zeros_like(x)], {"tile_rows": 16}, 1),
         "flash_attention": (flash_attention, [q, k, v, np.zeros_like(q)], {"tile": 64, "causal": True}, 3),
         "llama": (llama_layer, [llama], {}, "out"),
@@ -100,7 +101,8 @@ def copied(value):
 
 @needs_gpu
 @pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
-@pytest.mark.parametrize("name", ["matmul", "softmax", "flash_attention", "llama", "llama_compiled"])
+@pytest.mark.parametrize("name", ["matmul", "matmul_panels", "softmax", "flash_attention", "llama",
+                                  "llama_compiled"])
 def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor):
     orchestration, args, options, output = workloads()[name]
     cpu_args = [copied(a) for a in args]  # the GPU run starts from the untouched originals

@@ -34,7 +34,7 @@ from pto_gpu.isa.family import family_of
 
 TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5, atol=2e-6),
              np.float64: dict(rtol=1e-12, atol=1e-12)}
-OTHER_SIZES = {"m": 7, "n": 12, "k": 9, "h": 3, "d": 6}  # rope: 12 = 2 heads of 6
+OTHER_SIZES = {"m": 7, "n": 12, "k": 9, "h": 3, "d": 6, "p": 2, "b": 3}  # rope: 12 = 2 heads of 6
 
 
 def _expected(kernel, inputs, scalars):
@@ -50,7 +50,7 @@ def _assert_matches(kernel, got, expected, dtype):
 
 
 def test_every_kernel_has_a_reference_and_a_program():
-    assert len(KERNELS) == 27
+    assert len(KERNELS) == 30
     assert {k.name for k in KERNELS} == set(REFERENCES)
     for kernel in KERNELS:
         text = family_of(kernel).source(tuple(shapes(kernel)), pto.FLOAT32, _structural(kernel))
