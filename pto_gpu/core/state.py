@@ -86,21 +86,26 @@ LIVE, FREED, DEAD = 0, 1, 2
 # The dep-list pool: consumer lists, and the free list through `next`.
 DEP = np.dtype([("task", _I8), ("next", _I8)], align=True)
 
-# TensorMap entries; `row` is the region's layout row (pto_gpu.layout's R_* columns).
+# TensorMap entries; `row` is the region's layout row (pto_gpu.layout's R_* columns). A chain
+# walk reads `next`, `task` and the row's owner, bounds, level and dims of most entries it
+# visits, and the rest only of those it hits: those come first, and an entry is four cache
+# lines, aligned (`aligned_table`), so a visit misses one line, not two or three.
 ENTRY = np.dtype([
-    ("task", _I8),  # -1 when the entry is on the free list
     ("next", _I8),
+    ("task", _I8),  # -1 when the entry is on the free list
+    ("row", _I8, (ROW_WIDTH,)),
+    ("stamp", _I8),  # id of the last submit that collected this entry's task (dedup)
     ("prev", _I8),
     ("bucket", _I8),
     ("kind", _I8),  # WRITER or READER: which chain of the bucket it is on
-    ("stamp", _I8),  # id of the last submit that collected this entry's task (dedup)
-    ("row", _I8, (ROW_WIDTH,)),
+    ("pad", _I8, (7,)),
 ], align=True)
+CACHE_LINE = 64
 
 WRITER, READER = 0, 1
 
 # TensorMap buckets, by kind: the chain heads, and the narrow entries of the owners whose
-# wide block hashes here (tensormap.py).
+# wide block hashes here (tensormap.py). Two buckets to a cache line.
 BUCKET = np.dtype([("head", _I8, (2,)), ("narrow", _I8, (2,))], align=True)
 
 # Param kinds.
@@ -126,10 +131,10 @@ class Sizes:
     tensormap_buckets: int = 4096
 
     def __post_init__(self):
-        for name in ("task_window", "tensormap_buckets"):
+        for name, least in (("task_window", 1), ("tensormap_buckets", 2)):  # buckets: two halves
             value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise PTOError(f"{name}={value} must be a power of two")
+            if value < least or value & (value - 1):
+                raise PTOError(f"{name}={value} must be a power of two, at least {least}")
         for field in dataclasses.fields(self):
             if getattr(self, field.name) < 1:
                 raise PTOError(f"{field.name}={getattr(self, field.name)} must be positive")
@@ -159,12 +164,12 @@ class CoreState:
     def allocate(cls, sizes: Sizes) -> CoreState:
         state = cls(
             sizes=sizes,
-            header=np.zeros(1, HEADER),
-            tasks=np.zeros(sizes.task_window, TASK),
-            buffers=np.zeros(1 << (sizes.buffer_window - 1).bit_length(), BUFFER),
-            deps=np.zeros(sizes.dep_pool, DEP),
-            entries=np.zeros(sizes.tensormap_entries, ENTRY),
-            buckets=np.zeros(sizes.tensormap_buckets, BUCKET),
+            header=aligned_table(1, HEADER),
+            tasks=aligned_table(sizes.task_window, TASK),
+            buffers=aligned_table(1 << (sizes.buffer_window - 1).bit_length(), BUFFER),
+            deps=aligned_table(sizes.dep_pool, DEP),
+            entries=aligned_table(sizes.tensormap_entries, ENTRY),
+            buckets=aligned_table(sizes.tensormap_buckets, BUCKET),
             producers=np.zeros(sizes.tensormap_entries, np.int64),
             covered=np.zeros(sizes.tensormap_entries, np.int64),
         )
@@ -187,7 +192,7 @@ class CoreState:
     def grow_tensormap(self) -> None:
         """Double the TensorMap entry pool (recording runs keep every region's history)."""
         old = self.entries
-        grown = np.zeros(2 * len(old), ENTRY)
+        grown = aligned_table(2 * len(old), ENTRY)
         grown[: len(old)] = old
         grown["task"][len(old):] = -1
         grown["next"][len(old):] = np.arange(len(old) + 1, 2 * len(old) + 1)
@@ -197,6 +202,14 @@ class CoreState:
         self.producers = np.zeros(len(grown), np.int64)
         self.covered = np.zeros(len(grown), np.int64)
         self.sizes = dataclasses.replace(self.sizes, tensormap_entries=len(grown))
+
+
+def aligned_table(rows: int, dtype: np.dtype) -> np.ndarray:
+    """A zeroed table whose first row starts a cache line (numpy aligns to 16 bytes): so a
+    64-byte bucket or a 256-byte entry's first line is one line, not parts of two."""
+    raw = np.zeros(rows * dtype.itemsize + CACHE_LINE, np.uint8)
+    skip = -raw.ctypes.data % CACHE_LINE
+    return raw[skip:skip + rows * dtype.itemsize].view(dtype)
 
 
 def reset_tables(state: CoreState) -> None:

@@ -43,7 +43,7 @@ def submit(header, tasks, buffers, deps, entries, buckets, producers, covered,
     return status
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")  # one call per submit, not two: the tables are 60 words
 def _submit(header, tasks, buffers, deps, entries, buckets, producers, covered, kernel_id, worker, params):
     h = header[0]
     n_params = len(params)

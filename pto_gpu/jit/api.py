@@ -25,16 +25,22 @@ from ..core.lock import store_release
 from ..core.state import FULL_TASKS, INOUT, INPUT, MAX_PARAMS, OUTPUT
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
-from ..layout import P_KIND
+from ..layout import P_KIND, ROW_WIDTH
 from ..overlap import Overlap
 from . import bridge
 from .context import (
     EDGE_CAPACITY,
     EXTERNAL_WRITEABLE,
+    G_COUNT,
+    G_PARAM,
+    G_PARAM_WIDTH,
     K_MIXED,
     K_NAMES,
     K_TENSORS,
     K_WORKER,
+    L_CHECKED,
+    L_DESC,
+    L_ROW,
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
     M_HEAP_BASE,
@@ -222,15 +228,15 @@ def submit(o, kernel_id, tensors, scalars=()):
             _store_params(tensors, rows, kinds)
             for p in range(n):
                 _check_usable(o, rows[p], p, kernel_id)
-                if kinds[p] != INPUT:
-                    _check_writable(o, rows[p], p, kernel_id)
-                write_layout(rows[p], t.params[p])
+                _layout(o, kernel_id, p, rows[p], kinds[p])
                 t.params[p, P_KIND] = kinds[p]
-            if not _signature_ok(o, kernel_id, rows, n):
-                for p in range(n):
-                    for i in range(DESC_WIDTH):
-                        t.named[p, i] = rows[p, i]
-                _service(t.meta, bridge.ERR_SIGNATURE, kernel_id, n, 0)
+            if not _same_signature(t.signatures[kernel_id], rows, n):
+                if not _signature_ok(o, kernel_id, rows, n):
+                    for p in range(n):
+                        for i in range(DESC_WIDTH):
+                            t.named[p, i] = rows[p, i]
+                    _service(t.meta, bridge.ERR_SIGNATURE, kernel_id, n, 0)
+                _remember_signature(t.signatures[kernel_id], rows, n)
             t.arg_count[slot, 0] = n
             t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot],
                                                   t.arg_scalar_kind[slot], scalars)
@@ -298,7 +304,7 @@ def _versions_of(o, key):
     return t.externals[-1 - key]
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _check_usable(o, desc, position, kernel_id):
     t = tables(o)
     key = desc[D_KEY]
@@ -320,10 +326,59 @@ def _check_writable(o, desc, position, kernel_id):
             _fail_naming(t, desc, position, bridge.ERR_UNWRITABLE, position, kernel_id, dim)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def _note_version(o, desc):
     versions = _versions_of(o, desc[D_KEY])
     versions[VERSION_WRITTEN] = max(versions[VERSION_WRITTEN], desc[D_VERSION])
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _layout(o, kernel_id, position, desc, kind):
+    """params[position] = the layout row of desc, which an output must be able to take; both
+    remembered for the kernel's position (`layouts`), so a descriptor submitted there again
+    (flash attention's state tiles, a weight matrix) costs a comparison, not write_layout."""
+    t = tables(o)
+    memo = t.layouts[kernel_id, position]
+    for i in range(DESC_WIDTH):
+        if memo[L_DESC + i] != desc[i]:
+            for j in range(DESC_WIDTH):
+                memo[L_DESC + j] = desc[j]
+            memo[L_CHECKED] = 0
+            write_layout(desc, memo[L_ROW:])
+            break
+    if kind != INPUT and memo[L_CHECKED] == 0:
+        _check_writable(o, desc, position, kernel_id)
+        memo[L_CHECKED] = 1
+    for i in range(ROW_WIDTH):
+        t.params[position, i] = memo[L_ROW + i]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _same_signature(memo, rows, n):
+    """Whether rows[:n] have the tensor count, dtypes and shapes of the call that last passed
+    _signature_ok for this kernel (`signatures`): what it reads, so the same verdict."""
+    if memo[G_COUNT] != n:
+        return False
+    for p in range(n):
+        at = G_PARAM + p * G_PARAM_WIDTH
+        ndim = rows[p, D_NDIM]
+        if memo[at] != rows[p, D_DTYPE] or memo[at + 1] != ndim:
+            return False
+        for d in range(ndim):
+            if memo[at + 2 + d] != rows[p, D_SHAPE + d]:
+                return False
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _remember_signature(memo, rows, n):
+    memo[G_COUNT] = n
+    for p in range(n):
+        at = G_PARAM + p * G_PARAM_WIDTH
+        memo[at] = rows[p, D_DTYPE]
+        memo[at + 1] = rows[p, D_NDIM]
+        for d in range(rows[p, D_NDIM]):
+            memo[at + 2 + d] = rows[p, D_SHAPE + d]
 
 
 @njit(cache=True, _nrt=False)

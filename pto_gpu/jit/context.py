@@ -21,9 +21,9 @@ from numba.core.extending import intrinsic
 from numba.experimental import structref
 
 from ..core import state as cs
-from ..layout import PARAM_WIDTH
+from ..layout import PARAM_WIDTH, ROW_WIDTH
 from ..params import ParamKind
-from .descriptor import DESC_BYTES, DESC_WIDTH, MAX_JIT_DIMS, desc_bytes
+from .descriptor import D_NDIM, DESC_BYTES, DESC_WIDTH, MAX_JIT_DIMS, desc_bytes
 
 MAX_SCALARS = 8  # scalar params per compiled submit
 LOG_CAPACITY = 256  # tasks handed to the executor together
@@ -64,12 +64,28 @@ K_WIDTH = 4
 # scalar kinds in the argument tables
 S_FLOAT, S_INT = 0, 1
 
+# Columns of `layouts`, per kernel and tensor position: the last descriptor submitted there, its
+# layout row, and whether it passed the output checks. A layout row is a function of the
+# descriptor alone, and tiles repeat (flash attention's state tiles are the same descriptors at
+# every pair of a query tile), so a submit whose descriptor equals the last one copies its row.
+L_DESC = 0
+L_CHECKED = L_DESC + DESC_WIDTH  # 1 when the descriptor passed _check_writable
+L_ROW = L_CHECKED + 1
+L_WIDTH = L_ROW + ROW_WIDTH
+# Columns of `signatures`, per kernel: the tensor count of the last call that passed the shape
+# and dtype check (-1: none), then per param its dtype, dims and MAX_JIT_DIMS sizes: what the
+# check reads. A call with the same is the same verdict.
+G_COUNT = 0
+G_PARAM = 1
+G_PARAM_WIDTH = 2 + MAX_JIT_DIMS
+G_WIDTH = G_PARAM + cs.MAX_PARAMS * G_PARAM_WIDTH
+
 FIELDS = (
     "header", "tasks", "buffers", "deps", "entries", "buckets", "producers", "covered",
     "params", "named", "ready", "names",
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
     "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
-    "kernels", "kernel_shapes", "meta", "arg_task",
+    "kernels", "kernel_shapes", "meta", "arg_task", "layouts", "signatures",
 )
 
 
@@ -217,7 +233,11 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
         scope_marks=np.zeros(MAX_SCOPE_DEPTH, i64),
         kernels=kernels, kernel_shapes=kernel_shapes, meta=meta,
         arg_task=args.task,
+        layouts=np.zeros((len(kernels), cs.MAX_PARAMS, L_WIDTH), i64),
+        signatures=np.zeros((len(kernels), G_WIDTH), i64),
     )
+    fields["layouts"][:, :, L_DESC + D_NDIM] = -1  # no descriptor has: nothing remembered yet
+    fields["signatures"][:, G_COUNT] = -1
     return JitOrchestrator(*(fields[name] for name in FIELDS)), fields
 
 
