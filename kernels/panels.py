@@ -16,6 +16,7 @@ so native workers and Python workers run the same function and get the same bits
 
 from __future__ import annotations
 
+import numpy as np
 from llvmlite import binding, ir
 from numba import njit, types
 from numba.core import cgutils
@@ -25,8 +26,9 @@ from . import blas
 
 PANEL = 32  # columns per panel: two 16-float vectors
 _VECTOR = 16
-# Rows per block: 8 x 2 accumulators fill 16 of AVX-512's 32 vector registers. Without AVX-512
-# a 16-float vector is two registers of 16, so 2 rows (8 of them) keep the block in registers.
+# Rows per block: 8 rows x 2 accumulators fill 16 of AVX-512's 32 vector registers. Without
+# AVX-512, LLVM splits each 16-float vector into two 8-float registers of the 16 there are: 2 rows
+# (8 registers of accumulators) keep the block in registers.
 ROWS = 8 if "+avx512f" in binding.get_host_cpu_features().flatten() else 2
 
 
@@ -106,10 +108,26 @@ def panels_product(a, b, out, accumulate):
     panel_count, n = b.shape[0], b.shape[2]
     if b.shape[1] != k or out.shape[0] != panel_count or out.shape[1] != m or out.shape[2] != n:
         raise ValueError("panels_product: shapes are not a (m, k), b (panels, k, n), out (panels, m, n)")
+    if out.size == 0:
+        return
+    if k == 0:
+        if not accumulate:
+            out[...] = 0
+        return
     if _micro_kernel_takes(a, b, out):
         _run_blocks(a, b, out, accumulate)
+    elif blas.overlaps(out, a) or blas.overlaps(out, b):
+        # out shares memory with an operand (a task may name one array as input and output):
+        # every product is read first, as numpy's a @ b reads before it writes.
+        product = np.empty(out.shape, out.dtype)
+        for q in range(panel_count):
+            blas.gemm(a, b[q], product[q], False)
+        if accumulate:
+            out += product
+        else:
+            out[...] = product
     else:
-        for q in range(b.shape[0]):
+        for q in range(panel_count):
             blas.gemm(a, b[q], out[q], accumulate)
 
 

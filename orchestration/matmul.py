@@ -46,13 +46,15 @@ def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None
 
 
 def tiled_matmul_panels(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
-    """C = A @ B for float32 arrays with B packed once into panels of 32 columns in a heap buffer,
-    so that every tile product runs on contiguous panels (kernels/panels.py's micro-kernel on the
-    CPU), straight into C's tile; submitted by programs/matmul.pto's compiled code."""
+    """C = A @ B for float32 arrays with B packed once into panels of 32 columns in a heap buffer
+    (so B must fit the runtime's heap_bytes), so that every tile product runs on contiguous
+    panels (kernels/panels.py's micro-kernel on the CPU), straight into C's tile; submitted by
+    programs/matmul.pto's compiled code."""
     if tile <= 0 or tile % PANEL or b.shape[1] % PANEL:
         raise ParamError(f"tiled_matmul_panels: the tile ({tile}) and B's columns ({b.shape[1]}) must be "
                          f"positive multiples of the panel width, {PANEL}")
-    program().orchestration("tiled_matmul_panels", compiled=True)(o, a, b, c, tile)
+    if c.size:  # else nothing to compute (a task's tiles are never empty)
+        program().orchestration("tiled_matmul_panels", compiled=True)(o, a, b, c, tile)
 
 
 @functools.cache

@@ -10,7 +10,7 @@ import numpy as np
 from pto_gpu.orchestration import reference
 from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_heads
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
-from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_panels
 from pto_gpu.orchestration.softmax import fused_softmax
 from pto_gpu.orchestration.stencil import stencil
 
@@ -49,6 +49,10 @@ def _matmul(n: int, rng: np.random.Generator) -> Prepared:
     a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
     return Prepared(tiled_matmul, (a, b, np.zeros((n, n), np.float32)), {"tile": 128}, lambda args: args[2],
                     lambda: a.astype(np.float64) @ b)
+
+
+def _matmul_panels(n: int, rng: np.random.Generator) -> Prepared:
+    return dataclasses.replace(_matmul(n, rng), orchestration=tiled_matmul_panels)
 
 
 def _softmax(rows: int, rng: np.random.Generator) -> Prepared:
@@ -93,6 +97,8 @@ def _llama(orchestration: Callable) -> Callable[[int, np.random.Generator], Prep
 WORKLOADS: dict[str, Workload] = {
     "matmul": Workload("tiled float32 matmul, size x size, 128-square tiles", 1024, 1e-4, _matmul,
                        distributed=True),
+    "matmul_panels": Workload("the matmul with B packed once into panels of 32 columns, each tile product "
+                              "on a register-blocked micro-kernel (compiled)", 1024, 1e-4, _matmul_panels),
     "softmax": Workload("row softmax of size x 256 float32, 32-row tiles", 4096, 1e-5, _softmax),
     "flash_attention": Workload("causal flash attention, 8 heads x size x 64, 128-row tiles", 1024, 1e-4,
                                 _flash_attention),

@@ -28,16 +28,17 @@ P_KIND = ROW_WIDTH  # a submitted param is its layout row plus its kind (INPUT, 
 PARAM_WIDTH = ROW_WIDTH + 1
 
 
-MIN_BLOCK_SHIFT = 6
+MIN_BLOCK_SHIFT = 12
 BLOCKS_PER_OWNER_LOG2 = 8
 
 
 def block_shift(owner_nbytes: int) -> int:
     """The TensorMap hashes regions by (owner, block): about 256 blocks per owner, so a tile
-    lookup walks the entries near it rather than every entry of its array. Small owners too
-    (blocks down to a cache line): with 4 KB blocks at least, as before, every region of a
-    buffer under 32 KB was "narrow" and a write to it probed up to 10 chains per kind, where
-    a whole-buffer region is now one wide chain (a LLaMA build's softmax state tiles)."""
+    lookup walks the entries near it rather than every entry of its array. Blocks are 4 KB at
+    least, a trade measured on compiled dry builds: 64-byte blocks gave each row of a small
+    array a chain of its own (20,000 one-row tasks on 4 KB arrays: 5.7 against 8.4 ms), but
+    made a whole-buffer read after row writes probe every block (a 16 KB tile written by rows,
+    then read whole: 2.2x the cost per task); the LLaMA build did not change."""
     return max(MIN_BLOCK_SHIFT, (owner_nbytes - 1).bit_length() - BLOCKS_PER_OWNER_LOG2)
 
 

@@ -48,23 +48,27 @@ def test_the_micro_kernel_matches_float64_numpy(m, k, accumulate):
     _within_dot_bound(out, a, b, before, accumulate)
 
 
-@pytest.mark.parametrize("layout", ["narrow panels", "float64", "out is a", "a columns strided"])
+@pytest.mark.parametrize("layout", ["narrow panels", "float64", "out is a", "a is out's first panel",
+                                    "b overlaps out", "a columns strided"])
 def test_layouts_the_micro_kernel_does_not_take_go_through_blas(layout):
     rng = np.random.default_rng(7)
     if layout == "narrow panels":
         a, b, out = _operands(rng, 9, 11, 2, width=16)
     elif layout == "float64":
         a, b, out = _operands(rng, 9, 11, 2, dtype=np.float64)
-    elif layout == "out is a":  # a is out's last panel: BLAS gets a product of its own for it
-        base = rng.standard_normal((2, 9, 32)).astype(np.float32)
-        a, b, out = base[1], rng.standard_normal((2, 32, 32)).astype(np.float32), base
+    elif layout in ("out is a", "a is out's first panel"):  # read before any panel is written
+        out = rng.standard_normal((2, 9, 32)).astype(np.float32)
+        a, b = out[1 if layout == "out is a" else 0], rng.standard_normal((2, 32, 32)).astype(np.float32)
+    elif layout == "b overlaps out":
+        shared = rng.standard_normal((3, 32, 32)).astype(np.float32)
+        a, b, out = rng.standard_normal((32, 32)).astype(np.float32), shared[0:2], shared[1:3]
     else:
         a = rng.standard_normal((9, 22)).astype(np.float32)[:, ::2]
         _, b, out = _operands(rng, 9, 11, 2)
     assert not panels._micro_kernel_takes(a, b, out)
-    a_before, before = a.copy(), out.copy()
+    a_before, b_before, before = a.copy(), b.copy(), out.copy()
     panels.panels_product(a, b, out, True)
-    _within_dot_bound(out, a_before, b, before, True)
+    _within_dot_bound(out, a_before, b_before, before, True)
 
 
 @pytest.mark.parametrize("shape, tile", [((200, 96, 160), 64), ((64, 64, 64), 32), ((130, 200, 96), 96)])
@@ -85,6 +89,15 @@ def test_tiled_matmul_panels_runs_natively_with_the_serial_bits(shape, tile):
     assert result.native_tasks == result.num_tasks
     assert native.tobytes() == by_python.tobytes()
     _within_dot_bound(native, a, b, native, False)
+
+
+@pytest.mark.parametrize("shape", [(64, 0, 64), (0, 32, 64), (64, 32, 0)])
+def test_empty_products_leave_c_as_numpy_does(shape):
+    m, k, n = shape
+    a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    pto.Runtime(backend="cpu").run(tiled_matmul_panels, a, b, c, 32)
+    assert np.array_equal(c, a @ b)  # zeros where A has no columns
 
 
 def test_the_interpreted_program_submits_the_same_graph_and_bits():

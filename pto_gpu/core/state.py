@@ -90,7 +90,8 @@ DEP = np.dtype([("task", _I8), ("next", _I8)], align=True)
 # walk reads `next`, `task` and the row's owner, bounds, level and dims of most entries it
 # visits, and the rest only of those it hits: those come first, and an entry is four cache
 # lines, aligned (`aligned_table`), so a visit misses one line, not two or three.
-ENTRY = np.dtype([
+CACHE_LINE = 64
+_ENTRY_FIELDS = [
     ("next", _I8),
     ("task", _I8),  # -1 when the entry is on the free list
     ("row", _I8, (ROW_WIDTH,)),
@@ -98,9 +99,9 @@ ENTRY = np.dtype([
     ("prev", _I8),
     ("bucket", _I8),
     ("kind", _I8),  # WRITER or READER: which chain of the bucket it is on
-    ("pad", _I8, (7,)),
-], align=True)
-CACHE_LINE = 64
+]
+ENTRY = np.dtype(_ENTRY_FIELDS + [("pad", _I8, (4 * CACHE_LINE // 8 - 6 - ROW_WIDTH,))], align=True)
+assert ENTRY.itemsize == 4 * CACHE_LINE
 
 WRITER, READER = 0, 1
 

@@ -3,7 +3,9 @@
 It holds the core's tables (shared with the Python orchestrator, not copied), the
 per-slot argument tables compiled submits write so that a task's record can be built
 later (`host.Session.materialise`), the log of tasks not yet handed to the executor, the
-kernel table used to check signatures, and a few counters in `meta`. Fields are
+kernel table used to check signatures, what a submit remembers per kernel to skip work when
+tiles repeat (`layouts`, `signatures`: a run's, made with its session), and a few counters in
+`meta`. Fields are
 reassignable from Python through `set_tensormap`, because a recording run may grow the
 TensorMap while compiled code holds this reference.
 """
