@@ -37,7 +37,7 @@ def complete(header, tasks, buffers, deps, task_id, ready):
     return n_ready
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, inline="always")
 def complete_held(header, tasks, buffers, deps, task_id, ready):
     """`complete`, by a caller that holds the core lock."""
     h = header[0]
