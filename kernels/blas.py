@@ -29,9 +29,10 @@ _KINDS = {types.float32: ord("s"), types.float64: ord("d")}  # the BLAS routine'
 
 
 def takes(*arrays: np.ndarray) -> bool:
-    """Whether gemm takes these operands: 2-d, and one of DTYPES, the same for all."""
+    """Whether gemm takes these operands' dtype: one of DTYPES, the same for all (their dims are
+    the calling family's, which refuses other ranks before its library runs)."""
     dtype = arrays[0].dtype
-    return dtype in DTYPES and all(a.dtype == dtype and a.ndim == 2 for a in arrays)
+    return dtype in DTYPES and all(a.dtype == dtype for a in arrays)
 
 
 @intrinsic

@@ -116,18 +116,19 @@ def _gemm_acc(a, b, acc):
     blas.gemm(a, b, acc, True)
 
 
-def _blas_matmul(a, b, out):
-    if blas.takes(a, b, out):  # the native workers' code (below), on a Python worker
-        _gemm(a, b, out)
-    else:
-        np.matmul(a, b, out=out)
+def _cpu_library(native, accumulate: bool):
+    """A matmul family's CPU library: on a Python worker, the njit function its native workers
+    run (so both give the same bits) where BLAS takes the dtype, else numpy (which broadcasts a
+    over the panels of the panel families as BLAS's per-panel calls do)."""
+    def run(a, b, out):
+        if blas.takes(a, b, out):
+            native(a, b, out)
+        elif accumulate:
+            out += a @ b
+        else:
+            np.matmul(a, b, out=out)
 
-
-def _blas_matmul_acc(a, b, acc):
-    if blas.takes(a, b, acc):
-        _gemm_acc(a, b, acc)
-    else:
-        acc += a @ b
+    return run
 
 
 def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: int, local_memory: int | None,
@@ -162,9 +163,10 @@ def _matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
 
 
 matmul = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul", library=_cublas_matmul,
-                library_cpu=_blas_matmul, library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
+                library_cpu=_cpu_library(_gemm, False),
+                library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
 matmul_acc = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul_acc",
-                    library=_cublas_matmul_acc, library_cpu=_blas_matmul_acc,
+                    library=_cublas_matmul_acc, library_cpu=_cpu_library(_gemm_acc, True),
                     library_native=NjitEntries(_gemm_acc, blas.DTYPES))(_matmul_acc)
 
 
@@ -187,23 +189,9 @@ def _panels_acc(a, b, acc):
     panels.panels_product(a, b, acc, True)
 
 
-def _panels_cpu(a, b, out):
-    if a.dtype in blas.DTYPES and a.dtype == b.dtype == out.dtype:
-        _panels(a, b, out)
-    else:
-        np.matmul(a, b, out=out)
-
-
-def _panels_acc_cpu(a, b, acc):
-    if a.dtype in blas.DTYPES and a.dtype == b.dtype == acc.dtype:
-        _panels_acc(a, b, acc)
-    else:
-        acc += a @ b
-
-
 matmul_panels = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels",
-                       library=_cupy_panels, library_cpu=_panels_cpu,
+                       library=_cupy_panels, library_cpu=_cpu_library(_panels, False),
                        library_native=NjitEntries(_panels, blas.DTYPES))(_matmul)
 matmul_panels_acc = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels_acc",
-                           library=_cublas_matmul_acc, library_cpu=_panels_acc_cpu,
+                           library=_cublas_matmul_acc, library_cpu=_cpu_library(_panels_acc, True),
                            library_native=NjitEntries(_panels_acc, blas.DTYPES))(_matmul_acc)
