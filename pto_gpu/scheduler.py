@@ -17,7 +17,7 @@ from .core import complete as core_complete
 from .core import invariants, rings
 from .core import state as cs
 from .core.submit import submit as core_submit
-from .core.tensormap import tm_free_count, tm_sweep
+from .core.tensormap import tm_make_room
 from .dtypes import WorkerType
 from .errors import DeadlockError, InvariantError
 from .kernel import Kernel
@@ -153,14 +153,14 @@ class Scheduler:
     def make_tensormap_room(self, needed: int) -> bool:
         """Sweep stale entries, evict retired ones, or grow when recording the full graph."""
         s = self.state
-        tm_sweep(s.header, s.buffers, s.entries, s.buckets, False)
-        if tm_free_count(s.header, s.entries) >= needed:
+        # `covered` is the submit's scratch, free while the submit waits for room.
+        free = tm_make_room(s.header, s.buffers, s.entries, s.buckets, needed, not self.record, s.covered)
+        if free >= needed:
             return True
         if self.record:
             s.grow_tensormap()
             return True
-        tm_sweep(s.header, s.buffers, s.entries, s.buckets, True)
-        return tm_free_count(s.header, s.entries) >= needed
+        return False
 
     # --- heap buffers --------------------------------------------------------------------
     def heap_alloc(self, nbytes: int) -> int:

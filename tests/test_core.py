@@ -5,7 +5,7 @@ import numpy as np
 from pto_gpu.core import rings
 from pto_gpu.core import state as cs
 from pto_gpu.core.complete import complete
-from pto_gpu.core.tensormap import chain_head, tm_free_count, tm_insert, tm_remove, tm_sweep
+from pto_gpu.core.tensormap import chain_head, tm_free_count, tm_insert, tm_make_room, tm_remove
 from pto_gpu.layout import R_OWNER, layout_row
 
 
@@ -114,8 +114,10 @@ def test_tensormap_sweep_drops_dead_buffers_and_evicts_only_retired_tasks():
     tm_insert(s.header, s.entries, s.buckets, row(-1), 0, cs.READER)
     tm_insert(s.header, s.entries, s.buckets, row(-1), 3, cs.READER)
     rings.buffer_free(s.header, s.buffers, dead)
-    assert tm_sweep(s.header, s.buffers, s.entries, s.buckets, False) == 1
     s.head["last_alive"] = 2  # tasks 0 and 1 have retired
-    assert tm_sweep(s.header, s.buffers, s.entries, s.buckets, True) == 2
+    scratch = np.zeros(8, np.int64)
+    assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 8, False, scratch) == 5  # the dead one
+    assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 5, True, scratch) == 5  # room: no eviction
+    assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 6, True, scratch) == 7
     remaining = [int(s.entries["row"][e, R_OWNER]) for e in range(8) if s.entries["task"][e] >= 0]
     assert remaining == [-1] and s.head["tm_used"] == 1

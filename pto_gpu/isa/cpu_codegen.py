@@ -61,6 +61,7 @@ from numba.extending import intrinsic
 from ..dtypes import DataType
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement, walk
+from .native_abi import entry_source
 from .ops import OPCODES, Form, OpSpec
 from .verify import describe, verify_module
 
@@ -705,13 +706,11 @@ def native_entry(module: Module, name: str, directory: Path | None = None,
             "import numpy as np", "from numba import cfunc", "",
             "from pto_gpu.isa.native_abi import ENTRY, RAISED, float_scalar, int_scalar, tensor2, tensor3",
             f"from pto_gpu_isa_{digest} import {'batched' if batched else 'kernel'} as run", "", "",
-            "@cfunc(ENTRY, cache=True)", "def entry(descs, kinds, ints, floats):",
-            "    try:", f"        run({', '.join(arguments)})",
-            "    except Exception:", "        return RAISED", "    return 0", ""]
-    entry_source = "\n".join(text)
-    entry_digest = hashlib.sha256(entry_source.encode()).hexdigest()[:24]
+            "@cfunc(ENTRY, cache=True)", *entry_source(arguments)]
+    entry_text = "\n".join(text)
+    entry_digest = hashlib.sha256(entry_text.encode()).hexdigest()[:24]
     entry_path = directory / f"isa_{entry_digest}.py"
-    generated = load_source(entry_path, entry_source, entry_digest)
+    generated = load_source(entry_path, entry_text, entry_digest)
     return generated.entry.address
 
 

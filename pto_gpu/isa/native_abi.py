@@ -85,6 +85,13 @@ def int_scalar(kinds, ints, floats, k):
     return ints[k] if kinds[k] == S_INT else int(floats[k])
 
 
+def entry_source(arguments: list[str]) -> list[str]:
+    """The lines of an entry's definition: `run` called with the argument expressions (views
+    and scalars made from descs, kinds, ints and floats), an exception turned into RAISED."""
+    return ["def entry(descs, kinds, ints, floats):", "    try:", f"        run({', '.join(arguments)})",
+            "    except Exception:", "        return RAISED", "    return 0", ""]
+
+
 class NjitEntries:
     """NativeCode.entry of a hand-written numba kernel (`pto.kernel(..., njit=True)`), or of a
     kernel family's native library for the `dtypes` it takes (None: any): a cfunc per (dims of
@@ -116,12 +123,7 @@ class NjitEntries:
                  f"{_dims(p, ndim, D_STRIDE, '* descs[{0} + D_ITEMSIZE]')})" for p, ndim in enumerate(ndims)]
         values = [f"{'int' if is_int else 'float'}_scalar(kinds, ints, floats, {k})"
                   for k, is_int in enumerate(kinds)]
-        source = ("def entry(descs, kinds, ints, floats):\n"
-                  "    try:\n"
-                  f"        run({', '.join(views + values)})\n"
-                  "    except Exception:\n"
-                  "        return RAISED\n"
-                  "    return 0\n")
+        source = "\n".join(entry_source(views + values))
         namespace = dict(np=np, as_strided=as_strided, first=_first, run=self._function, D_SHAPE=D_SHAPE,
                          D_STRIDE=D_STRIDE, D_ITEMSIZE=D_ITEMSIZE, int_scalar=int_scalar,
                          float_scalar=float_scalar, RAISED=RAISED)

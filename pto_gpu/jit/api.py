@@ -25,7 +25,7 @@ from ..core.lock import store_release
 from ..core.state import FULL_TASKS, INOUT, INPUT, MAX_PARAMS, OUTPUT
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
-from ..layout import P_KIND, ROW_WIDTH
+from ..layout import P_KIND
 from ..overlap import Overlap
 from . import bridge
 from .context import (
@@ -40,7 +40,6 @@ from .context import (
     K_WORKER,
     L_CHECKED,
     L_DESC,
-    L_ROW,
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
     M_HEAP_BASE,
@@ -226,10 +225,11 @@ def submit(o, kernel_id, tensors, scalars=()):
             slot = task_id & (h.window - 1)
             rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
             _store_params(tensors, rows, kinds)
+            params = t.layout_rows[kernel_id]
             for p in range(n):
                 _check_usable(o, rows[p], p, kernel_id)
                 _layout(o, kernel_id, p, rows[p], kinds[p])
-                t.params[p, P_KIND] = kinds[p]
+                params[p, P_KIND] = kinds[p]
             if not _same_signature(t.signatures[kernel_id], rows, n):
                 if not _signature_ok(o, kernel_id, rows, n):
                     for p in range(n):
@@ -243,7 +243,7 @@ def submit(o, kernel_id, tensors, scalars=()):
             # Released before the core publishes the task: whoever sees it sees its arguments.
             store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
             status = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
-                                 t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], t.params[:n])
+                                 t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], params[:n])
             if status >= 0:
                 break
             t.arg_task[slot] = -1  # the slot is not the task's yet: making room may raise
@@ -334,9 +334,9 @@ def _note_version(o, desc):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _layout(o, kernel_id, position, desc, kind):
-    """params[position] = the layout row of desc, which an output must be able to take; both
-    remembered for the kernel's position (`layouts`), so a descriptor submitted there again
-    (flash attention's state tiles, a weight matrix) costs a comparison, not write_layout."""
+    """layout_rows[kernel_id, position] = the layout row of desc, which an output must be able to
+    take; desc remembered for the kernel's position (`layouts`), so a descriptor submitted there
+    again (flash attention's state tiles, a weight matrix) costs a comparison, not write_layout."""
     t = tables(o)
     memo = t.layouts[kernel_id, position]
     for i in range(DESC_WIDTH):
@@ -344,13 +344,11 @@ def _layout(o, kernel_id, position, desc, kind):
             for j in range(DESC_WIDTH):
                 memo[L_DESC + j] = desc[j]
             memo[L_CHECKED] = 0
-            write_layout(desc, memo[L_ROW:])
+            write_layout(desc, t.layout_rows[kernel_id, position])
             break
     if kind != INPUT and memo[L_CHECKED] == 0:
         _check_writable(o, desc, position, kernel_id)
         memo[L_CHECKED] = 1
-    for i in range(ROW_WIDTH):
-        t.params[position, i] = memo[L_ROW + i]
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -23,7 +23,7 @@ from numba.core.extending import intrinsic
 from numba.experimental import structref
 
 from ..core import state as cs
-from ..layout import PARAM_WIDTH, ROW_WIDTH
+from ..layout import PARAM_WIDTH
 from ..params import ParamKind
 from .descriptor import D_NDIM, DESC_BYTES, DESC_WIDTH, MAX_JIT_DIMS, desc_bytes
 
@@ -66,14 +66,15 @@ K_WIDTH = 4
 # scalar kinds in the argument tables
 S_FLOAT, S_INT = 0, 1
 
-# Columns of `layouts`, per kernel and tensor position: the last descriptor submitted there, its
-# layout row, and whether it passed the output checks. A layout row is a function of the
-# descriptor alone, and tiles repeat (flash attention's state tiles are the same descriptors at
-# every pair of a query tile), so a submit whose descriptor equals the last one copies its row.
+# Columns of `layouts`, per kernel and tensor position: the last descriptor submitted there and
+# whether it passed the output checks; `layout_rows` holds its layout row and kind, the param
+# the core reads. A layout row is a function of the descriptor alone, and tiles repeat (flash
+# attention's state tiles are the same descriptors at every pair of a query tile), so a submit
+# whose descriptor equals the last one keeps its row, and the core reads the kernel's rows where
+# they are: `layout_rows[kernel, :n]` is the submit's params, with no copy.
 L_DESC = 0
 L_CHECKED = L_DESC + DESC_WIDTH  # 1 when the descriptor passed _check_writable
-L_ROW = L_CHECKED + 1
-L_WIDTH = L_ROW + ROW_WIDTH
+L_WIDTH = L_CHECKED + 1
 # Columns of `signatures`, per kernel: the tensor count of the last call that passed the shape
 # and dtype check (-1: none), then per param its dtype, dims and MAX_JIT_DIMS sizes: what the
 # check reads. A call with the same is the same verdict.
@@ -84,10 +85,10 @@ G_WIDTH = G_PARAM + cs.MAX_PARAMS * G_PARAM_WIDTH
 
 FIELDS = (
     "header", "tasks", "buffers", "deps", "entries", "buckets", "producers", "covered",
-    "params", "named", "ready", "names",
+    "named", "ready", "names",
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
     "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
-    "kernels", "kernel_shapes", "meta", "arg_task", "layouts", "signatures",
+    "kernels", "kernel_shapes", "meta", "arg_task", "layouts", "layout_rows", "signatures",
 )
 
 
@@ -221,7 +222,6 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
     fields = dict(
         header=state.header, tasks=state.tasks, buffers=state.buffers, deps=state.deps,
         entries=state.entries, buckets=state.buckets, producers=state.producers, covered=state.covered,
-        params=np.zeros((cs.MAX_PARAMS, PARAM_WIDTH), i64),  # layout rows for the core
         named=np.zeros((cs.MAX_PARAMS, DESC_WIDTH), i64),  # descriptors an error names (jit.api._fail_naming)
         ready=np.zeros(len(state.deps), i64),  # completion scratch
         names=np.zeros(MAX_NAMES, i64),  # sizes bound to dim names while checking shapes
@@ -236,6 +236,7 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
         kernels=kernels, kernel_shapes=kernel_shapes, meta=meta,
         arg_task=args.task,
         layouts=np.zeros((len(kernels), cs.MAX_PARAMS, L_WIDTH), i64),
+        layout_rows=np.zeros((len(kernels), cs.MAX_PARAMS, PARAM_WIDTH), i64),
         signatures=np.zeros((len(kernels), G_WIDTH), i64),
     )
     fields["layouts"][:, :, L_DESC + D_NDIM] = -1  # no descriptor has: nothing remembered yet
