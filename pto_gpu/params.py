@@ -19,7 +19,10 @@ class ParamKind(enum.IntEnum):
     SCALAR = 3
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+# A value: made by pto.input/output/inout/scalar and not changed after. Not frozen, because a
+# frozen dataclass sets its fields through object.__setattr__: 300 ns a param against 115, a
+# seventh of a Python-level submit of two tensors. Hashable as before.
+@dataclasses.dataclass(slots=True, unsafe_hash=True)
 class Param:
     kind: ParamKind
     value: object

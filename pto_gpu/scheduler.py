@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .core import complete as core_complete
 from .core import invariants, rings
 from .core import state as cs
-from .core.submit import submit as core_submit
+from .core.by_address import complete_at, start_at, submit_at
 from .core.tensormap import tm_make_room
 from .dtypes import WorkerType
 from .errors import DeadlockError, InvariantError
@@ -64,9 +63,10 @@ class Task:
 def _bound(dispatcher, *example) -> Callable:
     """The machine code `dispatcher` compiled for the types of `example`, callable without
     numba's per-call type resolution, which costs ~170 ns per record-array argument (1 µs of a
-    Python-level submit). It checks nothing: callers pass exactly those types, the core's
-    tables (whose dtypes never change, even when the TensorMap grows), ints and C-contiguous
-    int64 arrays (the param rows of params.core_rows, the completion scratch)."""
+    Python-level submit). It checks nothing: callers pass exactly those types, ints and
+    C-contiguous int64 arrays (CoreState.addresses, the param rows of params.core_rows, the
+    completion scratch). The core's tables go by address (core/by_address.py): unboxing
+    them cost another 0.6 µs a submit."""
     signature = tuple(dispatcher.typeof_pyval(a) for a in example)
     if signature not in dispatcher.overloads:
         dispatcher.compile(signature)
@@ -101,10 +101,9 @@ class Scheduler:
     def __init__(self, state: cs.CoreState):
         self.state = state
         s = state
-        self._core_submit = _bound(core_submit, *s.tables, s.producers, s.covered, 0, 0,
-                                   np.zeros((1, PARAM_WIDTH), np.int64))
-        self._core_complete = _bound(core_complete.complete, s.header, s.tasks, s.buffers, s.deps, 0,
-                                     self.ready_scratch())
+        self._core_submit = _bound(submit_at, s.addresses, 0, 0, np.zeros((1, PARAM_WIDTH), np.int64))
+        self._core_complete = _bound(complete_at, s.addresses, 0, self.ready_scratch())
+        self._core_start = _bound(start_at, s.addresses, 0)
         self._slot_mask = state.sizes.task_window - 1
         self.records: list[Task | None] = [None] * state.sizes.task_window
         self.materialise: Callable[[int], Task] | None = None
@@ -137,8 +136,7 @@ class Scheduler:
         if arguments is not None:
             task.native = arguments.write(slot, task)
         while True:
-            status = self._core_submit(*s.tables, s.producers, s.covered, task.kernel.id, int(task.worker),
-                                       params)
+            status = self._core_submit(s.addresses, task.kernel.id, int(task.worker), params)
             if status >= 0:
                 if self.validate:
                     self.check_invariants(f"submitting task {status}")
@@ -192,7 +190,7 @@ class Scheduler:
 
     # --- execution -----------------------------------------------------------------------
     def start(self, task_id: int) -> None:
-        core_complete.start(self.state.header, self.state.tasks, task_id)
+        self._core_start(self.state.addresses, task_id)
         if self.validate:
             self.check_invariants(f"starting task {task_id}")
 
@@ -215,7 +213,7 @@ class Scheduler:
         if record is not None and record.id == task_id:
             self.records[slot] = None
         if core is None:
-            n = self._core_complete(s.header, s.tasks, s.buffers, s.deps, task_id, ready_scratch)
+            n = self._core_complete(s.addresses, task_id, ready_scratch)
         else:
             n = core(task_id, ready_scratch)
         if self.validate:

@@ -143,6 +143,23 @@ def test_tensormap_pool_too_small_raises_deadlock_quickly(executor):
     assert runtime(executor, tensormap_entries=4).run(orch, record=True).num_tasks == 1
 
 
+def test_a_recording_run_that_grows_the_tensormap_again_and_again_records_the_same_graph(executor):
+    """Each growth replaces the core's entry tables, which Python's core calls reach by address
+    (core/by_address.py): every submit after one must use the new tables."""
+    def orch(o, out):
+        X = o.external(out)
+        for i in range(64):  # every row read by later tasks: the pool only grows
+            o.submit(fill, pto.output(X[i]), float(i))
+            o.submit(add_into, pto.input(X[i]), pto.inout(X[(i + 1) % 64]))
+
+    grown, roomy = zeros(64, 4), zeros(64, 4)
+    small = runtime(executor, tensormap_entries=4).run(orch, grown, record=True)
+    large = runtime(executor).run(orch, roomy, record=True)
+    assert small.high_water["tensormap"] > 4 * 8  # grown at least four times
+    assert small.graph.edges == large.graph.edges and len(small.graph.edges) > 128
+    np.testing.assert_array_equal(grown, roomy)
+
+
 def test_deadlock_names_the_old_buffer_that_pins_reclamation():
     def orch(o):
         o.alloc((16,))  # long-lived, never freed: everything allocated after it waits behind it

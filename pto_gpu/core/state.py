@@ -160,6 +160,14 @@ class CoreState:
         # costs a fifth of `head["next_task"]` (a record made, then a field looked up), and
         # the scheduler reads three per submit. The header is never replaced, so they stay valid.
         self.at = types.SimpleNamespace(**{name: self.header[name] for name in HEADER.names})
+        self.remember_addresses()
+
+    def remember_addresses(self) -> None:
+        """`addresses`: the address and length of each table, what core/by_address.py's entries
+        take; remade whenever a table is replaced."""
+        tables = (*self.tables, self.producers, self.covered)
+        self.addresses = np.array([value for table in tables for value in (table.ctypes.data, len(table))],
+                                  np.int64)
 
     @classmethod
     def allocate(cls, sizes: Sizes) -> CoreState:
@@ -203,6 +211,7 @@ class CoreState:
         self.producers = np.zeros(len(grown), np.int64)
         self.covered = np.zeros(len(grown), np.int64)
         self.sizes = dataclasses.replace(self.sizes, tensormap_entries=len(grown))
+        self.remember_addresses()
 
 
 def aligned_table(rows: int, dtype: np.dtype) -> np.ndarray:
