@@ -2,6 +2,7 @@
 Python API, executing runs that wait on full rings, and clear errors from compiled code."""
 
 import re
+import threading
 
 import numba
 import numpy as np
@@ -115,6 +116,37 @@ def _layout_of(desc):
     row = np.zeros(PARAM_WIDTH, np.int64)
     write_layout(desc, row)
     return row[:ROW_WIDTH]
+
+
+@numba.njit(cache=True)
+def _row_chain(o, x, add_id, first, count):
+    for i in range(first, first + count):
+        pj.submit(o, add_id, (pj.input(pj.narrow(x, 0, i, i + 1)), pj.inout(pj.narrow(x, 0, i + 1, i + 2))))
+
+
+def test_compiled_code_follows_a_tensormap_that_python_submits_grew():
+    """A recording run: compiled code, then Python submits that grow the pool (new tables),
+    then compiled code again, which must use the grown tables (it waited for room for ever)."""
+    def orchestration(o, out):
+        x = o.external(out)
+        o.compiled(_row_chain, x, add_into.id, 0, 2)
+        for i in range(2, 40):
+            o.submit(add_into, pto.input(x[i]), pto.inout(x[i + 1]))
+        o.compiled(_row_chain, x, add_into.id, 40, 20)
+
+    grown, roomy = np.ones((64, 4), np.float32), np.ones((64, 4), np.float32)
+    small = pto.Runtime(backend="cpu", executor="serial", tensormap_entries=4)
+    results = []
+    runner = threading.Thread(target=lambda: results.append(small.run(orchestration, grown, record=True)),
+                              daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert results, "the second compiled call never found room in the TensorMap"
+    result = results[0]
+    expected = pto.Runtime(backend="cpu", executor="serial").run(orchestration, roomy, record=True)
+    assert len(small._scheduler.state.entries) > 64
+    assert result.graph.edges == expected.graph.edges and len(result.graph.edges) == 59
+    np.testing.assert_array_equal(grown, roomy)
 
 
 @numba.njit(cache=True)

@@ -29,7 +29,8 @@ _SCRATCH = typeof(np.zeros(1, np.int64))
 def _table(typingctx, at, index, array_type):
     """Table `index` of the addresses `at` (CoreState.addresses): the 1-d C-contiguous array of
     `array_type` (a type) at at[2 * index], of at[2 * index + 1] rows."""
-    if not isinstance(array_type, types.TypeRef) or not isinstance(index, types.IntegerLiteral):
+    addresses = isinstance(at, types.Array) and at.ndim == 1 and at.layout == "C" and at.dtype == types.int64
+    if not (addresses and isinstance(array_type, types.TypeRef) and isinstance(index, types.IntegerLiteral)):
         return None
     made = array_type.instance_type
     position = 2 * index.literal_value

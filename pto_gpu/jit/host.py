@@ -135,6 +135,7 @@ class Session:
         and the tags of the tasks submitted until the next entry."""
         self._tag_starts.append(int(self._scheduler.state.head["next_task"]))
         self._tags.append(tags)
+        self._follow_tensormap()  # Python-level submits since the last entry may have grown it
         f = self._fields
         if len(externals) > len(f["externals"]):
             f["externals"] = np.zeros((len(externals), 3), np.int64)
@@ -200,14 +201,19 @@ class Session:
             self._executor.submitted(task, bool(ready), producers)
         return delivered
 
+    def _follow_tensormap(self) -> None:
+        """Point compiled code at the core's TensorMap tables, which a recording run replaces
+        when it grows them (from compiled code's room requests or from Python-level submits)."""
+        state, f = self._scheduler.state, self._fields
+        if f["entries"] is not state.entries:
+            context.set_tensormap(self.o, state.entries, state.producers, state.covered)
+            f.update(entries=state.entries, producers=state.producers, covered=state.covered)
+
     def _make_room(self, status: int, needed: int) -> None:
         delivered = self.flush()
         if status == cs.FULL_TENSORMAP:
-            state = self._scheduler.state
-            entries = state.entries
             made = self._scheduler.make_tensormap_room(needed)
-            if state.entries is not entries:  # grown: compiled code must see the new arrays
-                context.set_tensormap(self.o, state.entries, state.producers, state.covered)
+            self._follow_tensormap()
             if made:
                 return
         if not delivered:  # the tasks just handed over may free the ring; else wait or fail
