@@ -20,8 +20,8 @@ class ParamKind(enum.IntEnum):
 
 
 # A value: made by pto.input/output/inout/scalar and not changed after. Not frozen, because a
-# frozen dataclass sets its fields through object.__setattr__: 300 ns a param against 115, a
-# seventh of a Python-level submit of two tensors. Hashable as before.
+# frozen dataclass sets its fields through object.__setattr__: 300 ns a param against 115, and
+# the two params of a Python-level submit were a tenth of its 5.8 µs. Hashable as before.
 @dataclasses.dataclass(slots=True, unsafe_hash=True)
 class Param:
     kind: ParamKind
