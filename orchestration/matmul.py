@@ -46,9 +46,10 @@ def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None
 
 
 def tiled_matmul_panels(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
-    """C = A @ B for float32 arrays with B packed once into panels of 32 columns in a heap buffer
-    (so B must fit the runtime's heap_bytes), so that every tile product runs on contiguous
-    panels (kernels/panels.py's micro-kernel on the CPU), straight into C's tile; submitted by
+    """C = A @ B for float32 arrays with B packed into panels of 32 columns, a block of `tile`
+    columns at a time, in a heap buffer (so `tile` columns of B must fit the runtime's
+    heap_bytes), so that every tile product runs on contiguous panels (kernels/panels.py's
+    micro-kernel on the CPU), into a heap accumulator copied into C's tile; submitted by
     programs/matmul.pto's compiled code."""
     if tile <= 0 or tile % PANEL or b.shape[1] % PANEL:
         raise ParamError(f"tiled_matmul_panels: the tile ({tile}) and B's columns ({b.shape[1]}) must be "

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from .backends import CapturedGraph
 from .backends.cpu import CpuBackend
@@ -36,6 +38,18 @@ from .trace import rank_path, write_trace
 log = logging.getLogger("pto_gpu")
 
 EXECUTORS = ("auto", "parallel", "stream", "serial", "dry", "sim")
+
+_blas_libraries: tuple[int, ThreadpoolController] | None = None  # (len(sys.modules), their controller)
+
+
+def _one_blas_thread() -> contextlib.AbstractContextManager:
+    """threadpool_limits(1) for a parallel run (its workers are the threads): over the thread
+    pools loaded when the scan was made, which is made again once a module has been imported
+    since (how a library with a pool of its own arrives). The scan took 1 ms of every run."""
+    global _blas_libraries
+    if _blas_libraries is None or _blas_libraries[0] != len(sys.modules):
+        _blas_libraries = (len(sys.modules), ThreadpoolController())
+    return _blas_libraries[1].limit(limits=1)
 
 
 def default_workers(executor: str) -> dict[WorkerType, int]:
@@ -216,7 +230,7 @@ class Runtime:
             executor = self._make_executor(threshold, profile, capture, schedule)
             windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
             o = Orchestrator(scheduler, self.backend, executor, recorder, windows, placement)
-            with threadpool_limits(1 if self.executor == "parallel" else None):
+            with _one_blas_thread() if self.executor == "parallel" else contextlib.nullcontext():
                 if placement is not None:  # the tensor that chains this rank's transfers
                     placement.lane = o.external(self.backend.to_device(np.zeros(1, np.uint8)))
                 orchestration(o, *args, **kwargs)

@@ -14,6 +14,7 @@ from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
+from pto_gpu.executors.native import _monotonic_ns
 
 TILE = 4
 
@@ -508,3 +509,45 @@ def test_a_hand_written_kernel_raising_in_a_native_worker_fails_the_run():
     assert set(np.delete(x, 5, axis=0).ravel()) <= {4.0, 8.0, 16.0}  # the others ran or were stopped
     x = np.ones((8, 4))
     assert rt.run(orchestration, x).native_tasks == 16 and np.array_equal(x, np.full((8, 4), 4.0))
+
+
+@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m n", "a b"), njit=True)
+def _step(previous, out, clock):
+    """out = previous + 1; clock = when it ran (CLOCK_MONOTONIC, ns)."""
+    for j in range(out.shape[1]):
+        out[0, j] = previous[0, j] + 1
+    clock[0, 0] = _monotonic_ns()
+
+
+@numba.njit(cache=True)
+def _two_chains(o, values, clocks, step_id):
+    """A gate task (values row 0 -> 1), then two chains of three that each start from the
+    gate's row: rows 2-4 and 5-7, each task reading the row before. Task i's clock: clocks[i]."""
+    pj.submit(o, step_id, (pj.input(pj.narrow(values, 0, 0, 1)), pj.output(pj.narrow(values, 0, 1, 2)),
+                           pj.output(pj.narrow(clocks, 0, 0, 1))))
+    for chain in range(2):
+        previous = 1
+        for link in range(3):
+            row = 2 + 3 * chain + link
+            pj.submit(o, step_id, (pj.input(pj.narrow(values, 0, previous, previous + 1)),
+                                   pj.output(pj.narrow(values, 0, row, row + 1)),
+                                   pj.output(pj.narrow(clocks, 0, row - 1, row))))
+            previous = row
+
+
+def _orchestrate_two_chains(o, values, clocks):
+    o.compiled(_two_chains, o.external(values), o.external(clocks), _step.id)
+
+
+def test_a_worker_runs_next_the_consumer_its_completion_made_ready():
+    """The gate's completion makes both chains ready; the one worker of their class follows the
+    chain it started (its output is in that worker's cache) instead of the ready ring's order,
+    which would alternate between the two."""
+    rt = pto.Runtime(backend="cpu", workers={pto.VECTOR: 1})
+    for _ in range(2):  # the first run learns the kernel's entry
+        values, clocks = np.zeros((8, 4)), np.zeros((7, 1))
+        result = rt.run(_orchestrate_two_chains, values, clocks)
+    assert result.native_tasks == result.num_tasks == 7
+    np.testing.assert_array_equal(values[:, 0], [0, 1, 2, 3, 4, 2, 3, 4])
+    order = np.argsort(clocks[1:, 0], kind="stable").tolist()  # chain tasks: 0-2 one chain, 3-5 the other
+    assert order in ([0, 1, 2, 3, 4, 5], [3, 4, 5, 0, 1, 2])

@@ -85,7 +85,8 @@ def test_tiled_matmul_panels_runs_natively_with_the_serial_bits(shape, tile):
     native[...] = np.nan
     result = rt.run(tiled_matmul_panels, a, b, native, tile)
     row_tiles, depth_tiles, col_tiles = -(-m // tile), -(-k // tile), -(-n // tile)
-    assert result.num_tasks == serial.num_tasks == depth_tiles * col_tiles * (1 + row_tiles)
+    # per column block: its packing copies, then per row tile the chain of products and its copy out
+    assert result.num_tasks == serial.num_tasks == col_tiles * (depth_tiles + row_tiles * (depth_tiles + 1))
     assert result.native_tasks == result.num_tasks
     assert native.tobytes() == by_python.tobytes()
     _within_dot_bound(native, a, b, native, False)

@@ -134,15 +134,28 @@ def _push_handoff(control, handoff, task_id):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, n, hand_off):
-    """Push the native ones of the n tasks in scratch[:n] on their rings; the others go to
-    `handoff` if `hand_off`, else stay in scratch (compacted to the front); how many stay."""
+def _push_next(control, ready, window, worker, task_id):
+    """Put a ready task at the front of its ring: the one its worker pops next."""
+    c = control[0]
+    c.head[worker] -= 1
+    ready[worker, c.head[worker] & (window - 1)] = task_id
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, n, hand_off, worker):
+    """Push the native ones of the n tasks in scratch[:n] on their rings, the first of class
+    `worker` (-1: none) at the front; the others go to `handoff` if `hand_off`, else stay in
+    scratch (compacted to the front); how many stay."""
     window = header[0].window
     kept = 0
     for i in range(n):
         task_id = scratch[i]
         if _is_native(tasks, kernel_info, arg_task, window, task_id):
-            _push_ready(tasks, control, ready, window, task_id)
+            if tasks[task_id & (window - 1)].worker == worker:
+                _push_next(control, ready, window, worker, task_id)
+                worker = -1
+            else:
+                _push_ready(tasks, control, ready, window, task_id)
         elif hand_off:
             _push_handoff(control, handoff, task_id)
         else:
@@ -178,7 +191,7 @@ def _complete(header, tasks, buffers, deps, control, ready, kernel_info, arg_tas
     others are left in scratch[:n], n returned."""
     acquire(header)
     n = complete_held(header, tasks, buffers, deps, task_id, scratch)
-    kept = _route(header, tasks, control, ready, scratch, kernel_info, arg_task, scratch, n, False)
+    kept = _route(header, tasks, control, ready, scratch, kernel_info, arg_task, scratch, n, False, -1)
     release(header)
     return kept
 
@@ -324,7 +337,7 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
 
         acquire(header)
         n = complete_held(header, tasks, buffers, deps, task_id, scratch)
-        _route(header, tasks, control, ready, handoff, kernel_info, args.task, scratch, n, True)
+        _route(header, tasks, control, ready, handoff, kernel_info, args.task, scratch, n, True, worker)
         release(header)
         done += 1
         if ended - entered < WAKE_AFTER_NS:
