@@ -6,8 +6,8 @@ kernel has NativeCode (kernel.py: the kernel families the ISA compiler generates
 BLAS library, and `pto.kernel(..., njit=True)`):
 a worker thread then pops it, calls its kernel's native entry (isa/native_abi.py) and
 completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
-consumers that made ready; Python sees the loop only every BUDGET tasks. Everything else runs
-the Python way (executors/parallel.py), and the two hand tasks to each other:
+consumers that made ready; Python sees the loop only every BUDGET tasks and SLICE_NS.
+Everything else runs the Python way (executors/parallel.py), and the two hand tasks to each other:
 
   - the ready native tasks of each worker class wait in a ring here (`ready`); the
     orchestrator's log flush (jit/host.py) and the executor's flush (`queue`) push those
@@ -52,7 +52,10 @@ from ..params import ParamKind
 from ..profile import Lane
 from ..scheduler import Scheduler, Task
 
-BUDGET = 64  # tasks a native loop runs before Python looks (completions counted, sleepers woken)
+# A native loop runs at least BUDGET tasks and SLICE_NS before Python looks (completions
+# counted, hand-offs queued, sleepers woken): each look takes the GIL and the executor's lock.
+BUDGET = 64
+SLICE_NS = 1_000_000
 # A native loop that has run this long returns as soon as it makes ready a task that a sleeping
 # worker could take, so that the executor wakes it: waking costs a Python round trip (~5 us),
 # worth it for tasks of that size, not for the tiny tasks of a loop that has just started.
@@ -297,13 +300,14 @@ def _enter(header, keys, addresses, filled, key, address):
 def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, args, keys, addresses, worker,
            scratch, key, stats, budget):
     """Run and complete the ready native tasks of class `worker` until there are none, a task
-    needs Python (handed off), a kernel raised (control.failed) or `budget` have run; how many
-    ran. stats[kernel] += (tasks, ns)."""
+    needs Python (handed off), a kernel raised (control.failed), or `budget` have run in at
+    least SLICE_NS; how many ran. stats[kernel] += (tasks, ns)."""
     window = header[0].window
     c = control[0]
     done = 0
     entered = _monotonic_ns()
-    while done < budget:
+    ended = entered
+    while done < budget or ended - entered < SLICE_NS:
         acquire(header)
         if c.head[worker] == c.tail[worker] or c.handoff_head != c.handoff_tail:
             release(header)  # nothing to do, or Python has (a task to queue)
