@@ -97,7 +97,7 @@ def _llama(orchestration: Callable) -> Callable[[int, np.random.Generator], Prep
 WORKLOADS: dict[str, Workload] = {
     "matmul": Workload("tiled float32 matmul, size x size, 128-square tiles", 1024, 1e-4, _matmul,
                        distributed=True),
-    "matmul_panels": Workload("the matmul with B packed once into panels of 32 columns, each tile product "
+    "matmul_panels": Workload("the matmul with B packed into panels of 32 columns, each tile product "
                               "on a register-blocked micro-kernel (compiled)", 1024, 1e-4, _matmul_panels),
     "softmax": Workload("row softmax of size x 256 float32, 32-row tiles", 4096, 1e-5, _softmax),
     "flash_attention": Workload("causal flash attention, 8 heads x size x 64, 128-row tiles", 1024, 1e-4,

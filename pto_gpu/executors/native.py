@@ -307,11 +307,10 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
     done = 0
     entered = _monotonic_ns()
     ended = entered
-    while done < budget or ended - entered < SLICE_NS:
-        acquire(header)
-        if c.head[worker] == c.tail[worker] or c.handoff_head != c.handoff_tail:
-            release(header)  # nothing to do, or Python has (a task to queue)
-            break
+    # The lock is held at the top of the loop: a completion and the pop that follows it are one
+    # hold, so the consumer _route put first is this loop's next task, not another worker's.
+    acquire(header)
+    while c.head[worker] != c.tail[worker] and c.handoff_head == c.handoff_tail:  # else Python has a task
         task_id = ready[worker, c.head[worker] & (window - 1)]
         c.head[worker] += 1
         slot = task_id & (window - 1)
@@ -320,7 +319,6 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
             address = addresses[_find(keys, addresses, key)]
         if address <= 0:  # not learnt yet, or no entry: the Python way
             _push_handoff(control, handoff, task_id)
-            release(header)
             break
         start_held(header, tasks, task_id)
         release(header)
@@ -330,26 +328,31 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
                             args.int[slot].ctypes.data, args.float[slot].ctypes.data)
         kernel = tasks[slot].kernel
         ended = _monotonic_ns()
+        acquire(header)
         if status != 0:  # not completed: its consumers never run; Python raises its TaskError
-            acquire(header)
             if c.failed < 0:
                 c.failed = task_id
-            release(header)
-            return done
+            break
         stats[kernel, 0] += 1
         stats[kernel, 1] += ended - began
-
-        acquire(header)
         n = complete_held(header, tasks, buffers, deps, task_id, scratch)
         _route(header, tasks, control, ready, handoff, kernel_info, args.task, scratch, n, True, worker)
-        release(header)
         done += 1
-        if ended - entered < WAKE_AFTER_NS:
-            continue
-        for other in range(CLASSES):  # more than this loop takes next, and a worker asleep: wake it
-            if c.sleeping[other] and c.tail[other] - c.head[other] > (other == worker):
-                return done
+        if done >= budget and ended - entered >= SLICE_NS:
+            break
+        if ended - entered >= WAKE_AFTER_NS and _sleeper_could_take(c, worker):
+            break
+    release(header)
     return done
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _sleeper_could_take(c, worker):
+    """Whether a class has more ready tasks than this loop takes next, and a worker asleep."""
+    for other in range(CLASSES):
+        if c.sleeping[other] and c.tail[other] - c.head[other] > (other == worker):
+            return True
+    return False
 
 
 class NativeLanes:
