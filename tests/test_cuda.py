@@ -117,14 +117,38 @@ def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor):
     np.testing.assert_allclose(rt.backend.to_host(got), want, atol=1e-5 * np.abs(want).max())
 
 
+HOLD = r"""
+extern "C" __global__ void hold(unsigned long long nanoseconds) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < nanoseconds);
+}"""
+
+
+def hold_streams(rt: pto.Runtime, workers: dict, seconds: float) -> None:
+    """Keep the stream executor's streams busy for `seconds`, so that nothing the run issues
+    retires before the orchestrator has filled the heap: a GPU runs a 64-wide tile's tasks
+    faster than Python submits them, and the heap would never fill."""
+    import cupy
+
+    hold = cupy.RawKernel(HOLD, "hold")
+    for worker, count in workers.items():
+        for i in range(count):
+            with rt.backend.stream((worker.name, i)):
+                hold((1,), (1,), (np.uint64(seconds * 1e9),))
+
+
 @needs_gpu
 @pytest.mark.parametrize("executor", ["parallel", "stream"])
 def test_back_pressure_with_a_heap_of_two_tiles(executor):
     rng = np.random.default_rng(6)
     a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    workers = {pto.CUBE: 2, pto.VECTOR: 2}
     rt = pto.Runtime(backend="cuda", executor=executor, heap_bytes=2 * 64 * 64 * 4, task_window=8,
-                     workers={pto.CUBE: 2, pto.VECTOR: 2})
+                     workers=workers)
     c = rt.backend.to_device(np.zeros((256, 256), np.float32))
+    if executor == "stream":
+        hold_streams(rt, workers, 0.2)
     result = rt.run(tiled_matmul, rt.backend.to_device(a), rt.backend.to_device(b), c, tile=64)
     assert result.high_water["heap_bytes"] == 2 * 64 * 64 * 4 and result.stalls
     expected = a.astype(np.float64) @ b

@@ -119,6 +119,40 @@ def test_an_object_that_is_no_array_is_refused_by_name():
         pto.Runtime(backend="cpu").run(lambda o: o.external({}))
 
 
+class TorchLike:
+    """A view as PyTorch shows one, without PyTorch: its type's module is torch's, and it tells
+    the storage it views (`untyped_storage`), here a numpy array's."""
+
+    __module__ = "torch"
+
+    class Storage:
+        def __init__(self, base: np.ndarray):
+            self._base = base
+
+        def data_ptr(self) -> int:
+            return self._base.ctypes.data
+
+        def nbytes(self) -> int:
+            return self._base.nbytes
+
+    def __init__(self, base: np.ndarray, view: np.ndarray):
+        self._base = base
+        self.__array_interface__ = view.__array_interface__
+        self._view = view
+
+    def untyped_storage(self) -> "TorchLike.Storage":
+        return TorchLike.Storage(self._base)
+
+
+def test_a_torch_view_owns_its_whole_storage():
+    base = np.zeros(16, np.float32)
+    owners = []
+    views = (TorchLike(base, base[2:8]), TorchLike(base, base[4:12]))
+    pto.Runtime(backend="cpu").run(lambda o: owners.extend(o.external(v).buffer for v in views))
+    assert owners[0] is owners[1]  # neither view holds the other: only the storage makes them one
+    assert (owners[0].base, owners[0].nbytes) == (base.ctypes.data, base.nbytes)
+
+
 def test_torch_views_share_their_storage_as_owner():
     torch = pytest.importorskip("torch")
     base = torch.zeros(16)

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import nvrtc
 import pytest
+from pto_gpu.kernels.llm import flash_pv, flash_scores
 from test_isa_cuda import FUNCTIONS, LOOP_STATE_SPILLS, _source
 
 from pto_gpu.backends import cuda_abi
@@ -59,3 +60,24 @@ def test_nvrtc_compiles_without_warnings_spills_or_local_memory(nvrtc_logs, labe
         assert (stores, loads) == ("0", "0") or name in LOOP_STATE_SPILLS, (name, log)
         # sin and cos keep an array for their argument reduction (as under nvcc), not a tile
         assert stack == "0" or name == "pto_unary" or name in LOOP_STATE_SPILLS, (name, log)
+
+
+# The products at attention's 128-row tiles, as the demo and bench/test_gpu.py launch them.
+# Unrolled whole, their inner k loops took NVRTC 12 s (with spills) and 72 s.
+ATTENTION_PRODUCTS = [(flash_scores, ((8, 128, 64), (8, 128, 64), (8, 128, 128)), (0, 0, 1)),
+                      (flash_pv, ((8, 128, 128), (8, 128, 64), (8, 128, 1), (8, 128, 64)), ())]
+
+
+@pytest.mark.parametrize(("kernel", "shapes", "scalars"), ATTENTION_PRODUCTS,
+                         ids=[kernel.name for kernel, *_ in ATTENTION_PRODUCTS])
+def test_attention_products_at_128_row_tiles_compile_without_spills(kernel, shapes, scalars):
+    try:
+        nvrtc.library()
+    except OSError as e:
+        pytest.skip(f"libnvrtc cannot be loaded: {e}")
+    source = kernel.cuda.code_for(list(shapes), np.float32, scalars).source
+    options = (*nvrtc.cupy_options(cuda_abi.nvrtc_options(source.parent, np.float32, kernel.name), 90),
+               "--ptxas-options=-v")
+    ok, log = nvrtc.compile_cubin(source.read_text(), options, source.name)
+    assert ok, log
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log), log

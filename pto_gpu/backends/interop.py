@@ -47,12 +47,13 @@ def extent(data: int, shape: tuple[int, ...], strides: tuple[int, ...], itemsize
 
 
 def torch_storage(array: object) -> tuple[int, int] | None:
-    """(address, bytes) of the storage a PyTorch tensor views, which all its views share (as
-    numpy views share their base); None for anything else."""
+    """[first byte, one past the last byte) of the storage a PyTorch tensor views, which all
+    its views share (as numpy views share their base), as `extent` gives; None for anything
+    else."""
     if not type(array).__module__.startswith("torch") or not hasattr(array, "untyped_storage"):
         return None
     storage = array.untyped_storage()
-    return storage.data_ptr(), storage.nbytes()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
 
 
 def dlpack_read_only(capsule: object) -> bool:

@@ -56,6 +56,11 @@ HEADER = Path(__file__).with_name("pto_isa.cuh")
 WARP = 32
 WARPS = THREADS_PER_BLOCK // WARP
 SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
+# How far a product's inner loop over one lane slot of k is unrolled. Left to the compiler it
+# is unrolled whole, inside the unrolled row and slot loops, and NVRTC took 12 s and 72 s for
+# attention's two products at 128-row tiles (88 s for the demo's first run on an H200); at 4,
+# about 2 s each. The loop indexes no register array, so unrolling it keeps no tile in registers.
+MATMUL_K_UNROLL = 4
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 
@@ -247,7 +252,9 @@ class _Generator:
         out.add(f"#define PTO_WARPS {WARPS}")
         out.extend(HEADER.read_text().splitlines())
         out.add("")
-        out.add(f'extern "C" __global__ void __launch_bounds__(PTO_THREADS) pto_{name}(')
+        # At least one block per SM: without it ptxas held some tile-in-register kernels to
+        # 128 registers and spilled (flash_pv at 8 x 128 x 128: 196 bytes, with 234 needed).
+        out.add(f'extern "C" __global__ void __launch_bounds__(PTO_THREADS, 1) pto_{name}(')
         out.add("    " + ",\n    ".join(params) + ") {")
         out.indent += 1
         out.add("[[maybe_unused]] const int pto_lane = threadIdx.x % 32;")
@@ -678,6 +685,7 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
                 "PTO_UNROLL", f"for (int j = 0; j < {slots}; ++j) acc[j] = ({t})0;",
                 *(_cols(tile, "vc", [f"acc[j] = {_el(g, dst)};"]) if spec.accumulate else []),
                 "PTO_UNROLL", f"for (int kj = 0; kj < {math.ceil(left.cols / WARP)}; ++kj) {{",
+                f"    PTO_UNROLL_BY({MATMUL_K_UNROLL})",
                 "    for (int kl = 0; kl < 32; ++kl) {", "        const long long k = 32 * kj + kl;",
                 "        if (k >= kn) break;", f"        const {g.ctype(a)} x_a = {x_a};",
                 *_indent(_cols(tile, "vc", [f"acc[j] += x_a * {b}[k][c];"]), 2), "    }", "}",

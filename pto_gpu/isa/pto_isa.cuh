@@ -39,6 +39,8 @@
 #endif
 #define PTO_INF __int_as_float(0x7f800000)
 #define PTO_UNROLL _Pragma("unroll")
+#define PTO_PRAGMA(text) _Pragma(#text)
+#define PTO_UNROLL_BY(count) PTO_PRAGMA(unroll count)
 // The opcode table's templates mix the tile type with double literals (fmax(x, 0.0)); these keep
 // float tiles in float where nvcc would otherwise find only std's host-side template.
 __device__ inline float fmax(float a, double b) { return fmaxf(a, (float)b); }
@@ -56,9 +58,10 @@ __device__ inline float fmin(float a, double b) { return fminf(a, (float)b); }
 #define __global__
 #define __device__
 #define __shared__ static
-#define __launch_bounds__(threads)
+#define __launch_bounds__(...)
 #define PTO_INF INFINITY
 #define PTO_UNROLL
+#define PTO_UNROLL_BY(count)
 using std::cos;
 using std::exp;
 using std::fabs;
