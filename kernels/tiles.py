@@ -86,9 +86,8 @@ def _copy(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int
 
 copy = family(worker=pto.ACCELERATOR, shapes=("m n", "m n"), name="copy")(_copy)
 # The same copy for each index of a leading batch dim, on the CUBE workers: its user,
-# tiled_matmul_panels, packs B's panels and moves each accumulator into C with it, so these
-# copies run beside the products, the accumulator's on the worker whose cache holds it. On the
-# one ACCELERATOR worker each took a wake-up across classes: the 2048² run was 1.6x slower.
+# tiled_matmul_panels, packs B's panels with it, so these copies run beside the products. On
+# the one ACCELERATOR worker each took a wake-up across classes: the 2048² run was 1.6x slower.
 copy_batched = family(worker=pto.CUBE, shapes=("b m n", "b m n"), name="copy_batched")(_copy)
 
 
@@ -135,9 +134,10 @@ def _cpu_library(native, accumulate: bool):
 
 
 def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: int, local_memory: int | None,
-             accumulate: bool) -> None:
-    """out (=, or += with `accumulate`) a @ b; on CUDA in blocks of COLUMN_BLOCK columns when
-    b is too wide for even 8 of its rows to fit shared memory (a 4096 x 11008 weight)."""
+             accumulate: bool, source: str | None = None) -> None:
+    """out = a @ b, plus `source` (default: out itself) with `accumulate`; on CUDA in blocks of
+    COLUMN_BLOCK columns when b is too wide for even 8 of its rows to fit shared memory (a
+    4096 x 11008 weight)."""
     wide = local_memory is not None and 8 * n * min(k, 8) > local_memory
     cols = min(n, COLUMN_BLOCK) if wide else n
     column: int | str = "j" if wide else 0
@@ -145,7 +145,7 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
     if wide:
         f.for_loop("j", 0, n, cols)
     if accumulate:
-        f.load("c", out, 0, column)
+        f.load("c", source or out, 0, column)
     contract(f, dtype, "c", "a", "b", m, k, cols, local_memory, accumulate=accumulate, b_col=column)
     f.store(out, "c", 0, column)
     if wide:
@@ -165,6 +165,14 @@ def _matmul_acc(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
     _product(f, dtype, "acc", m, k, n, local_memory, accumulate=True)
 
 
+def _matmul_add(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
+                local_memory: int | None) -> None:
+    """out = acc + a @ b."""
+    f.memref("a", dtype, (m, k)).memref("b", dtype, (k, n)).memref("acc", dtype, (m, n))
+    f.memref("out", dtype, (m, n))
+    _product(f, dtype, "out", m, k, n, local_memory, accumulate=True, source="acc")
+
+
 matmul = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul", library=_cublas_matmul,
                 library_cpu=_cpu_library(_gemm, False),
                 library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
@@ -175,9 +183,10 @@ matmul_acc = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul_
 
 # The products of a tiled matmul whose right operand is packed in panels of 32 columns
 # (orchestration/matmul.py's tiled_matmul_panels): out[q] (+)= a @ b[q] for each panel q of b
-# (panels, k, n) and of out (panels, m, n), a SPLIT view of the output tile. Each panel's program
-# is matmul's (the definition, and the CUDA code); the CPU runs kernels/panels.py's micro-kernel,
-# CUDA cuBLAS (matmul_acc's library broadcasts a over the panels as it is).
+# (panels, k, n) and of out (panels, m, n), a SPLIT view of the output tile, and out[q] =
+# acc[q] + a @ b[q]. Each panel's program is a matmul's (the definition, and the CUDA code);
+# the CPU runs kernels/panels.py's micro-kernel, CUDA cuBLAS (matmul_acc's library broadcasts a
+# over the panels as it is).
 def _cupy_panels(a, b, out):
     out[...] = a @ b  # CuPy arrays: a broadcast over the panels; out a strided view of C
 
@@ -192,9 +201,31 @@ def _panels_acc(a, b, acc):
     panels.panels_product(a, b, acc, True)
 
 
+def _cupy_panels_add(a, b, acc, out):
+    out[...] = acc + a @ b  # CuPy arrays, as _cupy_panels
+
+
+@njit(nogil=True, cache=True)
+def _panels_add(a, b, acc, out):
+    panels.panels_product_add(a, b, acc, out)
+
+
+def _cpu_panels_add(a, b, acc, out):
+    """matmul_panels_add's CPU library: as _cpu_library's, with acc a fourth operand."""
+    if blas.takes(a, b, acc, out):
+        _panels_add(a, b, acc, out)
+    else:
+        out[...] = acc + a @ b
+
+
 matmul_panels = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels",
                        library=_cupy_panels, library_cpu=_cpu_library(_panels, False),
                        library_native=NjitEntries(_panels, blas.DTYPES))(_matmul)
 matmul_panels_acc = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels_acc",
                            library=_cublas_matmul_acc, library_cpu=_cpu_library(_panels_acc, True),
                            library_native=NjitEntries(_panels_acc, blas.DTYPES))(_matmul_acc)
+# The last product of a chain accumulated in a heap tile, written into C's tile from it: one
+# pass over C's strided rows, where a product into the accumulator and a copy took two tasks.
+matmul_panels_add = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n", "p m n"),
+                           name="matmul_panels_add", library=_cupy_panels_add, library_cpu=_cpu_panels_add,
+                           library_native=NjitEntries(_panels_add, blas.DTYPES))(_matmul_add)

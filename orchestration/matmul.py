@@ -48,11 +48,11 @@ def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None
 def tiled_matmul_panels(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
     """C = A @ B for float32 arrays with B packed into panels of 32 columns, a block of `tile`
     columns at a time, in a heap buffer, so that every tile product runs on contiguous panels
-    (kernels/panels.py's micro-kernel on the CPU), into a heap accumulator copied into C's tile;
-    submitted by programs/matmul.pto's compiled code. The heap must hold a column block's
-    panels and the accumulators of its row tiles, which the heap ring frees only after the
-    panels allocated before them: (k + m) x tile x 4 bytes, 2 MB for 2048² in 128-column
-    blocks (B packed whole took k x n x 4)."""
+    (kernels/panels.py's micro-kernel on the CPU), into a heap accumulator from which the last
+    product writes C's tile; submitted by programs/matmul.pto's compiled code. The heap must
+    hold a column block's panels and the accumulators of its row tiles, which the heap ring
+    frees only after the panels allocated before them: (k + m) x tile x 4 bytes, 2 MB for 2048²
+    in 128-column blocks (B packed whole took k x n x 4)."""
     if tile <= 0 or tile % PANEL or b.shape[1] % PANEL:
         raise ParamError(f"tiled_matmul_panels: the tile ({tile}) and B's columns ({b.shape[1]}) must be "
                          f"positive multiples of the panel width, {PANEL}")

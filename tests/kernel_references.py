@@ -46,6 +46,7 @@ REFERENCES = {
     "matmul_acc": lambda a, b, acc: _set(acc, acc + a @ b),
     "matmul_panels": lambda a, b, out: _set(out, a @ b),  # a (m, k) against each panel b[q]
     "matmul_panels_acc": lambda a, b, acc: _set(acc, acc + a @ b),
+    "matmul_panels_add": lambda a, b, acc, out: _set(out, acc + a @ b),
     "add": lambda a, b, out: _set(out, a + b),
     "sub": lambda a, b, out: _set(out, a - b),
     "mul": lambda a, b, out: _set(out, a * b),

@@ -48,6 +48,39 @@ def test_the_micro_kernel_matches_float64_numpy(m, k, accumulate):
     _within_dot_bound(out, a, b, before, accumulate)
 
 
+@pytest.mark.parametrize("m, k", [(128, 128), (13, 7), (1, 300)])
+def test_the_micro_kernel_adds_a_separate_accumulator(m, k):
+    rng = np.random.default_rng(m + k)
+    a, b, out = _operands(rng, m, k, 3)
+    acc = rng.standard_normal(out.shape).astype(np.float32)  # contiguous, as a heap accumulator
+    assert panels._micro_kernel_takes(a, b, out) and panels._source_takes(acc, out)
+    acc_before = acc.copy()
+    panels.panels_product_add(a, b, acc, out)
+    _within_dot_bound(out, a, b, acc_before, True)
+    assert acc.tobytes() == acc_before.tobytes()  # read, never written
+
+
+@pytest.mark.parametrize("layout", ["acc is out", "acc overlaps out", "acc columns strided",
+                                    "no columns of a"])
+def test_accumulators_in_every_layout_are_added_as_numpy_does(layout):
+    rng = np.random.default_rng(9)
+    a, b, out = _operands(rng, 9, 0 if layout == "no columns of a" else 11, 2)
+    if layout == "acc is out":
+        acc = out
+    elif layout == "acc overlaps out":  # out's panels shifted by one row over the same matrix
+        shared = rng.standard_normal((2, 10, 32)).astype(np.float32)
+        acc, out = shared[:, 1:], shared[:, :9]
+    elif layout == "acc columns strided":
+        acc = rng.standard_normal((2, 9, 64)).astype(np.float32)[:, :, ::2]
+    else:
+        acc = rng.standard_normal(out.shape).astype(np.float32)
+    acc_before = acc.copy()
+    if layout in ("acc overlaps out", "acc columns strided"):  # the micro-kernel's fallbacks
+        assert not panels._source_takes(acc, out)
+    panels.panels_product_add(a, b, acc, out)
+    _within_dot_bound(out, a, b, acc_before, True)
+
+
 @pytest.mark.parametrize("layout", ["narrow panels", "float64", "out is a", "a is out's first panel",
                                     "b overlaps out", "a columns strided"])
 def test_layouts_the_micro_kernel_does_not_take_go_through_blas(layout):
@@ -71,7 +104,8 @@ def test_layouts_the_micro_kernel_does_not_take_go_through_blas(layout):
     _within_dot_bound(out, a_before, b_before, before, True)
 
 
-@pytest.mark.parametrize("shape, tile", [((200, 96, 160), 64), ((64, 64, 64), 32), ((130, 200, 96), 96)])
+@pytest.mark.parametrize("shape, tile", [((200, 96, 160), 64), ((64, 64, 64), 32), ((130, 200, 96), 96),
+                                         ((100, 50, 64), 64)])  # the last: one product per tile of C
 def test_tiled_matmul_panels_runs_natively_with_the_serial_bits(shape, tile):
     m, k, n = shape
     rng = np.random.default_rng(m + k + n)
@@ -85,8 +119,8 @@ def test_tiled_matmul_panels_runs_natively_with_the_serial_bits(shape, tile):
     native[...] = np.nan
     result = rt.run(tiled_matmul_panels, a, b, native, tile)
     row_tiles, depth_tiles, col_tiles = -(-m // tile), -(-k // tile), -(-n // tile)
-    # per column block: its packing copies, then per row tile the chain of products and its copy out
-    assert result.num_tasks == serial.num_tasks == col_tiles * (depth_tiles + row_tiles * (depth_tiles + 1))
+    # per column block: its packing copies, then per row tile the chain of products, the last into C
+    assert result.num_tasks == serial.num_tasks == col_tiles * (depth_tiles + row_tiles * depth_tiles)
     assert result.native_tasks == result.num_tasks
     assert native.tobytes() == by_python.tobytes()
     _within_dot_bound(native, a, b, native, False)
@@ -124,4 +158,13 @@ def test_operands_of_other_shapes_are_refused_before_any_write():
     a, b, out = np.ones((9, 4), np.float32), np.ones((2, 4, 32), np.float32), np.zeros((2, 8, 32), np.float32)
     with pytest.raises(ValueError, match="shapes are not a"):
         panels.panels_product(a, b, out, False)
+    assert not out.any()
+
+
+@pytest.mark.parametrize("acc", [np.ones((2, 9, 16), np.float32), np.ones((2, 9, 32))],
+                         ids=["shape", "dtype"])
+def test_an_accumulator_unlike_out_is_refused_before_any_write(acc):
+    a, b, out = np.ones((9, 4), np.float32), np.ones((2, 4, 32), np.float32), np.zeros((2, 9, 32), np.float32)
+    with pytest.raises(ValueError, match="acc is not shaped as out, or not of its dtype"):
+        panels.panels_product_add(a, b, acc, out)
     assert not out.any()

@@ -59,7 +59,8 @@ SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
 # How far a product's inner loop over one lane slot of k is unrolled. Left to the compiler it
 # is unrolled whole, inside the unrolled row and slot loops, and NVRTC took 12 s and 72 s for
 # attention's two products at 128-row tiles (88 s for the demo's first run on an H200); at 4,
-# about 2 s each. The loop indexes no register array, so unrolling it keeps no tile in registers.
+# about 2 s each. The loop indexes no register array, so a partial unroll cannot push a tile
+# out of registers: only the loops that index one (rows, slots) must unroll whole.
 MATMUL_K_UNROLL = 4
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
