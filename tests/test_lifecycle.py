@@ -7,6 +7,7 @@ import pytest
 from conftest import add_into, explode, fill, noop, runtime, worker_threads, zeros
 
 import pto_gpu as pto
+from pto_gpu.core import state as cs
 
 
 def test_scope_frees_what_it_allocated_and_heap_is_reused(executor):
@@ -158,6 +159,29 @@ def test_a_recording_run_that_grows_the_tensormap_again_and_again_records_the_sa
     assert small.high_water["tensormap"] > 4 * 8  # grown at least four times
     assert small.graph.edges == large.graph.edges and len(small.graph.edges) > 128
     np.testing.assert_array_equal(grown, roomy)
+
+
+@pytest.mark.parametrize("entries", [4, None], ids=["grown", "roomy"])
+def test_each_run_starts_from_a_tensormap_pool_as_a_new_one(entries):
+    """A reset rewrites only the pool entries a run touched (its most in use, as it takes them
+    in order), or all of a grown pool: either way the next run meets a pool equal to a new
+    one's, and records the same graph."""
+    def orch(o, out, rows):
+        X = o.external(out)
+        for i in range(rows):
+            o.submit(fill, pto.output(X[i]), float(i))
+            o.submit(add_into, pto.input(X[i]), pto.inout(X[(i + 1) % rows]))
+
+    rt = runtime("serial", **({} if entries is None else {"tensormap_entries": entries}))
+    state = rt._scheduler.state
+    graphs = []
+    for rows in (40, 8, 40):
+        graphs.append(rt.run(orch, zeros(rows, 4), rows, record=True).graph.edges)
+        grown = len(state.entries) > (entries or len(state.entries))
+        assert grown or state.head["hw_tm"] < len(state.entries) // 2  # a reset of part of the pool
+        state.reset()  # what the next run begins with (a second reset changes nothing)
+        assert state.entries.tobytes() == cs.CoreState.allocate(state.sizes).entries.tobytes()
+    assert graphs[0] == graphs[2]
 
 
 def test_deadlock_names_the_old_buffer_that_pins_reclamation():
