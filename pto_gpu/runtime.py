@@ -243,7 +243,7 @@ class Runtime:
                 placement.transport.fail()  # first, so that no rank waits for this one
             if executor is not None:
                 executor.abort()
-            scheduler.reset(record)  # nothing of an unwound run stays in the rings
+            scheduler.reset(record, whole=True)  # nothing of an unwound run stays in the rings
             if placement is not None:
                 raise conclude(placement.transport, error) from None
             raise
@@ -251,7 +251,7 @@ class Runtime:
             if o is not None:
                 o.close()
         if placement is not None and (error := conclude(placement.transport, None)) is not None:
-            scheduler.reset(record)
+            scheduler.reset(record, whole=True)
             raise error
         seconds = time.perf_counter() - started
         measured = profile.measured()

@@ -114,8 +114,8 @@ class Scheduler:
         """Drop the records native completions left in their slots: they hold the run's arrays."""
         self.records = [None] * len(self.records)
 
-    def reset(self, record: bool) -> None:
-        self.state.reset()
+    def reset(self, record: bool, whole: bool = False) -> None:
+        self.state.reset(whole)
         self.release_records()
         self.materialise = None
         self.record = record

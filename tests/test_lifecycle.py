@@ -7,7 +7,6 @@ import pytest
 from conftest import add_into, explode, fill, noop, runtime, worker_threads, zeros
 
 import pto_gpu as pto
-from pto_gpu.core import state as cs
 
 
 def test_scope_frees_what_it_allocated_and_heap_is_reused(executor):
@@ -163,25 +162,41 @@ def test_a_recording_run_that_grows_the_tensormap_again_and_again_records_the_sa
 
 @pytest.mark.parametrize("entries", [4, None], ids=["grown", "roomy"])
 def test_each_run_starts_from_a_tensormap_pool_as_a_new_one(entries):
-    """A reset rewrites only the pool entries a run touched (its most in use, as it takes them
-    in order), or all of a grown pool: either way the next run meets a pool equal to a new
-    one's, and records the same graph."""
-    def orch(o, out, rows):
-        X = o.external(out)
-        for i in range(rows):
-            o.submit(fill, pto.output(X[i]), float(i))
-            o.submit(add_into, pto.input(X[i]), pto.inout(X[(i + 1) % rows]))
-
+    """A reset rewrites only the pool entries a run touched (its first hw_tm, as it takes them
+    in order), a grown pool whole, and all of it after a failed run: each run begins with the
+    pool of a new runtime, built here apart from reset_tables, and records the same graph."""
     rt = runtime("serial", **({} if entries is None else {"tensormap_entries": entries}))
     state = rt._scheduler.state
+    as_new = []
+
+    def orch(o, out, rows, fail):
+        pool = state.entries
+        new = np.zeros(len(pool), pool.dtype)
+        new["task"] = -1
+        new["next"] = np.arange(1, len(pool) + 1)
+        new["next"][-1] = -1
+        as_new.append(pool.tobytes() == new.tobytes() and state.entries_to_reset == 0)
+        X = o.external(out)
+        for i in range(rows):
+            t = o.alloc((4,))  # heap tiles: their entries go stale and are swept
+            o.submit(fill, pto.output(t), float(i))
+            o.submit(add_into, pto.input(t), pto.inout(X[i]))
+            o.free(t)
+            o.submit(add_into, pto.input(X[i]), pto.inout(X[(i + 1) % rows]))
+        if fail:
+            o.submit(explode, pto.inout(X[0]))
+
     graphs = []
-    for rows in (40, 8, 40):
-        graphs.append(rt.run(orch, zeros(rows, 4), rows, record=True).graph.edges)
+    for rows, fail in ((40, False), (8, False), (30, True), (8, False), (40, False)):
+        if fail:
+            with pytest.raises(pto.TaskError, match="planted"):
+                rt.run(orch, zeros(rows, 4), rows, fail, record=True)
+            continue
+        graphs.append(rt.run(orch, zeros(rows, 4), rows, fail, record=True).graph.edges)
         grown = len(state.entries) > (entries or len(state.entries))
         assert grown or state.head["hw_tm"] < len(state.entries) // 2  # a reset of part of the pool
-        state.reset()  # what the next run begins with (a second reset changes nothing)
-        assert state.entries.tobytes() == cs.CoreState.allocate(state.sizes).entries.tobytes()
-    assert graphs[0] == graphs[2]
+    assert as_new == [True] * 5
+    assert graphs[0] == graphs[3] and graphs[1] == graphs[2]
 
 
 def test_deadlock_names_the_old_buffer_that_pins_reclamation():

@@ -189,7 +189,11 @@ class CoreState:
         state.reset()
         return state
 
-    def reset(self) -> None:
+    def reset(self, whole: bool = False) -> None:
+        """Empty the tables for the next run. `whole`: rewrite all of the TensorMap pool, not
+        only the entries the last run touched (after a run that failed: its counts may be off)."""
+        if whole:
+            self.entries_to_reset = len(self.entries)
         reset_tables(self)
 
     @property
@@ -232,9 +236,11 @@ def reset_tables(state: CoreState) -> None:
     # A run takes TensorMap entries from the head of a free list that reset put in pool order,
     # and puts freed ones back at its head, so it reaches an entry never used only when every
     # entry it used is in use: the entries it touched are the first hw_tm (its most in use).
-    # Those are rewritten, not the whole 4 MB pool: a small run's reset took 0.8 ms.
+    # Those are rewritten, not the whole 4 MB pool: a small run's reset took 0.8 ms. Code that
+    # took entries otherwise, or wrote entries on the free list, would have to set
+    # entries_to_reset (as growing the pool does).
     touched = max(int(h["hw_tm"]), state.entries_to_reset)
-    state.entries_to_reset = 0
+    state.entries_to_reset = touched  # kept until they are rewritten: hw_tm is zeroed first
     state.header[:] = 0
     h["window"] = s.task_window
     h["heap_cap"] = s.heap_bytes
@@ -254,6 +260,7 @@ def reset_tables(state: CoreState) -> None:
     entries["task"] = -1
     entries["next"] = np.arange(1, touched + 1)
     state.entries["next"][-1] = -1
+    state.entries_to_reset = 0
     h["tm_free"] = 0
     state.buckets["head"] = -1
     state.buckets["narrow"] = 0

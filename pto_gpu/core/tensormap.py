@@ -71,7 +71,9 @@ def is_stale(header, buffers, entries, entry):
 
 @njit(cache=True, _nrt=False, inline="always")
 def tm_insert(header, entries, buckets, row, task_id, kind):
-    """Insert a region at the head of its chain; the entry index, or -1 when the pool is full."""
+    """Insert a region at the head of its chain; the entry index, or -1 when the pool is full.
+    The entry is the free list's head, and hw_tm the most in use: a run's reset rewrites the
+    first hw_tm entries (state.reset_tables), so entries must be taken from nowhere else."""
     h = header[0]
     entry = h.tm_free
     if entry < 0:
