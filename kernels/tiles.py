@@ -104,8 +104,12 @@ def _cublas_matmul(a, b, out):
     cupy.matmul(a, b, out=out)
 
 
-def _cublas_matmul_acc(a, b, acc):
-    acc += a @ b  # CuPy arrays: cuBLAS into a pooled temporary
+def _accumulate_product(a, b, acc):
+    acc += a @ b  # numpy or CuPy arrays (with CuPy: cuBLAS into a pooled temporary)
+
+
+def _numpy_matmul(a, b, out):
+    np.matmul(a, b, out=out)
 
 
 @njit(nogil=True, cache=True)
@@ -118,17 +122,15 @@ def _gemm_acc(a, b, acc):
     blas.gemm(a, b, acc, True)
 
 
-def _cpu_library(native, accumulate: bool):
+def _cpu_library(native, numpy_way):
     """A matmul family's CPU library: on a Python worker, the njit function its native workers
-    run (so both give the same bits) where BLAS takes the dtype, else numpy (which broadcasts a
-    over the panels of the panel families as BLAS's per-panel calls do)."""
-    def run(a, b, out):
-        if blas.takes(a, b, out):
-            native(a, b, out)
-        elif accumulate:
-            out += a @ b
+    run (so both give the same bits) where BLAS takes the dtype, else `numpy_way` (numpy
+    broadcasts a over the panels of the panel families as BLAS's per-panel calls do)."""
+    def run(*operands):
+        if blas.takes(*operands):
+            native(*operands)
         else:
-            np.matmul(a, b, out=out)
+            numpy_way(*operands)
 
     return run
 
@@ -174,10 +176,10 @@ def _matmul_add(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
 
 
 matmul = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul", library=_cublas_matmul,
-                library_cpu=_cpu_library(_gemm, False),
+                library_cpu=_cpu_library(_gemm, _numpy_matmul),
                 library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
 matmul_acc = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul_acc",
-                    library=_cublas_matmul_acc, library_cpu=_cpu_library(_gemm_acc, True),
+                    library=_accumulate_product, library_cpu=_cpu_library(_gemm_acc, _accumulate_product),
                     library_native=NjitEntries(_gemm_acc, blas.DTYPES))(_matmul_acc)
 
 
@@ -201,8 +203,8 @@ def _panels_acc(a, b, acc):
     panels.panels_product(a, b, acc, True)
 
 
-def _cupy_panels_add(a, b, acc, out):
-    out[...] = acc + a @ b  # CuPy arrays, as _cupy_panels
+def _add_product(a, b, acc, out):
+    out[...] = acc + a @ b  # numpy or CuPy arrays, a broadcast over the panels
 
 
 @njit(nogil=True, cache=True)
@@ -210,22 +212,16 @@ def _panels_add(a, b, acc, out):
     panels.panels_product_add(a, b, acc, out)
 
 
-def _cpu_panels_add(a, b, acc, out):
-    """matmul_panels_add's CPU library: as _cpu_library's, with acc a fourth operand."""
-    if blas.takes(a, b, acc, out):
-        _panels_add(a, b, acc, out)
-    else:
-        out[...] = acc + a @ b
-
-
 matmul_panels = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels",
-                       library=_cupy_panels, library_cpu=_cpu_library(_panels, False),
+                       library=_cupy_panels, library_cpu=_cpu_library(_panels, _numpy_matmul),
                        library_native=NjitEntries(_panels, blas.DTYPES))(_matmul)
 matmul_panels_acc = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels_acc",
-                           library=_cublas_matmul_acc, library_cpu=_cpu_library(_panels_acc, True),
+                           library=_accumulate_product,
+                           library_cpu=_cpu_library(_panels_acc, _accumulate_product),
                            library_native=NjitEntries(_panels_acc, blas.DTYPES))(_matmul_acc)
 # The last product of a chain accumulated in a heap tile, written into C's tile from it: one
 # pass over C's strided rows, where a product into the accumulator and a copy took two tasks.
 matmul_panels_add = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n", "p m n"),
-                           name="matmul_panels_add", library=_cupy_panels_add, library_cpu=_cpu_panels_add,
+                           name="matmul_panels_add", library=_add_product,
+                           library_cpu=_cpu_library(_panels_add, _add_product),
                            library_native=NjitEntries(_panels_add, blas.DTYPES))(_matmul_add)

@@ -73,13 +73,14 @@ def test_generated_cpu_code_matches_numpy(kernel, dtype, sizes):
     _assert_matches(kernel, inputs, expected, dtype)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float16], ids=["blas", "numpy"])  # BLAS takes no float16
 @pytest.mark.parametrize("kernel", [k for k in KERNELS if family_of(k).library_cpu], ids=lambda k: k.name)
-def test_a_cpu_library_matches_the_generated_code(kernel):
-    generated = arrays(kernel, np.float64, OTHER_SIZES)
+def test_a_cpu_library_matches_the_generated_code(kernel, dtype):
+    generated = arrays(kernel, dtype, OTHER_SIZES)
     library = [a.copy() for a in generated]
     family_of(kernel).generated_cpu(*generated)
     kernel.cpu(*library)
-    _assert_matches(kernel, library, [a.astype(np.float64) for a in generated], np.float64)
+    _assert_matches(kernel, library, [a.astype(np.float64) for a in generated], dtype)
 
 
 @pytest.mark.parametrize("call, message", [
