@@ -121,3 +121,34 @@ def test_tensormap_sweep_drops_dead_buffers_and_evicts_only_retired_tasks():
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 6, True, scratch) == 7
     remaining = [int(s.entries["row"][e, R_OWNER]) for e in range(8) if s.entries["task"][e] >= 0]
     assert remaining == [-1] and s.head["tm_used"] == 1
+
+
+def test_a_sweep_that_frees_less_than_an_eighth_evicts_and_one_after_every_task_retired_empties_the_pool():
+    s = make(tensormap_entries=16)
+    dead = rings.heap_alloc(s.header, s.buffers, 64)
+    live = rings.heap_alloc(s.header, s.buffers, 64)
+    tm_insert(s.header, s.entries, s.buckets, row(dead), 0, cs.WRITER)
+    for task in range(1, 15):
+        tm_insert(s.header, s.entries, s.buckets, row(-1, 64 * task), task, cs.READER)
+    tm_insert(s.header, s.entries, s.buckets, row(live), 20, cs.WRITER)
+    rings.buffer_free(s.header, s.buffers, dead)
+    s.head["last_alive"], s.head["next_task"] = 15, 21  # task 20 is live
+    scratch = np.zeros(16, np.int64)
+    # The dead buffer's entry alone would make the room asked for, but a sweep scans the whole
+    # pool: freeing 1 of 16 entries (< 1/8) evicts the retired tasks' entries too.
+    assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, True, scratch) == 15
+    assert [int(s.entries["row"][e, R_OWNER]) for e in range(16) if s.entries["task"][e] >= 0] == [live]
+
+    for task in range(21, 30):
+        tm_insert(s.header, s.entries, s.buckets, row(-1, 64 * task), task, cs.READER)
+    s.head["last_alive"] = s.head["next_task"] = 30
+    # A recording run evicts nothing, retired or not: nothing here is stale.
+    assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, False, scratch) == 6
+    # Every task retired: the whole pool is free, its free list and chains as a new pool's.
+    assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, True, scratch) == 16
+    fresh = make(tensormap_entries=16)
+    for field in ("next", "task"):
+        assert np.array_equal(s.entries[field], fresh.entries[field])
+    assert np.array_equal(s.buckets, fresh.buckets)
+    assert (s.head["tm_free"], s.head["tm_used"]) == (0, 0)
+    assert tm_insert(s.header, s.entries, s.buckets, row(live), 30, cs.WRITER) == 0
