@@ -27,6 +27,7 @@ from .executors.parallel import ParallelExecutor
 from .executors.serial import DryExecutor, SerialExecutor
 from .executors.sim import SimExecutor
 from .executors.streams import StreamExecutor
+from .executors.threads import WorkerThreads
 from .graph import Graph
 from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
@@ -101,6 +102,7 @@ class Runtime:
             tensormap_entries=tensormap_entries or 16 * task_window,
         )
         self._workers_given = _worker_counts(workers or {})
+        self._threads = WorkerThreads()  # the parallel executor's, kept between runs
         self._distributed = comm is not None
         accelerators = self._workers("parallel")[WorkerType.ACCELERATOR]
         if self._distributed and executor != "serial" and accelerators < 2:
@@ -298,8 +300,8 @@ class Runtime:
         if self.executor == "sim":
             return SimExecutor(self._scheduler, self.backend, profile, self.workers, schedule or Schedule(),
                                self.costs)
-        return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, threshold, schedule,
-                                self.costs)
+        return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, self._threads,
+                                threshold, schedule, self.costs)
 
 
 def _graph_entry(index: int, graph: object) -> tuple[Callable, tuple, dict]:

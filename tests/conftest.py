@@ -3,7 +3,6 @@ executor conformance suite: every test that should hold for each executor takes 
 (each one that runs kernels) or `graph_executor` (the dry executor too, for graph building);
 hypothesis tests draw from the same lists."""
 
-import threading
 
 import numpy as np
 import pytest
@@ -58,11 +57,10 @@ def graph_executor(request):
     return request.param
 
 
-def worker_threads() -> list:
-    """The parallel executor's threads still alive (they end with each run; the stream threads
-    of a CPU backend live as long as it does)."""
-    return [t for t in threading.enumerate()
-            if t.name.startswith("pto-") and not t.name.startswith("pto-stream")]
+def running_workers(rt: pto.Runtime) -> int:
+    """The runtime's parallel-executor threads still running a worker: none once a run has
+    returned or raised (the threads stay, parked for the next run)."""
+    return rt._threads.running()
 
 
 def runtime(executor="serial", **kwargs) -> pto.Runtime:

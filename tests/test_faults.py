@@ -4,7 +4,7 @@ that failed, no descendant of a failed task runs, no worker thread is left, the 
 empty once the run unwinds, and the next run on the same Runtime matches the serial executor."""
 
 import numpy as np
-from conftest import CONCURRENT_EXECUTORS, worker_threads
+from conftest import CONCURRENT_EXECUTORS, running_workers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -65,7 +65,7 @@ def test_injected_failures(seed, n_tasks, data, threshold, window_log2, executor
     assert reported in failing and reported in ran
     failed = failing & set(ran)
     assert not descendants(graph.edges, failed) & set(ran)
-    assert not worker_threads()
+    assert not running_workers(rt)
     header = rt._scheduler.state.head
     assert header["next_task"] == header["last_alive"] == 0 and header["dep_used"] == 0
     assert header["heap_head"] == header["heap_tail"] and not any(rt._scheduler.records)

@@ -1,10 +1,12 @@
 """Buffer lifecycle, back-pressure, deadlock detection, misuse errors and task failures."""
 
+import gc
+import threading
 import time
 
 import numpy as np
 import pytest
-from conftest import add_into, explode, fill, noop, runtime, worker_threads, zeros
+from conftest import add_into, explode, fill, noop, running_workers, runtime, zeros
 
 import pto_gpu as pto
 
@@ -95,7 +97,7 @@ def test_failing_kernel_raises_task_error_and_dependents_do_not_run(executor, th
         rt.run(orch, threshold=threshold)
     assert isinstance(info.value.__cause__, ValueError)
     assert ran == []
-    assert not worker_threads()
+    assert not running_workers(rt)
     out = zeros(2)
     rt.run(lambda o: o.submit(fill, pto.output(o.external(out)), 4.0))
     np.testing.assert_array_equal(out, 4.0)
@@ -110,7 +112,7 @@ def test_keyboard_interrupt_in_the_orchestration_stops_cleanly():
     rt = runtime("parallel")
     with pytest.raises(KeyboardInterrupt):
         rt.run(orch, threshold=2)
-    assert not worker_threads()
+    assert not running_workers(rt)
     assert rt.run(lambda o: o.submit(noop)).num_tasks == 1
 
 
@@ -210,3 +212,30 @@ def test_deadlock_names_the_old_buffer_that_pins_reclamation():
     with pytest.raises(pto.DeadlockError, match=r"allocation order, so the oldest unfreed buffer "
                                                 r"Buffer\(heap #0.*also holds the \d+ freed buffers"):
         runtime("serial", heap_bytes=4096).run(orch)
+
+
+def test_parallel_runs_share_the_runtimes_threads_which_end_with_it():
+    ran_on = set()
+
+    @pto.kernel(worker=pto.VECTOR)
+    def note_thread(out):
+        ran_on.add(threading.get_ident())
+        out += 1
+
+    rt = runtime("parallel")
+    before = set(threading.enumerate())
+    out = zeros(4)
+    for _ in range(3):
+        rt.run(lambda o: [o.submit(note_thread, pto.inout(o.external(out))) for _ in range(8)])
+    with pytest.raises(pto.TaskError):
+        rt.run(lambda o: o.submit(explode, pto.output(o.external(zeros(2)))))
+    rt.run(lambda o: o.submit(note_thread, pto.inout(o.external(out))))
+    np.testing.assert_array_equal(out, 25)
+    threads = [t for t in set(threading.enumerate()) - before if t.name.startswith("pto-")]
+    assert len(threads) == sum(rt.workers.values())  # five runs, one failed: one set of threads
+    assert ran_on <= {t.ident for t in threads} and not running_workers(rt)
+    del rt
+    gc.collect()
+    for thread in threads:
+        thread.join(timeout=5)
+    assert not [t for t in threads if t.is_alive()]

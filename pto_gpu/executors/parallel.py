@@ -33,6 +33,7 @@ from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, prio
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
 from .native import NativeLanes
+from .threads import WorkerThreads
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
 DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
@@ -42,7 +43,8 @@ class ParallelExecutor:
     runs_kernels = True
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
-                 threshold: int, schedule: Schedule | None = None, costs: CostHistory | None = None):
+                 threads: WorkerThreads, threshold: int, schedule: Schedule | None = None,
+                 costs: CostHistory | None = None):
         self._scheduler = scheduler
         self._backend = backend
         self._profile = profile
@@ -87,13 +89,11 @@ class ParallelExecutor:
         self._native_outbox: list[int] = []  # the same, of native tasks a Python submit wrote (by id)
         self._native: NativeLanes | None = None  # once a task of native code is submitted (native.py)
         self.native_tasks = 0  # tasks its native workers ran
-        self._threads = [
-            threading.Thread(target=self._work, name=f"pto-{worker.name}-{i}", daemon=True,
-                             args=(worker, i, profile.lane(f"{worker.name}-{i}", (worker,))))
+        self._jobs = [  # the runtime's threads (threads.py), each set when its worker returns
+            threads.start(f"pto-{worker.name}-{i}", self._work,
+                          (worker, i, profile.lane(f"{worker.name}-{i}", (worker,))))
             for worker, count in workers.items() for i in range(count)
         ]
-        for thread in self._threads:
-            thread.start()
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
@@ -447,8 +447,8 @@ class ParallelExecutor:
         with self._lock:
             self._stopping = True
             self._notify_all_locked()
-        for thread in self._threads:
-            thread.join()
+        for returned in self._jobs:
+            returned.wait()
 
     def _raise_failure(self) -> None:
         if self._error is not None:
