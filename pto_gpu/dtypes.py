@@ -60,18 +60,20 @@ def as_dtype(value: object) -> DataType:
     """A DataType from a DataType, a numpy dtype or a numpy type; anything else is refused."""
     if isinstance(value, DataType):
         return value
-    names = ", ".join(d.name for d in DataType)
     try:
         dtype = np.dtype(value)
     except TypeError:
-        raise PTOError(f"unknown dtype {value!r}; pto-gpu supports {names}") from None
-    if dtype.kind == "c":
-        raise PTOError(f"complex dtypes ({dtype}) are not supported; pass the real and imaginary parts "
-                       f"as two real arrays (a.real, a.imag). pto-gpu supports {names}")
+        raise PTOError(f"unknown dtype {value!r}; pto-gpu supports {_SUPPORTED}") from None
     found = _FROM_NUMPY.get(dtype)
     if found is None:
-        raise PTOError(f"unknown dtype {value!r}; pto-gpu supports {names}")
+        if dtype.kind == "c":
+            raise PTOError(f"complex dtypes ({dtype}) are not supported; pass the real and imaginary parts "
+                           f"as two real arrays (a.real, a.imag). pto-gpu supports {_SUPPORTED}")
+        raise PTOError(f"unknown dtype {value!r}; pto-gpu supports {_SUPPORTED}")
     return found
+
+
+_SUPPORTED = ", ".join(d.name for d in DataType)
 
 
 class WorkerType(enum.IntEnum):

@@ -33,7 +33,9 @@ class Ranks:
 class RunResult:
     orchestration: str
     num_tasks: int  # the orchestration's (a distributed run's transfers are not counted)
-    # a distributed run's, unless recorded, also counts the edges of this rank's transfers
+    # a distributed run's, unless recorded, also counts the edges of this rank's transfers; a run
+    # that does not record leaves out edges to retired tasks whose TensorMap entries a full pool
+    # evicted (core/tensormap.py), so its count may depend on the pool's size and on timing
     num_edges: int
     seconds: float  # wall time of the whole run: orchestration and execution
     backend: str

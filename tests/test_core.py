@@ -152,3 +152,12 @@ def test_a_sweep_that_frees_less_than_an_eighth_evicts_and_one_after_every_task_
     assert np.array_equal(s.buckets, fresh.buckets)
     assert (s.head["tm_free"], s.head["tm_used"]) == (0, 0)
     assert tm_insert(s.header, s.entries, s.buckets, row(live), 30, cs.WRITER) == 0
+
+    # A live task without entries: the scan finds every entry retired, and frees them in one pass too.
+    for i in range(1, 16):
+        tm_insert(s.header, s.entries, s.buckets, row(-1, 64 * i), 30, cs.READER)
+    s.head["last_alive"], s.head["next_task"] = 31, 32
+    assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, True, scratch) == 16
+    for field in ("next", "task"):
+        assert np.array_equal(s.entries[field], fresh.entries[field])
+    assert np.array_equal(s.buckets, fresh.buckets)

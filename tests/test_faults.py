@@ -1,6 +1,6 @@
 """Fault injection: kernels that raise at random points, in random worker classes, with safe
 and pipelined runs, on the parallel and stream executors. Every time: TaskError for a task
-that failed, no descendant of a failed task runs, no worker thread is left, the rings are
+that failed, no descendant of a failed task runs, no worker is left running, the rings are
 empty once the run unwinds, and the next run on the same Runtime matches the serial executor."""
 
 import numpy as np

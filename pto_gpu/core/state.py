@@ -238,7 +238,8 @@ def reset_tables(state: CoreState) -> None:
     # entry it used is in use: the entries it touched are the first hw_tm (its most in use).
     # Those are rewritten, not the whole 4 MB pool: a small run's reset took 0.8 ms. Code that
     # took entries otherwise, or wrote entries on the free list, would have to set
-    # entries_to_reset (as growing the pool does).
+    # entries_to_reset (as growing the pool does); tensormap._free_all writes past hw_tm only
+    # what a new pool holds there, and leaves the free list in pool order.
     touched = max(int(h["hw_tm"]), state.entries_to_reset)
     state.entries_to_reset = touched  # kept until they are rewritten: hw_tm is zeroed first
     state.header[:] = 0

@@ -130,12 +130,14 @@ def tm_free_count(header, entries):
 @njit(cache=True, _nrt=False)
 def tm_make_room(header, buffers, entries, buckets, needed, evict, scratch):
     """Remove every stale entry; then, if `evict` and that left fewer than `needed` entries free,
-    or less than an eighth of the pool, every entry of a retired task. The number free after.
-    `scratch` is of len(entries).
+    or less than an eighth of the pool, every entry of a retired task. When `evict` and every
+    task submitted has retired (a dry run), the whole pool, without a scan. The number free
+    after. `scratch` is of len(entries).
 
-    The eighth makes sweeps cheap per insert: a sweep scans the whole pool, and one that freed
-    a handful of stale entries was followed by another a few submits later (a LLaMA build met
-    13 such sweeps of its 27, each freeing 9 to 1,100 of 16,384 entries)."""
+    The eighth makes sweeps cheap per insert while live tasks' entries fill less than 7/8 of
+    the pool: a sweep scans all of it, and one that freed a handful of stale entries was
+    followed by another a few submits later (a LLaMA build met 13 such sweeps of its 27, each
+    freeing 9 to 1,100 of 16,384 entries)."""
     acquire(header)  # staleness reads what completions write
     alive = header[0].last_alive
     if evict and alive == header[0].next_task:  # every entry is stale or retired (a dry run's)
@@ -159,7 +161,7 @@ def tm_make_room(header, buffers, entries, buckets, needed, evict, scratch):
     free = tm_free_count(header, entries) + n_stale
     evicting = evict and free < max(needed, len(entries) >> 3)
     if evicting and n_stale + n_retired == header[0].tm_used:
-        _free_all(header, entries, buckets)  # what removing each would leave, but in one pass
+        _free_all(header, entries, buckets)  # the entries removing each would free, in one pass
     else:
         for i in range(n_stale):
             tm_remove(header, entries, buckets, scratch[i])

@@ -89,11 +89,15 @@ class ParallelExecutor:
         self._native_outbox: list[int] = []  # the same, of native tasks a Python submit wrote (by id)
         self._native: NativeLanes | None = None  # once a task of native code is submitted (native.py)
         self.native_tasks = 0  # tasks its native workers ran
-        self._jobs = [  # the runtime's threads (threads.py), each set when its worker returns
-            threads.start(f"pto-{worker.name}-{i}", self._work,
-                          (worker, i, profile.lane(f"{worker.name}-{i}", (worker,))))
-            for worker, count in workers.items() for i in range(count)
-        ]
+        self._jobs: list[threading.Event] = []  # on the runtime's threads (threads.py): set as workers return
+        try:
+            for worker, count in workers.items():
+                for i in range(count):
+                    lane = profile.lane(f"{worker.name}-{i}", (worker,))
+                    self._jobs.append(threads.start(f"pto-{worker.name}-{i}", self._work, (worker, i, lane)))
+        except BaseException:  # no executor for the run to abort: stop the workers started
+            self._shutdown()
+            raise
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
