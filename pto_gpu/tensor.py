@@ -54,7 +54,7 @@ class TensorDescriptor:
     """An immutable strided view of a buffer. See the module docstring."""
 
     __slots__ = ("buffer", "addr", "start_offset", "strides", "repeats", "dtype", "version",
-                 "overlap", "_layout", "_slices", "_param_rows", "_desc")
+                 "overlap", "_layout", "_slices", "_param_rows", "_desc", "_host_views")
 
     def __init__(self, buffer: Buffer, addr: int, start_offset: int, strides: tuple[int, ...],
                  repeats: tuple[int, ...], dtype: DataType, version: int = 0,
@@ -239,6 +239,7 @@ def _init(t, buffer, addr, start_offset, strides, repeats, dtype, version, overl
     _SET(t, "_slices", None)
     _SET(t, "_param_rows", None)
     _SET(t, "_desc", None)  # its compiled descriptor's bytes, made once (jit/descriptor.desc_bytes)
+    _SET(t, "_host_views", None)  # its numpy views, writeable and read-only (backends/cpu.py)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

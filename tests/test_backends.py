@@ -151,3 +151,30 @@ def test_an_event_with_a_wait_still_queued_is_not_recorded_again():
     runner.join(timeout=10)
     assert not runner.is_alive(), "the run hung: an event was recorded again while a wait referred to it"
     np.testing.assert_array_equal(out, [[1] * 4, [2] * 4, [1] * 4, [2] * 4, [1] * 4])
+
+
+def test_a_kernel_gets_its_own_view_of_a_tile_that_recurs_and_inputs_stay_read_only(executor):
+    """The CPU backend cuts a descriptor's views once and hands each call a new array over them:
+    a kernel that reshapes its view changes nothing the tile's next task sees."""
+    seen = []
+
+    @pto.kernel(worker=pto.VECTOR)
+    def flatten_and_add(out):
+        seen.append((out.shape, out.flags.writeable))
+        out.shape = (out.size,)
+        out += 1
+
+    @pto.kernel(worker=pto.VECTOR)
+    def note(a):
+        seen.append((a.shape, a.flags.writeable, float(a.sum())))
+
+    x = np.zeros((4, 4), np.float32)
+
+    def orch(o):
+        tile = o.external(x)
+        for _ in range(2):
+            o.submit(flatten_and_add, pto.inout(tile))
+            o.submit(note, pto.input(tile))
+
+    pto.Runtime(backend="cpu", executor=executor).run(orch)
+    assert seen == [((4, 4), True), ((4, 4), False, 16.0), ((4, 4), True), ((4, 4), False, 32.0)]

@@ -121,10 +121,16 @@ class CpuBackend:
     def _param_view(self, param):
         if param.kind == ParamKind.SCALAR:
             return param.value
-        view = self.view(param.value)
-        if param.kind == ParamKind.INPUT:
-            view.flags.writeable = False
-        return view
+        tensor = param.value
+        views = tensor._host_views
+        if views is None:  # cut once per descriptor: tiles recur (a chain's, a weight's), and a cut is ~2 us
+            writeable = self.view(tensor)
+            read_only = writeable.view()
+            read_only.flags.writeable = False
+            views = (writeable, read_only)
+            object.__setattr__(tensor, "_host_views", views)  # a cache: the descriptor is immutable
+        # A new array object per call, over the same memory: a kernel may reshape its own.
+        return views[param.kind == ParamKind.INPUT].view()
 
     def view(self, tensor: TensorDescriptor) -> np.ndarray:
         memory, offset = locate(tensor, self.heap, self.heap_base)
