@@ -3,7 +3,6 @@ executor conformance suite: every test that should hold for each executor takes 
 (each one that runs kernels) or `graph_executor` (the dry executor too, for graph building);
 hypothesis tests draw from the same lists."""
 
-
 import numpy as np
 import pytest
 
