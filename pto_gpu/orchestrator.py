@@ -84,7 +84,7 @@ class Recorder:
 
 class Orchestrator:
     def __init__(self, scheduler: Scheduler, backend, executor: Executor, recorder: Recorder | None,
-                 windows: Windows | None = None, ranks: Placement | None = None):
+                 arguments: ArgTables, windows: Windows | None = None, ranks: Placement | None = None):
         self._scheduler = scheduler
         self._state = scheduler.state
         self._backend = backend
@@ -104,9 +104,10 @@ class Orchestrator:
         # Whether `_enter` reads the producers (executors that do not want them are passed none)
         self._producers_wanted = recorder is not None or executor.wants_producers
         self._jit: Session | None = None  # created by the first compiled() call
-        # The run's argument tables and the executor's native lanes (executors/native.py), made
+        # The run's argument tables and the executor's native lanes (executors/native.py), taken
         # by the first compiled() call or submit of a kernel with native code (_make_arguments):
         # submits of the kernels the lanes run (`_native_kernels`) write their arguments there.
+        self._kept_args = arguments  # the runtime's, sized by its task window
         self._args: ArgTables | None = None
         self._writer: ArgWriter | None = None  # over _args, for Python submits
         self._lanes = None
@@ -410,7 +411,7 @@ class Orchestrator:
     def _make_arguments(self) -> None:
         """The run's argument tables, and native lanes over them if the executor runs tasks and
         has lanes for this run."""
-        self._args = ArgTables.allocate(self._state.sizes.task_window)
+        self._args = self._kept_args.cleared()
         self._writer = ArgWriter(self._args)
         if self._lanes_possible:
             self._lanes = self._executor.native_lanes(self._args, list(registered()))

@@ -23,12 +23,14 @@ from .distributed.outcome import conclude
 from .distributed.placement import Placement
 from .dtypes import WorkerType
 from .errors import PTOError, UsageError
+from .executors.native import Instances
 from .executors.parallel import ParallelExecutor
 from .executors.serial import DryExecutor, SerialExecutor
 from .executors.sim import SimExecutor
 from .executors.streams import StreamExecutor
 from .executors.threads import WorkerThreads
 from .graph import Graph
+from .jit.context import ArgTables
 from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
 from .result import Ranks, RunResult, busy_shares, kernel_times
@@ -103,6 +105,10 @@ class Runtime:
         )
         self._workers_given = _worker_counts(workers or {})
         self._threads = WorkerThreads()  # the parallel executor's, kept between runs
+        # The runs' argument tables (2 MB at the default window), kept too: made anew, their
+        # pages were faulted in again by every run (a quarter of a one-tile run's time).
+        self._arguments = ArgTables.allocate(self.sizes.task_window)
+        self._instances = Instances()  # native workers' entries (executors/native.py), as learnt
         self._distributed = comm is not None
         accelerators = self._workers("parallel")[WorkerType.ACCELERATOR]
         if self._distributed and executor != "serial" and accelerators < 2:
@@ -231,7 +237,7 @@ class Runtime:
                 placement.transport.begin(name)
             executor = self._make_executor(threshold, profile, capture, schedule)
             windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
-            o = Orchestrator(scheduler, self.backend, executor, recorder, windows, placement)
+            o = Orchestrator(scheduler, self.backend, executor, recorder, self._arguments, windows, placement)
             with _one_blas_thread() if self.executor == "parallel" else contextlib.nullcontext():
                 if placement is not None:  # the tensor that chains this rank's transfers
                     placement.lane = o.external(self.backend.to_device(np.zeros(1, np.uint8)))
@@ -301,7 +307,7 @@ class Runtime:
             return SimExecutor(self._scheduler, self.backend, profile, self.workers, schedule or Schedule(),
                                self.costs)
         return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, self._threads,
-                                threshold, schedule, self.costs)
+                                self._instances, threshold, schedule, self.costs)
 
 
 def _graph_entry(index: int, graph: object) -> tuple[Callable, tuple, dict]:

@@ -551,3 +551,41 @@ def test_a_worker_runs_next_the_consumer_its_completion_made_ready():
     np.testing.assert_array_equal(values[:, 0], [0, 1, 2, 3, 4, 2, 3, 4])
     order = np.argsort(clocks[1:, 0], kind="stable").tolist()  # chain tasks: 0-2 one chain, 3-5 the other
     assert order in ([0, 1, 2, 3, 4, 5], [3, 4, 5, 0, 1, 2])
+
+
+def test_a_run_does_not_take_the_arguments_a_runs_before_left_in_its_slots():
+    """The runtime keeps its argument tables between runs, and task ids start at 0 in each: a
+    task whose arguments do not fit the tables (a float32 scalar) must not pass for native
+    with the arguments the last run's task of its id left there."""
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+
+    def chain(o, a, b, c, factor):
+        A, B, C = o.external(a), o.external(b), o.external(c)
+        o.submit(scale, pto.input(A), pto.output(B), factor)
+        o.submit(scale, pto.input(B), pto.output(C), factor)  # made ready by a completion
+
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    for _ in range(2):  # the first learns the entry: the second runs both tasks natively
+        earlier = [x, np.zeros_like(x), np.zeros_like(x)]
+        result = rt.run(chain, *earlier, 2.0)
+    assert result.native_tasks == 2 and np.array_equal(earlier[2], 4 * x)
+    earlier[1][:] = earlier[2][:] = 0
+    out = [x, np.zeros_like(x), np.zeros_like(x)]
+    assert rt.run(chain, *out, np.float32(3.0)).native_tasks == 0
+    assert np.array_equal(out[2], 9 * x) and not earlier[1].any() and not earlier[2].any()
+
+
+def test_a_runtime_takes_at_each_run_the_entries_other_runtimes_learnt_since_its_last():
+    """A runtime keeps its instance table between runs (native.Instances): what another
+    runtime of the process learns enters at its next run, and what it learnt itself is
+    entered once."""
+    x = np.arange(6 * 41, dtype=np.float32).reshape(6, 41)  # rows of a shape no other test takes
+    first, second = (pto.Runtime(backend="cpu", executor="parallel") for _ in range(2))
+    second.run(_scale_rows_python, np.ones((6, 8), np.float32), np.zeros((6, 8), np.float32), [2.0] * 6)
+    out = np.zeros_like(x)
+    assert first.run(_scale_rows_python, x, out, [2.0] * 6).native_tasks < 6  # the first row learns
+    entered = int(first._instances.filled[0])
+    out = np.zeros_like(x)
+    assert second.run(_scale_rows_python, x, out, [3.0] * 6).native_tasks == 6 and np.array_equal(out, 3 * x)
+    assert first.run(_scale_rows_python, x, out, [2.0] * 6).native_tasks == 6 and np.array_equal(out, 2 * x)
+    assert int(first._instances.filled[0]) == entered

@@ -53,8 +53,10 @@ from ..profile import Lane
 from ..scheduler import Scheduler, Task
 
 # A native loop runs at least BUDGET tasks and SLICE_NS before Python looks (completions
-# counted, hand-offs queued, sleepers woken): each look takes the GIL and the executor's lock.
-BUDGET = 64
+# counted, hand-offs queued, sleepers woken): each look takes the GIL and the executor's lock,
+# and costs ~0.2 ms of a worker's time when the orchestrator runs too. For tasks of 27 us (the
+# 2048² panel matmul's), 64 made that 8% of its run; 256, 2%.
+BUDGET = 256
 SLICE_NS = 1_000_000
 # A native loop that has run this long returns as soon as it makes ready a task that a sleeping
 # worker could take, so that the executor wakes it: waking costs a Python round trip (~5 us),
@@ -355,11 +357,38 @@ def _sleeper_could_take(c, worker):
     return False
 
 
+class Instances:
+    """A runtime's instance table: instance keys and their entries' addresses (NO_ENTRY: none),
+    at most half full so that probes stay short. Kept between its runs: made for each, its
+    0.7 MB were paged in again and the process's entries entered again, a sixth of a small
+    run's time. What other runtimes of the process learn enters at the next run (`update`)."""
+
+    def __init__(self):
+        self.keys = np.zeros((INSTANCES, KEY_WIDTH), np.int64)
+        self.addresses = np.zeros(INSTANCES, np.int64)
+        self.filled = np.zeros(1, np.int64)
+        self._seen = 0  # how many of _LEARNT's entries `update` has looked at
+
+    def update(self) -> None:
+        """Enter the process's entries learnt since the last call (between runs: no worker reads)."""
+        if len(_LEARNT) == self._seen:
+            return
+        learnt = list(_LEARNT.items())  # a copy: another thread's runtime may be learning
+        for key, address in learnt[self._seen:]:
+            row = np.frombuffer(key, np.int64)
+            slot = _find(self.keys, self.addresses, row)
+            if self.addresses[slot] == 0 and 2 * self.filled[0] < INSTANCES:  # not one this runtime learnt
+                self.keys[slot] = row
+                self.addresses[slot] = address
+                self.filled[0] += 1
+        self._seen = len(learnt)
+
+
 class NativeLanes:
     """The rings, instance table and argument tables native workers share, over one run's
     argument tables (filled by its compiled and Python submits); the executor's handle on them."""
 
-    def __init__(self, scheduler: Scheduler, args: ArgTables, kernels: list[Kernel]):
+    def __init__(self, scheduler: Scheduler, args: ArgTables, kernels: list[Kernel], instances: Instances):
         self._scheduler = scheduler
         state = scheduler.state
         window = state.sizes.task_window
@@ -380,15 +409,8 @@ class NativeLanes:
                 info["native"] = 1
                 info["scalars"] = kernel.native.scalars
                 info["structural"][list(kernel.native.structural)] = 1
-        self._keys = np.zeros((INSTANCES, KEY_WIDTH), np.int64)
-        self._addresses = np.zeros(INSTANCES, np.int64)
-        self._filled = np.zeros(1, np.int64)
-        for key, address in list(_LEARNT.items())[:INSTANCES // 2]:  # runs of other runtimes may add
-            row = np.frombuffer(key, np.int64)
-            slot = _find(self._keys, self._addresses, row)
-            self._keys[slot] = row
-            self._addresses[slot] = address
-            self._filled[0] += 1
+        instances.update()
+        self._keys, self._addresses, self._filled = instances.keys, instances.addresses, instances.filled
         state.head["locking"] = 1  # from now on the GIL no longer orders core calls
 
     # --- the executor's side -------------------------------------------------------------------

@@ -32,7 +32,7 @@ from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
-from .native import NativeLanes
+from .native import Instances, NativeLanes
 from .threads import WorkerThreads
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
@@ -43,8 +43,8 @@ class ParallelExecutor:
     runs_kernels = True
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
-                 threads: WorkerThreads, threshold: int, schedule: Schedule | None = None,
-                 costs: CostHistory | None = None):
+                 threads: WorkerThreads, instances: Instances, threshold: int,
+                 schedule: Schedule | None = None, costs: CostHistory | None = None):
         self._scheduler = scheduler
         self._backend = backend
         self._profile = profile
@@ -87,6 +87,7 @@ class ParallelExecutor:
         # worker per task costs more than a small task does.
         self._outbox: list[Task] = []
         self._native_outbox: list[int] = []  # the same, of native tasks a Python submit wrote (by id)
+        self._instances = instances  # the runtime's (native.py), for the lanes
         self._native: NativeLanes | None = None  # once a task of native code is submitted (native.py)
         self.native_tasks = 0  # tasks its native workers ran
         self._jobs: list[threading.Event] = []  # on the runtime's threads (threads.py): set as workers return
@@ -151,7 +152,7 @@ class ParallelExecutor:
         if (self._native is None and self._schedule is None and not self._tracing
                 and not self._profile.measuring and not self._scheduler.validate
                 and self._backend.name == "cpu"):
-            self._native = NativeLanes(self._scheduler, args, kernels)
+            self._native = NativeLanes(self._scheduler, args, kernels, self._instances)
         return self._native
 
     def admitted(self) -> None:

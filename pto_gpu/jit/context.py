@@ -156,6 +156,12 @@ class ArgTables(collections.namedtuple("ArgTables", "desc kind count scalar_kind
                    scalar_kind=np.zeros((window, MAX_SCALARS), i64), int=np.zeros((window, MAX_SCALARS), i64),
                    float=floats, float_bits=floats.view(i64), task=np.full(window, -1, i64))
 
+    def cleared(self) -> ArgTables:
+        """The tables, for a new run: no slot holds a task's arguments. (Task ids start at 0
+        again in every run, so a slot the last run left would pass for the new task of its id.)"""
+        self.task.fill(-1)
+        return self
+
 
 class ArgWriter:
     """Writes Python-submitted tasks' arguments into a run's ArgTables, as a compiled submit

@@ -10,6 +10,7 @@ buffer records, so either side can go on where the other stopped.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..errors import (
     UsageError,
     UseAfterFreeError,
 )
-from ..kernel import Kernel, registered
+from ..kernel import registered
 from ..params import Param, ParamKind
 from ..scheduler import Scheduler, Task
 from ..tensor import Buffer, BufferKind
@@ -62,18 +63,21 @@ _KEYS = itertools.count()
 MAX_REMEMBERED_BUFFERS = 4096
 
 
-def kernel_tables(kernels: list[Kernel]) -> tuple[np.ndarray, np.ndarray]:
-    """Each kernel's worker class, dtype rule and shape declaration as int64 tables.
+@functools.lru_cache(maxsize=1)
+def kernel_tables(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `count` registered kernels' worker classes, dtype rules and shape declarations
+    as int64 tables, which compiled code only reads: kernels are never changed or dropped, so
+    the tables of the same count are the same (made for each run, they took 0.1 ms of it).
 
     shapes[kernel, param, 0] is the param's dims; shapes[kernel, param, 1 + d] (SHAPE_CODE,
     SHAPE_BOUND) are the dim's word: its size when it is a number, else -1 - (the index of its
     name), and the largest size it may have (-1: no bound). `<=N` is a name of its own with
     bound N.
     """
-    table = np.zeros((len(kernels), K_WIDTH), np.int64)
-    shapes = np.zeros((len(kernels), cs.MAX_PARAMS, 1 + MAX_JIT_DIMS, 2), np.int64)
+    table = np.zeros((count, K_WIDTH), np.int64)
+    shapes = np.zeros((count, cs.MAX_PARAMS, 1 + MAX_JIT_DIMS, 2), np.int64)
     shapes[..., SHAPE_BOUND] = -1
-    for k in kernels:
+    for k in registered()[:count]:
         table[k.id, K_WORKER] = int(k.worker)
         table[k.id, K_MIXED] = int(k.mixed_dtypes)
         table[k.id, K_TENSORS] = -1
@@ -113,7 +117,7 @@ class Session:
         # A logged task's arguments must outlive the flush: at most a window of tasks.
         meta[M_LOG_LIMIT] = min(LOG_CAPACITY, state.sizes.task_window)
         self._kernels = list(registered())
-        table, shapes = kernel_tables(self._kernels)
+        table, shapes = kernel_tables(len(self._kernels))
         self.o, self._fields = context.allocate(state, args, num_externals, table, shapes, meta)
         # The run's native lanes (executors/native.py), if its executor has them: they run this
         # session's tasks of generated kernels without records; the log flush hands those over by id.
