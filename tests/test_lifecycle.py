@@ -166,18 +166,18 @@ def test_a_recording_run_that_grows_the_tensormap_again_and_again_records_the_sa
 def test_each_run_starts_from_a_tensormap_pool_as_a_new_one(entries):
     """A reset rewrites only the pool entries a run touched (its first hw_tm, as it takes them
     in order), a grown pool whole, and all of it after a failed run: each run begins with the
-    pool of a new runtime, built here apart from reset_tables, and records the same graph."""
+    pool of a new runtime (every entry free, the free list in pool order: what tm_insert reads
+    of a free entry), built here apart from reset_tables, and records the same graph."""
     rt = runtime("serial", **({} if entries is None else {"tensormap_entries": entries}))
     state = rt._scheduler.state
     as_new = []
 
     def orch(o, out, rows, fail):
         pool = state.entries
-        new = np.zeros(len(pool), pool.dtype)
-        new["task"] = -1
-        new["next"] = np.arange(1, len(pool) + 1)
-        new["next"][-1] = -1
-        as_new.append(pool.tobytes() == new.tobytes() and state.entries_to_reset == 0)
+        free_list = np.arange(1, len(pool) + 1)
+        free_list[-1] = -1
+        as_new.append((pool["task"] == -1).all() and np.array_equal(pool["next"], free_list)
+                      and state.entries_to_reset == 0 and state.head["tm_free"] == 0)
         X = o.external(out)
         for i in range(rows):
             t = o.alloc((4,))  # heap tiles: their entries go stale and are swept

@@ -256,8 +256,9 @@ def reset_tables(state: CoreState) -> None:
     state.deps["next"] = np.arange(1, len(state.deps) + 1)
     state.deps["next"][-1] = -1
     h["dep_free"] = 0
+    # A free entry is its `task` (-1) and `next`: tm_insert writes the rest when it takes one.
+    # (Zeroing the rest too took 0.45 of a whole pool's 0.8 ms.)
     entries = state.entries[:touched]
-    entries[:] = 0
     entries["task"] = -1
     entries["next"] = np.arange(1, touched + 1)
     state.entries["next"][-1] = -1
