@@ -14,7 +14,7 @@ from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
-from pto_gpu.executors.native import _monotonic_ns
+from pto_gpu.executors.native import MIN_BUDGET, _monotonic_ns, budget
 
 TILE = 4
 
@@ -589,3 +589,13 @@ def test_a_runtime_takes_at_each_run_the_entries_other_runtimes_learnt_since_its
     assert second.run(_scale_rows_python, x, out, [3.0] * 6).native_tasks == 6 and np.array_equal(out, 3 * x)
     assert first.run(_scale_rows_python, x, out, [2.0] * 6).native_tasks == 6 and np.array_equal(out, 2 * x)
     assert int(first._instances.filled[0]) == entered
+
+
+@pytest.mark.parametrize(("window", "workers", "expected"),
+                         [(1024, 1, 256), (1024, 2, 256), (1024, 4, 128), (1024, 16, 64), (64, 2, 64)])
+def test_a_class_of_native_loops_reports_at_least_twice_a_task_window(window, workers, expected):
+    """A loop reports its completions (and the orchestrator hears of room) after its budget of
+    tasks: a class's loops together run at most half the window between reports, unless that
+    is fewer than MIN_BUDGET each (a return costs as much as 64 tiny tasks)."""
+    assert budget(window, workers) == expected
+    assert workers * expected <= window // 2 or expected == MIN_BUDGET

@@ -6,7 +6,7 @@ kernel has NativeCode (kernel.py: the kernel families the ISA compiler generates
 BLAS library, and `pto.kernel(..., njit=True)`):
 a worker thread then pops it, calls its kernel's native entry (isa/native_abi.py) and
 completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
-consumers that made ready; Python sees the loop only every BUDGET tasks and SLICE_NS.
+consumers that made ready; Python sees the loop only every `budget` tasks and SLICE_NS.
 Everything else runs the Python way (executors/parallel.py), and the two hand tasks to each other:
 
   - the ready native tasks of each worker class wait in a ring here (`ready`); the
@@ -52,11 +52,14 @@ from ..params import ParamKind
 from ..profile import Lane
 from ..scheduler import Scheduler, Task
 
-# A native loop runs at least BUDGET tasks and SLICE_NS before Python looks (completions
+# A native loop runs at least `budget` tasks and SLICE_NS before Python looks (completions
 # counted, hand-offs queued, sleepers woken): each look takes the GIL and the executor's lock,
 # and costs ~0.2 ms of a worker's time when the orchestrator runs too. For tasks of 27 us (the
-# 2048² panel matmul's), 64 made that 8% of its run; 256, 2%.
+# 2048² panel matmul's), a budget of 64 made that 8% of its run; 256, 3%. But the orchestrator
+# refills a full task ring only as loops report completions, so a class's loops together run at
+# most half the window between reports (`budget`), and at least MIN_BUDGET tasks each.
 BUDGET = 256
+MIN_BUDGET = 64
 SLICE_NS = 1_000_000
 # A native loop that has run this long returns as soon as it makes ready a task that a sleeping
 # worker could take, so that the executor wakes it: waking costs a Python round trip (~5 us),
@@ -357,6 +360,12 @@ def _sleeper_could_take(c, worker):
     return False
 
 
+def budget(window: int, workers: int) -> int:
+    """How many tasks each of a class's `workers` native loops runs before it reports (with
+    SLICE_NS): BUDGET, less where they would together run more than half the task window."""
+    return max(MIN_BUDGET, min(BUDGET, window // (2 * max(1, workers))))
+
+
 class Instances:
     """A runtime's instance table: instance keys and their entries' addresses (NO_ENTRY: none),
     at most half full so that probes stay short. Kept between its runs: made for each, its
@@ -459,13 +468,13 @@ class NativeLanes:
         n = _take_handoffs(s.header, self.control, self._handoff, self._taken)
         return self._taken[:n].tolist()
 
-    def drain(self, worker: WorkerType, scratch: WorkerScratch) -> int:
+    def drain(self, worker: WorkerType, scratch: WorkerScratch, budget: int) -> int:
         """Run ready native tasks of class `worker` on this thread, without the GIL; how many
         completed (their kernels' counts and ns added to scratch.stats)."""
         s = self._scheduler.state
         return _drain(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._handoff,
                       self._kernel_info, self._args, self._keys, self._addresses, int(worker), scratch.ready,
-                      scratch.key, scratch.stats, BUDGET)
+                      scratch.key, scratch.stats, budget)
 
     def scratch(self, ready: np.ndarray) -> WorkerScratch:
         """A worker thread's own scratch for `drain` (`ready`: its completion scratch)."""

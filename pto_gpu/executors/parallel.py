@@ -32,7 +32,7 @@ from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
-from .native import Instances, NativeLanes
+from .native import Instances, NativeLanes, budget
 from .threads import WorkerThreads
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
@@ -88,6 +88,8 @@ class ParallelExecutor:
         self._outbox: list[Task] = []
         self._native_outbox: list[int] = []  # the same, of native tasks a Python submit wrote (by id)
         self._instances = instances  # the runtime's (native.py), for the lanes
+        window = scheduler.state.sizes.task_window
+        self._budgets = {worker: budget(window, count) for worker, count in workers.items()}
         self._native: NativeLanes | None = None  # once a task of native code is submitted (native.py)
         self.native_tasks = 0  # tasks its native workers ran
         self._jobs: list[threading.Event] = []  # on the runtime's threads (threads.py): set as workers return
@@ -347,7 +349,7 @@ class ParallelExecutor:
 
     def _drain(self, worker: WorkerType, lane, scratch) -> None:
         """Run ready native tasks until there are none for this class or Python must look."""
-        completed = self._native.drain(worker, scratch)
+        completed = self._native.drain(worker, scratch, self._budgets[worker])
         self._native.tally(scratch, lane)
         failed = self._native.failed()
         with self._lock:

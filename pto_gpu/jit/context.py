@@ -141,10 +141,11 @@ _INTS, _FLOATS = (int, np.int64), (float, np.float64)
 
 
 class ArgTables(collections.namedtuple("ArgTables", "desc kind count scalar_kind int float float_bits task")):
-    """A run's argument tables, one slot per task ring slot: what compiled submits (jit/api.py)
-    and Python submits of native kernels (orchestrator.py) write, and what native workers
-    (executors/native.py) and `host.Session.materialise` read. `float_bits` is `float` viewed
-    as int64, `task` the task whose arguments each slot holds (-1: none)."""
+    """A runtime's argument tables (`cleared` for each run), one slot per task ring slot: what
+    compiled submits (jit/api.py) and Python submits of native kernels (orchestrator.py) write,
+    and what native workers (executors/native.py) and `host.Session.materialise` read.
+    `float_bits` is `float` viewed as int64, `task` the task whose arguments each slot holds
+    (-1: none)."""
 
     @classmethod
     def allocate(cls, window: int) -> ArgTables:
