@@ -8,8 +8,9 @@ import logging
 import numbers
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,9 @@ class Runtime:
         if costs is not None and not isinstance(costs, CostHistory):
             raise PTOError(f"costs={costs!r} is not a pto.CostHistory")
         self.costs = costs
-        self._running = False
+        # Held by a run, capture or replay: one at a time, as they share the rings and tables. A
+        # lock, not a flag, so that two threads calling run at once cannot both get in.
+        self._busy = threading.Lock()
 
     def run(self, orchestration: Callable, *args, threshold: int = 0, record: bool = False,
             trace: str | Path | None = None, schedule: Schedule | None = None, **kwargs) -> RunResult:
@@ -153,18 +156,13 @@ class Runtime:
         if schedule is not None and self.executor not in ("sim", "parallel"):
             raise PTOError(f"schedule= is followed by executor='sim' and 'parallel' only so far, not "
                            f"{self.executor!r}")
-        if self._running:
-            raise UsageError("Runtime.run called while this runtime is already running an orchestration")
         if threshold < 0:
             raise PTOError(f"threshold={threshold} must be >= 0")
         if trace is not None and self.executor == "dry":
             raise PTOError("trace= draws when kernels ran, and the dry executor runs none; "
                            "use executor='serial' or 'parallel'")
-        self._running = True
-        try:
+        with self._exclusively("Runtime.run called while this runtime is already running an orchestration"):
             return self._run(orchestration, args, kwargs, threshold, record, trace, schedule=schedule)[0]
-        finally:
-            self._running = False
 
     def run_concurrent(self, graphs: Sequence[tuple], *, provides: Sequence[Sequence[str]] | None = None,
                        requires: Sequence[Sequence[str]] | None = None, **options) -> RunResult:
@@ -201,14 +199,19 @@ class Runtime:
         from). The whole run must fit in the rings, since nothing is reclaimed while
         capturing; a ring that fills raises DeadlockError.
         """
-        if self._running:
-            raise UsageError("Runtime.capture called while this runtime is running an orchestration")
-        self._running = True
-        try:
+        with self._exclusively("Runtime.capture called while this runtime is running an orchestration"):
             result, executor = self._run(orchestration, args, kwargs, 0, False, None, capture=True)
-        finally:
-            self._running = False
         return Replay(self, executor.graph, result)
+
+    @contextlib.contextmanager
+    def _exclusively(self, refusal: str) -> Iterator[None]:
+        """Hold the runtime; UsageError(refusal) if a run, capture or replay holds it already."""
+        if not self._busy.acquire(blocking=False):
+            raise UsageError(refusal)
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     @property
     def progress(self) -> tuple[int, int]:
@@ -392,12 +395,7 @@ class Replay:
 
     def replay(self) -> None:
         runtime = self._runtime
-        if runtime._running:
-            raise UsageError("replay() called while its runtime is running an orchestration; the "
-                             "graph uses the same heap")
-        runtime._running = True
-        try:
+        with runtime._exclusively("replay() called while its runtime is running an orchestration; the "
+                                  "graph uses the same heap"):
             runtime.backend.wait_for_caller()
             self._graph.replay()
-        finally:
-            runtime._running = False

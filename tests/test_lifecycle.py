@@ -239,3 +239,31 @@ def test_parallel_runs_share_the_runtimes_threads_which_end_with_it():
     for thread in threads:
         thread.join(timeout=5)
     assert not [t for t in threads if t.is_alive()]
+
+
+def test_a_runtime_refuses_a_run_from_another_thread_while_one_runs():
+    """Runs of one runtime share its rings and tables: a second, from another thread, is
+    refused with a UsageError, and the first runs on unharmed."""
+    rt = runtime("parallel")
+    inside, attempted, refusals = threading.Event(), threading.Event(), []
+
+    def first(o, x):
+        inside.set()
+        assert attempted.wait(10)
+        o.submit(fill, pto.output(o.external(x)), 3.0)
+
+    def second():
+        assert inside.wait(10)
+        try:
+            rt.run(lambda o: o.submit(fill, pto.output(o.external(zeros(4))), 1.0))
+        except pto.UsageError as error:
+            refusals.append(str(error))
+        attempted.set()
+
+    other = threading.Thread(target=second)
+    other.start()
+    x = zeros(4)
+    rt.run(first, x)
+    other.join(10)
+    assert refusals and "already running" in refusals[0] and np.array_equal(x, np.full(4, 3.0))
+    rt.run(first, x)  # free again (the events are still set)
