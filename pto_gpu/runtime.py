@@ -107,7 +107,7 @@ class Runtime:
         self._workers_given = _worker_counts(workers or {})
         self._threads = WorkerThreads()  # the parallel executor's, kept between runs
         # The runs' argument tables (2.5 MB at the default window), kept too: made anew, their
-        # pages were faulted in again by every run (a quarter of a one-tile run's time).
+        # pages were faulted in again by every run (a sixth to a quarter of a one-tile run).
         self._arguments = ArgTables.allocate(self.sizes.task_window)
         self._instances = Instances()  # native workers' entries (executors/native.py), as learnt
         self._distributed = comm is not None
