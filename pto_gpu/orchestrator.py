@@ -393,7 +393,7 @@ class Orchestrator:
         converted = tuple(from_tensor(a) if isinstance(a, TensorDescriptor) else a for a in args)
         self._jit.enter(list(self._externals.values()), list(self._unfreed.values()), self._tags)
         try:
-            result = body(self._jit.o, *converted)
+            result = self._jit.call(body, *converted)
         except BaseException:
             # What the body submitted before it raised runs too, as from Python; the body's
             # error is the one `run` raises (docs/ERRORS.md), not a task's found on the way.

@@ -1,6 +1,7 @@
 """Native workers (executors/native.py): the tasks of generated kernels, submitted by compiled
 code or from Python, run and complete without the GIL, and give the serial executor's results."""
 
+import ctypes
 import gc
 import weakref
 
@@ -15,6 +16,9 @@ from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 import pto_gpu as pto
 from pto_gpu import jit as pj
 from pto_gpu.executors.native import MIN_BUDGET, _monotonic_ns, budget
+from pto_gpu.isa.native_abi import NjitEntries
+from pto_gpu.jit.context import S_INT
+from pto_gpu.jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_SHAPE, D_STRIDE, DESC_WIDTH
 
 TILE = 4
 
@@ -280,6 +284,44 @@ def test_hand_written_njit_kernels_run_natively_with_the_serial_results():
         for c in range(0, 16, 4):
             expected[r:r + 2, c:c + 4] += (1 + c % 3) * (0.5 + r) * x[r:r + 2, c:c + 4]
     np.testing.assert_allclose(np.frombuffer(results[0][0]).reshape(8, 16), expected, rtol=1e-12)
+
+
+@numba.njit
+def _add_halves(x, out, times):
+    out[...] = x + 0.5 * times
+
+
+def _call_entry(address: int, arrays: list[np.ndarray], times: int) -> int:
+    """Call a native entry (native_abi.ENTRY) on whole arrays and one int scalar."""
+    descs = np.zeros((len(arrays), DESC_WIDTH), np.int64)
+    for desc, array in zip(descs, arrays):
+        desc[D_BASE], desc[D_ITEMSIZE], desc[D_NDIM] = array.ctypes.data, array.itemsize, array.ndim
+        desc[D_SHAPE:D_SHAPE + array.ndim] = array.shape
+        desc[D_STRIDE:D_STRIDE + array.ndim] = [s // array.itemsize for s in array.strides]
+    kinds, ints, floats = np.full(1, S_INT, np.int64), np.full(1, times, np.int64), np.zeros(1)
+    entry = ctypes.CFUNCTYPE(ctypes.c_int64, *[ctypes.c_void_p] * 4)(address)
+    return entry(descs.ctypes.data, kinds.ctypes.data, ints.ctypes.data, floats.ctypes.data)
+
+
+def test_the_native_entries_of_a_function_a_module_names_are_generated_into_the_cache(tmp_path, monkeypatch):
+    """Such entries come from a module under the cache directory, which numba's cache keeps
+    across processes; a function no module names (a closure) gets its entries made in the process."""
+    monkeypatch.setenv("PTO_GPU_CACHE", str(tmp_path))
+
+    def closure(x, out, times):
+        out[...] = x + 0.5 * times
+
+    x = np.random.default_rng(5).standard_normal((3, 5))
+    shapes = (x.shape, x.shape)
+    named, unnamed = NjitEntries(_add_halves), NjitEntries(numba.njit(closure))
+    for entries in (named, unnamed, NjitEntries(_add_halves)):
+        out = np.zeros_like(x)
+        assert _call_entry(entries(shapes, x.dtype, (3,)), [x, out], 3) == 0
+        np.testing.assert_array_equal(out, x + 1.5)
+    generated = list(tmp_path.glob("njit_*.py"))
+    assert len(generated) == 1
+    assert f"from {__name__} import _add_halves as run" in generated[0].read_text()
+    assert named(shapes, x.dtype, (3,)) == NjitEntries(_add_halves)(shapes, x.dtype, (3,))
 
 
 def test_njit_kernels_need_their_tensor_params_declared():

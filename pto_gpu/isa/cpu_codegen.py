@@ -39,12 +39,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import math
-import os
 import re
-import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,6 +56,7 @@ from numba.extending import intrinsic
 
 from ..dtypes import DataType
 from .errors import ISAError
+from .generated import cache_dir, load_source
 from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement, walk
 from .native_abi import entry_source
 from .ops import OPCODES, Form, OpSpec
@@ -73,7 +70,6 @@ _PYTHON_COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Pre
                    Predicate.EQ: "==", Predicate.NE: "!="}
 _ROW_LOCAL = frozenset({Form.LOAD, Form.STORE, Form.UNARY, Form.CONVERT, Form.BINARY, Form.TILE_SCALAR,
                         Form.ROW_REDUCE, Form.ROW_EXPAND, Form.COL_EXPAND, Form.MASK, Form.GENERATE})
-_LOADED: dict[Path, object] = {}  # cache path -> the imported generated module
 _FASTMATH = "{'reassoc', 'nsz', 'contract', 'arcp'}"
 
 
@@ -105,12 +101,6 @@ def exp32(value):
     y = y * _float32_from_bits((half + np.int32(127)) << np.int32(23))
     y = y * _float32_from_bits((power - half + np.int32(127)) << np.int32(23))
     return x if x != x else y
-
-
-def cache_dir() -> Path:
-    """Where generated sources (and numba's caches of them) live."""
-    configured = os.environ.get("PTO_GPU_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "pto_gpu" / "isa"
 
 
 def _compute_type(dtype: DataType) -> str:
@@ -729,24 +719,3 @@ def native_entry(module: Module, name: str, directory: Path | None = None,
     entry_path = directory / f"isa_{entry_digest}.py"
     generated = load_source(entry_path, entry_text, entry_digest)
     return generated.entry.address
-
-
-def load_source(path: Path, source: str, digest: str):
-    """The module of generated `source`, written to `path` once (atomically) and imported
-    under a name from its `digest`, so numba's cache finds its functions across processes;
-    imported once per process (importing again makes new dispatchers, which load their
-    machine code from numba's cache again: 40 ms a run for a compiled orchestration)."""
-    if path in _LOADED:
-        return _LOADED[path]
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        partial.write_text(source)
-        os.replace(partial, path)  # atomic: concurrent processes never see half a file
-    module_name = f"pto_gpu_isa_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    generated = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = generated  # numba's cache resolves the function's module by name
-    spec.loader.exec_module(generated)
-    _LOADED[path] = generated
-    return generated

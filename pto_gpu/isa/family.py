@@ -33,7 +33,7 @@ import numpy as np
 from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import ParamError
 from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel, preparing
-from . import cpu_codegen, cuda_codegen, optimize
+from . import cpu_codegen, cuda_codegen, generated, optimize
 from .builder import FunctionBuilder
 from .ir import Function, Module
 from .verify import Direction, directions
@@ -151,7 +151,7 @@ class Family:
 
     def _generated_entry(self, shapes, dtype, structural) -> Callable:
         module = self.module(self.sizes(shapes), as_dtype(dtype), structural)
-        directory = cpu_codegen.cache_dir()
+        directory = generated.cache_dir()
         if all(len(s) == 2 for s in shapes):
             return cpu_codegen.cpu_function(module, self.name, directory)
         if next(s[0] for s in shapes if len(s) == 3) == 0:
@@ -179,7 +179,7 @@ class Family:
                 with preparing():
                     module = self.module(*key)
                     self._native[key, batched] = cpu_codegen.native_entry(
-                        module, self.name, cpu_codegen.cache_dir(), batched)
+                        module, self.name, generated.cache_dir(), batched)
             return self._native[key, batched]
 
     def cuda(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple) -> CudaCode:
@@ -191,7 +191,7 @@ class Family:
                 code = self._cuda.get(key)
                 if code is None:
                     module = self.module(*key, local_memory=cuda_codegen.SHARED_LIMIT)
-                    directory = cpu_codegen.cache_dir()
+                    directory = generated.cache_dir()
                     code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory)
         return code
 

@@ -15,7 +15,11 @@ and the native worker reports the task as failed (executors/native.py).
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
@@ -26,6 +30,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..jit.context import S_INT
 from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH, MAX_JIT_DIMS
 from ..kernel import preparing
+from .generated import cache_dir, load_source
 
 _I64P = types.CPointer(types.int64)
 ENTRY = types.int64(_I64P, _I64P, _I64P, types.CPointer(types.float64))
@@ -44,7 +49,7 @@ def _void_pointer(typingctx, address):
 
 
 @njit(inline="always")
-def _first(descs, p, dtype):
+def first_element(descs, p, dtype):
     """Tensor param p's element [0, ...] as a one-element array of `dtype`, to stride from."""
     d = p * DESC_WIDTH
     return carray(_void_pointer(descs[d + D_BASE] + descs[d + D_OFFSET]), 1, dtype)
@@ -55,7 +60,7 @@ def tensor2(descs, p, dtype):
     """Tensor param p as a 2-d array of `dtype` (a memref of an unbatched instance)."""
     d = p * DESC_WIDTH
     size = descs[d + D_ITEMSIZE]
-    base = _first(descs, p, dtype)
+    base = first_element(descs, p, dtype)
     return as_strided(base, (descs[d + D_SHAPE], descs[d + D_SHAPE + 1]),
                       (descs[d + D_STRIDE] * size, descs[d + D_STRIDE + 1] * size))
 
@@ -66,7 +71,7 @@ def tensor3(descs, p, dtype):
     is one window for every batch index, as family.py passes it."""
     d = p * DESC_WIDTH
     size = descs[d + D_ITEMSIZE]
-    base = _first(descs, p, dtype)
+    base = first_element(descs, p, dtype)
     if descs[d + D_NDIM] == 3:
         return as_strided(base, (descs[d + D_SHAPE], descs[d + D_SHAPE + 1], descs[d + D_SHAPE + 2]),
                           (descs[d + D_STRIDE] * size, descs[d + D_STRIDE + 1] * size,
@@ -95,10 +100,16 @@ def entry_source(arguments: list[str]) -> list[str]:
 class NjitEntries:
     """NativeCode.entry of a hand-written numba kernel (`pto.kernel(..., njit=True)`), or of a
     kernel family's native library for the `dtypes` it takes (None: any): a cfunc per (dims of
-    each tensor, dtype, kind of each scalar) of its calls, made in this process (it calls the
-    user's function, which a generated module could not import). Scalars go in as the Python
-    path passes them, int64 or float64, so both run the same specialisation save for read-only
-    and contiguous views."""
+    each tensor, dtype, kind of each scalar) of its calls. Scalars go in as the Python path
+    passes them, int64 or float64, so both run the same specialisation save for read-only and
+    contiguous views.
+
+    A function its module names (kernels/tiles.py's) gets its entries from a generated module
+    that imports it, under the cache directory, so numba's cache keeps them across processes:
+    made in each process, the panel matmul's three took 8 s of its first run. The module's name
+    covers the function's source file, so an edit there makes a new one; like numba's own cache
+    of the function, it does not cover the functions it calls in other files. Other functions
+    (a `pto.kernel`'s, a closure) get theirs made in this process."""
 
     def __init__(self, function, dtypes: tuple[type, ...] | None = None):
         self._function = function
@@ -115,21 +126,45 @@ class NjitEntries:
         key = (ndims, np.dtype(dtype), kinds)
         with self._lock:
             if key not in self._entries:
-                self._entries[key] = self._compile(*key)
+                with preparing():  # compiling: a cost history leaves this call out
+                    self._entries[key] = self._compile(*key)
             return self._entries[key].address
 
     def _compile(self, ndims: tuple[int, ...], dtype: np.dtype, kinds: tuple[bool, ...]):
-        views = [f"as_strided(first(descs, {p}, np.{dtype.name}), {_dims(p, ndim, D_SHAPE)}, "
-                 f"{_dims(p, ndim, D_STRIDE, '* descs[{0} + D_ITEMSIZE]')})" for p, ndim in enumerate(ndims)]
+        byte_strides = f"* descs[{{0}} + {D_ITEMSIZE}]"
+        views = [f"as_strided(first_element(descs, {p}, np.{dtype.name}), {_dims(p, ndim, D_SHAPE)}, "
+                 f"{_dims(p, ndim, D_STRIDE, byte_strides)})" for p, ndim in enumerate(ndims)]
         values = [f"{'int' if is_int else 'float'}_scalar(kinds, ints, floats, {k})"
                   for k, is_int in enumerate(kinds)]
-        source = "\n".join(entry_source(views + values))
-        namespace = dict(np=np, as_strided=as_strided, first=_first, run=self._function, D_SHAPE=D_SHAPE,
-                         D_STRIDE=D_STRIDE, D_ITEMSIZE=D_ITEMSIZE, int_scalar=int_scalar,
-                         float_scalar=float_scalar, RAISED=RAISED)
-        exec(source, namespace)  # the text above: one view or scalar per param
-        with preparing():  # compiling: a cost history leaves this call out
+        definition = entry_source(views + values)
+        named = self._module_name()
+        if named is None:
+            namespace = dict(np=np, as_strided=as_strided, first_element=first_element, run=self._function,
+                             int_scalar=int_scalar, float_scalar=float_scalar, RAISED=RAISED)
+            exec("\n".join(definition), namespace)  # the text above: one view or scalar per param
             return cfunc(ENTRY)(namespace["entry"])
+        text = "\n".join([
+            f"# pto-gpu: a native entry of {'.'.join(named)} (sources {self._sources_digest()})",
+            "import numpy as np", "from numba import cfunc", "from numpy.lib.stride_tricks import as_strided",
+            "",
+            "from pto_gpu.isa.native_abi import ENTRY, RAISED, first_element, float_scalar, int_scalar",
+            f"from {named[0]} import {named[1]} as run", "", "", "@cfunc(ENTRY, cache=True)", *definition])
+        digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+        return load_source(cache_dir() / f"njit_{digest}.py", text, digest).entry
+
+    def _module_name(self) -> tuple[str, str] | None:
+        """The module and the name in it of the function, where it has them; else None."""
+        module_name, name = self._function.py_func.__module__, self._function.py_func.__qualname__
+        module = sys.modules.get(module_name)
+        if module is None or module_name == "__main__" or getattr(module, name, None) is not self._function:
+            return None
+        return module_name, name
+
+    def _sources_digest(self) -> str:
+        """A digest of the function's source file and this one (whose helpers an entry inlines)."""
+        digest = hashlib.sha256(Path(__file__).read_bytes())
+        digest.update(Path(inspect.getsourcefile(self._function.py_func)).read_bytes())
+        return digest.hexdigest()[:16]
 
 
 def _dims(p: int, ndim: int, field: int, scale: str = "") -> str:

@@ -3,7 +3,7 @@
 `orchestration(program, name)` gives `fn(o, *arrays, *scalars)` for `rt.run`, like
 orchestrate.py's, whose walk over the same IR is the semantics this code must have: the same
 tasks, params, edges, allocations and frees (both take them from lowering.py). The body is one
-`@njit` function, written as a `.py` under the cache directory (cpu_codegen.cache_dir) so
+`@njit` function, written as a `.py` under the cache directory (generated.cache_dir) so
 numba's cache works across processes:
 
     def body(o, m_input, m_output, p_num_tiles, k_softmax_tile):
@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 from ..dtypes import DataType
 from ..jit import source_fingerprint
-from .cpu_codegen import cache_dir, load_source
 from .errors import ISAError
+from .generated import cache_dir, load_source
 from .ir import Alloc, Call, For, Function, If, Module, Op, Predicate, Return, Split, View, walk
 from .lowering import expansion, free_points, scaled_by, scoped, variant_name, variants
 from .ops import OPCODES, Form

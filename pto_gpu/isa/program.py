@@ -19,7 +19,7 @@ from pathlib import Path
 from ..dtypes import DataType, WorkerType
 from ..errors import ParamError
 from ..kernel import Kernel, kernel
-from . import cpu_codegen, cuda_codegen, lowering, optimize, orchestrate, orchestration_codegen
+from . import cpu_codegen, cuda_codegen, generated, lowering, optimize, orchestrate, orchestration_codegen
 from .errors import ISAError
 from .family import family_of
 from .ir import Call, Function, Module, Op, Statement, walk
@@ -73,7 +73,7 @@ def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shar
     expanded = Module(module.name, {**module.functions, **made})
     for variant in made.values():
         verify_function(variant, expanded)
-    directory = cpu_codegen.cache_dir()
+    directory = generated.cache_dir()
     kernels = {}
     for function in expanded.functions.values():
         if not function.in_core:

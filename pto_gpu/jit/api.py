@@ -1,7 +1,7 @@
 """The calls a compiled orchestration makes: alloc, free, version_inc, scopes, submit.
 
 Each is an njit function over the JitOrchestrator `o` that calls the numba core directly.
-Compiled code leaves for Python only through `_service` (a numba objmode block): to hand
+Compiled code leaves for Python only through `_service` (bridge.py's callback): to hand
 a batch of submitted tasks to the executor, to wait when a ring is full, to check
 invariants in validation mode, and to raise an error with a message that names the bad
 argument. Tensor params come first in a compiled submit, scalars after (the convention of
@@ -14,7 +14,7 @@ allocation) and read `o`'s tables through `context.tables`.
 from __future__ import annotations
 
 import numpy as np
-from numba import literal_unroll, njit, objmode, types
+from numba import literal_unroll, njit, types
 from numba.core import cgutils
 from numba.cpython.unsafe.tuple import tuple_setitem
 from numba.extending import intrinsic, overload
@@ -48,6 +48,7 @@ from .context import (
     M_LOGGED,
     M_SCOPE_DEPTH,
     M_SCOPE_TOP,
+    M_SERVICE,
     M_SESSION,
     M_VALIDATE,
     MAX_SCALARS,
@@ -282,9 +283,8 @@ def flush(o):
 # --- helpers -----------------------------------------------------------------------------
 @njit(cache=True, _nrt=False)
 def _service(meta, code, a, b, c):
-    session = meta[M_SESSION]
-    with objmode():
-        bridge.service(session, code, a, b, c)
+    if bridge.call_service(meta[M_SERVICE], meta[M_SESSION], code, a, b, c) == bridge.RAISED:
+        raise bridge.ServiceRaised()
 
 
 @njit(cache=True, _nrt=False)

@@ -1,11 +1,27 @@
 """The one door from compiled orchestration code back to Python.
 
-Compiled code calls `service(session, code, a, b, c)` from a numba objmode block; the
-session (host.Session) registered under that key does the work: hand logged tasks to the
-executor, make room in a full ring, check invariants, or raise the error a code names.
+Compiled code calls `service(session, code, a, b, c)` through a C function pointer (a ctypes
+callback, `SERVICE_ADDRESS`, which compiled code reads from its tables: an address is this
+process's, so no cached code may hold it). The session (host.Session) registered under that key
+does the work: hand logged tasks to the executor, make room in a full ring, check invariants, or
+raise the error a code names. An exception cannot cross a C frame, so the callback keeps it in
+the session and returns RAISED; compiled code then raises `ServiceRaised`, and `call` raises
+the session's exception in its place.
+
+Not a numba objmode block, as it was: such a block is compiled in the process, not cached, once
+for every cached function that contains a call, on that call. A run met 40 ms of compiling
+whenever it first flushed from a submit of a kernel signature it had not flushed from before,
+one of a matmul benchmark's five rounds, say.
 """
 
 from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 SERVICE_FLUSH = 0  # hand the logged tasks and edges over
 SERVICE_ROOM = 1  # a: the FULL_* status of a full ring
@@ -29,8 +45,50 @@ ERR_ALLOC_ARGS = 20  # a: dims, b: dtype code, c: a negative dim (or 0)
 ERR_VERSION_TAKEN = 21  # version_inc of a version that already has a successor (descriptor in named[0])
 ERR_UNWRITABLE = 22  # a: param position, b: kernel id, c: -1 read-only memory, else the dim of stride 0
 
+RAISED = 1  # what the callback returns when the service raised
+
 SESSIONS: dict[int, object] = {}
+_RAISED: dict[int, BaseException] = {}  # by session key: what its last service call raised
 
 
-def service(session: int, code: int, a: int, b: int, c: int) -> None:
-    SESSIONS[session].service(code, a, b, c)
+class ServiceRaised(Exception):
+    """Compiled code's signal that a service call raised; `call` raises what it raised."""
+
+
+def service(session: int, code: int, a: int, b: int, c: int) -> int:
+    try:
+        SESSIONS[session].service(code, a, b, c)
+    except BaseException as error:  # noqa: BLE001 - handed on by `call`, KeyboardInterrupt included
+        _RAISED[session] = error
+        return RAISED
+    return 0
+
+
+_CALLBACK = ctypes.CFUNCTYPE(*[ctypes.c_int64] * 6)(service)
+SERVICE_ADDRESS = ctypes.cast(_CALLBACK, ctypes.c_void_p).value
+
+
+def call(session: int, function: Callable, *args: object) -> object:
+    """function(*args), compiled code of `session`, with a service call's exception raised as itself."""
+    try:
+        return function(*args)
+    except ServiceRaised:
+        error = _RAISED.pop(session)
+    raise error  # outside the except: not "during handling of ServiceRaised"
+
+
+@intrinsic
+def call_service(typingctx, address, session, code, a, b, c):
+    """Call the callback at `address` (SERVICE_ADDRESS) with five integers; what it returns."""
+    arguments = (address, session, code, a, b, c)
+    if not all(isinstance(t, types.Integer) for t in arguments):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        function = builder.inttoptr(args[0], ir.FunctionType(i64, [i64] * 5).as_pointer())
+        values = [context.cast(builder, value, kind, types.int64)
+                  for value, kind in zip(args[1:], signature.args[1:])]
+        return builder.call(function, values)
+
+    return types.int64(*arguments), codegen

@@ -45,7 +45,8 @@ M_SCOPE_DEPTH = 6
 M_SCOPE_TOP = 7
 M_HEAP_BASE = 8
 M_LOG_LIMIT = 9  # flush the log at this many tasks
-M_WIDTH = 10
+M_SERVICE = 10  # the address of bridge.service's callback
+M_WIDTH = 11
 
 # the last axis of kernel_shapes (host.kernel_tables)
 SHAPE_CODE = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from .context import (
     M_LOG_EDGES,
     M_LOG_LIMIT,
     M_LOGGED,
+    M_SERVICE,
     M_SESSION,
     M_VALIDATE,
     M_WIDTH,
@@ -110,6 +112,7 @@ class Session:
         state = scheduler.state
         meta = np.zeros(M_WIDTH, np.int64)
         meta[M_SESSION] = self.key
+        meta[M_SERVICE] = bridge.SERVICE_ADDRESS
         meta[M_COMPLETE_AT_SUBMIT] = self._complete_at_submit
         meta[M_LOG_EDGES] = recorder is not None or executor.wants_producers
         meta[M_VALIDATE] = scheduler.validate
@@ -162,6 +165,10 @@ class Session:
 
     def _slot(self, key: int) -> int:
         return key % len(self._fields["heap_versions"])
+
+    def call(self, body: Callable, *args: object) -> object:
+        """body(o, *args), compiled code of this session, raising what its service calls raise."""
+        return bridge.call(self.key, body, self.o, *args)
 
     def close(self) -> None:
         bridge.SESSIONS.pop(self.key, None)
