@@ -15,7 +15,7 @@ from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
-from pto_gpu.jit import bridge
+from pto_gpu.jit import bridge, host
 from pto_gpu.jit.descriptor import from_tensor, write_layout
 from pto_gpu.layout import PARAM_WIDTH, ROW_WIDTH
 from tests import hand_written
@@ -248,6 +248,33 @@ def test_misuse_in_compiled_code_raises_a_named_error(case, error, words):
     out = np.zeros(3, np.float32)
     rt.run(lambda o: o.submit(fill, pto.output(o.external(out)), 2.0))  # the runtime goes on
     np.testing.assert_array_equal(out, 2.0)
+
+
+@numba.njit
+def _flushes(o):
+    pj.flush(o)
+
+
+@numba.njit
+def _flushes_and_catches(o):
+    try:
+        pj.flush(o)
+    except Exception:  # what a body may do; the service's exception still reaches the caller
+        pass
+
+
+@pytest.mark.parametrize("body", [_flushes, _flushes_and_catches], ids=["raises", "catches"])
+def test_what_a_service_call_raises_reaches_the_caller_as_it_is(body, monkeypatch):
+    """Compiled code calls the session through a C callback (jit/bridge.py), which an exception
+    cannot cross: it is kept and raised again, a KeyboardInterrupt as well, and not kept after."""
+    def interrupted(session, code, a, b, c):
+        raise KeyboardInterrupt("in a service call")
+
+    monkeypatch.setattr(host.Session, "service", interrupted)
+    with pytest.raises(KeyboardInterrupt, match="in a service call") as raised:
+        pto.Runtime(backend="cpu", executor="serial").run(lambda o: o.compiled(body))
+    assert not isinstance(raised.value.__context__, bridge.ServiceRaised)
+    assert not bridge._RAISED
 
 
 def test_compiled_validation_mode_checks_invariants():

@@ -4,6 +4,7 @@ code or from Python, run and complete without the GIL, and give the serial execu
 import ctypes
 import gc
 import weakref
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -320,8 +321,11 @@ def test_the_native_entries_of_a_function_a_module_names_are_generated_into_the_
         np.testing.assert_array_equal(out, x + 1.5)
     generated = list(tmp_path.glob("njit_*.py"))
     assert len(generated) == 1
-    assert f"from {__name__} import _add_halves as run" in generated[0].read_text()
+    assert f"# run: {__name__}._add_halves" in generated[0].read_text()
     assert named(shapes, x.dtype, (3,)) == NjitEntries(_add_halves)(shapes, x.dtype, (3,))
+    # ... and numba cached it, for the next process
+    cached = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else tmp_path
+    assert list(cached.rglob(f"{generated[0].stem}.entry-*.nbi"))
 
 
 def test_njit_kernels_need_their_tensor_params_declared():

@@ -377,13 +377,16 @@ class Instances:
         self.addresses = np.zeros(INSTANCES, np.int64)
         self.filled = np.zeros(1, np.int64)
         self._seen = 0  # how many of _LEARNT's entries `update` has looked at
-        # Called from Python by `update` only: load its machine code now, with the runtime,
-        # not in the middle of a later run (5 ms of a process's second run). A key as `update`
-        # passes one: read-only, another specialisation.
-        _find(self.keys, self.addresses, np.frombuffer(self.keys[0].tobytes(), np.int64))
+        self._updated = False
 
     def update(self) -> None:
         """Enter the process's entries learnt since the last call (between runs: no worker reads)."""
+        if not self._updated:
+            # _find is called from Python here only: load its machine code at the first run with
+            # native lanes, not in the middle of a later one (5 ms of a process's second run).
+            # With a key as below: read-only, a specialisation of its own.
+            _find(self.keys, self.addresses, np.frombuffer(self.keys[0].tobytes(), np.int64))
+            self._updated = True
         if len(_LEARNT) == self._seen:
             return
         learnt = list(_LEARNT.items())  # a copy: another thread's runtime may be learning

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 _LOADED: dict[Path, object] = {}  # cache path -> the imported generated module
+_LOADING = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -23,13 +24,19 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "pto_gpu" / "isa"
 
 
-def load_source(path: Path, source: str, digest: str):
+def load_source(path: Path, source: str, digest: str, given: dict[str, object] | None = None):
     """The module of generated `source`, written to `path` once (atomically) and imported
     under a name from its `digest`, so numba's cache finds its functions across processes;
     imported once per process (importing again makes new dispatchers, which load their
-    machine code from numba's cache again: 40 ms a run for a compiled orchestration)."""
-    if path in _LOADED:
+    machine code from numba's cache again: 40 ms a run for a compiled orchestration).
+    `given`: globals the module finds defined (what it would otherwise import)."""
+    with _LOADING:  # one import per module: a second thread waits, then takes the first's
+        if path not in _LOADED:
+            _LOADED[path] = _load(path, source, digest, given or {})
         return _LOADED[path]
+
+
+def _load(path: Path, source: str, digest: str, given: dict[str, object]):
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
@@ -38,7 +45,7 @@ def load_source(path: Path, source: str, digest: str):
     module_name = f"pto_gpu_isa_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     generated = importlib.util.module_from_spec(spec)
+    vars(generated).update(given)
     sys.modules[module_name] = generated  # numba's cache resolves the function's module by name
     spec.loader.exec_module(generated)
-    _LOADED[path] = generated
     return generated

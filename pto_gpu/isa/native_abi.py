@@ -27,12 +27,15 @@ from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 from numpy.lib.stride_tricks import as_strided
 
+from ..jit import context, descriptor
 from ..jit.context import S_INT
 from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH, MAX_JIT_DIMS
 from ..kernel import preparing
 from .generated import cache_dir, load_source
 
 _I64P = types.CPointer(types.int64)
+# The modules whose code an entry inlines besides the kernel's: this one and the layouts it reads.
+_SOURCES = [Path(__file__), Path(context.__file__), Path(descriptor.__file__)]
 ENTRY = types.int64(_I64P, _I64P, _I64P, types.CPointer(types.float64))
 RAISED = 1  # what an entry returns when its kernel raised
 
@@ -104,12 +107,14 @@ class NjitEntries:
     passes them, int64 or float64, so both run the same specialisation save for read-only and
     contiguous views.
 
-    A function its module names (kernels/tiles.py's) gets its entries from a generated module
-    that imports it, under the cache directory, so numba's cache keeps them across processes:
-    made in each process, the panel matmul's three took 8 s of its first run. The module's name
-    covers the function's source file, so an edit there makes a new one; like numba's own cache
-    of the function, it does not cover the functions it calls in other files. Other functions
-    (a `pto.kernel`'s, a closure) get theirs made in this process."""
+    A module-level numba function (the kernel library's) gets its entries from a generated
+    module under the cache directory (given the function as `run`), so numba's cache keeps
+    them across processes: made in each process, the panel matmul's three took 8 s of its first
+    run. The module's name covers the function's module and qualified name and the sources of
+    every module in its directory and of those whose helpers an entry inlines (`_SOURCES`), so
+    an edit there makes a new one; an edit to a module elsewhere that the function calls does
+    not (nor does it reach numba's own cache of the function). Other functions (a
+    `pto.kernel`'s, a closure) get theirs made in this process."""
 
     def __init__(self, function, dtypes: tuple[type, ...] | None = None):
         self._function = function
@@ -148,22 +153,29 @@ class NjitEntries:
             "import numpy as np", "from numba import cfunc", "from numpy.lib.stride_tricks import as_strided",
             "",
             "from pto_gpu.isa.native_abi import ENTRY, RAISED, first_element, float_scalar, int_scalar",
-            f"from {named[0]} import {named[1]} as run", "", "", "@cfunc(ENTRY, cache=True)", *definition])
+            "",
+            # Given, not imported: a worker thread importing the kernel's module could wait on
+            # the import lock of a module that runs a runtime as it is imported.
+            f"# run: {'.'.join(named)}, given by the loader", "", "",
+            "@cfunc(ENTRY, cache=True)", *definition])
         digest = hashlib.sha256(text.encode()).hexdigest()[:24]
-        return load_source(cache_dir() / f"njit_{digest}.py", text, digest).entry
+        return load_source(cache_dir() / f"njit_{digest}.py", text, digest, {"run": self._function}).entry
 
     def _module_name(self) -> tuple[str, str] | None:
-        """The module and the name in it of the function, where it has them; else None."""
+        """The module and the name in it of the function, where it has them and a source file
+        (what names its entries' module: a closure's name may stand for different code); else None."""
         module_name, name = self._function.py_func.__module__, self._function.py_func.__qualname__
         module = sys.modules.get(module_name)
         if module is None or module_name == "__main__" or getattr(module, name, None) is not self._function:
             return None
-        return module_name, name
+        return (module_name, name) if inspect.getsourcefile(self._function.py_func) else None
 
     def _sources_digest(self) -> str:
-        """A digest of the function's source file and this one (whose helpers an entry inlines)."""
-        digest = hashlib.sha256(Path(__file__).read_bytes())
-        digest.update(Path(inspect.getsourcefile(self._function.py_func)).read_bytes())
+        """A digest of the modules in the function's directory and of `_SOURCES`."""
+        directory = Path(inspect.getsourcefile(self._function.py_func)).parent
+        digest = hashlib.sha256()
+        for path in [*_SOURCES, *sorted(directory.glob("*.py"))]:
+            digest.update(path.read_bytes())
         return digest.hexdigest()[:16]
 
 

@@ -1,17 +1,18 @@
 """The one door from compiled orchestration code back to Python.
 
 Compiled code calls `service(session, code, a, b, c)` through a C function pointer (a ctypes
-callback, `SERVICE_ADDRESS`, which compiled code reads from its tables: an address is this
+callback, at `SERVICE_ADDRESS`, which compiled code reads from its tables: an address is this
 process's, so no cached code may hold it). The session (host.Session) registered under that key
 does the work: hand logged tasks to the executor, make room in a full ring, check invariants, or
-raise the error a code names. An exception cannot cross a C frame, so the callback keeps it in
-the session and returns RAISED; compiled code then raises `ServiceRaised`, and `call` raises
-the session's exception in its place.
+raise the error a code names. An exception cannot cross a C frame, so the callback keeps it under
+the session's key and returns RAISED; compiled code then raises `ServiceRaised`, and `call`
+raises the kept exception in its place.
 
 Not a numba objmode block, as it was: such a block is compiled in the process, not cached, once
 for every cached function that contains a call, on that call. A run met 40 ms of compiling
 whenever it first flushed from a submit of a kernel signature it had not flushed from before,
-one of a matmul benchmark's five rounds, say.
+one of a matmul benchmark's five rounds, say. (The descriptor helpers' errors, descriptor._fail,
+still leave through one: it is compiled only when such an error is raised.)
 """
 
 from __future__ import annotations
@@ -55,26 +56,43 @@ class ServiceRaised(Exception):
     """Compiled code's signal that a service call raised; `call` raises what it raised."""
 
 
-def service(session: int, code: int, a: int, b: int, c: int) -> int:
+def service(session: int, code: int, a: int, b: int, c: int) -> None:
+    """Do what `code` asks of the session (raising as it does). Old cached compiled code may
+    still call this from its objmode block, so it keeps raising."""
+    SESSIONS[session].service(code, a, b, c)
+
+
+def _callback(session: int, code: int, a: int, b: int, c: int) -> int:
     try:
-        SESSIONS[session].service(code, a, b, c)
+        service(session, code, a, b, c)
     except BaseException as error:  # noqa: BLE001 - handed on by `call`, KeyboardInterrupt included
         _RAISED[session] = error
         return RAISED
     return 0
 
 
-_CALLBACK = ctypes.CFUNCTYPE(*[ctypes.c_int64] * 6)(service)
+_CALLBACK = ctypes.CFUNCTYPE(*[ctypes.c_int64] * 6)(_callback)
 SERVICE_ADDRESS = ctypes.cast(_CALLBACK, ctypes.c_void_p).value
 
 
 def call(session: int, function: Callable, *args: object) -> object:
-    """function(*args), compiled code of `session`, with a service call's exception raised as itself."""
+    """function(*args), compiled code of `session`, raising what a service call raised in
+    place of ServiceRaised; also when the body caught ServiceRaised and went on."""
     try:
-        return function(*args)
+        result = function(*args)
     except ServiceRaised:
-        error = _RAISED.pop(session)
-    raise error  # outside the except: not "during handling of ServiceRaised"
+        kept = True
+    else:
+        kept = session in _RAISED
+    if kept:
+        raise _RAISED.pop(session)  # outside the except: not "during handling of ServiceRaised"
+    return result
+
+
+def forget(session: int) -> None:
+    """Drop what a closed session's service calls raised and nobody took (none should be left)."""
+    SESSIONS.pop(session, None)
+    _RAISED.pop(session, None)
 
 
 @intrinsic

@@ -171,7 +171,7 @@ class Session:
         return bridge.call(self.key, body, self.o, *args)
 
     def close(self) -> None:
-        bridge.SESSIONS.pop(self.key, None)
+        bridge.forget(self.key)
 
     # --- service calls -------------------------------------------------------------------
     def service(self, code: int, a: int, b: int, c: int) -> None:
