@@ -201,6 +201,52 @@ def test_each_run_starts_from_a_tensormap_pool_as_a_new_one(entries):
     assert graphs[0] == graphs[3] and graphs[1] == graphs[2]
 
 
+def _tables_as_new(state) -> bool:
+    """Whether the task ring, buffer table and dep pool are as a new runtime's: free ids and
+    sequence numbers -1, every dep entry free, the free list in pool order."""
+    dep_list = np.arange(1, len(state.deps) + 1)
+    dep_list[-1] = -1
+    return (all((state.tasks[f] == (-1 if f == "id" else 0)).all() for f in state.tasks.dtype.names)
+            and all((state.buffers[f] == (-1 if f == "seq" else 0)).all() for f in state.buffers.dtype.names)
+            and (state.deps["task"] == -1).all() and np.array_equal(state.deps["next"], dep_list))
+
+
+def test_each_run_starts_from_a_task_ring_buffer_table_and_dep_pool_as_new_ones():
+    """A reset rewrites the rows of these a run used (ids, sequence numbers and dep entries are
+    taken in order), all of them after a failed run: each run begins with them as new."""
+    rt = runtime("parallel", task_window=64)
+    state = rt._scheduler.state
+    as_new, deps_used = [], []
+
+    def orch(o, out, rows, fail):
+        as_new.append(_tables_as_new(state))
+        X = o.external(out)
+        for i in range(rows):
+            t = o.alloc((4,))
+            o.submit(fill, pto.output(t), float(i))
+            o.submit(add_into, pto.input(t), pto.inout(X[i]))  # waits for fill: a dep entry
+            o.free(t)
+            o.submit(add_into, pto.input(X[i]), pto.inout(X[(i + 1) % rows]))
+        if fail:
+            o.submit(explode, pto.inout(X[0]))
+        deps_used.append(int(state.head["hw_dep"]))
+
+    for rows, fail in ((40, False), (8, False), (30, True), (8, False), (12, False)):
+        out = zeros(rows, 4)
+        if fail:
+            with pytest.raises(pto.TaskError, match="planted"):
+                rt.run(orch, out, rows, fail)
+            continue
+        rt.run(orch, out, rows, fail)
+        expected = np.zeros((rows, 4))
+        for i in range(rows):
+            expected[i] += i
+            expected[(i + 1) % rows] += expected[i]
+        np.testing.assert_array_equal(out, expected)
+    assert as_new == [True] * 5
+    assert min(deps_used) > 0 and state.head["hw_dep"] < len(state.deps)  # a reset of part of the pool
+
+
 def test_deadlock_names_the_old_buffer_that_pins_reclamation():
     def orch(o):
         o.alloc((16,))  # long-lived, never freed: everything allocated after it waits behind it
