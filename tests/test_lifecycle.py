@@ -314,6 +314,30 @@ def test_a_run_starts_the_workers_of_the_classes_it_has_tasks_for():
     assert started() >= {"pto-VECTOR", "pto-CUBE"} and not running_workers(rt)
 
 
+def test_a_worker_thread_that_cannot_start_fails_the_run_and_the_runtime_goes_on(monkeypatch):
+    rt = runtime("parallel")
+    start = rt._threads.start
+
+    def no_vector_threads(name, target, args):
+        if name.startswith("pto-VECTOR"):
+            raise RuntimeError("can't start new thread")
+        return start(name, target, args)
+
+    @pto.kernel(worker=pto.VECTOR)
+    def double(x):
+        x *= 2
+
+    out = zeros(4)
+    monkeypatch.setattr(rt._threads, "start", no_vector_threads)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        rt.run(lambda o: o.submit(double, pto.inout(o.external(out))))
+    monkeypatch.undo()
+    out[:] = 1
+    rt.run(lambda o: o.submit(double, pto.inout(o.external(out))))
+    np.testing.assert_array_equal(out, 2)
+    assert not running_workers(rt)
+
+
 def test_a_runtime_refuses_a_run_from_another_thread_while_one_runs():
     """Runs of one runtime share its rings and tables: a second, from another thread, is
     refused with a UsageError, and the first runs on unharmed."""

@@ -328,6 +328,32 @@ def test_the_native_entries_of_a_function_a_module_names_are_generated_into_the_
     assert list(cached.rglob(f"{generated[0].stem}.entry-*.nbi"))
 
 
+def test_a_native_class_whose_workers_cannot_start_fails_the_run_and_the_runtime_goes_on(monkeypatch):
+    """Native tasks queued before the workers start get their class's workers at the start
+    (ParallelExecutor._hire_locked): a thread that cannot start fails the run, not hangs it."""
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    start = rt._threads.start
+
+    def no_threads(name, target, args):
+        raise RuntimeError("can't start new thread")
+
+    x = np.random.default_rng(4).standard_normal((64, 24)).astype(np.float32)
+
+    def orchestration(o, acc, out):
+        o.compiled(_tiles, o.external(x), o.external(acc), o.external(out), scale.id, add.id, swiglu.id)
+
+    monkeypatch.setattr(rt._threads, "start", no_threads)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        rt.run(orchestration, np.zeros((TILE, 24), np.float32), np.zeros((64, 24), np.float32))
+    monkeypatch.setattr(rt._threads, "start", start)
+    results = []
+    for executor_rt in (rt, pto.Runtime(backend="cpu", executor="serial")):
+        acc, out = np.zeros((TILE, 24), np.float32), np.zeros((64, 24), np.float32)
+        executor_rt.run(orchestration, acc, out)
+        results.append((acc.tobytes(), out.tobytes()))
+    assert results[0] == results[1]
+
+
 def test_njit_kernels_need_their_tensor_params_declared():
     with pytest.raises(pto.ParamError, match="njit=True needs shapes"):
         pto.kernel(njit=True)(lambda a: None)

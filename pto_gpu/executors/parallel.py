@@ -152,7 +152,14 @@ class ParallelExecutor:
         if (self._native is None and self._schedule is None and not self._tracing
                 and not self._profile.measuring and not self._scheduler.validate
                 and self._backend.name == "cpu"):
-            self._native = NativeLanes(self._scheduler, args, kernels, self._instances)
+            lanes = NativeLanes(self._scheduler, args, kernels, self._instances)
+            with self._lock:
+                self._native = lanes
+                for worker in WorkerType:
+                    if worker not in self._hired:
+                        # Counted as asleep until started: a native loop that makes the class's
+                        # tasks ready then returns soon, and Python starts its workers.
+                        lanes.sleeping(worker, 1)
         return self._native
 
     def admitted(self) -> None:
@@ -177,8 +184,17 @@ class ParallelExecutor:
         if worker in self._hired or self._stopping:
             return
         self._hired.add(worker)
-        for i, lane in enumerate(self._lanes.get(worker, ())):
-            self._jobs.append(self._threads.start(f"pto-{worker.name}-{i}", self._work, (worker, i, lane)))
+        if self._native is not None:
+            self._native.sleeping(worker, -1)  # counted as asleep until now (native_lanes)
+        try:
+            for i, lane in enumerate(self._lanes.get(worker, ())):
+                job = self._threads.start(f"pto-{worker.name}-{i}", self._work, (worker, i, lane))
+                self._jobs.append(job)
+        except BaseException as error:  # no thread: the run fails (nothing would take the class's tasks)
+            self._error = self._error or error
+            self._stopping = True
+            self._notify_all_locked()
+            raise
 
     @property
     def cross_waits(self) -> int | None:
