@@ -94,7 +94,7 @@ class ParallelExecutor:
         self.native_tasks = 0  # tasks its native workers ran
         self._jobs: list[threading.Event] = []  # on the runtime's threads (threads.py): set as workers return
         # A class's workers start with its first task (`_hire_locked`): a one-tile matmul run,
-        # whose tasks are all CUBE's, took 1.2-1.3 ms starting and joining six, 0.9 with two.
+        # whose tasks are all CUBE's, took 1.14-1.21 ms starting and joining six, 0.79-0.82 two.
         self._threads = threads
         self._lanes = {worker: [profile.lane(f"{worker.name}-{i}", (worker,)) for i in range(count)]
                        for worker, count in workers.items()}
