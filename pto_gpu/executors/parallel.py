@@ -457,10 +457,8 @@ class ParallelExecutor:
                 for queue in self._queues.values():
                     queue[:] = sorted((priority(self._schedule, task, self._paths), task.id, task)
                                       for _, _, task in queue)
-            if self._native is not None:  # native tasks admitted before the start
-                for worker in WorkerType:
-                    if self._native.has_work(worker):
-                        self._hire_locked(worker)
+            if self._native is not None:  # native tasks admitted before the start: their classes' workers
+                self._wake_native_locked()
             self._notify_all_locked()
 
     def _sample(self) -> None:
