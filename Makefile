@@ -7,7 +7,7 @@ CUDA_MAJOR := $(filter 12 13,$(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA V
 comma := ,
 EXTRAS := test$(if $(CUDA_MAJOR),$(comma)cuda$(CUDA_MAJOR))
 
-.PHONY: test run bench fuzz lint clean
+.PHONY: test run bench fuzz fuzz-native lint clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,14 @@ bench: $(BIN)/.installed-bench
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds
 
 # Differential fuzzing against the serial executor: FUZZ_EXAMPLES programs (Ctrl-C stops it),
-# from a fresh random seed each time (hypothesis prints how to reproduce a failure).
+# from a fresh random seed each time (hypothesis prints how to reproduce a failure); fuzz-native:
+# a tenth as many programs of generated kernels, on native workers.
 FUZZ_EXAMPLES ?= 1000000
 fuzz: $(BIN)/.installed
-	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -x -q
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -k "not native" -x -q
+
+fuzz-native: $(BIN)/.installed
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -k native -x -q
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

@@ -9,13 +9,21 @@ on CUBE or VECTOR (placed by HEFT), whose every output depends on every input. B
 large windows, so that regions hash by their 4 KiB TensorMap blocks, long ones by the owner's
 wide chain (docs/ARCHITECTURE.md, "TensorMap hashing"). `describe` lists the ops, for failure
 reports.
+
+`native_plan` draws programs of the kernel library's generated kernels instead, which native
+workers run without the GIL: `compiled_plan` submits one from compiled code, `python_plan`
+the same tasks through o.submit.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
+from pto_gpu.kernels.elementwise import add, scale
+from pto_gpu.kernels.llm import swiglu
 
 import pto_gpu as pto
+from pto_gpu import jit as pj
 
 
 def _combine(n_inputs, *views):
@@ -135,3 +143,65 @@ def describe(seed: int, n_ops: int) -> str:
     log: list[str] = []
     pto.Runtime(backend="cpu", executor="dry").run(random_program, make_buffers(), seed, n_ops, log)
     return "\n".join(f"  {i:3d}: {line}" for i, line in enumerate(log))
+
+
+# --- programs of generated kernels, for native workers ------------------------------------------
+# A plan row: (op, source array, rows, cols, height, width, destination rows, cols), between
+# two (16, 32) float32 arrays: the destination is in the other array, so tasks meet only
+# through regions. Ops 0-2 are one task (scale, add, swiglu); op 3 is scale into a heap tile
+# allocated for it, add of that tile into the destination, and the tile's free.
+PLAN_SHAPE = (16, 32)
+HEAP_TILE = 4 * 16 * 4  # bytes of the largest heap tile
+
+
+def native_plan(rng: np.random.Generator, rows: int) -> np.ndarray:
+    plan = []
+    for _ in range(rows):
+        h, w = int(rng.choice([2, 4])), int(rng.choice([8, 16]))
+        plan.append([rng.integers(0, 4), rng.integers(0, 2), rng.integers(0, 17 - h), rng.integers(0, 33 - w),
+                     h, w, rng.integers(0, 17 - h), rng.integers(0, 33 - w)])
+    return np.array(plan, np.int64)
+
+
+@numba.njit(cache=True)
+def _planned(o, a, b, plan, scale_id, add_id, swiglu_id):
+    for i in range(plan.shape[0]):
+        op, which, r, c, h, w, dr, dc = plan[i]
+        src, dst = (a, b) if which == 0 else (b, a)
+        source = pj.narrow(pj.narrow(src, 0, r, r + h), 1, c, c + w)
+        target = pj.narrow(pj.narrow(dst, 0, dr, dr + h), 1, dc, dc + w)
+        if op == 0:
+            pj.submit(o, scale_id, (pj.input(source), pj.output(target)), (0.75,))
+        elif op == 1:
+            pj.submit(o, add_id, (pj.input(source), pj.input(target), pj.output(target)))
+        elif op == 2:
+            pj.submit(o, swiglu_id, (pj.inout(target), pj.input(source)))
+        else:
+            tile = pj.alloc(o, (h, w), pj.dtype(src))
+            pj.submit(o, scale_id, (pj.input(source), pj.output(tile)), (0.75,))
+            pj.submit(o, add_id, (pj.input(tile), pj.input(target), pj.output(target)))
+            pj.free(o, tile)
+
+
+def compiled_plan(o, a, b, plan) -> None:
+    """The plan submitted by compiled code."""
+    o.compiled(_planned, o.external(a), o.external(b), plan, scale.id, add.id, swiglu.id)
+
+
+def python_plan(o, a, b, plan) -> None:
+    """The same tasks, through o.submit."""
+    arrays = (o.external(a), o.external(b))
+    for op, which, r, c, h, w, dr, dc in plan.tolist():
+        source = arrays[which][r:r + h, c:c + w]
+        target = arrays[1 - which][dr:dr + h, dc:dc + w]
+        if op == 0:
+            o.submit(scale, pto.input(source), pto.output(target), 0.75)
+        elif op == 1:
+            o.submit(add, pto.input(source), pto.input(target), pto.output(target))
+        elif op == 2:
+            o.submit(swiglu, pto.inout(target), pto.input(source))
+        else:
+            tile = o.alloc((h, w), pto.FLOAT32)
+            o.submit(scale, pto.input(source), pto.output(tile), 0.75)
+            o.submit(add, pto.input(tile), pto.input(target), pto.output(target))
+            o.free(tile)

@@ -5,7 +5,12 @@ serial executor's graph, which must be exactly the edges that the independent or
 (oracle.py) derives from ../shared/design.md's rules. The oracle's own tests are here too: it gives
 hand-derived edges, and it fails a graph with one edge too few or too many.
 
-CI runs FUZZ_EXAMPLES (default 1,500) programs; `make fuzz` runs many more.
+Programs of generated kernels (fuzzing.native_plan), submitted by compiled code or from Python,
+must give the serial executor's bytes on native workers too: run twice on one runtime, with
+random windows, heaps and worker counts.
+
+CI runs FUZZ_EXAMPLES (default 1,500) programs of the first kind and a tenth as many of the
+second; `make fuzz` runs many more of both.
 """
 
 import os
@@ -13,7 +18,17 @@ import os
 import numpy as np
 import pytest
 from conftest import GRAPH_EXECUTORS, fill, noop
-from fuzzing import describe, make_buffers, random_program, run
+from fuzzing import (
+    HEAP_TILE,
+    PLAN_SHAPE,
+    compiled_plan,
+    describe,
+    make_buffers,
+    native_plan,
+    python_plan,
+    random_program,
+    run,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oracle import expected_edges, mismatch
@@ -50,6 +65,31 @@ def test_matches_serial_and_the_oracle(seed, n_ops, window_log2, heap_slack, thr
     assert result.graph.edges == reference.graph.edges, program
     wrong = mismatch(result.graph.tasks, result.graph.edges)
     assert not wrong, f"{executor}: {wrong}; {program}"
+
+
+@settings(max_examples=max(1, EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize="FUZZ_SEED" not in os.environ, print_blob=True)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 300), window_log2=st.integers(1, 10),
+       heap_tiles=st.integers(1, 8), workers=st.integers(1, 3), compiled=st.booleans())
+def test_native_workers_match_serial(seed, rows, window_log2, heap_tiles, workers, compiled):
+    """The second run is all native (the first learns each instance's entry, for the process);
+    both reuse the runtime's rings, tables and threads, and a small heap makes allocs wait."""
+    rng = np.random.default_rng(seed)
+    plan = native_plan(rng, rows)
+    start = rng.uniform(-1, 1, (2, *PLAN_SHAPE)).astype(np.float32)
+    orchestration = compiled_plan if compiled else python_plan
+    a, b = start[0].copy(), start[1].copy()
+    reference = pto.Runtime(backend="cpu", executor="serial").run(orchestration, a, b, plan)
+    expected = a.tobytes() + b.tobytes()
+    runtime = pto.Runtime(backend="cpu", executor="parallel", task_window=1 << window_log2,
+                          heap_bytes=heap_tiles * HEAP_TILE, workers={pto.CUBE: workers, pto.VECTOR: workers})
+    program = f"seed={seed} rows={rows} window={1 << window_log2} heap={heap_tiles} tiles workers={workers}"
+    for attempt in range(2):
+        a, b = start[0].copy(), start[1].copy()
+        result = runtime.run(orchestration, a, b, plan)
+        assert a.tobytes() + b.tobytes() == expected, f"run {attempt}: {program}"
+        assert result.num_tasks == reference.num_tasks, program
+    assert result.native_tasks == result.num_tasks, program
 
 
 def known_program(o, x, y):

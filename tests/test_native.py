@@ -9,6 +9,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
+from fuzzing import compiled_plan, native_plan, python_plan
 from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.llm import flash_normalise, swiglu
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
@@ -115,68 +116,24 @@ def test_the_compiled_llama_layer_runs_natively_with_the_serial_results():
     assert inputs["out"].tobytes() == serial_inputs["out"].tobytes()
 
 
-@numba.njit(cache=True)
-def _planned(o, a, b, plan, scale_id, add_id, swiglu_id):
-    """One task per row of plan: (kernel, source array, rows, cols, height, width, destination
-    rows, cols); the destination is in the other array, so tasks meet only through regions."""
-    for i in range(plan.shape[0]):
-        kernel, which, r, c, h, w, dr, dc = plan[i]
-        src, dst = (a, b) if which == 0 else (b, a)
-        source = pj.narrow(pj.narrow(src, 0, r, r + h), 1, c, c + w)
-        target = pj.narrow(pj.narrow(dst, 0, dr, dr + h), 1, dc, dc + w)
-        if kernel == 0:
-            pj.submit(o, scale_id, (pj.input(source), pj.output(target)), (0.75,))
-        elif kernel == 1:
-            pj.submit(o, add_id, (pj.input(source), pj.input(target), pj.output(target)))
-        else:
-            pj.submit(o, swiglu_id, (pj.inout(target), pj.input(source)))
-
-
-def _orchestrate_plan(o, a, b, plan):
-    o.compiled(_planned, o.external(a), o.external(b), plan, scale.id, add.id, swiglu.id)
-
-
-def _random_plan(rng, tasks):
-    plan = []
-    for _ in range(tasks):
-        h, w = int(rng.choice([2, 4])), int(rng.choice([8, 16]))
-        plan.append([rng.integers(0, 3), rng.integers(0, 2), rng.integers(0, 17 - h), rng.integers(0, 33 - w),
-                     h, w, rng.integers(0, 17 - h), rng.integers(0, 33 - w)])
-    return np.array(plan, np.int64)
-
-
-def _submit_plan(o, a, b, plan):
-    """`_planned` from Python: the same tasks, through o.submit."""
-    arrays = (o.external(a), o.external(b))
-    for kernel, which, r, c, h, w, dr, dc in plan.tolist():
-        source = arrays[which][r:r + h, c:c + w]
-        target = arrays[1 - which][dr:dr + h, dc:dc + w]
-        if kernel == 0:
-            o.submit(scale, pto.input(source), pto.output(target), 0.75)
-        elif kernel == 1:
-            o.submit(add, pto.input(source), pto.input(target), pto.output(target))
-        else:
-            o.submit(swiglu, pto.inout(target), pto.input(source))
-
-
-@pytest.mark.parametrize("orchestration", [_orchestrate_plan, _submit_plan], ids=["compiled", "python"])
+@pytest.mark.parametrize("orchestration", [compiled_plan, python_plan], ids=["compiled", "python"])
 @pytest.mark.parametrize("seed", range(12))
 def test_random_graphs_of_generated_kernels_give_the_serial_results(seed, orchestration):
     """Overlapping tiles of two arrays, in-place updates, small rings: native workers against
     the serial executor, bit for bit (the second run, when every instance has its entry)."""
     rng = np.random.default_rng(seed)
-    plan = _random_plan(rng, 150)
+    plan = native_plan(rng, 150)
     start = rng.uniform(-1, 1, (2, 16, 32)).astype(np.float32)
     results = {}
     for executor, window in (("serial", 1024), ("parallel", 8), ("parallel", 64)):
         a, b = start[0].copy(), start[1].copy()
         runtime = pto.Runtime(backend="cpu", executor=executor, task_window=window)
         result = runtime.run(orchestration, a, b, plan)
-        results[executor, window] = (a.tobytes(), b.tobytes(), result.native_tasks)
+        results[executor, window] = (a.tobytes(), b.tobytes(), result.native_tasks, result.num_tasks)
     serial = results["serial", 1024]
     for key in (("parallel", 8), ("parallel", 64)):
         assert results[key][:2] == serial[:2], key
-    assert results["parallel", 64][2] == len(plan)
+    assert results["parallel", 64][2] == results["parallel", 64][3] == serial[3] > len(plan) // 2
 
 
 @numba.njit(cache=True)
