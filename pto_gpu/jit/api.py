@@ -1,6 +1,7 @@
 """The calls a compiled orchestration makes: alloc, free, version_inc, scopes, submit.
 
-Each is an njit function over the JitOrchestrator `o` that calls the numba core directly.
+Each is an njit function over the JitOrchestrator `o` that calls the numba core directly,
+or, in a pipelined run, queues a submit's core part for the core stage (jit/pipeline.py).
 Compiled code leaves for Python only through `_service` (bridge.py's callback): to hand
 a batch of submitted tasks to the executor, to wait when a ring is full, to check
 invariants in validation mode, and to raise an error with a message that names the bad
@@ -21,8 +22,8 @@ from numba.extending import intrinsic, overload
 
 from ..core import complete as core_complete
 from ..core import rings
-from ..core.lock import store_release
-from ..core.state import FULL_TASKS, INOUT, INPUT, MAX_PARAMS, OUTPUT
+from ..core.lock import back_off, load_acquire, store_release
+from ..core.state import FULL_TASKS, HEADER, INOUT, INPUT, MAX_PARAMS, OUTPUT
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
 from ..layout import P_KIND
@@ -40,24 +41,32 @@ from .context import (
     K_WORKER,
     L_CHECKED,
     L_DESC,
+    M_ALIVE_SEEN,
+    M_BUFFER_MASK,
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
     M_HEAP_BASE,
     M_LOG_EDGES,
     M_LOG_LIMIT,
     M_LOGGED,
+    M_PIPELINE,
     M_SCOPE_DEPTH,
     M_SCOPE_TOP,
     M_SERVICE,
     M_SESSION,
+    M_TASK_MASK,
     M_VALIDATE,
     MAX_SCALARS,
     MAX_SCOPE_DEPTH,
+    P_DONE,
+    P_FULL,
+    P_QUEUED,
     S_FLOAT,
     S_INT,
     SCOPE_CAPACITY,
     SHAPE_BOUND,
     SHAPE_CODE,
+    VERSION_LIVE,
     VERSION_MADE,
     VERSION_WRITTEN,
     tables,
@@ -78,10 +87,12 @@ from .descriptor import (
     with_version,
     write_layout,
 )
+from .pipeline import prefetch_slot
 
 ITEMSIZES = tuple(DataType(code).itemsize for code in range(len(DataType)))
 _ZERO_DESC = (0,) * DESC_WIDTH
 _STRIDED_EXACT = int(Overlap.STRIDED_EXACT)
+_LAST_ALIVE = HEADER.fields["last_alive"][1]
 
 
 # --- params ------------------------------------------------------------------------------
@@ -116,6 +127,7 @@ def alloc(o, shape, dtype):
         nbytes *= n
     if rings.heap_size(nbytes) > t.header[0].heap_cap:
         _service(t.meta, bridge.ERR_ALLOC_SIZE, nbytes, 0, 0)
+    wait_for_core(o)  # the heap ring's state is the core stage's while it runs
     while True:
         seq = rings.heap_alloc(t.header, t.buffers, nbytes)
         if seq >= 0:
@@ -123,8 +135,10 @@ def alloc(o, shape, dtype):
         _service(t.meta, bridge.SERVICE_ROOM, seq, 0, 0)
     if t.meta[M_VALIDATE]:
         _service(t.meta, bridge.SERVICE_CHECK, seq, bridge.CHECK_ALLOC, 0)
-    slot = seq & t.header[0].buf_mask
-    t.heap_versions[slot, :] = 0
+    slot = seq & t.meta[M_BUFFER_MASK]
+    t.heap_versions[slot, VERSION_WRITTEN] = 0
+    t.heap_versions[slot, VERSION_MADE] = 0
+    t.heap_versions[slot, VERSION_LIVE] = seq
     desc = tuple_setitem(_ZERO_DESC, D_KEY, seq)
     desc = tuple_setitem(desc, D_BASE, t.meta[M_HEAP_BASE] + t.buffers[slot].offset)
     desc = tuple_setitem(desc, D_NBYTES, nbytes)
@@ -154,14 +168,18 @@ def free(o, desc):
     key = desc[D_KEY]
     if key < 0:
         _service(t.meta, bridge.ERR_FREE_EXTERNAL, key, 0, 0)
-    if not rings.buffer_unfreed(t.header, t.buffers, key):
+    if not _unfreed(t, key):
         _service(t.meta, bridge.ERR_DOUBLE_FREE, key, 0, 0)
+    # Frees reach the core in program order: after every submit queued before them, whose
+    # references keep the buffer's memory until their tasks complete.
+    wait_for_core(o)
     _free(o, key)
 
 
 @njit(cache=True, _nrt=False)
 def _free(o, key):
     t = tables(o)
+    t.heap_versions[key & t.meta[M_BUFFER_MASK], VERSION_LIVE] = -1
     rings.buffer_free(t.header, t.buffers, key)
     if t.meta[M_VALIDATE]:
         _service(t.meta, bridge.SERVICE_CHECK, key, bridge.CHECK_FREE, 0)
@@ -197,8 +215,10 @@ def scope_end(o):
     if depth < 0:
         _service(t.meta, bridge.ERR_SCOPE_DEPTH, -1, 0, 0)
     mark = t.scope_marks[depth]
+    if mark < t.meta[M_SCOPE_TOP]:
+        wait_for_core(o)
     for i in range(mark, t.meta[M_SCOPE_TOP]):
-        if rings.buffer_unfreed(t.header, t.buffers, t.scope[i]):
+        if _unfreed(t, t.scope[i]):
             _free(o, t.scope[i])
     t.meta[M_SCOPE_TOP] = mark
     t.meta[M_SCOPE_DEPTH] = depth
@@ -215,34 +235,16 @@ def submit(o, kernel_id, tensors, scalars=()):
         _service(t.meta, bridge.ERR_TOO_MANY, n, len(scalars), 0)
     if kernel_id < 0 or kernel_id >= len(t.kernels):
         _service(t.meta, bridge.ERR_KERNEL, kernel_id, 0, 0)
+    if t.meta[M_PIPELINE]:
+        return _queue(o, kernel_id, tensors, scalars)
     while True:
-        # The arguments go straight into the slot the task will have: it is free while the
-        # ring has room (its last task retired), and this code is the only submitter. So a
-        # native worker (executors/native.py) finds them as soon as the core publishes the task.
+        # The arguments go straight into the slot the task will have (_write_arguments).
         h = t.header[0]
         task_id = h.next_task
         status = FULL_TASKS
         if task_id - h.last_alive < h.window:
             slot = task_id & (h.window - 1)
-            rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
-            _store_params(tensors, rows, kinds)
-            params = t.layout_rows[kernel_id]
-            for p in range(n):
-                _check_usable(o, rows[p], p, kernel_id)
-                _layout(o, kernel_id, p, rows[p], kinds[p])
-                params[p, P_KIND] = kinds[p]
-            if not _same_signature(t.signatures[kernel_id], rows, n):
-                if not _signature_ok(o, kernel_id, rows, n):
-                    for p in range(n):
-                        for i in range(DESC_WIDTH):
-                            t.named[p, i] = rows[p, i]
-                    _service(t.meta, bridge.ERR_SIGNATURE, kernel_id, n, 0)
-                _remember_signature(t.signatures[kernel_id], rows, n)
-            t.arg_count[slot, 0] = n
-            t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot],
-                                                  t.arg_scalar_kind[slot], scalars)
-            # Released before the core publishes the task: whoever sees it sees its arguments.
-            store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
+            params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
             status = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
                                  t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], params[:n])
             if status >= 0:
@@ -251,9 +253,7 @@ def submit(o, kernel_id, tensors, scalars=()):
         _service(t.meta, bridge.SERVICE_ROOM, status, n, 0)
         t = tables(o)  # a recording run's room is a grown TensorMap: new entries, producers, covered
 
-    for p in range(n):
-        if kinds[p] != INPUT:
-            _note_version(o, rows[p])
+    _note_versions(o, slot, n)
     if t.meta[M_VALIDATE]:
         _service(t.meta, bridge.SERVICE_CHECK, task_id, bridge.CHECK_SUBMIT, 0)
     if t.meta[M_LOG_EDGES]:
@@ -272,6 +272,109 @@ def submit(o, kernel_id, tensors, scalars=()):
     if logged + 1 >= t.meta[M_LOG_LIMIT]:
         _service(t.meta, bridge.SERVICE_FLUSH, 0, 0, 0)
     return task_id
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _queue(o, kernel_id, tensors, scalars):
+    """A pipelined run's submit: the checks, arguments and params as `submit` makes them, the
+    params copied into the task's slot for the core stage, which submits to the core in queue
+    order. The task id is the queue's next: the core stage's task ring alloc gives the same."""
+    t = tables(o)
+    n = len(tensors)
+    task_id = t.pipe[P_QUEUED]
+    mask = t.meta[M_TASK_MASK]
+    if task_id - t.meta[M_ALIVE_SEEN] > mask:  # the slot may be a live task's: look again
+        t.meta[M_ALIVE_SEEN] = _wait_for_slot(t, task_id)
+    slot = task_id & mask
+    # The core stage last read the slot's lines a window ago, from its cache: taken back
+    # early, they are here when the stores below need them (the stores stalled without).
+    prefetch_slot(t, (task_id + 2) & mask, n, 1)
+    params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
+    queued = t.slot_params[slot]
+    for p in range(n):
+        for i in range(params.shape[1]):
+            queued[p, i] = params[p, i]
+    info = t.slot_info[slot]
+    info[0] = kernel_id
+    info[1] = t.kernels[kernel_id, K_WORKER]
+    info[2] = n
+    _note_versions(o, slot, n)
+    store_release(t.pipe.ctypes.data + 8 * P_QUEUED, task_id + 1)  # after everything it says
+    return task_id
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _write_arguments(o, kernel_id, tensors, scalars, task_id, slot):
+    """Check a submit's tensors and write its arguments into the task's slot, and its params
+    (layout rows and kinds) into layout_rows[kernel_id], which it returns. The slot is free
+    (its last task retired) and this code its only writer: a native worker
+    (executors/native.py) finds the arguments as soon as the core publishes the task."""
+    t = tables(o)
+    n = len(tensors)
+    rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
+    _store_params(tensors, rows, kinds)
+    params = t.layout_rows[kernel_id]
+    for p in range(n):
+        _check_usable(o, rows[p], p, kernel_id)
+        _layout(o, kernel_id, p, rows[p], kinds[p])
+        params[p, P_KIND] = kinds[p]
+    if not _same_signature(t.signatures[kernel_id], rows, n):
+        _check_signature(o, kernel_id, rows, n)
+    t.arg_count[slot, 0] = n
+    t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot], t.arg_scalar_kind[slot],
+                                          scalars)
+    # Released before the core publishes the task: whoever sees it sees its arguments.
+    store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
+    return params
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _note_versions(o, slot, n):
+    """The versions the task in `slot` writes are written (its n tensors' outputs)."""
+    t = tables(o)
+    for p in range(n):
+        if t.arg_kind[slot, p] != INPUT:
+            _note_version(o, t.arg_desc[slot, p])
+
+
+@njit(cache=True, _nrt=False)
+def _wait_for_slot(t, task_id):
+    """Wait until task_id's slot is free (the core stage retires tasks as it submits them in a
+    dry run), serving the core stage if it waits for room; last_alive then."""
+    alive = t.header.ctypes.data + _LAST_ALIVE
+    spins = 0
+    while True:
+        seen = load_acquire(alive)
+        if task_id - seen <= t.meta[M_TASK_MASK]:
+            return seen
+        if not _serve_core(t):
+            spins = back_off(spins)
+
+
+@njit(cache=True, _nrt=False)
+def wait_for_core(o):
+    """In a pipelined run, wait until the core stage has submitted every queued task, serving
+    it when it waits for room; else nothing."""
+    t = tables(o)
+    if t.meta[M_PIPELINE]:
+        done = t.pipe.ctypes.data + 8 * P_DONE
+        spins = 0
+        while load_acquire(done) != t.pipe[P_QUEUED]:
+            if not _serve_core(t):
+                spins = back_off(spins)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _serve_core(t):
+    """If the core stage waits for room, make it (or raise, as `submit` would) and let it go
+    on; whether it waited. It waits with nothing changed, so the service may sweep the core."""
+    full = t.pipe.ctypes.data + 8 * P_FULL
+    status = load_acquire(full)
+    if status == 0:
+        return False
+    _service(t.meta, bridge.SERVICE_ROOM, status, t.pipe[P_FULL + 1], 0)
+    store_release(full, 0)
+    return True
 
 
 @njit(cache=True, _nrt=False)
@@ -300,7 +403,7 @@ def _versions_of(o, key):
     """The row of a buffer's versions (VERSION_* columns): a heap slot's or an external's."""
     t = tables(o)
     if key >= 0:
-        return t.heap_versions[key & t.header[0].buf_mask]
+        return t.heap_versions[key & t.meta[M_BUFFER_MASK]]
     return t.externals[-1 - key]
 
 
@@ -308,10 +411,16 @@ def _versions_of(o, key):
 def _check_usable(o, desc, position, kernel_id):
     t = tables(o)
     key = desc[D_KEY]
-    if key >= 0 and not rings.buffer_unfreed(t.header, t.buffers, key):
+    if key >= 0 and not _unfreed(t, key):
         _fail_naming(t, desc, max(position, 0), bridge.ERR_USE_AFTER_FREE, position, kernel_id, key)
     if desc[D_VERSION] < _versions_of(o, key)[VERSION_WRITTEN]:
         _fail_naming(t, desc, max(position, 0), bridge.ERR_STALE, position, kernel_id, key)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _unfreed(t, key):
+    """Whether heap buffer `key` is allocated and not freed (VERSION_LIVE)."""
+    return t.heap_versions[key & t.meta[M_BUFFER_MASK], VERSION_LIVE] == key
 
 
 @njit(cache=True, _nrt=False)
@@ -366,6 +475,18 @@ def _same_signature(memo, rows, n):
             if memo[at + 2 + d] != rows[p, D_SHAPE + d]:
                 return False
     return True
+
+
+@njit(cache=True, _nrt=False)
+def _check_signature(o, kernel_id, rows, n):
+    """Raise the signature error if rows[:n] do not fit the kernel; else remember them."""
+    t = tables(o)
+    if not _signature_ok(o, kernel_id, rows, n):
+        for p in range(n):
+            for i in range(DESC_WIDTH):
+                t.named[p, i] = rows[p, i]
+        _service(t.meta, bridge.ERR_SIGNATURE, kernel_id, n, 0)
+    _remember_signature(t.signatures[kernel_id], rows, n)
 
 
 @njit(cache=True, _nrt=False, inline="always")

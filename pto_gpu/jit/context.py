@@ -46,7 +46,23 @@ M_SCOPE_TOP = 7
 M_HEAP_BASE = 8
 M_LOG_LIMIT = 9  # flush the log at this many tasks
 M_SERVICE = 10  # the address of bridge.service's callback
-M_WIDTH = 11
+M_PIPELINE = 11  # 1: submits queue the core's part for the core stage (jit/pipeline.py)
+# Copies of header fields, for submits: in a pipelined run the header's lines are the core
+# stage's, and a read of one took a line from the other core at every submit.
+M_TASK_MASK = 12  # the task window - 1
+M_BUFFER_MASK = 13  # the buffer table's length - 1
+M_ALIVE_SEEN = 14  # last_alive when a pipelined submit last read it
+M_WIDTH = 15
+
+# `pipe`, a pipelined run's counters, each on a cache line of its own (jit/pipeline.py)
+P_QUEUED = 0  # tasks queued: the next task id (written by the submits)
+P_DONE = 8  # tasks the core stage has submitted to the core
+P_FULL = 16  # the FULL_* code the core stage waits on, 0 when it does not
+P_STOP = 24  # 1: the core stage returns once it has caught up
+P_RUNNING = 32  # 1 once the core stage's thread is in its loop
+PIPE_WIDTH = 40
+SLOT_INFO_WIDTH = 8  # `slot_info` columns, a cache line per slot: kernel, worker, tensor params
+
 
 # the last axis of kernel_shapes (host.kernel_tables)
 SHAPE_CODE = 0
@@ -56,6 +72,9 @@ SHAPE_BOUND = 1
 VERSION_WRITTEN = 0  # the newest version a task has written
 VERSION_MADE = 1  # the newest version version_inc has made
 EXTERNAL_WRITEABLE = 2  # externals only: 0 for read-only memory
+# heap_versions only: the buffer's sequence number while it is allocated and not freed, else -1.
+# Submits check this, not the core's buffer table, whose lines a pipelined run's core stage writes.
+VERSION_LIVE = 2
 
 # kernel table columns
 K_WORKER = 0
@@ -90,6 +109,7 @@ FIELDS = (
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
     "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
     "kernels", "kernel_shapes", "meta", "arg_task", "layouts", "layout_rows", "signatures",
+    "pipe", "slot_params", "slot_info",
 )
 
 
@@ -223,9 +243,10 @@ _KIND_BYTES = {kind: struct.pack("=q", kind) for kind in ParamKind}
 
 
 def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: np.ndarray,
-             kernel_shapes: np.ndarray, meta: np.ndarray) -> tuple[JitOrchestrator, dict[str, np.ndarray]]:
+             kernel_shapes: np.ndarray, meta: np.ndarray,
+             pipelined: bool) -> tuple[JitOrchestrator, dict[str, np.ndarray]]:
     """A new context over the state's tables and the run's argument tables, and its fields for
-    the host side to read."""
+    the host side to read; with the queue of a pipelined run's submits (one slot if not)."""
     i64 = np.int64
     fields = dict(
         header=state.header, tasks=state.tasks, buffers=state.buffers, deps=state.deps,
@@ -237,7 +258,7 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
         arg_scalar_kind=args.scalar_kind,
         log=np.zeros((LOG_CAPACITY, 2), i64),  # task id, ready at submit
         edges=np.zeros((EDGE_CAPACITY, 2), i64),
-        heap_versions=np.zeros((len(state.buffers), 2), i64),  # per buffer slot: VERSION_*
+        heap_versions=np.full((len(state.buffers), 3), -1, i64),  # per buffer slot: VERSION_*
         externals=np.zeros((max(1, num_externals), 3), i64),  # per external: VERSION_*, EXTERNAL_WRITEABLE
         scope=np.zeros(SCOPE_CAPACITY, i64),
         scope_marks=np.zeros(MAX_SCOPE_DEPTH, i64),
@@ -246,6 +267,10 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
         layouts=np.zeros((len(kernels), cs.MAX_PARAMS, L_WIDTH), i64),
         layout_rows=np.zeros((len(kernels), cs.MAX_PARAMS, PARAM_WIDTH), i64),
         signatures=np.zeros((len(kernels), G_WIDTH), i64),
+        pipe=np.zeros(PIPE_WIDTH, i64),
+        # A pipelined submit's params and kernel, per task slot, for the core stage.
+        slot_params=np.zeros((len(args.task) if pipelined else 1, cs.MAX_PARAMS, PARAM_WIDTH), i64),
+        slot_info=np.zeros((len(args.task) if pipelined else 1, SLOT_INFO_WIDTH), i64),
     )
     fields["layouts"][:, :, L_DESC + D_NDIM] = -1  # no descriptor has: nothing remembered yet
     fields["signatures"][:, G_COUNT] = -1

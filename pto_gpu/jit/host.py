@@ -33,7 +33,7 @@ from ..kernel import registered
 from ..params import Param, ParamKind
 from ..scheduler import Scheduler, Task
 from ..tensor import Buffer, BufferKind
-from . import bridge, context
+from . import api, bridge, context, pipeline
 from .context import (
     K_MIXED,
     K_NAMES,
@@ -41,14 +41,17 @@ from .context import (
     K_WIDTH,
     K_WORKER,
     LOG_CAPACITY,
+    M_BUFFER_MASK,
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
     M_HEAP_BASE,
     M_LOG_EDGES,
     M_LOG_LIMIT,
     M_LOGGED,
+    M_PIPELINE,
     M_SERVICE,
     M_SESSION,
+    M_TASK_MASK,
     M_VALIDATE,
     M_WIDTH,
     MAX_SCALARS,
@@ -119,9 +122,15 @@ class Session:
         meta[M_HEAP_BASE] = heap_base
         # A logged task's arguments must outlive the flush: at most a window of tasks.
         meta[M_LOG_LIMIT] = min(LOG_CAPACITY, state.sizes.task_window)
+        meta[M_TASK_MASK] = state.sizes.task_window - 1
+        meta[M_BUFFER_MASK] = len(state.buffers) - 1
+        self._pipelined = pipeline.wanted(self._complete_at_submit, bool(meta[M_LOG_EDGES]),
+                                          scheduler.validate)
+        meta[M_PIPELINE] = self._pipelined
         self._kernels = list(registered())
         table, shapes = kernel_tables(len(self._kernels))
-        self.o, self._fields = context.allocate(state, args, num_externals, table, shapes, meta)
+        self.o, self._fields = context.allocate(state, args, num_externals, table, shapes, meta,
+                                                self._pipelined)
         # The run's native lanes (executors/native.py), if its executor has them: they run this
         # session's tasks of generated kernels without records; the log flush hands those over by id.
         self._native = lanes
@@ -152,7 +161,7 @@ class Session:
             f["externals"][-1 - b.key] = (b.newest_version, b.newest_handle, b.writeable)
         self._python_heap = {b.key: b for b in python_heap}
         for b in python_heap:
-            f["heap_versions"][self._slot(b.key)] = (b.newest_version, b.newest_handle)
+            f["heap_versions"][self._slot(b.key)] = (b.newest_version, b.newest_handle, b.key)
 
     def leave(self) -> None:
         """Carry versions and frees made in compiled code back to the Python records."""
@@ -167,8 +176,15 @@ class Session:
         return key % len(self._fields["heap_versions"])
 
     def call(self, body: Callable, *args: object) -> object:
-        """body(o, *args), compiled code of this session, raising what its service calls raise."""
-        return bridge.call(self.key, body, self.o, *args)
+        """body(o, *args), compiled code of this session, raising what its service calls raise;
+        pipelined, its submits' core stage on a thread beside it (jit/pipeline.py), which has
+        submitted all of them when this returns."""
+        if not self._pipelined:
+            return bridge.call(self.key, body, self.o, *args)
+        with pipeline.CoreStage(self.o, self._fields, self._scheduler.state.head):
+            result = bridge.call(self.key, body, self.o, *args)
+            bridge.call(self.key, api.wait_for_core, self.o)  # room the stage waits for is made here
+        return result
 
     def close(self) -> None:
         bridge.forget(self.key)

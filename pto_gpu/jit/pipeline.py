@@ -1,0 +1,148 @@
+"""The core stage of a pipelined compiled call: the core's part of every submit, on a thread
+of its own (docs/ARCHITECTURE.md, "Pipelined submits").
+
+In a run whose tasks complete at submit (the dry executor), a compiled submit's two halves
+share nothing but the task's params: the checks, arguments and layout rows (jit/api.py's
+`_queue`), and the core's dependency analysis, ring allocation and completion. So the body's
+thread queues each submit's params in its task slot and goes on, and this stage submits them
+to the core in queue order, a core ahead or behind. The two threads meet only where the
+program orders memory: an alloc, a free or a scope's end waits until the stage has caught up
+(`api.wait_for_core`), so frees reach the core after the submits before them, as in a serial
+run, and the heap ring is never written by both.
+
+The stage needs no Python and no GIL. A full TensorMap it empties itself (every task has
+retired, so a sweep frees the pool, as the serial submit's service would); any other full
+ring it reports in `pipe[P_FULL]` and waits, unchanged, until the submits' side has made room
+through the session's service (or raised the error the serial submit would) and cleared it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+from numba import njit
+
+from ..core import complete as core_complete
+from ..core.lock import back_off, load_acquire, prefetch, store_release
+from ..core.state import FULL_TENSORMAP
+from ..core.submit import submit as core_submit
+from ..core.tensormap import tm_make_room
+from .context import M_ALIVE_SEEN, P_DONE, P_FULL, P_QUEUED, P_RUNNING, P_STOP, tables
+
+
+def wanted(complete_at_submit: bool, log_edges: bool, validate: bool) -> bool:
+    """Whether a session's compiled calls run pipelined: when its tasks complete at submit (a
+    run that executes tasks needs the cores for its workers), no edge log or validation check
+    must follow each submit, and there is a second core."""
+    return complete_at_submit and not log_edges and not validate and (os.cpu_count() or 1) > 1
+
+
+class CoreStage:
+    """The core stage's thread, for one compiled call: running from entry, ended at exit
+    once every queued task is submitted (or at once, if the stage waits for room that the
+    call, raising, will not make)."""
+
+    def __init__(self, o, fields: dict[str, np.ndarray], head: np.ndarray):
+        self._o = o
+        self._fields = fields
+        self._head = head
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> CoreStage:
+        pipe, meta = self._fields["pipe"], self._fields["meta"]
+        pipe[:] = 0
+        pipe[P_QUEUED] = pipe[P_DONE] = int(self._head["next_task"])
+        meta[M_ALIVE_SEEN] = int(self._head["last_alive"])
+        self._thread = threading.Thread(target=core_stage, args=(self._o,), name="pto-core-stage",
+                                        daemon=True)
+        self._thread.start()
+        # The body holds the GIL while it runs, and waits for the stage without releasing it:
+        # the stage must be in its GIL-free loop first (its start may load or compile it).
+        while not pipe[P_RUNNING]:
+            if not self._thread.is_alive():
+                raise RuntimeError("the core stage's thread ended before it ran")
+            time.sleep(0)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        stop(self._o)
+        self._thread.join()
+
+
+@njit(cache=True, _nrt=False, nogil=True)
+def core_stage(o):
+    """Submit the queued tasks to the core in queue order and complete each, until stopped
+    with nothing queued."""
+    t = tables(o)
+    pipe = t.pipe.ctypes.data
+    mask = t.header[0].window - 1
+    done = t.pipe[P_DONE]
+    store_release(pipe + 8 * P_RUNNING, 1)
+    spins = 0
+    while True:
+        queued = load_acquire(pipe + 8 * P_QUEUED)
+        if done == queued:
+            if load_acquire(pipe + 8 * P_STOP):
+                return
+            spins = back_off(spins)
+            continue
+        spins = 0
+        while done < queued:
+            if done + 2 < queued:  # the body's thread wrote these lines: ask for them early
+                prefetch_slot(t, (done + 2) & mask, 4, 0)
+            slot = done & mask
+            info = t.slot_info[slot]
+            n = info[2]
+            while True:
+                task_id = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
+                                      t.covered, info[0], info[1], t.slot_params[slot][:n])
+                if task_id >= 0:
+                    break
+                if task_id == FULL_TENSORMAP:  # evict=True: a dry run's entries are all retired
+                    if tm_make_room(t.header, t.buffers, t.entries, t.buckets, n, True, t.covered) >= n:
+                        continue
+                if not _wait_for_room(t, task_id, n):
+                    return
+            core_complete.complete(t.header, t.tasks, t.buffers, t.deps, task_id, t.ready)
+            done += 1
+            store_release(pipe + 8 * P_DONE, done)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _wait_for_room(t, status, needed):
+    """Report a full ring and wait until the submits' side has made room (True) or the call
+    ends (False)."""
+    pipe = t.pipe.ctypes.data
+    t.pipe[P_FULL + 1] = needed
+    store_release(pipe + 8 * P_FULL, status)
+    spins = 0
+    while load_acquire(pipe + 8 * P_FULL) != 0:
+        if load_acquire(pipe + 8 * P_STOP):
+            return False
+        spins = back_off(spins)
+    return True
+
+
+@njit(cache=True, _nrt=False, nogil=True)
+def stop(o):
+    """End the core stage once it has submitted every queued task, or at once if it waits for
+    room (the call is raising: nobody will make it)."""
+    t = tables(o)
+    pipe = t.pipe.ctypes.data
+    spins = 0
+    while load_acquire(pipe + 8 * P_DONE) != t.pipe[P_QUEUED] and load_acquire(pipe + 8 * P_FULL) == 0:
+        spins = back_off(spins)
+    store_release(pipe + 8 * P_STOP, 1)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def prefetch_slot(t, slot, n, write):
+    """Ask for the cache lines of a queued slot's kernel and first n params (write: a literal
+    1 when the asker will write them)."""
+    prefetch(t.slot_info.ctypes.data + slot * t.slot_info.strides[0], write)
+    rows = t.slot_params.ctypes.data + slot * t.slot_params.strides[0]
+    for line in range(0, n * t.slot_params.strides[1], 64):
+        prefetch(rows + line, write)

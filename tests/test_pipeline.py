@@ -1,0 +1,139 @@
+"""Pipelined compiled calls (jit/pipeline.py): in a dry run, a compiled call's submits queue
+their core part for a core stage on a thread of its own. Such runs must build the graph the
+serial submit builds (the same tasks, edges and high-water marks), through full rings and
+heap reuse, raise the errors it raises, and leave no thread behind."""
+
+import re
+import threading
+
+import numba
+import numpy as np
+import pytest
+from fuzzing import HEAP_TILE, PLAN_SHAPE, compiled_plan, native_plan
+from pto_gpu.kernels.elementwise import add
+from pto_gpu.orchestration.flash_attention import flash_attention_compiled
+from pto_gpu.orchestration.llama import llama_layer_compiled, llama_layer_inputs
+from pto_gpu.orchestration.matmul import tiled_matmul_panels
+
+import pto_gpu as pto
+from pto_gpu import jit as pj
+from pto_gpu.jit import pipeline
+
+
+@pytest.fixture
+def stages(monkeypatch):
+    """How many core stages have started; the serial submit when `serial()` is called."""
+    started = []
+    enter = pipeline.CoreStage.__enter__
+
+    def counting_enter(self):
+        started.append(self)
+        return enter(self)
+
+    monkeypatch.setattr(pipeline.CoreStage, "__enter__", counting_enter)
+
+    class Stages:
+        @staticmethod
+        def count() -> int:
+            return len(started)
+
+        @staticmethod
+        def serial() -> None:
+            monkeypatch.setattr(pipeline, "wanted", lambda *conditions: False)
+
+    return Stages
+
+
+def _build(orchestration, *args, **sizes):
+    """Two dry runs on one runtime (the second reuses its rings): what each built."""
+    rt = pto.Runtime(backend="cpu", executor="dry", **sizes)
+    runs = [rt.run(orchestration, *args) for _ in range(2)]
+    return [(r.num_tasks, r.num_edges, r.high_water) for r in runs]
+
+
+BUILDS = {
+    "llama": lambda: (llama_layer_compiled, llama_layer_inputs(1024, lazy=True), True),
+    "flash attention": lambda: (flash_attention_compiled, *np.empty((4, 4, 256, 16), np.float32), 64, True),
+    # a heap buffer per column block, freed after its chains: allocs and frees meet the stage
+    "panel matmul": lambda: (tiled_matmul_panels, *(np.empty((256, 256), np.float32) for _ in range(3)), 64),
+}
+SIZES = {
+    "default rings": {},
+    "a TensorMap the stage sweeps": {"tensormap_entries": 64},
+    "a window of 8 tasks": {"task_window": 8},
+}
+
+
+@pytest.mark.parametrize("sizes", SIZES.values(), ids=SIZES.keys())
+@pytest.mark.parametrize("build", BUILDS.values(), ids=BUILDS.keys())
+def test_pipelined_builds_are_the_serial_submits_builds(build, sizes, stages):
+    orchestration, *args = build()
+    pipelined = _build(orchestration, *args, **sizes)
+    assert stages.count() > 0
+    stages.serial()
+    assert pipelined == _build(orchestration, *args, **sizes)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pipelined_random_plans_with_heap_tiles_are_the_serial_submits_builds(seed, stages):
+    """Random programs of tiles, heap tiles among them, in windows of 2 to 64 tasks and heaps
+    of one to four tiles: allocs wait for frees, which wait for the stage."""
+    rng = np.random.default_rng(seed)
+    plan = native_plan(rng, 300)
+    a, b = np.zeros((2, *PLAN_SHAPE), np.float32)
+    sizes = {"task_window": 2 << (seed % 6), "heap_bytes": HEAP_TILE * (1 + seed % 4)}
+    pipelined = _build(compiled_plan, a, b, plan, **sizes)
+    assert stages.count() > 0
+    stages.serial()
+    assert pipelined == _build(compiled_plan, a, b, plan, **sizes)
+
+
+@numba.njit(cache=True)
+def _tasks_then(o, x, kernel_id, tasks, case):
+    """`tasks` adds into x, then a misuse: an add reading a freed tile (0), a free of a freed
+    tile (1), a tensor of the wrong shape (2), or nothing (3)."""
+    t = pj.alloc(o, (4, 4), pj.dtype(x))
+    for _ in range(tasks):
+        pj.submit(o, kernel_id, (pj.input(t), pj.input(x), pj.output(x)))
+    pj.free(o, t)
+    if case == 0:
+        pj.submit(o, kernel_id, (pj.input(t), pj.input(x), pj.output(x)))
+    elif case == 1:
+        pj.free(o, t)
+    elif case == 2:
+        pj.submit(o, kernel_id, (pj.input(x), pj.input(x), pj.output(pj.narrow(x, 0, 0, 2))))
+
+
+@pytest.mark.parametrize("case, error, words", [
+    (0, pto.UseAfterFreeError, "param 0 of add: Buffer(heap #0"),
+    (1, pto.DoubleFreeError, "already freed"),
+    (2, pto.ParamError, "tensor param 2 dim 0"),
+])
+def test_errors_after_queued_tasks_are_the_serial_submits_and_the_runtime_goes_on(case, error, words, stages):
+    x = np.zeros((4, 4), np.float32)
+    outcomes = []
+    for pipelined in (True, False):
+        if not pipelined:
+            stages.serial()
+        rt = pto.Runtime(backend="cpu", executor="dry", task_window=16)
+        with pytest.raises(error, match=re.escape(words)):
+            rt.run(lambda o: o.compiled(_tasks_then, o.external(x), add.id, 100, case))
+        result = rt.run(lambda o: o.compiled(_tasks_then, o.external(x), add.id, 100, 3))
+        outcomes.append((result.num_tasks, result.num_edges))
+    assert stages.count() == 2 and outcomes[0] == outcomes[1] == (100, 99)
+    assert not [t for t in threading.enumerate() if t.name == "pto-core-stage"]
+
+
+def test_a_tensormap_too_small_for_one_task_raises_as_in_a_serial_submit(stages):
+    """The stage cannot make room for the task itself: it waits, and the body's side raises
+    what the serial submit's service raises."""
+    x = np.zeros((4, 4), np.float32)
+    messages = []
+    for pipelined in (True, False):
+        if not pipelined:
+            stages.serial()
+        rt = pto.Runtime(backend="cpu", executor="dry", tensormap_entries=2)
+        with pytest.raises(pto.PTOError) as raised:
+            rt.run(lambda o: o.compiled(_tasks_then, o.external(x), add.id, 5, 3))
+        messages.append((type(raised.value), str(raised.value)))
+    assert stages.count() == 1 and messages[0] == messages[1]
