@@ -1,10 +1,12 @@
 """Pipelined compiled calls (jit/pipeline.py): in a dry run, a compiled call's submits queue
-their core part for a core stage on a thread of its own. Such runs must build the graph the
-serial submit builds (the same tasks, edges and high-water marks), through full rings and
-heap reuse, raise the errors it raises, and leave no thread behind."""
+their core part for a core stage on a thread of its own, once the body's last call submitted
+pipeline.START_AFTER tasks (here 1). Such runs must build the graph the serial submit builds
+(the same tasks, edges and high-water marks), through full rings and heap reuse, raise the
+errors it raises, and leave no thread behind."""
 
 import re
 import threading
+import weakref
 
 import numba
 import numpy as np
@@ -31,6 +33,8 @@ def stages(monkeypatch):
         return enter(self)
 
     monkeypatch.setattr(pipeline.CoreStage, "__enter__", counting_enter)
+    monkeypatch.setattr(pipeline, "START_AFTER", 1)
+    monkeypatch.setattr(pipeline, "_LAST_CALL", weakref.WeakKeyDictionary())  # no body has run
 
     class Stages:
         @staticmethod
@@ -45,7 +49,7 @@ def stages(monkeypatch):
 
 
 def _build(orchestration, *args, **sizes):
-    """Two dry runs on one runtime (the second reuses its rings): what each built."""
+    """Two dry runs on one runtime (the second, pipelined, reuses its rings): what each built."""
     rt = pto.Runtime(backend="cpu", executor="dry", **sizes)
     runs = [rt.run(orchestration, *args) for _ in range(2)]
     return [(r.num_tasks, r.num_edges, r.high_water) for r in runs]
@@ -116,6 +120,7 @@ def test_errors_after_queued_tasks_are_the_serial_submits_and_the_runtime_goes_o
         if not pipelined:
             stages.serial()
         rt = pto.Runtime(backend="cpu", executor="dry", task_window=16)
+        rt.run(lambda o: o.compiled(_tasks_then, o.external(x), add.id, 100, 3))  # serial: its first call
         with pytest.raises(error, match=re.escape(words)):
             rt.run(lambda o: o.compiled(_tasks_then, o.external(x), add.id, 100, case))
         result = rt.run(lambda o: o.compiled(_tasks_then, o.external(x), add.id, 100, 3))
@@ -128,6 +133,8 @@ def test_a_tensormap_too_small_for_one_task_raises_as_in_a_serial_submit(stages)
     """The stage cannot make room for the task itself: it waits, and the body's side raises
     what the serial submit's service raises."""
     x = np.zeros((4, 4), np.float32)
+    pto.Runtime(backend="cpu", executor="dry").run(
+        lambda o: o.compiled(_tasks_then, o.external(x), add.id, 5, 3))  # the body's first call: serial
     messages = []
     for pipelined in (True, False):
         if not pipelined:
@@ -137,3 +144,12 @@ def test_a_tensormap_too_small_for_one_task_raises_as_in_a_serial_submit(stages)
             rt.run(lambda o: o.compiled(_tasks_then, o.external(x), add.id, 5, 3))
         messages.append((type(raised.value), str(raised.value)))
     assert stages.count() == 1 and messages[0] == messages[1]
+
+
+def test_a_body_runs_pipelined_after_a_call_of_start_after_tasks(stages, monkeypatch):
+    monkeypatch.setattr(pipeline, "START_AFTER", 101)
+    x = np.zeros((4, 4), np.float32)
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    for tasks, stages_after in ((100, 0), (101, 0), (100, 1), (100, 1)):
+        rt.run(lambda o, tasks=tasks: o.compiled(_tasks_then, o.external(x), add.id, tasks, 3))
+        assert stages.count() == stages_after

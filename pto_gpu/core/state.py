@@ -223,12 +223,16 @@ class CoreState:
         self.remember_addresses()
 
 
-def aligned_table(rows: int, dtype: np.dtype) -> np.ndarray:
-    """A zeroed table whose first row starts a cache line (numpy aligns to 16 bytes): so a
-    64-byte bucket or a 256-byte entry's first line is one line, not parts of two."""
-    raw = np.zeros(rows * dtype.itemsize + CACHE_LINE, np.uint8)
+def aligned_table(shape: int | tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """A zeroed table whose first row starts a cache line (numpy aligns to 16 bytes), and whose
+    lines hold no other memory: so a 64-byte bucket or a 256-byte entry's first line is one
+    line, not parts of two, and two threads that each write their own table (a pipelined
+    call's, jit/pipeline.py) do not take each other's lines."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(-(-nbytes // CACHE_LINE) * CACHE_LINE + CACHE_LINE, np.uint8)
     skip = -raw.ctypes.data % CACHE_LINE
-    return raw[skip:skip + rows * dtype.itemsize].view(dtype)
+    return raw[skip:skip + nbytes].view(dtype).reshape(shape)
 
 
 def reset_tables(state: CoreState, whole: bool = False) -> None:

@@ -126,11 +126,9 @@ class Session:
         meta[M_BUFFER_MASK] = len(state.buffers) - 1
         self._pipelined = pipeline.wanted(self._complete_at_submit, bool(meta[M_LOG_EDGES]),
                                           scheduler.validate)
-        meta[M_PIPELINE] = self._pipelined
         self._kernels = list(registered())
         table, shapes = kernel_tables(len(self._kernels))
-        self.o, self._fields = context.allocate(state, args, num_externals, table, shapes, meta,
-                                                self._pipelined)
+        self.o, self._fields = context.allocate(state, args, num_externals, table, shapes, meta)
         # The run's native lanes (executors/native.py), if its executor has them: they run this
         # session's tasks of generated kernels without records; the log flush hands those over by id.
         self._native = lanes
@@ -176,15 +174,28 @@ class Session:
         return key % len(self._fields["heap_versions"])
 
     def call(self, body: Callable, *args: object) -> object:
-        """body(o, *args), compiled code of this session, raising what its service calls raise;
-        pipelined, its submits' core stage on a thread beside it (jit/pipeline.py), which has
-        submitted all of them when this returns."""
+        """body(o, *args), compiled code of this session, raising what its service calls raise.
+        In a pipelined session, a body whose last call submitted many tasks (pipeline.worth)
+        runs with its submits' core stage beside it (jit/pipeline.py), which has submitted all
+        of them when this returns."""
         if not self._pipelined:
             return bridge.call(self.key, body, self.o, *args)
-        with pipeline.CoreStage(self.o, self._fields, self._scheduler.state.head):
-            result = bridge.call(self.key, body, self.o, *args)
-            bridge.call(self.key, api.wait_for_core, self.o)  # room the stage waits for is made here
-        return result
+        head = self._scheduler.state.head
+        first = int(head["next_task"])
+        meta = self._fields["meta"]
+        try:
+            if not pipeline.worth(body):
+                return bridge.call(self.key, body, self.o, *args)
+            with pipeline.CoreStage(self.o, self._fields, head):
+                meta[M_PIPELINE] = 1
+                try:
+                    result = bridge.call(self.key, body, self.o, *args)
+                    bridge.call(self.key, api.wait_for_core, self.o)  # room the stage waits for is made here
+                finally:
+                    meta[M_PIPELINE] = 0
+            return result
+        finally:
+            pipeline.submitted(body, int(head["next_task"]) - first)
 
     def close(self) -> None:
         bridge.forget(self.key)
