@@ -153,3 +153,31 @@ def test_a_body_runs_pipelined_after_a_call_of_start_after_tasks(stages, monkeyp
     for tasks, stages_after in ((100, 0), (101, 0), (100, 1), (100, 1)):
         rt.run(lambda o, tasks=tasks: o.compiled(_tasks_then, o.external(x), add.id, tasks, 3))
         assert stages.count() == stages_after
+
+
+@numba.njit(cache=True)
+def _same(o, t):
+    return t
+
+
+@numba.njit(cache=True)
+def _reads(o, t, x, kernel_id):
+    pj.submit(o, kernel_id, (pj.input(t), pj.input(x), pj.output(x)))
+
+
+@pytest.mark.parametrize("executor", ["serial", "dry"])
+def test_compiled_code_that_kept_a_descriptor_finds_its_buffer_freed_by_python(executor):
+    """Submits check liveness in the session's heap_versions: a free from Python between two
+    compiled calls must reach them (a body may return a descriptor, and be given it back)."""
+    x = np.zeros((4, 4), np.float32)
+
+    def orchestration(o):
+        X = o.external(x)
+        t = o.alloc((4, 4))
+        kept = o.compiled(_same, t)
+        o.compiled(_reads, kept, X, add.id)  # live: fine
+        o.free(t)
+        o.compiled(_reads, kept, X, add.id)
+
+    with pytest.raises(pto.UseAfterFreeError, match=re.escape("param 0 of add")):
+        pto.Runtime(backend="cpu", executor=executor).run(orchestration)

@@ -60,7 +60,7 @@ def store_release(typingctx, address, value):
 
 @intrinsic
 def load_acquire(typingctx, address):
-    """The int64 at `address`, read before any later load."""
+    """The int64 at `address`, read before any later load or store."""
     if not isinstance(address, types.Integer):
         return None
 
@@ -138,7 +138,10 @@ def acquire(header):
         address = header.ctypes.data + _LOCK_OFFSET
         spins = 0
         while not compare_and_swap(address, 0, 1):
-            spins = back_off(spins)
+            spins += 1
+            if spins == _SPINS:  # not back_off: a holder is never long, so a waiter never sleeps
+                yield_core()
+                spins = 0
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -23,7 +23,7 @@ from numba.extending import intrinsic, overload
 from ..core import complete as core_complete
 from ..core import rings
 from ..core.lock import back_off, load_acquire, store_release
-from ..core.state import FULL_TASKS, HEADER, INOUT, INPUT, MAX_PARAMS, OUTPUT
+from ..core.state import FULL_TASKS, INOUT, INPUT, MAX_PARAMS, OUTPUT
 from ..core.submit import submit as core_submit
 from ..dtypes import DataType
 from ..layout import P_KIND
@@ -92,7 +92,6 @@ from .pipeline import prefetch_slot
 ITEMSIZES = tuple(DataType(code).itemsize for code in range(len(DataType)))
 _ZERO_DESC = (0,) * DESC_WIDTH
 _STRIDED_EXACT = int(Overlap.STRIDED_EXACT)
-_LAST_ALIVE = HEADER.fields["last_alive"][1]
 
 
 # --- params ------------------------------------------------------------------------------
@@ -125,9 +124,9 @@ def alloc(o, shape, dtype):
         if n < 0:
             _service(t.meta, bridge.ERR_ALLOC_ARGS, ndim, dtype, n)
         nbytes *= n
+    wait_for_core(o)  # the heap ring's state, and the header's line, are the core stage's while it runs
     if rings.heap_size(nbytes) > t.header[0].heap_cap:
         _service(t.meta, bridge.ERR_ALLOC_SIZE, nbytes, 0, 0)
-    wait_for_core(o)  # the heap ring's state is the core stage's while it runs
     while True:
         seq = rings.heap_alloc(t.header, t.buffers, nbytes)
         if seq >= 0:
@@ -339,12 +338,14 @@ def _note_versions(o, slot, n):
 
 @njit(cache=True, _nrt=False)
 def _wait_for_slot(t, task_id):
-    """Wait until task_id's slot is free (the core stage retires tasks as it submits them in a
-    dry run), serving the core stage if it waits for room; last_alive then."""
-    alive = t.header.ctypes.data + _LAST_ALIVE
+    """Wait until task_id's slot is free, serving the core stage if it waits for room; the
+    tasks the stage has done then (the ring's last_alive)."""
+    # The stage completes each task it submits (a dry run), so the tasks it has done are the
+    # retired ones; P_DONE, unlike the header's last_alive, is stored with a release.
+    done = t.pipe.ctypes.data + 8 * P_DONE
     spins = 0
     while True:
-        seen = load_acquire(alive)
+        seen = load_acquire(done)
         if task_id - seen <= t.meta[M_TASK_MASK]:
             return seen
         if not _serve_core(t):

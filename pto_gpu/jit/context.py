@@ -51,7 +51,7 @@ M_PIPELINE = 11  # 1: submits queue the core's part for the core stage (jit/pipe
 # stage's, and a read of one took a line from the other core at every submit.
 M_TASK_MASK = 12  # the task window - 1
 M_BUFFER_MASK = 13  # the buffer table's length - 1
-M_ALIVE_SEEN = 14  # last_alive when a pipelined submit last read it
+M_ALIVE_SEEN = 14  # the core stage's tasks done (its last_alive) when a submit last looked
 M_WIDTH = 15
 
 # `pipe`, a pipelined run's counters, each on a cache line of its own (jit/pipeline.py)

@@ -60,6 +60,7 @@ from .context import (
     S_INT,
     SHAPE_BOUND,
     SHAPE_CODE,
+    VERSION_LIVE,
     VERSION_MADE,
     VERSION_WRITTEN,
 )
@@ -158,7 +159,14 @@ class Session:
         self._externals = {b.key: b for b in externals}
         for b in externals:
             f["externals"][-1 - b.key] = (b.newest_version, b.newest_handle, b.writeable)
-        self._python_heap = {b.key: b for b in python_heap}
+        # A buffer the Python side freed since the last entry is not live to compiled code,
+        # which may still hold its descriptor (a body can return one, and be given it back).
+        unfreed = {b.key: b for b in python_heap}
+        for key in self._python_heap.keys() - unfreed.keys():
+            row = f["heap_versions"][self._slot(key)]
+            if row[VERSION_LIVE] == key:
+                row[VERSION_LIVE] = -1
+        self._python_heap = unfreed
         for b in python_heap:
             f["heap_versions"][self._slot(b.key)] = (b.newest_version, b.newest_handle, b.key)
 
@@ -184,29 +192,30 @@ class Session:
         head = self._scheduler.state.head
         first = int(head["next_task"])
         meta = self._fields["meta"]
+        was_worth = pipeline.worth(body)
         try:
-            if not pipeline.worth(body):
-                return bridge.call(self.key, body, self.o, *args)
-            with pipeline.CoreStage(self.o, self._fields, head):
-                meta[M_PIPELINE] = 1
-                try:
-                    result = bridge.call(self.key, body, self.o, *args)
-                    bridge.call(self.key, api.wait_for_core, self.o)  # room the stage waits for is made here
-                finally:
-                    meta[M_PIPELINE] = 0
-            return result
+            if not was_worth:
+                result = bridge.call(self.key, body, self.o, *args)
+            else:
+                with pipeline.CoreStage(self.o, self._fields, head):
+                    meta[M_PIPELINE] = 1
+                    try:
+                        result = bridge.call(self.key, body, self.o, *args)
+                        # any room the stage waits for is made here, through the services
+                        bridge.call(self.key, api.wait_for_core, self.o)
+                    finally:
+                        meta[M_PIPELINE] = 0
         finally:
-            was_worth = pipeline.worth(body)
             pipeline.submitted(body, int(head["next_task"]) - first)
-            if pipeline.worth(body) and not was_worth:
-                # Load the stage's code and touch its tables' pages now, in the serial call that
-                # made the body worth it, not in the first pipelined call: they took 20 ms of that
-                # 37 ms build.
-                signature = (numba.typeof(self.o),)
-                for function in (pipeline.core_stage, pipeline.stop, api.wait_for_core):
-                    function.compile(signature)
-                self._fields["slot_params"].fill(0)
-                self._fields["slot_info"].fill(0)
+        if pipeline.worth(body) and not was_worth:
+            # Load the stage's code and touch its tables' pages now, in the serial call that made
+            # the body worth it, not in the first pipelined call: they took 20 ms of that 37 ms build.
+            signature = (numba.typeof(self.o),)
+            for function in (pipeline.core_stage, pipeline.stop, api.wait_for_core):
+                function.compile(signature)
+            self._fields["slot_params"].fill(0)
+            self._fields["slot_info"].fill(0)
+        return result
 
     def close(self) -> None:
         bridge.forget(self.key)

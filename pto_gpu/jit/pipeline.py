@@ -38,7 +38,8 @@ def wanted(complete_at_submit: bool, log_edges: bool, validate: bool) -> bool:
     """Whether a session's compiled calls run pipelined: when its tasks complete at submit (a
     run that executes tasks needs the cores for its workers), no edge log or validation check
     must follow each submit, and there is a second core."""
-    return complete_at_submit and not log_edges and not validate and (os.cpu_count() or 1) > 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return complete_at_submit and not log_edges and not validate and cores > 1
 
 
 # A pipelined session runs a body's call pipelined when the body's last call there submitted at
@@ -82,10 +83,15 @@ class CoreStage:
         self._thread.start()
         # The body holds the GIL while it runs, and waits for the stage without releasing it:
         # the stage must be in its GIL-free loop first (its start may load or compile it).
-        while not pipe[P_RUNNING]:
-            if not self._thread.is_alive():
-                raise RuntimeError("the core stage's thread ended before it ran")
-            time.sleep(0)
+        try:
+            while not pipe[P_RUNNING]:
+                if not self._thread.is_alive():
+                    raise RuntimeError("the core stage's thread ended before it ran")
+                time.sleep(0)
+        except BaseException:  # a KeyboardInterrupt: the stage must not outlive the call
+            pipe[P_STOP] = 1
+            self._thread.join()
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
