@@ -396,13 +396,17 @@ def test_max_concurrent_holds_back_batches_and_the_heap_follows(window, makespan
     assert data.tobytes() == want.tobytes()
 
 
-def test_max_concurrent_on_threads_gives_the_serial_result_in_a_smaller_heap():
+def test_max_concurrent_on_threads_gives_the_serial_result():
+    """On threads the window does not bound the heap's peak, which the sim test above checks:
+    a batch allocates its scratch before its first submit waits for the window, and the heap
+    ring returns a finished batch's memory only after an older unfinished one's. Over 300 runs
+    the peak was 2 scratches 268 times, 3 30 times and 4 twice (this test asserted 2, and
+    failed 12% of the time, before and after session 18)."""
     data, want = np.ones((8, 64), np.float32), np.ones((8, 64), np.float32)
     pto.Runtime(backend="cpu", executor="serial").run(batches, want, 8)
     rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 3})
-    result = rt.run(batches, data, 8, schedule=pto.Schedule(max_concurrent={"batch": 2}))
+    rt.run(batches, data, 8, schedule=pto.Schedule(max_concurrent={"batch": 2}))
     assert data.tobytes() == want.tobytes()
-    assert result.high_water["heap_bytes"] <= 2 * 256
 
 
 def staged(o, x):

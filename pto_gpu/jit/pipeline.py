@@ -11,9 +11,11 @@ program orders memory: an alloc, a free or a scope's end waits until the stage h
 run, and the heap ring is never written by both.
 
 The stage needs no Python and no GIL. A full TensorMap it empties itself (every task has
-retired, so a sweep frees the pool, as the serial submit's service would); any other full
-ring it reports in `pipe[P_FULL]` and waits, unchanged, until the submits' side has made room
-through the session's service (or raised the error the serial submit would) and cleared it.
+retired, so a sweep frees the pool, as the serial submit's service would). A ring it cannot
+make room in (in a dry run, where every producer has completed, only a pool smaller than the
+task's params) it reports in `pipe[P_FULL]` and waits, unchanged, until the submits' side has
+made room through the session's service, or raised the error the serial submit would, and
+cleared it.
 """
 
 from __future__ import annotations
