@@ -34,6 +34,7 @@ def stages(monkeypatch):
 
     monkeypatch.setattr(pipeline.CoreStage, "__enter__", counting_enter)
     monkeypatch.setattr(pipeline, "START_AFTER", 1)
+    monkeypatch.setattr(pipeline, "pays", lambda body: True)  # tiny calls' rates are noise
     monkeypatch.setattr(pipeline, "_LAST_CALL", weakref.WeakKeyDictionary())  # no body has run
 
     class Stages:
@@ -181,3 +182,23 @@ def test_compiled_code_that_kept_a_descriptor_finds_its_buffer_freed_by_python(e
 
     with pytest.raises(pto.UseAfterFreeError, match=re.escape("param 0 of add")):
         pto.Runtime(backend="cpu", executor=executor).run(orchestration)
+
+
+def test_a_body_runs_serially_once_its_pipelined_calls_measure_slower(monkeypatch):
+    monkeypatch.setattr(pipeline, "START_AFTER", 100)
+    for table in ("_LAST_CALL", "_SERIAL_RATE", "_PIPELINED_RATE"):
+        monkeypatch.setattr(pipeline, table, weakref.WeakKeyDictionary())
+
+    def body():
+        """A stand-in for a compiled body (the tables hold bodies weakly)."""
+
+    pipeline.submitted(body, 1000, 1e-4, pipelined=False)  # its first call: not a measure
+    assert pipeline.worth(body)  # none has run pipelined: try it
+    pipeline.submitted(body, 1000, 2e-3, pipelined=True)
+    assert not pipeline.worth(body)  # now one serially
+    pipeline.submitted(body, 1000, 1e-3, pipelined=False)
+    assert not pipeline.worth(body)  # pipelined was slower: serial it stays
+    pipeline.submitted(body, 1000, 0.5e-3, pipelined=True)  # (had a pipelined call been faster...)
+    assert pipeline.worth(body)
+    pipeline.submitted(body, 99, 1e-6, pipelined=False)
+    assert not pipeline.worth(body)  # too few tasks

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import time
 from collections.abc import Callable
 
 import numba
@@ -193,6 +194,7 @@ class Session:
         first = int(head["next_task"])
         meta = self._fields["meta"]
         was_worth = pipeline.worth(body)
+        started = time.perf_counter()
         try:
             if not was_worth:
                 result = bridge.call(self.key, body, self.o, *args)
@@ -206,7 +208,7 @@ class Session:
                     finally:
                         meta[M_PIPELINE] = 0
         finally:
-            pipeline.submitted(body, int(head["next_task"]) - first)
+            pipeline.submitted(body, int(head["next_task"]) - first, time.perf_counter() - started, was_worth)
         if pipeline.worth(body) and not was_worth:
             # Load the stage's code and touch its tables' pages now, in the serial call that made
             # the body worth it, not in the first pipelined call: they took 20 ms of that 37 ms build.

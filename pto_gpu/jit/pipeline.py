@@ -52,15 +52,34 @@ def wanted(complete_at_submit: bool, log_edges: bool, validate: bool) -> bool:
 # the pipelined build 60-65 ms instead of 37-39, for reasons of code generation not found.)
 START_AFTER = 16384
 _LAST_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # body -> tasks it submitted
+# body -> tasks a second of its last call of START_AFTER tasks or more, run serially / pipelined
+_SERIAL_RATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PIPELINED_RATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def worth(body) -> bool:
     """Whether a call of body should run pipelined (in a session that may)."""
-    return _LAST_CALL.get(body, 0) >= START_AFTER
+    return _LAST_CALL.get(body, 0) >= START_AFTER and pays(body)
 
 
-def submitted(body, tasks: int) -> None:
-    """Remember how many tasks a call of body submitted."""
+def pays(body) -> bool:
+    """Whether pipelining pays for body, as its big calls measured it: until one has run
+    pipelined, try it; then measure one serially (a body's first call, which loads its
+    code, is not a measure); then keep the faster. The stage's gain depends on how the
+    machine schedules the two threads and hands cache lines between its cores: on the 2-core
+    VM, the same code built the 16K LLaMA layer in 37-41 ms pipelined (50 serial) one hour,
+    and in 130-138 ms (50 serial) the next."""
+    pipelined, serial = _PIPELINED_RATE.get(body), _SERIAL_RATE.get(body)
+    if pipelined is None:
+        return True
+    return serial is not None and pipelined >= serial
+
+
+def submitted(body, tasks: int, seconds: float, pipelined: bool) -> None:
+    """Remember how many tasks a call of body submitted, and, for a big call after its first,
+    at what rate."""
+    if tasks >= START_AFTER and body in _LAST_CALL:
+        (_PIPELINED_RATE if pipelined else _SERIAL_RATE)[body] = tasks / max(seconds, 1e-9)
     _LAST_CALL[body] = tasks
 
 
