@@ -35,7 +35,7 @@ def stages(monkeypatch):
     monkeypatch.setattr(pipeline.CoreStage, "__enter__", counting_enter)
     monkeypatch.setattr(pipeline, "START_AFTER", 1)
     monkeypatch.setattr(pipeline, "pays", lambda body: True)  # tiny calls' rates are noise
-    monkeypatch.setattr(pipeline, "_LAST_CALL", weakref.WeakKeyDictionary())  # no body has run
+    monkeypatch.setattr(pipeline, "_CALLS", weakref.WeakKeyDictionary())  # no body has run
 
     class Stages:
         @staticmethod
@@ -184,21 +184,31 @@ def test_compiled_code_that_kept_a_descriptor_finds_its_buffer_freed_by_python(e
         pto.Runtime(backend="cpu", executor=executor).run(orchestration)
 
 
-def test_a_body_runs_serially_once_its_pipelined_calls_measure_slower(monkeypatch):
+def test_a_body_keeps_the_faster_way_as_its_calls_measure_it(monkeypatch):
     monkeypatch.setattr(pipeline, "START_AFTER", 100)
-    for table in ("_LAST_CALL", "_SERIAL_RATE", "_PIPELINED_RATE"):
-        monkeypatch.setattr(pipeline, table, weakref.WeakKeyDictionary())
+    monkeypatch.setattr(pipeline, "_CALLS", weakref.WeakKeyDictionary())
 
     def body():
-        """A stand-in for a compiled body (the tables hold bodies weakly)."""
+        """A stand-in for a compiled body (the table holds bodies weakly)."""
 
-    pipeline.submitted(body, 1000, 1e-4, pipelined=False)  # its first call: not a measure
-    assert pipeline.worth(body)  # none has run pipelined: try it
-    pipeline.submitted(body, 1000, 2e-3, pipelined=True)
-    assert not pipeline.worth(body)  # now one serially
-    pipeline.submitted(body, 1000, 1e-3, pipelined=False)
-    assert not pipeline.worth(body)  # pipelined was slower: serial it stays
-    pipeline.submitted(body, 1000, 0.5e-3, pipelined=True)  # (had a pipelined call been faster...)
-    assert pipeline.worth(body)
-    pipeline.submitted(body, 99, 1e-6, pipelined=False)
-    assert not pipeline.worth(body)  # too few tasks
+    def calls(seconds: float, pipelined: bool, tasks: int = 1000) -> bool:
+        """Note a call of body; whether the next runs pipelined."""
+        pipeline.submitted(body, tasks, seconds, pipelined)
+        return pipeline.worth(body)
+
+    assert not pipeline.worth(body)  # no call yet
+    assert calls(1e-4, pipelined=False)  # its first call: not a measure; none has run pipelined: try it
+    assert pipeline.first_pipelined_next(body)
+    assert calls(9e-3, pipelined=True)  # its first pipelined call: not a measure either
+    assert not pipeline.first_pipelined_next(body)
+    assert not calls(2e-3, pipelined=True)  # measured pipelined: now one serially
+    assert not calls(1e-3, pipelined=False)  # pipelined was slower: serial it stays...
+    for _ in range(pipeline._PROBE_EVERY - 3):
+        assert not calls(1e-3, pipelined=False)
+    assert calls(1e-3, pipelined=False)  # ...but for a probe, every _PROBE_EVERY-th measured call
+    assert calls(0.5e-3, pipelined=True)  # which found pipelined faster
+    assert calls(0.6e-3, pipelined=True)  # one slower call: its best still wins
+    for _ in range(5):  # the machine has turned slow for pipelined calls: each counts
+        assert calls(2e-3, pipelined=True)
+    assert not calls(2e-3, pipelined=True)
+    assert not calls(1e-6, pipelined=False, tasks=99)  # too few tasks

@@ -343,13 +343,16 @@ def _wait_for_slot(t, task_id):
     # The stage completes each task it submits (a dry run), so the tasks it has done are the
     # retired ones; P_DONE, unlike the header's last_alive, is stored with a release.
     done = t.pipe.ctypes.data + 8 * P_DONE
-    spins = 0
+    waiting = 0
+    last = -1
     while True:
         seen = load_acquire(done)
         if task_id - seen <= t.meta[M_TASK_MASK]:
             return seen
+        if seen != last:  # the stage is working: the wait will be short, so it must not sleep
+            last, waiting = seen, 0
         if not _serve_core(t):
-            spins = back_off(spins)
+            waiting = back_off(waiting)
 
 
 @njit(cache=True, _nrt=False)
@@ -359,10 +362,16 @@ def wait_for_core(o):
     t = tables(o)
     if t.meta[M_PIPELINE]:
         done = t.pipe.ctypes.data + 8 * P_DONE
-        spins = 0
-        while load_acquire(done) != t.pipe[P_QUEUED]:
+        waiting = 0
+        last = -1
+        while True:
+            seen = load_acquire(done)
+            if seen == t.pipe[P_QUEUED]:
+                return
+            if seen != last:  # as in _wait_for_slot
+                last, waiting = seen, 0
             if not _serve_core(t):
-                spins = back_off(spins)
+                waiting = back_off(waiting)
 
 
 @njit(cache=True, _nrt=False, inline="always")

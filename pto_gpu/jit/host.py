@@ -209,7 +209,7 @@ class Session:
                         meta[M_PIPELINE] = 0
         finally:
             pipeline.submitted(body, int(head["next_task"]) - first, time.perf_counter() - started, was_worth)
-        if pipeline.worth(body) and not was_worth:
+        if pipeline.first_pipelined_next(body):
             # Load the stage's code and touch its tables' pages now, in the serial call that made
             # the body worth it, not in the first pipelined call: they took 20 ms of that 37 ms build.
             signature = (numba.typeof(self.o),)

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -51,36 +52,73 @@ def wanted(complete_at_submit: bool, log_edges: bool, validate: bool) -> bool:
 # call, at its START_AFTER-th submit, was tried: the branch it took in the serial submit made
 # the pipelined build 60-65 ms instead of 37-39, for reasons of code generation not found.)
 START_AFTER = 16384
-_LAST_CALL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # body -> tasks it submitted
-# body -> tasks a second of its last call of START_AFTER tasks or more, run serially / pipelined
-_SERIAL_RATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_PIPELINED_RATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Pipelining a big call does not always pay: on the 2-core VM beside two busy processes, the 16K
+# LLaMA layer built in 98 ms pipelined and 80 serially (35 and 50 on the idle machine). So a
+# body's big calls measure both ways and keep the faster, each way's rate the best of its calls,
+# older calls counting _FORGET less each: one slow call among fast ones (pipelined, 35-38 ms,
+# now and then 46-55) does not turn a body serial, and a machine turned slow for one way does,
+# after a few calls. Every _PROBE_EVERY-th measured call goes the other way, to see whether
+# that way has become the faster.
+_FORGET = 0.9
+_PROBE_EVERY = 16
+
+
+@dataclass
+class _Calls:
+    """What a body's calls in pipelined sessions measured (rates in tasks a second; a body's
+    first call, and its first pipelined call, load code and are not measures)."""
+
+    last_tasks: int = 0
+    serial_rate: float = 0.0
+    pipelined_rate: float = 0.0
+    pipelined_calls: int = 0
+    measured: int = 0
+
+
+_CALLS: weakref.WeakKeyDictionary[object, _Calls] = weakref.WeakKeyDictionary()
 
 
 def worth(body) -> bool:
-    """Whether a call of body should run pipelined (in a session that may)."""
-    return _LAST_CALL.get(body, 0) >= START_AFTER and pays(body)
+    """Whether a call of body should run pipelined (in a session that may): when its last call
+    submitted START_AFTER tasks or more, and pipelining pays."""
+    calls = _CALLS.get(body)
+    return calls is not None and calls.last_tasks >= START_AFTER and pays(calls)
 
 
-def pays(body) -> bool:
-    """Whether pipelining pays for body, as its big calls measured it: until one has run
-    pipelined, try it; then measure one serially (a body's first call, which loads its
-    code, is not a measure); then keep the faster. The stage's gain depends on how the
-    machine schedules the two threads and hands cache lines between its cores: on the 2-core
-    VM, the same code built the 16K LLaMA layer in 37-41 ms pipelined (50 serial) one hour,
-    and in 130-138 ms (50 serial) the next."""
-    pipelined, serial = _PIPELINED_RATE.get(body), _SERIAL_RATE.get(body)
-    if pipelined is None:
+def first_pipelined_next(body) -> bool:
+    """Whether body's next call will be its first pipelined one."""
+    calls = _CALLS.get(body)
+    return calls is not None and calls.pipelined_calls == 0 and worth(body)
+
+
+def pays(calls: _Calls) -> bool:
+    """Whether pipelining pays, as a body's calls measured it: try it until it has been
+    measured, then measure one call serially, then keep the faster (but probe the other way
+    now and then)."""
+    if not calls.pipelined_rate:
         return True
-    return serial is not None and pipelined >= serial
+    if not calls.serial_rate:
+        return False
+    faster = calls.pipelined_rate >= calls.serial_rate
+    return faster != (calls.measured % _PROBE_EVERY == 0)
 
 
 def submitted(body, tasks: int, seconds: float, pipelined: bool) -> None:
-    """Remember how many tasks a call of body submitted, and, for a big call after its first,
-    at what rate."""
-    if tasks >= START_AFTER and body in _LAST_CALL:
-        (_PIPELINED_RATE if pipelined else _SERIAL_RATE)[body] = tasks / max(seconds, 1e-9)
-    _LAST_CALL[body] = tasks
+    """Note how many tasks a call of body submitted, and how fast, if it measures."""
+    calls = _CALLS.get(body)
+    if calls is None:
+        _CALLS[body] = _Calls(last_tasks=tasks)
+        return
+    calls.last_tasks = tasks
+    calls.pipelined_calls += pipelined
+    if tasks < START_AFTER or (pipelined and calls.pipelined_calls == 1):
+        return
+    rate = tasks / max(seconds, 1e-9)
+    calls.measured += 1
+    if pipelined:
+        calls.pipelined_rate = max(rate, calls.pipelined_rate * _FORGET)
+    else:
+        calls.serial_rate = max(rate, calls.serial_rate * _FORGET)
 
 
 class CoreStage:
@@ -129,15 +167,15 @@ def core_stage(o):
     mask = t.header[0].window - 1
     done = t.pipe[P_DONE]
     store_release(pipe + 8 * P_RUNNING, 1)
-    spins = 0
+    waiting = 0
     while True:
         queued = load_acquire(pipe + 8 * P_QUEUED)
         if done == queued:
             if load_acquire(pipe + 8 * P_STOP):
                 return
-            spins = back_off(spins)
+            waiting = back_off(waiting)
             continue
-        spins = 0
+        waiting = 0
         while done < queued:
             if done + 2 < queued:  # the body's thread wrote these lines: ask for them early
                 prefetch_slot(t, (done + 2) & mask, 4, 0)
@@ -166,11 +204,11 @@ def _wait_for_room(t, status, needed):
     pipe = t.pipe.ctypes.data
     t.pipe[P_FULL + 1] = needed
     store_release(pipe + 8 * P_FULL, status)
-    spins = 0
+    waiting = 0
     while load_acquire(pipe + 8 * P_FULL) != 0:
         if load_acquire(pipe + 8 * P_STOP):
             return False
-        spins = back_off(spins)
+        waiting = back_off(waiting)
     return True
 
 
@@ -180,9 +218,15 @@ def stop(o):
     room (the call is raising: nobody will make it)."""
     t = tables(o)
     pipe = t.pipe.ctypes.data
-    spins = 0
-    while load_acquire(pipe + 8 * P_DONE) != t.pipe[P_QUEUED] and load_acquire(pipe + 8 * P_FULL) == 0:
-        spins = back_off(spins)
+    waiting = 0
+    last = -1
+    while load_acquire(pipe + 8 * P_FULL) == 0:
+        done = load_acquire(pipe + 8 * P_DONE)
+        if done == t.pipe[P_QUEUED]:
+            break
+        if done != last:  # the stage is working: no sleeping (as in api.wait_for_core)
+            last, waiting = done, 0
+        waiting = back_off(waiting)
     store_release(pipe + 8 * P_STOP, 1)
 
 
