@@ -17,7 +17,8 @@ from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
-from pto_gpu.executors.native import MIN_BUDGET, _monotonic_ns, budget
+from pto_gpu.core.lock import monotonic_ns
+from pto_gpu.executors.native import MIN_BUDGET, budget
 from pto_gpu.isa.native_abi import NjitEntries
 from pto_gpu.jit.context import S_INT
 from pto_gpu.jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_SHAPE, D_STRIDE, DESC_WIDTH
@@ -545,7 +546,7 @@ def _step(previous, out, clock):
     """out = previous + 1; clock = when it ran (CLOCK_MONOTONIC, ns)."""
     for j in range(out.shape[1]):
         out[0, j] = previous[0, j] + 1
-    clock[0, 0] = _monotonic_ns()
+    clock[0, 0] = monotonic_ns()
 
 
 @numba.njit(cache=True)

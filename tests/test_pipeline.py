@@ -34,7 +34,7 @@ def stages(monkeypatch):
 
     monkeypatch.setattr(pipeline.CoreStage, "__enter__", counting_enter)
     monkeypatch.setattr(pipeline, "START_AFTER", 1)
-    monkeypatch.setattr(pipeline, "pays", lambda body: True)  # tiny calls' rates are noise
+    monkeypatch.setattr(pipeline, "pays", lambda calls: True)  # tiny calls' rates are noise
     monkeypatch.setattr(pipeline, "_CALLS", weakref.WeakKeyDictionary())  # no body has run
 
     class Stages:

@@ -9,7 +9,7 @@ need it. Holders never wait for anything else
 after a short spin, since on a machine with as many threads as cores the holder may be
 waiting for that very core.
 
-Release stores, acquire loads, prefetches and `back_off` serve the hand-offs: a compiled
+Release stores, acquire loads, prefetches, a clock and `back_off` serve the hand-offs: a compiled
 submit's arguments to native workers (jit/api.py), and queued submits to the core stage of a
 pipelined run (jit/pipeline.py).
 """
@@ -123,7 +123,8 @@ def yield_core(typingctx):
 
 @intrinsic
 def monotonic_ns(typingctx):
-    """clock_gettime(CLOCK_MONOTONIC) in nanoseconds (a vDSO call, no system call)."""
+    """clock_gettime(CLOCK_MONOTONIC) in nanoseconds: the clock of Python's time.perf_counter on
+    Linux (a vDSO call, no system call)."""
     def codegen(context, builder, signature, args):
         i32, i64 = ir.IntType(32), _I64
         timespec = ir.LiteralStructType([i64, i64])

@@ -34,14 +34,11 @@ import warnings
 from typing import NamedTuple
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 from ..core import state as cs
 from ..core.complete import complete_held, start_held
-from ..core.lock import acquire, release
+from ..core.lock import acquire, monotonic_ns, release
 from ..dtypes import WorkerType
 from ..errors import InvariantError
 from ..isa.native_abi import call_entry
@@ -94,24 +91,6 @@ class WorkerScratch(NamedTuple):
     ready: np.ndarray  # completion scratch (consumers made ready)
     key: np.ndarray  # an instance key
     stats: np.ndarray  # per kernel: tasks run natively, their ns
-
-
-@intrinsic
-def _monotonic_ns(typingctx):
-    """clock_gettime(CLOCK_MONOTONIC) in ns: the clock of Python's time.perf_counter on Linux."""
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        timespec = ir.LiteralStructType([i64, i64])
-        function = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.IntType(32), [ir.IntType(32), timespec.as_pointer()]),
-            "clock_gettime")
-        now = cgutils.alloca_once(builder, timespec)
-        builder.call(function, [ir.Constant(ir.IntType(32), 1), now])  # 1: CLOCK_MONOTONIC
-        seconds = builder.load(cgutils.gep(builder, now, 0, 0))
-        nanoseconds = builder.load(cgutils.gep(builder, now, 0, 1))
-        return builder.add(builder.mul(seconds, ir.Constant(i64, 1_000_000_000)), nanoseconds)
-
-    return types.int64(), codegen
 
 
 # --- the rings ---------------------------------------------------------------------------------
@@ -310,7 +289,7 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
     window = header[0].window
     c = control[0]
     done = 0
-    entered = _monotonic_ns()
+    entered = monotonic_ns()
     ended = entered
     # The lock is held at the top of the loop: a completion and the pop that follows it are one
     # hold, so the consumer _route put first is this loop's next task, not another worker's.
@@ -328,11 +307,11 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
         start_held(header, tasks, task_id)
         release(header)
 
-        began = _monotonic_ns()
+        began = monotonic_ns()
         status = call_entry(address, args.desc[slot].ctypes.data, args.scalar_kind[slot].ctypes.data,
                             args.int[slot].ctypes.data, args.float[slot].ctypes.data)
         kernel = tasks[slot].kernel
-        ended = _monotonic_ns()
+        ended = monotonic_ns()
         acquire(header)
         if status != 0:  # not completed: its consumers never run; Python raises its TaskError
             if c.failed < 0:

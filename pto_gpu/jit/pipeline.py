@@ -50,7 +50,8 @@ def wanted(complete_at_submit: bool, log_edges: bool, validate: bool) -> bool:
 # 2-core VM, the time of ~2,000 serial submits, and pipelining saves a quarter of each submit:
 # a one-tile dry matmul took 0.18 ms serially and 0.74 pipelined. (Starting the stage within a
 # call, at its START_AFTER-th submit, was tried: the branch it took in the serial submit made
-# the pipelined build 60-65 ms instead of 37-39, for reasons of code generation not found.)
+# the pipelined build 60-65 ms instead of 37-39, while waits slept after ~5 us of waiting,
+# which may be all it measured: docs/ARCHITECTURE.md, "Pipelined submits".)
 START_AFTER = 16384
 # Pipelining a big call does not always pay: on the 2-core VM beside two busy processes, the 16K
 # LLaMA layer built in 98 ms pipelined and 80 serially (35 and 50 on the idle machine). So a
