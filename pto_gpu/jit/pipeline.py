@@ -65,7 +65,7 @@ _PROBE_EVERY = 16
 
 
 @dataclass
-class _Calls:
+class BodyCalls:
     """What a body's calls in pipelined sessions measured (rates in tasks a second; a body's
     first call, and its first pipelined call, load code and are not measures)."""
 
@@ -76,7 +76,7 @@ class _Calls:
     measured: int = 0
 
 
-_CALLS: weakref.WeakKeyDictionary[object, _Calls] = weakref.WeakKeyDictionary()
+_CALLS: weakref.WeakKeyDictionary[object, BodyCalls] = weakref.WeakKeyDictionary()
 
 
 def worth(body) -> bool:
@@ -92,7 +92,7 @@ def first_pipelined_next(body) -> bool:
     return calls is not None and calls.pipelined_calls == 0 and worth(body)
 
 
-def pays(calls: _Calls) -> bool:
+def pays(calls: BodyCalls) -> bool:
     """Whether pipelining pays, as a body's calls measured it: try it until it has been
     measured, then measure one call serially, then keep the faster (but probe the other way
     now and then)."""
@@ -108,7 +108,7 @@ def submitted(body, tasks: int, seconds: float, pipelined: bool) -> None:
     """Note how many tasks a call of body submitted, and how fast, if it measures."""
     calls = _CALLS.get(body)
     if calls is None:
-        _CALLS[body] = _Calls(last_tasks=tasks)
+        _CALLS[body] = BodyCalls(last_tasks=tasks)
         return
     calls.last_tasks = tasks
     calls.pipelined_calls += pipelined
