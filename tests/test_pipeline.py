@@ -196,6 +196,16 @@ def test_a_body_keeps_the_faster_way_as_its_calls_measure_it(monkeypatch):
         pipeline.submitted(body, tasks, seconds, pipelined)
         return pipeline.worth(body)
 
+    def probes_in(count: int, seconds: float, pipelined: bool) -> int:
+        """Run `count` calls, each the way the policy says (the one that is `pipelined` taking
+        `seconds`, the other 1 s); how many went the other way."""
+        other = 0
+        for _ in range(count):
+            way = pipeline.worth(body)
+            other += way != pipelined
+            calls(seconds if way == pipelined else 1.0, way)
+        return other
+
     assert not pipeline.worth(body)  # no call yet
     assert calls(1e-4, pipelined=False)  # its first call: not a measure; none has run pipelined: try it
     assert pipeline.first_pipelined_next(body)
@@ -203,12 +213,19 @@ def test_a_body_keeps_the_faster_way_as_its_calls_measure_it(monkeypatch):
     assert not pipeline.first_pipelined_next(body)
     assert not calls(2e-3, pipelined=True)  # measured pipelined: now one serially
     assert not calls(1e-3, pipelined=False)  # pipelined was slower: serial it stays...
-    for _ in range(pipeline._PROBE_EVERY - 3):
-        assert not calls(1e-3, pipelined=False)
-    assert calls(1e-3, pipelined=False)  # ...but for a probe, every _PROBE_EVERY-th measured call
-    assert calls(0.5e-3, pipelined=True)  # which found pipelined faster
-    assert calls(0.6e-3, pipelined=True)  # one slower call: its best still wins
-    for _ in range(5):  # the machine has turned slow for pipelined calls: each counts
-        assert calls(2e-3, pipelined=True)
-    assert not calls(2e-3, pipelined=True)
-    assert not calls(1e-6, pipelined=False, tasks=99)  # too few tasks
+    # ...but for one call after every _PROBE_EVERY measured calls (here 2 so far)
+    assert probes_in(3 * pipeline._PROBE_EVERY - 2, 1e-3, pipelined=False) == 2
+    assert pipeline.worth(body)  # the third probe
+    assert calls(0.5e-3, pipelined=True)  # found pipelined faster: it stays
+    assert not calls(1e-6, pipelined=True, tasks=99)  # but not after a call of too few tasks
+    assert calls(0.5e-3, pipelined=True, tasks=100)
+    assert calls(1.5e-3, pipelined=True)  # one call slower than serial: its best still wins
+    measured = pipeline._CALLS[body].measured
+    assert probes_in(pipeline._PROBE_EVERY, 0.5e-3, pipelined=True) == 1  # serial is probed too
+    assert pipeline._CALLS[body].measured == measured + pipeline._PROBE_EVERY
+    monkeypatch.setattr(pipeline, "_PROBE_EVERY", 10**9)  # no probes: each call below is pipelined's
+    slow = 0
+    while pipeline.worth(body) and slow < 100:  # the machine has turned slow for pipelined calls
+        calls(2e-3, pipelined=True)
+        slow += 1
+    assert 1 < slow < 10  # not after one slow call, but after a few: each counts

@@ -27,7 +27,8 @@ _LOCK_OFFSET = HEADER.fields["lock"][1]
 _SPINS = 64  # turns of the core lock's wait before it yields the core
 # A wait loop (back_off) spins, then yields, then sleeps, by the time it has waited: a sleep
 # costs far more than it asks on a VM (usleep(1) took 76 us on the 2-core VM, usleep(50) 129),
-# so a waiter sleeps only once it has waited longer than that.
+# so a waiter sleeps only once it has waited longer than that. (back_off is inlined into cached
+# code, and numba checks only the caller's file: delete the numba caches after changing these.)
 _SPIN_NS = 5_000
 _YIELD_NS = 250_000
 _NAP_US = 50
@@ -146,11 +147,12 @@ def back_off(waiting_since):
     _SPIN_NS, then yields its core between looks until _YIELD_NS, then sleeps _NAP_US between
     looks: on a machine busier than its cores the thread it waits for may need this core, and
     a yield did not always give it (a pipelined build beside two busy processes took 17 s
-    instead of 0.05 when waits only yielded). Sleeping sooner cost more than it saved: with
-    naps after 16 yields (~5 us) the 16K LLaMA build took 60-140 ms pipelined, 36 without."""
+    instead of 0.05 when waits only yielded). Sleeping sooner cost more than it saved: when
+    waits slept after 16 yields (~5 us), the 16K LLaMA build took 115-140 ms pipelined; waiting
+    by time, 35."""
     now = monotonic_ns()
     if waiting_since == 0:
-        return now
+        return max(now, 1)  # never 0, which would start the wait again at every turn
     waited = now - waiting_since
     if waited >= _YIELD_NS:
         nap(_NAP_US)

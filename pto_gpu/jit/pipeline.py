@@ -56,24 +56,26 @@ START_AFTER = 16384
 # Pipelining a big call does not always pay: on the 2-core VM beside two busy processes, the 16K
 # LLaMA layer built in 98 ms pipelined and 80 serially (35 and 50 on the idle machine). So a
 # body's big calls measure both ways and keep the faster, each way's rate the best of its calls,
-# older calls counting _FORGET less each: one slow call among fast ones (pipelined, 35-38 ms,
-# now and then 46-55) does not turn a body serial, and a machine turned slow for one way does,
-# after a few calls. Every _PROBE_EVERY-th measured call goes the other way, to see whether
-# that way has become the faster.
+# older calls of that way counting _FORGET less each: one slow call among fast ones (pipelined,
+# 35-38 ms, now and then 41-54) does not turn a body serial, and a machine turned slow for one
+# way does, once that way's old best has faded below the other's (which may take some calls,
+# and some going back, as the other way's old best fades in turn). After every _PROBE_EVERY
+# measured calls one goes the other way, to see whether it has become the faster.
 _FORGET = 0.9
 _PROBE_EVERY = 16
 
 
 @dataclass
 class BodyCalls:
-    """What a body's calls in pipelined sessions measured (rates in tasks a second; a body's
-    first call, and its first pipelined call, load code and are not measures)."""
+    """What a body's calls in pipelined sessions measured. Its first call, and its first
+    pipelined call, are not measures: the first loads its code, and the first pipelined one
+    after the body's compilation once took 55 ms where the later took 35."""
 
-    last_tasks: int = 0
-    serial_rate: float = 0.0
-    pipelined_rate: float = 0.0
+    last_tasks: int = 0  # tasks its last call submitted
+    serial_rate: float = 0.0  # tasks a second: the best of its serial calls, older ones faded
+    pipelined_rate: float = 0.0  # the same, of its pipelined calls
     pipelined_calls: int = 0
-    measured: int = 0
+    measured: int = 0  # calls measured, either way (every _PROBE_EVERY-th, the next probes)
 
 
 _CALLS: weakref.WeakKeyDictionary[object, BodyCalls] = weakref.WeakKeyDictionary()
