@@ -342,17 +342,7 @@ def _wait_for_slot(t, task_id):
     tasks the stage has done then (the ring's last_alive)."""
     # The stage completes each task it submits (a dry run), so the tasks it has done are the
     # retired ones; P_DONE, unlike the header's last_alive, is stored with a release.
-    done = t.pipe.ctypes.data + 8 * P_DONE
-    waiting = 0
-    last = -1
-    while True:
-        seen = load_acquire(done)
-        if task_id - seen <= t.meta[M_TASK_MASK]:
-            return seen
-        if seen != last:  # the stage is working: the wait will be short, so it must not sleep
-            last, waiting = seen, 0
-        if not _serve_core(t):
-            waiting = back_off(waiting)
+    return _wait_for_done(t, task_id - t.meta[M_TASK_MASK])
 
 
 @njit(cache=True, _nrt=False)
@@ -361,17 +351,24 @@ def wait_for_core(o):
     it when it waits for room; else nothing."""
     t = tables(o)
     if t.meta[M_PIPELINE]:
-        done = t.pipe.ctypes.data + 8 * P_DONE
-        waiting = 0
-        last = -1
-        while True:
-            seen = load_acquire(done)
-            if seen == t.pipe[P_QUEUED]:
-                return
-            if seen != last:  # as in _wait_for_slot
-                last, waiting = seen, 0
-            if not _serve_core(t):
-                waiting = back_off(waiting)
+        _wait_for_done(t, t.pipe[P_QUEUED])
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _wait_for_done(t, target):
+    """Wait until the core stage has done `target` tasks, serving it when it waits for room;
+    how many it has done then."""
+    done = t.pipe.ctypes.data + 8 * P_DONE
+    waiting = 0
+    last = -1
+    while True:
+        seen = load_acquire(done)
+        if seen >= target:
+            return seen
+        if seen != last:  # the stage is working: the wait will be short, so it must not sleep
+            last, waiting = seen, 0
+        if not _serve_core(t):
+            waiting = back_off(waiting)
 
 
 @njit(cache=True, _nrt=False, inline="always")

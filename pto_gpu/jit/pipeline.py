@@ -227,7 +227,7 @@ def stop(o):
         done = load_acquire(pipe + 8 * P_DONE)
         if done == t.pipe[P_QUEUED]:
             break
-        if done != last:  # the stage is working: no sleeping (as in api.wait_for_core)
+        if done != last:  # the stage is working: no sleeping (as in api._wait_for_done)
             last, waiting = done, 0
         waiting = back_off(waiting)
     store_release(pipe + 8 * P_STOP, 1)
