@@ -90,6 +90,11 @@ def row(owner, offset=0, nbytes=64):
     return layout_row(owner, 1 << 20, offset, 1, (1,), (nbytes,), 1)
 
 
+def owners_in_map(s):
+    """The owners of the entries in use, in pool order: taken (before tm_fresh) and not freed."""
+    return [int(s.entries["row"][e, R_OWNER]) for e in range(s.head["tm_fresh"]) if s.entries["task"][e] >= 0]
+
+
 def test_tensormap_insert_chain_order_remove_and_reuse():
     s = make(tensormap_entries=3, tensormap_buckets=4)
     e = [tm_insert(s.header, s.entries, s.buckets, row(5, 64 * i), 10 + i, cs.WRITER) for i in range(3)]
@@ -119,8 +124,7 @@ def test_tensormap_sweep_drops_dead_buffers_and_evicts_only_retired_tasks():
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 8, False, scratch) == 5  # the dead one
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 5, True, scratch) == 5  # room: no eviction
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 6, True, scratch) == 7
-    remaining = [int(s.entries["row"][e, R_OWNER]) for e in range(8) if s.entries["task"][e] >= 0]
-    assert remaining == [-1] and s.head["tm_used"] == 1
+    assert owners_in_map(s) == [-1] and s.head["tm_used"] == 1
 
 
 def test_a_sweep_that_frees_less_than_an_eighth_evicts_and_one_after_every_task_retired_empties_the_pool():
@@ -137,20 +141,20 @@ def test_a_sweep_that_frees_less_than_an_eighth_evicts_and_one_after_every_task_
     # The dead buffer's entry alone would make the room asked for, but a sweep scans the whole
     # pool: freeing 1 of 16 entries (< 1/8) evicts the retired tasks' entries too.
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, True, scratch) == 15
-    assert [int(s.entries["row"][e, R_OWNER]) for e in range(16) if s.entries["task"][e] >= 0] == [live]
+    assert owners_in_map(s) == [live]
 
     for task in range(21, 30):
         tm_insert(s.header, s.entries, s.buckets, row(-1, 64 * task), task, cs.READER)
     s.head["last_alive"] = s.head["next_task"] = 30
     # A recording run evicts nothing, retired or not: nothing here is stale.
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, False, scratch) == 6
-    # Every task retired: the whole pool is free, its free list and chains as a new pool's.
+    # Every task retired: the whole pool is free, untaken and its chains empty, as a new pool.
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, True, scratch) == 16
     fresh = make(tensormap_entries=16)
-    for field in ("next", "task"):
-        assert np.array_equal(s.entries[field], fresh.entries[field])
     assert np.array_equal(s.buckets, fresh.buckets)
-    assert (s.head["tm_free"], s.head["tm_used"]) == (0, 0)
+    assert (s.head["tm_free"], s.head["tm_fresh"], s.head["tm_used"]) == (-1, 0, 0) == tuple(
+        fresh.head[field] for field in ("tm_free", "tm_fresh", "tm_used"))
+    assert owners_in_map(s) == []
     assert tm_insert(s.header, s.entries, s.buckets, row(live), 30, cs.WRITER) == 0
 
     # A live task without entries: the scan finds every entry retired, and frees them in one pass too.
@@ -158,6 +162,5 @@ def test_a_sweep_that_frees_less_than_an_eighth_evicts_and_one_after_every_task_
         tm_insert(s.header, s.entries, s.buckets, row(-1, 64 * i), 30, cs.READER)
     s.head["last_alive"], s.head["next_task"] = 31, 32
     assert tm_make_room(s.header, s.buffers, s.entries, s.buckets, 1, True, scratch) == 16
-    for field in ("next", "task"):
-        assert np.array_equal(s.entries[field], fresh.entries[field])
+    assert s.head["tm_fresh"] == 0 and owners_in_map(s) == []
     assert np.array_equal(s.buckets, fresh.buckets)

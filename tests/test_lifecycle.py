@@ -9,6 +9,7 @@ import pytest
 from conftest import add_into, explode, fill, noop, running_workers, runtime, zeros
 
 import pto_gpu as pto
+from pto_gpu.core.state import CoreState
 
 
 def test_scope_frees_what_it_allocated_and_heap_is_reused(executor):
@@ -164,20 +165,18 @@ def test_a_recording_run_that_grows_the_tensormap_again_and_again_records_the_sa
 
 @pytest.mark.parametrize("entries", [4, None], ids=["grown", "roomy"])
 def test_each_run_starts_from_a_tensormap_pool_as_a_new_one(entries):
-    """A reset rewrites only the pool entries a run touched (its first hw_tm, as it takes them
-    in order), a grown pool whole, and all of it after a failed run: each run begins with the
-    pool of a new runtime (every entry free, the free list in pool order: what tm_insert reads
-    of a free entry), built here apart from reset_tables, and records the same graph."""
+    """A reset empties the pool without rewriting an entry: each run begins with a new
+    runtime's pool (nothing taken, nothing on the free list or the chains), after a run that
+    grew it or failed too, and records the same graph; what runs leave in the entries is
+    never read (tm_insert takes untaken entries from tm_fresh on)."""
     rt = runtime("serial", **({} if entries is None else {"tensormap_entries": entries}))
     state = rt._scheduler.state
+    new_buckets = CoreState.allocate(rt.sizes).buckets
     as_new = []
 
     def orch(o, out, rows, fail):
-        pool = state.entries
-        free_list = np.arange(1, len(pool) + 1)
-        free_list[-1] = -1
-        as_new.append((pool["task"] == -1).all() and np.array_equal(pool["next"], free_list)
-                      and state.entries_to_reset == 0 and state.head["tm_free"] == 0)
+        as_new.append(tuple(int(state.head[f]) for f in ("tm_free", "tm_fresh", "tm_used")) == (-1, 0, 0)
+                      and np.array_equal(state.buckets, new_buckets))
         X = o.external(out)
         for i in range(rows):
             t = o.alloc((4,))  # heap tiles: their entries go stale and are swept
@@ -195,8 +194,8 @@ def test_each_run_starts_from_a_tensormap_pool_as_a_new_one(entries):
                 rt.run(orch, zeros(rows, 4), rows, fail, record=True)
             continue
         graphs.append(rt.run(orch, zeros(rows, 4), rows, fail, record=True).graph.edges)
-        grown = len(state.entries) > (entries or len(state.entries))
-        assert grown or state.head["hw_tm"] < len(state.entries) // 2  # a reset of part of the pool
+        assert state.head["tm_fresh"] > 0  # the run took entries, which the next one must not see
+    assert entries is None or len(state.entries) > entries  # grown
     assert as_new == [True] * 5
     assert graphs[0] == graphs[3] and graphs[1] == graphs[2]
 

@@ -72,14 +72,18 @@ def is_stale(header, buffers, entries, entry):
 @njit(cache=True, _nrt=False, inline="always")
 def tm_insert(header, entries, buckets, row, task_id, kind):
     """Insert a region at the head of its chain; the entry index, or -1 when the pool is full.
-    The entry is the free list's head, and hw_tm the most in use: a run's reset rewrites the
-    first hw_tm entries (state.reset_tables), so entries must be taken from nowhere else."""
+    The entry is the free list's head, else the first untaken one (`tm_fresh`): a reset empties
+    the pool without rewriting an entry."""
     h = header[0]
     entry = h.tm_free
-    if entry < 0:
+    if entry >= 0:
+        h.tm_free = entries[entry].next
+    elif h.tm_fresh < len(entries):
+        entry = h.tm_fresh
+        h.tm_fresh = entry + 1
+    else:
         return -1
     e = entries[entry]
-    h.tm_free = e.next
     bucket = bucket_of(buckets, row[R_OWNER], home_block(row))
     chains = buckets[bucket].head
     head = chains[kind]
@@ -141,7 +145,7 @@ def tm_make_room(header, buffers, entries, buckets, needed, evict, scratch):
     acquire(header)  # staleness reads what completions write
     alive = header[0].last_alive
     if evict and alive == header[0].next_task:  # every entry is stale or retired (a dry run's)
-        _free_all(header, entries, buckets)
+        _free_all(header, buckets)
         release(header)
         return len(entries)
     # In pool order, not chain by chain: a walk of the chains jumps around the pool. One scan
@@ -149,7 +153,7 @@ def tm_make_room(header, buffers, entries, buckets, needed, evict, scratch):
     n_stale = 0
     n_retired = 0
     last = len(entries) - 1
-    for entry in range(len(entries)):
+    for entry in range(header[0].tm_fresh):  # the entries past it are untaken
         task = entries[entry].task
         if task >= 0:
             if is_stale(header, buffers, entries, entry):
@@ -161,7 +165,7 @@ def tm_make_room(header, buffers, entries, buckets, needed, evict, scratch):
     free = tm_free_count(header, entries) + n_stale
     evicting = evict and free < max(needed, len(entries) >> 3)
     if evicting and n_stale + n_retired == header[0].tm_used:
-        _free_all(header, entries, buckets)  # the entries removing each would free, in one pass
+        _free_all(header, buckets)  # the entries removing each would free, in one pass
     else:
         for i in range(n_stale):
             tm_remove(header, entries, buckets, scratch[i])
@@ -173,15 +177,10 @@ def tm_make_room(header, buffers, entries, buckets, needed, evict, scratch):
 
 
 @njit(cache=True, _nrt=False)
-def _free_all(header, entries, buckets):
-    """Every entry free, in pool order (as reset leaves them, so reset's rule about hw_tm holds),
-    and every chain empty: in a dry run a full pool is all retired entries, and unlinking them
-    one by one touched two neighbours and two buckets each."""
-    for entry in range(len(entries)):
-        e = entries[entry]
-        e.task = -1
-        e.next = entry + 1
-    entries[len(entries) - 1].next = -1
+def _free_all(header, buckets):
+    """Every entry free (untaken, as after a reset) and every chain empty: in a dry run a full
+    pool is all retired entries, and unlinking them one by one touched two neighbours and two
+    buckets each."""
     for bucket in range(len(buckets)):
         b = buckets[bucket]
         b.head[0] = -1
@@ -189,7 +188,8 @@ def _free_all(header, entries, buckets):
         b.narrow[0] = 0
         b.narrow[1] = 0
     h = header[0]
-    h.tm_free = 0
+    h.tm_free = -1
+    h.tm_fresh = 0
     h.tm_used = 0
 
 
