@@ -62,7 +62,7 @@ class Executor(Protocol):
     #     wait_until(done): run tasks until done() holds
     # which a max_concurrent window waits on; executors with native workers have
     #     native_lanes(args, kernels) -> executors.native.NativeLanes | None
-    #     admitted(): ready native tasks were queued (NativeLanes.admit)
+    #     handed_over(): a compiled flush has handed its batch over (NativeLanes.admit, submitted)
     # which a compiled orchestration's session calls (jit/host.py).
 
     def abort(self) -> None:

@@ -15,6 +15,8 @@ from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
+from pto_gpu.core.lock import load_acquire, monotonic_ns
+from pto_gpu.isa.orchestration_codegen import orchestration_source
 from pto_gpu.jit import bridge, host
 from pto_gpu.jit.descriptor import from_tensor, write_layout
 from pto_gpu.layout import PARAM_WIDTH, ROW_WIDTH
@@ -184,6 +186,38 @@ def _chain(o, x, out, fill_id, add_id, rounds):
     for _ in range(rounds):
         pj.submit(o, add_id, (pj.input(scratch), pj.inout(out)))
     pj.free(o, scratch)
+
+
+@numba.njit(cache=True, nogil=True)
+def _wait_for_a_worker(o, flag, flag_desc, fill_id, patience_ns):
+    """Submit a task that fills `flag`, hand it over, and wait for it without returning:
+    whether a worker ran it while the body ran."""
+    pj.submit(o, fill_id, (pj.output(flag_desc),), (1.0,))
+    pj.flush(o)
+    start = monotonic_ns()
+    while monotonic_ns() - start < patience_ns:
+        if load_acquire(flag.ctypes.data) != 0:  # 1.0's bits
+            return True
+    return False
+
+
+def test_python_workers_run_beside_a_body_that_releases_the_gil():
+    """A `nogil` body (as generated ones are) leaves the GIL to the workers while it runs:
+    a Python kernel's task, handed over by the body's flush, runs while the body waits for it (a
+    body that held the GIL would wait out its patience and find nothing)."""
+    flag = np.zeros(1, np.float64)
+    seen = []
+
+    def orchestration(o):
+        seen.append(o.compiled(_wait_for_a_worker, flag, o.external(flag), fill.id, 30_000_000_000))
+
+    pto.Runtime(backend="cpu", executor="parallel").run(orchestration, threshold=1)
+    assert seen == [True] and flag[0] == 1.0
+
+
+def test_generated_bodies_release_the_gil():
+    source, _ = orchestration_source(matmul_program().module, "tiled_matmul_panels")
+    assert "@njit(cache=True, nogil=True)\ndef body(" in source
 
 
 def test_python_and_compiled_code_share_a_run():

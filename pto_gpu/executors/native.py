@@ -406,7 +406,6 @@ class NativeLanes:
                 info["structural"][list(kernel.native.structural)] = 1
         instances.update()
         self._keys, self._addresses, self._filled = instances.keys, instances.addresses, instances.filled
-        state.head["locking"] = 1  # from now on the GIL no longer orders core calls
 
     # --- the executor's side -------------------------------------------------------------------
     def admit(self, log: np.ndarray, logged: int) -> int:

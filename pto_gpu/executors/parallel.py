@@ -32,7 +32,7 @@ from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..scheduler import RINGS, Scheduler, Task
 from . import run_kernel
-from .native import Instances, NativeLanes, budget
+from .native import Instances, NativeLanes, WorkerScratch, budget
 from .threads import WorkerThreads
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
@@ -148,7 +148,12 @@ class ParallelExecutor:
         """Native workers for the tasks of native code the run submits (native.py), where
         nothing needs a record of each task run: no schedule, trace, cost measurements or
         validation checks, and the CPU backend. (HEFT, which places the tasks of kernels with
-        several classes, then weighs the backlog of Python-run tasks only.)"""
+        several classes, then weighs the backlog of Python-run tasks only.)
+
+        Called at the run's first compiled call or native submit: from then on core entries
+        take the core's lock, lanes or not, since a compiled body (generated ones are `nogil`)
+        enters the core beside the workers."""
+        self._scheduler.state.head["locking"] = 1
         if (self._native is None and self._schedule is None and not self._tracing
                 and not self._profile.measuring and not self._scheduler.validate
                 and self._backend.name == "cpu"):
@@ -162,14 +167,19 @@ class ParallelExecutor:
                         lanes.sleeping(worker, 1)
         return self._native
 
-    def admitted(self) -> None:
-        """The orchestrator queued ready native tasks (NativeLanes.admit): wake the workers."""
+    def handed_over(self) -> None:
+        """A compiled flush handed its tasks over (the ready native ones queued by
+        NativeLanes.admit, the others through `submitted`): queue them all and wake the
+        workers now, not once a batch has gathered; the flush is the batch."""
         self._raise_failure()
         with self._lock:
-            if not self._started and 0 < self._threshold <= self._scheduler.pending:
+            if self._started:
+                self._flush_locked()
+                if self._native is not None:
+                    self._wake_native_locked()
+            elif 0 < self._threshold <= self._scheduler.pending:
+                self._flush_locked()
                 self._start_locked()
-            elif self._started:
-                self._wake_native_locked()
 
     def _wake_native_locked(self) -> None:
         for worker in WorkerType:
@@ -333,6 +343,19 @@ class ParallelExecutor:
 
     # --- the workers' side ---------------------------------------------------------------
     def _work(self, worker: WorkerType, index: int, lane) -> None:
+        native_scratch = None
+        try:
+            native_scratch = self._serve(worker, index, lane)
+        finally:
+            if native_scratch is not None:
+                # Counted once, as the worker leaves, not at each return from a native loop: the
+                # 2048² panel matmul's kernels leave this thread's Python objects out of cache,
+                # and that tally alone took ~70 us of every return's ~100.
+                self._native.tally(native_scratch, lane)
+
+    def _serve(self, worker: WorkerType, index: int, lane) -> WorkerScratch | None:
+        """Take tasks until the run stops or this worker fails it; its native scratch, if it
+        ran native loops."""
         wake, idle = self._wake[worker], self._idle[worker]
         scratch = self._scheduler.ready_scratch()
         native_scratch = None
@@ -341,7 +364,7 @@ class ParallelExecutor:
                 idle.add(index)
                 while True:
                     if self._stopping:
-                        return
+                        return native_scratch
                     task = self._pop_locked(worker, index) if self._started else None
                     if task is not None:
                         break
@@ -364,19 +387,18 @@ class ParallelExecutor:
                     self._run(task, worker, index, lane, scratch)
                 else:
                     native_scratch = native_scratch or self._native.scratch(scratch)
-                    self._drain(worker, lane, native_scratch)
+                    self._drain(worker, native_scratch)
             except BaseException as error:  # a kernel's TaskError, validation mode's finding, a cost model's
                 with self._lock:
                     self._error = self._error or error
                     self._running -= 1
                     self._stopping = True
                     self._notify_all_locked()
-                return
+                return native_scratch
 
-    def _drain(self, worker: WorkerType, lane, scratch) -> None:
+    def _drain(self, worker: WorkerType, scratch: WorkerScratch) -> None:
         """Run ready native tasks until there are none for this class or Python must look."""
         completed = self._native.drain(worker, scratch, self._budgets[worker])
-        self._native.tally(scratch, lane)
         failed = self._native.failed()
         with self._lock:
             self._completions += completed

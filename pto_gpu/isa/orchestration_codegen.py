@@ -108,7 +108,7 @@ class _Writer:
         text = [f"# PTO ISA orchestration generator v{GENERATOR_VERSION}: @{function.name}",
                 "import numpy as np", "from numba import njit", "", "from pto_gpu import jit as pj",
                 "from pto_gpu.isa.errors import ISAError", "", "",
-                "@njit(cache=True)", f"def body({', '.join(arguments)}):"]
+                "@njit(cache=True, nogil=True)", f"def body({', '.join(arguments)}):"]
         return "\n".join(text + self.lines + ["    return"]) + "\n"
 
     def kernel(self, names: tuple[str, ...], per_level: bool) -> str:

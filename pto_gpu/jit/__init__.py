@@ -1,11 +1,12 @@
 """Compiled orchestration: orchestration code that numba compiles, at C speed.
 
 A compiled orchestration body is an `@numba.njit` function that takes the JitOrchestrator
-`o` and calls these functions on it instead of the methods of the Python `o`:
+`o` and calls these functions on it instead of the methods of the Python `o`; with
+`nogil=True`, as generated bodies are, Python workers run beside it while it submits:
 
     from pto_gpu import jit as pj
 
-    @numba.njit
+    @numba.njit(nogil=True)
     def body(o, a, b, c, tile, matmul_id):          # a, b, c: compiled descriptors
         for i in range(0, pj.shape(c, 0), tile):
             pj.submit(o, matmul_id, (pj.input(pj.narrow(a, 0, i, i + tile)), pj.input(b),

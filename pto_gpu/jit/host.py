@@ -135,6 +135,8 @@ class Session:
         # The run's native lanes (executors/native.py), if its executor has them: they run this
         # session's tasks of generated kernels without records; the log flush hands those over by id.
         self._native = lanes
+        # what the parallel executor does at the end of each flush (queue the batch, wake workers)
+        self._handed_over = getattr(executor, "handed_over", None)
         self._externals: dict[int, Buffer] = {}
         self._python_heap: dict[int, Buffer] = {}  # heap buffers the Python side allocated
         self._seen_heap: dict[int, Buffer] = {}  # records made for compiled allocations
@@ -254,11 +256,12 @@ class Session:
         delivered = logged
         if self._native is not None:
             logged = self._native.admit(log, logged)
-            self._executor.admitted()
         for task_id, ready in log[:logged].tolist():
             task = recorded.get(task_id) or self._scheduler.task(task_id)
             producers = self._producers.pop(task_id, ()) if self._producers is not None else ()
             self._executor.submitted(task, bool(ready), producers)
+        if self._handed_over is not None:
+            self._handed_over()
         return delivered
 
     def _follow_tensormap(self) -> None:

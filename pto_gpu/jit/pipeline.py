@@ -143,8 +143,9 @@ class CoreStage:
         self._thread = threading.Thread(target=core_stage, args=(self._o,), name="pto-core-stage",
                                         daemon=True)
         self._thread.start()
-        # The body holds the GIL while it runs, and waits for the stage without releasing it:
-        # the stage must be in its GIL-free loop first (its start may load or compile it).
+        # A hand-written body may hold the GIL while it runs, and wait for the stage without
+        # releasing it: the stage must be in its GIL-free loop first (its start may load or
+        # compile it).
         try:
             while not pipe[P_RUNNING]:
                 if not self._thread.is_alive():
