@@ -1,8 +1,9 @@
 """The numba-jitted core: rings, dep-list pool, TensorMap and task table over record tables.
 
-Every function here is `@njit(cache=True)` and holds the GIL while it runs, which makes
-each call atomic with respect to the other threads of a run (workers completing tasks
-while the orchestrator submits). Kernels release the GIL; bookkeeping never does.
+Every function here is `@njit(cache=True)`. Called from Python it holds the GIL, which
+makes each call atomic with respect to the other threads of a run until native loops or a
+`nogil` compiled body enter the core without it; from then on every entry takes the core's
+lock (lock.py). Kernels release the GIL.
 
 The transitions are compiled with `_nrt=False`, numba's switch for code without its
 runtime: they allocate nothing and keep no reference counts. With the runtime, every

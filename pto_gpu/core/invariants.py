@@ -10,6 +10,7 @@ import numpy as np
 from numba import njit
 
 from ..layout import R_OWNER
+from .lock import acquire, release
 from .state import COMPLETED, DEAD, FREED, PENDING, READY, RUNNING
 from .tensormap import WIDE, bucket_of, home_block
 
@@ -34,6 +35,16 @@ VIOLATIONS = {
 
 @njit(cache=True)
 def check(header, tasks, buffers, deps, entries, buckets, where):
+    """0, or the first violation found (VIOLATIONS), with where[0] naming the task, buffer or
+    bucket; under the core's lock: a compiled body (`nogil`) may be submitting meanwhile."""
+    acquire(header)
+    violated = _check(header, tasks, buffers, deps, entries, buckets, where)
+    release(header)
+    return violated
+
+
+@njit(cache=True)
+def _check(header, tasks, buffers, deps, entries, buckets, where):
     h = header[0]
     mask = h.window - 1
     first, end = h.last_alive, h.next_task

@@ -1,10 +1,11 @@
 """The core's lock, and the atomics with which threads hand each other data.
 
-The lock is a spinlock in the header, taken by every entry into the core while native
-workers (executors/native.py) run tasks without the GIL. Until then the GIL serialises every
-core call, so the lock is only taken when the header's `locking` is set (by the executor,
-before its workers start; `reset` clears it): one predictable branch for runs that do not
-need it. Holders never wait for anything else
+The lock is a spinlock in the header, taken by every entry into the core once code that
+runs without the GIL may enter it: native workers (executors/native.py) and `nogil` compiled
+bodies. Until then the GIL serialises every core call, so the lock is only taken when the
+header's `locking` is set (by the parallel executor, at a run's first compiled call or native
+submit, under the GIL, so no Python-held call is in the core then; `reset` clears it): one
+predictable branch for runs that do not need it. Holders never wait for anything else
 (core calls are short and never call back), so it cannot deadlock; a waiter yields its core
 after a short spin, since on a machine with as many threads as cores the holder may be
 waiting for that very core.

@@ -53,7 +53,7 @@ HEADER = np.dtype([
     ("stamp", _I8),  # id of the current submit attempt, to collect each entry once
     ("last_ready", _I8),  # 1 when the last submitted task had no producer left to wait for
     ("completed", _I8),  # tasks completed so far
-    ("locking", _I8),  # 1 while native workers run: core entries take `lock` (lock.py)
+    ("locking", _I8),  # 1 once GIL-free code may enter the core: every entry takes `lock` (lock.py)
     ("lock", _I8),
 ], align=True)
 
@@ -187,8 +187,9 @@ class CoreState:
         return state
 
     def reset(self, whole: bool = False) -> None:
-        """Empty the tables for the next run. `whole`: rewrite all of every table, not only the
-        rows the last run touched (after a run that failed: its counts may be off)."""
+        """Empty the tables for the next run. `whole`: rewrite all of the task ring, buffer
+        table and dep pool, not only the rows the last run touched (after a run that failed:
+        its counts may be off); the TensorMap pool is emptied without a rewrite either way."""
         reset_tables(self, whole)
 
     @property

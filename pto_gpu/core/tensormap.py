@@ -139,9 +139,9 @@ def tm_make_room(header, buffers, entries, buckets, needed, evict, scratch):
     after. `scratch` is of len(entries).
 
     The eighth makes sweeps cheap per insert while live tasks' entries fill less than 7/8 of
-    the pool: a sweep scans all of it, and one that freed a handful of stale entries was
-    followed by another a few submits later (a LLaMA build met 13 such sweeps of its 27, each
-    freeing 9 to 1,100 of 16,384 entries)."""
+    the pool: a sweep scans all of it that was taken (before tm_fresh), and one that freed a
+    handful of stale entries was followed by another a few submits later (a LLaMA build met 13
+    such sweeps of its 27, each freeing 9 to 1,100 of 16,384 entries)."""
     acquire(header)  # staleness reads what completions write
     alive = header[0].last_alive
     if evict and alive == header[0].next_task:  # every entry is stale or retired (a dry run's)

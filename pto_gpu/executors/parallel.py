@@ -343,28 +343,26 @@ class ParallelExecutor:
 
     # --- the workers' side ---------------------------------------------------------------
     def _work(self, worker: WorkerType, index: int, lane) -> None:
-        native_scratch = None
+        native_scratch: list[WorkerScratch] = []  # made at this worker's first native loop
         try:
-            native_scratch = self._serve(worker, index, lane)
+            self._serve(worker, index, lane, native_scratch)
         finally:
-            if native_scratch is not None:
+            for made in native_scratch:
                 # Counted once, as the worker leaves, not at each return from a native loop: the
                 # 2048² panel matmul's kernels leave this thread's Python objects out of cache,
                 # and that tally alone took ~70 us of every return's ~100.
-                self._native.tally(native_scratch, lane)
+                self._native.tally(made, lane)
 
-    def _serve(self, worker: WorkerType, index: int, lane) -> WorkerScratch | None:
-        """Take tasks until the run stops or this worker fails it; its native scratch, if it
-        ran native loops."""
+    def _serve(self, worker: WorkerType, index: int, lane, native_scratch: list[WorkerScratch]) -> None:
+        """Take tasks until the run stops or this worker fails it."""
         wake, idle = self._wake[worker], self._idle[worker]
         scratch = self._scheduler.ready_scratch()
-        native_scratch = None
         while True:
             with self._lock:
                 idle.add(index)
                 while True:
                     if self._stopping:
-                        return native_scratch
+                        return
                     task = self._pop_locked(worker, index) if self._started else None
                     if task is not None:
                         break
@@ -386,15 +384,16 @@ class ParallelExecutor:
                 if task is not None:
                     self._run(task, worker, index, lane, scratch)
                 else:
-                    native_scratch = native_scratch or self._native.scratch(scratch)
-                    self._drain(worker, native_scratch)
+                    if not native_scratch:
+                        native_scratch.append(self._native.scratch(scratch))
+                    self._drain(worker, native_scratch[0])
             except BaseException as error:  # a kernel's TaskError, validation mode's finding, a cost model's
                 with self._lock:
                     self._error = self._error or error
                     self._running -= 1
                     self._stopping = True
                     self._notify_all_locked()
-                return native_scratch
+                return
 
     def _drain(self, worker: WorkerType, scratch: WorkerScratch) -> None:
         """Run ready native tasks until there are none for this class or Python must look."""
