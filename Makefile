@@ -15,28 +15,37 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
+# numba caches each function with the helpers it inlines, but checks only its own file: after a
+# change to the core's shared helpers (the header's layout, the lock), a cached caller in another
+# file would run the old code (a run spun for ever on the lock word at its old offset). So every
+# target that runs numba code first drops the tree's caches when those sources have changed.
+INLINED := $(wildcard pto_gpu/core/*.py) pto_gpu/overlap.py pto_gpu/layout.py
+$(BIN)/.caches-checked: $(INLINED) | $(BIN)/.installed
+	find pto_gpu kernels orchestration tests bench \( -name '*.nbi' -o -name '*.nbc' \) -delete
+	touch $@
+
 $(BIN)/.installed-bench: $(BIN)/.installed
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	touch $@
 
-test: $(BIN)/.installed
+test: $(BIN)/.installed $(BIN)/.caches-checked
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-run: $(BIN)/.installed
+run: $(BIN)/.installed $(BIN)/.caches-checked
 	$(BIN)/python -m pto_gpu.orchestration.demo
 
-bench: $(BIN)/.installed-bench
+bench: $(BIN)/.installed-bench $(BIN)/.caches-checked
 	$(BIN)/python -m pytest bench --benchmark-only --benchmark-columns=min,median,mean,ops,rounds
 
 # Differential fuzzing against the serial executor: FUZZ_EXAMPLES programs (Ctrl-C stops it),
 # from a fresh random seed each time (hypothesis prints how to reproduce a failure); fuzz-native:
 # a tenth as many programs of generated kernels, on native workers.
 FUZZ_EXAMPLES ?= 1000000
-fuzz: $(BIN)/.installed
+fuzz: $(BIN)/.installed $(BIN)/.caches-checked
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -k "not native" -x -q
 
-fuzz-native: $(BIN)/.installed
+fuzz-native: $(BIN)/.installed $(BIN)/.caches-checked
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -k native -x -q
 
 lint: $(BIN)/.installed
