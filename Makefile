@@ -18,8 +18,10 @@ $(BIN)/.installed: pyproject.toml
 # numba caches each function with the helpers it inlines, but checks only its own file: after a
 # change to the core's shared helpers (the header's layout, the lock), a cached caller in another
 # file would run the old code (a run spun for ever on the lock word at its old offset). So every
-# target that runs numba code first drops the tree's caches when those sources have changed.
-INLINED := $(wildcard pto_gpu/core/*.py) pto_gpu/overlap.py pto_gpu/layout.py
+# target that runs numba code first drops the tree's caches when those sources have changed: the
+# files jit.source_fingerprint covers for generated orchestrations, whose hand-written twins in
+# tests/ inline the jit API too.
+INLINED := $(wildcard pto_gpu/core/*.py pto_gpu/jit/*.py) pto_gpu/overlap.py pto_gpu/layout.py
 $(BIN)/.caches-checked: $(INLINED) | $(BIN)/.installed
 	find pto_gpu kernels orchestration tests bench \( -name '*.nbi' -o -name '*.nbc' \) -delete
 	touch $@
