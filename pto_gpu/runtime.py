@@ -47,9 +47,12 @@ _blas_libraries: tuple[int, ThreadpoolController] | None = None  # (len(sys.modu
 
 
 def _one_blas_thread() -> contextlib.AbstractContextManager:
-    """threadpool_limits(1) for a parallel run (its workers are the threads): over the thread
-    pools loaded when the scan was made, which is made again once a module has been imported
-    since (how a library with a pool of its own arrives). The scan took 1 ms of every run."""
+    """threadpool_limits(1) for a run, capture or replay, whatever its executor, restoring the
+    caller's setting after: the workers (threads, streams, the caller's thread) are the
+    parallelism, and BLAS sums in another order with another thread count (OpenBLAS's Haswell
+    kernels do), so one count everywhere keeps every executor's results the serial executor's.
+    Over the thread pools loaded when the scan was made, which is made again once a module has
+    been imported since (how a library with a pool of its own arrives). The scan took 1 ms."""
     global _blas_libraries
     if _blas_libraries is None or _blas_libraries[0] != len(sys.modules):
         _blas_libraries = (len(sys.modules), ThreadpoolController())
@@ -241,7 +244,7 @@ class Runtime:
             executor = self._make_executor(threshold, profile, capture, schedule)
             windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
             o = Orchestrator(scheduler, self.backend, executor, recorder, self._arguments, windows, placement)
-            with _one_blas_thread() if self.executor == "parallel" else contextlib.nullcontext():
+            with _one_blas_thread():
                 if placement is not None:  # the tensor that chains this rank's transfers
                     placement.lane = o.external(self.backend.to_device(np.zeros(1, np.uint8)))
                 orchestration(o, *args, **kwargs)
@@ -398,4 +401,5 @@ class Replay:
         with runtime._exclusively("replay() called while its runtime is running an orchestration; the "
                                   "graph uses the same heap"):
             runtime.backend.wait_for_caller()
-            self._graph.replay()
+            with _one_blas_thread():
+                self._graph.replay()
