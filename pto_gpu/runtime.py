@@ -42,6 +42,7 @@ from .trace import rank_path, write_trace
 log = logging.getLogger("pto_gpu")
 
 EXECUTORS = ("auto", "parallel", "stream", "serial", "dry", "sim")
+BACKENDS = ("auto", "cpu", "cuda", "cuda-emulated")
 
 _blas_libraries: tuple[int, ThreadpoolController] | None = None  # (len(sys.modules), their controller)
 
@@ -90,7 +91,7 @@ class Runtime:
                  workers: dict[WorkerType | str, int] | None = None, buffer_window: int | None = None,
                  dep_pool: int | None = None, tensormap_entries: int | None = None,
                  validate: bool | None = None, costs: CostHistory | None = None, comm: object = None,
-                 transport: str = "mpi"):
+                 transport: str = "mpi", emulate: str | None = None):
         if executor not in EXECUTORS:
             raise PTOError(f"executor={executor!r}; choose one of {', '.join(EXECUTORS)}")
         if comm is not None and executor not in ("auto", "parallel", "serial"):
@@ -122,11 +123,11 @@ class Runtime:
             from .distributed.nccl import use_local_gpu
 
             use_local_gpu(comm)  # before the heap is allocated on the current device
-        self.backend = _make_backend(backend, heap_bytes)
+        self.backend = _make_backend(backend, heap_bytes, emulate)
         # On a GPU, issue-ahead onto streams; on the CPU, a thread pool. A distributed run's
         # transfers need its worker threads.
         if executor == "auto":
-            executor = "stream" if self.backend.name == "cuda" and not self._distributed else "parallel"
+            executor = "stream" if self.backend.name != "cpu" and not self._distributed else "parallel"
         self.executor = executor
         self.workers = self._workers(self.executor)
         # A distributed run (comm=, an mpi4py communicator): see pto_gpu/distributed.
@@ -356,16 +357,25 @@ def _make_transport(comm: object, name: str, backend):
     return MpiTransport(comm)
 
 
-def _make_backend(name: str, heap_bytes: int):
-    if name not in ("cpu", "cuda", "auto"):
-        raise PTOError(f"backend={name!r}; choose 'cpu', 'cuda' or 'auto'")
+def _make_backend(name: str, heap_bytes: int, emulate: str | None):
+    if name not in BACKENDS:
+        raise PTOError(f"backend={name!r}; choose one of {', '.join(map(repr, BACKENDS))}")
+    if emulate is not None and name != "cuda-emulated":
+        raise PTOError(f"emulate={emulate!r} is an option of backend='cuda-emulated', not of "
+                       f"backend={name!r}")
     if name == "cpu":
         return CpuBackend(heap_bytes)
+    if name == "cuda-emulated":  # never chosen by "auto": it is for machines without a GPU
+        from .backends.cuda import CudaBackend
+        from .backends.emulated_device import EmulatedDevice
+
+        return CudaBackend(EmulatedDevice(heap_bytes, emulate or "gpu-code"))
     reason = cuda_unavailable()
     if reason is None:
-        from .backends.cuda import CudaBackend  # imports CuPy, which the CPU path never needs
+        from .backends.cuda import CudaBackend
+        from .backends.cuda_device import CupyDevice  # imports CuPy, which the CPU path never needs
 
-        return CudaBackend(heap_bytes)
+        return CudaBackend(CupyDevice(heap_bytes))
     if name == "cuda":
         raise PTOError(f"backend='cuda' cannot be used: {reason}; use backend='cpu' or 'auto'")
     log.info("pto-gpu: no CUDA (%s); using the CPU backend", reason)

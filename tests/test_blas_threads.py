@@ -19,7 +19,8 @@ import pto_gpu as pto
 PROGRAM = textwrap.dedent("""
     import numpy as np
     import pto_gpu as pto
-    from pto_gpu.orchestration.sparse_attention import SCHEDULES, run_sparse_attention, sparse_attention_inputs
+    from pto_gpu.orchestration.sparse_attention import (
+        SCHEDULES, run_sparse_attention, sparse_attention_inputs)
 
     @pto.kernel(worker=pto.CUBE)
     def potrf(a):

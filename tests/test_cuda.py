@@ -1,15 +1,21 @@
-"""The CUDA backend. Everywhere: backend="auto" falls back to the CPU with one log line and
-backend="cuda" is refused by name when there is no GPU. With a GPU (marker `gpu`): every
-kernel's CUDA implementation against its CPU one, every orchestration on every executor
-against the serial CPU executor, random graphs of real kernels against it too (also on the
-CPU backend's streams, so the generator is checked everywhere), back-pressure with a tiny
-heap, and captured graphs replayed against the serial CPU executor."""
+"""The CUDA backend, on a GPU (marker `gpu`, skipped without one) and on the CUDA emulator
+(backend="cuda-emulated", everywhere: the same backend, launch records and issue path, with
+the driver emulated and each launch running the kernel's own GPU code built for the host).
+Everywhere: backend="auto" falls back to the CPU with one log line and backend="cuda" is
+refused by name when there is no GPU. On both: every kernel's CUDA implementation against its
+CPU one, every orchestration on every executor against the serial CPU executor, random graphs
+of real kernels against it too (also on the CPU backend's streams), back-pressure with a tiny
+heap, captured graphs replayed against the serial CPU executor, and device faults as the
+TaskError of the task that faulted."""
 
+import ctypes
 import gc
 import logging
+import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +30,7 @@ from pto_gpu.orchestration.softmax import fused_softmax
 from pto_gpu.orchestration.workloads import to_backend
 
 import pto_gpu as pto
+from pto_gpu.backends import emulator
 from pto_gpu.runtime import cuda_unavailable
 
 NO_GPU = cuda_unavailable()
@@ -36,6 +43,10 @@ def needs_gpu(test):
     for mark in ON_GPU:
         test = mark(test)
     return test
+
+
+# The CUDA backend on a GPU and on the emulator.
+BACKENDS = [pytest.param("cuda", marks=ON_GPU), "cuda-emulated"]
 
 
 def test_auto_falls_back_to_the_cpu_with_one_log_line(caplog):
@@ -55,17 +66,26 @@ def test_cuda_without_a_gpu_is_refused_by_name():
         pto.Runtime(backend="cuda")
 
 
+def test_auto_never_picks_the_emulator_and_emulate_belongs_to_it():
+    assert pto.Runtime(backend="auto").backend.name in ("cpu", "cuda")
+    with pytest.raises(pto.PTOError, match=r"emulate='cpu-code' is an option of backend='cuda-emulated', "
+                                           r"not of backend='cpu'"):
+        pto.Runtime(backend="cpu", emulate="cpu-code")
+    with pytest.raises(pto.PTOError, match=r"emulate='fast'; choose one of gpu-code, cpu-code"):
+        pto.Runtime(backend="cuda-emulated", emulate="fast")
+
+
 @needs_gpu
 def test_numpy_arrays_are_refused_with_the_way_to_move_them():
     with pytest.raises(pto.PTOError, match=r"host array \(ndarray\) on the CUDA backend; move it to the GPU"):
         pto.Runtime(backend="cuda").run(lambda o, a: o.external(a), np.zeros(4, np.float32))
 
 
-@needs_gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
-def test_each_cuda_kernel_matches_its_cpu_kernel(kernel, dtype):
-    rt = pto.Runtime(backend="cuda", executor="serial")
+def test_each_cuda_kernel_matches_its_cpu_kernel(kernel, dtype, backend):
+    rt = pto.Runtime(backend=backend, executor="serial")
     expected = arrays(kernel, dtype)
     device = [rt.backend.to_device(a) for a in arrays(kernel, dtype)]  # strided copies, same values
     scalars = SCALARS.get(kernel.name, ())
@@ -99,15 +119,15 @@ def copied(value):
     return value.copy() if isinstance(value, np.ndarray) else value
 
 
-@needs_gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
 @pytest.mark.parametrize("name", ["matmul", "matmul_panels", "softmax", "flash_attention", "llama",
                                   "llama_compiled"])
-def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor):
+def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, backend):
     orchestration, args, options, output = workloads()[name]
     cpu_args = [copied(a) for a in args]  # the GPU run starts from the untouched originals
     cpu = pto.Runtime(backend="cpu", executor="serial").run(orchestration, *cpu_args, **options)
-    rt = pto.Runtime(backend="cuda", executor=executor, workers={pto.CUBE: 2, pto.VECTOR: 2})
+    rt = pto.Runtime(backend=backend, executor=executor, workers={pto.CUBE: 2, pto.VECTOR: 2})
     gpu_args = [to_backend(rt.backend, a) for a in args]
     result = rt.run(orchestration, *gpu_args, **options)
     assert (result.num_tasks, result.num_edges) == (cpu.num_tasks, cpu.num_edges)
@@ -129,22 +149,33 @@ def hold_streams(rt: pto.Runtime, workers: dict, seconds: float) -> None:
     """Keep the stream executor's streams busy for `seconds`, so that nothing the run issues
     retires before the orchestrator has filled the heap: a GPU runs a 64-wide tile's tasks
     faster than Python submits them, and the heap would never fill."""
-    import cupy
+    streams = [rt.backend.stream((worker.name, i)) for worker, count in workers.items() for i in range(count)]
+    if rt.backend.name == "cuda":
+        import cupy
 
-    hold = cupy.RawKernel(HOLD, "hold")
-    for worker, count in workers.items():
-        for i in range(count):
-            with rt.backend.stream((worker.name, i)):
+        hold = cupy.RawKernel(HOLD, "hold")
+        for stream in streams:
+            with cupy.cuda.ExternalStream(stream):
                 hold((1,), (1,), (np.uint64(seconds * 1e9),))
+        return
+    sleep = HELD.setdefault("entry", emulator.ENTRY(lambda *_: time.sleep(HELD["seconds"]) or 0))
+    HELD["seconds"] = seconds
+    function = emulator.function(sleep, [])
+    for stream in streams:
+        emulator.check(emulator.driver().launch_kernel(function, 1, 1, 1, 1, 1, 1, 0, stream, None, None),
+                       "cuLaunchKernel")
 
 
-@needs_gpu
+HELD: dict = {}  # the emulator's holding kernel, kept alive while streams may run it
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("executor", ["parallel", "stream"])
-def test_back_pressure_with_a_heap_of_two_tiles(executor):
+def test_back_pressure_with_a_heap_of_two_tiles(executor, backend):
     rng = np.random.default_rng(6)
     a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
     workers = {pto.CUBE: 2, pto.VECTOR: 2}
-    rt = pto.Runtime(backend="cuda", executor=executor, heap_bytes=2 * 64 * 64 * 4, task_window=8,
+    rt = pto.Runtime(backend=backend, executor=executor, heap_bytes=2 * 64 * 64 * 4, task_window=8,
                      workers=workers)
     c = rt.backend.to_device(np.zeros((256, 256), np.float32))
     if executor == "stream":  # kernels compiled first, so that compiling outlasts no hold
@@ -156,18 +187,18 @@ def test_back_pressure_with_a_heap_of_two_tiles(executor):
     np.testing.assert_allclose(rt.backend.to_host(c), expected, atol=1e-4 * np.abs(expected).max())
 
 
-@needs_gpu
-def test_auto_chooses_the_stream_executor_on_a_gpu():
-    assert pto.Runtime().executor == "stream"
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_auto_chooses_the_stream_executor_on_a_gpu(backend):
+    assert pto.Runtime(backend=backend).executor == "stream"
 
 
-@needs_gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["matmul", "softmax", "flash_attention", "llama_compiled"])
-def test_a_replayed_capture_matches_the_serial_cpu_executor(name):
+def test_a_replayed_capture_matches_the_serial_cpu_executor(name, backend):
     orchestration, args, options, output = workloads()[name]
     cpu_args = [copied(a) for a in args]
     pto.Runtime(backend="cpu", executor="serial").run(orchestration, *cpu_args, **options)
-    rt = pto.Runtime(backend="cuda", task_window=4096, workers={pto.CUBE: 2, pto.VECTOR: 2})
+    rt = pto.Runtime(backend=backend, task_window=4096, workers={pto.CUBE: 2, pto.VECTOR: 2})
     gpu_args = [to_backend(rt.backend, a) for a in args]
     replay = rt.capture(orchestration, *gpu_args, **options)
     replay.replay()
@@ -176,11 +207,11 @@ def test_a_replayed_capture_matches_the_serial_cpu_executor(name):
     np.testing.assert_allclose(rt.backend.to_host(got), want, atol=1e-5 * np.abs(want).max())
 
 
-@needs_gpu
-def test_a_replay_reads_inputs_changed_in_place():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_replay_reads_inputs_changed_in_place(backend):
     rng = np.random.default_rng(7)
     a, b = (rng.standard_normal((192, 192)).astype(np.float32) for _ in range(2))
-    rt = pto.Runtime(backend="cuda")
+    rt = pto.Runtime(backend=backend)
     da, db = rt.backend.to_device(a), rt.backend.to_device(b)
     dc = rt.backend.to_device(np.zeros((192, 192), np.float32))
     replay = rt.capture(tiled_matmul, da, db, dc, tile=64)  # CUBE tiles on the .cu matmul
@@ -230,6 +261,8 @@ def random_buffers(seed: int) -> list[np.ndarray]:
     ("cpu", "stream"),
     pytest.param("cuda", "stream", marks=ON_GPU),
     pytest.param("cuda", "parallel", marks=ON_GPU),
+    ("cuda-emulated", "stream"),
+    ("cuda-emulated", "parallel"),
 ])
 @pytest.mark.parametrize("seed", range(20))
 def test_random_kernel_graphs_match_the_serial_cpu_executor(backend, executor, seed):
@@ -328,16 +361,29 @@ def test_a_replay_keeps_arrays_made_inside_the_orchestration_allocated():
     np.testing.assert_array_equal(kept.get(), a.get())
 
 
-@needs_gpu
-def test_a_kernel_function_is_looked_up_once_per_source_dtype_and_name():
-    backend = pto.Runtime(backend="cuda").backend
-    shapes = [(8, 8), (8, 8)]
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_launch_is_prepared_once_per_instance_and_geometry(backend, monkeypatch):
+    rt = pto.Runtime(backend=backend, executor="serial")
+    made = []
+    function = rt.backend.device.function
+    monkeypatch.setattr(rt.backend.device, "function", lambda code, kernel, *rest: made.append(
+        kernel.name) or function(code, kernel, *rest))
 
-    def function(kernel, scalars):
-        return backend._function(kernel.cuda.code_for(shapes, np.float32, scalars), kernel.name, np.float32)
+    def orch(o, x, y):
+        X, Y = o.external(x), o.external(y)
+        for _ in range(3):
+            o.submit(scale, pto.input(X[:8]), pto.output(Y[:8]), 2.0)
+            o.submit(scale, pto.input(X[8:]), pto.output(Y[8:]), 2.0)  # the same geometry
+        o.submit(scale, pto.input(X[:, :4]), pto.output(Y[:, :4]), 3.0)  # another one
+        o.submit(add, pto.input(X), pto.input(Y), pto.output(Y))
 
-    assert function(scale, (2.0,)) is function(scale, (3.0,))
-    assert function(add, ()) is not function(scale, (2.0,))
+    x = np.arange(256, dtype=np.float32).reshape(16, 16)
+    y = rt.backend.to_device(np.zeros_like(x))
+    rt.run(orch, rt.backend.to_device(x), y)
+    assert made == ["scale", "scale", "add"]
+    want = 2 * x
+    want[:, :4] = 3 * x[:, :4]
+    np.testing.assert_array_equal(rt.backend.to_host(y), x + want)
 
 
 FAULTING = textwrap.dedent("""
@@ -384,3 +430,115 @@ def test_a_device_fault_is_the_task_error_of_the_task_that_faulted(tmp_path):
     run = subprocess.run([sys.executable, "-c", FAULTING, str(source)], capture_output=True, text=True,
                          timeout=300, cwd=Path(__file__).parent.parent)
     assert "TaskError: task 0 (trap) failed" in run.stdout, run.stdout + run.stderr
+
+
+# --- the emulator: faults and the launch's words -------------------------------------------
+@pytest.fixture
+def fresh_emulator():
+    """A fresh context after the test: its faults disarmed, a sticky error cleared."""
+    yield
+    emulator.reset()
+
+
+def chain(o, x, n):
+    """n tasks, each scaling x by 2 in place: a chain of dependencies."""
+    X = o.external(x)
+    for _ in range(n):
+        o.submit(scale, pto.input(X), pto.output(X), 2.0)
+
+
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
+def test_a_kernel_fault_is_a_task_error_and_a_fresh_context_runs_again(fresh_emulator, executor):
+    rt = pto.Runtime(backend="cuda-emulated", executor=executor, workers={pto.VECTOR: 2})
+    x = rt.backend.to_device(np.ones((4, 8), np.float32))
+    rt.run(chain, x, 1)  # the instance is built before faults are armed
+    emulator.fault_kernel(3)
+    fault = r"\(scale\) failed: CudaError: .*CUDA_ERROR_ILLEGAL_ADDRESS"
+    with pytest.raises(pto.TaskError, match=fault) as raised:
+        rt.run(chain, x, 5)
+    if executor == "serial":  # each task waited for: the one that faulted is named
+        assert raised.value.task_id == 2
+    emulator.reset()
+    y = rt.backend.to_device(np.ones((4, 8), np.float32))
+    rt.run(chain, y, 3)
+    np.testing.assert_array_equal(rt.backend.to_host(y), 8)
+
+
+@pytest.mark.parametrize("executor", ["serial", "stream"])
+def test_a_refused_launch_is_the_task_error_of_its_task(fresh_emulator, executor):
+    rt = pto.Runtime(backend="cuda-emulated", executor=executor)
+    x = rt.backend.to_device(np.ones((4, 8), np.float32))
+    rt.run(chain, x, 1)
+    emulator.fail_launch(2)
+    with pytest.raises(pto.TaskError, match=r"task 1 \(scale\) failed: CudaError: cuLaunchKernel failed: "
+                                            r"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES \(701\)"):
+        rt.run(chain, x, 4)
+    # Not sticky: the tasks before it ran, those after it did not, and the runtime goes on.
+    np.testing.assert_array_equal(rt.backend.to_host(x), 4)
+    rt.run(chain, x, 1)
+    np.testing.assert_array_equal(rt.backend.to_host(x), 8)
+
+
+@pytest.mark.parametrize("executor", ["serial", "stream"])
+def test_an_event_never_reached_is_a_deadlock_error_not_a_hang(fresh_emulator, executor):
+    rt = pto.Runtime(backend="cuda-emulated", executor=executor)
+    x = rt.backend.to_device(np.ones((4, 8), np.float32))
+    rt.run(chain, x, 1)
+    rt.backend.gpu_timeout = 0.3
+    emulator.lose_event(1)
+    started = time.perf_counter()
+    with pytest.raises(pto.PTOError, match=r"a CUDA event was not reached within 0.3 s"):
+        rt.run(chain, x, 2)
+    assert time.perf_counter() - started < 30
+
+
+def _declared_words(source: str, name: str) -> list[str]:
+    """The C types of `pto_<name>`'s parameters, as its generated source declares them."""
+    declaration = source[source.index(f" pto_{name}(") + len(name) + 6:]
+    params = declaration[:declaration.index(")")].split(",")
+    return [re.sub(r"\s*\*", "*", re.sub(r"\w+$", "", p.strip()).strip()) for p in params]
+
+
+def _expected_word(ctype: str, value) -> int:
+    if ctype.endswith("*"):
+        return value.ctypes.data if isinstance(value, np.ndarray) else value
+    if ctype == "double":
+        return int(np.array(float(value)).view(np.int64))
+    return int(value)
+
+
+@pytest.mark.parametrize("kernel, scalars", [(scale, (2.5,)), (add, ()), (copy, ())],
+                         ids=["scale", "add", "copy"])
+def test_the_words_a_launch_passes_are_those_its_kernel_declares(kernel, scalars, monkeypatch):
+    """Checked against the generated source's own parameter list and numpy's view of each
+    array, not against cuda_abi: a pointer to element [0, 0], three sizes padded with leading
+    1s, three element strides padded with 0s, then each scalar as its declared type, every one
+    an 8-byte word in order."""
+    rt = pto.Runtime(backend="cuda-emulated", executor="serial")
+    received = []
+    arity = {}
+
+    def record(grid, block, shared, params, context):
+        words = ctypes.POINTER(ctypes.c_int64)
+        received.append([ctypes.cast(params[i], words)[0] for i in range(arity["n"])])
+        return 0
+
+    entry = emulator.ENTRY(record)
+
+    def function(code, kernel, dtype, shapes, scalars):
+        arity["declared"] = _declared_words(code.source.read_text(), kernel.name)
+        arity["n"] = len(arity["declared"])
+        return emulator.function(entry, [8] * arity["n"])
+
+    monkeypatch.setattr(rt.backend.device, "function", function)
+    whole = np.zeros((6, 20), np.float32)
+    arrays = [whole[1:4, 2:7], whole[::2, 10:15], whole[3:6, 15:20]][:len(kernel.shapes)]
+    rt.run(lambda o: o.submit(kernel, *(pto.inout(o.external(a)) for a in arrays), *scalars))
+    values = []
+    for a in arrays:
+        values += [a, 1, *a.shape, 0, *(s // a.itemsize for s in a.strides)]
+    values += list(scalars)
+    assert len(arity["declared"]) == len(values)
+    assert received == [[_expected_word(t, v) for t, v in zip(arity["declared"], values)]]
+    assert [t for t in arity["declared"] if not t.endswith("*")] == \
+        ["long long"] * 6 * len(arrays) + ["double"] * len(scalars)

@@ -84,14 +84,9 @@ class StreamBackend(Backend, Protocol):
     def stream(self, key: object) -> object:
         """The backend's stream for `key`, made on first use."""
 
-    def launch(self, task, stream: object) -> None:
-        """Enqueue a task's kernel on `stream`; returns at once."""
-
-    def record(self, stream: object) -> Event:
-        """An event reached when everything enqueued on `stream` so far has run."""
-
-    def wait(self, stream: object, event: Event) -> None:
-        """Later work on `stream` waits for `event`."""
+    def enqueue(self, task, stream: object, after: list[Event]) -> Event:
+        """Enqueue a task's kernel on `stream` behind the events `after` (its producers on
+        other streams); returns at once, with an event reached when the kernel has run."""
 
     def done(self, event: Event) -> bool:
         """Non-blocking; raises the failure of a kernel the event waited for."""

@@ -75,24 +75,18 @@ class CpuBackend:
             stream = self._streams[key] = CpuStream(f"pto-stream-{key}")
         return stream
 
-    def launch(self, task, stream: CpuStream) -> None:
+    def enqueue(self, task, stream: CpuStream, after: list[CpuEvent]) -> CpuEvent:
         call = self._call(task)
-        if self._captured is not None:
-            self._captured.append((task, call))
-        else:
-            stream.call(call)
-
-    def record(self, stream: CpuStream) -> CpuEvent:
         event = self._events.pop() if self._events else CpuEvent()
         if self._captured is not None:
+            self._captured.append((task, call))
             event.reach()  # order within a capture is issue order: nothing to wait for
-        else:
-            stream.record(event)
+            return event
+        for producer in after:
+            stream.wait(producer)
+        stream.call(call)
+        stream.record(event)
         return event
-
-    def wait(self, stream: CpuStream, event: CpuEvent) -> None:
-        if self._captured is None:
-            stream.wait(event)
 
     def done(self, event: CpuEvent) -> bool:
         if not event.done():

@@ -1,235 +1,272 @@
-"""The CUDA backend: the heap ring is one device allocation and views are CuPy arrays.
+"""The CUDA backend: the heap ring is one device allocation, and a task's kernel goes out
+through the CUDA driver from numba (backends/launches.py), with no CuPy call per task.
 
-Two ways to run a task. `run` (serial and parallel executors) launches on the calling
-thread's own non-blocking stream and waits on that stream, never the device, before the
-executor completes the task. `launch` (stream executor) only enqueues on a given stream;
-`record`/`wait`/`done` are CUDA events, which order streams and tell the executor when to
-retire tasks. A kernel's CUDA code is generated from its PTO program (a kernel family picks
-the instance of the call's shapes: CudaCode.code_for), compiled by NVRTC once per source and
-element type; a kernel with a `library` implementation (cuBLAS through CuPy) runs that
-instead, except while capturing a CUDA graph, where CuPy refuses cuBLAS.
+What the memory is and where a kernel's code comes from is the device's (a small object with
+a narrow interface): `CupyDevice` (cuda_device.py) on a GPU, where CuPy owns memory, modules
+and streams, and `EmulatedDevice` (emulated_device.py) without one, where host memory stands
+for device memory and the emulator's driver runs each launch on CPU threads. Everything else,
+the launch records, the issue path, streams, events and capture, is this module's, the same
+for both.
+
+Two ways to run a task. `run` (serial and parallel executors) enqueues on the calling
+thread's own stream and waits for it there before the executor completes the task.
+`enqueue` (stream executor) only enqueues on a given stream, behind waits on the events of
+producers on other streams, and records an event behind the kernel, which tells the executor
+when to retire it. A kernel's CUDA code is generated from its PTO program (a kernel family
+picks the instance of the call's shapes: CudaCode.code_for); a kernel with a `library`
+implementation (cuBLAS through CuPy) runs that instead on a GPU, except while capturing a
+CUDA graph, where CuPy refuses cuBLAS.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
-from pathlib import Path
+import weakref
+from typing import Protocol
 
 import numpy as np
 
 from ..errors import PTOError
-from ..kernel import preparing
+from ..kernel import CudaCode, preparing
 from ..params import ParamKind
 from ..tensor import TensorDescriptor
-from . import ExternalArray, ExternalMemory, cuda_abi, locate
-from .interop import dlpack_device, dlpack_read_only, extent, on_device, torch_storage, wrong_side
+from . import ExternalArray
+from .driver import CAPTURE_MODE_RELAXED, Driver
+from .launches import CALLS, Scratch, Template, instance_scalars, is_integer, issue, scalar_bits, template
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
-LEGACY_STREAM = 1  # DLPack's name for CUDA's legacy default stream
-NOT_READY = 600  # cudaErrorNotReady: an event not reached yet
+GPU_TIMEOUT = 600.0  # seconds an event may take before a wait calls it a hang
+
+
+class Device(Protocol):
+    """What a CUDA backend's memory and code are (cuda_device.py, emulated_device.py)."""
+
+    name: str  # the backend's name: "cuda" or "cuda-emulated"
+    driver: Driver
+    heap_base: int
+    heap_bytes: int
+    runs_libraries: bool  # whether kernels' `library` implementations (CuPy) run here
+
+    def resolve(self, array: object) -> ExternalArray: ...
+
+    def view(self, tensor: TensorDescriptor) -> object: ...
+
+    def to_device(self, array: np.ndarray) -> object: ...
+
+    def to_host(self, array: object) -> np.ndarray: ...
+
+    def wait_for_caller(self) -> None: ...
+
+    def function(self, code: CudaCode, kernel, dtype: np.dtype, shapes: tuple, scalars: tuple) -> int:
+        """The CUfunction of the code's kernel for that element type (and, where the device runs
+        CPU code for it, that call's instance)."""
+
+    def stream(self) -> int:
+        """A new non-blocking stream's handle, kept for the device's life."""
+
+    def event(self) -> int:
+        """A new event's handle (timing disabled), kept for the device's life."""
+
+    def enter(self) -> None:
+        """Make the device's context current on the calling thread (once per thread)."""
+
+    def library(self, task, values: list, stream: int) -> None:
+        """Run the task's `library` implementation over `values` on `stream`."""
 
 
 class CudaBackend:
-    name = "cuda"
-
-    def __init__(self, heap_bytes: int):
-        import cupy  # imported here so that the CPU path never needs CuPy
-
-        self._cupy = cupy
-        self._heap = cupy.cuda.Memory(heap_bytes)  # its own cudaMalloc: fixed addresses, no pool
-        cupy.cuda.runtime.memset(self._heap.ptr, 0, heap_bytes)
-        self.heap_base = self._heap.ptr
-        self.heap_bytes = heap_bytes
-        self._modules: dict[tuple[Path, np.dtype], object] = {}
-        self._functions: dict[tuple[Path, np.dtype, str], object] = {}
-        self._modules_lock = threading.Lock()
-        self._events: list = []  # handed back by the stream executor, to record again
-        self._local = threading.local()
-        self._streams: dict[object, object] = {}
-        self._origin = None  # the stream a capture begins and ends on
+    def __init__(self, device: Device, gpu_timeout: float = GPU_TIMEOUT):
+        self.name = device.name
+        self.device = device
+        self._driver = device.driver
+        self.heap_base = device.heap_base
+        self.heap_bytes = device.heap_bytes
+        self.gpu_timeout = gpu_timeout
+        self._templates: dict[tuple, Template | None] = {}  # None: an instance with no work items
+        self._templates_lock = threading.Lock()
+        self._local = threading.local()  # per issuing thread: its Scratch and its own stream
+        self._events: list[int] = []  # handed back by the stream executor, to record again
+        self._streams: dict[object, int] = {}
+        self._origin: int | None = None  # the stream a capture begins and ends on
         self._capturing = False
 
-    # --- memory --------------------------------------------------------------------------
+    # --- memory: the device's ------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
-        device_array, readonly = self._as_cupy(array)
-        data = device_array.data
-        storage = torch_storage(array)
-        if isinstance(array, self._cupy.ndarray):
-            owner = data.mem  # the allocation (a memory pool chunk, say) its views share
-        else:  # a foreign array: its allocation as its library tells it, else its own extent
-            low, high = storage or extent(data.ptr, device_array.shape, device_array.strides,
-                                          device_array.itemsize)
-            owner = self._cupy.cuda.UnownedMemory(low, high - low, array, data.device_id)
-        return ExternalArray(owner.ptr, owner.size, ExternalMemory(owner, (device_array, array)), data.ptr,
-                             device_array.shape, device_array.strides, device_array.dtype, not readonly)
-
-    def _as_cupy(self, array: object) -> tuple[object, bool]:
-        """The caller's array as CuPy, in place, and whether its memory is read-only."""
-        if not on_device(array):
-            if isinstance(array, np.ndarray) or dlpack_device(array) is not None or \
-                    hasattr(array, "__array_interface__"):
-                raise wrong_side(array, "cuda")
-            raise PTOError(f"o.external() takes a CuPy array or an array with __cuda_array_interface__ or a "
-                           f"CUDA __dlpack__ (PyTorch, JAX, ...), not {type(array).__name__}")
-        if hasattr(array, "__cuda_array_interface__"):
-            readonly = array.__cuda_array_interface__["data"][1]
-            return (array if isinstance(array, self._cupy.ndarray) else self._cupy.asarray(array)), readonly
-        # DLPack: take the capsule here (on the caller's stream, as cupy.from_dlpack does) to
-        # read its read-only flag, which CuPy ignores.
-        stream = self._cupy.cuda.get_current_stream().ptr or LEGACY_STREAM
-        try:
-            capsule = array.__dlpack__(stream=stream, max_version=(1, 0))
-        except TypeError:  # a producer of DLPack before 1.0
-            capsule = array.__dlpack__(stream=stream)
-        readonly = dlpack_read_only(capsule)  # before CuPy consumes (renames) the capsule
-        return self._cupy.from_dlpack(capsule), readonly
+        return self.device.resolve(array)
 
     def view(self, tensor: TensorDescriptor):
-        memory, offset = locate(tensor, self._heap, self.heap_base)
-        pointer = self._cupy.cuda.MemoryPointer(memory, offset)
-        return self._cupy.ndarray(tensor.shape, tensor.dtype.numpy, pointer, strides=tensor.byte_strides)
+        return self.device.view(tensor)
 
     def to_device(self, array: np.ndarray):
         """A device copy of a host array, for orchestrations' arguments."""
-        return self._cupy.asarray(array)
+        return self.device.to_device(array)
 
     def to_host(self, array) -> np.ndarray:
-        return self._cupy.asnumpy(array)
+        return self.device.to_host(array)
 
     def wait_for_caller(self) -> None:
-        """Wait for the caller's current stream: the runtime's streams are non-blocking, so
-        they would not wait for the copies and fills that made the inputs on their own."""
-        self._cupy.cuda.get_current_stream().synchronize()
+        """Wait for the caller's queued work: the runtime's streams are non-blocking, so they
+        would not wait for the copies and fills that made the inputs on their own."""
+        self.device.wait_for_caller()
 
-    # --- kernels -------------------------------------------------------------------------
+    # --- kernels ---------------------------------------------------------------------------
     def run(self, task) -> None:
         """Run a task's CUDA implementation on this thread's stream and wait for it there."""
         stream = self._thread_stream()
-        self.launch(task, stream)
-        stream.synchronize()
+        event = self.enqueue(task, stream, ())
+        try:
+            self._driver.wait_until_reached(event, self.gpu_timeout)
+        finally:
+            self.release(event)
 
-    def launch(self, task, stream) -> None:
-        """Enqueue a task's CUDA implementation on `stream`."""
+    def enqueue(self, task, stream: int, after) -> int:
+        """Enqueue a task's kernel on `stream` behind the events `after` (producers on other
+        streams); the event recorded behind it."""
+        event = self._events.pop() if self._events else self.device.event()
         kernel = task.kernel
         if kernel.cuda is None:
             raise PTOError(f"{kernel.name} has no CUDA implementation: declare it with "
                            "@pto.kernel(..., cuda=pto.CudaCode(...))")
-        with stream:
+        if kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing:
+            for producer in after:
+                self._driver.call("cuStreamWaitEvent", stream, producer, 0)
             values = [p.value if p.kind == ParamKind.SCALAR else self.view(p.value) for p in task.params]
-            if kernel.cuda.library is not None and not self._capturing:
-                kernel.cuda.library(*values)
-            else:
-                self._launch(task, values)
+            self.device.library(task, values, stream)
+            self._driver.call("cuEventRecord", event, stream)
+            return event
+        launch = self._template(task)
+        scratch = self._scratch()
+        waits = np.array(after, np.int64)
+        if launch is None:  # no work items: only the waits and the record
+            for producer in after:
+                self._driver.call("cuStreamWaitEvent", stream, producer, 0)
+            self._driver.call("cuEventRecord", event, stream)
+            return event
+        scalars = iter(launch.integer_scalars)
+        own = np.array([p.value.buffer.base + p.value.byte_offset if p.kind != ParamKind.SCALAR
+                        else scalar_bits(p.value, next(scalars)) for p in task.params], np.int64)
+        status = issue(self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
+                       stream, launch.words, launch.task_words, own, waits, event, scratch.words,
+                       scratch.params, scratch.failed)
+        if status != 0:
+            self._events.append(event)
+            self._driver.check(status, CALLS[int(scratch.failed[0])])
+        return event
 
-    def _launch(self, task, values: list) -> None:
+    def _template(self, task) -> Template | None:
+        """The launch of the task's kernel instance over tensors of its shapes and strides: made
+        at the first such call, then looked up."""
         kernel = task.kernel
-        tensors = [v for p, v in zip(task.params, values) if p.kind != ParamKind.SCALAR]
+        tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
+        scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
+        key = (kernel.id, tensors[0].dtype, instance_scalars(kernel, scalars),
+               *((t.shape, t.byte_strides) for t in tensors))
+        found = self._templates.get(key, _MISSING)  # a dict read is atomic under the GIL
+        if found is _MISSING:
+            with preparing(), self._templates_lock:  # compiling: a cost history leaves this call out
+                found = self._templates.get(key, _MISSING)
+                if found is _MISSING:
+                    found = self._templates[key] = self._prepare(task.kernel, tensors, scalars)
+        return found
+
+    def _prepare(self, kernel, tensors: list[TensorDescriptor], scalars: tuple) -> Template | None:
         shapes = [t.shape for t in tensors]
-        scalars = tuple(v for p, v in zip(task.params, values) if p.kind == ParamKind.SCALAR)
-        code = kernel.cuda.code_for(shapes, tensors[0].dtype, scalars)
-        function = self._function(code, kernel.name, tensors[0].dtype)
+        dtype = tensors[0].dtype.numpy
+        code = kernel.cuda.code_for(shapes, dtype, scalars)
         items = code.items(shapes)
         if items == 0:
-            return
-        args = []
-        integers = iter(code.integer_scalars or [None] * len(scalars))
-        for param, value in zip(task.params, values):
-            if param.kind == ParamKind.SCALAR:
-                args.append(cuda_abi.scalar_word(value, next(integers)))
-            else:
-                args += [value, *cuda_abi.tensor_words(value.shape, value.strides, value.itemsize)]
+            return None
+        integers = code.integer_scalars or tuple(map(is_integer, scalars))
+        function = self.device.function(code, kernel, dtype, tuple(shapes), scalars)
         blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
-        function((blocks,), (THREADS_PER_BLOCK,), tuple(args))
+        return template(function, blocks, THREADS_PER_BLOCK, shapes, [t.byte_strides for t in tensors],
+                        dtype.itemsize, tuple(integers))
 
-    def _function(self, code, name: str, dtype):
-        key = (code.source, np.dtype(dtype), name)
-        function = self._functions.get(key)  # a dict read is atomic under the GIL
-        if function is None:
-            with preparing(), self._modules_lock:  # worker threads share the compiled modules
-                module_key = key[:2]
-                module = self._modules.get(module_key)
-                if module is None:
-                    options = cuda_abi.nvrtc_options(code.source.parent, dtype, name)
-                    module = self._modules[module_key] = self._cupy.RawModule(
-                        code=code.source.read_text(), options=options)
-                function = self._functions[key] = module.get_function(cuda_abi.symbol(name))
-        return function
+    def _scratch(self) -> Scratch:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            self.device.enter()
+            scratch = self._local.scratch = Scratch()
+        return scratch
 
-    def _thread_stream(self):
+    def _thread_stream(self) -> int:
         stream = getattr(self._local, "stream", None)
         if stream is None:
-            stream = self._local.stream = self._cupy.cuda.Stream(non_blocking=True)
+            self.device.enter()
+            stream = self._local.stream = self.device.stream()
         return stream
 
     # --- streams, events and capture (see backends/__init__.py) --------------------------
-    def stream(self, key):
+    def stream(self, key) -> int:
         stream = self._streams.get(key)
         if stream is None:
-            stream = self._streams[key] = self._cupy.cuda.Stream(non_blocking=True)
+            stream = self._streams[key] = self.device.stream()
         return stream
 
-    def record(self, stream):
-        # Recording again is safe: a wait already enqueued waits for the record it saw.
-        event = self._events.pop() if self._events else self._cupy.cuda.Event(disable_timing=True)
-        event.record(stream)
-        return event
+    def done(self, event: int) -> bool:
+        return self._driver.reached(event)
 
-    def wait(self, stream, event) -> None:
-        stream.wait_event(event)
+    def synchronize(self, event: int) -> None:
+        self._driver.wait_until_reached(event, self.gpu_timeout)
 
-    def done(self, event) -> bool:
-        return event_done(self._cupy.cuda.runtime, event)
-
-    def synchronize(self, event) -> None:
-        event.synchronize()  # cudaEventSynchronize, whose status CuPy checks
-
-    def release(self, event) -> None:
+    def release(self, event: int) -> None:
         self._events.append(event)
 
     def begin_capture(self, streams: list) -> None:
         """Capture everything enqueued on `streams` from here on into one CUDA graph: the
         streams fork from and join back to one origin stream, which the capture runs on."""
         if self._origin is None:
-            self._origin = self._cupy.cuda.Stream(non_blocking=True)
-        self._origin.begin_capture()
+            self._origin = self.device.stream()
+        self._driver.call("cuStreamBeginCapture_v2", self._origin, CAPTURE_MODE_RELAXED)
         self._capturing = True
-        fork = self.record(self._origin)
+        fork = self.device.event()
+        self._driver.call("cuEventRecord", fork, self._origin)
         for stream in streams:
-            stream.wait_event(fork)
+            self._driver.call("cuStreamWaitEvent", stream, fork, 0)
 
     def end_capture(self, streams: list, memory: tuple) -> CudaGraph:
+        graph = ctypes.c_void_p()
         try:
             for stream in streams:
-                self._origin.wait_event(self.record(stream))
+                join = self.device.event()
+                self._driver.call("cuEventRecord", join, stream)
+                self._driver.call("cuStreamWaitEvent", self._origin, join, 0)
         finally:
             self._capturing = False
-            graph = self._origin.end_capture()  # ends the capture even when a join failed
-        return CudaGraph(graph, self._origin, (self._heap, *memory))
+            # ends the capture even when a join failed
+            self._driver.call("cuStreamEndCapture", self._origin, ctypes.byref(graph))
+        return CudaGraph(self, graph.value, self._origin, (self.device, *memory))
 
 
-def event_done(runtime, event) -> bool:
-    """Whether `event` was reached, from `runtime` (cupy.cuda.runtime): raises the error of a
-    kernel that faulted before it. CuPy's Event.done is False for every status but success,
-    so a fault would stay unseen until some later, unrelated call failed."""
-    status = runtime.eventQuery(event.ptr)
-    if status == NOT_READY:
-        return False
-    runtime.check_status(status)  # raises CUDARuntimeError unless cudaSuccess
-    return True
+_MISSING = object()
 
 
 class CudaGraph:
     """A captured run; `replay` launches it and waits for it on its stream (not the device)."""
 
-    def __init__(self, graph, stream, memory: tuple):
-        self._graph = graph
+    def __init__(self, backend: CudaBackend, graph: int, stream: int, memory: tuple):
+        self._backend = backend
         self._stream = stream
+        driver = backend.device.driver
+        executable = ctypes.c_void_p()
+        driver.call("cuGraphInstantiateWithFlags", ctypes.byref(executable), graph, 0)
+        self._done = backend.device.event()
         # A CUDA graph holds bare addresses: the memory behind them must outlive it, or arrays
         # made inside the orchestration would go back to CuPy's pool and a replay write there.
         self._memory = memory
+        weakref.finalize(self, _destroy, driver, graph, executable.value)
+        self._executable = executable.value
 
     def replay(self) -> None:
-        self._graph.launch(self._stream)
-        self._stream.synchronize()
+        driver = self._backend.device.driver
+        driver.call("cuGraphLaunch", self._executable, self._stream)
+        driver.call("cuEventRecord", self._done, self._stream)
+        driver.wait_until_reached(self._done, self._backend.gpu_timeout)
+
+
+def _destroy(driver: Driver, graph: int, executable: int) -> None:
+    driver.call("cuGraphExecDestroy", executable)
+    driver.call("cuGraphDestroy", graph)

@@ -88,11 +88,9 @@ class StreamExecutor:
                     newest[issued.stream] = issued
         prepared = first_calls()
         try:  # refused on the host (no CUDA implementation, bad arguments), or a device fault
+            event = self._backend.enqueue(task, stream, [issued.event for issued in newest.values()])
             for issued in newest.values():
-                self._backend.wait(stream, issued.event)
                 issued.waiters += 1
-            self._backend.launch(task, stream)
-            event = self._backend.record(stream)
         except Exception as cause:
             if not self._capturing:
                 # A device fault fails every later CUDA call: name the task it came from.

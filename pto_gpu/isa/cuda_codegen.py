@@ -296,10 +296,24 @@ class _Generator:
             out.add("}")
         out.indent -= 1
         out.add("}")
-        args = ", ".join(re.sub(r".*[ *]", "", p) for param in params for p in param.split(", "))
+        words = [p for param in params for p in param.split(", ")]
+        args = ", ".join(re.sub(r".*[ *]", "", p) for p in words)
+        # The driver's form, for the CUDA emulator: each argument read from kernelParams[i] (a
+        # pointer to its value, as cuLaunchKernel takes them), so the emulator tests the words a
+        # GPU would receive. A block of other than PTO_THREADS threads is refused, as a GPU would
+        # refuse one past __launch_bounds__.
+        types = [re.sub(r"\w+$", "", word).strip() for word in words]
+        unpacked = ", ".join(f"*({ctype} *)pto_params[{i}]" for i, ctype in enumerate(types))
         out.add("#ifndef __CUDACC__  // the host build: run a grid of blocks of threads (pto_isa.cuh)")
         out.add(f'extern "C" void pto_host_{name}(long long pto_blocks, {", ".join(params)}) {{')
         out.add(f"    pto_host_launch(pto_blocks, [&] {{ pto_{name}({args}); }});")
+        out.add("}")
+        out.add(f'extern "C" int pto_launch_{name}(const unsigned *pto_grid, const unsigned *pto_block, '
+                "unsigned, void **pto_params, void *) {")
+        out.add("    if (pto_block[0] != PTO_THREADS || pto_block[1] != 1 || pto_block[2] != 1 || "
+                "pto_grid[1] != 1 || pto_grid[2] != 1) return 1;")
+        out.add(f"    pto_host_launch(pto_grid[0], [&] {{ pto_{name}({unpacked}); }});")
+        out.add("    return 0;")
         out.add("}")
         out.add("#endif")
         return out.text()

@@ -1,0 +1,122 @@
+"""A GPU as the CUDA backend's device: CuPy owns the memory (the heap is its own cudaMalloc),
+the modules (NVRTC through RawModule) and the streams and events; the backend calls the driver
+on their handles (cuda.py). External arrays are CuPy arrays or any array with
+`__cuda_array_interface__` or a CUDA `__dlpack__`."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PTOError
+from ..kernel import CudaCode
+from ..tensor import TensorDescriptor
+from . import ExternalArray, ExternalMemory, cuda_abi, locate
+from .driver import libcuda
+from .interop import dlpack_device, dlpack_read_only, extent, on_device, torch_storage, wrong_side
+
+LEGACY_STREAM = 1  # DLPack's name for CUDA's legacy default stream
+
+
+class CupyDevice:
+    name = "cuda"
+    runs_libraries = True
+
+    def __init__(self, heap_bytes: int):
+        import cupy  # imported here so that the CPU path never needs CuPy
+
+        self._cupy = cupy
+        self._heap = cupy.cuda.Memory(heap_bytes)  # its own cudaMalloc: fixed addresses, no pool
+        cupy.cuda.runtime.memset(self._heap.ptr, 0, heap_bytes)
+        self.heap_base = self._heap.ptr
+        self.heap_bytes = heap_bytes
+        self._device_id = cupy.cuda.runtime.getDevice()
+        self.driver = libcuda()
+        self._modules: dict[tuple[Path, np.dtype], object] = {}
+        self._functions: dict[tuple[Path, np.dtype, str], object] = {}
+        self._kept: list = []  # the CuPy streams and events whose handles the backend holds
+        self._lock = threading.Lock()
+
+    # --- memory ----------------------------------------------------------------------------
+    def resolve(self, array: object) -> ExternalArray:
+        device_array, readonly = self._as_cupy(array)
+        data = device_array.data
+        storage = torch_storage(array)
+        if isinstance(array, self._cupy.ndarray):
+            owner = data.mem  # the allocation (a memory pool chunk, say) its views share
+        else:  # a foreign array: its allocation as its library tells it, else its own extent
+            low, high = storage or extent(data.ptr, device_array.shape, device_array.strides,
+                                          device_array.itemsize)
+            owner = self._cupy.cuda.UnownedMemory(low, high - low, array, data.device_id)
+        return ExternalArray(owner.ptr, owner.size, ExternalMemory(owner, (device_array, array)), data.ptr,
+                             device_array.shape, device_array.strides, device_array.dtype, not readonly)
+
+    def _as_cupy(self, array: object) -> tuple[object, bool]:
+        """The caller's array as CuPy, in place, and whether its memory is read-only."""
+        if not on_device(array):
+            if isinstance(array, np.ndarray) or dlpack_device(array) is not None or \
+                    hasattr(array, "__array_interface__"):
+                raise wrong_side(array, "cuda")
+            raise PTOError(f"o.external() takes a CuPy array or an array with __cuda_array_interface__ or a "
+                           f"CUDA __dlpack__ (PyTorch, JAX, ...), not {type(array).__name__}")
+        if hasattr(array, "__cuda_array_interface__"):
+            readonly = array.__cuda_array_interface__["data"][1]
+            return (array if isinstance(array, self._cupy.ndarray) else self._cupy.asarray(array)), readonly
+        # DLPack: take the capsule here (on the caller's stream, as cupy.from_dlpack does) to
+        # read its read-only flag, which CuPy ignores.
+        stream = self._cupy.cuda.get_current_stream().ptr or LEGACY_STREAM
+        try:
+            capsule = array.__dlpack__(stream=stream, max_version=(1, 0))
+        except TypeError:  # a producer of DLPack before 1.0
+            capsule = array.__dlpack__(stream=stream)
+        readonly = dlpack_read_only(capsule)  # before CuPy consumes (renames) the capsule
+        return self._cupy.from_dlpack(capsule), readonly
+
+    def view(self, tensor: TensorDescriptor):
+        memory, offset = locate(tensor, self._heap, self.heap_base)
+        pointer = self._cupy.cuda.MemoryPointer(memory, offset)
+        return self._cupy.ndarray(tensor.shape, tensor.dtype.numpy, pointer, strides=tensor.byte_strides)
+
+    def to_device(self, array: np.ndarray):
+        return self._cupy.asarray(array)
+
+    def to_host(self, array) -> np.ndarray:
+        return self._cupy.asnumpy(array)
+
+    def wait_for_caller(self) -> None:
+        self._cupy.cuda.get_current_stream().synchronize()
+
+    # --- code, streams and events ------------------------------------------------------------
+    def function(self, code: CudaCode, kernel, dtype: np.dtype, shapes: tuple, scalars: tuple) -> int:
+        key = (code.source, np.dtype(dtype), kernel.name)
+        function = self._functions.get(key)
+        if function is None:
+            with self._lock:  # worker threads share the compiled modules
+                module = self._modules.get(key[:2])
+                if module is None:
+                    options = cuda_abi.nvrtc_options(code.source.parent, dtype, kernel.name)
+                    module = self._modules[key[:2]] = self._cupy.RawModule(
+                        code=code.source.read_text(), options=options)
+                function = self._functions[key] = module.get_function(cuda_abi.symbol(kernel.name))
+        return function.ptr
+
+    def stream(self) -> int:
+        stream = self._cupy.cuda.Stream(non_blocking=True)
+        self._kept.append(stream)
+        return stream.ptr
+
+    def event(self) -> int:
+        event = self._cupy.cuda.Event(disable_timing=True)
+        self._kept.append(event)
+        return event.ptr
+
+    def enter(self) -> None:
+        # cudaSetDevice makes the device's primary context (CuPy's) current on this thread,
+        # which the driver calls need.
+        self._cupy.cuda.runtime.setDevice(self._device_id)
+
+    def library(self, task, values: list, stream: int) -> None:
+        with self._cupy.cuda.ExternalStream(stream):
+            task.kernel.cuda.library(*values)

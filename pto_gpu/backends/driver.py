@@ -1,0 +1,141 @@
+"""The CUDA driver API as the CUDA backend calls it: the driver's functions typed (the calls
+made once in a while: streams, events, capture) and a table of their addresses for the calls
+made per task from numba (launches.CALLS). The library is libcuda on a GPU and the emulator
+(emulator.py) without one: the same names and C signatures, so the backend cannot tell them
+apart."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import time
+
+import numpy as np
+
+from ..errors import DeadlockError, PTOError
+from .launches import CALLS
+
+SUCCESS, NOT_READY = 0, 600
+STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
+EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED: other threads may call the driver meanwhile
+
+_int, _uint, _handle = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+_deviceptr = ctypes.c_ulonglong
+
+# The driver functions the backend calls, by their names in libcuda.so.1, as ctypes prototypes.
+SIGNATURES: dict[str, type] = {
+    "cuInit": ctypes.CFUNCTYPE(_int, _uint),
+    "cuStreamCreate": ctypes.CFUNCTYPE(_int, ctypes.POINTER(_handle), _uint),
+    "cuStreamDestroy_v2": ctypes.CFUNCTYPE(_int, _handle),
+    "cuStreamSynchronize": ctypes.CFUNCTYPE(_int, _handle),
+    "cuStreamQuery": ctypes.CFUNCTYPE(_int, _handle),
+    "cuStreamWaitEvent": ctypes.CFUNCTYPE(_int, _handle, _handle, _uint),
+    "cuEventCreate": ctypes.CFUNCTYPE(_int, ctypes.POINTER(_handle), _uint),
+    "cuEventDestroy_v2": ctypes.CFUNCTYPE(_int, _handle),
+    "cuEventRecord": ctypes.CFUNCTYPE(_int, _handle, _handle),
+    "cuEventQuery": ctypes.CFUNCTYPE(_int, _handle),
+    "cuEventSynchronize": ctypes.CFUNCTYPE(_int, _handle),
+    "cuLaunchKernel": ctypes.CFUNCTYPE(_int, _handle, *[_uint] * 7, _handle, ctypes.POINTER(ctypes.c_void_p),
+                                       ctypes.POINTER(ctypes.c_void_p)),
+    "cuMemsetD8Async": ctypes.CFUNCTYPE(_int, _deviceptr, ctypes.c_ubyte, ctypes.c_size_t, _handle),
+    "cuMemcpyAsync": ctypes.CFUNCTYPE(_int, _deviceptr, _deviceptr, ctypes.c_size_t, _handle),
+    "cuGetErrorName": ctypes.CFUNCTYPE(_int, _int, ctypes.POINTER(ctypes.c_char_p)),
+    "cuStreamBeginCapture_v2": ctypes.CFUNCTYPE(_int, _handle, _int),
+    "cuStreamEndCapture": ctypes.CFUNCTYPE(_int, _handle, ctypes.POINTER(_handle)),
+    "cuStreamIsCapturing": ctypes.CFUNCTYPE(_int, _handle, ctypes.POINTER(_int)),
+    "cuGraphInstantiateWithFlags": ctypes.CFUNCTYPE(_int, ctypes.POINTER(_handle), _handle,
+                                                    ctypes.c_ulonglong),
+    "cuGraphLaunch": ctypes.CFUNCTYPE(_int, _handle, _handle),
+    "cuGraphExecDestroy": ctypes.CFUNCTYPE(_int, _handle),
+    "cuGraphDestroy": ctypes.CFUNCTYPE(_int, _handle),
+}
+DRIVER_FUNCTIONS = tuple(SIGNATURES)
+
+
+
+class CudaError(PTOError):
+    """A CUDA driver call failed: `status` is its CUresult."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def _attribute(name: str) -> str:
+    """cuStreamWaitEvent -> stream_wait_event; the ABI version (_v2) is left off."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name[2:].removesuffix("_v2")).lower()
+
+
+class Driver:
+    """The driver functions of one library (libcuda, or the emulator), typed, as attributes
+    named without `cu`, in snake case and without `_v2` (stream_create, launch_kernel, ...);
+    calls release the GIL. `addresses` is the table numba code calls through (launches.CALLS)."""
+
+    def __init__(self, library: ctypes.CDLL, label: str):
+        self.label = label  # "libcuda" or "the CUDA emulator", for messages
+        self._functions = {name: SIGNATURES[name]((name, library)) for name in DRIVER_FUNCTIONS}
+        for name, function in self._functions.items():
+            setattr(self, _attribute(name), function)
+        self.addresses = np.array([self.address(name) for name in CALLS], np.int64)
+
+    def address(self, name: str) -> int:
+        """The address of driver function `name` (as in DRIVER_FUNCTIONS)."""
+        return ctypes.cast(self._functions[name], ctypes.c_void_p).value
+
+    def call(self, name: str, *args) -> None:
+        """Driver function `name`(*args); CudaError unless it succeeded."""
+        self.check(self._functions[name](*args), name)
+
+    def check(self, status: int, call: str) -> None:
+        """CudaError for a call's non-zero CUresult, named by this library's cuGetErrorName."""
+        if status != SUCCESS:
+            raise CudaError(f"{call} failed: {self.error_name(status)} ({status}) from {self.label}", status)
+
+    def error_name(self, status: int) -> str:
+        name = ctypes.c_char_p()
+        if self._functions["cuGetErrorName"](status, ctypes.byref(name)) != SUCCESS or name.value is None:
+            return "unknown CUDA error"
+        return name.value.decode()
+
+    def new_stream(self) -> int:
+        handle = ctypes.c_void_p()
+        self.call("cuStreamCreate", ctypes.byref(handle), STREAM_NON_BLOCKING)
+        return handle.value
+
+    def new_event(self) -> int:
+        handle = ctypes.c_void_p()
+        self.call("cuEventCreate", ctypes.byref(handle), EVENT_DISABLE_TIMING)
+        return handle.value
+
+    def reached(self, event: int) -> bool:
+        """Whether `event` was reached; CudaError for a kernel that failed before it."""
+        status = self._functions["cuEventQuery"](event)
+        if status == NOT_READY:
+            return False
+        self.check(status, "cuEventQuery")
+        return True
+
+    def wait_until_reached(self, event: int, timeout: float) -> None:
+        """Block until `event` is reached, polling (a kernel that never ends would hang
+        cuEventSynchronize): spin briefly, then sleep in growing naps up to 1 ms; DeadlockError
+        after `timeout` seconds."""
+        started = time.perf_counter()
+        nap = 0.0
+        while not self.reached(event):
+            waited = time.perf_counter() - started
+            if waited > timeout:
+                raise DeadlockError(f"a CUDA event was not reached within {timeout:g} s: a kernel that does "
+                                    "not end, or a stream waiting for work that never comes (for kernels "
+                                    "that run longer, raise rt.backend.gpu_timeout, in seconds)")
+            if waited > 50e-6:
+                nap = min(1e-3, nap * 2 or 10e-6)
+                time.sleep(nap)
+
+
+def libcuda() -> Driver:
+    """The GPU's driver."""
+    try:
+        return Driver(ctypes.CDLL("libcuda.so.1"), "libcuda")
+    except OSError as error:
+        raise PTOError(f"cannot load the CUDA driver (libcuda.so.1): {error}") from error

@@ -1,0 +1,140 @@
+"""The CUDA backend's device without a GPU (backend="cuda-emulated"): host memory stands for
+device memory and the CUDA emulator (emulator.py) is the driver, so the backend, its launch
+records and its issue path run unchanged and are what is tested.
+
+A launch runs one of two codes:
+  gpu-code  the kernel's own generated CUDA source built for the host by g++ (pto_isa.cuh's host
+            build: a block's threads are real threads), entered through `pto_launch_<name>`,
+            which reads the kernelParams words as a GPU kernel would: the default, and what
+            checks the GPU code and its arguments;
+  cpu-code  the kernel instance's CPU native entry, through launches.cpu_code, which reads the
+            same words: for speed, when only the scheduling is under test.
+External arrays are numpy arrays (and what the CPU backend takes); `to_device` copies, as a GPU
+would, so a GPU user's script runs unchanged with only the backend's name changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+
+import numpy as np
+
+from ..errors import PTOError
+from ..kernel import CudaCode
+from ..tensor import TensorDescriptor
+from . import ExternalArray, cuda_abi, emulator
+from .cpu import CpuBackend
+from .driver import Driver
+from .launches import cpu_code, cpu_code_context, instance_scalars, is_integer
+
+EMULATE = ("gpu-code", "cpu-code")
+WORD = 8  # every argument of the generated kernels is one 8-byte word (cuda_abi)
+
+
+class EmulatedDevice:
+    name = "cuda-emulated"
+    runs_libraries = False  # CuPy's cuBLAS is not here: the matmuls run their generated code
+
+    def __init__(self, heap_bytes: int, emulate: str = "gpu-code"):
+        if emulate not in EMULATE:
+            raise PTOError(f"emulate={emulate!r}; choose one of {', '.join(EMULATE)}")
+        self.emulate = emulate
+        self._host = CpuBackend(heap_bytes)  # the heap and the views, as on the CPU
+        self.heap_base = self._host.heap_base
+        self.heap_bytes = heap_bytes
+        self.driver = Driver(emulator.library(), "the CUDA emulator")
+        self.driver.call("cuInit", 0)
+        self._functions: dict[tuple, int] = {}
+        self._kept: list = []  # host builds and cpu-code contexts whose addresses are registered
+        self._lock = threading.Lock()
+
+    # --- memory: host memory ---------------------------------------------------------------
+    def resolve(self, array: object) -> ExternalArray:
+        return self._host.resolve(array)
+
+    def view(self, tensor: TensorDescriptor) -> np.ndarray:
+        return self._host.view(tensor)
+
+    def to_device(self, array: np.ndarray) -> np.ndarray:
+        return np.array(array, copy=True)
+
+    def to_host(self, array: np.ndarray) -> np.ndarray:
+        return np.array(array, copy=True)
+
+    def wait_for_caller(self) -> None:
+        pass  # the caller's numpy writes are done when they return
+
+    # --- code, streams and events ----------------------------------------------------------
+    def function(self, code: CudaCode, kernel, dtype: np.dtype, shapes: tuple, scalars: tuple) -> int:
+        words = sum(1 + 2 * cuda_abi.MAX_DIMS for _ in shapes) + len(scalars)
+        if self.emulate == "gpu-code":
+            key = (code.source, np.dtype(dtype), kernel.name)
+        else:
+            key = (kernel.id, np.dtype(dtype), shapes, instance_scalars(kernel, scalars))
+        with self._lock:
+            function = self._functions.get(key)
+            if function is None:
+                entry, context = (self._gpu_code(code, kernel.name, dtype) if self.emulate == "gpu-code"
+                                  else self._cpu_code(code, kernel, dtype, shapes, scalars))
+                function = self._functions[key] = emulator.function(entry, [WORD] * words, context)
+        return function
+
+    def _gpu_code(self, code: CudaCode, name: str, dtype) -> tuple[int, int]:
+        library = ctypes.CDLL(str(host_build(code, dtype)))
+        self._kept.append(library)
+        return ctypes.cast(getattr(library, f"pto_launch_{name}"), ctypes.c_void_p).value, 0
+
+    def _cpu_code(self, code: CudaCode, kernel, dtype, shapes: tuple, scalars: tuple) -> tuple[int, int]:
+        entry = kernel.native.entry(shapes, np.dtype(dtype), scalars) if kernel.native else None
+        if entry is None:
+            raise PTOError(f"{kernel.name}: emulate='cpu-code' runs a kernel's CPU native code, and "
+                           f"this call (shapes {list(shapes)}, {np.dtype(dtype)}) has none; use "
+                           "emulate='gpu-code'")
+        integers = code.integer_scalars or tuple(map(is_integer, scalars))
+        context = cpu_code_context(entry, tuple(len(s) for s in shapes), dtype, integers)
+        self._kept.append(context)
+        return cpu_code.address, context.ctypes.data
+
+    def stream(self) -> int:
+        return self.driver.new_stream()
+
+    def event(self) -> int:
+        return self.driver.new_event()
+
+    def enter(self) -> None:
+        pass  # the emulator has no contexts
+
+    def library(self, task, values: list, stream: int) -> None:
+        raise AssertionError("runs_libraries is False")
+
+
+_building = threading.Lock()
+
+
+def host_build(code: CudaCode, dtype) -> str:
+    """A kernel's generated CUDA source built for the host by g++ (once: cached under the
+    source's digest and the element type's options)."""
+    compiler = shutil.which("g++")
+    if compiler is None:
+        raise PTOError("emulate='gpu-code' builds each kernel's CUDA source for the host with g++, which is "
+                       "not installed; install it, or use emulate='cpu-code'")
+    options = cuda_abi.compile_options(dtype, code.source.stem)
+    text = code.source.read_text()
+    digest = hashlib.sha256("\0".join([text, *options]).encode()).hexdigest()[:24]
+    target = emulator.cache_dir() / f"{code.source.stem}-{digest}.so"
+    with _building:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            command = [compiler, "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", *options,
+                       str(code.source), "-o", str(partial)]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise PTOError(f"g++ could not build {code.source} for the CUDA emulator:\n{done.stderr}")
+            partial.replace(target)
+    return str(target)

@@ -1,0 +1,277 @@
+"""Launch records and the native issue path of the CUDA backend.
+
+A kernel instance's launch is prepared once (`Template`: its CUfunction, grid, block, shared
+memory and its argument words with the tensors' pointers left blank); a task's launch fills
+in the pointers and goes out through `issue`, an nogil numba function that calls the CUDA
+driver (`cuStreamWaitEvent` for each producer on another stream, `cuLaunchKernel`,
+`cuEventRecord`) through function pointers taken once from the driver library: libcuda on a
+GPU, the emulator (backends/emulator.py) without one. No CuPy object, view or Python list
+per task; numba calls a function pointer in a few ns, so the driver's own cost is what is left.
+
+Every argument of the generated kernels is one 8-byte word (backends/cuda_abi.py: a pointer,
+sizes and strides as long long, scalars as long long or double), so a launch's arguments are
+an int64 row and kernelParams is the row's word addresses.
+
+`cpu_code` is the emulator's other way to run a launch (emulate="cpu-code"): a C-callable
+adaptor that reads the same argument words and calls the kernel instance's CPU native entry
+(isa/native_abi.py), so scheduling runs at CPU-code speed while the words are still the ones
+the launch carries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, cfunc, njit, types
+from numba.extending import intrinsic
+
+from ..dtypes import as_dtype
+from ..jit.context import MAX_SCALARS, S_FLOAT, S_INT
+from ..jit.descriptor import D_BASE, D_DTYPE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH
+from ..kernel import CudaCode, Kernel
+from . import cuda_abi
+
+# The driver functions `issue` and the executors call, by their index in a driver's address table.
+CALLS = ("cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent", "cuEventQuery")
+LAUNCH, RECORD, WAIT, QUERY = range(len(CALLS))
+MAX_WORDS = 7 * 16 + MAX_SCALARS  # 16 tensors of a pointer and six words, and the scalars
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """One kernel instance's launch over tensors of given shapes and strides: what the
+    instance's tasks share. A task's own words (its tensors' pointers, then its scalars) go
+    in at `task_words`."""
+
+    function: int  # the CUfunction
+    grid: int
+    block: int
+    shared: int  # dynamic shared memory, bytes
+    words: np.ndarray  # int64: the argument words, the task's own left 0
+    task_words: np.ndarray  # int64: where the task's own words go in `words`
+    integer_scalars: tuple[bool, ...]  # each scalar's word: long long (True) or double
+
+
+def template(function: int, grid: int, block: int, shapes, byte_strides, itemsize: int,
+             integer_scalars: tuple[bool, ...]) -> Template:
+    """The template of a launch over tensors of `shapes` and `byte_strides`, then scalars of
+    those types."""
+    words: list[int] = []
+    task_words = []
+    for shape, strides in zip(shapes, byte_strides):
+        task_words.append(len(words))
+        words += [0, *(int(w) for w in cuda_abi.tensor_words(shape, strides, itemsize))]
+    task_words += range(len(words), len(words) + len(integer_scalars))
+    words += [0] * len(integer_scalars)
+    if len(words) > MAX_WORDS:
+        raise ValueError(f"a launch of {len(words)} argument words; at most {MAX_WORDS}")
+    return Template(function, grid, block, shared=0, words=np.array(words, np.int64),
+                    task_words=np.array(task_words, np.int64), integer_scalars=integer_scalars)
+
+
+def scalar_bits(value: object, integer: bool) -> int:
+    """A scalar's argument word as an int64: its long long, or its double bit for bit."""
+    return int(value) if integer else _DOUBLE_BITS.unpack(_DOUBLE.pack(float(value)))[0]
+
+
+_DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
+
+
+def is_integer(value: object) -> bool:
+    """Whether a scalar goes as long long when its kernel does not say (cuda_abi.scalar_word)."""
+    return isinstance(value, (bool, int, np.integer, np.bool_))
+
+
+def instance_scalars(kernel: Kernel, scalars: tuple) -> tuple:
+    """What of a call's scalars picks its code and its launch's word types: the values of
+    those that pick a kernel family's instance, and each one's kind. The other values are
+    each task's own words."""
+    kinds = tuple(map(is_integer, scalars))
+    if isinstance(kernel.cuda, CudaCode):  # one code, whatever the values
+        return kinds
+    picked = scalars if kernel.native is None else tuple(scalars[i] for i in kernel.native.structural)
+    return (*kinds, *picked)
+
+
+class Scratch:
+    """An issuing thread's argument row and its kernelParams (the row's word addresses):
+    the driver copies the words at the launch, so one row serves every launch of a thread."""
+
+    def __init__(self):
+        self.words = np.zeros(MAX_WORDS, np.int64)
+        self.params = self.words.ctypes.data + 8 * np.arange(MAX_WORDS, dtype=np.int64)
+        self.failed = np.zeros(1, np.int64)  # which call of `issue` failed
+
+
+# --- calling the driver by address -------------------------------------------------------------
+def _pointer(builder, value):
+    return builder.inttoptr(value, ir.IntType(8).as_pointer())
+
+
+@intrinsic
+def _launch_kernel(typingctx, address, function, grid, block, shared, stream, params):
+    """cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, stream, params, NULL)."""
+    def codegen(context, builder, signature, args):
+        i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(i32, [i8p, i32, i32, i32, i32, i32, i32, i32, i8p, i8p, i8p])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        one = ir.Constant(i32, 1)
+        narrow = [builder.trunc(a, i32) for a in (args[2], args[3], args[4])]
+        return builder.call(callee, [_pointer(builder, args[1]), narrow[0], one, one, narrow[1], one, one,
+                                     narrow[2], _pointer(builder, args[5]), _pointer(builder, args[6]),
+                                     ir.Constant(i8p, None)])
+
+    return types.int32(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64,
+                       types.int64), codegen
+
+
+@intrinsic
+def _call2(typingctx, address, first, second):
+    """A driver call of two handles (cuEventRecord(event, stream))."""
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.IntType(32), [i8p, i8p])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(callee, [_pointer(builder, args[1]), _pointer(builder, args[2])])
+
+    return types.int32(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _call_wait(typingctx, address, stream, event):
+    """cuStreamWaitEvent(stream, event, 0)."""
+    def codegen(context, builder, signature, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fnty = ir.FunctionType(i32, [i8p, i8p, i32])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(callee, [_pointer(builder, args[1]), _pointer(builder, args[2]),
+                                     ir.Constant(i32, 0)])
+
+    return types.int32(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _call1(typingctx, address, handle):
+    """A driver call of one handle (cuEventQuery(event))."""
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.IntType(32), [i8p])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(callee, [_pointer(builder, args[1])])
+
+    return types.int32(types.int64, types.int64), codegen
+
+
+@njit(nogil=True, cache=True)
+def issue(driver, function, grid, block, shared, stream, template_words, task_at, task_words, waits,
+          event, words, params, failed):
+    """Enqueue one launch on `stream`: wait for each event in `waits`, launch `function` over
+    `template_words` with `task_words` filled in at `task_at`, then record `event` (0: none).
+    Returns the first CUresult that is not 0, and which call it was in failed[0]; else 0."""
+    for i in range(waits.size):
+        status = _call_wait(driver[WAIT], stream, waits[i])
+        if status != 0:
+            failed[0] = WAIT
+            return status
+    n = template_words.size
+    words[:n] = template_words
+    for i in range(task_at.size):
+        words[task_at[i]] = task_words[i]
+    status = _launch_kernel(driver[LAUNCH], function, grid, block, shared, stream, params.ctypes.data)
+    if status != 0:
+        failed[0] = LAUNCH
+        return status
+    if event != 0:
+        status = _call2(driver[RECORD], event, stream)
+        if status != 0:
+            failed[0] = RECORD
+            return status
+    return 0
+
+
+@njit(nogil=True, cache=True)
+def query(driver, event):
+    """cuEventQuery(event): 0 when reached, 600 (not ready), or the error of a kernel before it."""
+    return _call1(driver[QUERY], event)
+
+
+# --- the emulator's CPU code ---------------------------------------------------------------------
+# A cpu-code function's context: the native entry, then the instance's shape of arguments.
+C_ENTRY, C_TENSORS, C_SCALARS, C_DTYPE, C_ITEMSIZE, C_NDIMS = range(6)  # C_NDIMS + p: tensor p's dims
+C_KINDS = C_NDIMS + 16  # C_KINDS + k: scalar k's kind (S_INT or S_FLOAT)
+CONTEXT_WIDTH = C_KINDS + MAX_SCALARS
+
+
+@intrinsic
+def _call_entry(typingctx, address, descs, kinds, ints, floats):
+    def codegen(context, builder, signature, args):
+        i64p, f64p = ir.IntType(64).as_pointer(), ir.DoubleType().as_pointer()
+        fnty = ir.FunctionType(ir.IntType(64), [i64p, i64p, i64p, f64p])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(callee, [builder.inttoptr(args[1], i64p), builder.inttoptr(args[2], i64p),
+                                     builder.inttoptr(args[3], i64p), builder.inttoptr(args[4], f64p)])
+
+    return types.int64(types.int64, types.int64, types.int64, types.int64, types.int64), codegen
+
+
+_U32P = types.CPointer(types.uint32)
+_VOIDPP = types.CPointer(types.voidptr)
+CPU_CODE_ENTRY = types.int32(_U32P, _U32P, types.uint32, _VOIDPP, types.voidptr)
+
+
+@njit(inline="always")
+def _word(params, i):
+    """The 8-byte argument kernelParams[i] points at."""
+    return carray(params[i], 1, np.int64)[0]
+
+
+@cfunc(CPU_CODE_ENTRY, nopython=True, cache=True)
+def cpu_code(grid, block, shared, params, context):
+    """The emulator's entry for a launch of a kernel instance's CPU code: each tensor's words
+    (pointer, three sizes, three element strides, padded with leading dims) back into a
+    descriptor of its own dims, each scalar's word into the argument tables' form."""
+    c = carray(context, CONTEXT_WIDTH, np.int64)
+    descs = np.zeros(DESC_WIDTH * max(c[C_TENSORS], 1), np.int64)
+    kinds = np.zeros(MAX_SCALARS, np.int64)
+    ints = np.zeros(MAX_SCALARS, np.int64)
+    floats = np.zeros(MAX_SCALARS, np.float64)
+    w = 0
+    for p in range(c[C_TENSORS]):
+        d = p * DESC_WIDTH
+        ndim = c[C_NDIMS + p]
+        descs[d + D_BASE] = _word(params, w)
+        descs[d + D_OFFSET] = 0
+        descs[d + D_DTYPE] = c[C_DTYPE]
+        descs[d + D_ITEMSIZE] = c[C_ITEMSIZE]
+        descs[d + D_NDIM] = ndim
+        for k in range(ndim):
+            descs[d + D_SHAPE + k] = _word(params, w + 1 + cuda_abi.MAX_DIMS - ndim + k)
+            descs[d + D_STRIDE + k] = _word(params, w + 4 + cuda_abi.MAX_DIMS - ndim + k)
+        w += 1 + 2 * cuda_abi.MAX_DIMS
+    for k in range(c[C_SCALARS]):
+        kinds[k] = c[C_KINDS + k]
+        word = _word(params, w + k)
+        if kinds[k] == S_INT:
+            ints[k] = word
+        else:
+            floats[k] = np.array([word]).view(np.float64)[0]
+    status = _call_entry(c[C_ENTRY], descs.ctypes.data, kinds.ctypes.data, ints.ctypes.data,
+                         floats.ctypes.data)
+    return np.int32(status)
+
+
+def cpu_code_context(entry: int, ndims: tuple[int, ...], dtype,
+                     integer_scalars: tuple[bool, ...]) -> np.ndarray:
+    """The context `cpu_code` reads for one instance (kept alive by whoever registers it)."""
+    context = np.zeros(CONTEXT_WIDTH, np.int64)
+    context[C_ENTRY] = entry
+    context[C_TENSORS] = len(ndims)
+    context[C_SCALARS] = len(integer_scalars)
+    context[C_DTYPE] = int(as_dtype(dtype))
+    context[C_ITEMSIZE] = np.dtype(dtype).itemsize
+    context[C_NDIMS:C_NDIMS + len(ndims)] = ndims
+    context[C_KINDS:C_KINDS + len(integer_scalars)] = [S_INT if i else S_FLOAT for i in integer_scalars]
+    return context
