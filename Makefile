@@ -7,7 +7,7 @@ CUDA_MAJOR := $(filter 12 13,$(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA V
 comma := ,
 EXTRAS := test$(if $(CUDA_MAJOR),$(comma)cuda$(CUDA_MAJOR))
 
-.PHONY: test run bench fuzz fuzz-native lint clean
+.PHONY: test run bench fuzz fuzz-native lint clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ fuzz: $(BIN)/.installed $(BIN)/.caches-checked
 
 fuzz-native: $(BIN)/.installed $(BIN)/.caches-checked
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -k native -x -q
+
+# On a lent GPU with no network (the device image has the dependencies): the gpu tests and the
+# GPU benchmarks in one command, figures into $$GPU_CHECK_OUT or $$OUT (bench/gpu_check.py).
+# Without a GPU it says so and fails at once.
+gpu-check:
+	$(PYTHON) bench/gpu_check.py
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

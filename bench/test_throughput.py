@@ -5,18 +5,14 @@ Python one submits (run by native workers) against Dask running the same numpy w
 Figures are tasks per second: extra_info["tasks_per_s"] = tasks / median.
 """
 
-import numba
 import numpy as np
 import pytest
-from pto_gpu.kernels.elementwise import scale
+from tiny_tasks import TASKS, generated, generated_python, rows
 
 import pto_gpu as pto
-from pto_gpu import jit as pj
 
 dask = pytest.importorskip("dask")
 from dask.threaded import get as dask_get  # noqa: E402
-
-TASKS = 20_000
 
 
 @pto.kernel(worker=pto.VECTOR)
@@ -75,50 +71,7 @@ def test_dask_threaded(benchmark, shape):
 
 
 # --- tiny generated-kernel tasks (issue 16): compiled orchestration, native workers ------------
-# Each task scales one 16-float row: out = 2 * x (independent, 64 rows over and over) or x *= 1
-# in place (one chain). Dask runs the same numpy work on the same rows.
-
-@numba.njit(cache=True)
-def _generated_independent(o, x, y, tasks, scale_id):
-    rows = pj.shape(x, 0)
-    for i in range(tasks):
-        r = i % rows
-        pj.submit(o, scale_id, (pj.input(pj.narrow(x, 0, r, r + 1)), pj.output(pj.narrow(y, 0, r, r + 1))),
-                  (2.0,))
-
-
-@numba.njit(cache=True)
-def _generated_chain(o, x, tasks, scale_id):
-    row = pj.narrow(x, 0, 0, 1)
-    for _ in range(tasks):
-        pj.submit(o, scale_id, (pj.input(row), pj.output(row)), (1.0,))
-
-
-def generated(o, x, y, shape):
-    if shape == "independent":
-        o.compiled(_generated_independent, o.external(x), o.external(y), TASKS, scale.id)
-    else:
-        o.compiled(_generated_chain, o.external(x), TASKS, scale.id)
-
-
-def generated_python(o, x, y, shape):
-    """`generated`'s graph, submitted from Python: its tasks run natively too."""
-    X, Y = o.external(x), o.external(y)
-    if shape == "independent":
-        pairs = [(pto.input(X[r:r + 1]), pto.output(Y[r:r + 1])) for r in range(len(x))]
-        for i in range(TASKS):
-            o.submit(scale, *pairs[i % len(pairs)], 2.0)
-    else:
-        row = X[0:1]
-        for _ in range(TASKS):
-            o.submit(scale, pto.input(row), pto.output(row), 1.0)
-
-
-def _rows() -> tuple[np.ndarray, np.ndarray]:
-    """x and y, two allocations (views of one would share a TensorMap owner and so its chains)."""
-    x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
-    return x, np.zeros_like(x)
-
+# tiny_tasks.py's graphs; Dask runs the same numpy work on the same rows.
 
 def _scale_into(x, out, factor, *after):
     np.multiply(x, factor, out=out)
@@ -139,7 +92,7 @@ def dask_generated(x, y, shape):
 @pytest.mark.parametrize("shape", ["independent", "chain"])
 def test_pto_generated(benchmark, shape, orchestration):
     rt = pto.Runtime(backend="cpu", executor="parallel")
-    x, y = _rows()
+    x, y = rows()
     result = benchmark.pedantic(rt.run, (orchestration, x, y, shape), rounds=5, warmup_rounds=1)
     assert result.num_tasks == TASKS and result.native_tasks == TASKS
     if shape == "independent":
@@ -149,7 +102,7 @@ def test_pto_generated(benchmark, shape, orchestration):
 
 @pytest.mark.parametrize("shape", ["independent", "chain"])
 def test_dask_generated(benchmark, shape):
-    x, y = _rows()
+    x, y = rows()
     graph, keys = dask_generated(x, y, shape)
     benchmark.pedantic(dask_get, (graph, keys), rounds=5, warmup_rounds=1)
     if shape == "independent":

@@ -69,6 +69,16 @@ class TensorDescriptor:
         if hi > lo and (lo < 0 or hi > buffer.nbytes):
             raise LayoutError(f"tensor {self.shape} at bytes {lo}..{hi} lies outside its {buffer!r}")
 
+    @staticmethod
+    def checked_elsewhere(buffer: Buffer, addr: int, strides: tuple[int, ...], repeats: tuple[int, ...],
+                          dtype: DataType, version: int) -> TensorDescriptor:
+        """A descriptor whose layout was checked where it was made (a compiled orchestration's
+        view operations check bounds as slicing does), so it is not checked again: a compiled
+        task's tensors are made into descriptors whenever Python runs or issues it."""
+        made = object.__new__(TensorDescriptor)
+        _init(made, buffer, addr, 0, strides, repeats, dtype, version, Overlap.STRIDED_EXACT)
+        return made
+
     def _replace(self, start_offset=None, strides=None, repeats=None, version=None,
                  overlap=None) -> TensorDescriptor:
         """A derived view; callers guarantee it stays inside the buffer (slices are bounds-checked)."""

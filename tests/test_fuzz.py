@@ -7,7 +7,8 @@ hand-derived edges, and it fails a graph with one edge too few or too many.
 
 Programs of generated kernels (fuzzing.native_plan), submitted by compiled code or from Python,
 must give the serial executor's bytes on native workers too: run twice on one runtime, with
-random windows, heaps and worker counts.
+random windows, heaps and worker counts; and on the CUDA backend over the emulator, on every
+executor that runs on CUDA.
 
 CI runs FUZZ_EXAMPLES (default 1,500) programs of the first kind and a tenth as many of the
 second; `make fuzz` runs many more of both.
@@ -90,6 +91,39 @@ def test_native_workers_match_serial(seed, rows, window_log2, heap_tiles, worker
         assert a.tobytes() + b.tobytes() == expected, f"run {attempt}: {program}"
         assert result.num_tasks == reference.num_tasks, program
     assert result.native_tasks == result.num_tasks, program
+
+
+@settings(max_examples=max(1, EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize="FUZZ_SEED" not in os.environ, print_blob=True)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 200), window_log2=st.integers(1, 10),
+       heap_tiles=st.integers(1, 8), streams=st.integers(1, 3), compiled=st.booleans(),
+       executor=st.sampled_from(["stream", "parallel", "serial"]), emulate=st.sampled_from(["cpu-code",
+                                                                                            "gpu-code"]))
+def test_the_cuda_emulator_matches_serial(seed, rows, window_log2, heap_tiles, streams, compiled, executor,
+                                          emulate):
+    """The same programs through the CUDA backend on the emulator: its launch records, issue
+    path, streams and events. Running each instance's CPU code (cpu-code), bitwise the serial
+    CPU executor's bytes; running its GPU code built for the host, within float32 rounding of
+    the few ops the two codes compute in another order (swiglu's exp and division)."""
+    rng = np.random.default_rng(seed)
+    plan = native_plan(rng, rows)
+    start = rng.uniform(-1, 1, (2, *PLAN_SHAPE)).astype(np.float32)
+    orchestration = compiled_plan if compiled else python_plan
+    a, b = start[0].copy(), start[1].copy()
+    reference = pto.Runtime(backend="cpu", executor="serial").run(orchestration, a, b, plan)
+    runtime = pto.Runtime(backend="cuda-emulated", emulate=emulate, executor=executor,
+                          task_window=1 << window_log2, heap_bytes=heap_tiles * HEAP_TILE,
+                          workers={pto.CUBE: streams, pto.VECTOR: streams})
+    program = f"seed={seed} rows={rows} window={1 << window_log2} heap={heap_tiles} tiles streams={streams}"
+    got = [runtime.backend.to_device(x) for x in start]
+    result = runtime.run(orchestration, *got, plan)
+    assert result.num_tasks == reference.num_tasks, program
+    for want, array in zip((a, b), got):
+        if emulate == "cpu-code":
+            assert runtime.backend.to_host(array).tobytes() == want.tobytes(), program
+        else:
+            np.testing.assert_allclose(runtime.backend.to_host(array), want, rtol=1e-5, atol=1e-6,
+                                       err_msg=program)
 
 
 def known_program(o, x, y):

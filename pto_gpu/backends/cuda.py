@@ -137,40 +137,36 @@ class CudaBackend:
             self.device.library(task, values, stream)
             self._driver.call("cuEventRecord", event, stream)
             return event
-        launch = self._template(task)
-        scratch = self._scratch()
-        waits = np.array(after, np.int64)
+        key, pointers, scalars = _split(task)
+        launch = self._templates.get(key, _MISSING)  # a dict read is atomic under the GIL
+        if launch is _MISSING:
+            launch = self._template(key, task)
         if launch is None:  # no work items: only the waits and the record
             for producer in after:
                 self._driver.call("cuStreamWaitEvent", stream, producer, 0)
             self._driver.call("cuEventRecord", event, stream)
             return event
-        scalars = iter(launch.integer_scalars)
-        own = np.array([p.value.buffer.base + p.value.byte_offset if p.kind != ParamKind.SCALAR
-                        else scalar_bits(p.value, next(scalars)) for p in task.params], np.int64)
+        if scalars:
+            pointers += map(scalar_bits, scalars, launch.integer_scalars)
+        scratch = self._scratch()
         status = issue(self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
-                       stream, launch.words, launch.task_words, own, waits, event, scratch.words,
-                       scratch.params, scratch.failed)
+                       stream, launch.words, launch.task_words, np.array(pointers, np.int64),
+                       np.array(after, np.int64), event, scratch.words, scratch.params, scratch.failed)
         if status != 0:
             self._events.append(event)
             self._driver.check(status, CALLS[int(scratch.failed[0])])
         return event
 
-    def _template(self, task) -> Template | None:
-        """The launch of the task's kernel instance over tensors of its shapes and strides: made
-        at the first such call, then looked up."""
-        kernel = task.kernel
-        tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
-        scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
-        key = (kernel.id, tensors[0].dtype, instance_scalars(kernel, scalars),
-               *((t.shape, t.byte_strides) for t in tensors))
-        found = self._templates.get(key, _MISSING)  # a dict read is atomic under the GIL
-        if found is _MISSING:
-            with preparing(), self._templates_lock:  # compiling: a cost history leaves this call out
-                found = self._templates.get(key, _MISSING)
-                if found is _MISSING:
-                    found = self._templates[key] = self._prepare(task.kernel, tensors, scalars)
-        return found
+    def _template(self, key: tuple, task) -> Template | None:
+        """The launch of the task's kernel instance over tensors of its shapes and strides, made
+        at the first such call (then looked up by `key`, from _split)."""
+        with preparing(), self._templates_lock:  # compiling: a cost history leaves this call out
+            found = self._templates.get(key, _MISSING)
+            if found is _MISSING:
+                tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
+                scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
+                found = self._templates[key] = self._prepare(task.kernel, tensors, scalars)
+            return found
 
     def _prepare(self, kernel, tensors: list[TensorDescriptor], scalars: tuple) -> Template | None:
         shapes = [t.shape for t in tensors]
@@ -242,6 +238,27 @@ class CudaBackend:
 
 
 _MISSING = object()
+_SCALAR = ParamKind.SCALAR
+
+
+def _split(task) -> tuple[tuple, list[int], list]:
+    """A task's launch template key (its kernel, element type and the geometry of each tensor:
+    shape and element strides; the scalars that pick its instance), its tensors' pointers and
+    its scalars: one pass over the params, as this runs for every task."""
+    key = [task.kernel.id]
+    pointers = []
+    scalars = []
+    for param in task.params:
+        if param.kind is _SCALAR:
+            scalars.append(param.value)
+        else:
+            tensor = param.value
+            key += (tensor.repeats, tensor.strides)
+            pointers.append(tensor.addr + tensor.start_offset * tensor.dtype.itemsize)
+    key.append(tensor.dtype)
+    if scalars:
+        key.append(instance_scalars(task.kernel, tuple(scalars)))
+    return tuple(key), pointers, scalars
 
 
 class CudaGraph:

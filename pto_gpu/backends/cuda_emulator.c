@@ -29,6 +29,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -136,6 +137,7 @@ struct stream {
     enum magic magic;
     pthread_cond_t work;          /* signalled when a command is queued or the stream is destroyed */
     struct command *head, *tail;
+    atomic_int queued;            /* head != NULL, readable without g_lock: what an idle thread polls */
     struct command *current;      /* the command its thread is executing; NULL when idle */
     int live;                     /* its thread is running */
     int closing;                  /* destroyed: its thread ends once the queue is empty */
@@ -313,7 +315,28 @@ static void enqueue(struct stream *stream, struct command *command) {
     else
         stream->head = command;
     stream->tail = command;
+    atomic_store_explicit(&stream->queued, 1, memory_order_release);
     pthread_cond_signal(&stream->work);
+}
+
+/* How long a stream's thread that ran out of work polls for more before it sleeps: an issuer
+ * feeding it small kernels one by one then hands each over without a futex wake-up and a
+ * reschedule (~10 us each on a loaded two-core machine), as a GPU's stream takes work at once. */
+#define IDLE_POLL_NS 50000LL
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Called with g_lock held and the queue empty; returns with it held, after polling (without
+ * the lock, yielding the core) for up to IDLE_POLL_NS for work to arrive. */
+static void poll_for_work(struct stream *s) {
+    pthread_mutex_unlock(&g_lock);
+    const long long until = now_ns() + IDLE_POLL_NS;
+    while (!atomic_load_explicit(&s->queued, memory_order_acquire) && now_ns() < until) sched_yield();
+    pthread_mutex_lock(&g_lock);
 }
 
 /* Does the work of a KERNEL, MEMSET, MEMCPY or GRAPH_LAUNCH command: called, and returns, with
@@ -382,11 +405,15 @@ static void *stream_main(void *arg) {
     struct stream *s = arg;
     pthread_mutex_lock(&g_lock);
     for (;;) {
+        if (s->head == NULL && !s->closing) poll_for_work(s);
         while (s->head == NULL && !s->closing) pthread_cond_wait(&s->work, &g_lock);
         if (s->head == NULL) break; /* destroyed and drained */
         struct command *c = s->head;
         s->head = c->next;
-        if (s->head == NULL) s->tail = NULL;
+        if (s->head == NULL) {
+            s->tail = NULL;
+            atomic_store_explicit(&s->queued, 0, memory_order_relaxed);
+        }
         s->current = c;
         execute(c);
         s->current = NULL;
@@ -411,6 +438,7 @@ static CUresult new_stream(struct stream **out) {
         g_streams = s;
     }
     s->head = s->tail = s->current = NULL;
+    atomic_store_explicit(&s->queued, 0, memory_order_relaxed);
     s->closing = 0;
     s->capture = NULL;
     s->member = 0;
@@ -1118,6 +1146,7 @@ void pto_emu_reset(void) {
                 abandon(c);
             }
             s->tail = NULL;
+            atomic_store_explicit(&s->queued, 0, memory_order_relaxed);
             if (s->current != NULL && s->current->kind == RECORD) reach(s->current->record); /* stalled */
             pthread_cond_signal(&s->work); /* a destroyed stream's thread may end now */
         }

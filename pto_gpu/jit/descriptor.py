@@ -85,13 +85,12 @@ def desc_bytes(tensor: TensorDescriptor) -> bytes | None:
 
 def to_tensor(desc, buffer: Buffer, dtype) -> TensorDescriptor:
     """The Python descriptor of a compiled one, over `buffer` (whose key the tuple names)."""
-    ndim = int(desc[D_NDIM])
-    offset = int(desc[D_OFFSET])
+    words = desc.tolist()
+    ndim = words[D_NDIM]
     # Anchored at the element itself: an external's offset need not be a multiple of itemsize.
-    return TensorDescriptor(buffer, buffer.base + offset, 0,
-                            tuple(int(s) for s in desc[D_STRIDE:D_STRIDE + ndim]),
-                            tuple(int(r) for r in desc[D_SHAPE:D_SHAPE + ndim]), dtype,
-                            int(desc[D_VERSION]))
+    return TensorDescriptor.checked_elsewhere(buffer, buffer.base + words[D_OFFSET],
+                                              tuple(words[D_STRIDE:D_STRIDE + ndim]),
+                                              tuple(words[D_SHAPE:D_SHAPE + ndim]), dtype, words[D_VERSION])
 
 
 def _raise_layout(what, a, b, c):

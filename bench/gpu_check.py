@@ -1,0 +1,137 @@
+"""`make gpu-check`: everything worth measuring on a lent GPU, in one command of at most ~8 minutes.
+
+On a machine with an NVIDIA GPU and no network (the device image: CuPy, numba, numpy, pytest,
+pytest-benchmark, PyTorch), it installs the project in place without dependencies, runs the
+`gpu` tests and the GPU benchmarks, and writes every figure into the folder $GPU_CHECK_OUT (or
+$OUT, else ./gpu-check): `gpu-check.md` (Markdown tables, for docs/GPU.md) and
+`gpu-check.json` (the same as data), beside pytest's JUnit XML and pytest-benchmark's JSON.
+Without a GPU it says so in one line and exits non-zero at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_BUDGET_S = 270  # the gpu tests
+BENCH_BUDGET_S = 150  # the benchmarks
+
+
+def gpu() -> dict | None:
+    """The device, as nvidia-smi and CuPy see it, or None without one."""
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if smi.returncode != 0 or not smi.stdout.strip():
+        return None
+    name, memory, driver = (field.strip() for field in smi.stdout.splitlines()[0].split(","))
+    found = {"gpu": name, "memory": memory, "driver": driver, "python": platform.python_version(),
+             "host_cpus": os.cpu_count()}
+    try:
+        import cupy
+
+        found.update(cupy=cupy.__version__, cuda_runtime=cupy.cuda.runtime.runtimeGetVersion())
+    except Exception as error:  # reported, and the tests will say the rest
+        found["cupy"] = f"unavailable: {error}"
+    return found
+
+
+def run(command: list[str], budget: float, log: Path) -> tuple[int, float]:
+    """Run `command` in the repository with a time limit; its output to `log`."""
+    started = time.perf_counter()
+    with log.open("w") as out:
+        try:
+            code = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=budget).returncode
+        except subprocess.TimeoutExpired:
+            code = 124
+    return code, time.perf_counter() - started
+
+
+def test_counts(junit: Path) -> dict:
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
+    if not junit.exists():
+        return counts
+    for case in ElementTree.parse(junit).getroot().iter("testcase"):
+        outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), None)
+        if outcome in ("failure", "error"):
+            counts["failed"] += 1
+            counts["failures"].append(f"{case.get('classname')}::{case.get('name')}")
+        elif outcome == "skipped":
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts
+
+
+def benchmark_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for bench in json.loads(path.read_text())["benchmarks"]:
+        stats = bench["stats"]
+        rows.append({"name": bench["name"], "median_ms": stats["median"] * 1e3, "min_ms": stats["min"] * 1e3,
+                     "rounds": stats["rounds"], **bench.get("extra_info", {})})
+    return rows
+
+
+def markdown(report: dict) -> str:
+    device = report["device"]
+    lines = ["# gpu-check", "", f"{device['gpu']} ({device['memory']}), driver {device['driver']}, CuPy "
+             f"{device.get('cupy')}, CUDA runtime {device.get('cuda_runtime')}, Python {device['python']}, "
+             f"{device['host_cpus']} host CPUs; {report['date']}", ""]
+    tests = report["tests"]
+    lines += ["| gpu tests | passed | failed | skipped | seconds | exit |", "|---|---|---|---|---|---|",
+              f"| `pytest -m gpu` | {tests['passed']} | {tests['failed']} | {tests['skipped']} | "
+              f"{tests['seconds']:.0f} | {tests['exit']} |", ""]
+    lines += [f"- failed: `{name}`" for name in tests["failures"]]
+    lines += ["", "| benchmark | median ms | min ms | rounds | figures |", "|---|---|---|---|---|"]
+    for row in report["benchmarks"]:
+        figures = ", ".join(f"{key} {value:.3g}" for key, value in row.items()
+                            if key not in ("name", "median_ms", "min_ms", "rounds")
+                            and isinstance(value, float))
+        lines.append(f"| `{row['name']}` | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['rounds']} | "
+                     f"{figures} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    device = gpu()
+    if device is None:
+        print("gpu-check: no NVIDIA GPU here (nvidia-smi finds none); nothing was run")
+        return 1
+    out = Path(os.environ.get("GPU_CHECK_OUT") or os.environ.get("OUT") or ROOT / "gpu-check")
+    out.mkdir(parents=True, exist_ok=True)
+    # In place and offline: the image has the dependencies.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                    str(ROOT)], check=True)
+    parallel = ["-n", "8"] if importlib.util.find_spec("xdist") else []
+    junit = out / "gpu-tests.xml"
+    code, seconds = run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                         *parallel, f"--junitxml={junit}", "tests"], TEST_BUDGET_S, out / "gpu-tests.log")
+    tests = {**test_counts(junit), "seconds": seconds, "exit": code}
+    bench_json = out / "gpu-bench.json"
+    bench_code, bench_seconds = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                     "bench/test_gpu.py", "--benchmark-only",
+                                     f"--benchmark-json={bench_json}"], BENCH_BUDGET_S, out / "gpu-bench.log")
+    report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tests": tests,
+              "benchmarks": benchmark_rows(bench_json), "bench_exit": bench_code,
+              "bench_seconds": bench_seconds}
+    (out / "gpu-check.json").write_text(json.dumps(report, indent=2))
+    (out / "gpu-check.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0 if code == 0 and bench_code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

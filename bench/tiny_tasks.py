@@ -1,0 +1,57 @@
+"""Graphs of tiny generated-kernel tasks, shared by the throughput benchmarks (native workers
+on the CPU) and the CUDA emulator's: each task scales one 16-float row, out = 2 * x
+(independent: 64 rows over and over) or x *= 1 in place (one chain), submitted by a compiled
+orchestration (`generated`) or from Python (`generated_python`)."""
+
+import numba
+import numpy as np
+from pto_gpu.kernels.elementwise import scale
+
+import pto_gpu as pto
+from pto_gpu import jit as pj
+
+TASKS = 20_000
+
+
+@numba.njit(cache=True)
+def _generated_independent(o, x, y, tasks, scale_id):
+    rows = pj.shape(x, 0)
+    for i in range(tasks):
+        r = i % rows
+        pj.submit(o, scale_id, (pj.input(pj.narrow(x, 0, r, r + 1)), pj.output(pj.narrow(y, 0, r, r + 1))),
+                  (2.0,))
+
+
+@numba.njit(cache=True)
+def _generated_chain(o, x, tasks, scale_id):
+    row = pj.narrow(x, 0, 0, 1)
+    for _ in range(tasks):
+        pj.submit(o, scale_id, (pj.input(row), pj.output(row)), (1.0,))
+
+
+def generated(o, x, y, shape):
+    if shape == "independent":
+        o.compiled(_generated_independent, o.external(x), o.external(y), TASKS, scale.id)
+    else:
+        o.compiled(_generated_chain, o.external(x), TASKS, scale.id)
+
+
+def generated_python(o, x, y, shape):
+    """`generated`'s graph, submitted from Python: its tasks run natively too."""
+    X, Y = o.external(x), o.external(y)
+    if shape == "independent":
+        pairs = [(pto.input(X[r:r + 1]), pto.output(Y[r:r + 1])) for r in range(len(x))]
+        for i in range(TASKS):
+            o.submit(scale, *pairs[i % len(pairs)], 2.0)
+    else:
+        row = X[0:1]
+        for _ in range(TASKS):
+            o.submit(scale, pto.input(row), pto.output(row), 1.0)
+
+
+def rows() -> tuple[np.ndarray, np.ndarray]:
+    """x and y, two allocations (views of one would share a TensorMap owner and so its chains)."""
+    x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    return x, np.zeros_like(x)
+
+
