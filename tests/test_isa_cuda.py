@@ -6,9 +6,10 @@ memref written and read at offsets that move (cross-warp hazards) are generated 
   - compiled by nvcc for sm_80 and sm_90, warnings as errors, for float32, float64 and
     float16, with ptxas' report checked: no spills, no stack frame (tiles stay in registers),
     static shared memory within 48 KiB;
-  - built for the host by g++ (pto_isa.cuh runs each block's threads as real threads, so the
-    same kernel text with its shuffles and barriers runs) and compared on full and tail
-    windows with the reference interpreter;
+  - built for the host by g++ (pto_isa.cuh runs each block's threads as fibers that meet at
+    every barrier and shuffle, so the same kernel text runs, a missing rendezvous deadlocks
+    and aborts, and a missing barrier shows as a race in one of the orders the fibers take)
+    and compared on full and tail windows with the reference interpreter;
   - on a GPU (marker `gpu`), run through pto.Runtime(backend="cuda") against the interpreter.
 """
 

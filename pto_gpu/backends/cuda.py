@@ -151,7 +151,8 @@ class CudaBackend:
         scratch = self._scratch()
         status = issue(self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
                        stream, launch.words, launch.task_words, np.array(pointers, np.int64),
-                       np.array(after, np.int64), event, scratch.words, scratch.params, scratch.failed)
+                       np.array(after, np.int64) if after else _NO_WAITS, event, scratch.words,
+                       scratch.params, scratch.failed)
         if status != 0:
             self._events.append(event)
             self._driver.check(status, CALLS[int(scratch.failed[0])])
@@ -239,6 +240,7 @@ class CudaBackend:
 
 _MISSING = object()
 _SCALAR = ParamKind.SCALAR
+_NO_WAITS = np.zeros(0, np.int64)
 
 
 def _split(task) -> tuple[tuple, list[int], list]:

@@ -4,9 +4,9 @@ records and its issue path run unchanged and are what is tested.
 
 A launch runs one of two codes:
   gpu-code  the kernel's own generated CUDA source built for the host by g++ (pto_isa.cuh's host
-            build: a block's threads are real threads), entered through `pto_launch_<name>`,
-            which reads the kernelParams words as a GPU kernel would: the default, and what
-            checks the GPU code and its arguments;
+            build: a block's threads are fibers meeting at its barriers and shuffles), entered
+            through `pto_launch_<name>`, which reads the kernelParams words as a GPU kernel
+            would: the default, and what checks the GPU code and its arguments;
   cpu-code  the kernel instance's CPU native entry, through launches.cpu_code, which reads the
             same words: for speed, when only the scheduling is under test.
 External arrays are numpy arrays (and what the CPU backend takes); `to_device` copies, as a GPU

@@ -10,14 +10,33 @@
 // -DPTO_ACC=float -DPTO_HALF). PTO_WARPS (warps per block) is defined by the generated source
 // from the backend's THREADS_PER_BLOCK.
 //
-// The host build (no __CUDACC__, used by the tests on machines without a GPU) runs the very
-// same kernel text: each thread of a block is a std::thread with its own threadIdx, a block's
-// threads run together so that __syncthreads(), __syncwarp() and the shuffles are real
-// rendezvous (a mutex-and-condition barrier per block and per warp), __shared__ arrays are
-// function statics (one block runs at a time), and pto_host_launch runs the blocks of a grid one
-// after another. So the host build checks the generated code's indexing, valid regions,
-// reductions across lanes and barrier placement, not a sequential rewrite of it; a missing
-// rendezvous (a shuffle some lanes skip) deadlocks, which the barrier reports and aborts on.
+// The host build (no __CUDACC__, used by the tests and the CUDA emulator on machines without a
+// GPU) runs the very same kernel text. Each thread of a block is a fiber (its own stack, a
+// cooperative context on the OS thread that launched the grid): a fiber runs until it reaches a
+// rendezvous (__syncthreads(), __syncwarp(), a shuffle) or returns, then another one runs. A
+// barrier (one per block, one per warp) releases when all its threads have arrived, and its
+// fibers run on from there, so __syncthreads(), __syncwarp() and the shuffles (__shfl_sync,
+// __shfl_xor_sync: values of up to 8 bytes) are real rendezvous. The order is chosen to expose
+// missing barriers: between two __syncthreads (a phase) the warps run one after another, each as
+// far as it can go (to the block barrier, through its own __syncwarp and shuffles), in
+// ascending warp order in even phases and descending in odd ones (odd blocks start descending);
+// a warp runs its lanes one by one up to their next rendezvous (a round), in the phase's order in
+// its first round and in the other order in each round after. So the code between two
+// rendezvous runs thread after thread, in both orders: shared memory read in the same phase as
+// another warp writes it, or a lane's value read without its warp's rendezvous, gives a wrong
+// result, whichever side the writer is on. When no warp can go on and the block barrier has not
+// released, it is a deadlock (threads that skip a __syncthreads, __syncwarp or shuffle, or
+// return before one that others reach); lanes of a warp that meet at different rendezvous are
+// a bug too: the runner names the threads and what they wait at on stderr and aborts, at once.
+// threadIdx and blockIdx are plain globals that the runner sets on every switch; __shared__
+// arrays are function statics (one block runs at a time); pto_host_launch runs the blocks of a
+// grid one after another and one grid at a time in the process. The fibers' stacks are mapped
+// once per process and reused: PTO_HOST_STACK bytes each (64 KiB; the generated kernels use
+// about 1 KiB), each above a PROT_NONE guard page, so that an overflow faults rather than
+// corrupts memory. On x86-64 ELF a fiber switch is the few instructions below; elsewhere, or
+// with -DPTO_HOST_UCONTEXT, it is POSIX swapcontext (a system call per switch: a launch takes
+// ~20x longer). So the host build checks the generated code's indexing, valid regions,
+// reductions across lanes and barrier placement, not a sequential rewrite of it.
 #ifndef PTO_ISA_CUH
 #define PTO_ISA_CUH
 
@@ -89,14 +108,19 @@ inline PtoDim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #ifdef PTO_HOST_UCONTEXT
 struct PtoHostContext { ucontext_t context; };
+// getcontext returns twice to the function that calls it (-Wclobbered): not to the launcher.
+__attribute__((noinline)) inline void pto_host_getcontext(ucontext_t *context) {
+    if (getcontext(context) != 0) std::abort();
+}
 inline void pto_host_switch(PtoHostContext &save, PtoHostContext &load) {
     if (swapcontext(&save.context, &load.context) != 0) std::abort();
 }
 #else
 // pto_host_fiber_switch(save, load): pushes the callee-saved registers (SysV x86-64) on this
 // stack, stores the stack pointer in *save, then pops them from the stack at `load` and returns
-// there. A local symbol: each library of generated code has its own. (swapcontext would do the
-// same but also sets the signal mask, a system call per switch: several times slower here.)
+// there. A local symbol: each library of generated code has its own. (swapcontext does the same
+// and also saves and sets the signal mask, a system call per switch; the MXCSR and x87 control
+// words are not switched here: kernels do not change them.)
 asm(R"(
     .pushsection .text
     .p2align 4
@@ -127,9 +151,18 @@ inline void pto_host_switch(PtoHostContext &save, PtoHostContext &load) {
 }
 #endif
 
+// What a fiber waits at. A warp's lanes must all reach the same one (the warp barrier is one for
+// __syncwarp and the shuffles).
+enum PtoRendezvous { PTO_SYNCTHREADS, PTO_SYNCWARP, PTO_SHFL_SYNC, PTO_SHFL_XOR_SYNC };
+inline const char *pto_rendezvous_name(int kind) {
+    static const char *const names[] = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_xor_sync"};
+    return names[kind];
+}
+
 // A rendezvous of `count` fibers: it releases (its generation advances) when all have arrived.
 struct PtoBarrier {
     int count = 0, arrived = 0;
+    int kind = 0;  // what the fibers arrived so far wait at
     long long generation = 0;
 };
 
@@ -137,13 +170,14 @@ struct PtoFiber {
     PtoHostContext context;
     const PtoBarrier *barrier;  // the one it waits at, if any
     long long generation;       // that barrier's generation when it arrived
-    const char *where;          // what it waits at, for the deadlock report
+    int kind;                   // what it waits at
     bool done;
 };
 
 // The fibers' stacks: mapped once per process (grown when a launch needs more or bigger ones)
 // and reused by every launch and every library of generated code (an inline variable is one
-// symbol for them all; it is only touched under pto_host_grid).
+// symbol for them all, so its layout is that of every build of this header loaded; it is only
+// touched under pto_host_grid).
 struct PtoHostStacks {
     unsigned char **bases;  // each: a guard page, then `size` bytes
     int count;
@@ -151,7 +185,8 @@ struct PtoHostStacks {
 };
 inline PtoHostStacks pto_host_stacks;
 
-inline unsigned char *pto_host_stack_top(int index) {
+// Stacks 0..count-1 mapped, each at least PTO_HOST_STACK bytes.
+inline void pto_host_stacks_ready(int count) {
     PtoHostStacks &stacks = pto_host_stacks;
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     const size_t size = (PTO_HOST_STACK + page - 1) / page * page;
@@ -161,21 +196,23 @@ inline unsigned char *pto_host_stack_top(int index) {
         stacks.size = size;
         stacks.guard = page;
     }
-    if (index >= stacks.count) {
-        unsigned char **bases = (unsigned char **)std::realloc(stacks.bases, (index + 1) * sizeof *bases);
-        if (bases == nullptr) std::abort();
-        stacks.bases = bases;
-        for (; stacks.count <= index; ++stacks.count) {
-            void *base = mmap(nullptr, stacks.guard + stacks.size, PROT_READ | PROT_WRITE,
-                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (base == MAP_FAILED || mprotect(base, stacks.guard, PROT_NONE) != 0) {
-                std::fprintf(stderr, "pto_isa.cuh host build: cannot map a fiber's stack\n");
-                std::abort();
-            }
-            stacks.bases[stacks.count] = (unsigned char *)base;
+    if (count <= stacks.count) return;
+    unsigned char **bases = (unsigned char **)std::realloc(stacks.bases, count * sizeof *bases);
+    if (bases == nullptr) std::abort();
+    stacks.bases = bases;
+    for (; stacks.count < count; ++stacks.count) {
+        void *base = mmap(nullptr, stacks.guard + stacks.size, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED || mprotect(base, stacks.guard, PROT_NONE) != 0) {
+            std::fprintf(stderr, "pto_isa.cuh host build: cannot map a fiber's stack\n");
+            std::abort();
         }
+        stacks.bases[stacks.count] = (unsigned char *)base;
     }
-    return stacks.bases[index] + stacks.guard + stacks.size;  // page aligned
+}
+
+inline unsigned char *pto_host_stack_top(int index) {  // page aligned
+    return pto_host_stacks.bases[index] + pto_host_stacks.guard + pto_host_stacks.size;
 }
 
 // One launch: a block's fibers, its barriers, and where the runner is.
@@ -186,17 +223,36 @@ struct PtoHostRun {
     PtoHostContext launcher;
     void (*body)(void *);  // calls the kernel
     void *kernel;
-    long long block_index, round;
-    int position;  // in this round's order
-    int resumed;   // fibers resumed in this round
+    long long block_index;
+    int phase;          // of the block: its barrier's releases so far
+    int warp_position;  // in this phase's order of warps
+    int warp_round;     // of the warp in this phase: its rounds so far
+    int lane_position;  // in this round's order of lanes
+    int resumed;        // fibers resumed in this round
     int finished;
+    bool released;  // the block barrier has just released: a phase starts
 };
 inline PtoHostRun *pto_host_run;
 
-// The fiber at `position` of the current round: ascending thread index in even rounds (the
-// block index counted in), descending in odd ones.
-inline int pto_host_fiber_at(const PtoHostRun &run, int position) {
-    return ((run.round + run.block_index) & 1) ? PTO_THREADS - 1 - position : position;
+// The fiber at the runner's position: warps in ascending order when the phase's number plus the
+// block's index is even, descending when odd; a warp's lanes in the same order in its first
+// round of a phase, then in the other order in each round after.
+inline int pto_host_fiber_at(const PtoHostRun &run) {
+    const int flip = (int)((run.phase + run.block_index) & 1);
+    const int warp = flip ? PTO_WARPS - 1 - run.warp_position : run.warp_position;
+    const int lane = ((flip + run.warp_round) & 1) ? 31 - run.lane_position : run.lane_position;
+    return warp * 32 + lane;
+}
+
+[[noreturn]] inline void pto_host_mismatch(const PtoHostRun &run, const PtoBarrier &barrier, int kind) {
+    int first = 0;
+    while (run.fibers[first].barrier != &barrier || run.fibers[first].generation != barrier.generation) ++first;
+    std::fprintf(stderr, "pto_isa.cuh host build: block %lld of %u: the lanes of warp %d meet at different "
+                         "rendezvous: lane %d at %s, lane %u at %s (all lanes must reach the same "
+                         "__syncwarp or shuffle)\n",
+                 run.block_index, gridDim.x, (int)(&barrier - run.warps), first % 32,
+                 pto_rendezvous_name(barrier.kind), threadIdx.x % 32, pto_rendezvous_name(kind));
+    std::abort();
 }
 
 [[noreturn]] inline void pto_host_deadlock(const PtoHostRun &run) {
@@ -209,36 +265,55 @@ inline int pto_host_fiber_at(const PtoHostRun &run, int position) {
         for (last = first; last + 1 < PTO_THREADS; ++last) {
             const PtoFiber &next = run.fibers[last + 1];
             if (next.done != fiber.done || (!fiber.done && (next.barrier != fiber.barrier ||
-                                                            next.where != fiber.where)))
+                                                            next.kind != fiber.kind)))
                 break;
         }
-        std::fprintf(stderr, "  threads %d-%d: ", first, last);
+        if (first == last)
+            std::fprintf(stderr, "  thread %d: ", first);
+        else
+            std::fprintf(stderr, "  threads %d-%d: ", first, last);
         if (fiber.done)
             std::fprintf(stderr, "returned\n");
         else if (fiber.barrier == &run.block)
-            std::fprintf(stderr, "wait at %s (%d of %d threads arrived)\n", fiber.where,
+            std::fprintf(stderr, "wait at %s (%d of %d threads arrived)\n", pto_rendezvous_name(fiber.kind),
                          fiber.barrier->arrived, fiber.barrier->count);
         else
-            std::fprintf(stderr, "wait at %s of warp %d (%d of %d lanes arrived)\n", fiber.where,
+            std::fprintf(stderr, "wait at %s of warp %d (%d of %d lanes arrived)\n",
+                         pto_rendezvous_name(fiber.kind),
                          (int)(fiber.barrier - run.warps), fiber.barrier->arrived, fiber.barrier->count);
     }
     std::abort();
 }
 
-// Leave the running fiber (which waits at a barrier, or is done) for the next runnable one in
-// this round's order, starting the next round at the end of one. A round that resumed no fiber
-// while some are unfinished is a deadlock.
+// Leave the running fiber (which waits at a barrier, or is done) for the next runnable one: the
+// next of its warp's lanes in this round's order, or the first of the next round of the warp, or,
+// when a round of the warp resumed none (all its lanes wait at the block barrier, or are done, or
+// the warp is stuck), the first lane of the next warp. A phase (the block barrier released)
+// starts afresh from the first warp of its order. Past the last warp is a deadlock: no warp can
+// go on and the block barrier has not released (the last fiber to finish never gets here).
 inline void pto_host_yield() {
     PtoHostRun &run = *pto_host_run;
     PtoFiber &from = run.fibers[threadIdx.x];
+    if (run.released) {
+        run.released = false;
+        ++run.phase;
+        run.warp_position = 0;
+        run.warp_round = 0;
+        run.lane_position = -1;
+        run.resumed = 0;
+    }
     for (;;) {
-        if (++run.position == PTO_THREADS) {
-            if (run.resumed == 0) pto_host_deadlock(run);
-            run.position = 0;
+        if (++run.lane_position == 32) {
+            if (run.resumed == 0) {
+                if (++run.warp_position == PTO_WARPS) pto_host_deadlock(run);
+                run.warp_round = 0;
+            } else {
+                ++run.warp_round;
+            }
+            run.lane_position = 0;
             run.resumed = 0;
-            ++run.round;
         }
-        const int next = pto_host_fiber_at(run, run.position);
+        const int next = pto_host_fiber_at(run);
         PtoFiber &fiber = run.fibers[next];
         if (fiber.done || (fiber.barrier != nullptr && fiber.barrier->generation == fiber.generation))
             continue;
@@ -253,14 +328,20 @@ inline void pto_host_yield() {
 }
 
 // The running fiber arrives at `barrier` and yields; it goes on once all have arrived.
-inline void pto_host_wait(PtoBarrier &barrier, const char *where) {
-    PtoFiber &fiber = pto_host_run->fibers[threadIdx.x];
+inline void pto_host_wait(PtoBarrier &barrier, int kind) {
+    PtoHostRun &run = *pto_host_run;
+    if (barrier.arrived == 0)
+        barrier.kind = kind;
+    else if (barrier.kind != kind)
+        pto_host_mismatch(run, barrier, kind);
+    PtoFiber &fiber = run.fibers[threadIdx.x];
     fiber.barrier = &barrier;
     fiber.generation = barrier.generation;
-    fiber.where = where;
+    fiber.kind = kind;
     if (++barrier.arrived == barrier.count) {
         barrier.arrived = 0;
         ++barrier.generation;
+        if (&barrier == &run.block) run.released = true;
     }
     pto_host_yield();
 }
@@ -285,14 +366,14 @@ inline void pto_host_wait(PtoBarrier &barrier, const char *where) {
 // enough: a lane that goes on to the next shuffle writes the other buffer, and cannot get to a
 // third before every lane has read this one.
 template <typename V>
-inline V pto_host_exchange(V value, int source_lane, const char *where) {
+inline V pto_host_exchange(V value, int source_lane, int kind) {
     static_assert(sizeof(V) <= 8, "shuffles move at most 8 bytes");
     PtoHostRun &run = *pto_host_run;
     const int thread = (int)threadIdx.x, warp = thread / 32;
     PtoBarrier &barrier = run.warps[warp];
     unsigned char(&lanes)[PTO_THREADS][8] = run.lanes[barrier.generation & 1];
     std::memcpy(lanes[thread], &value, sizeof value);
-    pto_host_wait(barrier, where);  // every lane has offered its value
+    pto_host_wait(barrier, kind);  // every lane has offered its value
     V got;
     std::memcpy(&got, lanes[warp * 32 + (source_lane & 31)], sizeof got);
     return got;
@@ -300,14 +381,14 @@ inline V pto_host_exchange(V value, int source_lane, const char *where) {
 
 template <typename V>
 inline V __shfl_xor_sync(unsigned, V value, int lane_mask) {
-    return pto_host_exchange(value, (int)(threadIdx.x % 32) ^ lane_mask, "__shfl_xor_sync");
+    return pto_host_exchange(value, (int)(threadIdx.x % 32) ^ lane_mask, PTO_SHFL_XOR_SYNC);
 }
 template <typename V>
 inline V __shfl_sync(unsigned, V value, int source_lane) {
-    return pto_host_exchange(value, source_lane, "__shfl_sync");
+    return pto_host_exchange(value, source_lane, PTO_SHFL_SYNC);
 }
-inline void __syncthreads() { pto_host_wait(pto_host_run->block, "__syncthreads"); }
-inline void __syncwarp() { pto_host_wait(pto_host_run->warps[threadIdx.x / 32], "__syncwarp"); }
+inline void __syncthreads() { pto_host_wait(pto_host_run->block, PTO_SYNCTHREADS); }
+inline void __syncwarp() { pto_host_wait(pto_host_run->warps[threadIdx.x / 32], PTO_SYNCWARP); }
 
 // One grid at a time in the process: the launch state, threadIdx and the rest, the stacks and the
 // __shared__ statics are globals, and the CUDA emulator's streams launch from several threads.
@@ -324,27 +405,31 @@ inline void pto_host_launch(long long blocks, F kernel) {
     for (PtoBarrier &warp : run->warps) warp.count = 32;
     run->body = [](void *call) { (*static_cast<F *>(call))(); };
     run->kernel = &kernel;
+    pto_host_stacks_ready(PTO_THREADS);
     pto_host_run = run.get();
     gridDim.x = (unsigned)blocks;
     blockDim.x = PTO_THREADS;
     for (long long b = 0; b < blocks; ++b) {
         blockIdx.x = (unsigned)b;
         run->block_index = b;
-        run->round = 0;
-        run->position = 0;
+        run->phase = 0;
+        run->warp_position = 0;
+        run->warp_round = 0;
+        run->lane_position = 0;
         run->resumed = 1;
         run->finished = 0;
+        run->released = false;
         for (int t = 0; t < PTO_THREADS; ++t) {
             PtoFiber &fiber = run->fibers[t];
             fiber.barrier = nullptr;
             fiber.done = false;
             unsigned char *top = pto_host_stack_top(t);
 #ifdef PTO_HOST_UCONTEXT
-            if (getcontext(&fiber.context.context) != 0) std::abort();
+            pto_host_getcontext(&fiber.context.context);
             fiber.context.context.uc_stack.ss_sp = top - pto_host_stacks.size;
             fiber.context.context.uc_stack.ss_size = pto_host_stacks.size;
             fiber.context.context.uc_link = nullptr;
-            makecontext(&fiber.context.context, (void (*)())pto_host_fiber_main, 0);
+            makecontext(&fiber.context.context, pto_host_fiber_main, 0);
 #else
             // What pto_host_fiber_switch pops: six registers, then pto_host_fiber_main as the
             // address to return to, entered as if called (a return address of its own above).
@@ -355,7 +440,7 @@ inline void pto_host_launch(long long blocks, F kernel) {
             fiber.context.stack = stack;
 #endif
         }
-        const int first = pto_host_fiber_at(*run, 0);
+        const int first = pto_host_fiber_at(*run);
         threadIdx.x = (unsigned)first;
         pto_host_switch(run->launcher, run->fibers[first].context);
     }
