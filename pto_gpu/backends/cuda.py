@@ -125,11 +125,19 @@ class CudaBackend:
     def enqueue(self, task, stream: int, after) -> int:
         """Enqueue a task's kernel on `stream` behind the events `after` (producers on other
         streams); the event recorded behind it."""
-        event = self._events.pop() if self._events else self.device.event()
         kernel = task.kernel
         if kernel.cuda is None:
             raise PTOError(f"{kernel.name} has no CUDA implementation: declare it with "
                            "@pto.kernel(..., cuda=pto.CudaCode(...))")
+        event = self._events.pop() if self._events else self.device.event()
+        try:
+            return self._enqueue(task, stream, after, event)
+        except BaseException:
+            self._events.append(event)  # recorded or not, nothing waits on it
+            raise
+
+    def _enqueue(self, task, stream: int, after, event: int) -> int:
+        kernel = task.kernel
         if kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing:
             for producer in after:
                 self._driver.call("cuStreamWaitEvent", stream, producer, 0)
@@ -154,7 +162,6 @@ class CudaBackend:
                        np.array(after, np.int64) if after else _NO_WAITS, event, scratch.words,
                        scratch.params, scratch.failed)
         if status != 0:
-            self._events.append(event)
             self._driver.check(status, CALLS[int(scratch.failed[0])])
         return event
 
@@ -250,6 +257,7 @@ def _split(task) -> tuple[tuple, list[int], list]:
     key = [task.kernel.id]
     pointers = []
     scalars = []
+    dtype = None
     for param in task.params:
         if param.kind is _SCALAR:
             scalars.append(param.value)
@@ -257,7 +265,8 @@ def _split(task) -> tuple[tuple, list[int], list]:
             tensor = param.value
             key += (tensor.repeats, tensor.strides)
             pointers.append(tensor.addr + tensor.start_offset * tensor.dtype.itemsize)
-    key.append(tensor.dtype)
+            dtype = tensor.dtype
+    key.append(dtype)
     if scalars:
         key.append(instance_scalars(task.kernel, tuple(scalars)))
     return tuple(key), pointers, scalars
@@ -287,5 +296,6 @@ class CudaGraph:
 
 
 def _destroy(driver: Driver, graph: int, executable: int) -> None:
-    driver.call("cuGraphExecDestroy", executable)
-    driver.call("cuGraphDestroy", graph)
+    # Whatever they answer (a sticky fault's error, say), the handles are freed.
+    driver.graph_exec_destroy(executable)
+    driver.graph_destroy(graph)

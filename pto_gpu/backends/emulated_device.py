@@ -30,7 +30,7 @@ from ..tensor import TensorDescriptor
 from . import ExternalArray, cuda_abi, emulator
 from .cpu import CpuBackend
 from .driver import Driver
-from .launches import cpu_code, cpu_code_context, instance_scalars, is_integer
+from .launches import TENSOR_WORDS, cpu_code, cpu_code_context, instance_scalars, is_integer
 
 EMULATE = ("gpu-code", "cpu-code")
 WORD = 8  # every argument of the generated kernels is one 8-byte word (cuda_abi)
@@ -71,7 +71,7 @@ class EmulatedDevice:
 
     # --- code, streams and events ----------------------------------------------------------
     def function(self, code: CudaCode, kernel, dtype: np.dtype, shapes: tuple, scalars: tuple) -> int:
-        words = sum(1 + 2 * cuda_abi.MAX_DIMS for _ in shapes) + len(scalars)
+        words = TENSOR_WORDS * len(shapes) + len(scalars)
         if self.emulate == "gpu-code":
             key = (code.source, np.dtype(dtype), kernel.name)
         else:

@@ -1,12 +1,13 @@
 """Launch records and the native issue path of the CUDA backend.
 
 A kernel instance's launch is prepared once (`Template`: its CUfunction, grid, block, shared
-memory and its argument words with the tensors' pointers left blank); a task's launch fills
-in the pointers and goes out through `issue`, an nogil numba function that calls the CUDA
-driver (`cuStreamWaitEvent` for each producer on another stream, `cuLaunchKernel`,
-`cuEventRecord`) through function pointers taken once from the driver library: libcuda on a
-GPU, the emulator (backends/emulator.py) without one. No CuPy object, view or Python list
-per task; numba calls a function pointer in a few ns, so the driver's own cost is what is left.
+memory and its argument words, each task's own words left blank: its tensors' pointers and its
+scalars); a task's launch fills those in and goes out through `issue`, an nogil numba function
+that calls the CUDA driver (`cuStreamWaitEvent` for each producer on another stream,
+`cuLaunchKernel`, `cuEventRecord`) through function pointers taken once from the driver
+library: libcuda on a GPU, the emulator (backends/emulator.py) without one. No CuPy object,
+view or Python list per task; numba calls a function pointer in a few ns, so the driver's own
+cost is what is left.
 
 Every argument of the generated kernels is one 8-byte word (backends/cuda_abi.py: a pointer,
 sizes and strides as long long, scalars as long long or double), so a launch's arguments are
@@ -28,16 +29,19 @@ from llvmlite import ir
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
+from ..core.state import MAX_PARAMS
 from ..dtypes import as_dtype
 from ..jit.context import MAX_SCALARS, S_FLOAT, S_INT
 from ..jit.descriptor import D_BASE, D_DTYPE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH
 from ..kernel import CudaCode, Kernel
+from ..native_call import call_entry
 from . import cuda_abi
 
 # The driver functions `issue` and the executors call, by their index in a driver's address table.
-CALLS = ("cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent", "cuEventQuery")
-LAUNCH, RECORD, WAIT, QUERY = range(len(CALLS))
-MAX_WORDS = 7 * 16 + MAX_SCALARS  # 16 tensors of a pointer and six words, and the scalars
+CALLS = ("cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent")
+LAUNCH, RECORD, WAIT = range(len(CALLS))
+TENSOR_WORDS = 1 + 2 * cuda_abi.MAX_DIMS  # a pointer, the sizes, the element strides
+MAX_WORDS = TENSOR_WORDS * MAX_PARAMS + MAX_SCALARS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,18 +157,6 @@ def _call_wait(typingctx, address, stream, event):
     return types.int32(types.int64, types.int64, types.int64), codegen
 
 
-@intrinsic
-def _call1(typingctx, address, handle):
-    """A driver call of one handle (cuEventQuery(event))."""
-    def codegen(context, builder, signature, args):
-        i8p = ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(ir.IntType(32), [i8p])
-        callee = builder.inttoptr(args[0], fnty.as_pointer())
-        return builder.call(callee, [_pointer(builder, args[1])])
-
-    return types.int32(types.int64, types.int64), codegen
-
-
 @njit(nogil=True, cache=True)
 def issue(driver, function, grid, block, shared, stream, template_words, task_at, task_words, waits,
           event, words, params, failed):
@@ -192,29 +184,11 @@ def issue(driver, function, grid, block, shared, stream, template_words, task_at
     return 0
 
 
-@njit(nogil=True, cache=True)
-def query(driver, event):
-    """cuEventQuery(event): 0 when reached, 600 (not ready), or the error of a kernel before it."""
-    return _call1(driver[QUERY], event)
-
-
 # --- the emulator's CPU code ---------------------------------------------------------------------
 # A cpu-code function's context: the native entry, then the instance's shape of arguments.
 C_ENTRY, C_TENSORS, C_SCALARS, C_DTYPE, C_ITEMSIZE, C_NDIMS = range(6)  # C_NDIMS + p: tensor p's dims
-C_KINDS = C_NDIMS + 16  # C_KINDS + k: scalar k's kind (S_INT or S_FLOAT)
+C_KINDS = C_NDIMS + MAX_PARAMS  # C_KINDS + k: scalar k's kind (S_INT or S_FLOAT)
 CONTEXT_WIDTH = C_KINDS + MAX_SCALARS
-
-
-@intrinsic
-def _call_entry(typingctx, address, descs, kinds, ints, floats):
-    def codegen(context, builder, signature, args):
-        i64p, f64p = ir.IntType(64).as_pointer(), ir.DoubleType().as_pointer()
-        fnty = ir.FunctionType(ir.IntType(64), [i64p, i64p, i64p, f64p])
-        callee = builder.inttoptr(args[0], fnty.as_pointer())
-        return builder.call(callee, [builder.inttoptr(args[1], i64p), builder.inttoptr(args[2], i64p),
-                                     builder.inttoptr(args[3], i64p), builder.inttoptr(args[4], f64p)])
-
-    return types.int64(types.int64, types.int64, types.int64, types.int64, types.int64), codegen
 
 
 _U32P = types.CPointer(types.uint32)
@@ -250,7 +224,7 @@ def cpu_code(grid, block, shared, params, context):
         for k in range(ndim):
             descs[d + D_SHAPE + k] = _word(params, w + 1 + cuda_abi.MAX_DIMS - ndim + k)
             descs[d + D_STRIDE + k] = _word(params, w + 4 + cuda_abi.MAX_DIMS - ndim + k)
-        w += 1 + 2 * cuda_abi.MAX_DIMS
+        w += TENSOR_WORDS
     for k in range(c[C_SCALARS]):
         kinds[k] = c[C_KINDS + k]
         word = _word(params, w + k)
@@ -258,7 +232,7 @@ def cpu_code(grid, block, shared, params, context):
             ints[k] = word
         else:
             floats[k] = np.array([word]).view(np.float64)[0]
-    status = _call_entry(c[C_ENTRY], descs.ctypes.data, kinds.ctypes.data, ints.ctypes.data,
+    status = call_entry(c[C_ENTRY], descs.ctypes.data, kinds.ctypes.data, ints.ctypes.data,
                          floats.ctypes.data)
     return np.int32(status)
 

@@ -41,10 +41,10 @@ from ..core.complete import complete_held, start_held
 from ..core.lock import acquire, monotonic_ns, release
 from ..dtypes import WorkerType
 from ..errors import InvariantError
-from ..isa.native_abi import call_entry
 from ..jit.context import MAX_SCALARS, S_INT, ArgTables
 from ..jit.descriptor import D_DTYPE, D_NDIM, D_SHAPE
 from ..kernel import Kernel
+from ..native_call import call_entry
 from ..params import ParamKind
 from ..profile import Lane
 from ..scheduler import Scheduler, Task

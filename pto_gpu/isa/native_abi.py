@@ -184,21 +184,3 @@ def _dims(p: int, ndim: int, field: int, scale: str = "") -> str:
     d = p * DESC_WIDTH
     items = [f"descs[{d + field + k}]" + (" " + scale.format(d) if scale else "") for k in range(ndim)]
     return f"({', '.join(items)},)"
-
-
-@intrinsic
-def call_entry(typingctx, address, descs, kinds, ints, floats):
-    """Call the native entry at `address` with the addresses of a task's argument rows; its
-    status (0, or RAISED)."""
-    if not all(isinstance(t, types.Integer) for t in (address, descs, kinds, ints, floats)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        i64p = ir.IntType(64).as_pointer()
-        f64p = ir.DoubleType().as_pointer()
-        signature = ir.FunctionType(ir.IntType(64), [i64p, i64p, i64p, f64p])
-        function = builder.inttoptr(args[0], signature.as_pointer())
-        return builder.call(function, [builder.inttoptr(args[1], i64p), builder.inttoptr(args[2], i64p),
-                                       builder.inttoptr(args[3], i64p), builder.inttoptr(args[4], f64p)])
-
-    return types.int64(address, descs, kinds, ints, floats), codegen
