@@ -97,6 +97,9 @@ class Runtime:
         if comm is not None and executor not in ("auto", "parallel", "serial"):
             raise PTOError(f"executor={executor!r} cannot run a distributed run (comm=) yet; use 'parallel' "
                            "or 'serial'")
+        if comm is not None and backend == "cuda-emulated":
+            raise PTOError("a distributed run (comm=) cannot use backend='cuda-emulated': its transfers are "
+                           "host functions that only a GPU's backend runs; use backend='cpu' or 'cuda'")
         if transport not in ("mpi", "nccl"):
             raise PTOError(f"transport={transport!r}; choose 'mpi' or 'nccl'")
         self.sizes = Sizes(

@@ -1,7 +1,7 @@
 """The backend contract (backends/__init__.py) and what the stream executor asks of it: both
 backends offer every member of the Protocols, events are pooled without ever being recorded
-again while a queued wait refers to them, and CUDA event statuses become errors (checked with
-a fake CUDA runtime here; with a real fault in tests/test_cuda.py)."""
+again while a queued wait refers to them, and CUDA event statuses become errors (on the CUDA
+emulator's driver here; through the runtime in tests/test_cuda.py)."""
 
 import threading
 import time
@@ -13,9 +13,10 @@ from pto_gpu.kernels.elementwise import scale
 from test_cuda import ON_GPU
 
 import pto_gpu as pto
-from pto_gpu.backends import Backend, StreamBackend, memory_of
+from pto_gpu.backends import Backend, StreamBackend, emulator, memory_of
 from pto_gpu.backends.cpu import CpuBackend
-from pto_gpu.backends.cuda import NOT_READY, CudaBackend, event_done
+from pto_gpu.backends.cuda import CudaBackend
+from pto_gpu.backends.driver import CudaError
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
 
 
@@ -32,7 +33,7 @@ def protocol_members(protocol) -> set[str]:
 def test_each_backend_offers_every_member_of_the_stream_backend_protocol(backend):
     members = protocol_members(StreamBackend)
     assert protocol_members(Backend) < members and {"release", "view", "resolve"} <= members
-    instance_attributes = {"heap_base", "heap_bytes"}  # set in __init__
+    instance_attributes = {"heap_base", "heap_bytes", "name"}  # set in __init__ (CUDA's name: its device's)
     assert not {m for m in members - instance_attributes if not hasattr(backend, m)}
 
 
@@ -48,45 +49,54 @@ def test_memory_of_gives_each_external_allocation_of_the_tasks_once():
     assert memory_of([first, second]) == (a, b)
 
 
-class FakeRuntime:
-    """cupy.cuda.runtime's eventQuery and check_status, with a status to return."""
-
-    def __init__(self, status: int):
-        self.status = status
-        self.queried: list[int] = []
-
-    def eventQuery(self, pointer: int) -> int:  # noqa: N802 (CuPy's name)
-        self.queried.append(pointer)
-        return self.status
-
-    def check_status(self, status: int) -> None:
-        if status != 0:
-            raise RuntimeError(f"cudaError {status}")
+@pytest.fixture
+def driver():
+    """The emulator's driver, reset after the test (its faults disarmed, a sticky error cleared)."""
+    yield emulator.driver()
+    emulator.reset()
 
 
-@pytest.mark.parametrize("status, expected", [(0, True), (NOT_READY, False)])
-def test_an_event_status_of_success_or_not_ready_says_whether_it_was_reached(status, expected):
-    runtime = FakeRuntime(status)
-    assert event_done(runtime, types.SimpleNamespace(ptr=1234)) is expected
-    assert runtime.queried == [1234]
+def test_an_event_reads_as_reached_or_not_yet_and_a_fault_raises_instead(driver):
+    stream, event = driver.new_stream(), driver.new_event()
+    emulator.lose_event(1)  # its record is never reached
+    driver.call("cuEventRecord", event, stream)
+    assert driver.reached(event) is False
+    emulator.reset()  # a stalled record counts as reached
+    assert driver.reached(event) is True
+    nothing = emulator.function(NOTHING, [])
+    emulator.fault_kernel(1)
+    driver.call("cuLaunchKernel", nothing, 1, 1, 1, 1, 1, 1, 0, stream, None, None)
+    assert driver.event_record(event, stream) in (0, 700)  # 700 once the fault happened: sticky
+    with pytest.raises(CudaError, match=r"cuEventQuery failed: CUDA_ERROR_ILLEGAL_ADDRESS \(700\)") as raised:
+        while not driver.reached(event):  # the sticky error, once the kernel "ran"
+            time.sleep(1e-4)
+    assert raised.value.status == 700
 
 
-def test_any_other_event_status_raises_instead_of_reading_as_not_done():
-    with pytest.raises(RuntimeError, match="cudaError 700"):  # cudaErrorIllegalAddress
-        event_done(FakeRuntime(700), types.SimpleNamespace(ptr=1))
+def test_a_wait_for_an_event_never_reached_gives_up_with_a_deadlock_error(driver):
+    stream, event = driver.new_stream(), driver.new_event()
+    emulator.lose_event(1)
+    driver.call("cuEventRecord", event, stream)
+    started = time.perf_counter()
+    with pytest.raises(pto.DeadlockError, match="a CUDA event was not reached within 0.2 s"):
+        driver.wait_until_reached(event, 0.2)
+    assert 0.2 <= time.perf_counter() - started < 5
+
+
+NOTHING = emulator.ENTRY(lambda *_: 0)
 
 
 def counted_events(rt: pto.Runtime) -> list:
-    """Every event the backend's record returns, kept (so ids stay distinct)."""
+    """Every event the backend's enqueue returns, kept (so ids stay distinct)."""
     seen = []
-    record = rt.backend.record
+    enqueue = rt.backend.enqueue
 
-    def counting(stream):
-        event = record(stream)
+    def counting(task, stream, after):
+        event = enqueue(task, stream, after)
         seen.append(event)
         return event
 
-    rt.backend.record = counting
+    rt.backend.enqueue = counting
     return seen
 
 
@@ -97,7 +107,7 @@ def scale_chain(o, x, n):
         o.submit(scale, pto.input(X), pto.output(X), 1.5)
 
 
-@pytest.mark.parametrize("backend", ["cpu", pytest.param("cuda", marks=ON_GPU)])
+@pytest.mark.parametrize("backend", ["cpu", "cuda-emulated", pytest.param("cuda", marks=ON_GPU)])
 def test_a_long_chain_records_a_bounded_number_of_distinct_events_and_matches_serial(backend):
     expected = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
     x = expected.copy()
@@ -109,7 +119,7 @@ def test_a_long_chain_records_a_bounded_number_of_distinct_events_and_matches_se
     rt.run(scale_chain, data, 200)
     assert len(events) == 200
     # At most the tasks in flight (the task window) plus the retired producers they wait on.
-    assert len({id(e) for e in events}) <= 2 * window
+    assert len({e if isinstance(e, int) else id(e) for e in events}) <= 2 * window  # CUDA's are handles
     assert rt.backend.to_host(data).tobytes() == expected.tobytes()
 
 

@@ -73,6 +73,8 @@ def test_auto_never_picks_the_emulator_and_emulate_belongs_to_it():
         pto.Runtime(backend="cpu", emulate="cpu-code")
     with pytest.raises(pto.PTOError, match=r"emulate='fast'; choose one of gpu-code, cpu-code"):
         pto.Runtime(backend="cuda-emulated", emulate="fast")
+    with pytest.raises(pto.PTOError, match=r"a distributed run \(comm=\) cannot use backend='cuda-emulated'"):
+        pto.Runtime(backend="cuda-emulated", comm=object())
 
 
 @needs_gpu

@@ -29,7 +29,6 @@ from ..kernel import CudaCode
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cuda_abi, emulator
 from .cpu import CpuBackend
-from .driver import Driver
 from .launches import TENSOR_WORDS, cpu_code, cpu_code_context, instance_scalars, is_integer
 
 EMULATE = ("gpu-code", "cpu-code")
@@ -47,8 +46,7 @@ class EmulatedDevice:
         self._host = CpuBackend(heap_bytes)  # the heap and the views, as on the CPU
         self.heap_base = self._host.heap_base
         self.heap_bytes = heap_bytes
-        self.driver = Driver(emulator.library(), "the CUDA emulator")
-        self.driver.call("cuInit", 0)
+        self.driver = emulator.driver()
         self._functions: dict[tuple, int] = {}
         self._kept: list = []  # host builds and cpu-code contexts whose addresses are registered
         self._lock = threading.Lock()

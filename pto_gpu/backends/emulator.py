@@ -99,12 +99,13 @@ def _declare(cdll: ctypes.CDLL) -> None:
 
 
 def driver() -> Driver:
-    """The emulator's driver functions, typed."""
+    """The emulator's driver functions, typed, initialised (cuInit)."""
     global _driver
     cdll = library()
     with _loading:
         if _driver is None:
             _driver = Driver(cdll, "the CUDA emulator")
+            _driver.call("cuInit", 0)
         return _driver
 
 
