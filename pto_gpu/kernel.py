@@ -57,10 +57,12 @@ class CudaCode:
 class CudaInstances:
     """CUDA code made for each call (a kernel family's, pto_gpu/isa/family.py):
     `instance(shapes, dtype, scalars)` gives the CudaCode of that call's instance. `library` as
-    CudaCode's."""
+    CudaCode's. `structural`: the positions of the scalars whose values pick the instance
+    (None: every scalar's), so that launches of one instance share their preparation."""
 
     instance: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], CudaCode]
     library: Callable | None = None
+    structural: tuple[int, ...] | None = None
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple) -> CudaCode:
         return self.instance(tuple(shapes), np.dtype(dtype), scalars)

@@ -45,19 +45,35 @@ EXECUTORS = ("auto", "parallel", "stream", "serial", "dry", "sim")
 BACKENDS = ("auto", "cpu", "cuda", "cuda-emulated")
 
 _blas_libraries: tuple[int, ThreadpoolController] | None = None  # (len(sys.modules), their controller)
+_blas_lock = threading.Lock()
+_blas_runs = 0  # runs, captures and replays in progress, in any runtime of the process
+_blas_limiter = None  # their one limit, restored when the last of them ends
 
 
-def _one_blas_thread() -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
     """threadpool_limits(1) for a run, capture or replay, whatever its executor, restoring the
     caller's setting after: the workers (threads, streams, the caller's thread) are the
     parallelism, and BLAS sums in another order with another thread count (OpenBLAS's Haswell
     kernels do), so one count everywhere keeps every executor's results the serial executor's.
-    Over the thread pools loaded when the scan was made, which is made again once a module has
-    been imported since (how a library with a pool of its own arrives). The scan took 1 ms."""
-    global _blas_libraries
-    if _blas_libraries is None or _blas_libraries[0] != len(sys.modules):
-        _blas_libraries = (len(sys.modules), ThreadpoolController())
-    return _blas_libraries[1].limit(limits=1)
+    The limit is the process's (BLAS libraries have one count), so runtimes running at once in
+    several threads share it: the first to start sets it, the last to end restores it. Over
+    the thread pools loaded when the scan was made, which is made again once a module has been
+    imported since (how a library with a pool of its own arrives). The scan took 1 ms."""
+    global _blas_libraries, _blas_runs, _blas_limiter
+    with _blas_lock:
+        if _blas_runs == 0:
+            if _blas_libraries is None or _blas_libraries[0] != len(sys.modules):
+                _blas_libraries = (len(sys.modules), ThreadpoolController())
+            _blas_limiter = _blas_libraries[1].limit(limits=1)
+        _blas_runs += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_runs -= 1
+            if _blas_runs == 0:
+                _blas_limiter.restore_original_limits()
 
 
 def default_workers(executor: str) -> dict[WorkerType, int]:

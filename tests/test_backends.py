@@ -68,8 +68,7 @@ def test_an_event_reads_as_reached_or_not_yet_and_a_fault_raises_instead(driver)
     driver.call("cuLaunchKernel", nothing, 1, 1, 1, 1, 1, 1, 0, stream, None, None)
     assert driver.event_record(event, stream) in (0, 700)  # 700 once the fault happened: sticky
     with pytest.raises(CudaError, match=r"cuEventQuery failed: CUDA_ERROR_ILLEGAL_ADDRESS \(700\)") as raised:
-        while not driver.reached(event):  # the sticky error, once the kernel "ran"
-            time.sleep(1e-4)
+        driver.wait_until_reached(event, 30)  # the sticky error, once the kernel "ran"
     assert raised.value.status == 700
 
 

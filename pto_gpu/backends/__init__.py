@@ -95,9 +95,8 @@ class StreamBackend(Backend, Protocol):
         """Block until `event` is reached; raises as `done` does."""
 
     def release(self, event: Event) -> None:
-        """Hand back an event that was reached and that no wait still queued refers to; a
-        later `record` may return it again. Events recorded while capturing are never
-        handed back: the graph's nodes were made from them."""
+        """Hand back an event that was reached (or recorded in a capture that has ended) and
+        that no wait still queued refers to; a later `enqueue` may return it again."""
 
     def begin_capture(self, streams: list) -> None:
         """From here on, record what is enqueued on `streams` instead of running it."""

@@ -32,9 +32,9 @@ from ..errors import PTOError
 from ..kernel import CudaCode, preparing
 from ..params import ParamKind
 from ..tensor import TensorDescriptor
-from . import ExternalArray
+from . import ExternalArray, cuda_abi
 from .driver import CAPTURE_MODE_RELAXED, Driver
-from .launches import CALLS, Scratch, Template, instance_scalars, is_integer, issue, scalar_bits, template
+from .launches import CALLS, Scratch, Template, instance_scalars, issue, scalar_bits, template
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
@@ -60,15 +60,16 @@ class Device(Protocol):
 
     def wait_for_caller(self) -> None: ...
 
-    def function(self, code: CudaCode, kernel, dtype: np.dtype, shapes: tuple, scalars: tuple) -> int:
-        """The CUfunction of the code's kernel for that element type (and, where the device runs
-        CPU code for it, that call's instance)."""
+    def function(self, code: CudaCode, kernel, layout: list, scalars: tuple) -> int:
+        """The CUfunction of the code's kernel (and, where the device runs CPU code for it, of
+        the call's instance): `layout` is the call's params in order, (shape, numpy dtype) for
+        a tensor and None for a scalar; `scalars` their values."""
 
     def stream(self) -> int:
-        """A new non-blocking stream's handle, kept for the device's life."""
+        """A new non-blocking stream's handle, freed with the device."""
 
     def event(self) -> int:
-        """A new event's handle (timing disabled), kept for the device's life."""
+        """A new event's handle (timing disabled), freed with the device."""
 
     def enter(self) -> None:
         """Make the device's context current on the calling thread (once per thread)."""
@@ -129,7 +130,8 @@ class CudaBackend:
         if kernel.cuda is None:
             raise PTOError(f"{kernel.name} has no CUDA implementation: declare it with "
                            "@pto.kernel(..., cuda=pto.CudaCode(...))")
-        event = self._events.pop() if self._events else self.device.event()
+        self._enter()
+        event = self._take_event()
         try:
             return self._enqueue(task, stream, after, event)
         except BaseException:
@@ -145,7 +147,7 @@ class CudaBackend:
             self.device.library(task, values, stream)
             self._driver.call("cuEventRecord", event, stream)
             return event
-        key, pointers, scalars = _split(task)
+        key, own, scalars = _split(task)
         launch = self._templates.get(key, _MISSING)  # a dict read is atomic under the GIL
         if launch is _MISSING:
             launch = self._template(key, task)
@@ -155,10 +157,11 @@ class CudaBackend:
             self._driver.call("cuEventRecord", event, stream)
             return event
         if scalars:
-            pointers += map(scalar_bits, scalars, launch.integer_scalars)
+            for slot, integer in zip(launch.scalar_slots, launch.integer_scalars):
+                own[slot] = scalar_bits(own[slot], integer)
         scratch = self._scratch()
         status = issue(self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
-                       stream, launch.words, launch.task_words, np.array(pointers, np.int64),
+                       stream, launch.words, launch.task_words, np.array(own, np.int64),
                        np.array(after, np.int64) if after else _NO_WAITS, event, scratch.words,
                        scratch.params, scratch.failed)
         if status != 0:
@@ -166,40 +169,56 @@ class CudaBackend:
         return event
 
     def _template(self, key: tuple, task) -> Template | None:
-        """The launch of the task's kernel instance over tensors of its shapes and strides, made
-        at the first such call (then looked up by `key`, from _split)."""
+        """The launch of the task's kernel instance over tensors of its shapes, strides and
+        element types, made at the first such call (then looked up by `key`, from _split)."""
         with preparing(), self._templates_lock:  # compiling: a cost history leaves this call out
             found = self._templates.get(key, _MISSING)
             if found is _MISSING:
-                tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
-                scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
-                found = self._templates[key] = self._prepare(task.kernel, tensors, scalars)
+                found = self._templates[key] = self._prepare(task)
             return found
 
-    def _prepare(self, kernel, tensors: list[TensorDescriptor], scalars: tuple) -> Template | None:
+    def _prepare(self, task) -> Template | None:
+        kernel = task.kernel
+        tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
+        scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
+        if not tensors:
+            raise PTOError(f"{kernel.name}: a CUDA kernel takes at least one tensor, to say its element type")
         shapes = [t.shape for t in tensors]
-        dtype = tensors[0].dtype.numpy
-        code = kernel.cuda.code_for(shapes, dtype, scalars)
+        code = kernel.cuda.code_for(shapes, tensors[0].dtype.numpy, scalars)
         items = code.items(shapes)
         if items == 0:
             return None
-        integers = code.integer_scalars or tuple(map(is_integer, scalars))
-        function = self.device.function(code, kernel, dtype, tuple(shapes), scalars)
+        layout = [None if p.kind == ParamKind.SCALAR else (p.value.shape, p.value.dtype.numpy)
+                  for p in task.params]
+        function = self.device.function(code, kernel, layout, scalars)
         blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
-        return template(function, blocks, THREADS_PER_BLOCK, shapes, [t.byte_strides for t in tensors],
-                        dtype.itemsize, tuple(integers))
+        words = [None if p.kind == ParamKind.SCALAR else (p.value.shape, p.value.byte_strides,
+                                                          p.value.dtype.itemsize) for p in task.params]
+        return template(function, blocks, THREADS_PER_BLOCK, words,
+                        cuda_abi.scalar_kinds(code.integer_scalars, scalars))
+
+    def _enter(self) -> None:
+        """The device's context on this thread, before its first driver call here."""
+        if not getattr(self._local, "entered", False):
+            self.device.enter()
+            self._local.entered = True
+
+    def _take_event(self) -> int:
+        try:
+            return self._events.pop()  # atomic: a pool shared by the parallel executor's threads
+        except IndexError:
+            return self.device.event()
 
     def _scratch(self) -> Scratch:
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
-            self.device.enter()
             scratch = self._local.scratch = Scratch()
         return scratch
 
     def _thread_stream(self) -> int:
         stream = getattr(self._local, "stream", None)
         if stream is None:
-            self.device.enter()
+            self._enter()
             stream = self._local.stream = self.device.stream()
         return stream
 
@@ -207,13 +226,16 @@ class CudaBackend:
     def stream(self, key) -> int:
         stream = self._streams.get(key)
         if stream is None:
+            self._enter()
             stream = self._streams[key] = self.device.stream()
         return stream
 
     def done(self, event: int) -> bool:
+        self._enter()
         return self._driver.reached(event)
 
     def synchronize(self, event: int) -> None:
+        self._enter()
         self._driver.wait_until_reached(event, self.gpu_timeout)
 
     def release(self, event: int) -> None:
@@ -222,27 +244,46 @@ class CudaBackend:
     def begin_capture(self, streams: list) -> None:
         """Capture everything enqueued on `streams` from here on into one CUDA graph: the
         streams fork from and join back to one origin stream, which the capture runs on."""
+        self._enter()
         if self._origin is None:
             self._origin = self.device.stream()
         self._driver.call("cuStreamBeginCapture_v2", self._origin, CAPTURE_MODE_RELAXED)
         self._capturing = True
-        fork = self.device.event()
-        self._driver.call("cuEventRecord", fork, self._origin)
-        for stream in streams:
-            self._driver.call("cuStreamWaitEvent", stream, fork, 0)
+        fork = self._take_event()
+        try:
+            self._driver.call("cuEventRecord", fork, self._origin)
+            for stream in streams:
+                self._driver.call("cuStreamWaitEvent", stream, fork, 0)
+        except BaseException:
+            self._abandon_capture()
+            raise
+        finally:
+            self.release(fork)  # recording it again later is a new record, not the graph's edge
 
     def end_capture(self, streams: list, memory: tuple) -> CudaGraph:
-        graph = ctypes.c_void_p()
+        joins = []
         try:
             for stream in streams:
-                join = self.device.event()
-                self._driver.call("cuEventRecord", join, stream)
-                self._driver.call("cuStreamWaitEvent", self._origin, join, 0)
+                joins.append(self._take_event())
+                self._driver.call("cuEventRecord", joins[-1], stream)
+                self._driver.call("cuStreamWaitEvent", self._origin, joins[-1], 0)
+        except BaseException:
+            self._abandon_capture()
+            raise
         finally:
-            self._capturing = False
-            # ends the capture even when a join failed
-            self._driver.call("cuStreamEndCapture", self._origin, ctypes.byref(graph))
+            self._events += joins
+        self._capturing = False
+        graph = ctypes.c_void_p()
+        self._driver.call("cuStreamEndCapture", self._origin, ctypes.byref(graph))
         return CudaGraph(self, graph.value, self._origin, (self.device, *memory))
+
+    def _abandon_capture(self) -> None:
+        """End a capture that failed, without a graph: the failure is the error to report, so
+        what the driver answers here is not looked at."""
+        self._capturing = False
+        graph = ctypes.c_void_p()
+        if self._driver.stream_end_capture(self._origin, ctypes.byref(graph)) == 0 and graph.value:
+            self._driver.graph_destroy(graph.value)
 
 
 _MISSING = object()
@@ -250,26 +291,25 @@ _SCALAR = ParamKind.SCALAR
 _NO_WAITS = np.zeros(0, np.int64)
 
 
-def _split(task) -> tuple[tuple, list[int], list]:
-    """A task's launch template key (its kernel, element type and the geometry of each tensor:
-    shape and element strides; the scalars that pick its instance), its tensors' pointers and
-    its scalars: one pass over the params, as this runs for every task."""
+def _split(task) -> tuple[tuple, list, list]:
+    """A task's launch template key (its kernel, each tensor's shape, element strides and
+    type, the scalars' kinds and those values that pick its instance), its own words in param
+    order (each tensor's pointer; each scalar's value, made a word once its template says how)
+    and its scalars: one pass over the params, as this runs for every task."""
     key = [task.kernel.id]
-    pointers = []
+    own = []
     scalars = []
-    dtype = None
     for param in task.params:
         if param.kind is _SCALAR:
             scalars.append(param.value)
+            own.append(param.value)
         else:
             tensor = param.value
-            key += (tensor.repeats, tensor.strides)
-            pointers.append(tensor.addr + tensor.start_offset * tensor.dtype.itemsize)
-            dtype = tensor.dtype
-    key.append(dtype)
+            key += (tensor.repeats, tensor.strides, tensor.dtype)
+            own.append(tensor.addr + tensor.start_offset * tensor.dtype.itemsize)
     if scalars:
         key.append(instance_scalars(task.kernel, tuple(scalars)))
-    return tuple(key), pointers, scalars
+    return tuple(key), own, scalars
 
 
 class CudaGraph:
@@ -279,23 +319,31 @@ class CudaGraph:
         self._backend = backend
         self._stream = stream
         driver = backend.device.driver
+        handles = [graph, None]  # what the finaliser frees: the graph, and its executable once made
+        weakref.finalize(self, _destroy, driver, handles)
         executable = ctypes.c_void_p()
         driver.call("cuGraphInstantiateWithFlags", ctypes.byref(executable), graph, 0)
-        self._done = backend.device.event()
+        handles[1] = self._executable = executable.value
         # A CUDA graph holds bare addresses: the memory behind them must outlive it, or arrays
         # made inside the orchestration would go back to CuPy's pool and a replay write there.
         self._memory = memory
-        weakref.finalize(self, _destroy, driver, graph, executable.value)
-        self._executable = executable.value
 
     def replay(self) -> None:
-        driver = self._backend.device.driver
-        driver.call("cuGraphLaunch", self._executable, self._stream)
-        driver.call("cuEventRecord", self._done, self._stream)
-        driver.wait_until_reached(self._done, self._backend.gpu_timeout)
+        backend = self._backend
+        backend._enter()
+        driver = backend.device.driver
+        done = backend._take_event()
+        try:
+            driver.call("cuGraphLaunch", self._executable, self._stream)
+            driver.call("cuEventRecord", done, self._stream)
+            driver.wait_until_reached(done, backend.gpu_timeout)
+        finally:
+            backend.release(done)
 
 
-def _destroy(driver: Driver, graph: int, executable: int) -> None:
+def _destroy(driver: Driver, handles: list) -> None:
     # Whatever they answer (a sticky fault's error, say), the handles are freed.
-    driver.graph_exec_destroy(executable)
+    graph, executable = handles
+    if executable is not None:
+        driver.graph_exec_destroy(executable)
     driver.graph_destroy(graph)

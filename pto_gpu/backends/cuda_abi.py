@@ -48,9 +48,20 @@ def tensor_words(shape: tuple[int, ...], byte_strides: tuple[int, ...], itemsize
     return [np.int64(w) for w in words]
 
 
+def is_integer(value: object) -> bool:
+    """Whether a scalar goes as long long when its kernel does not say which: from its type."""
+    return isinstance(value, (bool, int, np.integer, np.bool_))
+
+
+def scalar_kinds(declared: tuple[bool, ...] | None, scalars: tuple) -> tuple[bool, ...]:
+    """Whether each scalar goes as long long (else double): as the kernel declares
+    (CudaCode.integer_scalars), else from each value's type."""
+    return declared if declared is not None else tuple(map(is_integer, scalars))
+
+
 def scalar_word(value: object, integer: bool | None = None) -> np.int64 | np.float64:
     """A scalar's word: long long when `integer` (the kernel declares an integer), double when
     not; when the kernel does not say (None), from the value's Python type."""
     if integer is None:
-        integer = isinstance(value, (bool, int, np.integer, np.bool_))
+        integer = is_integer(value)
     return np.int64(value) if integer else np.float64(value)

@@ -89,7 +89,8 @@ class CupyDevice:
         self._cupy.cuda.get_current_stream().synchronize()
 
     # --- code, streams and events ------------------------------------------------------------
-    def function(self, code: CudaCode, kernel, dtype: np.dtype, shapes: tuple, scalars: tuple) -> int:
+    def function(self, code: CudaCode, kernel, layout: list, scalars: tuple) -> int:
+        dtype = next(param[1] for param in layout if param is not None)
         key = (code.source, np.dtype(dtype), kernel.name)
         function = self._functions.get(key)
         if function is None:
@@ -100,7 +101,7 @@ class CupyDevice:
                     module = self._modules[key[:2]] = self._cupy.RawModule(
                         code=code.source.read_text(), options=options)
                 function = self._functions[key] = module.get_function(cuda_abi.symbol(kernel.name))
-        return function.ptr
+        return function.kernel.ptr  # a RawKernel's Function: the CUfunction, loaded on this device
 
     def stream(self) -> int:
         stream = self._cupy.cuda.Stream(non_blocking=True)

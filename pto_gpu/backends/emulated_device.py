@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import threading
+import weakref
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from ..kernel import CudaCode
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cuda_abi, emulator
 from .cpu import CpuBackend
-from .launches import TENSOR_WORDS, cpu_code, cpu_code_context, instance_scalars, is_integer
+from .launches import TENSOR_WORDS, cpu_code, cpu_code_context, instance_scalars
 
 EMULATE = ("gpu-code", "cpu-code")
 WORD = 8  # every argument of the generated kernels is one 8-byte word (cuda_abi)
@@ -50,6 +51,11 @@ class EmulatedDevice:
         self._functions: dict[tuple, int] = {}
         self._kept: list = []  # host builds and cpu-code contexts whose addresses are registered
         self._lock = threading.Lock()
+        # What it made, freed with it: an emulated stream is a thread, which its destruction
+        # ends once its queue is empty.
+        self._streams: list[int] = []
+        self._events: list[int] = []
+        weakref.finalize(self, _free, self.driver, self._streams, self._events)
 
     # --- memory: host memory ---------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
@@ -68,47 +74,64 @@ class EmulatedDevice:
         pass  # the caller's numpy writes are done when they return
 
     # --- code, streams and events ----------------------------------------------------------
-    def function(self, code: CudaCode, kernel, dtype: np.dtype, shapes: tuple, scalars: tuple) -> int:
-        words = TENSOR_WORDS * len(shapes) + len(scalars)
+    def function(self, code: CudaCode, kernel, layout: list, scalars: tuple) -> int:
+        words = sum(1 if param is None else TENSOR_WORDS for param in layout)
+        dtype = np.dtype(next(param[1] for param in layout if param is not None))  # the first tensor's
         if self.emulate == "gpu-code":
-            key = (code.source, np.dtype(dtype), kernel.name)
+            key = (code.source, dtype, kernel.name)
         else:
-            key = (kernel.id, np.dtype(dtype), shapes, instance_scalars(kernel, scalars))
+            key = (kernel.id, tuple(layout), instance_scalars(kernel, scalars))
         with self._lock:
             function = self._functions.get(key)
             if function is None:
                 entry, context = (self._gpu_code(code, kernel.name, dtype) if self.emulate == "gpu-code"
-                                  else self._cpu_code(code, kernel, dtype, shapes, scalars))
+                                  else self._cpu_code(code, kernel, layout, dtype, scalars))
                 function = self._functions[key] = emulator.function(entry, [WORD] * words, context)
         return function
 
     def _gpu_code(self, code: CudaCode, name: str, dtype) -> tuple[int, int]:
-        library = ctypes.CDLL(str(host_build(code, dtype)))
+        library = ctypes.CDLL(host_build(code, dtype))
         self._kept.append(library)
-        return ctypes.cast(getattr(library, f"pto_launch_{name}"), ctypes.c_void_p).value, 0
+        entry = getattr(library, f"pto_launch_{name}", None)
+        if entry is None:
+            raise PTOError(f"{name}: emulate='gpu-code' runs generated CUDA code (PTO programs), whose "
+                           f"pto_launch_{name} this source lacks; use emulate='cpu-code'")
+        return ctypes.cast(entry, ctypes.c_void_p).value, 0
 
-    def _cpu_code(self, code: CudaCode, kernel, dtype, shapes: tuple, scalars: tuple) -> tuple[int, int]:
-        entry = kernel.native.entry(shapes, np.dtype(dtype), scalars) if kernel.native else None
+    def _cpu_code(self, code: CudaCode, kernel, layout: list, dtype, scalars: tuple) -> tuple[int, int]:
+        shapes = tuple(param[0] for param in layout if param is not None)
+        entry = kernel.native.entry(shapes, dtype, scalars) if kernel.native else None
         if entry is None:
             raise PTOError(f"{kernel.name}: emulate='cpu-code' runs a kernel's CPU native code, and "
-                           f"this call (shapes {list(shapes)}, {np.dtype(dtype)}) has none; use "
-                           "emulate='gpu-code'")
-        integers = code.integer_scalars or tuple(map(is_integer, scalars))
-        context = cpu_code_context(entry, tuple(len(s) for s in shapes), dtype, integers)
+                           f"this call (shapes {list(shapes)}, {dtype}) has none; use emulate='gpu-code'")
+        context = cpu_code_context(entry, [None if param is None else (len(param[0]), param[1])
+                                           for param in layout],
+                                   cuda_abi.scalar_kinds(code.integer_scalars, scalars))
         self._kept.append(context)
         return cpu_code.address, context.ctypes.data
 
     def stream(self) -> int:
-        return self.driver.new_stream()
+        stream = self.driver.new_stream()
+        self._streams.append(stream)
+        return stream
 
     def event(self) -> int:
-        return self.driver.new_event()
+        event = self.driver.new_event()
+        self._events.append(event)
+        return event
 
     def enter(self) -> None:
         pass  # the emulator has no contexts
 
     def library(self, task, values: list, stream: int) -> None:
         raise AssertionError("runs_libraries is False")
+
+
+def _free(driver, streams: list[int], events: list[int]) -> None:
+    for stream in streams:
+        driver.stream_destroy(stream)
+    for event in events:
+        driver.event_destroy(event)
 
 
 _building = threading.Lock()
@@ -133,6 +156,7 @@ def host_build(code: CudaCode, dtype) -> str:
                        str(code.source), "-o", str(partial)]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
+                partial.unlink(missing_ok=True)
                 raise PTOError(f"g++ could not build {code.source} for the CUDA emulator:\n{done.stderr}")
             partial.replace(target)
     return str(target)

@@ -46,34 +46,40 @@ MAX_WORDS = TENSOR_WORDS * MAX_PARAMS + MAX_SCALARS
 
 @dataclasses.dataclass(frozen=True)
 class Template:
-    """One kernel instance's launch over tensors of given shapes and strides: what the
-    instance's tasks share. A task's own words (its tensors' pointers, then its scalars) go
-    in at `task_words`."""
+    """One kernel instance's launch over tensors of given shapes, strides and element types:
+    what the instance's tasks share. A task's own words (its tensors' pointers and its scalars,
+    in param order) go in at `task_words`."""
 
     function: int  # the CUfunction
     grid: int
     block: int
     shared: int  # dynamic shared memory, bytes
     words: np.ndarray  # int64: the argument words, the task's own left 0
-    task_words: np.ndarray  # int64: where the task's own words go in `words`
+    task_words: np.ndarray  # int64: where the task's own words go in `words`, in param order
+    scalar_slots: tuple[int, ...]  # which of the task's own words are scalars
     integer_scalars: tuple[bool, ...]  # each scalar's word: long long (True) or double
 
 
-def template(function: int, grid: int, block: int, shapes, byte_strides, itemsize: int,
+def template(function: int, grid: int, block: int, layout: list,
              integer_scalars: tuple[bool, ...]) -> Template:
-    """The template of a launch over tensors of `shapes` and `byte_strides`, then scalars of
-    those types."""
+    """The template of a launch whose params are `layout`, in order: (shape, byte strides,
+    itemsize) for a tensor, None for a scalar (of the types `integer_scalars` says)."""
     words: list[int] = []
     task_words = []
-    for shape, strides in zip(shapes, byte_strides):
+    scalar_slots = []
+    for param in layout:
         task_words.append(len(words))
-        words += [0, *(int(w) for w in cuda_abi.tensor_words(shape, strides, itemsize))]
-    task_words += range(len(words), len(words) + len(integer_scalars))
-    words += [0] * len(integer_scalars)
+        if param is None:
+            scalar_slots.append(len(task_words) - 1)
+            words.append(0)
+        else:
+            shape, byte_strides, itemsize = param
+            words += [0, *(int(w) for w in cuda_abi.tensor_words(shape, byte_strides, itemsize))]
     if len(words) > MAX_WORDS:
         raise ValueError(f"a launch of {len(words)} argument words; at most {MAX_WORDS}")
     return Template(function, grid, block, shared=0, words=np.array(words, np.int64),
-                    task_words=np.array(task_words, np.int64), integer_scalars=integer_scalars)
+                    task_words=np.array(task_words, np.int64), scalar_slots=tuple(scalar_slots),
+                    integer_scalars=integer_scalars)
 
 
 def scalar_bits(value: object, integer: bool) -> int:
@@ -84,19 +90,15 @@ def scalar_bits(value: object, integer: bool) -> int:
 _DOUBLE, _DOUBLE_BITS = struct.Struct("<d"), struct.Struct("<q")
 
 
-def is_integer(value: object) -> bool:
-    """Whether a scalar goes as long long when its kernel does not say (cuda_abi.scalar_word)."""
-    return isinstance(value, (bool, int, np.integer, np.bool_))
-
-
 def instance_scalars(kernel: Kernel, scalars: tuple) -> tuple:
-    """What of a call's scalars picks its code and its launch's word types: the values of
-    those that pick a kernel family's instance, and each one's kind. The other values are
-    each task's own words."""
-    kinds = tuple(map(is_integer, scalars))
-    if isinstance(kernel.cuda, CudaCode):  # one code, whatever the values
+    """What of a call's scalars picks its code and its launch's word types: each one's kind,
+    and the values of those that pick a kernel family's instance. The other values are each
+    task's own words."""
+    kinds = tuple(map(cuda_abi.is_integer, scalars))
+    cuda = kernel.cuda
+    if isinstance(cuda, CudaCode):  # one code, whatever the values
         return kinds
-    picked = scalars if kernel.native is None else tuple(scalars[i] for i in kernel.native.structural)
+    picked = scalars if cuda.structural is None else tuple(scalars[i] for i in cuda.structural)
     return (*kinds, *picked)
 
 
@@ -185,10 +187,13 @@ def issue(driver, function, grid, block, shared, stream, template_words, task_at
 
 
 # --- the emulator's CPU code ---------------------------------------------------------------------
-# A cpu-code function's context: the native entry, then the instance's shape of arguments.
-C_ENTRY, C_TENSORS, C_SCALARS, C_DTYPE, C_ITEMSIZE, C_NDIMS = range(6)  # C_NDIMS + p: tensor p's dims
-C_KINDS = C_NDIMS + MAX_PARAMS  # C_KINDS + k: scalar k's kind (S_INT or S_FLOAT)
-CONTEXT_WIDTH = C_KINDS + MAX_SCALARS
+# A cpu-code function's context: the native entry and its param count, then per param, in
+# order, P_WIDTH columns: a tensor's dims (0 for a scalar), DataType and itemsize, or a
+# scalar's kind (S_INT or S_FLOAT).
+C_ENTRY, C_PARAMS, C_LAYOUT = range(3)
+P_NDIM, P_DTYPE, P_ITEMSIZE, P_KIND = range(4)
+P_WIDTH = 4
+CONTEXT_WIDTH = C_LAYOUT + P_WIDTH * (MAX_PARAMS + MAX_SCALARS)
 
 
 _U32P = types.CPointer(types.uint32)
@@ -208,44 +213,54 @@ def cpu_code(grid, block, shared, params, context):
     (pointer, three sizes, three element strides, padded with leading dims) back into a
     descriptor of its own dims, each scalar's word into the argument tables' form."""
     c = carray(context, CONTEXT_WIDTH, np.int64)
-    descs = np.zeros(DESC_WIDTH * max(c[C_TENSORS], 1), np.int64)
+    descs = np.zeros(DESC_WIDTH * MAX_PARAMS, np.int64)
     kinds = np.zeros(MAX_SCALARS, np.int64)
     ints = np.zeros(MAX_SCALARS, np.int64)
     floats = np.zeros(MAX_SCALARS, np.float64)
-    w = 0
-    for p in range(c[C_TENSORS]):
-        d = p * DESC_WIDTH
-        ndim = c[C_NDIMS + p]
+    w = 0  # the param's first word
+    tensors = scalars = 0
+    for p in range(c[C_PARAMS]):
+        column = C_LAYOUT + p * P_WIDTH
+        ndim = c[column + P_NDIM]
+        if ndim == 0:
+            kinds[scalars] = c[column + P_KIND]
+            if kinds[scalars] == S_INT:
+                ints[scalars] = _word(params, w)
+            else:
+                floats[scalars] = np.array([_word(params, w)]).view(np.float64)[0]
+            scalars += 1
+            w += 1
+            continue
+        d = tensors * DESC_WIDTH
         descs[d + D_BASE] = _word(params, w)
         descs[d + D_OFFSET] = 0
-        descs[d + D_DTYPE] = c[C_DTYPE]
-        descs[d + D_ITEMSIZE] = c[C_ITEMSIZE]
+        descs[d + D_DTYPE] = c[column + P_DTYPE]
+        descs[d + D_ITEMSIZE] = c[column + P_ITEMSIZE]
         descs[d + D_NDIM] = ndim
         for k in range(ndim):
             descs[d + D_SHAPE + k] = _word(params, w + 1 + cuda_abi.MAX_DIMS - ndim + k)
             descs[d + D_STRIDE + k] = _word(params, w + 4 + cuda_abi.MAX_DIMS - ndim + k)
+        tensors += 1
         w += TENSOR_WORDS
-    for k in range(c[C_SCALARS]):
-        kinds[k] = c[C_KINDS + k]
-        word = _word(params, w + k)
-        if kinds[k] == S_INT:
-            ints[k] = word
-        else:
-            floats[k] = np.array([word]).view(np.float64)[0]
     status = call_entry(c[C_ENTRY], descs.ctypes.data, kinds.ctypes.data, ints.ctypes.data,
-                         floats.ctypes.data)
+                        floats.ctypes.data)
     return np.int32(status)
 
 
-def cpu_code_context(entry: int, ndims: tuple[int, ...], dtype,
-                     integer_scalars: tuple[bool, ...]) -> np.ndarray:
-    """The context `cpu_code` reads for one instance (kept alive by whoever registers it)."""
+def cpu_code_context(entry: int, layout: list, integer_scalars: tuple[bool, ...]) -> np.ndarray:
+    """The context `cpu_code` reads for one instance, whose params are `layout` in order: a
+    tensor's (dims, numpy dtype), or None for a scalar (kept alive by whoever registers it)."""
     context = np.zeros(CONTEXT_WIDTH, np.int64)
     context[C_ENTRY] = entry
-    context[C_TENSORS] = len(ndims)
-    context[C_SCALARS] = len(integer_scalars)
-    context[C_DTYPE] = int(as_dtype(dtype))
-    context[C_ITEMSIZE] = np.dtype(dtype).itemsize
-    context[C_NDIMS:C_NDIMS + len(ndims)] = ndims
-    context[C_KINDS:C_KINDS + len(integer_scalars)] = [S_INT if i else S_FLOAT for i in integer_scalars]
+    context[C_PARAMS] = len(layout)
+    kinds = iter(integer_scalars)
+    for p, param in enumerate(layout):
+        column = C_LAYOUT + p * P_WIDTH
+        if param is None:
+            context[column + P_KIND] = S_INT if next(kinds) else S_FLOAT
+        else:
+            ndim, dtype = param
+            context[column + P_NDIM] = ndim
+            context[column + P_DTYPE] = int(as_dtype(dtype))
+            context[column + P_ITEMSIZE] = np.dtype(dtype).itemsize
     return context

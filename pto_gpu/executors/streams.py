@@ -129,9 +129,10 @@ class StreamExecutor:
             memory = memory_of(record.task for record in self._in_flight)
             self.graph = self._backend.end_capture(self._streams, memory)
             # Nothing ran: the tasks leave the core as the dry executor's do, unrecorded. Their
-            # events are not handed back: the graph was made from them.
+            # events go back: the graph keeps the order they made, not the events.
             for record in self._in_flight:
                 self._scheduler.retire(record.task.id, self._scratch)
+                self._backend.release(record.event)
             self._in_flight.clear()
             self._issued.clear()
             return
@@ -146,8 +147,10 @@ class StreamExecutor:
             with contextlib.suppress(Exception):  # the error being raised is the one to report
                 self._backend.end_capture(self._streams, ())
         for record in self._in_flight:
-            with contextlib.suppress(Exception):
+            try:
                 self._backend.synchronize(record.event)
+            except Exception:  # the error being raised is the one to report; a stuck stream
+                break  # (a wait that timed out) would time out again for every later task
         self._in_flight.clear()
         self._issued.clear()
 

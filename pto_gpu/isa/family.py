@@ -227,7 +227,7 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
     def declare(build: Builder) -> Kernel:
         instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu)
         declared = kernel(worker=worker, name=instances.name, shapes=shapes,
-                          cuda=CudaInstances(instances.cuda, library))(instances.cpu)
+                          cuda=CudaInstances(instances.cuda, library, instances.structural))(instances.cpu)
         if library_cpu is None:
             declared.native = NativeCode(instances.native_entry, len(scalars), instances.structural)
         elif library_native is not None:  # else its tasks go to Python workers
