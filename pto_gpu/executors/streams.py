@@ -149,8 +149,10 @@ class StreamExecutor:
         for record in self._in_flight:
             try:
                 self._backend.synchronize(record.event)
-            except Exception:  # the error being raised is the one to report; a stuck stream
-                break  # (a wait that timed out) would time out again for every later task
+            except DeadlockError:  # a stuck stream: every later wait would time out again
+                break
+            except Exception:  # a failed task's: the error being raised is the one to report
+                continue
         self._in_flight.clear()
         self._issued.clear()
 
