@@ -68,6 +68,18 @@ def test_matches_serial_and_the_oracle(seed, n_ops, window_log2, heap_slack, thr
     assert not wrong, f"{executor}: {wrong}; {program}"
 
 
+def planned_case(seed: int, rows: int, compiled: bool):
+    """A plan of generated-kernel tasks, its two start arrays, the orchestration that submits it,
+    and the serial CPU executor's result: its arrays and its RunResult."""
+    rng = np.random.default_rng(seed)
+    plan = native_plan(rng, rows)
+    start = rng.uniform(-1, 1, (2, *PLAN_SHAPE)).astype(np.float32)
+    orchestration = compiled_plan if compiled else python_plan
+    a, b = start[0].copy(), start[1].copy()
+    reference = pto.Runtime(backend="cpu", executor="serial").run(orchestration, a, b, plan)
+    return plan, start, orchestration, (a, b), reference
+
+
 @settings(max_examples=max(1, EXAMPLES // 10), deadline=None, suppress_health_check=list(HealthCheck),
           derandomize="FUZZ_SEED" not in os.environ, print_blob=True)
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 300), window_log2=st.integers(1, 10),
@@ -75,12 +87,7 @@ def test_matches_serial_and_the_oracle(seed, n_ops, window_log2, heap_slack, thr
 def test_native_workers_match_serial(seed, rows, window_log2, heap_tiles, workers, compiled):
     """The second run is all native (the first learns each instance's entry, for the process);
     both reuse the runtime's rings, tables and threads, and a small heap makes allocs wait."""
-    rng = np.random.default_rng(seed)
-    plan = native_plan(rng, rows)
-    start = rng.uniform(-1, 1, (2, *PLAN_SHAPE)).astype(np.float32)
-    orchestration = compiled_plan if compiled else python_plan
-    a, b = start[0].copy(), start[1].copy()
-    reference = pto.Runtime(backend="cpu", executor="serial").run(orchestration, a, b, plan)
+    plan, start, orchestration, (a, b), reference = planned_case(seed, rows, compiled)
     expected = a.tobytes() + b.tobytes()
     runtime = pto.Runtime(backend="cpu", executor="parallel", task_window=1 << window_log2,
                           heap_bytes=heap_tiles * HEAP_TILE, workers={pto.CUBE: workers, pto.VECTOR: workers})
@@ -105,12 +112,7 @@ def test_the_cuda_emulator_matches_serial(seed, rows, window_log2, heap_tiles, s
     path, streams and events. Running each instance's CPU code (cpu-code), bitwise the serial
     CPU executor's bytes; running its GPU code built for the host, within float32 rounding of
     the few ops the two codes compute in another order (swiglu's exp and division)."""
-    rng = np.random.default_rng(seed)
-    plan = native_plan(rng, rows)
-    start = rng.uniform(-1, 1, (2, *PLAN_SHAPE)).astype(np.float32)
-    orchestration = compiled_plan if compiled else python_plan
-    a, b = start[0].copy(), start[1].copy()
-    reference = pto.Runtime(backend="cpu", executor="serial").run(orchestration, a, b, plan)
+    plan, start, orchestration, (a, b), reference = planned_case(seed, rows, compiled)
     runtime = pto.Runtime(backend="cuda-emulated", emulate=emulate, executor=executor,
                           task_window=1 << window_log2, heap_bytes=heap_tiles * HEAP_TILE,
                           workers={pto.CUBE: streams, pto.VECTOR: streams})
