@@ -34,7 +34,7 @@ import numpy as np
 
 from .distributed.ownership import block_rows
 from .errors import PTOError
-from .runtime import EXECUTORS, Runtime
+from .runtime import BACKENDS, EXECUTORS, Runtime
 from .trace import merge, rank_path
 
 if TYPE_CHECKING:
@@ -67,8 +67,9 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
     option("name", type=orchestration, metavar="NAME",
            help="which orchestration (listed below), or a FILE.pto to run an Orchestration function of")
     option("--size", type=int, help="problem size, as each orchestration defines it below")
-    option("--backend", choices=("auto", "cpu", "cuda"), default="auto",
-           help="where kernels run (default: auto, the GPU when there is one)")
+    option("--backend", choices=BACKENDS, default="auto",
+           help="where kernels run (default: auto, the GPU when there is one; cuda-emulated: the CUDA "
+                "backend over the CUDA emulator, each kernel's GPU code built for the host)")
     option("--executor", choices=EXECUTORS, default="auto",
            help="stream: issue-ahead onto streams per worker class; parallel: worker threads; "
                 "serial: one thread (the reference); dry: build the graph without running "
