@@ -449,11 +449,18 @@ def chain(o, x, n):
         o.submit(scale, pto.input(X), pto.output(X), 2.0)
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
-def test_a_kernel_fault_is_a_task_error_and_a_fresh_context_runs_again(fresh_emulator, executor):
+def warmed(executor: str) -> tuple[pto.Runtime, np.ndarray]:
+    """A runtime on the emulator and an array of ones that one chain task has doubled: the
+    instance is built before a test arms a fault, so the fault counts only the test's launches."""
     rt = pto.Runtime(backend="cuda-emulated", executor=executor, workers={pto.VECTOR: 2})
     x = rt.backend.to_device(np.ones((4, 8), np.float32))
-    rt.run(chain, x, 1)  # the instance is built before faults are armed
+    rt.run(chain, x, 1)
+    return rt, x
+
+
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
+def test_a_kernel_fault_is_a_task_error_and_a_fresh_context_runs_again(fresh_emulator, executor):
+    rt, x = warmed(executor)
     emulator.fault_kernel(3)
     fault = r"\(scale\) failed: CudaError: .*CUDA_ERROR_ILLEGAL_ADDRESS"
     with pytest.raises(pto.TaskError, match=fault) as raised:
@@ -468,9 +475,7 @@ def test_a_kernel_fault_is_a_task_error_and_a_fresh_context_runs_again(fresh_emu
 
 @pytest.mark.parametrize("executor", ["serial", "stream"])
 def test_a_refused_launch_is_the_task_error_of_its_task(fresh_emulator, executor):
-    rt = pto.Runtime(backend="cuda-emulated", executor=executor)
-    x = rt.backend.to_device(np.ones((4, 8), np.float32))
-    rt.run(chain, x, 1)
+    rt, x = warmed(executor)
     emulator.fail_launch(2)
     with pytest.raises(pto.TaskError, match=r"task 1 \(scale\) failed: CudaError: cuLaunchKernel failed: "
                                             r"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES \(701\)"):
@@ -483,9 +488,7 @@ def test_a_refused_launch_is_the_task_error_of_its_task(fresh_emulator, executor
 
 @pytest.mark.parametrize("executor", ["serial", "stream"])
 def test_an_event_never_reached_is_a_deadlock_error_not_a_hang(fresh_emulator, executor):
-    rt = pto.Runtime(backend="cuda-emulated", executor=executor)
-    x = rt.backend.to_device(np.ones((4, 8), np.float32))
-    rt.run(chain, x, 1)
+    rt, x = warmed(executor)
     rt.backend.gpu_timeout = 0.3
     emulator.lose_event(1)
     started = time.perf_counter()

@@ -188,13 +188,12 @@ class CudaBackend:
         items = code.items(shapes)
         if items == 0:
             return None
-        layout = [None if p.kind == ParamKind.SCALAR else (p.value.shape, p.value.dtype.numpy)
-                  for p in task.params]
+        params = [None if p.kind == ParamKind.SCALAR else p.value for p in task.params]  # None: a scalar
+        layout = [None if t is None else (t.shape, t.dtype.numpy) for t in params]
         function = self.device.function(code, kernel, layout, scalars)
         blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
-        words = [None if p.kind == ParamKind.SCALAR else (p.value.shape, p.value.byte_strides,
-                                                          p.value.dtype.itemsize) for p in task.params]
-        return template(function, blocks, THREADS_PER_BLOCK, words,
+        return template(function, blocks, THREADS_PER_BLOCK,
+                        [None if t is None else (t.shape, t.byte_strides, t.dtype.itemsize) for t in params],
                         cuda_abi.scalar_kinds(code.integer_scalars, scalars))
 
     def _enter(self) -> None:
