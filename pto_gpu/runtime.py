@@ -24,6 +24,8 @@ from .distributed.outcome import conclude
 from .distributed.placement import Placement
 from .dtypes import WorkerType
 from .errors import PTOError, UsageError
+from .executors import driver_streams
+from .executors.driver_streams import DriverStreamExecutor
 from .executors.native import Instances
 from .executors.parallel import ParallelExecutor
 from .executors.serial import DryExecutor, SerialExecutor
@@ -324,6 +326,8 @@ class Runtime:
 
     def _make_executor(self, threshold, profile, capture, schedule):
         if capture or self.executor == "stream":
+            if not capture and driver_streams.serves(self.backend, profile, self._scheduler):
+                return DriverStreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"))
             return StreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"), capture)
         if self.executor == "serial":
             return SerialExecutor(self._scheduler, self.backend, profile)

@@ -113,10 +113,15 @@ def test_a_long_chain_records_a_bounded_number_of_distinct_events_and_matches_se
     pto.Runtime(backend="cpu", executor="serial").run(scale_chain, expected, 200)
     window = 8
     rt = pto.Runtime(backend=backend, executor="stream", task_window=window, workers={pto.VECTOR: 2})
-    events = counted_events(rt)
+    if backend == "cpu":
+        events = counted_events(rt)
+    else:  # the driver stream executor takes its events from the backend and records them itself
+        events = []
+        take = rt.backend.take_event
+        rt.backend.take_event = lambda: events.append(take()) or events[-1]
     data = rt.backend.to_device(x)
     rt.run(scale_chain, data, 200)
-    assert len(events) == 200
+    assert len(events) == 200 if backend == "cpu" else 0 < len(events) < 200
     # At most the tasks in flight (the task window) plus the retired producers they wait on.
     assert len({e if isinstance(e, int) else id(e) for e in events}) <= 2 * window  # CUDA's are handles
     assert rt.backend.to_host(data).tobytes() == expected.tobytes()

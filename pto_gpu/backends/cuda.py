@@ -34,7 +34,7 @@ from ..params import ParamKind
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cuda_abi
 from .driver import CAPTURE_MODE_RELAXED, Driver
-from .launches import CALLS, Scratch, Template, instance_scalars, issue, scalar_bits, template
+from .launches import CALLS, NO_WORK, Scratch, Template, instance_scalars, issue, scalar_bits, template
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
@@ -86,7 +86,7 @@ class CudaBackend:
         self.heap_base = device.heap_base
         self.heap_bytes = device.heap_bytes
         self.gpu_timeout = gpu_timeout
-        self._templates: dict[tuple, Template | None] = {}  # None: an instance with no work items
+        self._templates: dict[tuple, Template] = {}
         self._templates_lock = threading.Lock()
         self._local = threading.local()  # per issuing thread: its Scratch and its own stream
         self._events: list[int] = []  # handed back by the stream executor, to record again
@@ -126,58 +126,76 @@ class CudaBackend:
     def enqueue(self, task, stream: int, after) -> int:
         """Enqueue a task's kernel on `stream` behind the events `after` (producers on other
         streams); the event recorded behind it."""
-        kernel = task.kernel
-        if kernel.cuda is None:
-            raise PTOError(f"{kernel.name} has no CUDA implementation: declare it with "
-                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
         self._enter()
-        event = self._take_event()
+        event = self.take_event()
         try:
-            return self._enqueue(task, stream, after, event)
+            self._enqueue(task, stream, after, event)
+            return event
         except BaseException:
             self._events.append(event)  # recorded or not, nothing waits on it
             raise
 
-    def _enqueue(self, task, stream: int, after, event: int) -> int:
-        kernel = task.kernel
-        if kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing:
-            for producer in after:
-                self._driver.call("cuStreamWaitEvent", stream, producer, 0)
-            values = [p.value if p.kind == ParamKind.SCALAR else self.view(p.value) for p in task.params]
-            self.device.library(task, values, stream)
-            self._driver.call("cuEventRecord", event, stream)
-            return event
+    def prepare(self, task) -> tuple[Template, np.ndarray] | None:
+        """A task's launch: its instance's template and the task's own words (in param order,
+        as `launches.issue` takes them); None where its kernel's library implementation runs
+        instead (`library`)."""
+        self._check_cuda(task)
+        if self.runs_library(task.kernel):
+            return None
+        self._enter()
         key, own, scalars = _split(task)
-        launch = self._templates.get(key, _MISSING)  # a dict read is atomic under the GIL
-        if launch is _MISSING:
+        launch = self._templates.get(key)  # a dict read is atomic under the GIL
+        if launch is None:
             launch = self._template(key, task)
-        if launch is None:  # no work items: only the waits and the record
-            for producer in after:
-                self._driver.call("cuStreamWaitEvent", stream, producer, 0)
-            self._driver.call("cuEventRecord", event, stream)
-            return event
         if scalars:
             for slot, integer in zip(launch.scalar_slots, launch.integer_scalars):
                 own[slot] = scalar_bits(own[slot], integer)
+        return launch, np.array(own, np.int64)
+
+    def library(self, task, stream: int) -> None:
+        """Run a task's library implementation on `stream` (no waits before, no event after)."""
+        self._enter()
+        values = [p.value if p.kind == ParamKind.SCALAR else self.view(p.value) for p in task.params]
+        self.device.library(task, values, stream)
+
+    def runs_library(self, kernel) -> bool:
+        """Whether the kernel's tasks run its `library` implementation here, not a launch."""
+        return kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing
+
+    @staticmethod
+    def _check_cuda(task) -> None:
+        if task.kernel.cuda is None:
+            raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
+                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
+
+    def _enqueue(self, task, stream: int, after, event: int) -> None:
+        prepared = self.prepare(task)
+        if prepared is None or prepared[0].grid == 0:  # a library call, or no work items
+            for producer in after:
+                self._driver.call("cuStreamWaitEvent", stream, producer, 0)
+            if prepared is None:
+                self.library(task, stream)
+            self._driver.call("cuEventRecord", event, stream)
+            return
+        launch, own = prepared
         scratch = self._scratch()
         status = issue(self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
-                       stream, launch.words, launch.task_words, np.array(own, np.int64),
+                       stream, launch.words, launch.task_words, own,
                        np.array(after, np.int64) if after else _NO_WAITS, event, scratch.words,
                        scratch.params, scratch.failed)
         if status != 0:
             self._driver.check(status, CALLS[int(scratch.failed[0])])
-        return event
 
-    def _template(self, key: tuple, task) -> Template | None:
+    def _template(self, key: tuple, task) -> Template:
         """The launch of the task's kernel instance over tensors of its shapes, strides and
         element types, made at the first such call (then looked up by `key`, from _split)."""
         with preparing(), self._templates_lock:  # compiling: a cost history leaves this call out
-            found = self._templates.get(key, _MISSING)
-            if found is _MISSING:
+            found = self._templates.get(key)
+            if found is None:
                 found = self._templates[key] = self._prepare(task)
             return found
 
-    def _prepare(self, task) -> Template | None:
+    def _prepare(self, task) -> Template:
         kernel = task.kernel
         tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
         scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
@@ -187,7 +205,7 @@ class CudaBackend:
         code = kernel.cuda.code_for(shapes, tensors[0].dtype.numpy, scalars)
         items = code.items(shapes)
         if items == 0:
-            return None
+            return NO_WORK
         params = [None if p.kind == ParamKind.SCALAR else p.value for p in task.params]  # None: a scalar
         layout = [None if t is None else (t.shape, t.dtype.numpy) for t in params]
         function = self.device.function(code, kernel, layout, scalars)
@@ -202,7 +220,8 @@ class CudaBackend:
             self.device.enter()
             self._local.entered = True
 
-    def _take_event(self) -> int:
+    def take_event(self) -> int:
+        """An event to record (from the pool `release` refills, else a new one)."""
         try:
             return self._events.pop()  # atomic: a pool shared by the parallel executor's threads
         except IndexError:
@@ -248,7 +267,7 @@ class CudaBackend:
             self._origin = self.device.stream()
         self._driver.call("cuStreamBeginCapture_v2", self._origin, CAPTURE_MODE_RELAXED)
         self._capturing = True
-        fork = self._take_event()
+        fork = self.take_event()
         try:
             self._driver.call("cuEventRecord", fork, self._origin)
             for stream in streams:
@@ -263,7 +282,7 @@ class CudaBackend:
         joins = []
         try:
             for stream in streams:
-                joins.append(self._take_event())
+                joins.append(self.take_event())
                 self._driver.call("cuEventRecord", joins[-1], stream)
                 self._driver.call("cuStreamWaitEvent", self._origin, joins[-1], 0)
         except BaseException:
@@ -285,7 +304,6 @@ class CudaBackend:
             self._driver.graph_destroy(graph.value)
 
 
-_MISSING = object()
 _SCALAR = ParamKind.SCALAR
 _NO_WAITS = np.zeros(0, np.int64)
 
@@ -331,7 +349,7 @@ class CudaGraph:
         backend = self._backend
         backend._enter()
         driver = backend.device.driver
-        done = backend._take_event()
+        done = backend.take_event()
         try:
             driver.call("cuGraphLaunch", self._executable, self._stream)
             driver.call("cuEventRecord", done, self._stream)

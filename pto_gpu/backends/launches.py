@@ -37,9 +37,10 @@ from ..kernel import CudaCode, Kernel
 from ..native_call import call_entry
 from . import cuda_abi
 
-# The driver functions `issue` and the executors call, by their index in a driver's address table.
-CALLS = ("cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent")
-LAUNCH, RECORD, WAIT = range(len(CALLS))
+# The driver functions numba code calls (`issue`, executors/driver_streams.py), by their index
+# in a driver's address table.
+CALLS = ("cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent", "cuEventQuery")
+LAUNCH, RECORD, WAIT, QUERY = range(len(CALLS))
 TENSOR_WORDS = 1 + 2 * cuda_abi.MAX_DIMS  # a pointer, the sizes, the element strides
 MAX_WORDS = TENSOR_WORDS * MAX_PARAMS + MAX_SCALARS
 
@@ -58,6 +59,10 @@ class Template:
     task_words: np.ndarray  # int64: where the task's own words go in `words`, in param order
     scalar_slots: tuple[int, ...]  # which of the task's own words are scalars
     integer_scalars: tuple[bool, ...]  # each scalar's word: long long (True) or double
+
+
+# The launch of an instance with no work items: its tasks only wait and record.
+NO_WORK = Template(0, 0, 0, 0, np.zeros(0, np.int64), np.zeros(0, np.int64), (), ())
 
 
 def template(function: int, grid: int, block: int, layout: list,
@@ -118,7 +123,7 @@ def _pointer(builder, value):
 
 
 @intrinsic
-def _launch_kernel(typingctx, address, function, grid, block, shared, stream, params):
+def launch_kernel(typingctx, address, function, grid, block, shared, stream, params):
     """cuLaunchKernel(function, grid, 1, 1, block, 1, 1, shared, stream, params, NULL)."""
     def codegen(context, builder, signature, args):
         i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
@@ -135,8 +140,19 @@ def _launch_kernel(typingctx, address, function, grid, block, shared, stream, pa
 
 
 @intrinsic
-def _call2(typingctx, address, first, second):
-    """A driver call of two handles (cuEventRecord(event, stream))."""
+def query_event(typingctx, address, event):
+    """cuEventQuery(event)."""
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(8).as_pointer()])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(callee, [_pointer(builder, args[1])])
+
+    return types.int32(types.int64, types.int64), codegen
+
+
+@intrinsic
+def record_event(typingctx, address, first, second):
+    """cuEventRecord(event, stream)."""
     def codegen(context, builder, signature, args):
         i8p = ir.IntType(8).as_pointer()
         fnty = ir.FunctionType(ir.IntType(32), [i8p, i8p])
@@ -147,7 +163,7 @@ def _call2(typingctx, address, first, second):
 
 
 @intrinsic
-def _call_wait(typingctx, address, stream, event):
+def wait_event(typingctx, address, stream, event):
     """cuStreamWaitEvent(stream, event, 0)."""
     def codegen(context, builder, signature, args):
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
@@ -166,7 +182,7 @@ def issue(driver, function, grid, block, shared, stream, template_words, task_at
     `template_words` with `task_words` filled in at `task_at`, then record `event` (0: none).
     Returns the first CUresult that is not 0, and which call it was in failed[0]; else 0."""
     for i in range(waits.size):
-        status = _call_wait(driver[WAIT], stream, waits[i])
+        status = wait_event(driver[WAIT], stream, waits[i])
         if status != 0:
             failed[0] = WAIT
             return status
@@ -174,12 +190,12 @@ def issue(driver, function, grid, block, shared, stream, template_words, task_at
     words[:n] = template_words
     for i in range(task_at.size):
         words[task_at[i]] = task_words[i]
-    status = _launch_kernel(driver[LAUNCH], function, grid, block, shared, stream, params.ctypes.data)
+    status = launch_kernel(driver[LAUNCH], function, grid, block, shared, stream, params.ctypes.data)
     if status != 0:
         failed[0] = LAUNCH
         return status
     if event != 0:
-        status = _call2(driver[RECORD], event, stream)
+        status = record_event(driver[RECORD], event, stream)
         if status != 0:
             failed[0] = RECORD
             return status

@@ -36,18 +36,17 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ..core import state as cs
 from ..core.complete import complete_held, start_held
 from ..core.lock import acquire, monotonic_ns, release
 from ..dtypes import WorkerType
 from ..errors import InvariantError
-from ..jit.context import MAX_SCALARS, S_INT, ArgTables
-from ..jit.descriptor import D_DTYPE, D_NDIM, D_SHAPE
+from ..jit.context import ArgTables
 from ..kernel import Kernel
 from ..native_call import call_entry
 from ..params import ParamKind
 from ..profile import Lane
 from ..scheduler import Scheduler, Task
+from .instance_keys import INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key
 
 # A native loop runs at least `budget` tasks and SLICE_NS before Python looks (completions
 # counted, hand-offs queued, sleepers woken): each look takes the GIL and the executor's lock,
@@ -62,8 +61,6 @@ SLICE_NS = 1_000_000
 # worker could take, so that the executor wakes it: waking costs a Python round trip (~5 us),
 # worth it for tasks of that size, not for the tiny tasks of a loop that has just started.
 WAKE_AFTER_NS = 20_000
-INSTANCES = 1024  # instance table slots (a power of two); at most half are filled
-KEY_WIDTH = 3 + cs.MAX_PARAMS * 4 + MAX_SCALARS * 2
 NO_ENTRY = -1  # an instance that runs the Python way (half precision, an empty batch)
 CLASSES = len(WorkerType)
 
@@ -74,14 +71,6 @@ CONTROL = np.dtype([
     ("handoff_tail", np.int64),
     ("sleeping", np.int64, (CLASSES,)),  # per worker class: workers waiting for a task (set by Python)
     ("failed", np.int64),  # the first task whose kernel raised in a native loop, or -1
-], align=True)
-
-# Per kernel id: whether its tasks may run natively, how many scalars it takes (a task with
-# other counts goes to Python, which names the fault), and which of them pick its instance.
-KERNEL_INFO = np.dtype([
-    ("native", np.int64),
-    ("scalars", np.int64),
-    ("structural", np.int64, (MAX_SCALARS,)),
 ], align=True)
 
 _LEARNT: dict[bytes, int] = {}  # instance key -> entry address (or NO_ENTRY), for the process
@@ -200,69 +189,15 @@ def _take_handoffs(header, control, handoff, out):
 # --- instances ---------------------------------------------------------------------------------
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _instance_key(tasks, kernel_info, args, window, task_id, key):
-    """Write the instance key of a native task to `key`; False when it has none (more dims than
-    any generated kernel takes, or scalars other than the kernel's). Whether each tensor is
-    written is part of it: the Python way gives an input a read-only view, so a kernel that
-    writes one fails there, and an entry learnt from an output must not run it."""
-    slot = task_id & (window - 1)
-    kernel = tasks[slot].kernel
-    if args.count[slot, 1] != kernel_info[kernel].scalars:
-        return False
-    key[:] = 0
-    key[0] = kernel
-    n = args.count[slot, 0]
-    scalars = 3 + 4 * n  # where the scalars' words start, after the tensors'
-    key[1] = scalars + 2 * args.count[slot, 1]  # the words in use (_find reads no more)
-    key[2] = args.desc[slot, 0, D_DTYPE] if n else -1
-    for p in range(n):
-        ndim = args.desc[slot, p, D_NDIM]
-        if ndim > 3:
-            return False
-        key[3 + 4 * p] = ndim + 4 * (args.kind[slot, p] != cs.INPUT)
-        for d in range(ndim):
-            key[4 + 4 * p + d] = args.desc[slot, p, D_SHAPE + d]
-    for k in range(args.count[slot, 1]):
-        kind = args.scalar_kind[slot, k]
-        key[scalars + 2 * k] = 1 + kind  # an int and a float may pick different code
-        if kernel_info[kernel].structural[k]:
-            key[scalars + 2 * k + 1] = args.int[slot, k] if kind == S_INT else args.float_bits[slot, k]
-    return True
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _find(keys, addresses, key):
-    """The table slot holding `key`, or the empty slot where it would go. Only the words in
-    use (key[1]) are hashed and compared: a matmul product's 15 of KEY_WIDTH's 83, which
-    took ~0.1 us of every native task, under the core's lock."""
-    mask = len(addresses) - 1
-    used = key[1]
-    hashed = np.uint64(14695981039346656037)
-    for i in range(used):
-        hashed = (hashed ^ np.uint64(key[i])) * np.uint64(1099511628211)
-    slot = np.int64(hashed >> np.uint64(1)) & mask
-    while addresses[slot] != 0:
-        same = True
-        for i in range(used):  # key[1] among them: a longer key differs there
-            if keys[slot, i] != key[i]:
-                same = False
-                break
-        if same:
-            return slot
-        slot = (slot + 1) & mask
-    return slot
-
-
 @njit(cache=True, _nrt=False)
 def _known(header, tasks, kernel_info, args, keys, addresses, filled, task_id, key):
     """Write a task's instance key to `key`; whether the table has the instance, or has no
     room for it, or the task has no key (then there is nothing to learn)."""
     acquire(header)
     known = True
-    if _instance_key(tasks, kernel_info, args, header[0].window, task_id, key):
+    if instance_key(tasks, kernel_info, args, header[0].window, task_id, key):
         full = 2 * filled[0] >= len(addresses)  # at most half full: probes stay short
-        known = full or addresses[_find(keys, addresses, key)] != 0
+        known = full or addresses[find(keys, addresses, key)] != 0
     release(header)
     return known
 
@@ -271,7 +206,7 @@ def _known(header, tasks, kernel_info, args, keys, addresses, filled, task_id, k
 def _enter(header, keys, addresses, filled, key, address):
     """Enter an instance's key with its entry (once: another thread may have just done it)."""
     acquire(header)
-    slot = _find(keys, addresses, key)
+    slot = find(keys, addresses, key)
     if addresses[slot] == 0:
         for i in range(len(key)):
             keys[slot, i] = key[i]
@@ -302,8 +237,8 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
         c.head[worker] += 1
         slot = task_id & (window - 1)
         address = 0
-        if _instance_key(tasks, kernel_info, args, window, task_id, key):
-            address = addresses[_find(keys, addresses, key)]
+        if instance_key(tasks, kernel_info, args, window, task_id, key):
+            address = addresses[find(keys, addresses, key)]
         if address <= 0:  # not learnt yet, or no entry: the Python way
             _push_handoff(control, handoff, task_id)
             break
@@ -364,17 +299,17 @@ class Instances:
     def update(self) -> None:
         """Enter the process's entries learnt since the last call (between runs: no worker reads)."""
         if not self._updated:
-            # _find is called from Python here only: load its machine code at the first run with
+            # find is called from Python here only: load its machine code at the first run with
             # native lanes, not in the middle of a later one (5 ms of a process's second run).
             # With a key as below: read-only, a specialisation of its own.
-            _find(self.keys, self.addresses, np.frombuffer(self.keys[0].tobytes(), np.int64))
+            find(self.keys, self.addresses, np.frombuffer(self.keys[0].tobytes(), np.int64))
             self._updated = True
         if len(_LEARNT) == self._seen:
             return
         learnt = list(_LEARNT.items())  # a copy: another thread's runtime may be learning
         for key, address in learnt[self._seen:]:
             row = np.frombuffer(key, np.int64)
-            slot = _find(self.keys, self.addresses, row)
+            slot = find(self.keys, self.addresses, row)
             if self.addresses[slot] == 0 and 2 * self.filled[0] < INSTANCES:  # not one this runtime learnt
                 self.keys[slot] = row
                 self.addresses[slot] = address
@@ -385,6 +320,8 @@ class Instances:
 class NativeLanes:
     """The rings, instance table and argument tables native workers share, over one run's
     argument tables (filled by its compiled and Python submits); the executor's handle on them."""
+
+    takes_edges = False  # the lanes of a compiled session (jit/host.py) that follow producers
 
     def __init__(self, scheduler: Scheduler, args: ArgTables, kernels: list[Kernel], instances: Instances):
         self._scheduler = scheduler

@@ -240,11 +240,13 @@ class Session:
         meta = self._fields["meta"]
         logged, edges = int(meta[M_LOGGED]), int(meta[M_EDGES])
         meta[M_LOGGED] = meta[M_EDGES] = 0
-        edge_log = self._fields["edges"][:edges].tolist()
+        edge_log = self._fields["edges"][:edges]
         if self._recorder is not None:
-            self._recorder.edges.extend(map(tuple, edge_log))
-        if self._producers is not None:
-            for producer, consumer in edge_log:
+            self._recorder.edges.extend(map(tuple, edge_log.tolist()))
+        if self._native is not None and self._native.takes_edges:  # it follows producers itself
+            self._native.edges(edge_log)
+        elif self._producers is not None:
+            for producer, consumer in edge_log.tolist():
                 self._producers.setdefault(consumer, []).append(producer)
         log = self._fields["log"]
         recorded: dict[int, Task] = {}  # one record per task, for the recorder and the executor

@@ -1,0 +1,720 @@
+"""The stream executor on a CUDA driver: issue and retirement in nogil numba, no Python
+object per task.
+
+On the CUDA backend (a GPU's driver, or the emulator's: backends/driver.py) a task's way
+through the streams is driver calls and bookkeeping, so it runs in numba: the tasks of
+compiled orchestrations go from the log flush straight to the driver (`admit`: the launch
+from the argument tables and the instance's launch, learnt at its first task), Python
+submits go through the same bookkeeping once the backend has launched their kernel, and tasks
+retire (complete in the core) from one loop polling cuEventQuery. The rules are those of
+executors/streams.py, which serves the CPU backend's Python streams, captures, and runs that
+trace, measure or validate (those keep a record of every task):
+
+  - a task goes to the next stream of its worker class in turn, after a wait on the event of
+    the newest producer still in flight on each other stream (stream order covers the rest);
+  - tasks retire in submission order as their events are reached: polled after each issue,
+    waited on when a ring is full, and when the orchestration has ended;
+  - an event is recorded again only once its task has retired and no wait issued on it is
+    still ahead of its stream.
+
+State is plain arrays (`Tables`) that only the orchestrator's thread changes, so there is no
+lock: producers reach a task through the pending table (from the compiled edge log, or a
+Python submit's producers), which keeps, per consumer, the newest producer on each stream.
+The instances' launches (the CUfunction, grid, block and each scalar's word type) are kept
+per backend, for its later runs.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from ..backends.driver import NOT_READY, CudaError
+from ..backends.launches import (
+    CALLS,
+    LAUNCH,
+    QUERY,
+    RECORD,
+    TENSOR_WORDS,
+    WAIT,
+    Scratch,
+    Template,
+    launch_kernel,
+    query_event,
+    record_event,
+    wait_event,
+)
+from ..core.complete import complete
+from ..core.lock import monotonic_ns
+from ..dtypes import WorkerType
+from ..errors import DeadlockError, InvariantError, TaskError
+from ..jit.context import MAX_SCALARS, S_INT, ArgTables
+from ..jit.descriptor import D_BASE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
+from ..kernel import registered
+from ..profile import Profile
+from ..scheduler import RINGS, Scheduler, Task
+from .instance_keys import ANY_SCALARS, INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key
+
+CLASSES = len(WorkerType)
+_NOTED = np.zeros(0, np.int64)  # producers already in the pending table
+_NO_EDGES = np.zeros((0, 2), np.int64)
+MAX_STREAMS = 16
+EVENT_BATCH = 64  # events taken from the backend at a time (at most a task window's)
+
+# Why `issue_logged` stopped before the end of the log.
+NEEDS_PYTHON, NEEDS_EVENTS, FAILED = 1, 2, 3
+
+STATE = np.dtype([
+    ("head", np.int64),  # the in-flight ring: the oldest task retires from here
+    ("tail", np.int64),  # and the next issued goes here
+    ("free", np.int64),  # event indices on `pool`
+    ("made", np.int64),  # event indices with a handle
+    ("turn", np.int64, (CLASSES,)),  # per worker class: the next of its streams
+    ("why", np.int64),  # why issue_logged stopped (NEEDS_*, FAILED)
+    ("failed_task", np.int64),  # the task whose driver call failed, or -1
+    ("failed_status", np.int64),  # its CUresult
+    ("failed_call", np.int64),  # which call (launches.CALLS)
+    ("native", np.int64),  # tasks issued from the log without Python
+    ("edge", np.int64),  # the next edge of the flushed edge log to note
+], align=True)
+
+SLOT = np.dtype([  # per task slot: the task in flight there
+    ("task", np.int64),
+    ("kernel", np.int64),
+    ("stream", np.int64),
+    ("event", np.int64),  # index into `events`
+    ("waits", np.int64),  # how many of `after` it waited on
+    ("after", np.int64, (MAX_STREAMS,)),  # the events of the producers it waited on
+    ("issued", np.int64),  # monotonic ns
+], align=True)
+
+EVENT = np.dtype([
+    ("handle", np.int64),  # the CUevent
+    ("waiters", np.int64),  # tasks in flight whose stream waits on it
+    ("busy", np.int64),  # whether its task is in flight
+    ("end", np.int64),  # when its task's retirement was observed (monotonic ns)
+], align=True)
+
+PENDING = np.dtype([  # per task slot: the producers of the task submitted there, not yet issued
+    ("consumer", np.int64),  # the task the row is for (-1: none)
+    ("newest", np.int64, (MAX_STREAMS,)),  # per stream: its newest producer there, or -1
+], align=True)
+
+LAUNCHES = np.dtype([  # per instance table slot: its launch
+    ("function", np.int64),  # the CUfunction (0 with grid 0: no work items, only wait and record)
+    ("grid", np.int64),
+    ("block", np.int64),
+    ("shared", np.int64),
+    ("integer", np.int64, (MAX_SCALARS,)),  # each scalar's word: long long (1) or double
+], align=True)
+
+
+class Instances(NamedTuple):
+    """A backend's learnt launches, by instance key (instance_keys.py)."""
+
+    keys: np.ndarray
+    filled: np.ndarray
+    launches: np.ndarray
+
+    @classmethod
+    def allocate(cls) -> Instances:
+        return cls(np.zeros((INSTANCES, KEY_WIDTH), np.int64), np.zeros(INSTANCES, np.int64),
+                   np.zeros(INSTANCES, LAUNCHES))
+
+
+_INSTANCES: weakref.WeakKeyDictionary[object, Instances] = weakref.WeakKeyDictionary()
+
+
+class Tables(NamedTuple):
+    """One run's state on the streams, and what its numba code reads beside it."""
+
+    state: np.ndarray  # STATE, one row
+    ring: np.ndarray  # task ids in flight, in submission order
+    slots: np.ndarray  # SLOT per task slot
+    events: np.ndarray  # EVENT per event index
+    pool: np.ndarray  # free event indices, pool[:state.free]
+    pending: np.ndarray  # PENDING per task slot
+    class_streams: np.ndarray  # [class, i]: the i-th stream of the class
+    class_count: np.ndarray  # [class]: how many streams it has
+    handles: np.ndarray  # per stream: its CUstream
+    stream_end: np.ndarray  # per stream: when its last retired task ended (monotonic ns)
+    stats: np.ndarray  # [stream, kernel]: tasks retired, their ns
+    kernel_info: np.ndarray  # KERNEL_INFO per kernel id: `native` where the log's tasks issue here
+    keys: np.ndarray  # the backend's Instances
+    filled: np.ndarray
+    launches: np.ndarray
+    key: np.ndarray  # an instance key
+    words: np.ndarray  # a launch's argument words
+    params: np.ndarray  # kernelParams: the words' addresses
+    double: np.ndarray  # one float64, and `bits` its int64 view: a scalar's double word
+    bits: np.ndarray
+    ready: np.ndarray  # the core's completion scratch
+
+
+# --- the bookkeeping -----------------------------------------------------------------------------
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _in_flight(t, task_id):
+    """Whether an issued task has not retired: tasks retire in submission order."""
+    s = t.state[0]
+    return s.head != s.tail and task_id >= t.ring[s.head & (len(t.ring) - 1)]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _note(t, producer, consumer):
+    mask = len(t.pending) - 1
+    row = t.pending[consumer & mask]
+    if row.consumer != consumer:
+        row.consumer = consumer
+        row.newest[:] = -1
+    if _in_flight(t, producer):
+        stream = t.slots[producer & mask].stream
+        if producer > row.newest[stream]:
+            row.newest[stream] = producer
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _note_edges(t, edges, upto):
+    """Note the flushed edge log's (producer, consumer) pairs from state.edge on, up to those of
+    consumer `upto`. A consumer's producers were issued before it: its edges are noted when it
+    is about to be (in `issue_logged`), or at the end of a flush whose log ends before it (a
+    consumer's edges may come in two flushes, always before the consumer itself)."""
+    s = t.state[0]
+    while s.edge < len(edges) and edges[s.edge, 1] <= upto:
+        _note(t, edges[s.edge, 0], edges[s.edge, 1])
+        s.edge += 1
+
+
+@njit(cache=True, _nrt=False)
+def note_edges(t, edges):
+    _note_edges(t, edges, np.iinfo(np.int64).max)
+
+
+@njit(cache=True, _nrt=False)
+def note_producers(t, task_id, producers):
+    mask = len(t.pending) - 1
+    t.pending[task_id & mask].consumer = task_id
+    t.pending[task_id & mask].newest[:] = -1
+    for i in range(len(producers)):
+        _note(t, producers[i], task_id)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _fail(t, task_id, status, call):
+    s = t.state[0]
+    s.why = FAILED
+    if s.failed_task < 0:
+        s.failed_task = task_id
+        s.failed_status = status
+        s.failed_call = call
+    return status
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _begin(t, driver, task_id, kernel, worker, now):
+    """Take the task's slot, the next stream of its class and an event, and enqueue its waits
+    on the newest producer in flight on each other stream. -1 when no event is free (nothing
+    taken); else the first CUresult that is not 0, or 0."""
+    s = t.state[0]
+    if s.free == 0:
+        return -1
+    mask = len(t.slots) - 1
+    stream = t.class_streams[worker, s.turn[worker] % t.class_count[worker]]
+    s.turn[worker] += 1
+    s.free -= 1
+    event = t.pool[s.free]
+    t.events[event].busy = 1
+    t.events[event].waiters = 0
+    slot = t.slots[task_id & mask]
+    slot.task = task_id
+    slot.kernel = kernel
+    slot.stream = stream
+    slot.event = event
+    slot.waits = 0
+    slot.issued = now
+    row = t.pending[task_id & mask]
+    if row.consumer == task_id:
+        for other in range(len(t.handles)):
+            producer = row.newest[other]
+            if other != stream and producer >= 0 and _in_flight(t, producer):
+                waited = t.slots[producer & mask].event
+                status = wait_event(driver[WAIT], t.handles[stream], t.events[waited].handle)
+                if status != 0:
+                    return _fail(t, task_id, status, WAIT)
+                slot.after[slot.waits] = waited
+                slot.waits += 1
+                t.events[waited].waiters += 1
+    return 0
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _record(t, driver, task_id):
+    """Record the task's event behind its kernel and put it in flight; a CUresult."""
+    s = t.state[0]
+    slot = t.slots[task_id & (len(t.slots) - 1)]
+    status = record_event(driver[RECORD], t.events[slot.event].handle, t.handles[slot.stream])
+    if status != 0:
+        return _fail(t, task_id, status, RECORD)
+    t.ring[s.tail & (len(t.ring) - 1)] = task_id
+    s.tail += 1
+    return 0
+
+
+@njit(cache=True, _nrt=False)
+def begin(t, driver, task_id, kernel, worker):
+    return _begin(t, driver, task_id, kernel, worker, monotonic_ns())
+
+
+@njit(cache=True, _nrt=False)
+def record(t, driver, task_id):
+    return _record(t, driver, task_id)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _release(t, event):
+    s = t.state[0]
+    t.pool[s.free] = event
+    s.free += 1
+
+
+@njit(cache=True, _nrt=False)
+def retire_reached(t, driver, header, tasks, buffers, deps, limit):
+    """Retire, oldest first, up to `limit` tasks whose events are reached, up to the first that
+    is not (or whose kernel failed: state.failed_*); how many retired."""
+    s = t.state[0]
+    mask = len(t.slots) - 1
+    retired = 0
+    while s.head != s.tail and retired < limit:
+        task_id = t.ring[s.head & (len(t.ring) - 1)]
+        slot = t.slots[task_id & mask]
+        event = slot.event
+        status = query_event(driver[QUERY], t.events[event].handle)
+        if status == NOT_READY:
+            break
+        if status != 0:
+            _fail(t, task_id, status, QUERY)
+            break
+        s.head += 1
+        # The host sees when a task was issued and when its retirement was noticed; it ran no
+        # earlier than its stream's previous task and its producers elsewhere ended.
+        now = monotonic_ns()
+        start = max(slot.issued, t.stream_end[slot.stream])
+        for i in range(slot.waits):
+            start = max(start, t.events[slot.after[i]].end)
+        if slot.kernel < t.stats.shape[1]:
+            t.stats[slot.stream, slot.kernel, 0] += 1
+            t.stats[slot.stream, slot.kernel, 1] += now - start
+        t.stream_end[slot.stream] = now
+        # Its stream has passed its waits: a producer's event no other wait refers to is free.
+        for i in range(slot.waits):
+            waited = slot.after[i]
+            t.events[waited].waiters -= 1
+            if t.events[waited].waiters == 0 and t.events[waited].busy == 0:
+                _release(t, waited)
+        t.events[event].busy = 0
+        t.events[event].end = now
+        if t.events[event].waiters == 0:
+            _release(t, event)
+        complete(header, tasks, buffers, deps, task_id, t.ready)
+        retired += 1
+    return retired
+
+
+@njit(cache=True, _nrt=False)
+def issue_prepared(t, driver, header, tasks, buffers, deps, task_id, kernel, worker, producers, noted,
+                   function, grid, block, shared, template_words, task_at, own):
+    """Issue a task whose launch the backend prepared (CudaBackend.prepare: its template's words,
+    its own at `task_at`), behind its producers (`noted`: already in the pending table), and
+    retire what is reached: one call from Python. -1 when no event is free (call again); else
+    the first CUresult that is not 0 (state.failed_*), or 0."""
+    if not noted:
+        note_producers(t, task_id, producers)
+    status = _begin(t, driver, task_id, kernel, worker, monotonic_ns())
+    if status != 0:
+        return status
+    if grid != 0:
+        for i in range(len(template_words)):
+            t.words[i] = template_words[i]
+        for i in range(len(task_at)):
+            t.words[task_at[i]] = own[i]
+        stream = t.handles[t.slots[task_id & (len(t.slots) - 1)].stream]
+        status = launch_kernel(driver[LAUNCH], function, grid, block, shared, stream, t.params.ctypes.data)
+        if status != 0:
+            return _fail(t, task_id, status, LAUNCH)
+    status = _record(t, driver, task_id)
+    if status == 0:
+        retire_reached(t, driver, header, tasks, buffers, deps, 1)
+    return status
+
+
+# --- the log's tasks -----------------------------------------------------------------------------
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _words(t, args, slot, launch):
+    """The launch's argument words from the task's arguments (backends/cuda_abi.py): per
+    tensor its pointer, three sizes and three element strides (leading dims padded), then each
+    scalar as its kernel takes it."""
+    w = 0
+    for p in range(args.count[slot, 0]):
+        ndim = args.desc[slot, p, D_NDIM]
+        pad = 3 - ndim
+        t.words[w] = args.desc[slot, p, D_BASE] + args.desc[slot, p, D_OFFSET]
+        for k in range(3):
+            t.words[w + 1 + k] = 1 if k < pad else args.desc[slot, p, D_SHAPE + k - pad]
+            t.words[w + 4 + k] = 0 if k < pad else args.desc[slot, p, D_STRIDE + k - pad]
+        w += TENSOR_WORDS
+    for k in range(args.count[slot, 1]):
+        integer = args.scalar_kind[slot, k] == S_INT
+        if launch.integer[k]:
+            t.words[w] = args.int[slot, k] if integer else np.int64(args.float[slot, k])
+        elif integer:
+            t.double[0] = np.float64(args.int[slot, k])
+            t.words[w] = t.bits[0]
+        else:
+            t.words[w] = args.float_bits[slot, k]
+        w += 1
+
+
+@njit(cache=True, _nrt=False, nogil=True)
+def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logged, edges):
+    """Issue the logged tasks log[first:logged] in order, each behind its producers in `edges`
+    (the flushed edge log), retiring those reached on the way, until one needs Python (an
+    instance not learnt yet, a kernel not issued here: state.why NEEDS_PYTHON; its edges are
+    noted), no event is free (NEEDS_EVENTS) or a driver call fails (FAILED); the index of the
+    first not issued."""
+    s = t.state[0]
+    s.why = 0
+    window = len(t.slots)
+    for i in range(first, logged):
+        task_id = log[i, 0]
+        _note_edges(t, edges, task_id)
+        slot = task_id & (window - 1)
+        kernel = tasks[slot].kernel
+        s.why = NEEDS_PYTHON
+        if args.task[slot] != task_id or kernel >= len(t.kernel_info) or not t.kernel_info[kernel].native:
+            return i
+        if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+            return i
+        found = find(t.keys, t.filled, t.key)
+        if t.filled[found] == 0:
+            return i
+        launch = t.launches[found]
+        status = _begin(t, driver, task_id, kernel, tasks[slot].worker, monotonic_ns())
+        if status < 0:
+            s.why = NEEDS_EVENTS
+            return i
+        if status != 0:
+            return i
+        if launch.grid != 0:
+            _words(t, args, slot, launch)
+            stream = t.handles[t.slots[slot].stream]
+            status = launch_kernel(driver[LAUNCH], launch.function, launch.grid, launch.block, launch.shared,
+                                   stream, t.params.ctypes.data)
+            if status != 0:
+                _fail(t, task_id, status, LAUNCH)
+                return i
+        if _record(t, driver, task_id) != 0:
+            return i
+        s.native += 1
+        retire_reached(t, driver, header, tasks, buffers, deps, 1)
+        if s.failed_task >= 0:
+            s.why = FAILED
+            return i + 1
+    return logged
+
+
+@njit(cache=True, _nrt=False)
+def learn(t, tasks, args, task_id, function, grid, block, shared, integer):
+    """Enter the launch of a logged task's instance, made the Python way, for its later tasks."""
+    window = len(t.slots)
+    kernel = tasks[task_id & (window - 1)].kernel
+    if args.task[task_id & (window - 1)] != task_id or kernel >= len(t.kernel_info) \
+            or not t.kernel_info[kernel].native:
+        return
+    if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+        return
+    found = find(t.keys, t.filled, t.key)
+    filled = 0
+    for i in range(len(t.filled)):
+        filled += t.filled[i] != 0
+    if t.filled[found] != 0 or 2 * filled >= len(t.filled):  # at most half full: probes stay short
+        return
+    for i in range(len(t.key)):
+        t.keys[found, i] = t.key[i]
+    launch = t.launches[found]
+    launch.function = function
+    launch.grid = grid
+    launch.block = block
+    launch.shared = shared
+    for i in range(len(integer)):
+        launch.integer[i] = integer[i]
+    t.filled[found] = 1
+
+
+# --- the executor --------------------------------------------------------------------------------
+
+
+def serves(backend, profile: Profile, scheduler: Scheduler) -> bool:
+    """Whether a stream run goes through this executor: on a CUDA driver, and no record of each
+    task is wanted (a trace, cost measurements, validation checks)."""
+    return (getattr(backend, "device", None) is not None and hasattr(backend.device, "driver")
+            and not profile.tracing and not profile.measuring and not scheduler.validate)
+
+
+class DriverStreamExecutor:
+    runs_kernels = True
+    wants_producers = True
+    # The lanes protocol of compiled sessions (jit/host.py): this executor is its own lanes.
+    takes_edges = True
+    kernel_ids: frozenset[int] = frozenset()  # Python submits bring their producers, not arguments
+
+    def __init__(self, scheduler: Scheduler, backend, profile: Profile, streams: dict[WorkerType, int]):
+        self._scheduler = scheduler
+        self._backend = backend
+        self._profile = profile
+        self._driver = backend.device.driver
+        self._addresses = self._driver.addresses
+        state = scheduler.state
+        self._core = (state.header, state.tasks, state.buffers, state.deps)
+        window = state.sizes.task_window
+        handles, self._lanes, self._stream_class = [], [], []
+        class_streams = np.zeros((CLASSES, MAX_STREAMS), np.int64)
+        class_count = np.zeros(CLASSES, np.int64)
+        for worker, count in streams.items():
+            for i in range(count):
+                if len(handles) == MAX_STREAMS:
+                    raise ValueError(f"at most {MAX_STREAMS} streams in all, not {sum(streams.values())}")
+                class_streams[worker, i] = len(handles)
+                handles.append(backend.stream((worker.name, i)))
+                self._lanes.append(profile.lane(f"{worker.name}-stream-{i}", (worker,)))
+                self._stream_class.append(worker)
+            class_count[worker] = count
+        kernels = list(registered())
+        instances = _INSTANCES.get(backend)
+        if instances is None:
+            instances = _INSTANCES[backend] = Instances.allocate()
+        scratch = Scratch()
+        double = np.zeros(1, np.float64)
+        pending = np.zeros(window, PENDING)
+        pending["consumer"] = -1
+        state_row = np.zeros(1, STATE)
+        state_row["failed_task"] = -1
+        self._t = Tables(
+            state=state_row, ring=np.zeros(window, np.int64), slots=np.zeros(window, SLOT),
+            # In use at once: the tasks in flight, and the retired producers they wait on.
+            events=np.zeros(window * len(handles) + EVENT_BATCH, EVENT),
+            pool=np.zeros(window * len(handles) + EVENT_BATCH, np.int64), pending=pending,
+            class_streams=class_streams, class_count=class_count, handles=np.array(handles, np.int64),
+            stream_end=np.zeros(len(handles), np.int64),
+            stats=np.zeros((len(handles), len(kernels), 2), np.int64),
+            kernel_info=self._kernel_info(kernels), keys=instances.keys, filled=instances.filled,
+            launches=instances.launches, key=np.zeros(KEY_WIDTH, np.int64), words=scratch.words,
+            params=scratch.params, double=double, bits=double.view(np.int64),
+            ready=scheduler.ready_scratch())
+        self._scratch = scratch  # owns the words `params` points at
+        self._kernels = kernels
+        self._args: ArgTables | None = None
+        self._edges = _NO_EDGES  # the flush's edge log (`edges`)
+        self._room_batch = max(1, window // 8)
+        self._event_batch = min(EVENT_BATCH, window)
+
+    def _kernel_info(self, kernels: list) -> np.ndarray:
+        """The kernels whose logged tasks issue here: those with CUDA code that is not a
+        library call (CuPy's, on a GPU). Their scalar counts are the code's to check."""
+        info = np.zeros(max(1, len(kernels)), KERNEL_INFO)
+        info["scalars"] = ANY_SCALARS
+        for kernel in kernels:
+            cuda = kernel.cuda
+            if cuda is None or self._backend.runs_library(kernel):
+                continue
+            info[kernel.id]["native"] = 1
+            structural = getattr(cuda, "structural", ())  # CudaInstances: None is every scalar
+            info[kernel.id]["structural"][:] = 0
+            if structural is None:
+                info[kernel.id]["structural"][:] = 1
+            else:
+                info[kernel.id]["structural"][list(structural)] = 1
+        return info
+
+    @property
+    def native_tasks(self) -> int:
+        """Tasks of compiled orchestrations issued without Python."""
+        return int(self._t.state[0]["native"])
+
+    # --- compiled sessions (jit/host.py) ------------------------------------------------
+    def native_lanes(self, args: ArgTables, kernels: list) -> DriverStreamExecutor:
+        self._args = args
+        return self
+
+    def edges(self, edge_log: np.ndarray) -> None:
+        """A flush's edge log, which the next `admit` reads."""
+        self._edges = edge_log
+        self._t.state[0]["edge"] = 0
+
+    def admit(self, log: np.ndarray, logged: int) -> int:
+        """Issue a flushed log's tasks, in order; none is left for the session to submit."""
+        t = self._t
+        i = 0
+        while i < logged:
+            i = issue_logged(t, self._addresses, *self._core, self._args, log, i, logged, self._edges)
+            why = int(t.state[0]["why"])
+            if i == logged and why != FAILED:
+                break
+            if why == FAILED:
+                self._raise_failure()
+            if why == NEEDS_EVENTS:
+                self._more_events()
+                continue
+            self._learn(int(log[i, 0]), self._issue(self._scheduler.task(int(log[i, 0])), _NOTED))
+            i += 1
+        note_edges(t, self._edges)  # those of consumers the next flush brings
+        self._edges = _NO_EDGES
+        return 0
+
+    # --- the orchestrator's side ---------------------------------------------------------
+    def submitted(self, task: Task, ready: bool, producers) -> None:
+        self._issue(task, np.asarray(producers, np.int64))
+
+    def make_room(self, status: int, unfreed) -> None:
+        state = self._t.state[0]
+        if state["head"] == state["tail"]:
+            raise self._scheduler.deadlock(status, unfreed())
+        # Wait for a batch of the oldest tasks, not one (streams.py's make_room says why).
+        started = time.perf_counter()
+        retired = 0
+        while retired < self._room_batch and state["head"] != state["tail"]:
+            self._wait_for_oldest()
+            retired += self._retire(self._room_batch - retired)
+        self._profile.stalled(RINGS[status].key, time.perf_counter() - started)
+
+    def finish(self) -> None:
+        state = self._t.state[0]
+        while state["head"] != state["tail"]:
+            self._wait_for_oldest()
+            self._retire(len(self._t.ring))
+        self._report()
+
+    def abort(self) -> None:
+        """Leave nothing enqueued: the next run's buffers may take this run's heap space."""
+        t = self._t
+        state = t.state[0]
+        for position in range(int(state["head"]), int(state["tail"])):
+            task_id = int(t.ring[position & (len(t.ring) - 1)])
+            event = int(t.events[t.slots[task_id & (len(t.slots) - 1)]["event"]]["handle"])
+            try:
+                self._backend.synchronize(event)
+            except DeadlockError:  # a stuck stream: every later wait would time out again
+                break
+            except Exception:  # a failed task's: the error being raised is the one to report
+                continue
+        state["head"] = state["tail"]
+        self._scheduler.release_records()
+
+    # --- helpers -------------------------------------------------------------------------
+    def _issue(self, task: Task, producers: np.ndarray) -> Template | None:
+        """Issue a task the Python way (its launch prepared by the backend), behind `producers`
+        (_NOTED: those in the pending table); the instance's launch, None where a library call
+        ran."""
+        t = self._t
+        try:
+            prepared = self._backend.prepare(task)
+        except Exception as cause:
+            raise TaskError.of(task, cause) from cause
+        if prepared is None:
+            self._run_library(task, producers)
+            return None
+        launch, own = prepared
+        while (status := issue_prepared(t, self._addresses, *self._core, task.id, task.kernel.id,
+                                        int(task.worker), producers, producers is _NOTED, launch.function,
+                                        launch.grid, launch.block, launch.shared, launch.words,
+                                        launch.task_words, own)) < 0:
+            self._more_events()
+        if status != 0 or t.state[0]["failed_task"] >= 0:
+            self._raise_failure()
+        return launch
+
+    def _run_library(self, task: Task, producers: np.ndarray) -> None:
+        """A library call (cuBLAS through CuPy, on a GPU) between the waits and the record."""
+        t = self._t
+        if producers is not _NOTED:
+            note_producers(t, task.id, producers)
+        while (status := begin(t, self._addresses, task.id, task.kernel.id, int(task.worker))) < 0:
+            self._more_events()
+        if status == 0:
+            stream = int(t.handles[t.slots[task.id & (len(t.slots) - 1)]["stream"]])
+            try:
+                self._backend.library(task, stream)
+            except Exception as cause:
+                self._retire(len(t.ring))  # a device fault fails every later call: name its task
+                raise TaskError.of(task, cause) from cause
+            status = record(t, self._addresses, task.id)
+        if status != 0:
+            self._raise_failure()
+        self._retire(1)
+
+    def _learn(self, task_id: int, launch: Template | None) -> None:
+        """Enter a logged task's launch for its instance's later tasks."""
+        if launch is not None and self._args is not None:
+            integer = np.zeros(MAX_SCALARS, np.int64)
+            integer[:len(launch.integer_scalars)] = launch.integer_scalars
+            learn(self._t, self._core[1], self._args, task_id, launch.function, launch.grid, launch.block,
+                  launch.shared, integer)
+
+    def _retire(self, limit: int) -> int:
+        retired = retire_reached(self._t, self._addresses, *self._core, limit)
+        if self._t.state[0]["failed_task"] >= 0:
+            self._raise_failure()
+        return retired
+
+    def _wait_for_oldest(self) -> None:
+        t = self._t
+        task_id = int(t.ring[t.state[0]["head"] & (len(t.ring) - 1)])
+        event = int(t.events[t.slots[task_id & (len(t.slots) - 1)]["event"]]["handle"])
+        try:
+            self._backend.synchronize(event)
+        except CudaError:
+            self._retire(1)  # names the task
+            raise
+        except Exception as cause:  # the wait timed out
+            raise TaskError.of(self._scheduler.task(task_id), cause) from cause
+
+    def _raise_failure(self) -> None:
+        state = self._t.state[0]
+        task_id, status, call = (int(state[f]) for f in ("failed_task", "failed_status", "failed_call"))
+        if task_id < 0:
+            raise InvariantError("a driver stream call failed with no task to name")
+        try:
+            self._driver.check(status, CALLS[call])
+        except CudaError as cause:
+            raise TaskError.of(self._scheduler.task(task_id), cause) from cause
+
+    def _more_events(self) -> None:
+        t = self._t
+        state = t.state[0]
+        made = int(state["made"])
+        if made + self._event_batch > len(t.events):
+            raise InvariantError(f"{made} events in use: more than the executor's bound")
+        for index in range(made, made + self._event_batch):
+            t.events[index]["handle"] = self._backend.take_event()
+            t.pool[state["free"]] = index
+            state["free"] += 1
+        state["made"] = made + self._event_batch
+
+    def _report(self) -> None:
+        """The run's kernel times into the lanes, and its events back to the backend."""
+        t = self._t
+        for stream, lane in enumerate(self._lanes):
+            for kernel in np.flatnonzero(t.stats[stream, :, 0]):
+                tasks, ns = (int(n) for n in t.stats[stream, kernel])
+                lane.ran_natively(self._kernels[kernel].name, self._stream_class[stream], tasks, ns / 1e9)
+        for index in range(int(t.state[0]["made"])):
+            self._backend.release(int(t.events[index]["handle"]))
+        t.state[0]["made"] = t.state[0]["free"] = 0
+        self._scheduler.release_records()
+

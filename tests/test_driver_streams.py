@@ -1,0 +1,181 @@
+"""The stream executor on a CUDA driver (executors/driver_streams.py), on the CUDA emulator:
+compiled orchestrations' tasks issue without Python once their instance's launch is learnt,
+with the words the Python way passes; a task on another stream than its producer waits for
+it, within one flush and across flushes; back-pressure; device faults and refused launches on
+the native path are the TaskError of their task. (Equality with the serial CPU executor over
+every orchestration and random graphs: test_cuda.py, test_fuzz.py.)"""
+
+import ctypes
+import threading
+import time
+
+import numba
+import numpy as np
+import pytest
+from pto_gpu.kernels.elementwise import add, scale
+from pto_gpu.kernels.tiles import copy
+
+import pto_gpu as pto
+from pto_gpu import jit as pj
+from pto_gpu.backends import emulator
+
+
+@numba.njit(cache=True)
+def _rows_doubled(o, x, y, tasks, scale_id):
+    """tasks tasks, task i: y[i % rows] = 2 * x[i % rows]."""
+    rows = pj.shape(x, 0)
+    for i in range(tasks):
+        r = i % rows
+        pj.submit(o, scale_id, (pj.input(pj.narrow(x, 0, r, r + 1)), pj.output(pj.narrow(y, 0, r, r + 1))),
+                  (2.0,))
+
+
+def rows_doubled(o, x, y, tasks):
+    o.compiled(_rows_doubled, o.external(x), o.external(y), tasks, scale.id)
+
+
+@numba.njit(cache=True)
+def _chain(o, x, tasks, scale_id):
+    """tasks tasks scaling x in place, task i by i + 1: each depends on the one before."""
+    for i in range(tasks):
+        pj.submit(o, scale_id, (pj.input(x), pj.output(x)), (i + 1.0,))
+
+
+def chain(o, x, tasks):
+    o.compiled(_chain, o.external(x), tasks, scale.id)
+
+
+@pytest.fixture
+def fresh_emulator():
+    """A fresh context after the test: its faults disarmed, a sticky error cleared."""
+    yield
+    emulator.reset()
+
+
+def test_a_compiled_orchestrations_tasks_issue_without_python_once_their_launch_is_learnt():
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=64)
+    x = rt.backend.to_device(np.arange(8 * 16, dtype=np.float32).reshape(8, 16))
+    y = rt.backend.to_device(np.zeros((8, 16), np.float32))
+    first = rt.run(rows_doubled, x, y, 1000)  # 1000 tasks through a ring of 64: back-pressure
+    np.testing.assert_array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
+    assert first.num_tasks == 1000
+    assert first.native_tasks == 999  # the first task of the instance went the Python way
+    y[:] = 0
+    again = rt.run(rows_doubled, x, y, 1000)
+    assert again.native_tasks == 1000  # the backend keeps the launch for its later runs
+    np.testing.assert_array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
+    assert again.kernels["scale"].tasks == 1000 and again.kernels["scale"].seconds > 0
+
+
+def test_runs_that_trace_or_capture_take_the_python_stream_executor(tmp_path):
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream")
+    x = rt.backend.to_device(np.ones((4, 16), np.float32))
+    made = []
+    original = rt._make_executor
+
+    def spy(*args):
+        made.append(original(*args))
+        return made[-1]
+
+    rt._make_executor = spy
+    rt.run(chain, x, 3)
+    rt.run(chain, x, 3, trace=tmp_path / "trace.json")
+    rt.capture(chain, x, 3).replay()
+    assert [type(executor).__name__ for executor in made] == ["DriverStreamExecutor", "StreamExecutor",
+                                                               "StreamExecutor"]
+    np.testing.assert_array_equal(rt.backend.to_host(x), 6.0 ** 3)
+
+
+@numba.njit(cache=True)
+def _twice(o, kernel_id, a, b, c, arity, value):
+    """The kernel over (a, b[, c]) twice: the first launch made the Python way, the second not."""
+    for _ in range(2):
+        if arity == 2:
+            pj.submit(o, kernel_id, (pj.input(a), pj.output(b)))
+        elif arity == 3:
+            pj.submit(o, kernel_id, (pj.input(a), pj.input(b), pj.output(c)))
+        else:
+            pj.submit(o, kernel_id, (pj.input(a), pj.output(b)), (value,))
+
+
+@pytest.mark.parametrize("name, value", [("scale", 2.5), ("scale", 3), ("add", None), ("copy", None)])
+def test_a_native_launch_passes_the_words_of_the_python_way(name, value, monkeypatch):
+    """Tensors over strided views of one array; a scalar given as a float, and as an int to a
+    kernel that takes a double (the word is the double's bits). Checked against numpy's view of
+    each array, as test_cuda.py checks the Python way."""
+    kernel = {"scale": scale, "add": add, "copy": copy}[name]
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream", workers={pto.VECTOR: 1})
+    received = []
+    words = 7 * (3 if name == "add" else 2) + (value is not None)
+
+    def record(grid, block, shared, params, context):
+        pointer = ctypes.POINTER(ctypes.c_int64)
+        received.append([ctypes.cast(params[i], pointer)[0] for i in range(words)])
+        return 0
+
+    entry = emulator.ENTRY(record)
+    monkeypatch.setattr(rt.backend.device, "function",
+                        lambda code, kernel, layout, scalars: emulator.function(entry, [8] * words))
+    whole = np.zeros((6, 20), np.float32)
+    x, y, z = whole[1:4, 2:7], whole[::2, 10:15], whole[3:6, 15:20]
+
+    def orchestration(o):
+        tensors = [o.external(a) for a in (x, y, z)]
+        o.compiled(_twice, kernel.id, *tensors, 3 if name == "add" else 2 if value is None else 1,
+                   0.0 if value is None else value)
+
+    result = rt.run(orchestration)
+    assert result.native_tasks == 1
+    expected = []
+    for view in (x, y, z)[:3 if name == "add" else 2]:
+        expected += [view.ctypes.data, 1, *view.shape, 0, *(s // view.itemsize for s in view.strides)]
+    if value is not None:
+        expected.append(int(np.array(float(value)).view(np.int64)))
+    assert received == [expected, expected]
+
+
+def test_a_task_on_another_stream_waits_for_its_producer(monkeypatch):
+    """A chain alternates between two streams (each task on the other stream than the one before
+    it) and each kernel takes 2 ms: a wait left out would let the next start before it ends."""
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream", workers={pto.VECTOR: 2})
+    runs = []
+    lock = threading.Lock()
+
+    def record(grid, block, shared, params, context):
+        factor = np.array([ctypes.cast(params[14], ctypes.POINTER(ctypes.c_int64))[0]]).view(np.float64)[0]
+        started = time.perf_counter()
+        time.sleep(0.002)
+        with lock:
+            runs.append((factor, started, time.perf_counter()))
+        return 0
+
+    entry = emulator.ENTRY(record)
+    monkeypatch.setattr(rt.backend.device, "function",
+                        lambda code, kernel, layout, scalars: emulator.function(entry, [8] * 15))
+    x = rt.backend.to_device(np.ones((2, 4), np.float32))
+    result = rt.run(chain, x, 12)
+    assert result.native_tasks == 11
+    runs.sort()
+    assert [factor for factor, _, _ in runs] == [float(i + 1) for i in range(12)]
+    for (_, _, ended), (_, started, _) in zip(runs, runs[1:]):
+        assert started >= ended
+
+
+@pytest.mark.parametrize("fault", ["kernel", "launch"])
+def test_a_fault_on_the_native_path_is_the_task_error_of_its_task(fresh_emulator, fault):
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream", workers={pto.VECTOR: 2})
+    x = rt.backend.to_device(np.ones((4, 8), np.float32))
+    rt.run(chain, x, 1)  # the launch learnt: the faults below count only native launches
+    if fault == "kernel":
+        emulator.fault_kernel(3)
+        match = r"\(scale\) failed: CudaError: .*CUDA_ERROR_ILLEGAL_ADDRESS"
+    else:
+        emulator.fail_launch(2)
+        match = r"task 1 \(scale\) failed: CudaError: cuLaunchKernel failed: CUDA_ERROR_LAUNCH_OUT_OF_RES"
+    with pytest.raises(pto.TaskError, match=match):
+        rt.run(chain, x, 5)
+    emulator.reset()
+    y = rt.backend.to_device(np.ones((4, 8), np.float32))
+    result = rt.run(chain, y, 3)
+    assert result.native_tasks == 3
+    np.testing.assert_array_equal(rt.backend.to_host(y), 6)
