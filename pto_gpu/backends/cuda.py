@@ -139,10 +139,12 @@ class CudaBackend:
         """A task's launch: its instance's template and the task's own words (in param order,
         as `launches.issue` takes them); None where its kernel's library implementation runs
         instead (`library`)."""
-        self._check_cuda(task)
-        if self.runs_library(task.kernel):
+        cuda = task.kernel.cuda
+        if cuda is None:
+            raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
+                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
+        if cuda.library is not None and self.device.runs_libraries and not self._capturing:
             return None
-        self._enter()
         key, own, scalars = _split(task)
         launch = self._templates.get(key)  # a dict read is atomic under the GIL
         if launch is None:
@@ -161,12 +163,6 @@ class CudaBackend:
     def runs_library(self, kernel) -> bool:
         """Whether the kernel's tasks run its `library` implementation here, not a launch."""
         return kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing
-
-    @staticmethod
-    def _check_cuda(task) -> None:
-        if task.kernel.cuda is None:
-            raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
-                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
 
     def _enqueue(self, task, stream: int, after, event: int) -> None:
         prepared = self.prepare(task)
@@ -189,6 +185,7 @@ class CudaBackend:
     def _template(self, key: tuple, task) -> Template:
         """The launch of the task's kernel instance over tensors of its shapes, strides and
         element types, made at the first such call (then looked up by `key`, from _split)."""
+        self._enter()  # loading the code needs the device's context on this thread
         with preparing(), self._templates_lock:  # compiling: a cost history leaves this call out
             found = self._templates.get(key)
             if found is None:
