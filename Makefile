@@ -5,13 +5,22 @@ BIN := $(VENV)/bin
 # With an NVIDIA GPU, CuPy for the driver's CUDA major version too; nothing GPU-related without.
 CUDA_MAJOR := $(filter 12 13,$(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p'))
 comma := ,
-EXTRAS := test$(if $(CUDA_MAJOR),$(comma)cuda$(CUDA_MAJOR))
+CUDA_EXTRA := $(if $(CUDA_MAJOR),$(comma)cuda$(CUDA_MAJOR))
+# `make run` installs what the demo needs; `make test` the test extra too (NVRTC, mpich, ...).
+RUN_EXTRAS := progress$(CUDA_EXTRA)
+EXTRAS := test$(CUDA_EXTRA)
 
 .PHONY: test run bench fuzz fuzz-native lint clean gpu-check
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+
+$(BIN)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[$(RUN_EXTRAS)]'
+	touch $@
+
+$(BIN)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
@@ -25,7 +34,7 @@ $(BIN)/.installed: pyproject.toml
 # workers' and the driver stream executor's loops inline.
 INLINED := $(wildcard pto_gpu/core/*.py pto_gpu/jit/*.py) pto_gpu/overlap.py pto_gpu/layout.py \
 	pto_gpu/native_call.py pto_gpu/executors/instance_keys.py pto_gpu/backends/launches.py
-$(BIN)/.caches-checked: $(INLINED) | $(BIN)/.installed
+$(BIN)/.caches-checked: $(INLINED) | $(BIN)/python
 	find pto_gpu kernels orchestration tests bench \( -name '*.nbi' -o -name '*.nbc' \) -delete
 	touch $@
 
@@ -37,7 +46,7 @@ test: $(BIN)/.installed $(BIN)/.caches-checked
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-run: $(BIN)/.installed $(BIN)/.caches-checked
+run: $(BIN)/.installed-run $(BIN)/.caches-checked
 	$(BIN)/python -m pto_gpu.orchestration.demo
 
 bench: $(BIN)/.installed-bench $(BIN)/.caches-checked

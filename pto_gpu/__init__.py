@@ -4,6 +4,8 @@
     result = rt.run(orchestration, *args)   # orchestration(o, *args) submits tasks via `o`
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .costs import CostHistory
 from .distributed import block_cyclic, block_rows
 from .dtypes import DataType, WorkerType, element_size
@@ -59,3 +61,8 @@ __all__ = [
     "StaleVersionError", "TaskError", "TensorDescriptor", "Tiers", "UsageError", "UseAfterFreeError",
     "WorkerType", "element_size", "inout", "input", "kernel", "output", "scalar", "tiers",
 ]
+
+try:
+    __version__ = version("pto-gpu")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
