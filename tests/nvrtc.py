@@ -8,9 +8,12 @@ and compiling one source to a cubin, returning NVRTC's log.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import importlib.util
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 SUCCESS = 0  # NVRTC_SUCCESS
 
@@ -32,6 +35,25 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(found[0]))  # a CDLL call releases the GIL: compiles can run in threads
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
     return lib
+
+
+def library_or_skip() -> ctypes.CDLL:
+    """`library()` for a test: skipped where the wheel is not installed (NVRTC is optional),
+    failed where it is installed and libnvrtc does not load (a packaging break, not a reason)."""
+    try:
+        return library()
+    except OSError as error:
+        if _installed("nvidia-cuda-nvrtc-cu12"):
+            pytest.fail(f"the nvidia-cuda-nvrtc-cu12 wheel is installed and libnvrtc does not load: {error}")
+        pytest.skip(f"libnvrtc cannot be loaded: {error}")
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def _check(result: int, call: str) -> None:

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -51,7 +50,6 @@ def test_serial_executor_on_each_rank():
 @pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "receiving"),
                                          (2, "orchestration")])
 def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
-    started = time.monotonic()
     out = mpiexec(ranks, "tests.mpi_programs.failure", mode, timeout=60)
     raised = dict((int(rank), (error, task, float(seconds)))
                   for rank, error, task, seconds in re.findall(r"RAISED (\d+) (\w+) (\S+) ([\d.]+)", out))
@@ -66,7 +64,6 @@ def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
     # The failing program works 0.6 s before the failure; waiting ranks give up at once.
     assert max(seconds for _, _, seconds in raised.values()) < 10, out
     assert len(re.findall(r"AGAIN \d+ OK", out)) == ranks, out
-    assert time.monotonic() - started < 60
 
 
 @pytest.mark.parametrize("name, size", [("matmul", 512), ("stencil", 256), ("flash_attention_heads", 128)])

@@ -28,10 +28,7 @@ CASES = [(label, arch) for label in DTYPES for arch in ARCHS]
 @pytest.fixture(scope="module")
 def nvrtc_logs(tmp_path_factory):
     """NVRTC's result and log per (element type, architecture), two compiles at a time."""
-    try:
-        nvrtc.library()
-    except OSError as e:
-        pytest.skip(f"libnvrtc cannot be loaded: {e}")
+    nvrtc.library_or_skip()
     folder = tmp_path_factory.mktemp("nvrtc")
     source = folder / "generated.cu"
     source.write_text(_source(np.float32))  # the text does not depend on the element type
@@ -72,10 +69,7 @@ ATTENTION_PRODUCTS = [(flash_scores, ((8, 128, 64), (8, 128, 64), (8, 128, 128))
 @pytest.mark.parametrize(("kernel", "shapes", "scalars"), ATTENTION_PRODUCTS,
                          ids=[kernel.name for kernel, *_ in ATTENTION_PRODUCTS])
 def test_attention_products_at_128_row_tiles_compile_without_spills(kernel, shapes, scalars):
-    try:
-        nvrtc.library()
-    except OSError as e:
-        pytest.skip(f"libnvrtc cannot be loaded: {e}")
+    nvrtc.library_or_skip()
     source = kernel.cuda.code_for(list(shapes), np.float32, scalars).source
     options = (*nvrtc.cupy_options(cuda_abi.nvrtc_options(source.parent, np.float32, kernel.name), 90),
                "--ptxas-options=-v")

@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+from conftest import EXECUTORS
 from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
@@ -22,6 +23,7 @@ def test_tiled_matmul_matches_numpy(executor, shape):
     np.testing.assert_allclose(c, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("executor", [e for e in EXECUTORS if e != "serial"])
 def test_matmul_is_bit_identical_to_serial(executor):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((256, 256)).astype(np.float32)

