@@ -34,7 +34,17 @@ from ..params import ParamKind
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cuda_abi
 from .driver import CAPTURE_MODE_RELAXED, Driver
-from .launches import CALLS, NO_WORK, Scratch, Template, instance_scalars, issue, scalar_bits, template
+from .launches import (
+    CALLS,
+    NO_WORK,
+    Scratch,
+    Template,
+    compiled_entry,
+    instance_scalars,
+    issue,
+    scalar_bits,
+    template,
+)
 
 THREADS_PER_BLOCK = 256
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
@@ -93,6 +103,7 @@ class CudaBackend:
         self._streams: dict[object, int] = {}
         self._origin: int | None = None  # the stream a capture begins and ends on
         self._capturing = False
+        self._issue = None  # launches.issue's compiled entry, once a launch has typed it
 
     # --- memory: the device's ------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
@@ -175,10 +186,12 @@ class CudaBackend:
             return
         launch, own = prepared
         scratch = self._scratch()
-        status = issue(self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
-                       stream, launch.words, launch.task_words, own,
-                       np.array(after, np.int64) if after else _NO_WAITS, event, scratch.words,
-                       scratch.params, scratch.failed)
+        args = (self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared, stream,
+                launch.words, launch.task_words, own, np.array(after, np.int64) if after else _NO_WAITS,
+                event, scratch.words, scratch.params, scratch.failed)
+        if self._issue is None:  # issue's entry for these types: half of its call's cost was dispatch
+            self._issue = compiled_entry(issue, *args)
+        status = self._issue(*args)
         if status != 0:
             self._driver.check(status, CALLS[int(scratch.failed[0])])
 

@@ -30,7 +30,6 @@ import time
 import weakref
 from typing import NamedTuple
 
-import numba
 import numpy as np
 from numba import njit
 
@@ -44,6 +43,7 @@ from ..backends.launches import (
     WAIT,
     Scratch,
     Template,
+    compiled_entry,
     launch_kernel,
     query_event,
     record_event,
@@ -459,12 +459,6 @@ def learn(t, tasks, args, task_id, function, grid, block, shared, integer):
 
 
 # --- the executor --------------------------------------------------------------------------------
-
-
-def compiled_entry(function, *example):
-    """The compiled entry of an njit function for the types of `example`: callable with
-    arguments of exactly those types (no type dispatch, so nothing checks them)."""
-    return function.compile(tuple(numba.typeof(value) for value in example))
 
 
 def serves(backend, profile: Profile, scheduler: Scheduler) -> bool:
