@@ -10,7 +10,7 @@ CUDA_EXTRA := $(if $(CUDA_MAJOR),$(comma)cuda$(CUDA_MAJOR))
 RUN_EXTRAS := progress$(CUDA_EXTRA)
 EXTRAS := test$(CUDA_EXTRA)
 
-.PHONY: test run bench fuzz fuzz-native lint clean gpu-check
+.PHONY: test run bench fuzz fuzz-native mutate lint clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ fuzz: $(BIN)/.installed $(BIN)/.caches-checked
 
 fuzz-native: $(BIN)/.installed $(BIN)/.caches-checked
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=random $(BIN)/python -m pytest tests/test_fuzz.py -k native -x -q
+
+# The curated mutants of tests/mutants.py, each in a copy of the repository against the tests
+# that should kill it (docs/MUTANTS.md); fails if one survives.
+mutate: $(BIN)/.installed
+	$(BIN)/python tests/mutants.py
 
 # On a lent GPU with no network (the device image has the dependencies): the gpu tests and the
 # GPU benchmarks in one command, figures into $$GPU_CHECK_OUT or $$OUT (bench/gpu_check.py).

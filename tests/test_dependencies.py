@@ -1,5 +1,7 @@
 """Dependency semantics (../shared/design.md): exact edge sets on small orchestrations, every executor."""
 
+import time
+
 import numpy as np
 import pytest
 from conftest import GRAPH_EXECUTORS, add_into, fill, mix, noop, runtime, zeros
@@ -26,6 +28,25 @@ def test_linear_chain(graph_executor):
 
     x = zeros(8)
     assert edges(chain, x, executor=graph_executor) == [(0, 1), (0, 2), (1, 2)]
+
+
+@pto.kernel(worker=pto.VECTOR)
+def slow_fill(out, value):
+    time.sleep(0.2)  # the other producer finishes first, on another worker
+    out[...] = value
+
+
+def test_a_consumer_of_two_producers_runs_after_the_slower(executor):
+    """The consumer becomes ready at its last producer's completion, not its first."""
+    def orchestration(o, x, y, out):
+        X, Y = o.external(x), o.external(y)
+        o.submit(slow_fill, pto.output(X), 1.0)
+        o.submit(fill, pto.output(Y), 2.0)
+        o.submit(mix, pto.input(X), pto.input(Y), pto.output(o.external(out)))
+
+    x, y, out = zeros(4), zeros(4), zeros(4)
+    runtime(executor, workers={pto.VECTOR: 2}).run(orchestration, x, y, out)
+    np.testing.assert_array_equal(out, 4.0)  # 2 * 1 + 2
 
 
 def test_diamond(graph_executor):
