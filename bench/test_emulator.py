@@ -4,17 +4,16 @@ emulate="cpu-code"), so it runs on any machine; the same code issues to a GPU's 
 - End to end: 20,000 tiny tasks (1x16 rows, independent: the throughput benchmark's graph)
   through the stream executor, from a compiled orchestration and from Python `o.submit`.
   extra_info["tasks_per_s"]. Target (issue 40): at least 100k tasks/s.
-- The issue path alone, without kernels worth the name (each launch an emulated no-op):
-  `enqueue` (what a Python submit's task costs the backend: the launch template's lookup, the
-  task's words, one numba call into the driver), `issue` called from a numba loop (the driver
-  calls alone), and the stream executor's own host cost per task of a compiled orchestration
-  (issue and retirement, over a driver whose per-task calls do nothing: the run's time less
-  the same orchestration's on the dry executor, which submits and completes the same tasks
-  without issuing them).
+- The issue path alone: `issue` called from a numba loop (the emulator's driver calls, each
+  launch an emulated no-op kernel), and, over a driver whose per-task calls do nothing (so the
+  host path's own cost is what is left), `enqueue` (what a Python submit's task costs the
+  backend: the launch template's lookup, the task's words, one numba call) and the stream
+  executor's host cost per task of a compiled orchestration (issue and retirement: the run's
+  time less the same orchestration's on the dry executor, which submits and completes the same
+  tasks without issuing them).
   extra_info["us_per_task"]. Targets: at most 5 us from Python, at most 1 us from compiled code.
 """
 
-import dataclasses
 import time
 import types
 
@@ -66,14 +65,50 @@ def _tasks(rt: pto.Runtime) -> list:
     return tasks, x
 
 
-def test_enqueue_from_python(benchmark, no_op):
+_U32, _PTR = numba.types.uint32, numba.types.voidptr
+
+
+@numba.cfunc(numba.types.int32(_PTR, _U32, _U32, _U32, _U32, _U32, _U32, _U32, _PTR, _PTR, _PTR))
+def _null_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+    return np.int32(0)
+
+
+@numba.cfunc(numba.types.int32(_PTR, _PTR))
+def _null_record(event, stream):
+    return np.int32(0)
+
+
+@numba.cfunc(numba.types.int32(_PTR, _PTR, _U32))
+def _null_wait(stream, event, flags):
+    return np.int32(0)
+
+
+@numba.cfunc(numba.types.int32(_PTR))
+def _null_query(event):
+    return np.int32(0)
+
+
+NULL = [_null_launch, _null_record, _null_wait, _null_query]  # in launches.CALLS order
+
+
+@pytest.fixture
+def null_driver(monkeypatch):
+    """Make a runtime's per-task driver calls (launches.CALLS) do nothing, every event reached
+    at once: what is left of a task's cost is the host path's own."""
+    def patch(rt: pto.Runtime) -> None:
+        addresses = np.array([f.address for f in NULL], np.int64)
+        monkeypatch.setattr(rt.backend.device.driver, "addresses", addresses)
+
+    return patch
+
+
+def test_enqueue_from_python(benchmark, null_driver):
     rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code")
     tasks, _ = _tasks(rt)
     backend = rt.backend
     stream = backend.stream("bench")
     backend.synchronize(backend.enqueue(tasks[0], stream, []))  # the template made
-    for key, launch in list(backend._templates.items()):  # the kernel is an emulated no-op
-        backend._templates[key] = dataclasses.replace(launch, function=no_op[1])
+    null_driver(rt)
 
     def enqueue_all():
         for i in range(ISSUES):
@@ -112,35 +147,10 @@ def test_issue_from_compiled_code(benchmark, no_op):
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / ISSUES * 1e6
 
 
-_U32, _PTR = numba.types.uint32, numba.types.voidptr
-
-
-@numba.cfunc(numba.types.int32(_PTR, _U32, _U32, _U32, _U32, _U32, _U32, _U32, _PTR, _PTR, _PTR))
-def _null_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-    return np.int32(0)
-
-
-@numba.cfunc(numba.types.int32(_PTR, _PTR))
-def _null_record(event, stream):
-    return np.int32(0)
-
-
-@numba.cfunc(numba.types.int32(_PTR, _PTR, _U32))
-def _null_wait(stream, event, flags):
-    return np.int32(0)
-
-
-@numba.cfunc(numba.types.int32(_PTR))
-def _null_query(event):
-    return np.int32(0)
-
-
-def test_stream_executor_host_cost_from_compiled_code(benchmark, monkeypatch):
-    """The driver's per-task calls (launches.CALLS) answered by functions that do nothing (every
-    event reached at once), so what is left is the executor's own issue and retirement."""
+def test_stream_executor_host_cost_from_compiled_code(benchmark, null_driver):
+    """Over a driver whose per-task calls do nothing: the executor's own issue and retirement."""
     rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=4096)
-    null = [_null_launch, _null_record, _null_wait, _null_query]
-    monkeypatch.setattr(rt.backend.device.driver, "addresses", np.array([f.address for f in null], np.int64))
+    null_driver(rt)
     x, y = (rt.backend.to_device(a) for a in rows())
     result = benchmark.pedantic(rt.run, (generated, x, y, "independent"), rounds=5, warmup_rounds=1)
     assert result.native_tasks == TASKS  # the warm-up run learnt the launch
