@@ -179,6 +179,9 @@ CASES = [
          lambda made: pto.Runtime(backend="cpu", emulate="cpu-code"), pto.PTOError),
     Case("unknown emulate= mode", lambda made: pto.Runtime(backend="cuda-emulated", emulate="fast"),
          pto.PTOError),
+    Case("more streams than the stream executor on a CUDA driver takes", lambda made: pto.Runtime(
+        backend="cuda-emulated", executor="stream", workers={pto.CUBE: 9, pto.VECTOR: 9}).run(lambda o: None),
+         pto.UsageError),
     Case("a worker class with no workers", lambda made: runtime(made, workers={pto.CUBE: 0}), pto.PTOError),
     Case("workers= naming no worker class", lambda made: runtime(made, workers={"TENSOR": 2}), pto.PTOError),
     Case("negative threshold", lambda made: runtime(made).run(lambda o: None, threshold=-1), pto.PTOError),

@@ -52,7 +52,7 @@ from ..backends.launches import (
 from ..core.complete import complete
 from ..core.lock import monotonic_ns
 from ..dtypes import WorkerType
-from ..errors import DeadlockError, InvariantError, TaskError
+from ..errors import DeadlockError, InvariantError, TaskError, UsageError
 from ..jit.context import MAX_SCALARS, S_INT, ArgTables
 from ..jit.descriptor import D_BASE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
 from ..kernel import registered
@@ -114,7 +114,7 @@ LAUNCHES = np.dtype([  # per instance table slot: its launch
 ], align=True)
 
 
-class Instances(NamedTuple):
+class LearntLaunches(NamedTuple):
     """A backend's learnt launches, by instance key (instance_keys.py)."""
 
     keys: np.ndarray
@@ -122,12 +122,12 @@ class Instances(NamedTuple):
     launches: np.ndarray
 
     @classmethod
-    def allocate(cls) -> Instances:
+    def allocate(cls) -> LearntLaunches:
         return cls(np.zeros((INSTANCES, KEY_WIDTH), np.int64), np.zeros(INSTANCES, np.int64),
                    np.zeros(INSTANCES, LAUNCHES))
 
 
-_INSTANCES: weakref.WeakKeyDictionary[object, Instances] = weakref.WeakKeyDictionary()
+_LEARNT: weakref.WeakKeyDictionary[object, LearntLaunches] = weakref.WeakKeyDictionary()  # by backend
 
 
 class Tables(NamedTuple):
@@ -145,7 +145,7 @@ class Tables(NamedTuple):
     stream_end: np.ndarray  # per stream: when its last retired task ended (monotonic ns)
     stats: np.ndarray  # [stream, kernel]: tasks retired, their ns
     kernel_info: np.ndarray  # KERNEL_INFO per kernel id: `native` where the log's tasks issue here
-    keys: np.ndarray  # the backend's Instances
+    keys: np.ndarray  # the backend's LearntLaunches
     filled: np.ndarray
     launches: np.ndarray
     key: np.ndarray  # an instance key
@@ -490,16 +490,17 @@ class DriverStreamExecutor:
         for worker, count in streams.items():
             for i in range(count):
                 if len(handles) == MAX_STREAMS:
-                    raise ValueError(f"at most {MAX_STREAMS} streams in all, not {sum(streams.values())}")
+                    raise UsageError(f"workers= gives {sum(streams.values())} streams in all; the stream "
+                                     f"executor on a CUDA driver takes at most {MAX_STREAMS}")
                 class_streams[worker, i] = len(handles)
                 handles.append(backend.stream((worker.name, i)))
                 self._lanes.append(profile.lane(f"{worker.name}-stream-{i}", (worker,)))
                 self._stream_class.append(worker)
             class_count[worker] = count
         kernels = list(registered())
-        instances = _INSTANCES.get(backend)
+        instances = _LEARNT.get(backend)
         if instances is None:
-            instances = _INSTANCES[backend] = Instances.allocate()
+            instances = _LEARNT[backend] = LearntLaunches.allocate()
         scratch = Scratch()
         double = np.zeros(1, np.float64)
         pending = np.zeros(window, PENDING)
@@ -542,7 +543,6 @@ class DriverStreamExecutor:
                 continue
             info[kernel.id]["native"] = 1
             structural = getattr(cuda, "structural", ())  # CudaInstances: None is every scalar
-            info[kernel.id]["structural"][:] = 0
             if structural is None:
                 info[kernel.id]["structural"][:] = 1
             else:
