@@ -94,6 +94,34 @@ def test_every_tile_instruction_matches_the_interpreter(generated, dtype, case):
         assert_close(got["o_" + spec.spelling], reference, 4 * eps, atol, spec.spelling)
 
 
+@pytest.mark.parametrize("dtype", [pto.FLOAT32, pto.FLOAT64], ids=lambda d: d.name)
+def test_zeros_and_negatives_give_the_interpreters_infinities_and_nans(generated, dtype):
+    """Every tile instruction over inputs with zeros (a third of each) and negative "positive"
+    operands, and a zero scalar: divisions, reciprocals, square roots and logs of them follow
+    IEEE arithmetic as the interpreter's numpy does (no ZeroDivisionError), each inf and nan
+    where the interpreter has it, the finite results as close as on ordinary inputs."""
+    module = all_ops(dtype, 32, 128)
+    arrays = all_ops_arrays(module, dtype, 32, 128, 32, 128)
+    for memref, array in zip(module.functions["ops"].memrefs, arrays):
+        if not memref.name.startswith("o_"):
+            array.reshape(-1)[::3] = 0
+            if memref.name == "p":
+                array.reshape(-1)[1::5] = -1
+    with np.errstate(all="ignore"):
+        want, got = run_both(generated, module, "ops", arrays, 0.0, MASK_ROW, MASK_COL)
+    eps = np.finfo(dtype.numpy).eps
+    got = named(module, got)
+    for name, w in named(module, want).items():
+        if not name.startswith("o_"):
+            continue
+        g = got[name]
+        for where in (np.isnan, np.isposinf, np.isneginf):
+            np.testing.assert_array_equal(where(g), where(w), err_msg=f"{name}: {where.__name__}")
+        finite = np.isfinite(w)
+        scale = np.abs(w[finite]).max(initial=1.0)  # sums of up to 128 terms: 256 eps of the largest
+        np.testing.assert_allclose(g[finite], w[finite], rtol=4 * eps, atol=256 * eps * scale, err_msg=name)
+
+
 @pytest.mark.parametrize("n, m, x", [(7, -3, 2.5), (4, 9, -1.25)])
 def test_scalars_and_control_flow(generated, n, m, x):
     out = np.full((1, 16), np.nan)

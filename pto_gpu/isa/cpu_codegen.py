@@ -22,7 +22,9 @@ instructions one after another:
     by a later instruction of the same segment, and a broadcast row operand (read before the
     column loop) is not written earlier in its segment.
 
-Floating point: the generated function runs with numba's fastmath flags reassoc, nsz, contract
+Floating point: the generated function runs with numba's numpy error model (IEEE division, as the
+interpreter: x / 0 is +-inf or nan, not ZeroDivisionError, and a loop with a division vectorises:
+the Python model tests every divisor) and fastmath flags reassoc, nsz, contract
 and arcp (never nnan/ninf: -inf is the identity of max and the value of masked elements), so
 sums vectorise; max and min reductions, which LLVM vectorises only under nnan, run LANES
 columns per iteration into as many accumulators (softmax's row max: 4.2 -> 3.4 us a tile);
@@ -62,7 +64,8 @@ from .native_abi import entry_source
 from .ops import OPCODES, Form, OpSpec
 from .verify import describe, verify_module
 
-GENERATOR_VERSION = 6
+GENERATOR_VERSION = 7
+_IEEE = "error_model='numpy'"  # division as the interpreter's: see the module docstring
 LANES = 8  # columns per iteration of a column loop that holds a max or min reduction
 
 _HALF = (DataType.FLOAT16, DataType.BFLOAT16)
@@ -259,7 +262,7 @@ class _Generator:
         text = [f"# PTO ISA CPU code generator v{GENERATOR_VERSION}: InCore function @{f.name}",
                 "import math", "", "import numpy as np", "from numba import njit, types", "",
                 "from pto_gpu.isa.cpu_codegen import exp32", "", "",
-                f"@njit({self.signature(2)}, cache=True, nogil=True, fastmath={_FASTMATH})",
+                f"@njit({self.signature(2)}, cache=True, nogil=True, fastmath={_FASTMATH}, {_IEEE})",
                 f"def kernel({', '.join(arguments)}):",
                 f"    if {unit}:"]
         text += ["    " + line for line in body] + ["    else:"] + ["    " + line for line in body]
@@ -268,7 +271,7 @@ class _Generator:
         leading = [f"{memrefs[m.name]}.shape[0]" for m in f.memrefs]
         count = leading[0] if len(leading) == 1 else f"max({', '.join(leading)})"
         windows = [f"{memrefs[m.name]}[_b % {memrefs[m.name]}.shape[0]]" for m in f.memrefs]
-        text += ["", "", f"@njit({self.signature(3)}, cache=True, nogil=True)",
+        text += ["", "", f"@njit({self.signature(3)}, cache=True, nogil=True, {_IEEE})",
                  f"def batched({', '.join(arguments)}):",
                  f"    for _b in range({count}):",
                  f"        kernel({', '.join(windows + arguments[len(windows):])})"]

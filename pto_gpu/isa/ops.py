@@ -92,7 +92,7 @@ _SPECS = [
     OpSpec("TEXP", "exp", Form.UNARY, np.exp, "math.exp({a})", "exp({a})"),
     OpSpec("TLOG", "log", Form.UNARY, np.log, "math.log({a})", "log({a})"),
     OpSpec("TSQRT", "sqrt", Form.UNARY, np.sqrt, "math.sqrt({a})", "sqrt({a})"),
-    OpSpec("TRSQRT", "rsqrt", Form.UNARY, lambda x: 1.0 / np.sqrt(x), "1.0 / math.sqrt({a})", "rsqrt({a})"),
+    OpSpec("TRSQRT", "rsqrt", Form.UNARY, lambda x: 1.0 / np.sqrt(x), "math.sqrt(1.0 / {a})", "rsqrt({a})"),
     OpSpec("TRECIP", "recip", Form.UNARY, lambda x: 1.0 / x, "1.0 / {a}", "1.0 / {a}"),
     OpSpec("TNEG", "neg", Form.UNARY, np.negative, "-{a}", "-{a}"),
     OpSpec("TABS", "abs", Form.UNARY, np.abs, "abs({a})", "fabs({a})"),
