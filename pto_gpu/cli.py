@@ -6,7 +6,7 @@ tools of spec 003 §3.3.
     mpiexec -n 2 pto-gpu run matmul --ranks      # one run over the ranks of an MPI launch
     pto-gpu merge-traces run.json run.rank0.json run.rank1.json
     pto-gpu run softmax.pto --shape input=64x64 --shape output=64x64 --scalar num_tiles=8 --check
-    pto-gpu compile softmax.pto --emit cuda      # pto (canonical form), python, cpu or cuda
+    pto-gpu compile softmax.pto --emit cuda      # pto (canonical form), python, cpu, cuda or ptx
     pto-gpu parse programs/                      # writes <name>_builder.py beside each .pto
 
 Each workload run is checked against its numpy float64 reference (unless the executor is dry);
@@ -106,12 +106,15 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
         "compile", help="print a .pto file's canonical form, builder code or generated code",
         description="Parse and verify a .pto file, then print it as EMIT: its canonical form (pto), "
                     "the builder code that rebuilds it (python), or the generated numba (cpu) or CUDA "
-                    "(cuda) code of its InCore functions.")
+                    "(cuda) code of its InCore functions, or the PTX the CUDA backend loads (ptx).")
     command.add_argument("file", type=Path, metavar="FILE.pto")
-    command.add_argument("--emit", choices=("pto", "python", "cpu", "cuda"), default="pto",
-                         help="what to print (default: pto)")
+    command.add_argument("--emit", choices=("pto", "python", "cpu", "cuda", "ptx"), default="pto",
+                         help="what to print (default: pto); ptx: the PTX the CUDA backend loads, made by "
+                              "NVRTC (no GPU needed)")
     command.add_argument("--function", metavar="NAME",
-                         help="cpu/cuda: only this InCore function (default: every one)")
+                         help="cpu/cuda/ptx: only this InCore function (default: every one)")
+    command.add_argument("--arch", default="sm_90", metavar="sm_XX",
+                         help="ptx: the GPU architecture (default: sm_90)")
     command = commands.add_parser(
         "parse", help="write the builder code of every .pto file in a directory",
         description="For every DIR/*.pto, write DIR/<stem>_builder.py: isa.FunctionBuilder code that "
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("compile", "parse"):
         try:
             if args.command == "compile":
-                return compile_file(args.file, args.emit, args.function)
+                return compile_file(args.file, args.emit, args.function, args.arch)
             return parse_directory(args.directory)
         except (OSError, PTOError) as error:  # an unreadable file, or a .pto error as file:line:col
             print(f"pto-gpu: {error}", file=sys.stderr)
@@ -359,7 +362,8 @@ def read_module(path: Path):
     return module
 
 
-def compile_file(path: Path, emit: str, function: str | None) -> int:
+def compile_file(path: Path, emit: str, function: str | None, arch: str = "sm_90") -> int:
+    from . import isa
     from .isa import cpu_codegen, cuda_codegen
 
     module = read_module(path)
@@ -368,8 +372,23 @@ def compile_file(path: Path, emit: str, function: str | None) -> int:
     elif emit == "python":
         print(module.to_python(), end="")
     else:
-        names = [function] if function else [f.name for f in module.functions.values()
-                                             if f.in_core and f.library is None]
+        own = [f.name for f in module.functions.values() if f.in_core and f.library is None]
+        if function is not None and function not in own:
+            raise PTOError(f"{path}: no InCore function {function!r} of its own; it has: "
+                           f"{', '.join(own) or 'none'}")
+        names = [function] if function else own
+        if not names:
+            libraries = sorted(f.library for f in module.functions.values() if f.library is not None)
+            raise PTOError(f"{path}: no InCore function of its own to emit {emit} for; its kernels are "
+                           f"library functions ({', '.join(libraries) or 'none'}), whose code is made per "
+                           "call's shapes: see pto_gpu.isa.gpu_code")
+        if emit == "ptx":
+            kernels = isa.compile(module).kernels
+            for name in names:
+                memrefs = module.functions[name].memrefs
+                dtype = memrefs[0].dtype.numpy if memrefs else np.float32
+                print(isa.gpu_code(kernels[name], [m.shape for m in memrefs], dtype, arch=arch), end="")
+            return 0
         generate = cpu_codegen.cpu_source if emit == "cpu" else cuda_codegen.cuda_source
         print("\n".join(generate(module, name) for name in names), end="")
     return 0

@@ -11,6 +11,8 @@ and CUDA implementations.
     interpret  the numpy reference: run(module, name, *arrays_and_scalars)
     cpu_codegen   one generated numba function per InCore function (cached as .py files)
     cuda_codegen  one generated `extern "C" __global__` per InCore function (pto_isa.cuh)
+    nvrtc      NVRTC through ctypes, as CuPy's RawModule compiles (no GPU needed)
+    ptx        gpu_code(kernel, shapes, dtype, scalars, arch): the PTX of a kernel instance
     program    compile(module) -> Program: a pto.Kernel per InCore function (library functions:
                the kernel their import path names)
     lowering   what both ways of running an Orchestration share: frees, the binary expansion,
@@ -49,9 +51,10 @@ from .ir import (
 )
 from .ops import OPCODES, Form, OpSpec
 from .program import Program, compile
+from .ptx import gpu_code
 from .verify import directions, verify_function, verify_module
 
 __all__ = ["Alloc", "Call", "CallArg", "Direction", "For", "Form", "Function", "FunctionBuilder",
            "FunctionKind", "ISAError", "If", "MemRef", "Module", "OPCODES", "Op", "OpSpec", "Predicate",
            "Program", "Return", "Scalar", "Split", "Tile", "View", "compile", "cuda_code", "cuda_source",
-           "directions", "interpret", "parse", "print_module", "verify_function", "verify_module"]
+           "directions", "gpu_code", "interpret", "parse", "print_module", "verify_function", "verify_module"]

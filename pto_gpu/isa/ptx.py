@@ -1,0 +1,40 @@
+"""`gpu_code`: the PTX of the CUDA code the backend loads for an instance of a kernel, made on
+any machine (no GPU, no CuPy) by NVRTC with the options CuPy's RawModule uses (isa/nvrtc.py)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..backends import cuda_abi
+from ..errors import ParamError, PTOError
+from ..kernel import Kernel
+from . import nvrtc
+from .errors import ISAError
+
+
+def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm_90") -> str:
+    """The PTX of `kernel`'s CUDA code for a call with tensors of `shapes`, element type `dtype`
+    and these `scalars` (those that pick a family's instance), for `arch` ("sm_80", "sm_90",
+    ...): the instance a kernel family picks, compiled as the CUDA backend compiles it, for the
+    virtual architecture (the cubin it loads is this PTX assembled). A kernel whose tasks run
+    a library on a GPU (the matmuls' cuBLAS) gives the generated code it runs while capturing."""
+    match = re.fullmatch(r"sm_(\d+)", arch)
+    if match is None:
+        raise ParamError(f"gpu_code: arch={arch!r} is not a GPU architecture such as 'sm_80' or 'sm_90'")
+    if not isinstance(kernel, Kernel) or kernel.cuda is None:
+        name = getattr(kernel, "name", repr(kernel))
+        raise PTOError(f"gpu_code: {name} has no CUDA code (a kernel family, a kernel compiled from a PTO "
+                       "program, or one declared with cuda=pto.CudaCode(...) has)")
+    code = kernel.cuda.code_for([tuple(s) for s in shapes], np.dtype(dtype), tuple(scalars))
+    options = cuda_abi.nvrtc_options(code.source.parent, np.dtype(dtype), kernel.name)
+    try:
+        ok, log, ptx = nvrtc.compile_source(code.source.read_text(),
+                                            nvrtc.cupy_options(options, int(match.group(1)), ptx=True),
+                                            code.source.name)
+    except (OSError, FileNotFoundError) as error:
+        raise PTOError(f"gpu_code needs NVRTC: {error}") from error
+    if not ok:
+        raise ISAError(f"{kernel.name}: NVRTC could not compile its CUDA code for {arch}:\n{log}")
+    return ptx.rstrip(b"\0").decode()

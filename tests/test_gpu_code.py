@@ -1,0 +1,68 @@
+"""pto_gpu.isa.gpu_code and `pto-gpu compile --emit ptx`: the PTX of a kernel instance, made by
+NVRTC on a machine without a GPU, from the source and options the CUDA backend compiles with;
+and the errors of a call that cannot give one."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nvrtc import library_or_skip
+from pto_gpu.kernels.elementwise import scale
+from pto_gpu.kernels.tiles import matmul
+
+import pto_gpu as pto
+from pto_gpu import cli, isa
+
+PROGRAMS = Path(__file__).resolve().parent.parent / "orchestration" / "programs"
+
+
+@pytest.fixture(autouse=True)
+def nvrtc():
+    library_or_skip()
+
+
+def entries(ptx: str) -> list[str]:
+    return re.findall(r"\.visible \.entry (\w+)\(", ptx)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_ptx_of_a_family_instance_is_for_its_arch_and_holds_its_kernel(arch):
+    ptx = isa.gpu_code(matmul, [(64, 32), (32, 48), (64, 48)], np.float32, arch=arch)
+    assert re.search(rf"^\.target {arch}$", ptx, re.M)
+    assert entries(ptx) == ["pto_matmul"]
+    # its parameters are the backend's words: a pointer, three sizes, three strides per tensor
+    assert len(re.findall(r"\.param \.u64 pto_matmul_param_\d+", ptx)) == 3 * 7
+
+
+def test_each_element_type_and_instance_gets_its_own_code():
+    small = isa.gpu_code(scale, [(4, 16), (4, 16)], np.float32, (2.0,))
+    half = isa.gpu_code(scale, [(4, 16), (4, 16)], np.float16, (2.0,))
+    wide = isa.gpu_code(scale, [(4, 4096), (4, 4096)], np.float32, (2.0,))
+    assert small != half and small != wide
+    assert ".b16" in half and ".b16" not in small  # half loads and stores
+
+
+def test_a_kernel_without_cuda_code_and_a_bad_arch_are_refused_by_name():
+    @pto.kernel(worker=pto.VECTOR)
+    def python_only(out):
+        out[...] = 0
+
+    with pytest.raises(pto.PTOError, match="python_only has no CUDA code"):
+        isa.gpu_code(python_only, [(4, 4)], np.float32)
+    with pytest.raises(pto.ParamError, match="arch='hopper' is not a GPU architecture"):
+        isa.gpu_code(scale, [(4, 16), (4, 16)], np.float32, (2.0,), arch="hopper")
+
+
+def test_pto_gpu_compile_emits_the_ptx_of_a_programs_functions(capsys):
+    program = str(PROGRAMS / "dynamic_softmax.pto")
+    assert cli.main(["compile", program, "--emit", "ptx", "--arch", "sm_80"]) == 0
+    ptx = capsys.readouterr().out
+    assert re.search(r"^\.target sm_80$", ptx, re.M) and entries(ptx) == ["pto_softmax_tile"]
+
+
+def test_pto_gpu_compile_says_why_a_program_of_library_kernels_has_no_code_to_emit(capsys):
+    assert cli.main(["compile", str(PROGRAMS / "matmul.pto"), "--emit", "cuda"]) != 0
+    err = capsys.readouterr().err
+    assert "no InCore function of its own to emit cuda for" in err
+    assert "pto_gpu.kernels.tiles.matmul_acc" in err
