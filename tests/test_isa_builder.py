@@ -77,12 +77,19 @@ ARGS = {
 }
 
 
+TILES = (("a", 8, 8), ("b", 8, 8), ("d", 8, 8), ("r", 8, 1), ("c", 1, 8))
+
+
 def program() -> FunctionBuilder:
+    """A function whose tiles are all loaded (a tile is written before it is read), ready for
+    one more instruction."""
     builder = FunctionBuilder("each").memref("m", F32, (8, 8)).scalar("n", pto.INT64)
     builder.scalar_var("k", pto.INT64)
-    for name, rows, cols in (("a", 8, 8), ("b", 8, 8), ("d", 8, 8), ("r", 8, 1), ("c", 1, 8)):
+    for name, rows, cols in TILES:
         builder.tile(name, rows, cols, F32)
-    return builder.load("b", "m")
+    for name, *_ in TILES:
+        builder.load(name, "m")
+    return builder
 
 
 @pytest.mark.parametrize("spec", OPCODES.values(), ids=OPCODES.keys())
@@ -97,7 +104,7 @@ def test_every_opcode_has_a_builder_method(spec):
         assert function.body[0] == Op(spec.spelling, args[0], args[1:])
         return
     function = getattr(program(), spec.builder)(*args).store("m", "d").build()
-    op = function.body[1]
+    op = function.body[len(TILES)]
     filled = args + tuple(o.default for o in operands[len(args):])
     expected_srcs = filled[1:-1] + (Predicate(filled[-1]),) if spec.form is Form.COMPARE else filled[1:]
     assert op == Op(spec.spelling, filled[0], expected_srcs)
@@ -123,8 +130,8 @@ def test_wrong_arity_is_refused_at_the_call(call, message):
 def test_offsets_by_keyword_and_numpy_numbers_build_plain_operands():
     function = (program().load("a", "m", col=np.int64(0)).muls("d", "a", np.float32(0.5))
                 .store("m", "d", row=np.int32(0)).build())
-    assert function.body[1:] == (Op("TLOAD", "a", ("m", 0, 0)), Op("TMULS", "d", ("a", 0.5)),
-                                 Op("TSTORE", "m", ("d", 0, 0)))
+    assert function.body[len(TILES):] == (Op("TLOAD", "a", ("m", 0, 0)), Op("TMULS", "d", ("a", 0.5)),
+                                         Op("TSTORE", "m", ("d", 0, 0)))
     assert all(type(v) in (str, int, float) for op in function.body for v in op.srcs)
 
 

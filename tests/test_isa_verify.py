@@ -36,12 +36,13 @@ TILES = (Tile("x", 8, 64, F32), Tile("y", 8, 64, F32), Tile("w", 8, 32, F32), Ti
 MEMREFS = (MemRef("input", F32, (8, 64)), MemRef("output", F32, (8, 64)))
 SCALARS = (Scalar("n", I32), Scalar("v", F32), Scalar("t", I32, param=False))
 LOAD = Op("TLOAD", "x", ("input", 0, 0))
+LOAD_Y = Op("TLOAD", "y", ("input", 0, 0))
 STORE = Op("TSTORE", "output", ("y", 0, 0))
 
 
 def kernel(*body, name="tile_fn", **changes) -> Function:
-    """A valid InCore function with `body` between a load and a store, then `changes`."""
-    function = Function(name, INCORE, MEMREFS, SCALARS, TILES, (LOAD, *body, STORE))
+    """A valid InCore function with `body` between loads of x and y and a store, then `changes`."""
+    function = Function(name, INCORE, MEMREFS, SCALARS, TILES, (LOAD, LOAD_Y, *body, STORE))
     return dataclasses.replace(function, **changes)
 
 
@@ -90,6 +91,15 @@ BAD = [
     ("tile as scalar", kernel(Op("TMULS", "y", ("x", "w"))),
      "@tile_fn: TMULS %y, %x, %w: %w is a tile, not a value"),
     ("unknown opcode", kernel(Op("TFOO", "y", ("x",))), "@tile_fn: TFOO %y, %x: unknown instruction TFOO"),
+    # dataflow
+    ("tile read before written", kernel(Op("TEXP", "w", ("w",))),
+     "@tile_fn: TEXP %w, %w: reads tile %w before any instruction writes it"),
+    ("tile read in a loop before the loop writes it",
+     kernel(loop(Op("TMULS", "y", ("z", 2.0)), Op("TLOAD", "z", ("input", 0, 0))),
+            tiles=TILES + (Tile("z", 8, 64, F32),)),
+     "@tile_fn: TMULS %y, %z, 2.0: reads tile %z before any instruction writes it"),
+    ("accumulator never written", kernel(Op("TMATMUL_ACC", "m", ("x", "k"))),
+     "@tile_fn: TMATMUL_ACC %m, %x, %k: reads tile %k before any instruction writes it"),
     ("arity", kernel(Op("TADD", "y", ("x",))),
      "@tile_fn: TADD %y, %x: TADD takes 3 operands (dst, a, b), got 2"),
     ("float offset", kernel(Op("TLOAD", "y", ("input", 1.5, 0))),
@@ -284,8 +294,9 @@ def in_core(*body, memrefs=("a", "b")) -> Function:
     ((Op("TLOAD", "x", ("a", 0, 0)), Op("TLOAD", "y", ("b", 0, 0)), Op("TADD", "x", ("x", "y")),
       Op("TSTORE", "b", ("x", 0, 0))), {"a": Direction.INPUT, "b": Direction.INOUT}),
     # a store before a load of the same memref, inside control flow: still both
-    ((For("i", 0, 2, 1, (If("i", Predicate.EQ, 0, (Op("TSTORE", "a", ("x", 0, 0)),),
-                                (Op("TLOAD", "x", ("a", 0, 0)),)),)), Op("TSTORE", "b", ("x", 0, 0))),
+    ((Op("TFILL", "x", (0.0,)),
+      For("i", 0, 2, 1, (If("i", Predicate.EQ, 0, (Op("TSTORE", "a", ("x", 0, 0)),),
+                            (Op("TLOAD", "x", ("a", 0, 0)),)),)), Op("TSTORE", "b", ("x", 0, 0))),
      {"a": Direction.INOUT, "b": Direction.OUTPUT}),
 ])
 def test_in_core_directions_come_from_loads_and_stores(body, expected):

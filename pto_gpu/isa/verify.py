@@ -297,8 +297,34 @@ class _Checker:
     def check(self) -> None:
         self._declarations()
         self._block(self.function.body)
+        if self.function.in_core:
+            self._tiles_written(self.function.body, set())
         # Directions are inferred: a memref with no load, store or call has none.
         _Access(self.module, resolve_all=self.resolve_all).of(self.function)
+
+    def _tiles_written(self, body: tuple[Statement, ...], written: set[str]) -> None:
+        """Every tile an instruction reads was written by an instruction before it (a read of a
+        tile never loaded or computed gives garbage). Loops and branches count as taken: a
+        write in one of them reaches the reads after it, so only a read with no write at all
+        before it is refused, never a program whose paths the verifier cannot follow."""
+        tiles = {t.name for t in self.function.tiles}
+        for statement in body:
+            if isinstance(statement, Op):
+                spec = OPCODES[statement.opcode]
+                operands = signature(spec)[1:]
+                reads = [src for src, operand in zip(statement.srcs, operands)
+                         if operand.kind is Kind.TILE and src in tiles]
+                for name in reads + ([statement.dst] if spec.accumulate else []):
+                    if name not in written:
+                        self.fail(describe(statement), f"reads tile %{name} before any instruction writes it "
+                                                       "(load it, or compute or fill it, first)")
+                if spec.form is not Form.STORE and statement.dst in tiles:
+                    written.add(statement.dst)
+            elif isinstance(statement, For):
+                self._tiles_written(statement.body, written)
+            elif isinstance(statement, If):
+                self._tiles_written(statement.then_body, written)
+                self._tiles_written(statement.else_body, written)
 
     # declarations
 
