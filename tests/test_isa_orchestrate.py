@@ -170,6 +170,36 @@ def test_errors_in_a_pto_file_name_the_file_line_and_column(tmp_path, capsys):
     assert re.match(rf"pto-gpu: {re.escape(str(bad))}:5:\d+: ", capsys.readouterr().err)
 
 
+NESTED = """// PTO Module: nested
+
+// Function Type: InCore
+func @f(%a: !pto.memref<f32, 8x8>, %b: !pto.memref<f32, 8x8>, %n: i32) {
+  %t = alloc_tile : !pto.tile<8x8xf32>
+  %u = alloc_tile : !pto.tile<8x8xf32>
+  %t = tload %a[0, 0]
+  FOR %i:idx, 0:idx, %n:idx, 1:idx
+    %u = tadd %t, %{operand}
+  ENDFOR
+  tstore %u, %b[0, 0]
+}
+"""
+
+
+@pytest.mark.parametrize("operand, message", [("q", "unknown name %q"),
+                                              ("u", "reads tile %u before any instruction writes it")])
+def test_verifier_errors_from_text_give_the_line_and_column_of_the_statement(tmp_path, capsys, operand,
+                                                                            message):
+    """Inside a loop: the innermost statement's place, not the loop's."""
+    text = NESTED.replace("{operand}", operand)
+    with pytest.raises(isa.ISAError, match=rf"^9:5: @f: TADD %u, %t, %{operand}: {message}"):
+        isa.parse(text)
+    assert isa.parse(text, verify=False).functions["f"].name == "f"  # the text is well formed
+    bad = tmp_path / "bad.pto"
+    bad.write_text(text)
+    assert cli.main(["compile", str(bad)]) == 2
+    assert capsys.readouterr().err.startswith(f"pto-gpu: {bad}:9:5: @f: TADD")
+
+
 # --- compiled=True: generated numba over pto_gpu.jit ------------------------------------------------
 @pytest.mark.parametrize("rows, stop", [(64, 8), (61, 5), (8, 0)])
 def test_the_compiled_orchestration_makes_the_interpreted_graph_and_results(program, rows, stop):

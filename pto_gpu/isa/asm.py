@@ -79,7 +79,7 @@ from .ir import (
     View,
 )
 from .ops import OPCODES, Form, OpSpec
-from .verify import Kind, signature
+from .verify import Kind, signature, verify_module
 
 DTYPE_NAMES: dict[DataType, str] = {
     DataType.FLOAT32: "f32", DataType.FLOAT16: "f16", DataType.BFLOAT16: "bf16", DataType.FLOAT64: "f64",
@@ -349,9 +349,21 @@ def _tokenize(text: str) -> list[_Token]:
 # Parser
 
 
-def parse(text: str) -> Module:
-    """The module that `.pto` text describes; errors are ISAErrors that start with line:column."""
-    return _Parser(_tokenize(text)).module()
+def parse(text: str, verify: bool = True) -> Module:
+    """The module that `.pto` text describes, verified (verify.verify_module) unless `verify` is
+    False; errors are ISAErrors that start with the line and column of what they refuse (a
+    verifier error of the module as a whole, such as a recursion, with none)."""
+    parser = _Parser(_tokenize(text))
+    module = parser.module()
+    if verify:
+        try:
+            verify_module(module)
+        except ISAError as error:
+            where = parser.positions.get(id(error.statement))
+            if where is None:
+                raise
+            raise ISAError(f"{where[0]}:{where[1]}: {error}") from None
+    return module
 
 
 class _Parser:
@@ -359,6 +371,7 @@ class _Parser:
         self.tokens = tokens
         self.pos = 0
         self.function = ""  # the function being read, for messages
+        self.positions: dict[int, tuple[int, int]] = {}  # id of each statement read -> (line, column)
 
     # -- token helpers ----------------------------------------------------------------------
 
@@ -546,7 +559,10 @@ class _Parser:
         while not (self.peek().kind in ("word", "punct") and self.peek().text in ends):
             if self.at("eof") or self.peek().text in _CLOSERS:
                 raise self.expected(" or ".join(repr(e) for e in ends))
-            body.append(self.statement())
+            token = self.peek()
+            statement = self.statement()
+            self.positions[id(statement)] = (token.line, token.col)  # the module keeps it alive
+            body.append(statement)
         return tuple(body)
 
     def statement(self):

@@ -12,6 +12,7 @@ instruction or declaration at fault.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 from typing import NoReturn
@@ -278,6 +279,18 @@ def _check_recursion(module: Module) -> None:
             visit(function, [])
 
 
+@contextlib.contextmanager
+def _refusing(statement: Statement):
+    """Errors raised inside name `statement` as the one refused (the innermost, where blocks
+    nest), for the parser to give its line and column."""
+    try:
+        yield
+    except ISAError as error:
+        if error.statement is None:
+            error.statement = statement
+        raise
+
+
 class _Checker:
     """One function's checks, in order: declarations, then statements (with loop variables in
     scope), then that every memref is used."""
@@ -309,22 +322,22 @@ class _Checker:
         before it is refused, never a program whose paths the verifier cannot follow."""
         tiles = {t.name for t in self.function.tiles}
         for statement in body:
-            if isinstance(statement, Op):
-                spec = OPCODES[statement.opcode]
-                operands = signature(spec)[1:]
-                reads = [src for src, operand in zip(statement.srcs, operands)
-                         if operand.kind is Kind.TILE and src in tiles]
-                for name in reads + ([statement.dst] if spec.accumulate else []):
-                    if name not in written:
-                        self.fail(describe(statement), f"reads tile %{name} before any instruction writes it "
-                                                       "(load it, or compute or fill it, first)")
-                if spec.form is not Form.STORE and statement.dst in tiles:
-                    written.add(statement.dst)
-            elif isinstance(statement, For):
+            if isinstance(statement, For):
                 self._tiles_written(statement.body, written)
             elif isinstance(statement, If):
                 self._tiles_written(statement.then_body, written)
                 self._tiles_written(statement.else_body, written)
+            elif isinstance(statement, Op):
+                spec = OPCODES[statement.opcode]
+                reads = [src for src, operand in zip(statement.srcs, signature(spec)[1:])
+                         if operand.kind is Kind.TILE and src in tiles]
+                for name in reads + ([statement.dst] if spec.accumulate else []):
+                    if name not in written:
+                        with _refusing(statement):
+                            self.fail(describe(statement), f"reads tile %{name} before any instruction "
+                                                           "writes it (load, compute or fill it first)")
+                if spec.form is not Form.STORE and statement.dst in tiles:
+                    written.add(statement.dst)
 
     # declarations
 
@@ -411,19 +424,23 @@ class _Checker:
     def _block(self, body: tuple[Statement, ...]) -> None:
         self.bound.append(set())  # a local tensor bound in a block is used only there
         for statement in body:
-            if isinstance(statement, Alloc | View | Split):
-                self._tensor_statement(statement)
-            elif isinstance(statement, Op):
-                self._op(statement)
-            elif isinstance(statement, For):
-                self._for(statement)
-            elif isinstance(statement, If):
-                self._if(statement)
-            elif isinstance(statement, Call):
-                self._call(statement)
-            elif not isinstance(statement, Return):
-                self.fail(repr(statement), "not a statement (Op, For, If, Call, Return, Alloc, View, Split)")
+            with _refusing(statement):
+                self._statement(statement)
         self.bound.pop()
+
+    def _statement(self, statement: Statement) -> None:
+        if isinstance(statement, Alloc | View | Split):
+            self._tensor_statement(statement)
+        elif isinstance(statement, Op):
+            self._op(statement)
+        elif isinstance(statement, For):
+            self._for(statement)
+        elif isinstance(statement, If):
+            self._if(statement)
+        elif isinstance(statement, Call):
+            self._call(statement)
+        elif not isinstance(statement, Return):
+            self.fail(repr(statement), "not a statement (Op, For, If, Call, Return, Alloc, View, Split)")
 
     def _tensor_statement(self, statement: Alloc | View | Split) -> None:
         where = describe(statement)
