@@ -9,6 +9,7 @@ order of reductions and products (K * eps64 * sum|x|, far below rtol here).
 """
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -32,6 +33,8 @@ ELEMENTWISE = {
     "TEXP": np.exp, "TLOG": np.log, "TSQRT": np.sqrt, "TRSQRT": lambda a: 1 / np.sqrt(a),
     "TRECIP": lambda a: 1 / a, "TNEG": lambda a: -a, "TABS": np.abs, "TSILU": lambda a: a / (1 + np.exp(-a)),
     "TRELU": lambda a: np.where(a > 0, a, 0.0), "TSIN": np.sin, "TCOS": np.cos,
+    "TSIGMOID": lambda a: 0.5 * (1 + np.tanh(a / 2)), "TTANH": lambda a: np.sinh(a) / np.cosh(a),
+    "TERF": np.vectorize(math.erf, otypes=[np.float64]),
     "TADDS": lambda a, s: a + s, "TSUBS": lambda a, s: a - s, "TMULS": lambda a, s: a * s,
     "TDIVS": lambda a, s: a / s, "TMAXS": np.fmax, "TMINS": np.fmin,
     "TROWEXPANDADD": lambda a, b: a + b, "TROWEXPANDSUB": lambda a, b: a - b,

@@ -78,6 +78,16 @@ def _silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _erf(x):
+    from scipy.special import erf  # numpy has none; scipy is a dependency (numba's BLAS)
+
+    return erf(x)
+
+
 _SPECS = [
     OpSpec("TLOAD", "load", Form.LOAD, None),
     OpSpec("TSTORE", "store", Form.STORE, None),
@@ -97,6 +107,10 @@ _SPECS = [
     OpSpec("TNEG", "neg", Form.UNARY, np.negative, "-{a}", "-{a}"),
     OpSpec("TABS", "abs", Form.UNARY, np.abs, "abs({a})", "fabs({a})"),
     OpSpec("TSILU", "silu", Form.UNARY, _silu, "{a} / (1.0 + math.exp(-{a}))", "{a} / (1.0 + exp(-{a}))"),
+    OpSpec("TSIGMOID", "sigmoid", Form.UNARY, _sigmoid, "1.0 / (1.0 + math.exp(-{a}))",
+           "1.0 / (1.0 + exp(-{a}))"),
+    OpSpec("TTANH", "tanh", Form.UNARY, np.tanh, "math.tanh({a})", "tanh({a})"),
+    OpSpec("TERF", "erf", Form.UNARY, _erf, "math.erf({a})", "erf({a})"),
     OpSpec("TRELU", "relu", Form.UNARY, lambda x: np.maximum(x, 0.0), "max({a}, 0.0)", "fmax({a}, 0.0)"),
     OpSpec("TSIN", "sin", Form.UNARY, np.sin, "math.sin({a})", "sin({a})"),
     OpSpec("TCOS", "cos", Form.UNARY, np.cos, "math.cos({a})", "cos({a})"),
