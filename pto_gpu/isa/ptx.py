@@ -33,7 +33,7 @@ def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm
         ok, log, ptx = nvrtc.compile_source(code.source.read_text(),
                                             nvrtc.cupy_options(options, int(match.group(1)), ptx=True),
                                             code.source.name)
-    except (OSError, FileNotFoundError) as error:
+    except OSError as error:  # no libnvrtc, or no CUDA headers (FileNotFoundError)
         raise PTOError(f"gpu_code needs NVRTC: {error}") from error
     if not ok:
         raise ISAError(f"{kernel.name}: NVRTC could not compile its CUDA code for {arch}:\n{log}")
