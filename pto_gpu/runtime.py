@@ -102,7 +102,7 @@ def _worker_counts(workers: dict) -> dict[WorkerType, int]:
 
 
 class Runtime:
-    """Runs orchestration functions. See ../shared/design.md, "The public contract"."""
+    """Runs orchestration functions. See docs/DESIGN.md, "The public contract"."""
 
     def __init__(self, backend: str = "auto", executor: str = "auto", *,
                  heap_bytes: int = 64 << 20, task_window: int = 1024,

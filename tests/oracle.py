@@ -1,4 +1,4 @@
-"""An independent dependency oracle: the logical edges of a recorded run, from ../shared/design.md's rules.
+"""An independent dependency oracle: the logical edges of a recorded run, from docs/DESIGN.md's rules.
 
 It shares no code with what it checks (pto_gpu's layout, overlap and core modules, the TensorMap
 and its hashing). Each tensor param becomes the exact set of bytes it touches, found by marking
@@ -97,7 +97,7 @@ class Entry:
 
 
 def expected_edges(tasks) -> set[tuple[int, int]]:
-    """The (producer, consumer) edges ../shared/design.md gives for tasks (objects with id and params)."""
+    """The (producer, consumer) edges docs/DESIGN.md gives for tasks (objects with id and params)."""
     live: list[Entry] = []
     edges: set[tuple[int, int]] = set()
     for task in sorted(tasks, key=lambda t: t.id):

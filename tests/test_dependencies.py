@@ -1,4 +1,4 @@
-"""Dependency semantics (../shared/design.md): exact edge sets on small orchestrations, every executor."""
+"""Dependency semantics (docs/DESIGN.md): exact edge sets on small orchestrations, every executor."""
 
 import time
 
@@ -170,7 +170,7 @@ def test_task_ids_count_from_zero_each_run(graph_executor):
 
 
 @pytest.mark.xfail(strict=True, reason="the core's covering test is conservative where two leaves of "
-                   "the covering write touch (core/overlap.py row_covers); ../shared/design.md says a "
+                   "the covering write touch (core/overlap.py row_covers); docs/DESIGN.md says a "
                    "write that fully covers an entry replaces it")
 def test_a_write_covering_an_entry_across_a_row_seam_replaces_it():
     def orch(o, x):
@@ -187,7 +187,7 @@ def test_a_write_covering_an_entry_across_a_row_seam_replaces_it():
 
 
 @pytest.mark.xfail(strict=True, reason="STRIDED_EXACT judges a view whose elements overlap (a "
-                   "non-nested layout) conservatively (core/overlap.py _meets); ../shared/design.md says "
+                   "non-nested layout) conservatively (core/overlap.py _meets); docs/DESIGN.md says "
                    "STRIDED_EXACT is exact")
 def test_a_view_with_overlapping_windows_meets_only_its_own_bytes():
     x = np.zeros(32)

@@ -2,7 +2,7 @@
 windows, heap sizes, thresholds, worker or stream counts and (threads) schedules, must leave every buffer
 byte-identical to the serial executor, agree on whether the heap is too small, and record the
 serial executor's graph, which must be exactly the edges that the independent oracle
-(oracle.py) derives from ../shared/design.md's rules. The oracle's own tests are here too: it gives
+(oracle.py) derives from docs/DESIGN.md's rules. The oracle's own tests are here too: it gives
 hand-derived edges, and it fails a graph with one edge too few or too many.
 
 Programs of generated kernels (fuzzing.native_plan), submitted by compiled code or from Python,
@@ -129,7 +129,7 @@ def test_the_cuda_emulator_matches_serial(seed, rows, window_log2, heap_tiles, s
 
 
 def known_program(o, x, y):
-    """One case of each rule, with the edges ../shared/design.md gives written beside each task."""
+    """One case of each rule, with the edges docs/DESIGN.md gives written beside each task."""
     X, Y = o.external(x), o.external(y)
     o.submit(fill, pto.output(X), 1.0)                      # 0
     o.submit(noop, pto.input(X[0:2]))                       # 1: RAW 0

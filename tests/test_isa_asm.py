@@ -147,7 +147,7 @@ def test_floats_read_back_exactly_and_nan_survives():
 # -- the golden text ----------------------------------------------------------------------------
 
 def softmax_module() -> Module:
-    """../shared/design.md's softmax module, from ir classes."""
+    """docs/DESIGN.md's softmax module, from ir classes."""
     m = Module("softmax_module")
     m.add(Function(
         "softmax_tile", FunctionKind.INCORE, (MemRef("input", F32, (8, 64)), MemRef("output", F32, (8, 64))),

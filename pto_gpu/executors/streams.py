@@ -1,4 +1,4 @@
-"""The stream executor: issue-ahead dispatch onto the backend's streams (../shared/design.md, "GPU").
+"""The stream executor: issue-ahead dispatch onto the backend's streams (docs/DESIGN.md, "GPU").
 
 A task is issued the moment it is submitted, since its producers were submitted, so issued,
 before it. The streams of its worker class take turns; the chosen stream first waits on the

@@ -128,7 +128,7 @@ class If:
 @dataclasses.dataclass(frozen=True)
 class CallArg:
     """A tensor passed to a callee: `tensor` whole, or with `row`/`col` the window of the
-    callee memref's shape at rows row*rows, cols col*cols (../shared/design.md, "The PTO ISA compiler")."""
+    callee memref's shape at rows row*rows, cols col*cols (docs/DESIGN.md, "The PTO ISA compiler")."""
 
     tensor: str
     row: Index | None = None

@@ -8,7 +8,7 @@ CUDA code generators emit. Expressions are templates over `{a}`, `{b}` (tile ele
 `{s}` (a scalar operand); reductions give the combining expression over `{acc}`, `{x}` and
 the identity they start from.
 
-Forms, with destination first (../shared/design.md, "Builder method names ... Destination first"):
+Forms, with destination first (docs/DESIGN.md, "Builder method names ... Destination first"):
 
     LOAD        tile, memref[, row, col]        tile = memref window at (row, col) elements
     STORE       memref, tile[, row, col]        memref window = tile

@@ -65,7 +65,7 @@ class Program:
         return self._orchestrations[key]
 
 
-def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (../shared/design.md: isa.compile)
+def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (docs/DESIGN.md: isa.compile)
     """Verify `module` and generate a kernel per InCore function."""
     verify_module(module)
     module = optimize.optimize_module(module)  # tile reuse by liveness: same results, less tile memory
