@@ -108,11 +108,14 @@ def parser(workloads: Mapping[str, Workload]) -> argparse.ArgumentParser:
                     "the builder code that rebuilds it (python), or the generated numba (cpu) or CUDA "
                     "(cuda) code of its InCore functions, or the PTX the CUDA backend loads (ptx).")
     command.add_argument("file", type=Path, metavar="FILE.pto")
-    command.add_argument("--emit", choices=("pto", "python", "cpu", "cuda", "ptx"), default="pto",
+    command.add_argument("--emit", choices=("pto", "python", "cpu", "cuda", "ptx", "orchestration"),
+                         default="pto",
                          help="what to print (default: pto); ptx: the PTX the CUDA backend loads, made by "
-                              "NVRTC (no GPU needed)")
+                              "NVRTC (no GPU needed); orchestration: the numba code an Orchestration "
+                              "function compiles to (prog.orchestration(name, compiled=True))")
     command.add_argument("--function", metavar="NAME",
-                         help="cpu/cuda/ptx: only this InCore function (default: every one)")
+                         help="cpu/cuda/ptx: only this InCore function, orchestration: only this "
+                              "Orchestration function (default: every one)")
     command.add_argument("--arch", default="sm_90", metavar="sm_XX",
                          help="ptx: the GPU architecture (default: sm_90)")
     command = commands.add_parser(
@@ -295,6 +298,10 @@ def entry(module: Module, name: str | None, path: Path) -> Function:
     names = [f.name for f in module.functions.values() if not f.in_core]
     if name is None and len(names) == 1:
         return module.functions[names[0]]
+    if not names:
+        in_core = ", ".join(f"@{f.name}" for f in module.functions.values())
+        raise PTOError(f"{path}: has no Orchestration function to run, only InCore ones ({in_core}); "
+                       f"`pto-gpu compile {path} --emit cpu|cuda|ptx` shows their code")
     if name not in names:
         problem = "choose the Orchestration function with --entry" if name is None else \
             f"--entry {name}: no Orchestration function @{name}"
@@ -367,6 +374,17 @@ def compile_file(path: Path, emit: str, function: str | None, arch: str = "sm_90
         print(module.to_pto(), end="")
     elif emit == "python":
         print(module.to_python(), end="")
+    elif emit == "orchestration":
+        from .isa.orchestration_codegen import orchestration_source
+
+        orchestrations = [f.name for f in module.functions.values() if not f.in_core]
+        if function is not None and function not in orchestrations:
+            raise PTOError(f"{path}: no Orchestration function {function!r}; it has: "
+                           f"{', '.join(orchestrations) or 'none'}")
+        if not orchestrations:
+            raise PTOError(f"{path}: has no Orchestration function, only InCore ones")
+        names = [function] if function else orchestrations
+        print("\n".join(orchestration_source(module, name)[0] for name in names), end="")
     else:
         own = [f.name for f in module.functions.values() if f.in_core and f.library is None]
         if function is not None and function not in own:

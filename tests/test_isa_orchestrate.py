@@ -147,7 +147,8 @@ def test_dynamic_softmax_pto_runs_to_numpy():
 
 
 @pytest.mark.parametrize("emit, expected", [("pto", "func @dynamic_softmax("), ("cpu", "def kernel("),
-                                            ("python", "isa.FunctionBuilder("), ("cuda", "__global__")])
+                                            ("python", "isa.FunctionBuilder("), ("cuda", "__global__"),
+                                            ("orchestration", "@njit(cache=True, nogil=True)\ndef body(o, ")])
 def test_pto_gpu_compile_prints_each_form(capsys, emit, expected):
     assert cli.main(["compile", str(PROGRAMS / "dynamic_softmax.pto"), "--emit", emit]) == 0
     assert expected in capsys.readouterr().out
@@ -168,6 +169,18 @@ def test_errors_in_a_pto_file_name_the_file_line_and_column(tmp_path, capsys):
                    "  %t = tfrobnicate %a\n}\n")
     assert cli.main(["compile", str(bad)]) == 2
     assert re.match(rf"pto-gpu: {re.escape(str(bad))}:5:\d+: ", capsys.readouterr().err)
+
+
+def test_pto_gpu_run_names_a_file_without_an_orchestration_as_such(tmp_path, capsys):
+    kernels_only = tmp_path / "kernels.pto"
+    kernels_only.write_text("// PTO Module: k\n\n// Function Type: InCore\n"
+                            "func @f(%a: !pto.memref<f32, 8x8>, %b: !pto.memref<f32, 8x8>) {\n"
+                            "  %t = alloc_tile : !pto.tile<8x8xf32>\n  %t = tload %a[0, 0]\n"
+                            "  tstore %t, %b[0, 0]\n}\n")
+    assert cli.main(["run", str(kernels_only)]) == 2
+    assert "has no Orchestration function to run, only InCore ones (@f)" in capsys.readouterr().err
+    assert cli.main(["compile", str(kernels_only), "--emit", "orchestration"]) == 2
+    assert "has no Orchestration function, only InCore ones" in capsys.readouterr().err
 
 
 NESTED = """// PTO Module: nested
