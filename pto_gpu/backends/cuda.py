@@ -154,7 +154,7 @@ class CudaBackend:
         if cuda is None:
             raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
                            "@pto.kernel(..., cuda=pto.CudaCode(...))")
-        if cuda.library is not None and self.device.runs_libraries and not self._capturing:
+        if self.runs_library(task.kernel):
             return None
         key, own, scalars = _split(task)
         launch = self._templates.get(key)  # a dict read is atomic under the GIL
