@@ -19,11 +19,12 @@ import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
-from .dtypes import WorkerType
+from .dtypes import DataType, WorkerType, as_dtype
 from .errors import ParamError
 
 _REGISTRY: list[Kernel] = []
@@ -87,6 +88,14 @@ class NativeCode:
     may_raise: bool = False
 
 
+class _ArrayParam(NamedTuple):
+    """What Kernel's checks read of a tensor param, for an array called with directly."""
+
+    shape: tuple[int, ...]
+    ndim: int
+    dtype: DataType
+
+
 @dataclasses.dataclass(eq=False)
 class Kernel:
     name: str
@@ -95,6 +104,10 @@ class Kernel:
     cuda: CudaCode | CudaInstances | None = None
     shapes: tuple[tuple[str, ...], ...] | None = None
     mixed_dtypes: bool = False
+    # Each tensor param's element type (None: any), as a compiled PTO function's memrefs fix
+    # them, and its name for errors.
+    dtypes: tuple[DataType, ...] | None = None
+    names: tuple[str, ...] | None = None
     id: int = -1
     # Seconds a call takes, from its params (tensor descriptors, then scalars): the cost model
     # the simulator (executor="sim") and critical-path schedules use; per worker class where
@@ -112,6 +125,20 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.worker.name})"
+
+    def __call__(self, *args: object) -> None:
+        """Run the kernel's CPU code on numpy arrays, its tensor params in order and then its
+        scalars, as a task would, after the checks a submit makes of the arrays' shapes and
+        element types (a window larger than a compiled function's memref would be half done)."""
+        count = len(self.shapes) if self.shapes is not None else \
+            next((i for i, a in enumerate(args) if not isinstance(a, np.ndarray)), len(args))
+        arrays = args[:count]
+        for index, array in enumerate(arrays):
+            if not isinstance(array, np.ndarray):
+                raise ParamError(f"{self.name}: {self._param(index)} must be a numpy array, got "
+                                 f"{type(array).__name__}")
+        self._check_signature([_ArrayParam(a.shape, a.ndim, as_dtype(a.dtype)) for a in arrays])
+        self.cpu(*args)
 
     def check(self, tensors: list, signature: tuple | None = None) -> None:
         """Check the tensor params (descriptors, in order) against the declaration. `signature`
@@ -131,29 +158,38 @@ class Kernel:
             sizes: dict[str, tuple[int, int]] = {}
             for index, (dims, tensor) in enumerate(zip(self.shapes, tensors)):
                 if len(dims) != tensor.ndim:
-                    raise ParamError(f"{self.name}: tensor param {index} must be {len(dims)}-d "
+                    raise ParamError(f"{self.name}: {self._param(index)} must be {len(dims)}-d "
                                      f"({' '.join(dims)}), got shape {tensor.shape}")
                 for dim, (word, size) in enumerate(zip(dims, tensor.shape)):
                     if word.startswith("<="):
                         if size > int(word[2:]):
-                            raise ParamError(f"{self.name}: tensor param {index} dim {dim} must be at most "
+                            raise ParamError(f"{self.name}: {self._param(index)} dim {dim} must be at most "
                                              f"{word[2:]}, got shape {tensor.shape}")
                     elif word.isdigit():
                         if int(word) != size:
-                            raise ParamError(f"{self.name}: tensor param {index} dim {dim} must be "
+                            raise ParamError(f"{self.name}: {self._param(index)} dim {dim} must be "
                                              f"{word}, got shape {tensor.shape}")
                     elif word in sizes and sizes[word][0] != size:
                         first, where = sizes[word]
-                        raise ParamError(f"{self.name}: tensor param {index} dim {dim} ({word}) is "
-                                         f"{size} but tensor param {where} has {word}={first}")
+                        raise ParamError(f"{self.name}: {self._param(index)} dim {dim} ({word}) is "
+                                         f"{size} but {self._param(where)} has {word}={first}")
                     else:
                         sizes.setdefault(word, (size, index))
-        if not self.mixed_dtypes and tensors:
+        if self.dtypes is not None:
+            for index, (dtype, tensor) in enumerate(zip(self.dtypes, tensors)):
+                if tensor.dtype != dtype:
+                    raise ParamError(f"{self.name}: {self._param(index)} must be {dtype.name}, got "
+                                     f"{tensor.dtype.name}")
+        elif not self.mixed_dtypes and tensors:
             first = tensors[0].dtype
             for index, tensor in enumerate(tensors):
                 if tensor.dtype != first:
-                    raise ParamError(f"{self.name}: tensor param {index} is {tensor.dtype.name} but "
-                                     f"tensor param 0 is {first.name}")
+                    raise ParamError(f"{self.name}: {self._param(index)} is {tensor.dtype.name} but "
+                                     f"{self._param(0)} is {first.name}")
+
+    def _param(self, index: int) -> str:
+        """Tensor param `index` in an error: its name too where the kernel has names."""
+        return f"tensor param {index}" + (f" ({self.names[index]})" if self.names else "")
 
 
 def registered() -> list[Kernel]:

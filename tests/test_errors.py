@@ -9,6 +9,7 @@ it drifts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import re
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import pytest
 from pto_gpu.kernels.tiles import matmul
 
 import pto_gpu as pto
+from pto_gpu import isa
 
 
 @pto.kernel(worker=pto.VECTOR)
@@ -74,6 +76,28 @@ def freed(o, t):
 
 class _GpuArray:
     __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+_ROW_SUM = """// PTO Module: errors
+// Function Type: InCore
+func @row_sum(%x: !pto.memref<f32, 4x8>, %out: !pto.memref<f32, 4x1>) {
+  %t = alloc_tile : !pto.tile<4x8xf32>
+  %s = alloc_tile : !pto.tile<4x1xf32>
+  %t = tload %x[0, 0]
+  %s = trowsum %t
+  tstore %s, %out[0, 0]
+}
+"""
+
+
+@functools.cache
+def _row_sum() -> pto.Kernel:
+    """A kernel a user compiled from .pto text: 4x8 float32 windows (row tails only)."""
+    return isa.compile(isa.parse(_ROW_SUM)).kernels["row_sum"]
+
+
+def _submit_row_sum(x):
+    return run(lambda o: o.submit(_row_sum(), pto.input(o.external(x)), pto.output(o.alloc((4, 1)))))
 
 
 def _leak_orchestrator(made):
@@ -211,6 +235,21 @@ CASES = [
          pto.ParamError),
     Case("a worker class named twice", lambda made: pto.kernel(worker=(pto.CUBE, pto.CUBE))(_noop),
          pto.ParamError),
+    Case("a compiled kernel given another element type than its memref's", _submit_row_sum(np.zeros((4, 8))),
+         pto.ParamError),
+    Case("a column tail for a function that does not declare column_tails",
+         _submit_row_sum(np.zeros((4, 6), np.float32)), pto.ParamError,
+         "a row tail is taken: fewer rows than declared"),
+    Case("a direct kernel call on a window larger than its memref", lambda made: _row_sum()(
+        np.zeros((8, 8), np.float32), np.zeros((8, 1), np.float32)), pto.ParamError),
+    Case("interpreting a function on a window larger than its memref", lambda made: isa.interpret.run(
+        isa.parse(_ROW_SUM), "row_sum", np.zeros((4, 9)), np.zeros((4, 1))), isa.ISAError),
+    Case("an unknown instruction in .pto text", lambda made: isa.parse(
+        _ROW_SUM.replace("trowsum", "trowsums")), isa.ISAError, "parse errors carry line:column"),
+    Case("a tile read before any instruction writes it", lambda made: isa.parse(
+        _ROW_SUM.replace("  %t = tload %x[0, 0]\n", "")), isa.ISAError, "so do the verifier's"),
+    Case("column_tails on an Orchestration", lambda made: isa.FunctionBuilder("f").not_in_core()
+         .column_tails().build(), isa.ISAError),
     Case("costs per class that miss one of the kernel's classes", lambda made: pto.kernel(
         worker=(pto.CUBE, pto.VECTOR), cost={pto.CUBE: _noop})(_noop), pto.ParamError),
 ]

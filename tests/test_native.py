@@ -16,6 +16,7 @@ from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
+from pto_gpu import isa
 from pto_gpu import jit as pj
 from pto_gpu.core.lock import monotonic_ns
 from pto_gpu.executors.native import MIN_BUDGET, budget
@@ -629,3 +630,71 @@ def test_a_class_of_native_loops_reports_at_least_twice_a_task_window(window, wo
     is fewer than MIN_BUDGET each (a return costs as much as 64 tiny tasks)."""
     assert budget(window, workers) == expected
     assert workers * expected <= window // 2 or expected == MIN_BUDGET
+
+
+def _scaled_sigmoid_program():
+    """A kernel as a user writes it: out = sigmoid(alpha * x) over (at most) 4×16 windows,
+    compiled from its `.pto` text."""
+    m = isa.Module("user_kernels")
+    (isa.FunctionBuilder("scaled_sigmoid", module=m).in_core()
+        .memref("x", pto.FLOAT32, (4, 16)).memref("out", pto.FLOAT32, (4, 16)).scalar("alpha", pto.FLOAT32)
+        .tile("t", 4, 16, pto.FLOAT32)
+        .load("t", "x").muls("t", "t", "alpha").sigmoid("t", "t").store("out", "t").build())
+    return isa.compile(isa.parse(m.to_pto()))
+
+
+_USER_KERNEL = _scaled_sigmoid_program().kernels["scaled_sigmoid"]
+
+
+@numba.njit(cache=True)
+def _sigmoid_tiles(o, x, out, kernel_id):
+    for r in range(0, pj.shape(x, 0), 4):  # the last row tile is a tail of 2
+        for c in range(0, pj.shape(x, 1), 16):
+            window = (pj.narrow(pj.narrow(x, 0, r, min(r + 4, pj.shape(x, 0))), 1, c, c + 16),
+                      pj.narrow(pj.narrow(out, 0, r, min(r + 4, pj.shape(x, 0))), 1, c, c + 16))
+            pj.submit(o, kernel_id, (pj.input(window[0]), pj.output(window[1])), (0.5 + c / 16,))
+
+
+def _sigmoid_compiled(o, x, out):
+    o.compiled(_sigmoid_tiles, o.external(x), o.external(out), _USER_KERNEL.id)
+
+
+def _sigmoid_python(o, x, out):
+    X, Out = o.external(x), o.external(out)
+    for r in range(0, x.shape[0], 4):
+        rows = slice(r, min(r + 4, x.shape[0]))
+        for c in range(0, x.shape[1], 16):
+            columns = slice(c, c + 16)
+            o.submit(_USER_KERNEL, pto.input(X[rows, columns]), pto.output(Out[rows, columns]), 0.5 + c / 16)
+
+
+@pytest.mark.parametrize("orchestration", [_sigmoid_compiled, _sigmoid_python], ids=["compiled", "python"])
+def test_kernels_a_user_compiles_run_natively_with_the_serial_results(orchestration):
+    """A kernel from isa.compile (here of .pto text) has native code like the library's: once
+    its instance is learnt, every task of it runs on native workers, bit for bit the serial
+    executor's, and within float32 rounding of numpy in float64."""
+    x = np.random.default_rng(8).standard_normal((18, 48)).astype(np.float32)
+    expected = np.zeros_like(x)
+    pto.Runtime(backend="cpu", executor="serial").run(orchestration, x, expected)
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    for _ in range(2):  # the first run learns the instances (a full tile and the tail)
+        out = np.zeros_like(x)
+        result = rt.run(orchestration, x, out)
+        assert out.tobytes() == expected.tobytes()
+    assert result.native_tasks == result.num_tasks == 5 * 3
+    alpha = 0.5 + np.arange(48) // 16
+    reference = 1 / (1 + np.exp(-alpha * x.astype(np.float64)))
+    # a product, an exp and a division in float32: a few ulps of values in (0, 1)
+    np.testing.assert_allclose(out, reference, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("orchestration", [_sigmoid_compiled, _sigmoid_python], ids=["compiled", "python"])
+def test_a_compiled_kernel_refuses_an_element_type_its_memrefs_do_not_have(orchestration):
+    """The memrefs fix the element types: float64 data for a float32 kernel is refused at
+    submit, naming the memref, before any task runs (native code would read it as float32)."""
+    x = np.ones((4, 16))
+    out = np.zeros_like(x)
+    refusal = r"scaled_sigmoid: tensor param 0 \(x\) must be FLOAT32, got FLOAT64"
+    with pytest.raises(pto.ParamError, match=refusal):
+        pto.Runtime(backend="cpu", executor="parallel").run(orchestration, x, out)
+    assert not out.any()

@@ -12,6 +12,7 @@
       statements
     }
     func @k(%a: in !pto.memref<f32>, %c: out !pto.memref<f32>, %eps: f32) = library pkg.module.name
+    func @g(%a: !pto.memref<f32, 8x768>, ...) column_tails {   an InCore function taking narrower windows
 
 Parameters are the memrefs (with a shape or without), then the scalar parameters, each group in
 declaration order; the parser rebuilds `Function.scalars` as the parameters followed by the
@@ -40,7 +41,7 @@ spaces per level of nesting:
     %t = alloc [dim, dim]                 ALLOC (dims: integers or %names)
     %v = view %t[start:stop, :]           VIEW (`:` keeps a dim whole)
     %h = split %t, groups                 SPLIT
-    %n = sdim %t, axis                    DIM
+    %n = sdim %t, axis                    DIM (a tensor's size; in InCore, a memref window's)
 
 A function's parameter list and a CALL's arguments may break across lines (the printer writes
 each on one line). Instructions are spelled in lower case; what each operand accepts is the
@@ -158,7 +159,7 @@ class _Printer:
             if not _PATH.fullmatch(str(f.library)):
                 raise self.fail(f"library {f.library!r} is not an import path (package.module.name)")
             return [f"// Function Type: {f.kind.value}", f"{head} = library {f.library}"]
-        out = [f"// Function Type: {f.kind.value}", head + " {"]
+        out = [f"// Function Type: {f.kind.value}", head + (" column_tails {" if f.column_tails else " {")]
         out += [f"{_INDENT}{self.name(t.name)} = alloc_tile : {self.tile_type(t)}" for t in f.tiles]
         out += [f"{_INDENT}{self.name(s.name)} = alloc_scalar : {self.dtype(s.dtype)}"
                 for s in f.scalars if not s.param]
@@ -500,6 +501,9 @@ class _Parser:
             if not self.at("eof"):
                 self.end_of_line()
             return Function(name, kind, tuple(memrefs), tuple(scalars), (), (), library=library)
+        column_tails = self.at("word", "column_tails")
+        if column_tails:
+            self.advance()
         self.punct("{")
         self.end_of_line()
         tiles: list[Tile] = []
@@ -521,7 +525,8 @@ class _Parser:
         self.punct("}")
         if not self.at("eof"):
             self.end_of_line()
-        return Function(name, kind, tuple(memrefs), tuple(scalars), tuple(tiles), body, tuple(tensors))
+        return Function(name, kind, tuple(memrefs), tuple(scalars), tuple(tiles), body, tuple(tensors),
+                        column_tails=column_tails)
 
     def memref_type(self, name: str) -> MemRef:
         self.expect("type", "!pto.memref", "'!pto.memref'")

@@ -68,6 +68,7 @@ class FunctionBuilder:
         self._tiles: list[Tile] = []
         self._tensors: list[MemRef] = []
         self._library: str | None = None
+        self._column_tails = False
         self._body: list[Statement] = []
         self._open: list[_Block] = []
 
@@ -112,6 +113,12 @@ class FunctionBuilder:
     def library(self, path: str) -> FunctionBuilder:
         """This InCore function is the library kernel at import path `path` (no body)."""
         self._library = path
+        return self
+
+    def column_tails(self) -> FunctionBuilder:
+        """This InCore function takes memref windows narrower than declared (a column tail): it
+        reads a window's width with `scalar_dim` where its results depend on it."""
+        self._column_tails = True
         return self
 
     def tensor(self, name: str, dtype: object) -> FunctionBuilder:
@@ -223,7 +230,8 @@ class FunctionBuilder:
         # that printing and parsing give back the same function.
         scalars = tuple(sorted(self._scalars, key=lambda s: not s.param))
         function = Function(self._name, self._kind, tuple(self._memrefs), scalars,
-                            tuple(self._tiles), tuple(self._body), tuple(self._tensors), self._library)
+                            tuple(self._tiles), tuple(self._body), tuple(self._tensors), self._library,
+                            self._column_tails)
         verify_function(function, self._module)
         if self._module is not None:
             self._module.add(function)

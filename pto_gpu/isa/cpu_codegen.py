@@ -423,6 +423,10 @@ class _Generator:
             dtype = scope.function.scalar(op.dst).dtype
             self.emit(f"{scope.scalar(op.dst)} = {_scalar_type(dtype)}(1 if {scope.value(a)} "
                       f"{_PYTHON_COMPARE[predicate]} {scope.value(b)} else 0)")
+        elif spec.form is Form.DIM:  # a memref window's size (the batch index is not an axis)
+            memref, axis = op.srcs
+            dtype = _scalar_type(scope.function.scalar(op.dst).dtype)
+            self.emit(f"{scope.scalar(op.dst)} = {dtype}({scope.memrefs[memref]}.shape[{axis}])")
         else:
             raise ISAError(f"@{scope.function.name}: {describe(op)}: no CPU rule for form {spec.form.name}")
 

@@ -552,7 +552,7 @@ class _Context:
     def op(self, op: Op):
         spec = OPCODES[op.opcode]
         where = describe(op)
-        if spec.form in (Form.SCALAR, Form.COMPARE):
+        if spec.form in (Form.SCALAR, Form.COMPARE, Form.DIM):
             return self.scalar_op(op, spec, where)
         rule = _TILE_RULES[spec.form]
         return rule(self, op, spec, where)
@@ -563,6 +563,9 @@ class _Context:
         if spec.form is Form.COMPARE:
             a, b, predicate = op.srcs
             expression = f"({self.operand(a)} {_COMPARE[predicate]} {self.operand(b)}) ? 1 : 0"
+        elif spec.form is Form.DIM:  # a memref window's rows or columns
+            view = self.views[op.srcs[0]]
+            expression = view.cols if op.srcs[1] else view.rows
         elif spec.reference is None:  # SLI: an immediate
             expression = self.operand(op.srcs[0])
         else:

@@ -47,6 +47,10 @@ def run(module: Module, name: str, *args) -> None:
         if array.shape[0] > memref.shape[0] or array.shape[1] > memref.shape[1]:
             raise ISAError(f"@{name}: memref %{memref.name} is {memref.shape[0]}x{memref.shape[1]}, got an "
                            f"array of shape {array.shape}")
+        if array.shape[1] < memref.shape[1] and not function.column_tails:
+            raise ISAError(f"@{name}: memref %{memref.name} is {memref.shape[0]}x{memref.shape[1]}, got an "
+                           f"array of shape {array.shape}: a column tail, which @{name} does not declare "
+                           "it takes (column_tails)")
         arrays[memref.name] = array
     values = {s.name: v for s, v in zip(params, args[len(memrefs):])}
     _Frame(module, function, arrays, values).run()
@@ -190,6 +194,8 @@ class _Frame:
         elif form is Form.COMPARE:
             a, b, predicate = srcs
             self.set_scalar(op.dst, int(_COMPARE[predicate](self.number(a), self.number(b))))
+        elif form is Form.DIM:
+            self.set_scalar(op.dst, self.arrays[srcs[0]].shape[srcs[1]])
         else:
             self.tile_op(op, spec, where)
 

@@ -204,6 +204,9 @@ class Function:
     body: tuple[Statement, ...]
     tensors: tuple[MemRef, ...] = ()  # an Orchestration's local tensors (Alloc, View, Split)
     library: str | None = None  # an InCore function that is a library kernel: its import path
+    # An InCore function that takes windows narrower than its memrefs (a column tail), and so
+    # reads their width (SDIM) where it matters; without it a narrower window is refused.
+    column_tails: bool = False
 
     @property
     def in_core(self) -> bool:

@@ -26,7 +26,7 @@ Forms, with destination first (docs/DESIGN.md, "Builder method names ... Destina
     TRANSPOSE   dst (c x r), a (r x c)          dst = a transposed (dst differs from a)
     SCALAR      dst, a[, b]                     scalar arithmetic (SLI: dst = immediate)
     COMPARE     dst, a, b, predicate            dst = 1 if a predicate b else 0
-    DIM         dst, memref, axis               dst = the memref's size along axis (Orchestrations)
+    DIM         dst, memref, axis               dst = the memref's size along axis (InCore: its window's)
 
 Tails: a tile loaded from a memref window smaller than the tile is valid only over that
 window (its valid rows and columns); every form computes over the valid part, reductions
@@ -167,6 +167,6 @@ _SPECS = [
 OPCODES: dict[str, OpSpec] = {spec.spelling: spec for spec in _SPECS}
 BY_BUILDER: dict[str, OpSpec] = {spec.builder: spec for spec in _SPECS}
 
-# Tile instructions belong in InCore functions; scalar ones may appear anywhere, but DIM only
-# in Orchestrations (an InCore function's memref shapes are its program's constants).
+# Tile instructions belong in InCore functions; scalar ones, DIM among them, anywhere (in an
+# InCore function DIM reads a memref's window, which a row or column tail makes smaller).
 SCALAR_FORMS = frozenset({Form.SCALAR, Form.COMPARE, Form.DIM})

@@ -13,12 +13,13 @@ compiled beside its functions. InCore functions go through optimize.py's tile re
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from ..dtypes import DataType, WorkerType
 from ..errors import ParamError
-from ..kernel import Kernel, kernel
+from ..kernel import Kernel, NativeCode, kernel, preparing
 from . import cpu_codegen, cuda_codegen, generated, lowering, optimize, orchestrate, orchestration_codegen
 from .errors import ISAError
 from .family import family_of
@@ -82,15 +83,39 @@ def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (docs/DE
             kernels[function.name] = _library_kernel(function)
             continue
         cube = _multiplies(module, function.body)
-        # A task passes each memref a window of at most its declared shape (smaller: a tail).
-        bounds = tuple(f"<={m.shape[0]} <={m.shape[1]}" for m in function.memrefs)
+        # A task passes each memref a window of at most its declared shape (fewer rows: a tail),
+        # of its declared width unless the function takes column tails.
+        column = "<=" if function.column_tails else ""
+        bounds = tuple(f"<={m.shape[0]} {column}{m.shape[1]}" for m in function.memrefs)
         # The CUDA code has one element type; a function over several runs on the CPU only.
         mixed = len({m.dtype for m in function.memrefs}) > 1
         declare = kernel(worker=WorkerType.CUBE if cube else WorkerType.VECTOR, name=function.name,
                          shapes=bounds, mixed_dtypes=mixed,
                          cuda=None if mixed else cuda_codegen.cuda_code(expanded, function.name, directory))
-        kernels[function.name] = declare(cpu_codegen.cpu_function(expanded, function.name, directory))
+        declared = declare(cpu_codegen.cpu_function(expanded, function.name, directory))
+        declared.dtypes = tuple(m.dtype for m in function.memrefs)
+        declared.names = tuple(m.name for m in function.memrefs)
+        declared.native = NativeCode(_NativeEntry(expanded, function.name, directory),
+                                     sum(1 for s in function.scalars if s.param))
+        kernels[function.name] = declared
     return Program(module, made, kernels, directory)
+
+
+class _NativeEntry:
+    """NativeCode.entry of a compiled InCore function: its generated code's one native entry
+    (the memrefs fix the element types and bound the shapes, which submit checks)."""
+
+    def __init__(self, module: Module, name: str, directory: Path):
+        self._module, self._name, self._directory = module, name, directory
+        self._address: list[int | None] = []  # made by the first call: worker threads may race to it
+        self._lock = threading.Lock()
+
+    def __call__(self, shapes: tuple[tuple[int, ...], ...], dtype: object, scalars: tuple) -> int | None:
+        with self._lock:
+            if not self._address:
+                with preparing():  # compiling: a cost history leaves this call out
+                    self._address.append(cpu_codegen.native_entry(self._module, self._name, self._directory))
+            return self._address[0]
 
 
 def _library_kernel(function: Function) -> Kernel:

@@ -40,6 +40,8 @@ def _function(function: Function) -> list[str]:
     lines = [f"(isa.FunctionBuilder({_literal(function.name)}, module=m).{kind}()"]
     if function.library is not None:
         lines.append(f"{_INDENT}.library({_literal(function.library)})")
+    if function.column_tails:
+        lines.append(f"{_INDENT}.column_tails()")
     for memref in function.memrefs:
         shape = "" if memref.shape is None else f", {_literal(tuple(memref.shape))}"
         if memref.direction is not None:

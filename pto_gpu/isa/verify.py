@@ -347,6 +347,9 @@ class _Checker:
             self.fail(f"tile %{f.tiles[0].name}", "Orchestration functions have no tiles")
         if f.library is not None:
             self._library()
+        if f.column_tails and (not f.in_core or f.library is not None):
+            self.fail("column_tails", "only an InCore function with a body takes column tails (a library "
+                                      "kernel takes the shapes its own declaration says)")
         for tensor in f.tensors:
             where = f"tensor %{tensor.name}"
             self._declare(where, tensor)
@@ -490,10 +493,9 @@ class _Checker:
             self.fail(where, f"{op.opcode} takes {len(operands)} operands ({names}), got {len(values)}")
         resolved = [self._operand(where, o.kind, v) for o, v in zip(operands, values)]
         if spec.form is Form.DIM:
-            if self.function.in_core:
-                self.fail(where, f"{op.opcode} is for Orchestrations (InCore memref shapes are constants)")
-            if not (_is_int(op.srcs[1]) and 0 <= op.srcs[1] < 4):
-                self.fail(where, f"axis {op.srcs[1]!r} is not an integer in [0, 4)")
+            axes = 2 if self.function.in_core else 4  # an InCore memref is a 2-d window
+            if not (_is_int(op.srcs[1]) and 0 <= op.srcs[1] < axes):
+                self.fail(where, f"axis {op.srcs[1]!r} is not an integer in [0, {axes})")
         elif spec.form in (Form.LOAD, Form.STORE):
             tile, memref = resolved[:2] if spec.form is Form.LOAD else resolved[1::-1]
             self._transfer(where, tile, memref, values[2], values[3])

@@ -61,6 +61,8 @@ from .context import (
     P_DONE,
     P_FULL,
     P_QUEUED,
+    PARAM_DTYPE,
+    PARAM_NDIM,
     S_FLOAT,
     S_INT,
     SCOPE_CAPACITY,
@@ -518,7 +520,10 @@ def _signature_ok(o, kernel_id, rows, n):
         t.names[:t.kernels[kernel_id, K_NAMES]] = -1
         for p in range(n):
             ndim = rows[p, D_NDIM]
-            if t.kernel_shapes[kernel_id, p, 0, SHAPE_CODE] != ndim:
+            if t.kernel_shapes[kernel_id, p, 0, PARAM_NDIM] != ndim:
+                return False
+            dtype = t.kernel_shapes[kernel_id, p, 0, PARAM_DTYPE]
+            if dtype >= 0 and rows[p, D_DTYPE] != dtype:
                 return False
             for d in range(ndim):
                 code = t.kernel_shapes[kernel_id, p, 1 + d, SHAPE_CODE]

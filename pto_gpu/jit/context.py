@@ -64,9 +64,12 @@ PIPE_WIDTH = 40
 SLOT_INFO_WIDTH = 8  # `slot_info` columns, a cache line per slot: kernel, worker, tensor params
 
 
-# the last axis of kernel_shapes (host.kernel_tables)
+# the last axis of kernel_shapes (host.kernel_tables): a dim's word and bound, and in a param's
+# first row its dims and element type
 SHAPE_CODE = 0
 SHAPE_BOUND = 1
+PARAM_NDIM = 0
+PARAM_DTYPE = 1
 
 # columns of heap_versions and externals
 VERSION_WRITTEN = 0  # the newest version a task has written

@@ -58,6 +58,8 @@ from .context import (
     M_WIDTH,
     MAX_SCALARS,
     MAX_SCOPE_DEPTH,
+    PARAM_DTYPE,
+    PARAM_NDIM,
     S_INT,
     SHAPE_BOUND,
     SHAPE_CODE,
@@ -77,14 +79,14 @@ def kernel_tables(count: int) -> tuple[np.ndarray, np.ndarray]:
     as int64 tables, which compiled code only reads: kernels are never changed or dropped, so
     the tables of the same count are the same (made for each run, they took 0.1 ms of it).
 
-    shapes[kernel, param, 0] is the param's dims; shapes[kernel, param, 1 + d] (SHAPE_CODE,
-    SHAPE_BOUND) are the dim's word: its size when it is a number, else -1 - (the index of its
-    name), and the largest size it may have (-1: no bound). `<=N` is a name of its own with
-    bound N.
+    shapes[kernel, param, 0] (PARAM_NDIM, PARAM_DTYPE) are the param's dims and the DataType it
+    must have (-1: any); shapes[kernel, param, 1 + d] (SHAPE_CODE, SHAPE_BOUND) are the dim's
+    word: its size when it is a number, else -1 - (the index of its name), and the largest size
+    it may have (-1: no bound). `<=N` is a name of its own with bound N.
     """
     table = np.zeros((count, K_WIDTH), np.int64)
     shapes = np.zeros((count, cs.MAX_PARAMS, 1 + MAX_JIT_DIMS, 2), np.int64)
-    shapes[..., SHAPE_BOUND] = -1
+    shapes[..., SHAPE_BOUND] = -1  # and PARAM_DTYPE: any
     for k in registered()[:count]:
         table[k.id, K_WORKER] = int(k.worker)
         table[k.id, K_MIXED] = int(k.mixed_dtypes)
@@ -93,7 +95,9 @@ def kernel_tables(count: int) -> tuple[np.ndarray, np.ndarray]:
             continue
         names: dict[str, int] = {}
         for p, dims in enumerate(k.shapes):
-            shapes[k.id, p, 0, SHAPE_CODE] = len(dims)  # more dims than MAX_JIT_DIMS can never match
+            shapes[k.id, p, 0, PARAM_NDIM] = len(dims)  # more dims than MAX_JIT_DIMS can never match
+            if k.dtypes is not None:
+                shapes[k.id, p, 0, PARAM_DTYPE] = int(k.dtypes[p])
             for d, word in enumerate(dims[:MAX_JIT_DIMS]):
                 if word.startswith("<="):
                     shapes[k.id, p, 1 + d, SHAPE_BOUND] = int(word[2:])
