@@ -371,9 +371,9 @@ def compile_file(path: Path, emit: str, function: str | None, arch: str = "sm_90
 
     module = read_module(path)
     if emit == "pto":
-        print(module.to_pto(), end="")
+        print(isa.print_module(module), end="")
     elif emit == "python":
-        print(module.to_python(), end="")
+        print(isa.to_python(module), end="")
     elif emit == "orchestration":
         from .isa.orchestration_codegen import orchestration_source
 
@@ -409,12 +409,14 @@ def compile_file(path: Path, emit: str, function: str | None, arch: str = "sm_90
 
 
 def parse_directory(directory: Path) -> int:
+    from . import isa
+
     files = sorted(directory.glob("*.pto"))
     if not files:
         raise PTOError(f"{directory}: no .pto files")
     for path in files:
         target = path.with_name(f"{path.stem}_builder.py")
-        target.write_text(read_module(path).to_python())
+        target.write_text(isa.to_python(read_module(path)))
         print(f"{path} -> {target}")
     return 0
 

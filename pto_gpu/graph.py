@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import PTOError
 from .params import ParamKind
-from .scheduler import Task
+from .tasks import Task
 
 RULE = "=" * 80
 

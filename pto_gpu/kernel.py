@@ -13,11 +13,9 @@ unless `mixed_dtypes=True`, and names the param that is wrong.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,6 +24,7 @@ import numpy as np
 
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import ParamError
+from .native_abi import NjitEntries
 
 _REGISTRY: list[Kernel] = []
 
@@ -73,7 +72,7 @@ class CudaInstances:
 class NativeCode:
     """A kernel's CPU code that workers call without the GIL (executors/native.py).
 
-    `entry(shapes, dtype, scalars)` gives the address of the native entry (isa/native_abi.py)
+    `entry(shapes, dtype, scalars)` gives the address of the native entry (native_abi.py)
     that runs a call with these tensor shapes, element type and scalar values, or None where
     that call has none (it runs the Python way); `scalars` is how many scalar params the kernel
     takes, and `structural` the positions of those whose value picks the entry (shapes and
@@ -211,8 +210,6 @@ def _worker_classes(worker: object) -> tuple[WorkerType, ...]:
 
 def _compiled(function: Callable, tensors: int, name: str) -> tuple[Callable, NativeCode]:
     """A hand-written kernel compiled with numba, and its NativeCode."""
-    from .isa.native_abi import NjitEntries  # the compiler's layer, above this one: at declaration
-
     params = [p for p in inspect.signature(function).parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) < tensors:
@@ -224,25 +221,6 @@ def _compiled(function: Callable, tensors: int, name: str) -> tuple[Callable, Na
 def multi_class() -> bool:
     """Whether any kernel declared so far runs on more than one worker class."""
     return any(len(k.workers) > 1 for k in _REGISTRY)
-
-
-_first_calls = threading.local()  # per thread: how many first calls it has made
-
-
-@contextlib.contextmanager
-def preparing() -> Iterator[None]:
-    """Around the one-time work of a kernel's first call at a shape (generating, compiling or
-    loading its code, or waiting for another thread doing it): a cost history leaves a call
-    that did such work out, so it learns what calls take, not what compiling took."""
-    try:
-        yield
-    finally:
-        _first_calls.count = getattr(_first_calls, "count", 0) + 1
-
-
-def first_calls() -> int:
-    """How many times this thread has done first-call work (compare before and after a call)."""
-    return getattr(_first_calls, "count", 0)
 
 
 def kernel(worker: WorkerType | tuple[WorkerType, ...] = WorkerType.VECTOR, name: str | None = None,

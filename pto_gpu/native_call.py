@@ -1,7 +1,7 @@
 """Calling a native entry by its address, from numba code: what the native workers
 (executors/native.py) and the CUDA emulator's CPU code (backends/launches.py) do. Entries
-(`int64 entry(int64 *descs, int64 *kinds, int64 *ints, double *floats)`) are made by the
-compiler (isa/native_abi.py); this module sits below both, so neither imports the other."""
+(`int64 entry(int64 *descs, int64 *kinds, int64 *ints, double *floats)`) are made by
+native_abi.py; this module sits below both, so neither imports the other."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from .kernel import Kernel, registered
 from .layout import PARAM_WIDTH
 from .params import Param, ParamKind, as_param, core_rows
 from .schedule import Windows, check_tags
-from .scheduler import Scheduler, Task
+from .tasks import Scheduler, Task
 from .tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 
 

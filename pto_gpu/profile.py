@@ -14,7 +14,7 @@ import time
 
 from .costs import Key, Tally, key_of
 from .dtypes import WorkerType
-from .scheduler import Scheduler, Task
+from .tasks import Scheduler, Task
 
 
 @dataclasses.dataclass(slots=True)

@@ -38,7 +38,7 @@ from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
 from .result import Ranks, RunResult, busy_shares, kernel_times
 from .schedule import Schedule, Windows
-from .scheduler import Scheduler
+from .tasks import Scheduler
 from .trace import rank_path, write_trace
 
 log = logging.getLogger("pto_gpu")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pto_gpu.backends import cuda_abi
-from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.backends.cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
 from pto_gpu.kernel import CudaCode
 
 

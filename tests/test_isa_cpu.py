@@ -280,8 +280,8 @@ def test_a_window_larger_than_the_functions_memref_is_refused_at_submit(compiled
             o.submit(kernel, pto.input(o.external(x)[:rows]), pto.output(o.external(out)[:rows]))
 
     rt = pto.Runtime(backend="cpu", executor="serial")
-    with pytest.raises(pto.ParamError, match=r"softmax_tile: tensor param 0 \(input\) dim 0 must be at most 8, "
-                                             r"got shape \(16, 64\)"):
+    with pytest.raises(pto.ParamError, match=r"softmax_tile: tensor param 0 \(input\) dim 0 must be at most "
+                                             r"8, got shape \(16, 64\)"):
         rt.run(orchestration, 16)
     assert not out.any()
     rt.run(orchestration, 5)  # a tail is fine

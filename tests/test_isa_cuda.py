@@ -25,7 +25,7 @@ import pytest
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
-from pto_gpu.backends.cuda import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.backends.cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
 from pto_gpu.isa import ISAError, interpret
 from pto_gpu.isa.cuda_codegen import WorkItems, cuda_code, cuda_source
 from pto_gpu.isa.ir import (

@@ -415,7 +415,7 @@ def test_tasks_are_submitted_with_the_inferred_kinds():
 def test_pto_gpu_run_reports_the_memrefs_written_through_views(tmp_path, capsys):
     # `run FILE.pto` prints a checksum line for each memref it infers written (output or inout)
     path = tmp_path / "views.pto"
-    path.write_text(check(runnable_uses(), bystander=False).to_pto())
+    path.write_text(isa.print_module(check(runnable_uses(), bystander=False)))
     shapes = [item for name in "xyz" for item in ("--shape", f"{name}=64x512")]
     assert cli.main(["run", str(path), "--backend", "cpu", "--executor", "serial", "--entry", "main",
                      *shapes]) == 0

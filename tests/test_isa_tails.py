@@ -42,13 +42,13 @@ STRICT = isa.compile(means_module(column_tails=False))
 
 def test_column_tails_round_trip_through_text_and_builder_code():
     m = means_module(column_tails=True)
-    text = m.to_pto()
+    text = isa.print_module(m)
     assert "func @row_mean(%x: !pto.memref<f32, 4x64>, %out: !pto.memref<f32, 4x1>) column_tails {" in text
     assert isa.parse(text) == m
     namespace: dict = {}
-    exec(m.to_python(), namespace)  # noqa: S102 - the module's own builder code
+    exec(isa.to_python(m), namespace)  # noqa: S102 - the module's own builder code
     assert namespace["m"] == m
-    assert isa.parse(means_module(column_tails=False).to_pto()) != m
+    assert isa.parse(isa.print_module(means_module(column_tails=False))) != m
 
 
 def test_only_an_incore_function_with_a_body_declares_column_tails():

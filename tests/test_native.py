@@ -20,9 +20,9 @@ from pto_gpu import isa
 from pto_gpu import jit as pj
 from pto_gpu.core.lock import monotonic_ns
 from pto_gpu.executors.native import MIN_BUDGET, budget
-from pto_gpu.isa.native_abi import NjitEntries
 from pto_gpu.jit.context import S_INT
 from pto_gpu.jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_SHAPE, D_STRIDE, DESC_WIDTH
+from pto_gpu.native_abi import NjitEntries
 
 TILE = 4
 
@@ -640,7 +640,7 @@ def _scaled_sigmoid_program():
         .memref("x", pto.FLOAT32, (4, 16)).memref("out", pto.FLOAT32, (4, 16)).scalar("alpha", pto.FLOAT32)
         .tile("t", 4, 16, pto.FLOAT32)
         .load("t", "x").muls("t", "t", "alpha").sigmoid("t", "t").store("out", "t").build())
-    return isa.compile(isa.parse(m.to_pto()))
+    return isa.compile(isa.parse(isa.print_module(m)))
 
 
 _USER_KERNEL = _scaled_sigmoid_program().kernels["scaled_sigmoid"]

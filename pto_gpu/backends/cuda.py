@@ -29,10 +29,12 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import PTOError
-from ..kernel import CudaCode, preparing
+from ..first_calls import preparing
+from ..kernel import CudaCode
 from ..params import ParamKind
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cuda_abi
+from .cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
 from .driver import CAPTURE_MODE_RELAXED, Driver
 from .launches import (
     CALLS,
@@ -46,8 +48,6 @@ from .launches import (
     template,
 )
 
-THREADS_PER_BLOCK = 256
-MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
 GPU_TIMEOUT = 600.0  # seconds an event may take before a wait calls it a hang
 
 

@@ -1,4 +1,4 @@
-"""The argument convention of the generated CUDA kernels (pto_gpu/isa/pto_isa.cuh).
+"""The argument and launch convention of the generated CUDA kernels (pto_gpu/isa/pto_isa.cuh).
 
 Shared by the CUDA backend and by the host build the tests run the same sources through. A
 tensor param becomes its data pointer followed by the sizes and element strides of three
@@ -15,6 +15,8 @@ import numpy as np
 from ..errors import PTOError
 
 MAX_DIMS = 3
+THREADS_PER_BLOCK = 256  # every launch's block: the generated kernels' warps and shared memory assume it
+MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
 COMPILE_OPTIONS = {
     np.dtype(np.float32): ("-DPTO_T=float",),
     np.dtype(np.float64): ("-DPTO_T=double",),

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import generated
 from ..errors import PTOError
 from .driver import Driver
 
@@ -33,10 +34,8 @@ ENTRY = ctypes.CFUNCTYPE(_int, ctypes.POINTER(_uint), ctypes.POINTER(_uint), _ui
 
 
 def cache_dir() -> Path:
-    """Where built emulators and the host builds of kernels live: beside the generated sources
-    (PTO_GPU_CACHE, else ~/.cache/pto_gpu/isa)."""
-    generated = os.environ.get("PTO_GPU_CACHE")
-    return (Path(generated) if generated else Path.home() / ".cache" / "pto_gpu" / "isa") / "emulator"
+    """Where built emulators and the host builds of kernels live: beside the generated sources."""
+    return generated.cache_dir() / "emulator"
 
 
 def build(source: str, folder: Path) -> Path:

@@ -15,7 +15,7 @@ an int64 row and kernelParams is the row's word addresses.
 
 `cpu_code` is the emulator's other way to run a launch (emulate="cpu-code"): a C-callable
 adaptor that reads the same argument words and calls the kernel instance's CPU native entry
-(isa/native_abi.py), so scheduling runs at CPU-code speed while the words are still the ones
+(pto_gpu/native_abi.py), so scheduling runs at CPU-code speed while the words are still the ones
 the launch carries.
 """
 

@@ -18,7 +18,7 @@ from ..core.state import CoreState, Sizes
 from ..errors import InvariantError
 from ..layout import PARAM_WIDTH
 from ..params import core_rows
-from ..scheduler import Scheduler, Task
+from ..tasks import Scheduler, Task
 
 
 class LogicalGraph:

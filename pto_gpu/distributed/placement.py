@@ -34,7 +34,7 @@ from ..dtypes import WorkerType
 from ..errors import RankError
 from ..kernel import CudaCode, kernel
 from ..params import Param, inout, input, output, scalar
-from ..scheduler import Task
+from ..tasks import Task
 from ..tensor import Buffer, TensorDescriptor
 from .holdings import Holdings, element_view
 from .logical import LogicalGraph

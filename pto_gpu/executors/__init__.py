@@ -11,14 +11,14 @@ from __future__ import annotations
 import time
 
 from ..errors import TaskError
-from ..kernel import first_calls
+from ..first_calls import first_calls
 from ..profile import Lane
-from ..scheduler import Task
+from ..tasks import Task
 
 
 def run_kernel(backend, task: Task, lane: Lane) -> None:
     """Run one task's kernel on the backend and note its time in `lane`, and whether it was a
-    first call (kernel.preparing); a failure becomes TaskError with the cause chained. A task
+    first call (first_calls.preparing); a failure becomes TaskError with the cause chained. A task
     another rank runs completes here unrun."""
     if not task.runs_here:
         return

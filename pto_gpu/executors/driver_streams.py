@@ -57,7 +57,7 @@ from ..jit.context import MAX_SCALARS, S_INT, ArgTables
 from ..jit.descriptor import D_BASE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
 from ..kernel import registered
 from ..profile import Profile
-from ..scheduler import RINGS, Scheduler, Task
+from ..tasks import RINGS, Scheduler, Task
 from .instance_keys import ANY_SCALARS, INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key
 
 CLASSES = len(WorkerType)

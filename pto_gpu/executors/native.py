@@ -4,7 +4,7 @@ A task is *native* when its arguments are in the run's argument tables (jit/cont
 compiled submit writes them, and so does a Python submit of a kernel these lanes run) and its
 kernel has NativeCode (kernel.py: the kernel families the ISA compiler generates, the matmuls'
 BLAS library, and `pto.kernel(..., njit=True)`):
-a worker thread then pops it, calls its kernel's native entry (isa/native_abi.py) and
+a worker thread then pops it, calls its kernel's native entry (pto_gpu/native_abi.py) and
 completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
 consumers that made ready; Python sees the loop only every `budget` tasks and SLICE_NS.
 Everything else runs the Python way (executors/parallel.py), and the two hand tasks to each other:
@@ -45,7 +45,7 @@ from ..kernel import Kernel
 from ..native_call import call_entry
 from ..params import ParamKind
 from ..profile import Lane
-from ..scheduler import Scheduler, Task
+from ..tasks import Scheduler, Task
 from .instance_keys import INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key
 
 # A native loop runs at least `budget` tasks and SLICE_NS before Python looks (completions

@@ -30,7 +30,7 @@ from ..jit.context import ArgTables
 from ..kernel import Kernel, multi_class
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
-from ..scheduler import RINGS, Scheduler, Task
+from ..tasks import RINGS, Scheduler, Task
 from . import run_kernel
 from .native import Instances, NativeLanes, WorkerScratch, budget
 from .threads import WorkerThreads

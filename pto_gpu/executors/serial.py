@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..dtypes import WorkerType
 from ..profile import Profile
-from ..scheduler import Scheduler, Task
+from ..tasks import Scheduler, Task
 from . import run_kernel
 
 

@@ -26,7 +26,7 @@ from ..dtypes import WorkerType
 from ..errors import PTOError
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
-from ..scheduler import Scheduler, Task
+from ..tasks import Scheduler, Task
 from . import run_kernel
 
 

@@ -26,9 +26,9 @@ import time
 from ..backends import StreamBackend, memory_of
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, TaskError
-from ..kernel import first_calls
+from ..first_calls import first_calls
 from ..profile import Profile
-from ..scheduler import RINGS, Scheduler, Task
+from ..tasks import RINGS, Scheduler, Task
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -40,7 +40,7 @@ class Issued:
     event: object  # reached when the kernel has run
     at: float  # perf_counter() when issued
     after: tuple[Issued, ...]  # the in-flight producers it waits for on other streams
-    first_call: bool  # whether issuing it did first-call work (compiling: kernel.preparing)
+    first_call: bool  # whether issuing it did first-call work (compiling: first_calls.preparing)
     end: float = 0.0  # when its retirement was observed
     waiters: int = 0  # tasks in flight whose stream waits on `event`
 

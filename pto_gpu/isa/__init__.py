@@ -6,8 +6,8 @@ and CUDA implementations.
     errors     ISAError
     builder    FunctionBuilder: the fluent way to write a function
     verify     the verifier (verify_function, verify_module) and inferred memref directions
-    asm        the .pto assembly: print_module (Module.to_pto) and parse
-    pyize      to_python (Module.to_python): builder code that rebuilds a module
+    asm        the .pto assembly: print_module and parse
+    pyize      to_python: builder code that rebuilds a module
     interpret  the numpy reference: run(module, name, *arrays_and_scalars)
     cpu_codegen   one generated numba function per InCore function (cached as .py files)
     cuda_codegen  one generated `extern "C" __global__` per InCore function (pto_isa.cuh)
@@ -52,9 +52,11 @@ from .ir import (
 from .ops import OPCODES, Form, OpSpec
 from .program import Program, compile
 from .ptx import gpu_code
+from .pyize import to_python
 from .verify import directions, verify_function, verify_module
 
 __all__ = ["Alloc", "Call", "CallArg", "Direction", "For", "Form", "Function", "FunctionBuilder",
            "FunctionKind", "ISAError", "If", "MemRef", "Module", "OPCODES", "Op", "OpSpec", "Predicate",
            "Program", "Return", "Scalar", "Split", "Tile", "View", "compile", "cuda_code", "cuda_source",
-           "directions", "gpu_code", "interpret", "parse", "print_module", "verify_function", "verify_module"]
+           "directions", "gpu_code", "interpret", "parse", "print_module", "to_python", "verify_function",
+           "verify_module"]

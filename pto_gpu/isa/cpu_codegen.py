@@ -57,10 +57,10 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ..dtypes import DataType
+from ..generated import cache_dir, load_source
+from ..native_abi import entry_source
 from .errors import ISAError
-from .generated import cache_dir, load_source
 from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement, walk
-from .native_abi import entry_source
 from .ops import OPCODES, Form, OpSpec
 from .verify import describe, verify_module
 
@@ -281,7 +281,7 @@ class _Generator:
         """The one numba signature of the generated function (`ndim`: 3 for `batched`): every
         memref an array of any layout ('A'), read-only where the function only loads it, every
         scalar param int64 or float64. Contiguous views convert to it, so the Python path and
-        native workers (native_abi.py), whose views are strided, run the same machine code: a
+        native workers (pto_gpu/native_abi.py), whose views are strided, run the same machine code: a
         specialisation per numba layout vectorises differently, and under fastmath's
         reassociation that changes the last bits of sums (the unit-stride branch `source` adds
         depends on the strides alone, which a tensor has on either path)."""
@@ -699,7 +699,7 @@ def cpu_function(module: Module, name: str, directory: Path | None = None, batch
 
 def native_entry(module: Module, name: str, directory: Path | None = None,
                  batched: bool = False) -> int | None:
-    """The address of the native entry (native_abi.py) of InCore function `name`'s generated
+    """The address of the native entry (pto_gpu/native_abi.py) of InCore function `name`'s generated
     function (its `batched` one), or None where there is none: numba has no half types, so
     those kernels run through the float32 copies of `cpu_function`. Written beside the
     function's module, in a module of its own: only runs with native workers compile it."""
@@ -718,7 +718,7 @@ def native_entry(module: Module, name: str, directory: Path | None = None,
                   for k, s in enumerate(scalars)]
     text = [f"# PTO ISA CPU code generator v{GENERATOR_VERSION}: the native entry of @{function.name}",
             "import numpy as np", "from numba import cfunc", "",
-            "from pto_gpu.isa.native_abi import ENTRY, RAISED, float_scalar, int_scalar, tensor2, tensor3",
+            "from pto_gpu.native_abi import ENTRY, RAISED, float_scalar, int_scalar, tensor2, tensor3",
             f"from pto_gpu_isa_{digest} import {'batched' if batched else 'kernel'} as run", "", "",
             "@cfunc(ENTRY, cache=True)", *entry_source(arguments)]
     entry_text = "\n".join(text)

@@ -44,7 +44,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backends.cuda import THREADS_PER_BLOCK
+from ..backends.cuda_abi import THREADS_PER_BLOCK
 from ..dtypes import DataType
 from ..kernel import CudaCode
 from .errors import ISAError

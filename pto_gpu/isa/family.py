@@ -30,10 +30,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import generated
 from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import ParamError
-from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel, preparing
-from . import cpu_codegen, cuda_codegen, generated, optimize
+from ..first_calls import preparing
+from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel
+from . import cpu_codegen, cuda_codegen, optimize
+from .asm import print_module
 from .builder import FunctionBuilder
 from .ir import Function, Module
 from .verify import Direction, directions
@@ -199,7 +202,7 @@ class Family:
                local_memory: int | None = None) -> str:
         """The PTO assembly of the instance for these shapes (what the kernel runs), for a
         target with `local_memory` bytes for tiles read whole (None: the CPU's)."""
-        return self.module(self.sizes(shapes), as_dtype(dtype), structural, local_memory).to_pto()
+        return print_module(self.module(self.sizes(shapes), as_dtype(dtype), structural, local_memory))
 
 
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),

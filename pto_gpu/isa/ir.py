@@ -239,13 +239,3 @@ class Module:
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Module) and self.name == other.name
                 and list(self.functions.items()) == list(other.functions.items()))
-
-    def to_pto(self) -> str:
-        """The canonical `.pto` assembly (asm.py)."""
-        from .asm import print_module  # asm imports ir
-        return print_module(self)
-
-    def to_python(self) -> str:
-        """FunctionBuilder code that rebuilds this module as `m` (pyize.py)."""
-        from .pyize import to_python  # pyize imports ir
-        return to_python(self)

@@ -33,9 +33,9 @@ import hashlib
 from collections.abc import Callable
 
 from ..dtypes import DataType
+from ..generated import cache_dir, load_source
 from ..jit import source_fingerprint
 from .errors import ISAError
-from .generated import cache_dir, load_source
 from .ir import Alloc, Call, For, Function, If, Module, Op, Predicate, Return, Split, View, walk
 from .lowering import expansion, free_points, scaled_by, scoped, variant_name, variants
 from .ops import OPCODES, Form

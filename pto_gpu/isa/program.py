@@ -17,10 +17,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import generated
 from ..dtypes import DataType, WorkerType
 from ..errors import ParamError
-from ..kernel import Kernel, NativeCode, kernel, preparing
-from . import cpu_codegen, cuda_codegen, generated, lowering, optimize, orchestrate, orchestration_codegen
+from ..first_calls import preparing
+from ..kernel import Kernel, NativeCode, kernel
+from . import cpu_codegen, cuda_codegen, lowering, optimize, orchestrate, orchestration_codegen
 from .errors import ISAError
 from .family import family_of
 from .ir import Call, Function, Module, Op, Statement, walk

@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..kernel import registered
 from ..params import Param, ParamKind
-from ..scheduler import Scheduler, Task
+from ..tasks import Scheduler, Task
 from ..tensor import Buffer, BufferKind
 from . import api, bridge, context, pipeline
 from .context import (

@@ -27,11 +27,11 @@ from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 from numpy.lib.stride_tricks import as_strided
 
-from ..jit import context, descriptor
-from ..jit.context import S_INT
-from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH, MAX_JIT_DIMS
-from ..kernel import preparing
+from .first_calls import preparing
 from .generated import cache_dir, load_source
+from .jit import context, descriptor
+from .jit.context import S_INT
+from .jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH, MAX_JIT_DIMS
 
 _I64P = types.CPointer(types.int64)
 # The modules whose code an entry inlines besides the kernel's: this one and the layouts it reads.
@@ -152,7 +152,7 @@ class NjitEntries:
             f"# pto-gpu: a native entry of {'.'.join(named)} (sources {self._sources_digest()})",
             "import numpy as np", "from numba import cfunc", "from numpy.lib.stride_tricks import as_strided",
             "",
-            "from pto_gpu.isa.native_abi import ENTRY, RAISED, first_element, float_scalar, int_scalar",
+            "from pto_gpu.native_abi import ENTRY, RAISED, first_element, float_scalar, int_scalar",
             "",
             # Given, not imported: a worker thread importing the kernel's module could wait on
             # the import lock of a module that runs a runtime as it is imported.
