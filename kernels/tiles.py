@@ -19,7 +19,7 @@ from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import WARP
 from pto_gpu.isa.family import family
-from pto_gpu.isa.native_abi import NjitEntries
+from pto_gpu.native_abi import NjitEntries
 
 from . import blas, panels
 

@@ -281,7 +281,9 @@ class Runtime:
                 executor.abort()
             scheduler.reset(record, whole=True)  # nothing of an unwound run stays in the rings
             if placement is not None:
-                raise conclude(placement.transport, error) from None
+                concluded = conclude(placement.transport, error)
+                if concluded is not error:  # another rank's failure: its cause, not this rank's waits
+                    raise concluded from concluded.__cause__
             raise
         finally:
             if o is not None:

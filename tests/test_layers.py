@@ -8,13 +8,17 @@ from pathlib import Path
 import pto_gpu
 
 PACKAGE = Path(pto_gpu.__file__).parent
+# pyproject's package-dir: the kernel library and the orchestrations live beside the package
+SOURCES = {"pto_gpu": PACKAGE, "pto_gpu.kernels": PACKAGE.parent / "kernels",
+           "pto_gpu.orchestration": PACKAGE.parent / "orchestration"}
 
 
 def _modules() -> dict[str, Path]:
     modules = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package, folder in SOURCES.items():
+        for path in folder.rglob("*.py"):
+            parts = (package, *path.relative_to(folder).with_suffix("").parts)
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 

@@ -51,18 +51,21 @@ def test_serial_executor_on_each_rank():
                                          (2, "orchestration")])
 def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
     out = mpiexec(ranks, "tests.mpi_programs.failure", mode, timeout=60)
-    raised = dict((int(rank), (error, task, float(seconds)))
-                  for rank, error, task, seconds in re.findall(r"RAISED (\d+) (\w+) (\S+) ([\d.]+)", out))
+    raised = dict((int(rank), (error, task, cause, float(seconds))) for rank, error, task, cause, seconds
+                  in re.findall(r"RAISED (\d+) (\w+) (\S+) (\S+) ([\d.]+)", out))
     assert sorted(raised) == list(range(ranks)), out
     last = ranks - 1
     if mode != "orchestration":  # the same TaskError everywhere: the task that failed on the last rank
-        assert {error for error, _, _ in raised.values()} == {"TaskError"}, out
-        assert len({task for _, task, _ in raised.values()}) == 1, out
+        assert {error for error, _, _, _ in raised.values()} == {"TaskError"}, out
+        assert len({task for _, task, _, _ in raised.values()}) == 1, out
+        # chained as in one process: the kernel's exception there, the failing rank's news elsewhere
+        assert raised[last][2] == "ValueError", out
+        assert all(raised[r][2] == "RankError" for r in range(last)), out
     else:  # the last rank's own error; the others are told of it
         assert raised[last][0] == "RuntimeError", out
         assert all(raised[r][0] == "RankError" for r in range(last)), out
     # The failing program works 0.6 s before the failure; waiting ranks give up at once.
-    assert max(seconds for _, _, seconds in raised.values()) < 10, out
+    assert max(seconds for _, _, _, seconds in raised.values()) < 10, out
     assert len(re.findall(r"AGAIN \d+ OK", out)) == ranks, out
 
 

@@ -329,7 +329,7 @@ def test_a_runtime_learns_costs_that_a_simulator_then_uses():
 def test_a_history_leaves_out_first_call_compiling():
     from pto_gpu.kernels.elementwise import add
 
-    from pto_gpu.kernel import preparing
+    from pto_gpu.first_calls import preparing
 
     compiled = set()
 

@@ -4,7 +4,9 @@ A rank that fails (a task's kernel raised, the orchestration raised, a ring dead
 tells the others at once (Transport.fail), so none waits for it: their waits raise
 PeerFailed, a secondary error. At the end of every run the ranks exchange what happened
 (Transport.conclude); each rank raises the first primary failure: its own, or another
-rank's, as the TaskError of the task that failed there (or a RankError).
+rank's, as the TaskError of the task that failed there (or a RankError). A TaskError's cause
+is chained on every rank: the kernel's exception where it raised, a RankError carrying its
+message on the others.
 """
 
 from __future__ import annotations
@@ -35,5 +37,8 @@ def conclude(transport: Transport, error: BaseException | None) -> BaseException
     rank, failure = primary[0]
     if failure[0] == "task":
         _, task_id, kernel, message = failure
-        return TaskError(task_id, kernel, f"see rank {rank}", RankError(f"on rank {rank}: {message}"))
+        cause = RankError(f"on rank {rank}: {message}")
+        failed = TaskError(task_id, kernel, f"see rank {rank}", cause)
+        failed.__cause__ = cause  # as the failing rank's TaskError has its kernel's exception
+        return failed
     return RankError(f"rank {rank} failed: {failure[1]}")

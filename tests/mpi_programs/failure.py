@@ -7,8 +7,8 @@ made. receiving: the same, while the failing rank itself waits for a message tha
 send only after the one it waits for (its receives are chained): only the failing rank's
 notice frees both. orchestration: the last rank's orchestration raises while the others go
 on. Each rank
-prints "RAISED <rank> <error type> <task id or -> <seconds>", then runs a matmul with the same
-Runtime and prints "AGAIN <rank> OK" when it is right.
+prints "RAISED <rank> <error type> <task id or -> <its __cause__'s type or -> <seconds>", then
+runs a matmul with the same Runtime and prints "AGAIN <rank> OK" when it is right.
 """
 
 from __future__ import annotations
@@ -76,9 +76,11 @@ def main(mode: str) -> None:
             rt.run(failing, np.zeros((8 * comm.Get_size(), 4)), np.zeros((8, 4)), mode)
     except Exception as error:  # the failing rank's own, else the TaskError or RankError of it
         task = error.task_id if isinstance(error, pto.TaskError) else "-"
-        print(f"RAISED {rank} {type(error).__name__} {task} {time.perf_counter() - started:.2f}", flush=True)
+        cause = type(error.__cause__).__name__ if error.__cause__ is not None else "-"
+        print(f"RAISED {rank} {type(error).__name__} {task} {cause} {time.perf_counter() - started:.2f}",
+              flush=True)
     else:
-        print(f"RAISED {rank} nothing - {time.perf_counter() - started:.2f}", flush=True)
+        print(f"RAISED {rank} nothing - - {time.perf_counter() - started:.2f}", flush=True)
     a = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096
     c = np.zeros_like(a)
     rt.run(tiled_matmul, a, a, c, 16)
