@@ -109,15 +109,17 @@ class _NativeEntry:
 
     def __init__(self, module: Module, name: str, directory: Path):
         self._module, self._name, self._directory = module, name, directory
-        self._address: list[int | None] = []  # made by the first call: worker threads may race to it
+        self._made = False  # by the first call, under the lock: worker threads may race to it
+        self._address: int | None = None  # None: no entry (half precision runs the Python way)
         self._lock = threading.Lock()
 
     def __call__(self, shapes: tuple[tuple[int, ...], ...], dtype: object, scalars: tuple) -> int | None:
         with self._lock:
-            if not self._address:
+            if not self._made:
                 with preparing():  # compiling: a cost history leaves this call out
-                    self._address.append(cpu_codegen.native_entry(self._module, self._name, self._directory))
-            return self._address[0]
+                    self._address = cpu_codegen.native_entry(self._module, self._name, self._directory)
+                self._made = True
+            return self._address
 
 
 def _library_kernel(function: Function) -> Kernel:
