@@ -34,6 +34,7 @@ from .executors.streams import StreamExecutor
 from .executors.threads import WorkerThreads
 from .graph import Graph
 from .jit.context import ArgTables
+from .kernel import Kernel
 from .orchestrator import Orchestrator, Recorder
 from .profile import Profile
 from .result import Ranks, RunResult, busy_shares, kernel_times
@@ -183,6 +184,7 @@ class Runtime:
                            f"{self.executor!r}")
         if threshold < 0:
             raise PTOError(f"threshold={threshold} must be >= 0")
+        _check_orchestration("run", orchestration)
         if trace is not None and self.executor == "dry":
             raise PTOError("trace= draws when kernels ran, and the dry executor runs none; "
                            "use executor='serial' or 'parallel'")
@@ -342,11 +344,19 @@ class Runtime:
                                 self._instances, threshold, schedule, self.costs)
 
 
+def _check_orchestration(where: str, orchestration: object) -> None:
+    """A kernel is callable too (on arrays), but an orchestration submits it."""
+    if isinstance(orchestration, Kernel):
+        raise PTOError(f"{where}: {orchestration.name} is a kernel, not an orchestration: run a function "
+                       f"fn(o, *args) that submits it (o.submit({orchestration.name}, ...))")
+
+
 def _graph_entry(index: int, graph: object) -> tuple[Callable, tuple, dict]:
     if not (isinstance(graph, tuple) and len(graph) in (2, 3) and callable(graph[0])
             and isinstance(graph[1], tuple | list) and (len(graph) == 2 or isinstance(graph[2], dict))):
         raise PTOError(f"run_concurrent: graph {index} is {graph!r}, not (orchestration, args) or "
                        "(orchestration, args, kwargs)")
+    _check_orchestration(f"run_concurrent: graph {index}", graph[0])
     return graph[0], tuple(graph[1]), dict(graph[2]) if len(graph) == 3 else {}
 
 

@@ -235,6 +235,8 @@ CASES = [
          pto.ParamError),
     Case("a worker class named twice", lambda made: pto.kernel(worker=(pto.CUBE, pto.CUBE))(_noop),
          pto.ParamError),
+    Case("running a kernel as an orchestration", lambda made: runtime(made).run(_row_sum(), np.zeros((4, 8))),
+         pto.PTOError, "a kernel is callable on arrays, and an orchestration submits it"),
     Case("a compiled kernel given another element type than its memref's", _submit_row_sum(np.zeros((4, 8))),
          pto.ParamError),
     Case("a column tail for a function that does not declare column_tails",
