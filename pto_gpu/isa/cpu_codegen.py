@@ -87,13 +87,18 @@ def _float32_from_bits(typingctx, bits):
 
 @njit
 def exp32(value):
-    """exp in float32, branch-free so that it vectorises: Cody-Waite reduction by ln 2 and the
-    Cephes expf polynomial; 2**n is applied as two halves so that n from -150 to 128 needs no
-    special case (underflow to subnormals and zero, overflow to inf)."""
+    """exp in float32, branch-free so that it vectorises: reduction by ln 2 (in float64) and the
+    Cephes expf polynomial; 2**n is applied as 2**(n - m) (a select, 1 when n is in range) and
+    then 2**m, m = n clamped to float32's normal exponents, so that n from -150 to 128 needs no
+    special case (underflow to subnormals and zero, overflow to inf). The select matters: the
+    generated code's fastmath reassociates a plain product of the two factors into 2**n, which
+    overflows for n = 128 (exp(88.4) was inf there)."""
     x = np.float32(value)
     t = min(max(x, np.float32(-104.0)), np.float32(88.8))
     n = np.floor(t * np.float32(1.4426950408889634) + np.float32(0.5))
-    t = t - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
+    # the reduction in float64: one product, which fastmath's reassociation cannot split up
+    # (float32's two-constant Cody-Waite step, reassociated, was 4.5 ulps off at 88.7)
+    t = np.float32(np.float64(t) - np.float64(n) * 0.6931471805599453)
     y = np.float32(1.9875691500e-4)
     y = y * t + np.float32(1.3981999507e-3)
     y = y * t + np.float32(8.3334519073e-3)
@@ -102,9 +107,9 @@ def exp32(value):
     y = y * t + np.float32(5.0000001201e-1)
     y = y * (t * t) + t + np.float32(1.0)
     power = np.int32(n)
-    half = power >> np.int32(1)
-    y = y * _float32_from_bits((half + np.int32(127)) << np.int32(23))
-    y = y * _float32_from_bits((power - half + np.int32(127)) << np.int32(23))
+    normal = min(max(power, np.int32(-126)), np.int32(127))
+    y = y if power == normal else y * _float32_from_bits((power - normal + np.int32(127)) << np.int32(23))
+    y = y * _float32_from_bits((normal + np.int32(127)) << np.int32(23))
     return x if x != x else y
 
 
