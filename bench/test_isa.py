@@ -201,42 +201,37 @@ def wide():
             rng.standard_normal((1, WIDTH)).astype(np.float32))
 
 
-@pytest.mark.benchmark(group="user-gelu-64x768")
-@pytest.mark.parametrize("implementation", ["generated", "numpy"])
-def test_user_gelu(benchmark, user_kernels, wide, implementation):
-    x = wide[0]
-    run = user_kernels["gelu"].cpu if implementation == "generated" else numpy_gelu
-    out = np.zeros_like(x)
-    benchmark(run, x, out)
-    x64 = x.astype(np.float64)
-    want = 0.5 * x64 * (1 + np.tanh(GELU_C * (x64 + 0.044715 * x64 ** 3)))
-    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+def _gelu(x64, weight, bias):
+    return 0.5 * x64 * (1 + np.tanh(GELU_C * (x64 + 0.044715 * x64 ** 3)))
 
 
-@pytest.mark.benchmark(group="user-layernorm-64x768")
-@pytest.mark.parametrize("implementation", ["generated", "numpy"])
-def test_user_layernorm(benchmark, user_kernels, wide, implementation):
-    x, weight, bias = wide
-    run = user_kernels["layernorm"].cpu if implementation == "generated" else numpy_layernorm
-    out = np.zeros_like(x)
-    benchmark(run, x, weight, bias, out, EPS)
-    x64 = x.astype(np.float64)
+def _layernorm(x64, weight, bias):
     centred = x64 - x64.mean(axis=1, keepdims=True)
-    want = centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + EPS) * weight + bias
-    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    return centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + EPS) * weight + bias
 
 
-@pytest.mark.benchmark(group="user-log-softmax-64x768")
-@pytest.mark.parametrize("implementation", ["generated", "numpy"])
-def test_user_log_softmax(benchmark, user_kernels, wide, implementation):
-    x = wide[0]
-    run = user_kernels["log_softmax"].cpu if implementation == "generated" else numpy_log_softmax
-    out = np.zeros_like(x)
-    benchmark(run, x, out)
-    x64 = x.astype(np.float64)
+def _log_softmax(x64, weight, bias):
     shifted = x64 - x64.max(axis=1, keepdims=True)
-    np.testing.assert_allclose(out, shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True)),
-                               rtol=1e-5, atol=1e-5)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+# name: (numpy op by op, whether it takes the weight, bias and eps, float64 reference, rtol, atol)
+USER_TILES = {"gelu": (numpy_gelu, False, _gelu, 1e-5, 1e-6),
+              "layernorm": (numpy_layernorm, True, _layernorm, 1e-4, 1e-5),
+              "log_softmax": (numpy_log_softmax, False, _log_softmax, 1e-5, 1e-5)}
+
+
+@pytest.mark.parametrize("implementation", ["generated", "numpy"])
+@pytest.mark.parametrize("name", USER_TILES)
+def test_user_tile(benchmark, user_kernels, wide, name, implementation):
+    numpy_way, affine, reference, rtol, atol = USER_TILES[name]
+    benchmark.group = f"user-{name}-64x768"
+    x, weight, bias = wide
+    run = user_kernels[name].cpu if implementation == "generated" else numpy_way
+    out = np.zeros_like(x)
+    args = (x, weight, bias, out, EPS) if affine else (x, out)
+    benchmark(run, *args)
+    np.testing.assert_allclose(out, reference(x.astype(np.float64), weight, bias), rtol=rtol, atol=atol)
 
 
 # --- a kernel author's costs (issue 42's targets): the first kernel in a new process with the
