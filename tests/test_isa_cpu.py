@@ -358,9 +358,9 @@ def test_a_function_over_several_dtypes_compiles_for_the_cpu_only(tmp_path, monk
     np.testing.assert_array_equal(b, np.arange(8).reshape(2, 4) + 1.0)
 
 
-@numba.njit(error_model="numpy", fastmath={"reassoc", "nsz", "contract", "arcp"})
+@numba.njit(error_model="numpy", fastmath=set(cpu_codegen.FASTMATH))
 def _each(function, x, out):
-    """function over x, with the generated code's fastmath flags (cpu_codegen._FASTMATH), under
+    """function over x, with the generated code's fastmath flags (cpu_codegen.FASTMATH), under
     which the function is inlined there: reassociation must not change its results."""
     for i in range(x.size):
         out[i] = function(x[i])

@@ -75,7 +75,8 @@ _PYTHON_COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Pre
                    Predicate.EQ: "==", Predicate.NE: "!="}
 _ROW_LOCAL = frozenset({Form.LOAD, Form.STORE, Form.UNARY, Form.CONVERT, Form.BINARY, Form.TILE_SCALAR,
                         Form.ROW_REDUCE, Form.ROW_EXPAND, Form.COL_EXPAND, Form.MASK, Form.GENERATE})
-_FASTMATH = "{'reassoc', 'nsz', 'contract', 'arcp'}"
+FASTMATH = ("reassoc", "nsz", "contract", "arcp")  # the generated function's (module docstring)
+_FASTMATH = "{" + ", ".join(repr(flag) for flag in FASTMATH) + "}"  # as the generated text spells it
 
 
 @intrinsic
