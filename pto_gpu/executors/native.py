@@ -2,8 +2,9 @@
 
 A task is *native* when its arguments are in the run's argument tables (jit/context.py: every
 compiled submit writes them, and so does a Python submit of a kernel these lanes run) and its
-kernel has NativeCode (kernel.py: the kernel families the ISA compiler generates, the matmuls'
-BLAS library, and `pto.kernel(..., njit=True)`):
+kernel has NativeCode (kernel.py: the kernel families the ISA compiler generates, the kernels
+`isa.compile` makes of a user's program or `.pto` file, the matmuls' BLAS library, and
+`pto.kernel(..., njit=True)`):
 a worker thread then pops it, calls its kernel's native entry (pto_gpu/native_abi.py) and
 completes it in the core, all in one nogil numba loop (`drain`), and goes on with the
 consumers that made ready; Python sees the loop only every `budget` tasks and SLICE_NS.
