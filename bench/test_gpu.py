@@ -8,8 +8,11 @@
   executor, against numpy's time on the host's cores. Target (issue 40): at most 15 ms.
 - GEMM 8192x8192 float16 as 4x4 output tiles through the runtime (cuBLAS per tile) against one
   cupy.matmul. extra_info["tflops"]. Target: at least 70% of cuBLAS.
+- The same GEMM as 128x128 output tiles of the generated tile kernel (mma.sync on tensor
+  cores, not cuBLAS). Target (issue 41): at least 60% of one cuBLAS call.
 - Flash attention through the runtime against torch's scaled_dot_product_attention, when
-  PyTorch is installed. extra_info["tflops"]. Target: at least 50% of SDPA.
+  PyTorch is installed: float32, and float16 at head dims 64 and 128 (tensor cores).
+  extra_info["tflops"]. Target: at least 50% of SDPA.
 
 Every round ends with a stream synchronise, so host wall time is the time to finished results.
 """
@@ -160,6 +163,36 @@ def test_gemm_runtime(benchmark, cupy, gemm_operands):
     tflops(benchmark, 2 * N**3)
 
 
+GENERATED_TILE = 128
+
+
+def generated_matmul():
+    """The matmul family's generated CUDA code for 128 x 8192 @ 8192 x 128 float16 tiles, as a
+    kernel of its own: the family's tasks would run cuBLAS."""
+    shapes = ((GENERATED_TILE, N), (N, GENERATED_TILE), (GENERATED_TILE, GENERATED_TILE))
+    code = family_of(matmul).cuda(shapes, np.dtype(np.float16), ())
+    return pto.kernel(worker=pto.CUBE, name="matmul", cuda=code)(lambda a, b, out: None)
+
+
+def gemm_generated_tiles(o, kernel, a, b, c):
+    A, B, C = o.external(a), o.external(b), o.external(c)
+    for i in range(0, N, GENERATED_TILE):
+        for j in range(0, N, GENERATED_TILE):
+            o.submit(kernel, pto.input(A[i:i + GENERATED_TILE]), pto.input(B[:, j:j + GENERATED_TILE]),
+                     pto.output(C[i:i + GENERATED_TILE, j:j + GENERATED_TILE]))
+
+
+def test_gemm_generated_tiles(benchmark, cupy, gemm_operands):
+    pairs, c = gemm_operands
+    kernel = generated_matmul()
+    rt = pto.Runtime(backend="cuda", executor="stream")
+    turn = iter(range(10**9))
+    benchmark.pedantic(lambda: rt.run(gemm_generated_tiles, kernel, *pairs[next(turn) % 2], c), rounds=3,
+                       warmup_rounds=1)
+    gemm_check(cupy, *pairs[(3 + 1 - 1) % 2], c)
+    tflops(benchmark, 2 * N**3)
+
+
 def test_gemm_cublas(benchmark, cupy, gemm_operands):
     pairs, c = gemm_operands
     turn = iter(range(10**9))
@@ -198,6 +231,48 @@ def test_flash_attention_runtime(benchmark, cupy, qkv):
     expected = (weights / weights.sum(axis=1, keepdims=True)) @ v[0]
     assert float(cupy.abs(out[0] - expected).max()) <= 1e-4 * float(cupy.abs(expected).max())
     tflops(benchmark, attention_flops())
+
+
+HALF_DIMS = [64, 128]
+
+
+@pytest.fixture(scope="module", params=HALF_DIMS, ids=[f"d{d}" for d in HALF_DIMS])
+def qkv_half(cupy, request):
+    generator = cupy.random.default_rng(2)
+    return [generator.standard_normal((HEADS, SEQ, request.param), dtype=cupy.float32).astype(cupy.float16)
+            for _ in range(3)]
+
+
+def half_attention_flops(dim: int) -> int:
+    return 4 * HEADS * SEQ * SEQ * dim // 2
+
+
+def test_flash_attention_float16_runtime(benchmark, cupy, qkv_half):
+    """64-row tiles: the PV product's 64 x d result and its operands' chunks fit shared memory
+    at d = 128, so both products run on tensor cores."""
+    out = cupy.zeros_like(qkv_half[0])
+    dim = qkv_half[0].shape[-1]
+    rt = pto.Runtime(backend="cuda", executor="stream", heap_bytes=1 << 30)
+    benchmark.pedantic(rt.run, (flash_attention, *qkv_half, out), {"tile": 64, "causal": True},
+                       rounds=3, warmup_rounds=1)
+    q, k, v = (a[:1].astype(cupy.float64) for a in qkv_half)  # one head against float64
+    scores = q[0] @ k[0].T / math.sqrt(dim) + cupy.triu(cupy.full((SEQ, SEQ), -cupy.inf), 1)
+    weights = cupy.exp(scores - scores.max(axis=1, keepdims=True))
+    expected = (weights / weights.sum(axis=1, keepdims=True)) @ v[0]
+    assert float(cupy.abs(out[0] - expected).max()) <= 1e-2 * float(cupy.abs(expected).max())
+    tflops(benchmark, half_attention_flops(dim))
+
+
+def test_flash_attention_float16_torch_sdpa(benchmark, qkv_half):
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.as_tensor(a, device="cuda")[None] for a in qkv_half)
+
+    def one():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
+    tflops(benchmark, half_attention_flops(q.shape[-1]))
 
 
 def test_flash_attention_torch_sdpa(benchmark, qkv):

@@ -17,7 +17,7 @@ from numba import njit
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import WARP
+from pto_gpu.isa.cuda_codegen import MMA_K, TENSOR_CORE_BYTES, TENSOR_CORE_DTYPES, WARP
 from pto_gpu.isa.family import family
 from pto_gpu.native_abi import NjitEntries
 
@@ -54,9 +54,7 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     memory, so a chunk's kc x n of them, in float64 at worst, must fit `local_memory` bytes; on
     the CPU (None) one chunk is the whole contraction, one BLAS call."""
     whole = 2 if b_transposed else 1
-    chunk = k if local_memory is None else max(1, min(k, local_memory // (8 * n * whole)))
-    if chunk < k and chunk > WARP:  # whole warps of columns: a's chunk fills its lanes' registers
-        chunk -= chunk % WARP
+    chunk = k if local_memory is None else _chunk(dtype, m, k, n, whole, local_memory)
     left, right = f"{dst}_a", f"{dst}_b"
     f.tile(left, m, chunk, dtype).tile(right, chunk, n, dtype)
     if b_transposed:
@@ -76,6 +74,23 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
         step(f"{dst}_k", "matmul_acc")
         f.end_for()
     return f
+
+
+def _chunk(dtype: DataType, m: int, k: int, n: int, whole: int, local_memory: int) -> int:
+    """The chunk of k a CUDA product takes at a time. On tensor cores (float16) the result and
+    the chunks of both operands are in shared memory as float: a chunk of whole steps of the
+    instruction's k where one fits beside the result (else the product runs on FMA, and the
+    chunk is as there: b's kc x n, as float64, fills the budget)."""
+    if dtype in TENSOR_CORE_DTYPES:
+        fits = (local_memory - TENSOR_CORE_BYTES * m * n) // (TENSOR_CORE_BYTES * (m + n * whole))
+        if fits >= k:
+            return k
+        if fits >= MMA_K:
+            return fits - fits % MMA_K
+    chunk = max(1, min(k, local_memory // (8 * n * whole)))
+    if chunk < k and chunk > WARP:  # whole warps of columns: a's chunk fills its lanes' registers
+        chunk -= chunk % WARP
+    return chunk
 
 
 def _copy(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int | None) -> None:
@@ -139,9 +154,15 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
              accumulate: bool, source: str | None = None) -> None:
     """out = a @ b, plus `source` (default: out itself) with `accumulate`; on CUDA in blocks of
     COLUMN_BLOCK columns when b is too wide for even 8 of its rows to fit shared memory (a
-    4096 x 11008 weight)."""
-    wide = local_memory is not None and 8 * n * min(k, 8) > local_memory
-    cols = min(n, COLUMN_BLOCK) if wide else n
+    4096 x 11008 weight), and on tensor cores (float16) in blocks of whole warps of columns
+    whose result, in shared memory, takes at most half of it."""
+    if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
+        half = local_memory // (2 * TENSOR_CORE_BYTES * m) // WARP * WARP
+        cols = min(n, COLUMN_BLOCK, max(WARP, half))
+    else:
+        wide = local_memory is not None and 8 * n * min(k, 8) > local_memory
+        cols = min(n, COLUMN_BLOCK) if wide else n
+    wide = cols < n
     column: int | str = "j" if wide else 0
     f.tile("c", m, cols, dtype)
     if wide:

@@ -19,6 +19,8 @@ import numpy as np
 
 import pto_gpu as pto
 from pto_gpu import isa
+from pto_gpu.dtypes import DataType, as_dtype
+from pto_gpu.isa.asm import DTYPE_NAMES
 
 WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "ffn_norm")
 WORKSPACES = ("q", "k", "v", "attn", "out")
@@ -72,10 +74,18 @@ def _entry(adaptive: bool, compiled: bool):
     return program().orchestration(name, compiled=compiled)
 
 
+def program(dtype: object = np.float32) -> isa.Program:
+    """orchestration/programs/llama.pto, compiled: the layer's and flash attention's one source,
+    for arrays of `dtype`. The text's memrefs are float32; for another element type (float16:
+    its products on tensor cores on a GPU) they are of that type, and nothing else changes."""
+    return _program(as_dtype(dtype))
+
+
 @functools.cache
-def program() -> isa.Program:
-    """orchestration/programs/llama.pto, compiled: the layer's and flash attention's one source."""
+def _program(dtype: DataType) -> isa.Program:
     text = importlib.resources.files("pto_gpu.orchestration").joinpath("programs", "llama.pto").read_text()
+    if dtype != DataType.FLOAT32:
+        text = text.replace("!pto.memref<f32>", f"!pto.memref<{DTYPE_NAMES[dtype]}>")
     return isa.compile(isa.parse(text))
 
 

@@ -26,6 +26,7 @@ from pto_gpu.kernels.tiles import copy, zero
 from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_panels
+from pto_gpu.orchestration.reference import attention
 from pto_gpu.orchestration.softmax import fused_softmax
 from pto_gpu.orchestration.workloads import to_backend
 
@@ -83,8 +84,14 @@ def test_numpy_arrays_are_refused_with_the_way_to_move_them():
         pto.Runtime(backend="cuda").run(lambda o, a: o.external(a), np.zeros(4, np.float32))
 
 
+# Both sides compute in float32 (float16: in float, products on tensor cores on CUDA) or float64
+# and sum in other orders; float16 results are rounded at each store: within a float16 ulp or two.
+KERNEL_TOLERANCE = {np.float32: dict(rtol=1e-5, atol=1e-6), np.float64: dict(rtol=1e-12, atol=1e-14),
+                    np.float16: dict(rtol=2e-3, atol=2e-3)}
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
 def test_each_cuda_kernel_matches_its_cpu_kernel(kernel, dtype, backend):
     rt = pto.Runtime(backend=backend, executor="serial")
@@ -93,9 +100,28 @@ def test_each_cuda_kernel_matches_its_cpu_kernel(kernel, dtype, backend):
     scalars = SCALARS.get(kernel.name, ())
     kernel.cpu(*expected, *scalars)
     rt.run(lambda o: o.submit(kernel, *(pto.inout(o.external(a)) for a in device), *scalars))
-    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
     for got, want in zip(device, expected):
-        np.testing.assert_allclose(rt.backend.to_host(got), want, **tolerance)
+        np.testing.assert_allclose(rt.backend.to_host(got), want, **KERNEL_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float16_tiled_matmul_on_tensor_cores_matches_the_serial_cpu_executor(backend):
+    """Every tile product of a float16 tiled matmul is an mma.sync kernel (on the emulator,
+    the host build meets each warp's lanes at every one): the result is the serial CPU
+    executor's (float32 sums of exact products on both, float16 accumulator tiles between the
+    k steps) within a float16 ulp or two of the result's scale."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((160, 96)).astype(np.float16)
+    b = rng.standard_normal((96, 112)).astype(np.float16)
+    want = np.zeros((160, 112), np.float16)
+    pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, a, b, want, tile=64)
+    rt = pto.Runtime(backend=backend, executor="stream", workers={pto.CUBE: 2, pto.VECTOR: 2})
+    device = [rt.backend.to_device(x) for x in (a, b, np.zeros_like(want))]
+    rt.run(tiled_matmul, *device, tile=64)
+    got = rt.backend.to_host(device[2]).astype(np.float64)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want.astype(np.float64), rtol=0, atol=2e-3 * scale)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=0, atol=4e-3 * scale)
 
 
 def workloads():
@@ -137,6 +163,26 @@ def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, ba
     want = cpu_args[0][output] if isinstance(output, str) else cpu_args[output]
     # float32 on both; summation orders differ: 1e-5 of the output's scale (as the references).
     np.testing.assert_allclose(rt.backend.to_host(got), want, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(backend):
+    """llama.pto's flash attention over float16 arrays (its memrefs retyped): the scores and
+    PV products are mma.sync kernels on CUDA. Both runs compute in float and store float16
+    between the tasks (scores, probabilities, the running output), so they agree to a float16
+    ulp or two of the output's scale, and both are within a few of float64 attention."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 100, 32)).astype(np.float16) for _ in range(3))
+    want = np.zeros_like(q)
+    pto.Runtime(backend="cpu", executor="serial").run(flash_attention, q, k, v, want, tile=64, causal=True)
+    rt = pto.Runtime(backend=backend, executor="stream", workers={pto.CUBE: 2, pto.VECTOR: 2})
+    device = [rt.backend.to_device(x) for x in (q, k, v, np.zeros_like(q))]
+    rt.run(flash_attention, *device, tile=64, causal=True)
+    got = rt.backend.to_host(device[3]).astype(np.float64)
+    exact = attention(q, k, v, causal=True)
+    scale = np.abs(exact).max()
+    np.testing.assert_allclose(got, want.astype(np.float64), rtol=0, atol=2e-3 * scale)
+    np.testing.assert_allclose(got, exact, rtol=0, atol=4e-3 * scale)
 
 
 HOLD = r"""

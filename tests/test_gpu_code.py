@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from nvrtc import library_or_skip
+from pto_gpu.kernels import llm
 from pto_gpu.kernels.elementwise import scale
-from pto_gpu.kernels.tiles import matmul
+from pto_gpu.kernels.tiles import matmul, matmul_acc
 
 import pto_gpu as pto
 from pto_gpu import cli, isa
@@ -41,6 +42,23 @@ def test_each_element_type_and_instance_gets_its_own_code():
     wide = isa.gpu_code(scale, [(4, 4096), (4, 4096)], np.float32, (2.0,))
     assert small != half and small != wide
     assert ".b16" in half and ".b16" not in small  # half loads and stores
+
+
+TENSOR_CORE_INSTANCES = [(matmul, [(64, 96), (96, 64), (64, 64)], ()),
+                         (matmul_acc, [(64, 96), (96, 64), (64, 64)], ()),
+                         (llm.flash_scores, [(8, 64, 128), (8, 64, 128), (8, 64, 64)], (0, 0, 1)),
+                         (llm.flash_pv, [(8, 64, 64), (8, 64, 128), (8, 64, 1), (8, 64, 128)], ())]
+MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("kernel, shapes, scalars", TENSOR_CORE_INSTANCES,
+                         ids=[k.name for k, *_ in TENSOR_CORE_INSTANCES])
+def test_float16_products_run_on_tensor_cores(kernel, shapes, scalars, arch):
+    """The products of float16 tiles are mma.sync instructions (float accumulators), at the
+    sizes attention and a tiled matmul use; float32 ones stay exact (FMA, no TF32)."""
+    assert MMA in isa.gpu_code(kernel, shapes, np.float16, scalars, arch=arch)
+    assert "mma." not in isa.gpu_code(kernel, shapes, np.float32, scalars, arch=arch)
 
 
 def test_a_kernel_without_cuda_code_and_a_bad_arch_are_refused_by_name():

@@ -4,8 +4,9 @@ Functions covering every ops.Form (each table entry of a form in one function, s
 is covered without a change here), calls, loops, branches, returns, scalar arithmetic and a
 memref written and read at offsets that move (cross-warp hazards) are generated and:
   - compiled by nvcc for sm_80 and sm_90, warnings as errors, for float32, float64 and
-    float16, with ptxas' report checked: no spills, no stack frame (tiles stay in registers),
-    static shared memory within 48 KiB;
+    float16 (the float32 text, and the float16 one whose products run on tensor cores), with
+    ptxas' report checked: no spills, no stack frame (tiles stay in registers), static shared
+    memory within 48 KiB;
   - built for the host by g++ (pto_isa.cuh runs each block's threads as fibers that meet at
     every barrier and shuffle, so the same kernel text runs, a missing rendezvous deadlocks
     and aborts, and a missing barrier shows as a race in one of the orders the fibers take)
@@ -48,10 +49,13 @@ from pto_gpu.isa.ops import OPCODES, Form
 from pto_gpu.runtime import cuda_unavailable
 
 R, C, K, N = 10, 40, 40, 20  # tiles of 10 x 40: two column slots per lane, rows over two blocks of warps
-DTYPES = {np.float32: pto.FLOAT32, np.float64: pto.FLOAT64}
+DTYPES = {np.float32: pto.FLOAT32, np.float64: pto.FLOAT64, np.float16: pto.FLOAT16}
 # float32: the interpreter rounds each instruction's float64 result, the kernel computes in
 # float32 (and sums in another order): a few ulps per instruction, ~K ulps through a matmul.
-TOLERANCE = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+# float16: the kernel computes in float (products on tensor cores) and rounds only at stores,
+# the interpreter at every instruction: a few float16 ulps (2^-11 relative) per element.
+TOLERANCE = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12),
+             np.float16: dict(rtol=4e-3, atol=4e-3)}
 INT = pto.INT64
 
 
@@ -295,7 +299,8 @@ def test_refusals_name_the_function_and_instruction():
 # --- nvcc ---------------------------------------------------------------------------------------
 NVCC_OPTIONS = {"float32": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float32)],
                 "float64": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float64)],
-                "float16": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)]}
+                "float16": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)],
+                "float16-tensor-cores": cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)]}
 
 
 @pytest.fixture(scope="module")
@@ -304,10 +309,14 @@ def ptxas_reports(tmp_path_factory):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed (the CUDA toolkit)")
     folder = tmp_path_factory.mktemp("nvcc")
-    source = folder / "generated.cu"
-    source.write_text(_source(np.float32))  # the text does not depend on the element type
+    # The float32 functions' text serves every element type (float16 products on FMA); the
+    # float16 functions' has their products on tensor cores.
+    sources = {"float32": folder / "generated.cu", "float16": folder / "generated_float16.cu"}
+    for dt, source in sources.items():
+        source.write_text(_source(np.dtype(dt).type))
 
     def compile_one(label):
+        source = sources["float16" if label == "float16-tensor-cores" else "float32"]
         done = subprocess.run(["nvcc", "--fatbin", "-gencode", "arch=compute_80,code=sm_80", "-gencode",
                                "arch=compute_90,code=sm_90", "-std=c++17", "-Werror", "all-warnings",
                                "-Xptxas", "-v", *NVCC_OPTIONS[label], str(source), "-o",
@@ -336,7 +345,8 @@ def test_nvcc_compiles_without_warnings_spills_or_local_memory(ptxas_reports, la
 
 
 # --- host build ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=[np.float32, np.float64], ids=["float32", "float64"])
+@pytest.fixture(scope="module", params=[np.float32, np.float64, np.float16],
+                ids=["float32", "float64", "float16"])
 def host_build(request, tmp_path_factory):
     """Every function's source in one shared library, per element type, built by g++."""
     if shutil.which("g++") is None:
@@ -424,7 +434,7 @@ NO_GPU = cuda_unavailable()
 @pytest.mark.skipif(NO_GPU is not None, reason=f"no CUDA GPU: {NO_GPU}")
 @pytest.mark.parametrize("tail", [False, True], ids=["full", "tail"])
 @pytest.mark.parametrize("name", FUNCTIONS)
-@pytest.mark.parametrize("dt", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16], ids=["float32", "float64", "float16"])
 def test_generated_kernels_on_the_gpu_match_the_interpreter(name, dt, tail, tmp_path):
     module = _module(DTYPES[dt])
     code = cuda_code(module, name, tmp_path)

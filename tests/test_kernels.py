@@ -155,7 +155,7 @@ def _host_call(library, kernel, code, arrays, scalars):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
 def test_generated_cuda_code_built_for_the_host_matches_numpy(kernel, dtype, tmp_path):
     inputs = arrays(kernel, dtype)
@@ -164,6 +164,32 @@ def test_generated_cuda_code_built_for_the_host_matches_numpy(kernel, dtype, tmp
     code, library = _host_library(kernel, dtype, [a.shape for a in inputs], scalars, tmp_path)
     _host_call(library, kernel, code, inputs, scalars)
     _assert_matches(kernel, inputs, expected, dtype)
+
+
+TENSOR_CORE_SIZES = [("matmul", {"m": 37, "k": 100, "n": 70}), ("matmul_acc", {"m": 128, "k": 64, "n": 128}),
+                     ("matmul_panels_add", {"m": 20, "k": 48, "p": 2, "n": 40}),
+                     ("flash_scores", {"h": 2, "m": 64, "d": 128, "n": 64}),
+                     ("flash_pv", {"h": 2, "m": 64, "n": 64, "d": 128}),
+                     ("flash_pv", {"h": 1, "m": 50, "n": 37, "d": 72})]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("name, sizes", TENSOR_CORE_SIZES,
+                         ids=[f"{n}-{'x'.join(map(str, sizes.values()))}" for n, sizes in TENSOR_CORE_SIZES])
+def test_float16_products_on_tensor_cores_match_numpy(name, sizes, tmp_path):
+    """float16 products are mma.sync instructions (pto_isa.cuh's host build meets a warp's lanes
+    at each one and multiplies their fragments as the PTX ISA lays them out): over several
+    units of 16 rows x 32 columns per warp, several steps of k, chunks of k, column blocks and
+    tails of every dim, each element is within float16's tolerance of float64 numpy (the
+    products of float16 values are exact in float, the sums float, one rounding at the store)."""
+    kernel = BY_NAME[name]
+    inputs = arrays(kernel, np.float16, sizes)
+    scalars = SCALARS.get(kernel.name, ())
+    expected = _expected(kernel, inputs, scalars)
+    code, library = _host_library(kernel, np.float16, [a.shape for a in inputs], scalars, tmp_path)
+    assert "pto_mma_f16(acc" in code.source.read_text()
+    _host_call(library, kernel, code, inputs, scalars)
+    _assert_matches(kernel, inputs, expected, np.float16)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")

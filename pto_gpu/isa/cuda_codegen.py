@@ -29,6 +29,14 @@ So one task can cover every head of an attention tile.
 Tiles are computed in ACC (the kernel's compute type), float64 tiles in double whatever the
 kernel's element type (TCVT converts between them: RoPE's angles).
 
+Tensor cores: in a kernel of float16 memrefs (ACC float) a product (MATMUL, MATMUL_ACC) whose
+destination differs from both operands is mma.sync.m16n8k16 instructions (pto_isa.cuh's
+pto_mma_f16: float16 operands, float accumulators; sm_80 and later): its operands and result
+are in shared memory, and each warp takes units of the result of 16 rows x 32 columns, summing
+over k in steps of 16 with the accumulators in registers. Where the shared memory that takes
+is over the limit, every product of the kernel is FMA instead (_generator). float32 and
+float64 products stay FMA, exact (no TF32).
+
 Per-element arithmetic comes from each opcode's `cuda` template in ops.OPCODES, so a new
 element-wise, tile-scalar, reduction, expand or scalar entry needs no change here.
 """
@@ -62,19 +70,24 @@ SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
 # about 2 s each. The loop indexes no register array, so a partial unroll cannot push a tile
 # out of registers: only the loops that index one (rows, slots) must unroll whole.
 MATMUL_K_UNROLL = 4
+# The products that run on tensor cores (mma.sync.m16n8k16, float accumulators): of float16
+# tiles, whose operands and result are in shared memory as float, in steps of MMA_K along k.
+TENSOR_CORE_DTYPES = (DataType.FLOAT16,)
+TENSOR_CORE_BYTES = 4
+MMA_K = 16
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 
 
 def cuda_source(module: Module, function: str) -> str:
     """The CUDA C of InCore function `function` of `module`, callees inlined."""
-    return _Generator(module, function).source()
+    return _generator(module, function).source()
 
 
 def cuda_code(module: Module, function: str, cache_dir: Path) -> CudaCode:
     """The pto.CudaCode of an InCore function: its generated source, written to
     cache_dir/<name>_<hash>.cu, and the work items of its launch."""
-    generator = _Generator(module, function)
+    generator = _generator(module, function)
     source = generator.source()
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{function}_{digest}.cu"
@@ -85,6 +98,16 @@ def cuda_code(module: Module, function: str, cache_dir: Path) -> CudaCode:
         partial.replace(path)  # atomic: a concurrent compile never reads half a file
     return CudaCode(path, WorkItems(generator.items),
                     integer_scalars=tuple(_integer(scalar.dtype) for scalar in generator.params))
+
+
+def _generator(module: Module, function: str) -> _Generator:
+    """The generator of `function`: float16 products on tensor cores where their operands and
+    results fit shared memory (all three read whole), else every product on FMA."""
+    generator = _Generator(module, function, tensor_cores=True)
+    if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
+        generator = _Generator(module, function, tensor_cores=False)
+    generator.check_shared()
+    return generator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +187,7 @@ class _Access:
 
 
 class _Generator:
-    def __init__(self, module: Module, name: str):
+    def __init__(self, module: Module, name: str, tensor_cores: bool = False):
         verify_module(module)
         function = module.functions.get(name)
         if function is None:
@@ -178,6 +201,10 @@ class _Generator:
             raise ISAError(f"@{name}: its memrefs are {', '.join(dtypes)}; CUDA code is generated for one "
                            "element type (PTO_T) per kernel")
         self.module, self.function = module, function
+        # Products of float16 tiles on tensor cores (mma.sync, compute type float): the tiles are
+        # float in every build of such a kernel, so shared memory counts 4 bytes an element.
+        self.tensor_cores = tensor_cores and dtypes in ([d.name] for d in TENSOR_CORE_DTYPES)
+        self.tensor_products = 0
         self.tiles: dict[str, Tile] = {}  # C name -> tile
         self.scalars: dict[str, str] = {}  # C name of a local scalar -> its C type
         self.types: dict[str, str] = {}  # C name of any scalar or loop variable -> its C type
@@ -196,7 +223,6 @@ class _Generator:
         self.block = bool(self.whole or self.hazards)
         self.rows = max((t.rows for t in self.tiles.values()), default=1)
         self.items = THREADS_PER_BLOCK if self.block else self.rows * WARP
-        self._check_shared()
 
     # --- inlining and analysis --------------------------------------------------------------
     def _inline(self, function: Function, views: dict[str, _View],
@@ -230,11 +256,20 @@ class _Generator:
                     hazards.add(first.param)
         return hazards
 
-    def _check_shared(self) -> None:
-        size = sum(self.tiles[t].rows * self.tiles[t].cols * 8 for t in self.whole)  # 8: double
+    def element_bytes(self) -> int:
+        """Bytes of a tile's element in shared memory: a float of a float16 kernel's, else as
+        float64 (one source serves every element type the kernel is compiled for)."""
+        return TENSOR_CORE_BYTES if self.tensor_cores else 8
+
+    def shared_bytes(self) -> int:
+        return sum(self.tiles[t].rows * self.tiles[t].cols * self.element_bytes() for t in self.whole)
+
+    def check_shared(self) -> None:
+        size = self.shared_bytes()
         if size > SHARED_LIMIT:
+            kind = "float" if self.tensor_cores else "float64"
             raise ISAError(f"@{self.function.name}: the tiles read whole ({', '.join(sorted(self.whole))}) "
-                           f"need {size} bytes of shared memory as float64, over {SHARED_LIMIT}")
+                           f"need {size} bytes of shared memory as {kind}, over {SHARED_LIMIT}")
 
     # --- emission ---------------------------------------------------------------------------
     def source(self) -> str:
@@ -690,6 +725,8 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     if dst == b:
         raise ctx.fail(where, "the CUDA code generator needs the destination to differ from the right "
                               "operand (other warps still read it while the product is written)")
+    if ctx.g.tensor_cores and dst != a:
+        return _tensor_matmul(ctx, op, spec, where)
     ctx.g.whole.add(b)
     tile, left = ctx.g.tiles[dst], ctx.g.tiles[a]
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
@@ -709,6 +746,57 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
                 *_indent(_cols(tile, "vc", [f"acc[j] += x_a * {b}[k][c];"]), 2), "    }", "}",
                 *_cols(tile, "vc", [f"{_el(g, dst)} = acc[j];"])]
         return _op_block(where, *region, [f"const long long kn = vc_{a};", *_rows(g, tile, "vr", body)], dst)
+
+    return _Code(lines, whole=True)
+
+
+def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+    """MATMUL(_ACC) of float16 tiles on tensor cores: a, b and dst all in shared memory (as
+    float); the warps take units of dst of 16 rows x up to 4 blocks of 8 columns in turn, and a
+    unit is a sum over k in steps of 16 of pto_mma_f16 (mma.sync.m16n8k16, float accumulators in
+    registers), its fragments packed from shared memory, zero outside the valid regions."""
+    dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
+    ctx.g.whole.update((dst, a, b))
+    ctx.g.tensor_products += 1
+    tile = ctx.g.tiles[dst]
+    blocks = min(4, math.ceil(tile.cols / 8))  # of 8 columns: a unit's accumulators
+    bands, slices = math.ceil(tile.rows / 16), math.ceil(tile.cols / (8 * blocks))
+    region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
+
+    def lines(g: _Generator) -> list[str]:
+        def pair(operand: str, first: tuple[str, str], second: tuple[str, str], valid: str) -> str:
+            """Two elements of an operand in shared memory as a register of halves, each 0 where
+            `valid` (of the element's row {0} and column {1}) is false."""
+            low, high = (f"{valid.format(row, col)} ? (float){operand}[{row}][{col}] : 0.0f"
+                         for row, col in (first, second))
+            return f"pto_pack_half2({low}, {high})"
+
+        a_pair = pair(a, ("r", "k"), ("r", "k + 1"), f"r < vr_{a} && {{1}} < kn")
+        b_pair = pair(b, ("k", "c"), ("k + 1", "c"), f"c < vc_{b} && {{0}} < kn")
+        each_accumulator = ["PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
+                            "    PTO_UNROLL", "    for (int e = 0; e < 4; ++e) {",
+                            "        const long long r = r0 + g + 8 * (e / 2), c = c0 + 8 * n + t2 + e % 2;"]
+        start = [*each_accumulator, f"        if (r < vr && c < vc) acc[n][e] = {dst}[r][c];", "    }", "}"]
+        unit = [
+            f"const long long r0 = 16 * (pto_u / {slices}), c0 = {8 * blocks} * (pto_u % {slices});",
+            "const long long g = pto_lane / 4, t2 = 2 * (pto_lane % 4);",
+            f"float acc[{blocks}][4] = {{}};", *(start if spec.accumulate else []),
+            f"for (long long k0 = 0; k0 < kn; k0 += {MMA_K}) {{",
+            "    unsigned fa[4];  // A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..)",
+            "    PTO_UNROLL", "    for (int q = 0; q < 4; ++q) {",
+            "        const long long r = r0 + g + 8 * (q % 2), k = k0 + t2 + 8 * (q / 2);",
+            f"        fa[q] = {a_pair};", "    }",
+            "    PTO_UNROLL", f"    for (int n = 0; n < {blocks}; ++n) {{",
+            "        const long long c = c0 + 8 * n + g;",
+            "        unsigned fb[2];  // B(t2.., c), B(t2 + 8.., c)",
+            "        PTO_UNROLL", "        for (int q = 0; q < 2; ++q) {",
+            "            const long long k = k0 + t2 + 8 * q;", f"            fb[q] = {b_pair};", "        }",
+            "        pto_mma_f16(acc[n], fa, fb, acc[n]);", "    }", "}",
+            *each_accumulator, f"        if (r < vr && c < vc) {dst}[r][c] = acc[n][e];", "    }", "}"]
+        body = [f"const long long kn = vc_{a};",
+                f"for (int pto_u = pto_warp; pto_u < {bands * slices}; pto_u += PTO_WARPS) {{  // units",
+                *_indent(unit), "}"]
+        return _op_block(where, *region, body, dst)
 
     return _Code(lines, whole=True)
 

@@ -16,7 +16,8 @@
 // rendezvous (__syncthreads(), __syncwarp(), a shuffle) or returns, then another one runs. A
 // barrier (one per block, one per warp) releases when all its threads have arrived, and its
 // fibers run on from there, so __syncthreads(), __syncwarp() and the shuffles (__shfl_sync,
-// __shfl_xor_sync: values of up to 8 bytes) are real rendezvous. The order is chosen to expose
+// __shfl_xor_sync: values of up to 8 bytes) and the tensor-core product (pto_mma_f16, below) are
+// real rendezvous. The order is chosen to expose
 // missing barriers: between two __syncthreads (a phase) the warps run one after another, each as
 // far as it can go (to the block barrier, through its own __syncwarp and shuffles), in
 // ascending warp order in even phases and descending in odd ones (odd blocks start descending);
@@ -153,9 +154,10 @@ inline void pto_host_switch(PtoHostContext &save, PtoHostContext &load) {
 
 // What a fiber waits at. A warp's lanes must all reach the same one (the warp barrier is one for
 // __syncwarp and the shuffles).
-enum PtoRendezvous { PTO_SYNCTHREADS, PTO_SYNCWARP, PTO_SHFL_SYNC, PTO_SHFL_XOR_SYNC };
+enum PtoRendezvous { PTO_SYNCTHREADS, PTO_SYNCWARP, PTO_SHFL_SYNC, PTO_SHFL_XOR_SYNC, PTO_MMA_SYNC };
 inline const char *pto_rendezvous_name(int kind) {
-    static const char *const names[] = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_xor_sync"};
+    static const char *const names[] = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_xor_sync",
+                                        "mma.sync"};
     return names[kind];
 }
 
@@ -215,10 +217,17 @@ inline unsigned char *pto_host_stack_top(int index) {  // page aligned
     return pto_host_stacks.bases[index] + pto_host_stacks.guard + pto_host_stacks.size;
 }
 
+// What a lane brings to a tensor-core product: its fragments of A and B (half pairs) and C.
+struct PtoMmaOffer {
+    unsigned a[4], b[2];
+    float c[4];
+};
+
 // One launch: a block's fibers, its barriers, and where the runner is.
 struct PtoHostRun {
     PtoBarrier block, warps[PTO_WARPS];
     alignas(8) unsigned char lanes[2][PTO_THREADS][8];  // what each lane offers to a shuffle
+    PtoMmaOffer mma[2][PTO_THREADS];                    // ... and to a product
     PtoFiber fibers[PTO_THREADS];
     PtoHostContext launcher;
     void (*body)(void *);  // calls the kernel
@@ -388,6 +397,56 @@ inline V __shfl_sync(unsigned, V value, int source_lane) {
     return pto_host_exchange(value, source_lane, PTO_SHFL_SYNC);
 }
 inline void __syncthreads() { pto_host_wait(pto_host_run->block, PTO_SYNCTHREADS); }
+
+#ifdef PTO_HALF
+using __half = _Float16;  // g++ on x86-64: IEEE binary16, rounded to nearest even as on the GPU
+
+inline float pto_host_half(unsigned pair, int high) {
+    const unsigned short bits = (unsigned short)(pair >> (16 * high));
+    _Float16 value;
+    std::memcpy(&value, &bits, sizeof value);
+    return (float)value;
+}
+
+// mma.sync.m16n8k16 (see pto_mma_f16 below) as a warp rendezvous: each lane offers its fragments
+// (alternating buffers, as the shuffles' offers), and once all have, computes its own four
+// elements of D from the other lanes' A and B by the PTX fragment layout. So generated code that
+// puts an element in the wrong lane or register gets a wrong product here, as on a GPU.
+inline void pto_mma_f16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+    PtoHostRun &run = *pto_host_run;
+    const int thread = (int)threadIdx.x, warp = thread / 32, lane = thread % 32;
+    PtoBarrier &barrier = run.warps[warp];
+    PtoMmaOffer *offers = run.mma[barrier.generation & 1] + warp * 32;
+    PtoMmaOffer &mine = offers[lane];
+    std::memcpy(mine.a, a, sizeof mine.a);
+    std::memcpy(mine.b, b, sizeof mine.b);
+    std::memcpy(mine.c, c, sizeof mine.c);
+    pto_host_wait(barrier, PTO_MMA_SYNC);
+    const int group = lane / 4, pair = 2 * (lane % 4);
+    float result[4];
+    for (int e = 0; e < 4; ++e) {
+        const int row = group + 8 * (e / 2), col = pair + e % 2;
+        float sum = offers[lane].c[e];
+        for (int k = 0; k < 16; ++k) {
+            // A(row, k): lane 4 * (row % 8) + (k % 8) / 2, register (row / 8) + 2 * (k / 8);
+            // B(k, col): lane 4 * col + (k % 8) / 2, register k / 8; the half k % 2 of the pair
+            const PtoMmaOffer &left = offers[4 * (row % 8) + (k % 8) / 2];
+            const PtoMmaOffer &right = offers[4 * col + (k % 8) / 2];
+            sum += pto_host_half(left.a[row / 8 + 2 * (k / 8)], k % 2) *
+                   pto_host_half(right.b[k / 8], k % 2);
+        }
+        result[e] = sum;
+    }
+    std::memcpy(d, result, sizeof result);
+}
+
+inline unsigned pto_pack_half2(float low, float high) {
+    const _Float16 pair[2] = {(_Float16)low, (_Float16)high};
+    unsigned bits;
+    std::memcpy(&bits, pair, sizeof bits);
+    return bits;
+}
+#endif
 inline void __syncwarp() { pto_host_wait(pto_host_run->warps[threadIdx.x / 32], PTO_SYNCWARP); }
 
 // One grid at a time in the process: the launch state, threadIdx and the rest, the stacks and the
@@ -450,6 +509,30 @@ inline void pto_host_launch(long long blocks, F kernel) {
 
 using T = PTO_T;
 using ACC = PTO_ACC;
+
+#if defined(__CUDACC__) && defined(PTO_HALF)
+// Two floats as a pair of halves in one register, `low` in the low 16 bits (as mma.sync reads them).
+__device__ inline unsigned pto_pack_half2(float low, float high) {
+    return (unsigned)__half_as_ushort(__float2half_rn(low)) |
+           ((unsigned)__half_as_ushort(__float2half_rn(high)) << 16);
+}
+
+// D = A * B + C on a warp's tensor cores: A 16 x 16 halves (row major), B 16 x 8 (column major),
+// C and D 16 x 8 floats. Lane 4 * g + t holds A(g, 2t..2t+1), A(g + 8, ..), A(g, 2t + 8..),
+// A(g + 8, 2t + 8..) in a[0..3]; B(2t..2t+1, g), B(2t + 8.., g) in b[0..1]; C and D (g, 2t),
+// (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). Every lane of the warp must call it together.
+__device__ inline void pto_mma_f16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "float16 tile products run on tensor cores with mma.sync.m16n8k16: sm_80 or newer"
+#elif defined(__CUDA_ARCH__)  // (nvcc's host pass sees an empty body)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}
+#endif
 
 // The rows (or cols) of a window of `size` wanted where `available` remain: never negative.
 __device__ inline long long pto_clip(long long size, long long available) {
