@@ -89,7 +89,8 @@ def flash_init(f: FunctionBuilder, dtype: DataType, m: int, d: int) -> None:
     f.fill("o", 0.0).store("out", "o")
 
 
-@family(worker=pto.CUBE, shapes=("h m d", "h n d", "h m n"), scalars=("q_start", "k_start", "causal"))
+@family(worker=pto.CUBE, split="m", shapes=("h m d", "h n d", "h m n"),
+        scalars=("q_start", "k_start", "causal"))
 def flash_scores(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int,
                  local_memory: int | None) -> None:
     """scores = q·kᵀ/√d, -inf where a key comes after its query (when causal)."""
@@ -117,7 +118,7 @@ def flash_softmax_update(f: FunctionBuilder, dtype: DataType, m: int, n: int) ->
     f.store("running_sum", "total").store("running_max", "new_max")
 
 
-@family(worker=pto.CUBE, shapes=("h m n", "h n d", "h m 1", "h m d"))
+@family(worker=pto.CUBE, split="m", shapes=("h m n", "h n d", "h m 1", "h m d"))
 def flash_pv(f: FunctionBuilder, dtype: DataType, m: int, n: int, d: int, local_memory: int | None) -> None:
     """out = out * rescale + probabilities @ v."""
     f.memref("probabilities", dtype, (m, n)).memref("v", dtype, (n, d)).memref("rescale", dtype, (m, 1))

@@ -196,10 +196,11 @@ def _matmul_add(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
     _product(f, dtype, "out", m, k, n, local_memory, accumulate=True, source="acc")
 
 
-matmul = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul", library=_cublas_matmul,
+matmul = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul",
+                library=_cublas_matmul,
                 library_cpu=_cpu_library(_gemm, _numpy_matmul),
                 library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
-matmul_acc = family(worker=pto.CUBE, shapes=("m k", "k n", "m n"), name="matmul_acc",
+matmul_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul_acc",
                     library=_accumulate_product, library_cpu=_cpu_library(_gemm_acc, _accumulate_product),
                     library_native=NjitEntries(_gemm_acc, blas.DTYPES))(_matmul_acc)
 
@@ -233,16 +234,17 @@ def _panels_add(a, b, acc, out):
     panels.panels_product_add(a, b, acc, out)
 
 
-matmul_panels = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels",
+matmul_panels = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n"), name="matmul_panels",
                        library=_cupy_panels, library_cpu=_cpu_library(_panels, _numpy_matmul),
                        library_native=NjitEntries(_panels, blas.DTYPES))(_matmul)
-matmul_panels_acc = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n"), name="matmul_panels_acc",
+matmul_panels_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n"),
+                           name="matmul_panels_acc",
                            library=_accumulate_product,
                            library_cpu=_cpu_library(_panels_acc, _accumulate_product),
                            library_native=NjitEntries(_panels_acc, blas.DTYPES))(_matmul_acc)
 # The last product of a chain accumulated in a heap tile, written into C's tile from it: one
 # pass over C's strided rows, where a product into the accumulator and a copy took two tasks.
-matmul_panels_add = family(worker=pto.CUBE, shapes=("m k", "p k n", "p m n", "p m n"),
+matmul_panels_add = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n", "p m n"),
                            name="matmul_panels_add", library=_add_product,
                            library_cpu=_cpu_library(_panels_add, _add_product),
                            library_native=NjitEntries(_panels_add, blas.DTYPES))(_matmul_add)

@@ -46,8 +46,9 @@ def test_each_element_type_and_instance_gets_its_own_code():
 
 TENSOR_CORE_INSTANCES = [(matmul, [(64, 96), (96, 64), (64, 64)], ()),
                          (matmul_acc, [(64, 96), (96, 64), (64, 64)], ()),
-                         (llm.flash_scores, [(8, 64, 128), (8, 64, 128), (8, 64, 64)], (0, 0, 1)),
-                         (llm.flash_pv, [(8, 64, 64), (8, 64, 128), (8, 64, 1), (8, 64, 128)], ())]
+                         (llm.flash_scores, [(8, 128, 128), (8, 128, 128), (8, 128, 128)], (0, 0, 1)),
+                         (llm.flash_pv, [(8, 128, 128), (8, 128, 128), (8, 128, 1), (8, 128, 128)], ()),
+                         (llm.flash_pv, [(8, 128, 128), (8, 128, 64), (8, 128, 1), (8, 128, 64)], ())]
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 
 
@@ -56,7 +57,8 @@ MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
                          ids=[k.name for k, *_ in TENSOR_CORE_INSTANCES])
 def test_float16_products_run_on_tensor_cores(kernel, shapes, scalars, arch):
     """The products of float16 tiles are mma.sync instructions (float accumulators), at the
-    sizes attention and a tiled matmul use; float32 ones stay exact (FMA, no TF32)."""
+    sizes attention (128-row tiles, head dims 64 and 128) and a tiled matmul use; float32 ones
+    stay exact (FMA, no TF32)."""
     assert MMA in isa.gpu_code(kernel, shapes, np.float16, scalars, arch=arch)
     assert "mma." not in isa.gpu_code(kernel, shapes, np.float32, scalars, arch=arch)
 

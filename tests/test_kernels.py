@@ -29,8 +29,9 @@ from pto_gpu.kernels.elementwise import scale
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
+from pto_gpu.backends.cuda_abi import THREADS_PER_BLOCK
 from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
-from pto_gpu.isa.family import family_of
+from pto_gpu.isa.family import SPLIT_ROWS, family_of
 
 TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5, atol=2e-6),
              np.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -190,6 +191,33 @@ def test_float16_products_on_tensor_cores_match_numpy(name, sizes, tmp_path):
     assert "pto_mma_f16(acc" in code.source.read_text()
     _host_call(library, kernel, code, inputs, scalars)
     _assert_matches(kernel, inputs, expected, np.float16)
+
+
+SPLIT_SIZES = [("matmul", {"m": 100, "k": 40, "n": 24}), ("matmul_acc", {"m": 70, "k": 24, "n": 40}),
+               ("matmul_panels_add", {"m": 40, "k": 16, "p": 2, "n": 32}),
+               ("flash_scores", {"h": 2, "m": 100, "d": 16, "n": 48}),
+               ("flash_pv", {"h": 2, "m": 75, "n": 48, "d": 16})]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("name, sizes", SPLIT_SIZES,
+                         ids=[f"{n}-{'x'.join(map(str, sizes.values()))}" for n, sizes in SPLIT_SIZES])
+def test_tall_product_tiles_are_bands_of_rows_over_blocks(name, sizes, dtype, tmp_path):
+    """A product's tile of m > SPLIT_ROWS rows is the instance for SPLIT_ROWS rows, launched
+    over ceil(m / SPLIT_ROWS) blocks per batch index, each a band of rows of a and the result
+    (b whole in each); the last band partial; the causal mask counts rows from the tile's top
+    (flash_scores' q_start = 3). The same as the numpy reference."""
+    kernel = BY_NAME[name]
+    inputs = arrays(kernel, dtype, sizes)
+    scalars = SCALARS.get(kernel.name, ())
+    expected = _expected(kernel, inputs, scalars)
+    call_shapes = [a.shape for a in inputs]
+    code, library = _host_library(kernel, dtype, call_shapes, scalars, tmp_path)
+    batch = sizes.get("h", sizes.get("p", 1))
+    assert code.items(call_shapes) == THREADS_PER_BLOCK * batch * -(-sizes["m"] // SPLIT_ROWS)
+    _host_call(library, kernel, code, inputs, scalars)
+    _assert_matches(kernel, inputs, expected, dtype)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")

@@ -16,7 +16,8 @@ Two layouts, chosen per function:
                 b, TRANSPOSE's a), or an element of a memref that one thread writes may be one
                 another thread accesses (an offset that moves in a loop, overlapping windows of
                 two accesses that do not line up by rows and warps of columns): one block
-                serves each batch index (the whole task when there is no batch), its warps
+                serves each batch index (the whole task when there is no batch; each band of
+                rows of one when the function is a band of a taller call), its warps
                 own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
                 memory, and a __syncthreads() comes before and after each whole-tile read and
                 each access of such a memref.
@@ -79,15 +80,16 @@ _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.
             Predicate.NE: "!="}
 
 
-def cuda_source(module: Module, function: str) -> str:
-    """The CUDA C of InCore function `function` of `module`, callees inlined."""
-    return _generator(module, function).source()
+def cuda_source(module: Module, function: str, split: tuple[str, ...] = ()) -> str:
+    """The CUDA C of InCore function `function` of `module`, callees inlined; with `split`, its
+    rows over blocks (see _Generator)."""
+    return _generator(module, function, split).source()
 
 
-def cuda_code(module: Module, function: str, cache_dir: Path) -> CudaCode:
+def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, ...] = ()) -> CudaCode:
     """The pto.CudaCode of an InCore function: its generated source, written to
     cache_dir/<name>_<hash>.cu, and the work items of its launch."""
-    generator = _generator(module, function)
+    generator = _generator(module, function, split)
     source = generator.source()
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{function}_{digest}.cu"
@@ -96,16 +98,16 @@ def cuda_code(module: Module, function: str, cache_dir: Path) -> CudaCode:
         partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         partial.write_text(source)
         partial.replace(path)  # atomic: a concurrent compile never reads half a file
-    return CudaCode(path, WorkItems(generator.items),
+    return CudaCode(path, WorkItems(generator.items, generator.split_param, generator.split_rows),
                     integer_scalars=tuple(_integer(scalar.dtype) for scalar in generator.params))
 
 
-def _generator(module: Module, function: str) -> _Generator:
+def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
     """The generator of `function`: float16 products on tensor cores where their operands and
     results fit shared memory (all three read whole), else every product on FMA."""
-    generator = _Generator(module, function, tensor_cores=True)
+    generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
-        generator = _Generator(module, function, tensor_cores=False)
+        generator = _Generator(module, function, split, tensor_cores=False)
     generator.check_shared()
     return generator
 
@@ -114,12 +116,18 @@ def _generator(module: Module, function: str) -> _Generator:
 class WorkItems:
     """A generated kernel's work items per batch index, whatever its memrefs' shapes: rows x 32
     threads in the row layout (a warp per row), one block's threads in the block layout; times
-    the batch (the largest leading dim of the memrefs with three)."""
+    the batch (the largest leading dim of the memrefs with three); in a kernel whose rows are
+    split over blocks, times the blocks of `split_rows` rows of tensor param `split_param`."""
 
     count: int
+    split_param: int | None = None
+    split_rows: int = 0
 
     def __call__(self, shapes: list[tuple[int, ...]]) -> int:
-        return self.count * max((s[0] for s in shapes if len(s) == 3), default=1)
+        batch = max((s[0] for s in shapes if len(s) == 3), default=1)
+        if self.split_param is None:
+            return self.count * batch
+        return self.count * batch * -(-shapes[self.split_param][-2] // self.split_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +195,16 @@ class _Access:
 
 
 class _Generator:
-    def __init__(self, module: Module, name: str, tensor_cores: bool = False):
+    """The CUDA code of one InCore function. With `split` (names of its memrefs, all of R rows)
+    the function is one band of R rows of a taller call: the block layout's blocks take (batch
+    index, band) pairs, each with those memrefs' windows moved down by its band's first row
+    (pto_row0), their rows clipped to what is left, and MASK and GENERATE counting rows from
+    the top of the call; the other memrefs are whole in every band. So a call of m rows is
+    ceil(m / R) blocks per batch index where it would be one: right for a function whose rows
+    of the split memrefs depend only on the same rows of the others split (a product's a and
+    result, attention's query rows), which the caller (a family) vouches for."""
+
+    def __init__(self, module: Module, name: str, split: tuple[str, ...] = (), tensor_cores: bool = False):
         verify_module(module)
         function = module.functions.get(name)
         if function is None:
@@ -214,15 +231,35 @@ class _Generator:
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.activations = 0
         self.params = [s for s in function.scalars if s.param]
+        self.split_param, self.split_rows = self._split(function, split)
         self.directions = directions(function, module)
-        top = {m.name: _View(f"m_{_c(m.name)}", "0", "0", f"pto_clip({m.shape[0]}, m_{_c(m.name)}_d1)",
-                             f"pto_clip({m.shape[1]}, m_{_c(m.name)}_d2)") for m in function.memrefs}
+        self.split = frozenset(split)
+        top = {}
+        for m in function.memrefs:
+            rows = f"m_{_c(m.name)}_d1" + (" - pto_row0" if m.name in self.split else "")
+            top[m.name] = _View(f"m_{_c(m.name)}", "0", "0", f"pto_clip({m.shape[0]}, {rows})",
+                                f"pto_clip({m.shape[1]}, m_{_c(m.name)}_d2)")
         offsets = {m.name: (_Affine(0), _Affine(0)) for m in function.memrefs}
         self.body, self.returns, self.label = self._inline(function, top, offsets)
         self.hazards = self._hazards()
         self.block = bool(self.whole or self.hazards)
+        if split and not self.block:
+            raise ISAError(f"@{name}: its rows cannot be split over blocks: it is in the row layout, whose "
+                           "grid is over rows already")
         self.rows = max((t.rows for t in self.tiles.values()), default=1)
         self.items = THREADS_PER_BLOCK if self.block else self.rows * WARP
+
+    def _split(self, function: Function, split: tuple[str, ...]) -> tuple[int | None, int]:
+        """(the index of the first split memref, its rows), or (None, 0) without a split."""
+        if not split:
+            return None, 0
+        names = [m.name for m in function.memrefs]
+        unknown = [name for name in split if name not in names]
+        rows = {function.memref(name).shape[0] for name in split if name in names}
+        if unknown or len(rows) != 1:
+            why = f"no memref {', '.join(unknown)}" if unknown else f"their rows differ: {sorted(rows)}"
+            raise ISAError(f"@{function.name}: cannot split rows of {', '.join(split)}: {why}")
+        return names.index(split[0]), rows.pop()
 
     # --- inlining and analysis --------------------------------------------------------------
     def _inline(self, function: Function, views: dict[str, _View],
@@ -255,6 +292,10 @@ class _Generator:
                 if first.param == second.param and (first.store or second.store) and not first.apart(second):
                     hazards.add(first.param)
         return hazards
+
+    def call_row(self, row: str) -> str:
+        """A tile row as a row of the call: below the band's first row when the rows are split."""
+        return f"{row} + pto_row0" if self.split else row
 
     def element_bytes(self) -> int:
         """Bytes of a tile's element in shared memory: a float of a float16 kernel's, else as
@@ -310,8 +351,17 @@ class _Generator:
             for tile in sorted(self.whole):
                 shape = f"[{self.tiles[tile].rows}][{self.tiles[tile].cols}]"
                 out.add(f"__shared__ {self.ctype(tile)} {tile}{shape};")
-            out.add("for (long long pto_b = blockIdx.x; pto_b < pto_batch; pto_b += gridDim.x) {  // a block")
-            out.indent += 1
+            if self.split_param is None:
+                out.add("for (long long pto_b = blockIdx.x; pto_b < pto_batch; pto_b += gridDim.x) {"
+                        "  // a block")
+                out.indent += 1
+            else:  # a block per (batch index, band of rows)
+                rows, band = f"m_{_c(self.function.memrefs[self.split_param].name)}_d1", self.split_rows
+                out.add(f"const long long pto_bands = ({rows} + {band - 1}) / {band};")
+                out.add("for (long long pto_i = blockIdx.x; pto_i < pto_batch * pto_bands; "
+                        "pto_i += gridDim.x) {  // a block")
+                out.indent += 1
+                out.add(f"const long long pto_b = pto_i / pto_bands, pto_row0 = pto_i % pto_bands * {band};")
             self._windows(out)
             self._declarations(out)
             self._emit_body(out, self.body, self.returns, self.label)
@@ -363,7 +413,8 @@ class _Generator:
         for memref in self.function.memrefs:
             prefix = f"m_{_c(memref.name)}"
             const = "const " if self.directions[memref.name] == Direction.INPUT else ""
-            out.add(f"{const}T *{prefix}_p = {prefix}_base + pto_b % {prefix}_d0 * {prefix}_s0;")
+            band = f" + pto_row0 * {prefix}_s1" if memref.name in self.split else ""
+            out.add(f"{const}T *{prefix}_p = {prefix}_base + pto_b % {prefix}_d0 * {prefix}_s0{band};")
 
     def _declarations(self, out: _Lines) -> None:
         for c_name, tile in self.tiles.items():
@@ -660,7 +711,7 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     scalar = ctx.operand(op.srcs[1]) if form is Form.TILE_SCALAR else None
     if form is Form.MASK:
         row, col = (ctx.operand(v) for v in op.srcs[1:3])
-        expression = f"c + {col} <= r + {row} ? x_a : -PTO_INF"
+        expression = f"c + {col} <= {ctx.g.call_row('r')} + {row} ? x_a : -PTO_INF"
     else:
         expression = spec.cuda.format(a="x_a", b="x_b", s=f"({ctx.g.ctype(dst)})({scalar})")
     tile = ctx.g.tiles[dst]
@@ -834,7 +885,8 @@ def _generate(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     """GENERATE: the whole of dst from a scalar and each element's (row, col)."""
     dst, tile = ctx.names[op.dst], ctx.g.tiles[ctx.names[op.dst]]
     t = ctx.g.ctype(dst)
-    expression = spec.cuda.format(s=f"({t})({ctx.operand(op.srcs[0])})", r=f"({t})r", c=f"({t})c")
+    expression = spec.cuda.format(s=f"({t})({ctx.operand(op.srcs[0])})", r=f"({t})({ctx.g.call_row('r')})",
+                                  c=f"({t})c")
 
     def lines(g: _Generator) -> list[str]:
         body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = ({t})({expression});"]))

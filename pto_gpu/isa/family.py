@@ -20,6 +20,12 @@ passed to the builder by name and their value is part of the instance key. A bui
 takes a `local_memory` keyword is told the target's budget for tiles read whole, in bytes:
 None on the CPU (no limit), cuda_codegen.SHARED_LIMIT for CUDA code; so it can chunk a
 contraction for the GPU's shared memory and not for the CPU's BLAS.
+
+`split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
+more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
+(cuda_codegen._Generator), so a product of 128-row tiles fills four SMs where it filled one.
+The family vouches that the rows of its params whose rows are that size depend only on the
+same rows of each other (a product's a and result; attention's query rows).
 """
 
 from __future__ import annotations
@@ -42,14 +48,15 @@ from .ir import Function, Module
 from .verify import Direction, directions
 
 Builder = Callable[..., None]
+SPLIT_ROWS = 32  # a band: two units of 16 rows on tensor cores, four rows a warp on FMA
 
 
 class Family:
     """The instances of one family: (sizes, dtype, structural scalars) -> compiled module."""
 
     def __init__(self, name: str, build: Builder, shapes: tuple[str, ...], structural: tuple[str, ...],
-                 scalar_names: tuple[str, ...], library_cpu: Callable | None):
-        self.name, self.build, self.library_cpu = name, build, library_cpu
+                 scalar_names: tuple[str, ...], library_cpu: Callable | None, split: str | None = None):
+        self.name, self.build, self.library_cpu, self.split = name, build, library_cpu, split
         self.shapes = tuple(tuple(s.split()) for s in shapes)
         self.scalar_names = scalar_names
         self.structural = tuple(scalar_names.index(s) for s in structural)
@@ -187,16 +194,32 @@ class Family:
 
     def cuda(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple) -> CudaCode:
         """The CUDA code of the instance for a call with these shapes and scalar values."""
-        key = (self.sizes(shapes), as_dtype(dtype), tuple(scalars[i] for i in self.structural))
+        sizes = self.sizes(shapes)
+        banded = self._banded(sizes)
+        instance = (banded, as_dtype(dtype), tuple(scalars[i] for i in self.structural))
+        key = (*instance, banded != sizes)  # a band of a taller call, or the whole of one
         code = self._cuda.get(key)
         if code is None:
             with preparing(), self._lock:
                 code = self._cuda.get(key)
                 if code is None:
-                    module = self.module(*key, local_memory=cuda_codegen.SHARED_LIMIT)
+                    module = self.module(*instance, local_memory=cuda_codegen.SHARED_LIMIT)
+                    split = self._split_memrefs(module) if banded != sizes else ()
                     directory = generated.cache_dir()
-                    code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory)
+                    code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory, split)
         return code
+
+    def _banded(self, sizes: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+        """The sizes of the CUDA instance for a call of `sizes`: SPLIT_ROWS of the split size
+        where the call has more (the instance is then a band of it), else the call's own."""
+        if self.split is None or dict(sizes)[self.split] <= SPLIT_ROWS:
+            return sizes
+        return tuple((word, SPLIT_ROWS if word == self.split else size) for word, size in sizes)
+
+    def _split_memrefs(self, module: Module) -> tuple[str, ...]:
+        """The memrefs whose rows are the split size, which a band's blocks take in bands."""
+        memrefs = module.functions[self.name].memrefs
+        return tuple(memref.name for words, memref in zip(self.shapes, memrefs) if words[-2] == self.split)
 
     def source(self, shapes: tuple[tuple[int, ...], ...], dtype: object, structural: tuple = (),
                local_memory: int | None = None) -> str:
@@ -207,8 +230,8 @@ class Family:
 
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),
            structural: tuple[str, ...] = (), name: str | None = None, library: Callable | None = None,
-           library_cpu: Callable | None = None,
-           library_native: Callable | None = None) -> Callable[[Builder], Kernel]:
+           library_cpu: Callable | None = None, library_native: Callable | None = None,
+           split: str | None = None) -> Callable[[Builder], Kernel]:
     """Declare a kernel family: the decorated function writes the InCore function for given sizes.
 
     `scalars` names the kernel's scalar params in order (the builder declares them with the same
@@ -219,6 +242,7 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
     `library_native` the NativeCode.entry that runs that library without the GIL (native_abi's
     NjitEntries over an njit function that library_cpu calls too, so both give the same bits).
     Generated code stays the kernel's definition: tests check the libraries against it.
+    `split` names the size whose rows CUDA code spreads over blocks (see the module's doc).
     """
     for word in (s.split()[0] for s in shapes if len(s.split()) == 3):
         if word.isdigit():
@@ -226,9 +250,11 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
     unknown = set(structural) - set(scalars)
     if unknown:
         raise ParamError(f"structural={structural!r} names {sorted(unknown)}, not among scalars={scalars!r}")
+    if split is not None and split not in {s.split()[-2] for s in shapes if len(s.split()) >= 2}:
+        raise ParamError(f"split={split!r} is not the rows of any of shapes={shapes!r}")
 
     def declare(build: Builder) -> Kernel:
-        instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu)
+        instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu, split)
         declared = kernel(worker=worker, name=instances.name, shapes=shapes,
                           cuda=CudaInstances(instances.cuda, library, instances.structural))(instances.cpu)
         if library_cpu is None:
