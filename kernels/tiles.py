@@ -157,8 +157,8 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
     4096 x 11008 weight), and on tensor cores (float16) in blocks of whole warps of columns
     whose result, in shared memory, takes at most half of it."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
-        half = local_memory // (2 * TENSOR_CORE_BYTES * m) // WARP * WARP
-        cols = min(n, COLUMN_BLOCK, max(WARP, half))
+        fitting = local_memory // (2 * TENSOR_CORE_BYTES * m) // WARP * WARP
+        cols = min(n, COLUMN_BLOCK, max(WARP, fitting))
     else:
         wide = local_memory is not None and 8 * n * min(k, 8) > local_memory
         cols = min(n, COLUMN_BLOCK) if wide else n

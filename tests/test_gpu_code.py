@@ -5,6 +5,7 @@ and the errors of a call that cannot give one."""
 import re
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from nvrtc import library_or_skip
@@ -49,17 +50,19 @@ TENSOR_CORE_INSTANCES = [(matmul, [(64, 96), (96, 64), (64, 64)], ()),
                          (llm.flash_scores, [(8, 128, 128), (8, 128, 128), (8, 128, 128)], (0, 0, 1)),
                          (llm.flash_pv, [(8, 128, 128), (8, 128, 128), (8, 128, 1), (8, 128, 128)], ()),
                          (llm.flash_pv, [(8, 128, 128), (8, 128, 64), (8, 128, 1), (8, 128, 64)], ())]
-MMA = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+MMA = {np.float16: "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+       ml_dtypes.bfloat16: "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"}
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("dtype", list(MMA), ids=str)
 @pytest.mark.parametrize("kernel, shapes, scalars", TENSOR_CORE_INSTANCES,
                          ids=[k.name for k, *_ in TENSOR_CORE_INSTANCES])
-def test_float16_products_run_on_tensor_cores(kernel, shapes, scalars, arch):
-    """The products of float16 tiles are mma.sync instructions (float accumulators), at the
-    sizes attention (128-row tiles, head dims 64 and 128) and a tiled matmul use; float32 ones
-    stay exact (FMA, no TF32)."""
-    assert MMA in isa.gpu_code(kernel, shapes, np.float16, scalars, arch=arch)
+def test_16_bit_products_run_on_tensor_cores(kernel, shapes, scalars, dtype, arch):
+    """The products of float16 and bfloat16 tiles are mma.sync instructions (float
+    accumulators), at the sizes attention (128-row tiles, head dims 64 and 128) and a tiled
+    matmul use; float32 ones stay exact (FMA, no TF32)."""
+    assert MMA[dtype] in isa.gpu_code(kernel, shapes, dtype, scalars, arch=arch)
     assert "mma." not in isa.gpu_code(kernel, shapes, np.float32, scalars, arch=arch)
 
 

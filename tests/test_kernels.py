@@ -12,7 +12,8 @@ Tolerances: float64 to 1e-12 (a few roundings of values of order 1 over sums of 
 terms); float32 to 2e-5 relative / 2e-6 absolute: each element passes through at most a
 reduction of 8 terms and a few transcendental functions, each within a few ulps (6e-8), and
 rope's angles of order 10 lose ~1e-6; float16 to 4e-3 (ulp 1e-3 at 1-2, one rounding per
-stored result, computed in float32).
+stored result, computed in float32); bfloat16 (CUDA only) to 2e-2 (8 bits of mantissa: a
+rounding is 2^-9 relative; 4e-3 scaled the same way).
 """
 
 import re
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 
 import host_cuda
+import ml_dtypes
 import numpy as np
 import pytest
 from kernel_references import REFERENCES
@@ -33,8 +35,9 @@ from pto_gpu.backends.cuda_abi import THREADS_PER_BLOCK
 from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
 from pto_gpu.isa.family import SPLIT_ROWS, family_of
 
+BFLOAT16 = ml_dtypes.bfloat16
 TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5, atol=2e-6),
-             np.float64: dict(rtol=1e-12, atol=1e-12)}
+             np.float64: dict(rtol=1e-12, atol=1e-12), BFLOAT16: dict(rtol=2e-2, atol=2e-2)}
 OTHER_SIZES = {"m": 7, "n": 12, "k": 9, "h": 3, "d": 6, "p": 2, "b": 3}  # rope: 12 = 2 heads of 6
 
 
@@ -156,7 +159,7 @@ def _host_call(library, kernel, code, arrays, scalars):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=str)
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
 def test_generated_cuda_code_built_for_the_host_matches_numpy(kernel, dtype, tmp_path):
     inputs = arrays(kernel, dtype)
@@ -175,22 +178,23 @@ TENSOR_CORE_SIZES = [("matmul", {"m": 37, "k": 100, "n": 70}), ("matmul_acc", {"
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=str)
 @pytest.mark.parametrize("name, sizes", TENSOR_CORE_SIZES,
                          ids=[f"{n}-{'x'.join(map(str, sizes.values()))}" for n, sizes in TENSOR_CORE_SIZES])
-def test_float16_products_on_tensor_cores_match_numpy(name, sizes, tmp_path):
-    """float16 products are mma.sync instructions (pto_isa.cuh's host build meets a warp's lanes
+def test_16_bit_products_on_tensor_cores_match_numpy(name, sizes, dtype, tmp_path):
+    """float16 and bfloat16 products are mma.sync instructions (pto_isa.cuh's host build meets a warp's lanes
     at each one and multiplies their fragments as the PTX ISA lays them out): over several
     units of 16 rows x 32 columns per warp, several steps of k, chunks of k, column blocks and
-    tails of every dim, each element is within float16's tolerance of float64 numpy (the
-    products of float16 values are exact in float, the sums float, one rounding at the store)."""
+    tails of every dim, each element is within the type's tolerance of float64 numpy (the
+    products of 16-bit values are exact in float, the sums float, one rounding at the store)."""
     kernel = BY_NAME[name]
-    inputs = arrays(kernel, np.float16, sizes)
+    inputs = arrays(kernel, dtype, sizes)
     scalars = SCALARS.get(kernel.name, ())
     expected = _expected(kernel, inputs, scalars)
-    code, library = _host_library(kernel, np.float16, [a.shape for a in inputs], scalars, tmp_path)
-    assert "pto_mma_f16(acc" in code.source.read_text()
+    code, library = _host_library(kernel, dtype, [a.shape for a in inputs], scalars, tmp_path)
+    assert "pto_mma(acc" in code.source.read_text()
     _host_call(library, kernel, code, inputs, scalars)
-    _assert_matches(kernel, inputs, expected, np.float16)
+    _assert_matches(kernel, inputs, expected, dtype)
 
 
 SPLIT_SIZES = [("matmul", {"m": 100, "k": 40, "n": 24}), ("matmul_acc", {"m": 70, "k": 24, "n": 40}),

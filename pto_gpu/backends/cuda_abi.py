@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import PTOError
@@ -21,6 +22,7 @@ COMPILE_OPTIONS = {
     np.dtype(np.float32): ("-DPTO_T=float",),
     np.dtype(np.float64): ("-DPTO_T=double",),
     np.dtype(np.float16): ("-DPTO_T=__half", "-DPTO_ACC=float", "-DPTO_HALF"),
+    np.dtype(ml_dtypes.bfloat16): ("-DPTO_T=__nv_bfloat16", "-DPTO_ACC=float", "-DPTO_BF16"),
 }
 
 

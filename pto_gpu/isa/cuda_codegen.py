@@ -30,13 +30,13 @@ So one task can cover every head of an attention tile.
 Tiles are computed in ACC (the kernel's compute type), float64 tiles in double whatever the
 kernel's element type (TCVT converts between them: RoPE's angles).
 
-Tensor cores: in a kernel of float16 memrefs (ACC float) a product (MATMUL, MATMUL_ACC) whose
-destination differs from both operands is mma.sync.m16n8k16 instructions (pto_isa.cuh's
-pto_mma_f16: float16 operands, float accumulators; sm_80 and later): its operands and result
-are in shared memory, and each warp takes units of the result of 16 rows x 32 columns, summing
-over k in steps of 16 with the accumulators in registers. Where the shared memory that takes
-is over the limit, every product of the kernel is FMA instead (_generator). float32 and
-float64 products stay FMA, exact (no TF32).
+Tensor cores: in a kernel of float16 or bfloat16 memrefs (ACC float) a product (MATMUL,
+MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 instructions
+(pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
+its operands and result are in shared memory, and each warp takes units of the result of 16
+rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. Where the
+shared memory that takes is over the limit, every product of the kernel is FMA instead
+(_generator). float32 and float64 products stay FMA, exact (no TF32).
 
 Per-element arithmetic comes from each opcode's `cuda` template in ops.OPCODES, so a new
 element-wise, tile-scalar, reduction, expand or scalar entry needs no change here.
@@ -72,8 +72,8 @@ SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
 # out of registers: only the loops that index one (rows, slots) must unroll whole.
 MATMUL_K_UNROLL = 4
 # The products that run on tensor cores (mma.sync.m16n8k16, float accumulators): of float16
-# tiles, whose operands and result are in shared memory as float, in steps of MMA_K along k.
-TENSOR_CORE_DTYPES = (DataType.FLOAT16,)
+# and bfloat16 tiles, whose operands and result are in shared memory as float, in steps of MMA_K along k.
+TENSOR_CORE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16)
 TENSOR_CORE_BYTES = 4
 MMA_K = 16
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
@@ -103,7 +103,7 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
 
 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
-    """The generator of `function`: float16 products on tensor cores where their operands and
+    """The generator of `function`: float16 and bfloat16 products on tensor cores where their operands and
     results fit shared memory (all three read whole), else every product on FMA."""
     generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
@@ -218,7 +218,7 @@ class _Generator:
             raise ISAError(f"@{name}: its memrefs are {', '.join(dtypes)}; CUDA code is generated for one "
                            "element type (PTO_T) per kernel")
         self.module, self.function = module, function
-        # Products of float16 tiles on tensor cores (mma.sync, compute type float): the tiles are
+        # Products of 16-bit tiles on tensor cores (mma.sync, compute type float): the tiles are
         # float in every build of such a kernel, so shared memory counts 4 bytes an element.
         self.tensor_cores = tensor_cores and dtypes in ([d.name] for d in TENSOR_CORE_DTYPES)
         self.tensor_products = 0
@@ -298,7 +298,7 @@ class _Generator:
         return f"{row} + pto_row0" if self.split else row
 
     def element_bytes(self) -> int:
-        """Bytes of a tile's element in shared memory: a float of a float16 kernel's, else as
+        """Bytes of a tile's element in shared memory: a float of a 16-bit kernel's, else as
         float64 (one source serves every element type the kernel is compiled for)."""
         return TENSOR_CORE_BYTES if self.tensor_cores else 8
 
@@ -802,9 +802,9 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
 
 def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
-    """MATMUL(_ACC) of float16 tiles on tensor cores: a, b and dst all in shared memory (as
+    """MATMUL(_ACC) of float16 or bfloat16 tiles on tensor cores: a, b and dst all in shared memory (as
     float); the warps take units of dst of 16 rows x up to 4 blocks of 8 columns in turn, and a
-    unit is a sum over k in steps of 16 of pto_mma_f16 (mma.sync.m16n8k16, float accumulators in
+    unit is a sum over k in steps of 16 of pto_mma (mma.sync.m16n8k16, float accumulators in
     registers), its fragments packed from shared memory, zero outside the valid regions."""
     dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
     ctx.g.whole.update((dst, a, b))
@@ -820,7 +820,7 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             `valid` (of the element's row {0} and column {1}) is false."""
             low, high = (f"{valid.format(row, col)} ? (float){operand}[{row}][{col}] : 0.0f"
                          for row, col in (first, second))
-            return f"pto_pack_half2({low}, {high})"
+            return f"pto_pack_pair({low}, {high})"
 
         a_pair = pair(a, ("r", "k"), ("r", "k + 1"), f"r < vr_{a} && {{1}} < kn")
         b_pair = pair(b, ("k", "c"), ("k + 1", "c"), f"c < vc_{b} && {{0}} < kn")
@@ -842,7 +842,7 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             "        unsigned fb[2];  // B(t2.., c), B(t2 + 8.., c)",
             "        PTO_UNROLL", "        for (int q = 0; q < 2; ++q) {",
             "            const long long k = k0 + t2 + 8 * q;", f"            fb[q] = {b_pair};", "        }",
-            "        pto_mma_f16(acc[n], fa, fb, acc[n]);", "    }", "}",
+            "        pto_mma(acc[n], fa, fb, acc[n]);", "    }", "}",
             *each_accumulator, f"        if (r < vr && c < vc) {dst}[r][c] = acc[n][e];", "    }", "}"]
         body = [f"const long long kn = vc_{a};",
                 f"for (int pto_u = pto_warp; pto_u < {bands * slices}; pto_u += PTO_WARPS) {{  // units",

@@ -6,8 +6,8 @@
 // The argument convention is pto_gpu/backends/cuda_abi.py's, written
 // out by the generator: a memref is its pointer, three sizes, three element strides; a scalar
 // is a double or a long long. T is the element type and ACC the type tiles are computed in,
-// chosen when the module is compiled (-DPTO_T=float, -DPTO_T=double, or -DPTO_T=__half
-// -DPTO_ACC=float -DPTO_HALF). PTO_WARPS (warps per block) is defined by the generated source
+// chosen when the module is compiled (-DPTO_T=float, -DPTO_T=double, -DPTO_T=__half
+// -DPTO_ACC=float -DPTO_HALF, or -DPTO_T=__nv_bfloat16 -DPTO_ACC=float -DPTO_BF16). PTO_WARPS (warps per block) is defined by the generated source
 // from the backend's THREADS_PER_BLOCK.
 //
 // The host build (no __CUDACC__, used by the tests and the CUDA emulator on machines without a
@@ -16,11 +16,11 @@
 // rendezvous (__syncthreads(), __syncwarp(), a shuffle) or returns, then another one runs. A
 // barrier (one per block, one per warp) releases when all its threads have arrived, and its
 // fibers run on from there, so __syncthreads(), __syncwarp() and the shuffles (__shfl_sync,
-// __shfl_xor_sync: values of up to 8 bytes) and the tensor-core product (pto_mma_f16, below) are
-// real rendezvous. The order is chosen to expose
-// missing barriers: between two __syncthreads (a phase) the warps run one after another, each as
-// far as it can go (to the block barrier, through its own __syncwarp and shuffles), in
-// ascending warp order in even phases and descending in odd ones (odd blocks start descending);
+// __shfl_xor_sync: values of up to 8 bytes) and the tensor-core product (pto_mma, below)
+// are real rendezvous. The order is chosen to expose missing barriers: between two
+// __syncthreads (a phase) the warps run one after another, each as far as it can go (to the
+// block barrier, through its own __syncwarp and shuffles), in ascending warp order in even
+// phases and descending in odd ones (odd blocks start descending);
 // a warp runs its lanes one by one up to their next rendezvous (a round), in the phase's order in
 // its first round and in the other order in each round after. So the code between two
 // rendezvous runs thread after thread, in both orders: shared memory read in the same phase as
@@ -56,6 +56,9 @@
 #ifdef __CUDACC__  // nvcc, or NVRTC through CuPy (which has no <cmath>)
 #ifdef PTO_HALF
 #include <cuda_fp16.h>
+#endif
+#ifdef PTO_BF16
+#include <cuda_bf16.h>
 #endif
 #define PTO_INF __int_as_float(0x7f800000)
 #define PTO_UNROLL _Pragma("unroll")
@@ -397,22 +400,56 @@ inline V __shfl_sync(unsigned, V value, int source_lane) {
     return pto_host_exchange(value, source_lane, PTO_SHFL_SYNC);
 }
 inline void __syncthreads() { pto_host_wait(pto_host_run->block, PTO_SYNCTHREADS); }
+inline void __syncwarp() { pto_host_wait(pto_host_run->warps[threadIdx.x / 32], PTO_SYNCWARP); }
 
+#if defined(PTO_HALF) || defined(PTO_BF16)
 #ifdef PTO_HALF
 using __half = _Float16;  // g++ on x86-64: IEEE binary16, rounded to nearest even as on the GPU
 
-inline float pto_host_half(unsigned pair, int high) {
-    const unsigned short bits = (unsigned short)(pair >> (16 * high));
-    _Float16 value;
-    std::memcpy(&value, &bits, sizeof value);
-    return (float)value;
+inline unsigned short pto_host_bits(float value) {
+    const _Float16 half = (_Float16)value;
+    unsigned short bits;
+    std::memcpy(&bits, &half, sizeof bits);
+    return bits;
 }
 
-// mma.sync.m16n8k16 (see pto_mma_f16 below) as a warp rendezvous: each lane offers its fragments
+inline float pto_host_value(unsigned short bits) {
+    _Float16 half;
+    std::memcpy(&half, &bits, sizeof half);
+    return (float)half;
+}
+#else
+// bfloat16 (g++ 12 has no arithmetic type for it): a float's top 16 bits, rounded to nearest
+// even as __float2bfloat16_rn rounds (a NaN stays a NaN).
+inline unsigned short pto_host_bits(float value) {
+    unsigned bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((bits >> 16) | 0x40u);
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline float pto_host_value(unsigned short bits) {
+    const unsigned wide = (unsigned)bits << 16;
+    float value;
+    std::memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+struct __nv_bfloat16 {
+    unsigned short bits;
+    __nv_bfloat16() = default;
+    __nv_bfloat16(float value) : bits(pto_host_bits(value)) {}
+    __nv_bfloat16(double value) : bits(pto_host_bits((float)value)) {}
+    operator float() const { return pto_host_value(bits); }
+};
+#endif
+
+// mma.sync.m16n8k16 (see pto_mma below) as a warp rendezvous: each lane offers its fragments
 // (alternating buffers, as the shuffles' offers), and once all have, computes its own four
-// elements of D from the other lanes' A and B by the PTX fragment layout. So generated code that
-// puts an element in the wrong lane or register gets a wrong product here, as on a GPU.
-inline void pto_mma_f16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+// elements of D from the other lanes' A and B by the PTX fragment layout (the PTX ISA's "Matrix
+// Fragments for mma.m16n8k16 with floating point type"). So generated code that puts an element
+// in the wrong lane or register gets a wrong product here, as on a GPU.
+inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
     PtoHostRun &run = *pto_host_run;
     const int thread = (int)threadIdx.x, warp = thread / 32, lane = thread % 32;
     PtoBarrier &barrier = run.warps[warp];
@@ -430,24 +467,20 @@ inline void pto_mma_f16(float d[4], const unsigned a[4], const unsigned b[2], co
         for (int k = 0; k < 16; ++k) {
             // A(row, k): lane 4 * (row % 8) + (k % 8) / 2, register (row / 8) + 2 * (k / 8);
             // B(k, col): lane 4 * col + (k % 8) / 2, register k / 8; the half k % 2 of the pair
-            const PtoMmaOffer &left = offers[4 * (row % 8) + (k % 8) / 2];
-            const PtoMmaOffer &right = offers[4 * col + (k % 8) / 2];
-            sum += pto_host_half(left.a[row / 8 + 2 * (k / 8)], k % 2) *
-                   pto_host_half(right.b[k / 8], k % 2);
+            const unsigned left = offers[4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)];
+            const unsigned right = offers[4 * col + (k % 8) / 2].b[k / 8];
+            sum += pto_host_value((unsigned short)(left >> (16 * (k % 2)))) *
+                   pto_host_value((unsigned short)(right >> (16 * (k % 2))));
         }
         result[e] = sum;
     }
     std::memcpy(d, result, sizeof result);
 }
 
-inline unsigned pto_pack_half2(float low, float high) {
-    const _Float16 pair[2] = {(_Float16)low, (_Float16)high};
-    unsigned bits;
-    std::memcpy(&bits, pair, sizeof bits);
-    return bits;
+inline unsigned pto_pack_pair(float low, float high) {
+    return (unsigned)pto_host_bits(low) | ((unsigned)pto_host_bits(high) << 16);
 }
 #endif
-inline void __syncwarp() { pto_host_wait(pto_host_run->warps[threadIdx.x / 32], PTO_SYNCWARP); }
 
 // One grid at a time in the process: the launch state, threadIdx and the rest, the stacks and the
 // __shared__ statics are globals, and the CUDA emulator's streams launch from several threads.
@@ -510,22 +543,27 @@ inline void pto_host_launch(long long blocks, F kernel) {
 using T = PTO_T;
 using ACC = PTO_ACC;
 
-#if defined(__CUDACC__) && defined(PTO_HALF)
-// Two floats as a pair of halves in one register, `low` in the low 16 bits (as mma.sync reads them).
-__device__ inline unsigned pto_pack_half2(float low, float high) {
-    return (unsigned)__half_as_ushort(__float2half_rn(low)) |
-           ((unsigned)__half_as_ushort(__float2half_rn(high)) << 16);
-}
+#if defined(__CUDACC__) && (defined(PTO_HALF) || defined(PTO_BF16))
+#ifdef PTO_HALF
+#define PTO_MMA_INPUTS "f16.f16"
+__device__ inline unsigned pto_bits(float value) { return __half_as_ushort(__float2half_rn(value)); }
+#else
+#define PTO_MMA_INPUTS "bf16.bf16"
+__device__ inline unsigned pto_bits(float value) { return __bfloat16_as_ushort(__float2bfloat16_rn(value)); }
+#endif
 
-// D = A * B + C on a warp's tensor cores: A 16 x 16 halves (row major), B 16 x 8 (column major),
+// Two floats as a pair of T in one register, `low` in the low 16 bits (as mma.sync reads them).
+__device__ inline unsigned pto_pack_pair(float low, float high) { return pto_bits(low) | (pto_bits(high) << 16); }
+
+// D = A * B + C on a warp's tensor cores: A 16 x 16 of T (row major), B 16 x 8 (column major),
 // C and D 16 x 8 floats. Lane 4 * g + t holds A(g, 2t..2t+1), A(g + 8, ..), A(g, 2t + 8..),
 // A(g + 8, 2t + 8..) in a[0..3]; B(2t..2t+1, g), B(2t + 8.., g) in b[0..1]; C and D (g, 2t),
 // (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). Every lane of the warp must call it together.
-__device__ inline void pto_mma_f16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+__device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "float16 tile products run on tensor cores with mma.sync.m16n8k16: sm_80 or newer"
+#error "float16 and bfloat16 tile products run on tensor cores with mma.sync.m16n8k16: sm_80 or newer"
 #elif defined(__CUDA_ARCH__)  // (nvcc's host pass sees an empty body)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTO_MMA_INPUTS ".f32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
