@@ -110,7 +110,7 @@ ROUNDING = {np.float16: 2.0**-11, ml_dtypes.bfloat16: 2.0**-8}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", list(ROUNDING), ids=str)
+@pytest.mark.parametrize("dtype", list(ROUNDING), ids=lambda dtype: np.dtype(dtype).name)
 def test_a_16_bit_tiled_matmul_on_tensor_cores_matches_the_serial_cpu_executor(dtype, backend):
     """Every tile product of a float16 or bfloat16 tiled matmul is an mma.sync kernel (on the
     emulator, the host build meets each warp's lanes at every one): the result is the serial

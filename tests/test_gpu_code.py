@@ -55,7 +55,7 @@ MMA = {np.float16: "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("dtype", list(MMA), ids=str)
+@pytest.mark.parametrize("dtype", list(MMA), ids=lambda dtype: np.dtype(dtype).name)
 @pytest.mark.parametrize("kernel, shapes, scalars", TENSOR_CORE_INSTANCES,
                          ids=[k.name for k, *_ in TENSOR_CORE_INSTANCES])
 def test_16_bit_products_run_on_tensor_cores(kernel, shapes, scalars, dtype, arch):

@@ -41,6 +41,10 @@ TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5,
 OTHER_SIZES = {"m": 7, "n": 12, "k": 9, "h": 3, "d": 6, "p": 2, "b": 3}  # rope: 12 = 2 heads of 6
 
 
+def dtype_name(dtype) -> str:
+    return np.dtype(dtype).name
+
+
 def _expected(kernel, inputs, scalars):
     expected = [a.astype(np.float64) for a in inputs]
     REFERENCES[kernel.name](*expected, *scalars)
@@ -159,7 +163,7 @@ def _host_call(library, kernel, code, arrays, scalars):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=str)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=dtype_name)
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.name)
 def test_generated_cuda_code_built_for_the_host_matches_numpy(kernel, dtype, tmp_path):
     inputs = arrays(kernel, dtype)
@@ -178,7 +182,7 @@ TENSOR_CORE_SIZES = [("matmul", {"m": 37, "k": 100, "n": 70}), ("matmul_acc", {"
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=str)
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=dtype_name)
 @pytest.mark.parametrize("name, sizes", TENSOR_CORE_SIZES,
                          ids=[f"{n}-{'x'.join(map(str, sizes.values()))}" for n, sizes in TENSOR_CORE_SIZES])
 def test_16_bit_products_on_tensor_cores_match_numpy(name, sizes, dtype, tmp_path):
@@ -311,14 +315,17 @@ LLAMA_7B = [("rmsnorm", ((32, 4096), (1, 4096), (32, 4096)), (1e-6,)),
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
-def test_llama_7b_size_instances_keep_their_tiles_in_registers(tmp_path):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=dtype_name)
+def test_llama_7b_size_instances_keep_their_tiles_in_registers(dtype, tmp_path):
     """The instances a LLaMA-7B layer launches (32-row tiles, 32 heads of 128) compile for sm_90
-    with no spills: column blocks keep each lane's share of a tile row small."""
+    with no spills: column blocks keep each lane's share of a tile row small; in float16 the
+    products' accumulators (tensor cores) too."""
     unit = tmp_path / "llama.cu"
-    sources = [family_of(BY_NAME[name]).cuda(shapes, np.dtype(np.float32), scalars).source
+    sources = [family_of(BY_NAME[name]).cuda(shapes, np.dtype(dtype), scalars).source
                for name, shapes, scalars in LLAMA_7B]
     unit.write_text("".join(source.read_text() for source in sources))
-    done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v", "-c", str(unit), "-o",
+    done = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v",
+                           *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)], "-c", str(unit), "-o",
                            str(tmp_path / "llama.o")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     spills = dict(re.findall(r"Function properties for (pto_\w+)\n\s*\d+ bytes stack frame, (\d+) bytes "
