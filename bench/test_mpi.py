@@ -1,5 +1,6 @@
 """Distributed runs (issue 18): the 2048² tiled matmul on 2 ranks against 1, and the added
-latency of a small cross-rank transfer against mpi4py's own.
+latency of a small cross-rank transfer against mpi4py's own; the memory a rank holds of a
+pto.DistArray (issue 45).
 
 Each case starts `mpiexec -n N python -m bench.mpi_programs.timing ...` with
 OMP_NUM_THREADS=1 (every rank one thread per worker class, so N ranks use N cores), which
@@ -35,6 +36,18 @@ def timing(ranks: int, what: str, tile: int) -> dict:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_dist_array_memory_per_rank(benchmark):
+    """pto.DistArray of 8192² float32 over 2 ranks (issue 45's target: each rank's own array
+    memory at most 55% of the whole): the bytes each rank holds after scatter and after a run
+    whose tiles read the other rank's rows. The benchmark's time is the whole launch."""
+    figures = {}
+    benchmark.pedantic(lambda: figures.update(timing(2, "memory", 256)), rounds=1, iterations=1)
+    whole = figures["whole_bytes"]
+    benchmark.extra_info.update(whole_mib=whole / 2**20, run_s=figures["seconds"],
+                                share_after_scatter=max(figures["bytes_after_scatter"]) / whole,
+                                share_after_run=max(figures["bytes_after_run"]) / whole)
 
 
 @pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("latency", 0)],

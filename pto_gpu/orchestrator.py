@@ -16,6 +16,7 @@ import numpy as np
 
 from .core import state as cs
 from .core.rings import heap_size
+from .distributed.dist_array import DistArray
 from .distributed.ownership import Owner, check_rank, row_owners
 from .distributed.placement import Placement
 from .dtypes import DataType, WorkerType, as_dtype
@@ -24,6 +25,7 @@ from .errors import (
     LayoutError,
     LifecycleError,
     ParamError,
+    RankError,
     StaleVersionError,
     UsageError,
     UseAfterFreeError,
@@ -116,6 +118,7 @@ class Orchestrator:
         self._lanes_possible = ranks is None and executor.runs_kernels and hasattr(executor, "native_lanes")
         self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
         self._transfer_rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
+        self.dist_arrays: list[DistArray] = []  # taken by o.external: the run releases their others' rows
         self._open = True
 
     # --- memory --------------------------------------------------------------------------
@@ -123,8 +126,12 @@ class Orchestrator:
         """A tensor over caller memory (numpy, CuPy, PyTorch, JAX, ...: see backends/interop.py);
         aliases of one allocation share one owner. `owner` (a rank, or a distribution of dim 0
         such as pto.block_rows(n)) says which rank of a distributed run holds its data; the
-        first o.external of an allocation sets it (default: rank 0, or o.on_rank's)."""
+        first o.external of an allocation sets it (default: rank 0, or o.on_rank's). A
+        pto.DistArray brings its own owner, and this rank's memory holds only its rows."""
         self._check_open()
+        if isinstance(array, DistArray):
+            owner = self._distributed_array(array, owner)
+            array = array.whole
         ext = self._backend.resolve(array)
         dtype = as_dtype(ext.dtype)
         buffer = self._check_no_partial_alias(ext)
@@ -140,6 +147,17 @@ class Orchestrator:
                                   tuple(ext.shape), dtype)
         self._own(tensor, owner, self._ranks.external if self._ranks else None)
         return tensor
+
+    def _distributed_array(self, array: DistArray, owner: Owner | None) -> Owner:
+        """The owner of a DistArray's rows, checked against the run's ranks; the array is
+        remembered so that the run gives back the rows it received (`dist_arrays`)."""
+        ranks = self._ranks.size if self._ranks else 1
+        if array.size != ranks:
+            raise RankError(f"o.external({array!r}): its communicator has {array.size} ranks, this run "
+                            f"{ranks}; make it with the runtime's comm")
+        if all(array is not seen for seen in self.dist_arrays):
+            self.dist_arrays.append(array)
+        return array.owner_for(owner)
 
     def _own(self, tensor: TensorDescriptor, owner: Owner | None, hook) -> None:
         if hook is not None:

@@ -276,6 +276,8 @@ class Runtime:
                 o.close()
                 executor.finish()
                 scheduler.release_records()
+                for array in o.dist_arrays:  # the rows it received are stale from here on
+                    array.release_remote()
         except BaseException as error:
             if placement is not None:
                 placement.transport.fail()  # first, so that no rank waits for this one

@@ -134,3 +134,52 @@ def test_ranks_traces_merge_into_one_timeline_a_process_per_rank(tmp_path):
     assert [e["pid"] for e in merged] == [1, 1, 1, 2, 2, 2]
     assert [e["args"]["name"] for e in merged if e["name"] == "process_name"] == ["rank 0", "rank 1"]
     assert len({e["id"] for e in merged if "id" in e}) == 2  # flow ids stay apart
+
+
+class OneRankOf:
+    """What a DistArray asks of its communicator outside scatter and gather."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+    def Get_rank(self) -> int:  # noqa: N802 (mpi4py's spelling)
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+
+@pytest.mark.parametrize("owner, row_floats", [(pto.block_rows(2), 1024), (pto.block_cyclic(30, 2), 100)],
+                         ids=["block-rows-page-rows", "cyclic-unaligned-rows"])
+def test_a_dist_array_gives_back_the_pages_of_rows_it_does_not_own(owner, row_floats):
+    """Rank 1 of 2 touches every row (as received rows do during a run); release_remote gives
+    back every page that holds no row of its own, keeps the pages its rows are on, and their
+    values. The memory it then holds is its rows and at most a page at each block edge."""
+    from pto_gpu.distributed.dist_array import PAGE
+
+    d = pto.DistArray((64, row_floats), np.float32, owner, OneRankOf(1, 2))
+    assert d.resident_nbytes == 0  # untouched: nothing held
+    mine = owner.row_owners(64) == 1
+    assert [r for block in d.local for r in range(block.start, block.stop)] == np.flatnonzero(mine).tolist()
+    d.whole[...] = np.arange(64 * row_floats, dtype=np.float32).reshape(64, row_floats)
+    assert d.resident_nbytes >= d.nbytes
+    d.release_remote()
+    own = int(mine.sum()) * d.row_bytes
+    assert own <= d.resident_nbytes <= own + 2 * len(d.local) * PAGE
+    for block in d.local:
+        want = np.arange(block.start * row_floats, block.stop * row_floats, dtype=np.float32)
+        assert np.array_equal(block.view.ravel(), want)
+    def pages(row: int) -> set[int]:
+        return set(range(row * d.row_bytes // PAGE, ((row + 1) * d.row_bytes - 1) // PAGE + 1))
+
+    kept = set().union(*(pages(row) for row in np.flatnonzero(mine)))
+    released = [row for row in np.flatnonzero(~mine) if not pages(row) & kept]
+    assert released and all(not d.whole[row].any() for row in released)  # given back: they read 0
+
+
+def test_a_dist_array_refuses_what_it_cannot_be():
+    with pytest.raises(pto.RankError, match=r"DistArray\(shape=\(8, 2\)\): owner=BlockRows\(ranks=4\) "
+                                            r"spreads over 4 ranks but the run has 2"):
+        pto.DistArray((8, 2), np.float32, pto.block_rows(4), OneRankOf(0, 2))
+    with pytest.raises(pto.ParamError, match=r"DistArray: shape=\(-1, 2\) must be"):
+        pto.DistArray((-1, 2), np.float32, 0, OneRankOf(0, 1))

@@ -2,8 +2,9 @@
 
 Each test starts `mpiexec -n N python -m tests.mpi_programs....` (the programs check the
 results on rank 0 and print what they found): results bitwise equal to the serial executor,
-every rank's graph the serial run's, the executed tasks a partition, bytes as counted; and a
-failure on one rank raising on every rank within seconds, after which the Runtime still runs.
+every rank's graph the serial run's, the executed tasks a partition, bytes as counted;
+DistArrays holding each rank's rows only; and a failure on one rank raising on every rank
+within seconds, after which the Runtime still runs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def test_cases_match_the_serial_executor(ranks):
     out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", *cases)
     for case in cases:
         assert f"OK {case} {ranks}" in out
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_dist_arrays_hold_their_rows_and_match_one_process(ranks):
+    out = mpiexec(ranks, "tests.mpi_programs.dist_arrays")
+    assert f"OK dist {ranks}" in out, out
+    held = [tuple(map(int, line)) for line in re.findall(r"MEMORY (\d+) (\d+) (\d+) (\d+)", out)]
+    assert sorted(rank for rank, *_ in held) == list(range(ranks)), out
+    whole = 3 * 256 * 256 * 4  # the matmul's three 256² float32 DistArrays
+    for rank, share, after_scatter, after_run in held:
+        # a rank's share of rows and no more: of a and b after scatter (c untouched yet), of all
+        # three after the run (the rows of b it received given back)
+        assert share == whole // ranks and after_scatter == 2 * share // 3 and after_run == share, \
+            (rank, share, after_scatter, after_run)
 
 
 def test_serial_executor_on_each_rank():

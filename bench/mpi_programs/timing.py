@@ -2,6 +2,7 @@
 
     mpiexec -n 2 python -m bench.mpi_programs.timing matmul 256  # 2048² tiled matmul, 256 tiles
     mpiexec -n 2 python -m bench.mpi_programs.timing latency  # a ping-pong of small tensors
+    mpiexec -n 2 python -m bench.mpi_programs.timing memory  # a DistArray of 8192² float32
 
 Every rank runs with one thread per worker class, so N ranks use N cores (bench/test_mpi.py
 binds each rank to one). A round's time is
@@ -89,10 +90,47 @@ def execution_per_hop(comm, x, hops: int, count: int) -> float:
     return statistics.median(per_hop)
 
 
+@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m n"))
+def add_next(tile, following):
+    tile += following
+
+
+def next_rows(o: pto.Orchestrator, x, tile: int) -> None:
+    """x[i] += x[i + 1] by tiles of rows, from the last tile back: the tile at each block's end
+    reads the next rank's first."""
+    X = o.external(x)
+    for i in reversed(range(0, X.shape[0] - tile, tile)):
+        o.submit(add_next, pto.inout(X[i:i + tile]), pto.input(X[i + tile:i + 2 * tile]))
+
+
+def memory(comm, rt: pto.Runtime, tile: int) -> dict:
+    """A DistArray of 8192² float32 (256 MiB) in block rows, scattered from rank 0, then a run
+    whose tiles read the next rank's rows: the bytes each rank holds after each step."""
+    n = 8192
+    whole = np.random.default_rng(0).standard_normal((n, n), np.float32) if comm.rank == 0 else None
+    x = pto.DistArray.scatter(whole, pto.block_rows(comm.size), comm)
+    scattered = x.resident_nbytes
+    started = time.perf_counter()
+    rt.run(next_rows, x, tile)
+    seconds = comm.allreduce(time.perf_counter() - started, op=MPI.MAX)
+    if comm.rank == 0:
+        expected = whole.copy()
+        for i in reversed(range(0, n - tile, tile)):
+            expected[i:i + tile] += expected[i + tile:i + 2 * tile]
+    got = x.gather()
+    if comm.rank == 0:
+        assert np.array_equal(got, expected)
+    held = comm.gather((scattered, x.resident_nbytes), root=0)
+    return {"whole_bytes": x.nbytes, "seconds": seconds, "bytes_after_scatter": [h[0] for h in held or []],
+            "bytes_after_run": [h[1] for h in held or []]}
+
+
 def main(what: str, tile: int) -> None:
     comm = MPI.COMM_WORLD
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
-    if what == "matmul":
+    if what == "memory":
+        figures = memory(comm, rt, tile)
+    elif what == "matmul":
         n = 2048
         rng = np.random.default_rng(0)
         a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)

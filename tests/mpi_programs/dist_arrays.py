@@ -1,0 +1,118 @@
+"""Run under mpiexec (tests/test_mpi.py): pto.DistArray on every rank of COMM_WORLD. Prints
+"OK dist <ranks>" on rank 0 when every check holds, and each rank's "MEMORY <rank> <share>
+<after scatter> <after run>" (bytes of the arrays it holds).
+
+    mpiexec -n 2 python -m tests.mpi_programs.dist_arrays
+
+Checks: scatter then gather is the array; each rank's `.local` blocks are the rows its
+distribution gives it, and the ranks' blocks partition the rows; the tiled matmul over
+DistArrays in block rows, gathered, is bitwise the serial executor's on whole arrays; an
+orchestration over block-cyclic DistArrays reading other ranks' rows is bitwise numpy's; each
+rank holds its share of the arrays' memory (and a page per block edge) after scatter and
+after a run (the rows it received given back); an owner other than the array's, and a
+DistArray of another communicator size, are RankErrors naming the array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+from pto_gpu.orchestration.matmul import tiled_matmul
+
+import pto_gpu as pto
+from pto_gpu.distributed.dist_array import PAGE
+
+N, TILE = 256, 32
+
+
+@pto.kernel(worker=pto.VECTOR, shapes=("m n", "m n", "m n"))
+def axpy(x, y, out):
+    out[...] = 2 * x + y
+
+
+def shifted_axpy(o: pto.Orchestrator, x, y, out, tile: int) -> None:
+    """out[i] = 2 x[i] + y[i + 1] by tiles of rows: each tile reads the next one of y, which
+    another rank owns where the rows are dealt block-cyclically by tiles."""
+    X, Y, OUT = o.external(x), o.external(y), o.external(out)
+    rows = X.shape[0]
+    for i in range(0, rows, tile):
+        j = (i + tile) % rows
+        o.submit(axpy, pto.input(X[i:i + tile]), pto.input(Y[j:j + tile]), pto.output(OUT[i:i + tile]))
+
+
+def held(arrays: list[pto.DistArray]) -> int:
+    return sum(a.resident_nbytes for a in arrays)
+
+
+def share(arrays: list[pto.DistArray]) -> tuple[int, int]:
+    """The bytes of this rank's rows, and the most its pages may add: a page at each block edge."""
+    rows = sum(stop - start for a in arrays for start, stop in a.blocks)
+    edges = sum(2 * len(a.blocks) for a in arrays)
+    return rows * arrays[0].row_bytes, edges * PAGE
+
+
+def main() -> None:
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    rng = np.random.default_rng(11)
+    whole = [rng.standard_normal((N, N)).astype(np.float32) for _ in range(2)] if rank == 0 else [None, None]
+    rows = pto.block_rows(size)
+
+    # scatter, gather, local blocks
+    a, b = (pto.DistArray.scatter(w, rows, comm) for w in whole)
+    c = pto.DistArray((N, N), np.float32, rows, comm)
+    back = a.gather()
+    mine = np.flatnonzero(rows.row_owners(N) == rank)
+    local_rows = [r for block in a.local for r in range(block.start, block.stop)]
+    assert local_rows == mine.tolist(), f"rank {rank}: .local covers rows {local_rows[:4]}..., not its own"
+    everyone = comm.gather(local_rows, root=0)
+    if rank == 0:
+        assert np.array_equal(back, whole[0]), "scatter then gather is not the array"
+        assert sorted(r for rows_of in everyone for r in rows_of) == list(range(N)), "blocks are no partition"
+    own, slack = share([a, b])  # c is untouched: no memory yet
+    after_scatter = held([a, b, c])
+    assert own - slack <= after_scatter <= own + slack, (rank, own, after_scatter)
+    own, slack = share([a, b, c])
+
+    # the tiled matmul over DistArrays, against one process
+    rt = pto.Runtime(backend="cpu", executor="parallel", comm=comm, workers={pto.CUBE: 1, pto.VECTOR: 1})
+    rt.run(tiled_matmul, a, b, c, TILE)
+    after_run = held([a, b, c])
+    assert own - slack <= after_run <= own + slack, f"rank {rank} holds {after_run} bytes after the run, " \
+                                                    f"its share {own}"
+    product = c.gather()
+    if rank == 0:
+        reference = np.zeros((N, N), np.float32)
+        pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, *whole, reference, TILE)
+        assert np.array_equal(product, reference), "the DistArray matmul differs from one process's"
+    print(f"MEMORY {rank} {own} {after_scatter} {after_run}", flush=True)
+
+    # block-cyclic rows, read across ranks
+    cyclic = pto.block_cyclic(TILE, size)
+    x, y = (pto.DistArray.scatter(w, cyclic, comm) for w in whole)
+    out = pto.DistArray((N, N), np.float32, cyclic, comm)
+    rt.run(shifted_axpy, x, y, out, TILE)
+    got = out.gather()
+    if rank == 0:
+        want = 2 * whole[0] + np.roll(whole[1], -TILE, axis=0)
+        assert np.array_equal(got, want), "the block-cyclic orchestration differs from numpy"
+
+    # refusals (one rank: every owner is rank 0's, and the run's size is the array's)
+    if size > 1:
+        try:
+            rt.run(lambda o: o.external(x, owner=rows))
+            raise AssertionError("an owner other than the DistArray's was taken")
+        except pto.RankError as error:
+            assert "a DistArray's rows are where its owner" in str(error), error
+        try:
+            pto.Runtime(backend="cpu", executor="serial").run(lambda o: o.external(x))
+            raise AssertionError("a DistArray of another communicator size was taken")
+        except pto.RankError as error:
+            assert f"its communicator has {size} ranks, this run 1" in str(error), error
+    comm.Barrier()
+    if rank == 0:
+        print(f"OK dist {size}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
