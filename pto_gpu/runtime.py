@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -295,6 +296,8 @@ class Runtime:
         if placement is not None and (error := conclude(placement.transport, None)) is not None:
             scheduler.reset(record, whole=True)
             raise error
+        if placement is not None and (idle := placement.idle_ranks()) is not None:
+            warnings.warn(idle, RuntimeWarning, stacklevel=3)
         seconds = time.perf_counter() - started
         measured = profile.measured()
         header = scheduler.state.head

@@ -62,6 +62,7 @@ class Placement:
                                   cuda=dataclasses.replace(no_device_code, library=self._send))(self._send)
         self.recv_kernel = kernel(WorkerType.ACCELERATOR, name="recv", mixed_dtypes=True,
                                   cuda=dataclasses.replace(no_device_code, library=self._recv))(self._recv)
+        self.warned_idle = False
         self.start(None, record=False)
 
     @property
@@ -77,6 +78,7 @@ class Placement:
         self._default_owner = [0]
         self._next_label = 0
         self.tasks_run: list[int] = []
+        self.placed = np.zeros(self.size, np.int64)  # the run's tasks placed on each rank (all ranks agree)
         self.graph = LogicalGraph(sizes) if record else None
         self.lane: TensorDescriptor | None = None
 
@@ -151,6 +153,7 @@ class Placement:
             rank = 0 if written is None else self.owner_of(written)
         else:
             check_rank(rank, self.size, f"submit({task.kernel.name})", "rank")
+        self.placed[rank] += 1
         task.runs_here = rank == self.rank
         task.inline = not task.runs_here  # completes unrun: whichever worker makes it ready does that
         if task.runs_here:
@@ -166,6 +169,18 @@ class Placement:
             if p.writes:
                 self._holding(p.value).wrote(p.value, rank)
         return transfers
+
+    def idle_ranks(self) -> str | None:
+        """Once per Runtime: a warning naming the ranks a finished run gave no task, when it had
+        enough tasks for every rank (its owners put every write elsewhere)."""
+        idle = np.flatnonzero(self.placed == 0)
+        if self.warned_idle or len(idle) == 0 or self._next_label < self.size:
+            return None
+        self.warned_idle = True
+        return (f"ranks {', '.join(map(str, idle))} of {self.size} ran none of the run's {self._next_label} "
+                "tasks: a task runs on the owner of what it writes, and no region it wrote is theirs (give "
+                "o.external/o.alloc owners whose blocks match the tiles the tasks write, e.g. "
+                "pto.block_rows(o.ranks) over tiles of rows); said once per Runtime")
 
     def write_back(self) -> list[Task]:
         """Transfers that give each external array's owner the newest version of its elements."""

@@ -10,10 +10,13 @@ DistArrays in block rows, gathered, is bitwise the serial executor's on whole ar
 orchestration over block-cyclic DistArrays reading other ranks' rows is bitwise numpy's; each
 rank holds its share of the arrays' memory (and a page per block edge) after scatter and
 after a run (the rows it received given back); an owner other than the array's, and a
-DistArray of another communicator size, are RankErrors naming the array.
+DistArray of another communicator size, are RankErrors naming the array; a run that leaves
+ranks without a task warns once per Runtime, naming them.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 from mpi4py import MPI
@@ -109,6 +112,17 @@ def main() -> None:
             raise AssertionError("a DistArray of another communicator size was taken")
         except pto.RankError as error:
             assert f"its communicator has {size} ranks, this run 1" in str(error), error
+        # every row on rank 0: the other ranks idle, said once per Runtime, on every rank
+        on_zero = [pto.DistArray.scatter(w, 0, comm) for w in whole]
+        on_zero.append(pto.DistArray((N, N), np.float32, 0, comm))
+        for expected in (1, 0):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                rt.run(shifted_axpy, *on_zero, TILE)
+            said = [str(w.message) for w in caught if "ran none of the run's" in str(w.message)]
+            assert len(said) == expected, (rank, said)
+            idle = ", ".join(map(str, range(1, size)))
+            assert not said or said[0].startswith(f"ranks {idle} of {size}"), said
     comm.Barrier()
     if rank == 0:
         print(f"OK dist {size}", flush=True)
