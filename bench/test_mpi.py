@@ -5,7 +5,8 @@ pto.DistArray (issue 45).
 Each case starts `mpiexec -n N python -m bench.mpi_programs.timing ...` with
 OMP_NUM_THREADS=1 (every rank one thread per worker class, so N ranks use N cores), which
 times its rounds itself and prints them; the benchmark's own time is the whole launch, and
-the figures are in extra_info. Targets: matmul 2 ranks >= 1.7x 1 rank; a transfer adds at
+the figures are in extra_info. Targets: matmul 2 ranks >= 1.7x 1 rank; the 2048² tiled
+Cholesky in 256² tiles on a 2-D block-cyclic grid, 2 ranks >= 1.5x 1 rank; a transfer adds at
 most 20 µs to MPI's latency (ping-pong hop on 2 ranks - hop on 1 rank - MPI's one-way time,
 the hops timed as they execute, the graph built beforehand; the hops of runs that build the
 graph as they go are in extra_info too).
@@ -50,8 +51,8 @@ def test_dist_array_memory_per_rank(benchmark):
                                 share_after_run=max(figures["bytes_after_run"]) / whole)
 
 
-@pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("latency", 0)],
-                         ids=["matmul-256", "matmul-512", "latency"])
+@pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("cholesky", 256), ("latency", 0)],
+                         ids=["matmul-256", "matmul-512", "cholesky-256", "latency"])
 def test_two_ranks_against_one(benchmark, what, tile):
     figures = {}
 
@@ -60,7 +61,7 @@ def test_two_ranks_against_one(benchmark, what, tile):
 
     benchmark.pedantic(both, rounds=1, iterations=1)
     one, two = figures["one"], figures["two"]
-    if what == "matmul":
+    if what in ("matmul", "cholesky"):
         benchmark.extra_info.update(one_rank_s=one["seconds"], two_ranks_s=two["seconds"],
                                     speedup=one["seconds"] / two["seconds"],
                                     one_rank_cpu_s=one["cpu_seconds"], two_ranks_cpu_s=two["cpu_seconds"])

@@ -7,7 +7,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from .costs import CostHistory
-from .distributed import DistArray, block_cyclic, block_rows
+from .distributed import DistArray, block_cyclic, block_cyclic_2d, block_rows
 from .dtypes import DataType, WorkerType, element_size
 from .errors import (
     DeadlockError,
@@ -57,7 +57,7 @@ __all__ = [
     "DeadlockError", "DoubleFreeError", "Graph", "InvariantError", "Kernel", "LayoutError", "LifecycleError",
     "KernelTime", "Orchestrator", "Overlap",
     "PTOError", "Param", "ParamError", "ParamKind", "RankError", "Ranks", "Replay", "RunResult", "Runtime",
-    "Schedule", "block_cyclic", "block_rows", "DistArray",
+    "Schedule", "block_cyclic", "block_cyclic_2d", "block_rows", "DistArray",
     "StaleVersionError", "TaskError", "TensorDescriptor", "Tiers", "UsageError", "UseAfterFreeError",
     "WorkerType", "element_size", "inout", "input", "kernel", "output", "scalar", "tiers",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 from .core import state as cs
 from .core.rings import heap_size
 from .distributed.dist_array import DistArray
-from .distributed.ownership import Owner, check_rank, row_owners
+from .distributed.ownership import Owner, check_rank, element_owners
 from .distributed.placement import Placement
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import (
@@ -163,7 +163,7 @@ class Orchestrator:
         if hook is not None:
             hook(tensor, owner)
         elif owner is not None:  # one process is rank 0 of 1: owners are checked, then moot
-            row_owners(owner, tensor.shape[0] if tensor.ndim else 1, 1, repr(tensor))
+            element_owners(owner, tensor.shape, 1, repr(tensor))
 
     def _check_no_partial_alias(self, ext) -> Buffer | None:
         """The external buffer whose memory holds ext's owner whole, or None if none overlaps it.

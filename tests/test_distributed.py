@@ -10,6 +10,7 @@ import pytest
 
 import pto_gpu as pto
 from pto_gpu.distributed.holdings import Holdings
+from pto_gpu.distributed.ownership import element_owners
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
 from pto_gpu.trace import merge, rank_path
 
@@ -18,6 +19,29 @@ def test_distributions_deal_rows_to_ranks():
     assert pto.block_rows(2).row_owners(5).tolist() == [0, 0, 0, 1, 1]
     assert pto.block_rows(4).row_owners(8).tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert pto.block_cyclic(2, 3).row_owners(8).tolist() == [0, 0, 1, 1, 2, 2, 0, 0]
+
+
+def test_a_2d_distribution_deals_blocks_over_a_grid_of_ranks():
+    owners = pto.block_cyclic_2d(2, 3, grid=(2, 2)).owners((5, 7))
+    assert owners.tolist() == [[0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 0], [2, 2, 2, 3, 3, 3, 2],
+                               [2, 2, 2, 3, 3, 3, 2], [0, 0, 0, 1, 1, 1, 0]]
+    column = pto.block_cyclic_2d(4, 4, grid=(3, 1)).owners((12, 2))[:, 0]
+    assert column.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: pto.block_cyclic_2d(2, 2, grid=(2,)), r"grid=\(2,\) must be \(P, Q\)"),
+    (lambda: pto.block_cyclic_2d(0, 2, grid=(1, 2)), r"pto.block_cyclic_2d: rows=0 must be a positive int"),
+    (lambda: element_owners(pto.block_cyclic_2d(2, 2, grid=(2, 2)), (4, 4), 2, "a"),
+     r"a: owner=.* spreads over 4 ranks but the run has 2"),
+    (lambda: element_owners(pto.block_cyclic_2d(2, 2, grid=(1, 2)), (4, 4, 4), 2, "a"),
+     r"deals a matrix's blocks; this tensor is 3-d"),
+    (lambda: pto.DistArray((4, 4), np.float32, pto.block_cyclic_2d(2, 2, grid=(1, 1)), OneRankOf(0, 1)),
+     r"deals a matrix's blocks, not its rows"),
+])
+def test_a_2d_distribution_refuses_what_it_cannot_deal(make, message):
+    with pytest.raises(pto.RankError, match=message):
+        make()
 
 
 def matrix(rows: int, cols: int) -> TensorDescriptor:

@@ -3,6 +3,7 @@
     mpiexec -n 2 python -m bench.mpi_programs.timing matmul 256  # 2048² tiled matmul, 256 tiles
     mpiexec -n 2 python -m bench.mpi_programs.timing latency  # a ping-pong of small tensors
     mpiexec -n 2 python -m bench.mpi_programs.timing memory  # a DistArray of 8192² float32
+    mpiexec -n 2 python -m bench.mpi_programs.timing cholesky 256  # 2048² tiled Cholesky, 2-D grid
 
 Every rank runs with one thread per worker class, so N ranks use N cores (bench/test_mpi.py
 binds each rank to one). A round's time is
@@ -19,6 +20,7 @@ import time
 
 import numpy as np
 from mpi4py import MPI
+from pto_gpu.orchestration.cholesky import cholesky
 from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
@@ -43,12 +45,14 @@ def ping_pong(o: pto.Orchestrator, x, hops: int) -> None:
         o.submit(bump, pto.input(X[hop % 2]), pto.output(X[(hop + 1) % 2]))
 
 
-def rounds(comm, run, count: int) -> tuple[float, float]:
+def rounds(comm, run, count: int, before=None) -> tuple[float, float]:
     """Median over rounds of the slowest rank's wall seconds, and of the busiest rank's CPU
     seconds (all its threads): on a machine others share, the CPU time says what the ranks
-    would take with a core each."""
+    would take with a core each. `before` (untimed) sets each round up."""
     times, cpu = [], []
     for _ in range(count):
+        if before is not None:
+            before()
         comm.Barrier()
         started, started_cpu = time.perf_counter(), time.process_time()
         run()
@@ -130,6 +134,14 @@ def main(what: str, tile: int) -> None:
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
     if what == "memory":
         figures = memory(comm, rt, tile)
+    elif what == "cholesky":
+        n = 2048
+        m = np.random.default_rng(0).standard_normal((n, n))
+        spd = m @ m.T + n * np.eye(n)
+        a = spd.copy()
+        rt.run(cholesky, a, tile)  # warm-up
+        seconds, cpu = rounds(comm, lambda: rt.run(cholesky, a, tile), 5, before=lambda: np.copyto(a, spd))
+        figures = {"seconds": seconds, "cpu_seconds": cpu}
     elif what == "matmul":
         n = 2048
         rng = np.random.default_rng(0)

@@ -10,6 +10,7 @@ the transport and ends each run through outcome.
 """
 
 from .dist_array import DistArray
-from .ownership import BlockCyclic, BlockRows, block_cyclic, block_rows
+from .ownership import BlockCyclic, BlockCyclic2D, BlockRows, block_cyclic, block_cyclic_2d, block_rows
 
-__all__ = ["BlockCyclic", "BlockRows", "DistArray", "block_cyclic", "block_rows"]
+__all__ = ["BlockCyclic", "BlockCyclic2D", "BlockRows", "DistArray", "block_cyclic", "block_cyclic_2d",
+           "block_rows"]

@@ -38,7 +38,7 @@ from ..tasks import Task
 from ..tensor import Buffer, TensorDescriptor
 from .holdings import Holdings, element_view
 from .logical import LogicalGraph
-from .ownership import Owner, check_rank, row_owners
+from .ownership import Owner, check_rank, element_owners
 from .transport import Transport
 
 
@@ -86,7 +86,7 @@ class Placement:
     def external(self, tensor: TensorDescriptor, owner: Owner | None) -> None:
         buffer = tensor.buffer
         if buffer.key in self._holdings:
-            if owner is not None and not np.array_equal(self._rows(tensor, owner), self._owners_of(tensor)):
+            if owner is not None and not self._same_owners(tensor, owner):
                 raise RankError(f"o.external(owner={owner}): {buffer!r} already has other owners; give an "
                                 "array's owners once, at its first o.external")
             return
@@ -120,25 +120,25 @@ class Placement:
         whole = self._default_owner[-1] if owner is None else owner
         if type(whole) is int and 0 <= whole < self.size:  # one rank's (a heap tile, say): nothing to check
             return Holdings(whole, count, tensor.dtype, self.size)
-        rows = self._rows(tensor, owner).astype(np.int8)
-        if len(rows) == 0 or (rows == rows[0]).all():
-            return Holdings(int(rows[0]) if len(rows) else 0, count, tensor.dtype, self.size)
-        if tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous():
-            owners = rows  # the usual whole array: a row's owner covers its elements
+        owners = self._owners(tensor, owner).astype(np.int8)  # broadcasts to the tensor's shape
+        if owners.size == 0 or (owners == owners.flat[0]).all():
+            return Holdings(int(owners.flat[0]) if owners.size else 0, count, tensor.dtype, self.size)
+        by_rows = owners.size == len(owners)  # a distribution of rows: an entry per row
+        if by_rows and tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous():
+            table = owners.ravel()  # the usual whole array: a row's owner covers its elements
         else:
-            owners = np.full(count, rows[0], np.int8)
-            by_row = rows.reshape((-1,) + (1,) * (tensor.ndim - 1))
-            element_view(owners, tensor, tensor.dtype.itemsize)[...] = by_row
-        return Holdings(owners, count, tensor.dtype, self.size)
+            table = np.full(count, owners.flat[0], np.int8)
+            element_view(table, tensor, tensor.dtype.itemsize)[...] = owners
+        return Holdings(table, count, tensor.dtype, self.size)
 
-    def _rows(self, tensor: TensorDescriptor, owner: Owner | None) -> np.ndarray:
-        what = f"{tensor!r}"
-        return row_owners(self._default_owner[-1] if owner is None else owner,
-                          tensor.shape[0] if tensor.ndim else 1, self.size, what)
+    def _owners(self, tensor: TensorDescriptor, owner: Owner | None) -> np.ndarray:
+        return element_owners(self._default_owner[-1] if owner is None else owner, tensor.shape, self.size,
+                              f"{tensor!r}")
 
-    def _owners_of(self, tensor: TensorDescriptor) -> np.ndarray:
-        view = self._holding(tensor).owners_of(tensor)
-        return view[(slice(None),) + (0,) * (tensor.ndim - 1)] if tensor.ndim else view.reshape(1)
+    def _same_owners(self, tensor: TensorDescriptor, owner: Owner) -> bool:
+        shape = tensor.shape or (1,)
+        held = self._holding(tensor).owners_of(tensor).reshape(shape)
+        return np.array_equal(np.broadcast_to(self._owners(tensor, owner), shape), held)
 
     def _holding(self, tensor: TensorDescriptor) -> Holdings:
         return self._holdings[tensor.buffer.key]

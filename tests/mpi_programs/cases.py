@@ -14,11 +14,13 @@ import sys
 
 import numpy as np
 from mpi4py import MPI
+from pto_gpu.orchestration.cholesky import cholesky, grid
 from pto_gpu.orchestration.flash_attention import flash_attention_heads
 from pto_gpu.orchestration.matmul import tiled_matmul
 from pto_gpu.orchestration.stencil import stencil
 
 import pto_gpu as pto
+from pto_gpu.distributed.ownership import element_owners
 
 
 def matmul(size: int):
@@ -72,6 +74,13 @@ def spread_case(size: int):
     return spread, arrays, (), [0, 2], None  # bytes: the other cases count them
 
 
+def cholesky_case(size: int):
+    """A 384² tiled Cholesky in 64² tiles dealt over a 2-D grid of the ranks (2 x 2 on 4)."""
+    n = 384
+    m = np.random.default_rng(5).standard_normal((n, n))
+    return cholesky, (m @ m.T + n * np.eye(n),), (64,), [0], None
+
+
 def matmul_pressed(size: int):
     """matmul with a task window of 16 and tasks starting 4 at a time: ranks stall on a full
     ring while their transfers wait."""
@@ -79,14 +88,19 @@ def matmul_pressed(size: int):
 
 
 CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
-         "pressed": matmul_pressed}
+         "pressed": matmul_pressed, "cholesky": cholesky_case}
 SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4})}  # Runtime's, run's
 
 
-def row_owners(orchestration, index: int, rows: int, size: int) -> np.ndarray:
+def owners(orchestration, index: int, shape: tuple[int, ...], size: int) -> np.ndarray:
+    """The rank owning each element of the orchestration's output `index`."""
     if orchestration is spread and index == 0:
-        return pto.block_cyclic(3, size).row_owners(rows)
-    return pto.block_rows(size).row_owners(rows)
+        owner = pto.block_cyclic(3, size)
+    elif orchestration is cholesky:
+        owner = pto.block_cyclic_2d(64, 64, grid(size))
+    else:
+        owner = pto.block_rows(size)
+    return np.broadcast_to(element_owners(owner, shape, size, "output"), shape)
 
 
 def graph_of(result: pto.RunResult) -> tuple:
@@ -108,11 +122,11 @@ def main(case: str, executor: str) -> None:
     reference = [a.copy() for a in arrays]
     serial = pto.Runtime(backend="cpu", executor="serial").run(orchestration, *reference, *extra, record=True)
     for position, index in enumerate(outputs):
-        rows = row_owners(orchestration, index, reference[index].shape[0], size)
+        held_by = owners(orchestration, index, reference[index].shape, size)
         for owner in range(size):
-            mine = rows == owner
+            mine = held_by == owner
             got, want = gathered[owner][0][position][mine], reference[index][mine]
-            assert np.array_equal(got, want), f"output {index}, rows of rank {owner}: differs from serial"
+            assert np.array_equal(got, want), f"output {index}, elements of rank {owner}: differ from serial"
     want_graph = graph_of(serial)
     for owner, (_, graph, _) in enumerate(gathered):
         assert graph == want_graph, f"rank {owner}'s recorded graph differs from the serial run's"
