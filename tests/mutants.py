@@ -73,7 +73,7 @@ MUTANTS = [
            "if a[R_LO] >= b[R_HI] or b[R_LO] >= a[R_HI]",
            "if a[R_LO] > b[R_HI] or b[R_LO] >= a[R_HI]",
            ("tests/test_overlap.py", "tests/test_overlap_lattices.py")),
-    Mutant("verify-roots-one-level", "pto_gpu/isa/verify.py",
+    Mutant("dataflow-roots-one-level", "pto_gpu/isa/dataflow.py",
            "while root in sources and root not in seen:",
            "if root in sources and root not in seen:",
            ("tests/test_isa_directions.py",)),

@@ -27,9 +27,9 @@ from pto_gpu.isa.ir import (
     Scalar,
     Tile,
 )
+from pto_gpu.isa.operands import Kind, signature
 from pto_gpu.isa.ops import OPCODES, SCALAR_FORMS
 from pto_gpu.isa.pyize import to_python
-from pto_gpu.isa.verify import Kind, signature
 
 F32 = pto.FLOAT32
 

@@ -27,7 +27,7 @@ from pto_gpu.isa import (
     Scalar,
     Tile,
 )
-from pto_gpu.isa.verify import signature
+from pto_gpu.isa.operands import signature
 
 F32 = pto.FLOAT32
 

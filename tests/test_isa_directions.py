@@ -1,4 +1,4 @@
-"""Direction inference through views of views (pto_gpu/isa/verify.py): a memref an Orchestration
+"""Direction inference through views of views (pto_gpu/isa/dataflow.py): a memref an Orchestration
 reaches only through a chain of VIEWs and SPLITs (of any length, bound in any block) takes the
 direction of what the calls do with the chain's end, exactly as if it were passed itself; uses
 through several chains of one root add up (a load through one and a store through another is

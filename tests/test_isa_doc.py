@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from pto_gpu.isa import OPCODES
-from pto_gpu.isa.verify import signature
+from pto_gpu.isa.operands import signature
 
 DOC = pathlib.Path(__file__).parent.parent / "docs" / "ISA.md"
 BEGIN, END = "<!-- instruction table: generated -->", "<!-- end of instruction table -->"

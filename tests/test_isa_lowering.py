@@ -153,7 +153,7 @@ def test_free_points_follow_the_last_use_of_a_tensor_or_its_views():
     m = isa.parse(PROGRAM)
     body = m.functions["tiles"].body
     loop = next(s for s in body if isinstance(s, isa.For))
-    from pto_gpu.isa.verify import tensor_roots
+    from pto_gpu.isa.dataflow import tensor_roots
     points = free_points(loop.body, tensor_roots(m.functions["tiles"]))
     calls = [i for i, s in enumerate(loop.body) if isinstance(s, isa.Call)]
     # scratch is last used (through its view `half`) by the second call

@@ -29,6 +29,7 @@ from . import interpret
 from .asm import parse, print_module
 from .builder import FunctionBuilder
 from .cuda_codegen import cuda_code, cuda_source
+from .dataflow import directions
 from .errors import ISAError
 from .ir import (
     Alloc,
@@ -53,7 +54,7 @@ from .ops import OPCODES, Form, OpSpec
 from .program import Program, compile
 from .ptx import gpu_code
 from .pyize import to_python
-from .verify import directions, verify_function, verify_module
+from .verify import verify_function, verify_module
 
 __all__ = ["Alloc", "Call", "CallArg", "Direction", "For", "Form", "Function", "FunctionBuilder",
            "FunctionKind", "ISAError", "If", "MemRef", "Module", "OPCODES", "Op", "OpSpec", "Predicate",

@@ -79,8 +79,9 @@ from .ir import (
     Tile,
     View,
 )
+from .operands import Kind, signature
 from .ops import OPCODES, Form, OpSpec
-from .verify import Kind, signature, verify_module
+from .verify import verify_module
 
 DTYPE_NAMES: dict[DataType, str] = {
     DataType.FLOAT32: "f32", DataType.FLOAT16: "f16", DataType.BFLOAT16: "bf16", DataType.FLOAT64: "f64",

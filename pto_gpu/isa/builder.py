@@ -45,8 +45,9 @@ from .ir import (
     Tile,
     View,
 )
+from .operands import signature
 from .ops import OPCODES, Form, OpSpec
-from .verify import signature, verify_function
+from .verify import verify_function
 
 
 @dataclasses.dataclass

@@ -61,10 +61,11 @@ from numba.extending import intrinsic
 from ..dtypes import DataType
 from ..generated import cache_dir, load_source
 from ..native_abi import entry_source
+from .describe import describe
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement, walk
 from .ops import OPCODES, Form, OpSpec
-from .verify import describe, verify_module
+from .verify import verify_module
 
 GENERATOR_VERSION = 8
 _IEEE = "error_model='numpy'"  # division as the interpreter's: see the module docstring

@@ -56,10 +56,12 @@ from pathlib import Path
 from ..backends.cuda_abi import THREADS_PER_BLOCK
 from ..dtypes import DataType
 from ..kernel import CudaCode
+from .dataflow import directions
+from .describe import describe
 from .errors import ISAError
-from .ir import Call, For, Function, If, Module, Op, Predicate, Return, Statement, Tile
+from .ir import Call, Direction, For, Function, If, Module, Op, Predicate, Return, Statement, Tile
 from .ops import OPCODES, Form, OpSpec
-from .verify import Direction, describe, directions, verify_module
+from .verify import verify_module
 
 HEADER = Path(__file__).with_name("pto_isa.cuh")
 WARP = 32

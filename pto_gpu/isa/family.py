@@ -44,8 +44,8 @@ from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel
 from . import cpu_codegen, cuda_codegen, optimize
 from .asm import print_module
 from .builder import FunctionBuilder
-from .ir import Function, Module
-from .verify import Direction, directions
+from .dataflow import directions
+from .ir import Direction, Function, Module
 
 Builder = Callable[..., None]
 SPLIT_ROWS = 32  # a band: two units of 16 rows on tensor cores, four rows a warp on FMA

@@ -16,10 +16,11 @@ import operator
 import numpy as np
 
 from ..dtypes import DataType
+from .describe import describe
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Predicate, Return
 from .ops import OPCODES, Form
-from .verify import describe, verify_module
+from .verify import verify_module
 
 _COMPARE = {Predicate.LT: operator.lt, Predicate.LE: operator.le, Predicate.GT: operator.gt,
             Predicate.GE: operator.ge, Predicate.EQ: operator.eq, Predicate.NE: operator.ne}

@@ -23,10 +23,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Container, Iterable, Mapping
 
+from .dataflow import directions
+from .describe import describe
 from .errors import ISAError
 from .ir import Alloc, Call, For, Function, If, Module, Op, Return, Split, Statement, Tile, View, walk
 from .ops import OPCODES, Form
-from .verify import describe, directions
 
 
 @dataclasses.dataclass(frozen=True)

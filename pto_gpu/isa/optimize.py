@@ -40,8 +40,9 @@ from collections.abc import Iterable
 
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Return, Statement, Tile, walk
+from .operands import Kind, signature
 from .ops import OPCODES, Form
-from .verify import Kind, signature, verify_function, verify_module
+from .verify import verify_function, verify_module
 
 # Forms whose destination element (r, c) is computed from source elements (r, c) only, on the
 # same thread (CUDA) and in the same iteration (CPU), so dst may be one of these sources.

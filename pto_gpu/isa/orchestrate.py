@@ -31,12 +31,13 @@ from collections.abc import Callable
 from .. import params as pto_params
 from ..dtypes import DataType
 from ..tensor import TensorDescriptor
+from .dataflow import directions, tensor_roots
+from .describe import describe
 from .errors import ISAError
 from .interpret import cast_scalar
-from .ir import Alloc, Call, For, Function, If, Op, Predicate, Return, Split, View
+from .ir import Alloc, Call, Direction, For, Function, If, Op, Predicate, Return, Split, View
 from .lowering import Level, block_count, expansion, free_points, scaled_by, scoped, variant_name
 from .ops import OPCODES, Form
-from .verify import Direction, describe, directions, tensor_roots
 
 _COMPARE = {Predicate.LT: operator.lt, Predicate.LE: operator.le, Predicate.GT: operator.gt,
             Predicate.GE: operator.ge, Predicate.EQ: operator.eq, Predicate.NE: operator.ne}

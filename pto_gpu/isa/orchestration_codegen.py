@@ -35,12 +35,14 @@ from collections.abc import Callable
 from ..dtypes import DataType
 from ..generated import cache_dir, load_source
 from ..jit import source_fingerprint
+from .dataflow import directions, tensor_roots
+from .describe import describe
 from .errors import ISAError
-from .ir import Alloc, Call, For, Function, If, Module, Op, Predicate, Return, Split, View, walk
+from .ir import Alloc, Call, Direction, For, Function, If, Module, Op, Predicate, Return, Split, View, walk
 from .lowering import expansion, free_points, scaled_by, scoped, variant_name, variants
 from .ops import OPCODES, Form
 from .orchestrate import external
-from .verify import Direction, describe, directions, tensor_roots, verify_module
+from .verify import verify_module
 
 GENERATOR_VERSION = 3
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",

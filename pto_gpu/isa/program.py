@@ -23,11 +23,12 @@ from ..errors import ParamError
 from ..first_calls import preparing
 from ..kernel import Kernel, NativeCode, kernel
 from . import cpu_codegen, cuda_codegen, lowering, optimize, orchestrate, orchestration_codegen
+from .dataflow import directions
 from .errors import ISAError
 from .family import family_of
 from .ir import Call, Function, Module, Op, Statement, walk
 from .ops import OPCODES, Form
-from .verify import directions, verify_function, verify_module
+from .verify import verify_function, verify_module
 
 
 class Program:

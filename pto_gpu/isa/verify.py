@@ -1,23 +1,20 @@
-"""The verifier: what a well-formed PTO program is, and the directions of its memrefs.
+"""The verifier: what a well-formed PTO program is.
 
-It owns the operands each instruction form takes (`signature`, which the builder also uses to
-generate its methods), the rules a Function must follow (names declared once and in scope,
-operand kinds, shapes and dtypes per Form, tile instructions only in InCore functions, loop
-parameters, calls that match their callees, no recursion) and the inference of directions:
-a memref an InCore function (with its inlined callees) only loads is an input, only stores is
-an output, both is inout; an Orchestration's memrefs take the directions of the callee
-parameters they are passed to. Every error is an ISAError naming the function and the
-instruction or declaration at fault.
+It owns the rules a Function must follow (names declared once and in scope, operand kinds
+(operands.py), shapes and dtypes per Form, tile instructions only in InCore functions, loop
+parameters, calls that match their callees, no recursion, every memref used: dataflow.py
+infers its direction from the uses). Every error is an ISAError naming the function and the
+instruction or declaration at fault (describe.py quotes it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 from typing import NoReturn
 
 from ..dtypes import DataType
+from .dataflow import check_uses
+from .describe import describe
 from .errors import ISAError
 from .ir import (
     Alloc,
@@ -39,101 +36,10 @@ from .ir import (
     View,
     walk,
 )
-from .ops import OPCODES, SCALAR_FORMS, Form, OpSpec
+from .operands import Kind, signature
+from .ops import OPCODES, SCALAR_FORMS, Form
 
 TILE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
-
-
-class Kind(enum.Enum):
-    """What an operand position accepts."""
-
-    TILE = "tile"
-    MEMREF = "memref"
-    INDEX = "integer"  # an int immediate, or an integer scalar or loop variable
-    VALUE = "value"  # a number, or any scalar or loop variable
-    IMMEDIATE = "immediate"
-    PREDICATE = "predicate"
-    LOCAL = "local scalar"  # a scalar destination
-
-
-@dataclasses.dataclass(frozen=True)
-class Operand:
-    """One operand of an instruction, destination first: its builder parameter name, what it
-    accepts and, for optional ones, the default."""
-
-    name: str
-    kind: Kind
-    default: int | None = None
-
-
-def _operands(*spec: tuple) -> tuple[Operand, ...]:
-    return tuple(Operand(*entry) for entry in spec)
-
-
-_T, _M, _I, _V = Kind.TILE, Kind.MEMREF, Kind.INDEX, Kind.VALUE
-_SIGNATURES = {
-    Form.LOAD: _operands(("tile", _T), ("memref", _M), ("row", _I, 0), ("col", _I, 0)),
-    Form.STORE: _operands(("memref", _M), ("tile", _T), ("row", _I, 0), ("col", _I, 0)),
-    Form.UNARY: _operands(("dst", _T), ("a", _T)),
-    Form.CONVERT: _operands(("dst", _T), ("a", _T)),
-    Form.BINARY: _operands(("dst", _T), ("a", _T), ("b", _T)),
-    Form.TILE_SCALAR: _operands(("dst", _T), ("a", _T), ("s", _V)),
-    Form.ROW_REDUCE: _operands(("dst", _T), ("a", _T)),
-    Form.COL_REDUCE: _operands(("dst", _T), ("a", _T)),
-    Form.ROW_EXPAND: _operands(("dst", _T), ("a", _T), ("b", _T)),
-    Form.COL_EXPAND: _operands(("dst", _T), ("a", _T), ("b", _T)),
-    Form.MATMUL: _operands(("dst", _T), ("a", _T), ("b", _T)),
-    Form.MASK: _operands(("dst", _T), ("a", _T), ("row", _I), ("col", _I)),
-    Form.GENERATE: _operands(("dst", _T), ("s", _V)),
-    Form.TRANSPOSE: _operands(("dst", _T), ("a", _T)),
-    Form.SCALAR: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V)),
-    Form.COMPARE: _operands(("dst", Kind.LOCAL), ("a", _V), ("b", _V), ("predicate", Kind.PREDICATE)),
-    Form.DIM: _operands(("dst", Kind.LOCAL), ("memref", _M), ("axis", Kind.IMMEDIATE)),
-}
-_LOAD_IMMEDIATE = _operands(("dst", Kind.LOCAL), ("value", Kind.IMMEDIATE))
-
-
-def signature(spec: OpSpec) -> tuple[Operand, ...]:
-    """The operands of an instruction, destination first (the builder's parameter order)."""
-    # The SCALAR form's one entry without numpy semantics is SLI, which loads an immediate.
-    if spec.form is Form.SCALAR and spec.reference is None:
-        return _LOAD_IMMEDIATE
-    return _SIGNATURES[spec.form]
-
-
-def _text(value: object) -> str:
-    if isinstance(value, str):
-        return f"%{value}"
-    if isinstance(value, Predicate):
-        return value.value
-    return repr(value)
-
-
-def describe(statement: Statement) -> str:
-    """An instruction as error messages quote it: `TADD %y, %x, %w`, `FOR %i, 0, %n, 1`."""
-    if isinstance(statement, Op):
-        return f"{statement.opcode} " + ", ".join(_text(v) for v in (statement.dst, *statement.srcs))
-    if isinstance(statement, For):
-        return "FOR " + ", ".join(_text(v) for v in (statement.var, statement.start, statement.stop,
-                                                      statement.step))
-    if isinstance(statement, If):
-        return f"IF {_text(statement.lhs)} {_text(statement.predicate)} {_text(statement.rhs)}"
-    if isinstance(statement, Call):
-        args = [f"%{param} -> %{arg.tensor}" + (f"[{_text(arg.row)}, {_text(arg.col)}]" if arg.windowed
-                                                  else "")
-                for param, arg in statement.args]
-        args += [f"%{param} = {_text(value)}" for param, value in statement.scalars]
-        return f"CALL @{statement.callee}({', '.join(args)})"
-    if isinstance(statement, Return):
-        return "RETURN"
-    if isinstance(statement, Alloc):
-        return f"%{statement.dst} = ALLOC [{', '.join(_text(v) for v in statement.shape)}]"
-    if isinstance(statement, View):
-        dims = [":" if s is None else f"{_text(s[0])}:{_text(s[1])}" for s in statement.slices]
-        return f"%{statement.dst} = VIEW %{statement.src}[{', '.join(dims)}]"
-    if isinstance(statement, Split):
-        return f"%{statement.dst} = SPLIT %{statement.src}, {_text(statement.groups)}"
-    return repr(statement)
 
 
 def _shape(tile: Tile) -> str:
@@ -171,89 +77,6 @@ def verify_module(module: Module) -> None:
     _check_recursion(module)
     for function in module.functions.values():
         _Checker(function, module, resolve_all=True).check()
-
-
-def directions(function: Function, module: Module | None = None) -> dict[str, Direction]:
-    """The direction of each memref, in declaration order, inferred from loads, stores and
-    calls (callees resolved in `module`)."""
-    access = _Access(module, resolve_all=True).of(function)
-    return {m.name: _DIRECTION[access[m.name]] for m in function.memrefs}
-
-
-_READ, _WRITE, _UNKNOWN = 1, 2, 4
-_DIRECTION = {_READ: Direction.INPUT, _WRITE: Direction.OUTPUT, _READ | _WRITE: Direction.INOUT}
-_BITS = {direction: bits for bits, direction in _DIRECTION.items()}
-
-
-
-
-class _Access:
-    """Read/write bits per memref. With resolve_all False, a memref passed to a callee not in
-    the module is marked _UNKNOWN (used, direction not yet known) instead of an error."""
-
-    def __init__(self, module: Module | None, resolve_all: bool):
-        self.module, self.resolve_all = module, resolve_all
-        self.done: dict[str, dict[str, int]] = {}
-        self.active: list[str] = []
-
-    def of(self, function: Function) -> dict[str, int]:
-        if function.name in self.done:
-            return self.done[function.name]
-        if function.library is not None:
-            bits = {m.name: _BITS.get(m.direction, 0) for m in function.memrefs}
-            self.done[function.name] = bits
-            return bits
-        self.active.append(function.name)
-        bits = {m.name: 0 for m in function.memrefs}
-        roots = tensor_roots(function)
-        for statement in walk(function.body):
-            if isinstance(statement, Op) and statement.opcode == "TLOAD" and statement.srcs:
-                self._mark(bits, statement.srcs[0], _READ)
-            elif isinstance(statement, Op) and statement.opcode == "TSTORE":
-                self._mark(bits, statement.dst, _WRITE)
-            elif isinstance(statement, Call):
-                self._call(function, statement, bits, roots)
-        self.active.pop()
-        unused = next((m for m in function.memrefs if not bits[m.name]), None)
-        if unused is not None:
-            how = "loaded nor stored" if function.in_core else "passed to a call"
-            raise ISAError(f"@{function.name}: memref %{unused.name}: neither {how}, so it has no "
-                           "direction (directions are inferred from its uses)")
-        self.done[function.name] = bits
-        return bits
-
-    def _mark(self, bits: dict[str, int], name: object, bit: int) -> None:
-        if name in bits:
-            bits[name] |= bit
-
-    def _call(self, caller: Function, call: Call, bits: dict[str, int], roots: dict[str, str]) -> None:
-        callee = self.module.functions.get(call.callee) if self.module is not None else None
-        if callee is None:
-            if self.resolve_all:
-                raise ISAError(f"@{caller.name}: {describe(call)}: unknown function @{call.callee}")
-            for _, arg in call.args:
-                self._mark(bits, roots.get(arg.tensor, arg.tensor), _UNKNOWN)
-            return
-        if callee.name in self.active:
-            cycle = " -> ".join(f"@{name}" for name in [*self.active, callee.name])
-            raise ISAError(f"@{caller.name}: {describe(call)}: recursive call: {cycle}")
-        callee_bits = self.of(callee)
-        for param, arg in call.args:  # a view passes on the direction to what it views
-            self._mark(bits, roots.get(arg.tensor, arg.tensor), callee_bits.get(param, 0))
-
-
-def tensor_roots(function: Function) -> dict[str, str]:
-    """Each local tensor of an Orchestration: the tensor it is a view of, through views of
-    views (a memref parameter or an allocated local); an allocated local is its own root."""
-    sources = {s.dst: s.src for s in walk(function.body) if isinstance(s, View | Split)}
-    roots = {}
-    for tensor in function.tensors:
-        root, seen = tensor.name, set()
-        while root in sources and root not in seen:  # the verifier refuses cycles; don't loop on them
-            seen.add(root)
-            root = sources[root]
-        roots[tensor.name] = root
-    return roots
 
 
 def _check_recursion(module: Module) -> None:
@@ -313,7 +136,7 @@ class _Checker:
         if self.function.in_core:
             self._tiles_written(self.function.body, set())
         # Directions are inferred: a memref with no load, store or call has none.
-        _Access(self.module, resolve_all=self.resolve_all).of(self.function)
+        check_uses(self.function, self.module, self.resolve_all)
 
     def _tiles_written(self, body: tuple[Statement, ...], written: set[str]) -> None:
         """Every tile an instruction reads was written by an instruction before it (a read of a
