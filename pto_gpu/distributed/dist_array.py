@@ -103,20 +103,20 @@ class DistArray:
             if array is None:
                 raise ParamError(f"DistArray.scatter: rank {root} (the root) must pass the array")
             array = np.ascontiguousarray(array)
-            meta = (array.shape, array.dtype.str)
+            meta = (array.shape, array.dtype)
         else:
             meta = None
         shape, dtype = comm.bcast(meta, root=root)
-        dist = cls(shape, np.dtype(dtype), owner, comm)
+        dist = cls(shape, dtype, owner, comm)
         if rank == root:
             for start, stop, holder in _runs(dist.row_owners):
                 if holder == root:
                     dist.whole[start:stop] = array[start:stop]
                 else:
-                    comm.Send(array[start:stop], dest=holder, tag=_TAG)
+                    comm.Send(_bytes(array[start:stop]), dest=holder, tag=_TAG)
         else:
             for start, stop in dist.blocks:
-                comm.Recv(dist.whole[start:stop], source=root, tag=_TAG)
+                comm.Recv(_bytes(dist.whole[start:stop]), source=root, tag=_TAG)
         return dist
 
     def gather(self, root: int = 0) -> np.ndarray | None:
@@ -126,14 +126,14 @@ class DistArray:
                             f"0..{self.size - 1}")
         if self.rank != root:
             for start, stop in self.blocks:
-                self.comm.Send(self.whole[start:stop], dest=root, tag=_TAG)
+                self.comm.Send(_bytes(self.whole[start:stop]), dest=root, tag=_TAG)
             return None
         out = np.empty(self.shape, self.dtype)
         for start, stop, holder in _runs(self.row_owners):
             if holder == root:
                 out[start:stop] = self.whole[start:stop]
             else:
-                self.comm.Recv(out[start:stop], source=holder, tag=_TAG)
+                self.comm.Recv(_bytes(out[start:stop]), source=holder, tag=_TAG)
         return out
 
     def owner_for(self, owner: Owner | None) -> Owner:
@@ -147,6 +147,11 @@ class DistArray:
     def __repr__(self) -> str:
         return (f"DistArray(shape={self.shape}, dtype={self.dtype}, owner={self.owner}, "
                 f"rank {self.rank} of {self.size})")
+
+
+def _bytes(rows: np.ndarray) -> np.ndarray:
+    """Consecutive rows as bytes: MPI moves any element type (bfloat16 included) that way."""
+    return rows.reshape(-1).view(np.uint8)
 
 
 def _runs(owners: np.ndarray) -> list[tuple[int, int, int]]:

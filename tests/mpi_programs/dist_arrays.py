@@ -4,8 +4,9 @@
 
     mpiexec -n 2 python -m tests.mpi_programs.dist_arrays
 
-Checks: scatter then gather is the array; each rank's `.local` blocks are the rows its
-distribution gives it, and the ranks' blocks partition the rows; the tiled matmul over
+Checks: scatter then gather is the array (float32, and bfloat16 in blocks of 5 rows); each
+rank's `.local` blocks are the rows its distribution gives it, and the ranks' blocks partition
+the rows; the tiled matmul over
 DistArrays in block rows, gathered, is bitwise the serial executor's on whole arrays; an
 orchestration over block-cyclic DistArrays reading other ranks' rows is bitwise numpy's; each
 rank holds its share of the arrays' memory (and a page per block edge) after scatter and
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 from pto_gpu.orchestration.matmul import tiled_matmul
@@ -69,8 +71,11 @@ def main() -> None:
     local_rows = [r for block in a.local for r in range(block.start, block.stop)]
     assert local_rows == mine.tolist(), f"rank {rank}: .local covers rows {local_rows[:4]}..., not its own"
     everyone = comm.gather(local_rows, root=0)
+    short = None if rank else whole[0].astype(ml_dtypes.bfloat16)  # any element type moves
+    short_back = pto.DistArray.scatter(short, pto.block_cyclic(5, size), comm).gather()
     if rank == 0:
         assert np.array_equal(back, whole[0]), "scatter then gather is not the array"
+        assert short_back.dtype == short.dtype and np.array_equal(short_back, short), "bfloat16 rows differ"
         assert sorted(r for rows_of in everyone for r in rows_of) == list(range(N)), "blocks are no partition"
     own, slack = share([a, b])  # c is untouched: no memory yet
     after_scatter = held([a, b, c])
