@@ -54,6 +54,19 @@ def _fill_external(o, out, value):
     o.submit(_fill, pto.output(o.external(out)), value)
 
 
+class _OneRank:
+    """What a DistArray asks of an mpi4py communicator to be made: rank 0 of `size`."""
+
+    def __init__(self, size: int = 1):
+        self.size = size
+
+    def Get_rank(self) -> int:  # noqa: N802 (mpi4py's spelling)
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+
 def runtime(made: list, **config) -> pto.Runtime:
     made.append(rt := pto.Runtime(backend="cpu", **config))
     return rt
@@ -220,6 +233,15 @@ CASES = [
     Case("owner that is neither a rank nor a distribution", run(lambda o: o.external(np.zeros(4), owner="0")),
          pto.RankError),
     Case("a distribution over no ranks", lambda made: pto.block_cyclic(4, 0), pto.RankError),
+    Case("a process grid that is not (P, Q)", lambda made: pto.block_cyclic_2d(64, 64, grid=(4,)),
+         pto.RankError),
+    Case("blocks of a matrix for a 3-d tensor",
+         run(lambda o: o.external(np.zeros((2, 4, 4)), owner=pto.block_cyclic_2d(2, 2, grid=(1, 1)))),
+         pto.RankError),
+    Case("a DistArray over more ranks than its communicator",
+         lambda made: pto.DistArray((8, 2), np.float32, pto.block_rows(4), _OneRank()), pto.RankError),
+    Case("a DistArray of another communicator size",
+         run(lambda o: o.external(pto.DistArray((8, 2), np.float32, 0, _OneRank(size=2)))), pto.RankError),
     Case("rank= out of range", run(alloc_then(lambda o, t: o.submit(_noop, pto.output(t), rank=2))),
          pto.RankError),
     Case("on_rank out of range", run(lambda o: o.on_rank(-1).__enter__()), pto.RankError),
