@@ -17,8 +17,8 @@ def grid(ranks: int) -> tuple[int, int]:
 
 
 def cholesky(o: pto.Orchestrator, a, tile: int = 256) -> None:
-    """a's lower triangle = its Cholesky factor (its strict upper triangle is left as it was);
-    a is n x n with n a multiple of `tile`."""
+    """a's lower triangle = its Cholesky factor L; above the diagonal, the diagonal tiles are
+    zero and the other tiles are left as they were. a is n x n, n a multiple of `tile`."""
     n = a.shape[0]
     if a.ndim != 2 or a.shape[1] != n or n % tile:
         raise pto.ParamError(f"cholesky: a must be square with a side that is a multiple of tile={tile}, "

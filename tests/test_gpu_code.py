@@ -66,6 +66,14 @@ def test_16_bit_products_run_on_tensor_cores(kernel, shapes, scalars, dtype, arc
     assert "mma." not in isa.gpu_code(kernel, shapes, np.float32, scalars, arch=arch)
 
 
+def test_16_bit_kernels_build_for_older_gpus_unless_they_need_tensor_cores():
+    """sm_75 has no mma.sync.m16n8k16: a float16 kernel without products builds for it, one
+    with a product is refused by the compiler with the reason."""
+    assert entries(isa.gpu_code(scale, [(4, 16), (4, 16)], np.float16, (2.0,), arch="sm_75")) == ["pto_scale"]
+    with pytest.raises(isa.ISAError, match=r"tile products run on tensor cores .*sm_80 or newer"):
+        isa.gpu_code(matmul, [(64, 96), (96, 64), (64, 64)], np.float16, arch="sm_75")
+
+
 def test_a_kernel_without_cuda_code_and_a_bad_arch_are_refused_by_name():
     @pto.kernel(worker=pto.VECTOR)
     def python_only(out):

@@ -21,13 +21,15 @@ import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+import host_cuda
 import numpy as np
 import pytest
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
-from pto_gpu.isa import ISAError, interpret
+from pto_gpu.isa import ISAError, interpret, optimize
+from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import WorkItems, cuda_code, cuda_source
 from pto_gpu.isa.ir import (
     Call,
@@ -448,3 +450,99 @@ def test_generated_kernels_on_the_gpu_match_the_interpreter(name, dt, tail, tmp_
                o.submit(kernel, *(pto.inout(o.external(a)) for a in device), *scalars))
         for want, have in zip(expected, device):
             np.testing.assert_allclose(rt.backend.to_host(have), want, **TOLERANCE[dt])
+
+
+# --- tensor cores: what a review found ---------------------------------------------------------
+F16 = pto.FLOAT16
+
+
+def _tensor_core_module(build) -> Module:
+    module = Module("tensor_cores")
+    f = FunctionBuilder("k", module=module).in_core()
+    build(f)
+    f.build()
+    return module
+
+
+def _run_host(module: Module, arrays, dt, tmp_path) -> str:
+    """Build @k of `module` for the host and run it over `arrays`; its source."""
+    code = cuda_code(module, "k", tmp_path)
+    host_cuda.call(host_cuda.build(code, dt, tmp_path), "k", code, arrays, ())
+    return code.source.read_text()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_a_product_written_over_its_left_operand_beside_tensor_core_products(tmp_path):
+    """h = x @ w1 on tensor cores puts h in shared memory; h = h @ w2 (FMA: dst is an operand)
+    then reads h's row from every lane while writing it: the lanes meet before the write."""
+    def build(f):
+        f.memref("x", F16, (16, 32)).memref("w1", F16, (32, 32)).memref("w2", F16, (32, 32))
+        f.memref("out", F16, (16, 32)).tile("xa", 16, 32, F16).tile("wa", 32, 32, F16)
+        f.tile("wb", 32, 32, F16).tile("h", 16, 32, F16)
+        f.load("xa", "x").load("wa", "w1").load("wb", "w2").matmul("h", "xa", "wa").matmul("h", "h", "wb")
+        f.store("out", "h")
+
+    rng = np.random.default_rng(0)
+    x, w1, w2 = rng.standard_normal((16, 32)), rng.standard_normal((32, 32)), rng.standard_normal((32, 32))
+    arrays = [a.astype(np.float16) for a in (x, w1 / 6, w2 / 6)] + [np.zeros((16, 32), np.float16)]
+    source = _run_host(_tensor_core_module(build), arrays, np.float16, tmp_path)
+    assert source.count("pto_mma(acc") == 1  # the first product; the in-place one is FMA
+    want = arrays[0].astype(np.float64) @ arrays[1] @ arrays[2]
+    np.testing.assert_allclose(arrays[3], want, rtol=0, atol=4e-3 * np.abs(want).max())
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("rows", [16, 32])
+def test_tile_reuse_keeps_tensor_core_operands_apart_from_broadcast_columns(rows, tmp_path):
+    """A ROW_EXPAND's column P and a tensor-core product's operand Y (both rows x 1): the
+    optimizer once merged them, so lane 0's load of Y overtook the lanes still reading P."""
+    def build(f):
+        f.memref("mo", F16, (rows, 32)).memref("mp", F16, (rows, 1)).memref("my", F16, (rows, 1))
+        f.memref("mb", F16, (1, 32)).memref("out", F16, (rows, 32))
+        f.tile("o", rows, 32, F16).tile("P", rows, 1, F16).tile("Y", rows, 1, F16).tile("B", 1, 32, F16)
+        f.tile("Z", rows, 32, F16)
+        f.load("o", "mo").load("P", "mp").rowexpandmul("o", "o", "P")
+        f.load("Y", "my").load("B", "mb").matmul("Z", "Y", "B").add("o", "o", "Z").store("out", "o")
+
+    rng = np.random.default_rng(0)
+    shapes = ((rows, 32), (rows, 1), (rows, 1), (1, 32))
+    arrays = [rng.standard_normal(shape).astype(np.float16) for shape in shapes]
+    arrays.append(np.zeros((rows, 32), np.float16))
+    module = optimize.optimize_module(_tensor_core_module(build))
+    assert "pto_mma(acc" in _run_host(module, arrays, np.float16, tmp_path)
+    mo, mp, my, mb = (a.astype(np.float64) for a in arrays[:4])
+    want = mo * mp + my @ mb
+    np.testing.assert_allclose(arrays[4], want, rtol=0, atol=4e-3 * np.abs(want).max())
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_a_float64_product_in_a_float16_kernel_stays_exact(tmp_path):
+    """Tensor cores take 16-bit tiles only: float64 tiles (TCVT) multiply exactly (FMA), so
+    (x/3) @ x * 3 - x @ x is 0 to float64's precision, where float16 operands leave ~1."""
+    n = 16
+    F64 = pto.FLOAT64
+
+    def build(f):
+        f.memref("x", F16, (n, n)).memref("out", F16, (n, n)).tile("t", n, n, F16).tile("d", n, n, F64)
+        f.tile("e", n, n, F64).tile("p", n, n, F64).tile("s", n, n, F64).tile("o", n, n, F16)
+        f.load("t", "x").cvt("d", "t").muls("d", "d", 1 / 3).cvt("e", "t").matmul("p", "d", "e")
+        f.muls("p", "p", 3.0).matmul("s", "e", "e").sub("p", "p", "s").muls("p", "p", 1000.0)
+        f.cvt("o", "p").store("out", "o")
+
+    x = np.random.default_rng(1).integers(-3, 4, (n, n)).astype(np.float16)
+    out = np.full((n, n), np.nan, np.float16)
+    source = _run_host(_tensor_core_module(build), [x, out], np.float16, tmp_path)
+    assert "pto_mma(" not in source.split("TMATMUL %p")[1].split("TMATMUL")[0]
+    np.testing.assert_allclose(out, 0.0, atol=1e-6)
+
+
+def test_float64_tiles_of_a_float16_kernel_count_as_double_in_shared_memory():
+    """An 80 x 80 float64 tile read whole needs 51,200 bytes as double: refused by name, as
+    in a float32 kernel (counted as float it passed, and nvcc failed on the source)."""
+    def build(f):
+        f.memref("x", F16, (80, 80)).memref("out", F16, (80, 80)).tile("t", 80, 80, F16)
+        f.tile("d", 80, 80, pto.FLOAT64).tile("dT", 80, 80, pto.FLOAT64).tile("o", 80, 80, F16)
+        f.load("t", "x").cvt("d", "t").trans("dT", "d").cvt("o", "dT").store("out", "o")
+
+    with pytest.raises(ISAError, match=r"@k: the tiles read whole \(t_d\) need 51200 bytes of shared memory"):
+        cuda_source(_tensor_core_module(build), "k")

@@ -98,15 +98,21 @@ class DistArray:
     @classmethod
     def scatter(cls, array: np.ndarray | None, owner: Owner, comm, root: int = 0) -> DistArray:
         """The DistArray of `array` (given on `root`, None elsewhere), each rank sent its rows."""
-        rank = comm.Get_rank()
+        rank, size = comm.Get_rank(), comm.Get_size()
+        if not 0 <= root < size:
+            raise RankError(f"DistArray.scatter: root={root} is out of range: the communicator has ranks "
+                            f"0..{size - 1}")
+        meta: object = None
         if rank == root:
             if array is None:
-                raise ParamError(f"DistArray.scatter: rank {root} (the root) must pass the array")
-            array = np.ascontiguousarray(array)
-            meta = (array.shape, array.dtype)
-        else:
-            meta = None
-        shape, dtype = comm.bcast(meta, root=root)
+                meta = f"DistArray.scatter: rank {root} (the root) must pass the array"
+            else:
+                array = np.ascontiguousarray(array)
+                meta = (array.shape, array.dtype)
+        meta = comm.bcast(meta, root=root)
+        if isinstance(meta, str):  # on every rank: none waits for rows that never come
+            raise ParamError(meta)
+        shape, dtype = meta
         dist = cls(shape, dtype, owner, comm)
         if rank == root:
             for start, stop, holder in _runs(dist.row_owners):

@@ -45,7 +45,7 @@ spaces per level of nesting:
 
 A function's parameter list and a CALL's arguments may break across lines (the printer writes
 each on one line). Instructions are spelled in lower case; what each operand accepts is the
-verifier's signature (verify.signature), which the printer checks and the parser follows.
+verifier's signature (operands.signature), which the printer checks and the parser follows.
 row, col, loop bounds and IF operands are integers or %names; numbers are written as
 Python's repr (so floats read back exactly, inf, -inf and nan included). Unset FOR
 attributes and an empty ELSE are left out. dtypes are f32 f16 bf16 f64 i64 i32 i16 i8 u64

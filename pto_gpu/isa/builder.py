@@ -9,7 +9,7 @@ Declarations (`memref`, `tile`, `scalar`, `scalar_var`, an Orchestration's local
 `library` for a kernel of the library) and statements may come in any order;
 blocks open with `for_loop` / `if_then` (`else_`) and close with `end_for` / `end_if`. There is
 one instruction method per entry of ops.OPCODES, named by its `builder` field and generated
-from the table, with the operands of verify.signature. `build` returns the verified
+from the table, with the operands of operands.signature. `build` returns the verified
 ir.Function and adds it to the module, if one was given.
 """
 

@@ -299,13 +299,14 @@ class _Generator:
         """A tile row as a row of the call: below the band's first row when the rows are split."""
         return f"{row} + pto_row0" if self.split else row
 
-    def element_bytes(self) -> int:
-        """Bytes of a tile's element in shared memory: a float of a 16-bit kernel's, else as
-        float64 (one source serves every element type the kernel is compiled for)."""
-        return TENSOR_CORE_BYTES if self.tensor_cores else 8
+    def element_bytes(self, tile: str) -> int:
+        """Bytes of a tile's element in shared memory: a double's for a float64 tile, a float's
+        for the others of a 16-bit kernel, else a double's (one source serves every element type
+        the kernel is compiled for)."""
+        return TENSOR_CORE_BYTES if self.tensor_cores and self.ctype(tile) != "double" else 8
 
     def shared_bytes(self) -> int:
-        return sum(self.tiles[t].rows * self.tiles[t].cols * self.element_bytes() for t in self.whole)
+        return sum(self.tiles[t].rows * self.tiles[t].cols * self.element_bytes(t) for t in self.whole)
 
     def check_shared(self) -> None:
         size = self.shared_bytes()
@@ -720,17 +721,18 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
     def lines(g: _Generator) -> list[str]:
         x_b = "" if b is None else f"const {g.ctype(b)} x_b"
-        per_row, per_element = [], [f"const {g.ctype(a)} x_a = {_el(g, a)};"]
+        per_row, after_row, per_element = [], [], [f"const {g.ctype(a)} x_a = {_el(g, a)};"]
         if form is Form.BINARY:
             per_element.append(f"{x_b} = {_el(g, b)};")
         elif form is Form.COL_EXPAND:
             per_element.append(f"{x_b} = {b}[0][c];")
         elif form is Form.ROW_EXPAND and b in g.whole:  # written by lane 0 of this warp
             per_row = ["__syncwarp();", f"{x_b} = {b}[r][0];"]
+            after_row = ["__syncwarp();"]  # every lane has read it before lane 0 may write it again
         elif form is Form.ROW_EXPAND:
             per_row = [f"{x_b} = __shfl_sync(PTO_FULL, {b}[i][0], 0);"]
         per_element.append(f"{_el(g, dst)} = ({g.ctype(dst)})({expression});")
-        body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element))
+        body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element) + after_row)
         return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
 
     return _Code(lines, whole=form is Form.COL_EXPAND)
@@ -778,7 +780,7 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     if dst == b:
         raise ctx.fail(where, "the CUDA code generator needs the destination to differ from the right "
                               "operand (other warps still read it while the product is written)")
-    if ctx.g.tensor_cores and dst != a:
+    if ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype):
         return _tensor_matmul(ctx, op, spec, where)
     ctx.g.whole.add(b)
     tile, left = ctx.g.tiles[dst], ctx.g.tiles[a]
@@ -797,10 +799,20 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
                 "    for (int kl = 0; kl < 32; ++kl) {", "        const long long k = 32 * kj + kl;",
                 "        if (k >= kn) break;", f"        const {g.ctype(a)} x_a = {x_a};",
                 *_indent(_cols(tile, "vc", [f"acc[j] += x_a * {b}[k][c];"]), 2), "    }", "}",
+                # a in shared memory and written in place: every lane's reads of the row first
+                *(["__syncwarp();"] if dst == a and a in g.whole else []),
                 *_cols(tile, "vc", [f"{_el(g, dst)} = acc[j];"])]
         return _op_block(where, *region, [f"const long long kn = vc_{a};", *_rows(g, tile, "vr", body)], dst)
 
     return _Code(lines, whole=True)
+
+
+def tensor_core_product(op: Op, dtype: Callable[[str], DataType]) -> bool:
+    """Whether a MATMUL(_ACC) of a kernel of 16-bit memrefs runs on tensor cores: its three
+    tiles 16-bit (`dtype` of a tile name) and its destination neither operand (the units of
+    the result are written while other warps still read the operands)."""
+    dst, a, b = op.dst, op.srcs[0], op.srcs[1]
+    return dst not in (a, b) and all(dtype(tile) in TENSOR_CORE_DTYPES for tile in (dst, a, b))
 
 
 def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:

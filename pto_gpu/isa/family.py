@@ -219,7 +219,8 @@ class Family:
     def _split_memrefs(self, module: Module) -> tuple[str, ...]:
         """The memrefs whose rows are the split size, which a band's blocks take in bands."""
         memrefs = module.functions[self.name].memrefs
-        return tuple(memref.name for words, memref in zip(self.shapes, memrefs) if words[-2] == self.split)
+        return tuple(memref.name for words, memref in zip(self.shapes, memrefs)
+                     if len(words) >= 2 and words[-2] == self.split)
 
     def source(self, shapes: tuple[tuple[int, ...], ...], dtype: object, structural: tuple = (),
                local_memory: int | None = None) -> str:

@@ -27,10 +27,10 @@ BINARY, TILE_SCALAR, MASK, and the full-size operand of ROW/COL_EXPAND); every o
 keeps its destination apart from its sources (MATMUL's CUDA code refuses dst == b, TRANSPOSE's
 verifier dst == a, and reductions and broadcasts read other elements than they write).
 A tile the CUDA code keeps in shared memory (read whole: MATMUL's b, COL_REDUCE's a,
-COL_EXPAND's b, TRANSPOSE's a) shares only with such tiles, so no register tile moves to
-shared memory or back, and one that is also a ROW_EXPAND's b shares with none (the CUDA code
-reads it per row with no barrier after). When in doubt tiles stay apart: a wrong merge would
-be a silent wrong answer.
+COL_EXPAND's b, TRANSPOSE's a; a tensor-core product's a and dst) shares only with such
+tiles, so no register tile moves to shared memory or back, and one that is also a
+ROW_EXPAND's b shares with none (the CUDA code reads it per row with no barrier after). When
+in doubt tiles stay apart: a wrong merge would be a silent wrong answer.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from .cuda_codegen import TENSOR_CORE_DTYPES, tensor_core_product
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Return, Statement, Tile, walk
 from .operands import Kind, signature
@@ -135,13 +136,19 @@ def _tiles_touched(body: tuple[Statement, ...]) -> Names:
 
 def _read_whole(function: Function) -> Names:
     """Tiles some instruction reads whole (MATMUL's b, COL_REDUCE's a, COL_EXPAND's b,
-    TRANSPOSE's a): the CUDA code keeps these in shared memory, the others in registers."""
+    TRANSPOSE's a), and in a kernel of 16-bit memrefs a tensor-core product's a and dst: the
+    CUDA code keeps these in shared memory, the others in registers."""
+    dtypes = {t.name: t.dtype for t in function.tiles}
+    sixteen_bit = {m.dtype for m in function.memrefs} <= set(TENSOR_CORE_DTYPES) and bool(function.memrefs)
     whole = set()
     for statement in walk(function.body):
         if isinstance(statement, Op):
-            position = _WHOLE_OPERAND.get(OPCODES[statement.opcode].form)
+            form = OPCODES[statement.opcode].form
+            position = _WHOLE_OPERAND.get(form)
             if position is not None:
                 whole.add(statement.srcs[position])
+            if form is Form.MATMUL and sixteen_bit and tensor_core_product(statement, dtypes.__getitem__):
+                whole |= {statement.dst, statement.srcs[0]}
     return frozenset(whole)
 
 

@@ -559,10 +559,17 @@ __device__ inline unsigned pto_pack_pair(float low, float high) { return pto_bit
 // C and D 16 x 8 floats. Lane 4 * g + t holds A(g, 2t..2t+1), A(g + 8, ..), A(g, 2t + 8..),
 // A(g + 8, 2t + 8..) in a[0..3]; B(2t..2t+1, g), B(2t + 8.., g) in b[0..1]; C and D (g, 2t),
 // (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). Every lane of the warp must call it together.
-__device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#error "float16 and bfloat16 tile products run on tensor cores with mma.sync.m16n8k16: sm_80 or newer"
-#elif defined(__CUDA_ARCH__)  // (nvcc's host pass sees an empty body)
+// Older GPUs have no such instruction: a kernel with a 16-bit product does not compile for them
+// (one without compiles: the assertion fires only where the template is instantiated).
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_mma(float[4], const unsigned[4], const unsigned[2], const float[4]) {
+    static_assert(Arch >= 800, "float16 and bfloat16 tile products run on tensor cores (mma.sync.m16n8k16): "
+                               "sm_80 or newer");
+}
+#else
+__device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+#ifdef __CUDA_ARCH__  // (nvcc's host pass sees an empty body)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTO_MMA_INPUTS ".f32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
@@ -570,6 +577,7 @@ __device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b
                    "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 #endif
 }
+#endif
 #endif
 
 // The rows (or cols) of a window of `size` wanted where `available` remain: never negative.

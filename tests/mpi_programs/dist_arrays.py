@@ -10,8 +10,9 @@ the rows; the tiled matmul over
 DistArrays in block rows, gathered, is bitwise the serial executor's on whole arrays; an
 orchestration over block-cyclic DistArrays reading other ranks' rows is bitwise numpy's; each
 rank holds its share of the arrays' memory (and a page per block edge) after scatter and
-after a run (the rows it received given back); an owner other than the array's, and a
-DistArray of another communicator size, are RankErrors naming the array; a run that leaves
+after a run (the rows it received given back); a scatter whose root passes no array raises
+on every rank; an owner other than the array's, and a DistArray of another communicator
+size, are RankErrors naming the array; a run that leaves
 ranks without a task warns once per Runtime, naming them.
 """
 
@@ -105,7 +106,13 @@ def main() -> None:
         want = 2 * whole[0] + np.roll(whole[1], -TILE, axis=0)
         assert np.array_equal(got, want), "the block-cyclic orchestration differs from numpy"
 
-    # refusals (one rank: every owner is rank 0's, and the run's size is the array's)
+    # refusals: a scatter whose root has no array, on every rank (none waits for rows) ...
+    try:
+        pto.DistArray.scatter(None, rows, comm)
+        raise AssertionError("a scatter without an array went on")
+    except pto.ParamError as error:
+        assert "rank 0 (the root) must pass the array" in str(error), error
+    # ... (one rank: every owner is rank 0's, and the run's size is the array's)
     if size > 1:
         try:
             rt.run(lambda o: o.external(x, owner=rows))
