@@ -27,11 +27,13 @@ WORKSPACES = ("q", "k", "v", "attn", "out")
 
 
 def llama_layer_inputs(seq_len: int, hidden: int = 4096, heads: int = 32, ffn: int = 11008,
-                       seed: int = 0, lazy: bool = False) -> dict:
-    """The layer's input x, weights, and workspaces (q, k, v, attn) plus the output `out`.
+                       seed: int = 0, lazy: bool = False, dtype: object = np.float32) -> dict:
+    """The layer's input x, weights, and workspaces (q, k, v, attn) plus the output `out`, of
+    `dtype` (float32; float16 or bfloat16 run the program retyped, see `program`).
 
     lazy=True gives np.empty arrays (no pages touched), for graph-only runs at large sizes.
     """
+    dtype = as_dtype(dtype).numpy
     if hidden % heads or (hidden // heads) % 2:
         raise ValueError(f"hidden={hidden} must split into {heads} heads of even size")
     shapes = {"x": (seq_len, hidden), "wq": (hidden, hidden), "wk": (hidden, hidden),
@@ -40,10 +42,10 @@ def llama_layer_inputs(seq_len: int, hidden: int = 4096, heads: int = 32, ffn: i
               "ffn_norm": (1, hidden)}
     shapes.update({name: (seq_len, hidden) for name in WORKSPACES})
     if lazy:
-        arrays = {name: np.empty(shape, np.float32) for name, shape in shapes.items()}
+        arrays = {name: np.empty(shape, dtype) for name, shape in shapes.items()}
     else:
         rng = np.random.default_rng(seed)
-        arrays = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+        arrays = {name: np.zeros(shape, dtype) for name, shape in shapes.items()}
         arrays["x"][...] = rng.standard_normal(shapes["x"])
         for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
             arrays[name][...] = rng.standard_normal(shapes[name]) / np.sqrt(shapes[name][0])
@@ -56,12 +58,12 @@ def llama_layer_inputs(seq_len: int, hidden: int = 4096, heads: int = 32, ffn: i
 def llama_layer(o: pto.Orchestrator, inputs: dict, adaptive: bool = False) -> None:
     """The layer over inputs from llama_layer_inputs: the program's @llama_layer (32-row tiles)
     or @llama_layer_adaptive, its IR walked against `o`."""
-    _entry(adaptive, compiled=False)(o, *_arguments(inputs))
+    _entry(adaptive, False, as_dtype(inputs["x"].dtype))(o, *_arguments(inputs))
 
 
 def llama_layer_compiled(o: pto.Orchestrator, inputs: dict, adaptive: bool = False) -> None:
     """llama_layer as the program's generated numba orchestration: the same tasks and edges."""
-    _entry(adaptive, compiled=True)(o, *_arguments(inputs))
+    _entry(adaptive, True, as_dtype(inputs["x"].dtype))(o, *_arguments(inputs))
 
 
 def _arguments(inputs: dict) -> list:
@@ -69,9 +71,9 @@ def _arguments(inputs: dict) -> list:
 
 
 @functools.cache
-def _entry(adaptive: bool, compiled: bool):
+def _entry(adaptive: bool, compiled: bool, dtype: DataType):
     name = "llama_layer_adaptive" if adaptive else "llama_layer"
-    return program().orchestration(name, compiled=compiled)
+    return program(dtype).orchestration(name, compiled=compiled)
 
 
 def program(dtype: object = np.float32) -> isa.Program:

@@ -24,6 +24,7 @@ import pytest
 from kernel_samples import KERNELS, SCALARS, arrays
 from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.tiles import copy, zero
+from pto_gpu.orchestration import reference
 from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_panels
@@ -186,6 +187,27 @@ def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor
     scale = np.abs(exact).max()
     np.testing.assert_allclose(got, want.astype(np.float64), rtol=0, atol=2e-3 * scale)
     np.testing.assert_allclose(got, exact, rtol=0, atol=4e-3 * scale)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float16_llama_layer_matches_the_serial_cpu_executor(backend):
+    """llama.pto over float16 inputs (its memrefs retyped; every projection and attention
+    product of 16-bit tiles on tensor cores on CUDA) against the serial CPU executor, and both
+    within a few float16 roundings of the float64 layer on the same (rounded) inputs."""
+    def inputs():
+        return llama_layer_inputs(64, hidden=64, heads=4, ffn=96, dtype=np.float16)
+
+    cpu = inputs()
+    pto.Runtime(backend="cpu", executor="serial").run(llama_layer, cpu)
+    exact = reference.llama_layer({k: v.astype(np.float64) if isinstance(v, np.ndarray) else v
+                                   for k, v in inputs().items()})
+    rt = pto.Runtime(backend=backend, executor="stream", workers={pto.CUBE: 2, pto.VECTOR: 2})
+    device = to_backend(rt.backend, inputs())
+    rt.run(llama_layer, device)
+    got = rt.backend.to_host(device["out"]).astype(np.float64)
+    scale = np.abs(exact).max() * ROUNDING[np.float16]
+    np.testing.assert_allclose(got, cpu["out"].astype(np.float64), rtol=0, atol=8 * scale)
+    np.testing.assert_allclose(got, exact, rtol=0, atol=16 * scale)
 
 
 HOLD = r"""
