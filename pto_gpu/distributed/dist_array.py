@@ -43,7 +43,7 @@ class DistArray:
     rank, pto.block_rows(n) or pto.block_cyclic(rows, n)), each rank holding its own rows.
     Made zero; see the module docstring."""
 
-    def __init__(self, shape, dtype, owner: Owner, comm):
+    def __init__(self, shape: int | tuple[int, ...], dtype: object, owner: Owner, comm: object):
         self.shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         if not self.shape or any(d < 0 for d in self.shape):
             raise ParamError(f"DistArray: shape={shape!r} must be one or more sizes >= 0")
@@ -52,9 +52,8 @@ class DistArray:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.row_owners = row_owners(owner, self.shape[0], self.size, f"DistArray(shape={self.shape})")
         self.row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
-        nbytes = self.shape[0] * self.row_bytes
         # Anonymous memory is zero and takes a page of memory only when first touched.
-        whole_pages = max(-(-nbytes // PAGE), 1) * PAGE  # so the last page can be given back too
+        whole_pages = max(-(-self.nbytes // PAGE), 1) * PAGE  # so the last page can be given back too
         self._map = mmap.mmap(-1, whole_pages, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         # The whole range, which the runtime takes as the array (o.external): only the owned
         # rows hold data between runs.
@@ -96,7 +95,7 @@ class DistArray:
 
     # --- whole arrays --------------------------------------------------------------------
     @classmethod
-    def scatter(cls, array: np.ndarray | None, owner: Owner, comm, root: int = 0) -> DistArray:
+    def scatter(cls, array: np.ndarray | None, owner: Owner, comm: object, root: int = 0) -> DistArray:
         """The DistArray of `array` (given on `root`, None elsewhere), each rank sent its rows."""
         rank, size = comm.Get_rank(), comm.Get_size()
         if not 0 <= root < size:
