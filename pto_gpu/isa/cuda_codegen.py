@@ -816,10 +816,11 @@ def tensor_core_product(op: Op, dtype: Callable[[str], DataType]) -> bool:
 
 
 def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
-    """MATMUL(_ACC) of float16 or bfloat16 tiles on tensor cores: a, b and dst all in shared memory (as
-    float); the warps take units of dst of 16 rows x up to 4 blocks of 8 columns in turn, and a
-    unit is a sum over k in steps of 16 of pto_mma (mma.sync.m16n8k16, float accumulators in
-    registers), its fragments packed from shared memory, zero outside the valid regions."""
+    """MATMUL(_ACC) of float16 or bfloat16 tiles on tensor cores: a, b and dst all in shared
+    memory (as float); the warps take units of dst of 16 rows x up to 4 blocks of 8 columns in
+    turn, and a unit is a sum over k in steps of 16 of pto_mma (mma.sync.m16n8k16, float
+    accumulators in registers), its fragments packed from shared memory, zero outside the
+    valid regions."""
     dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
     ctx.g.whole.update((dst, a, b))
     ctx.g.tensor_products += 1
