@@ -159,9 +159,10 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
         fitting = local_memory // (2 * TENSOR_CORE_BYTES * m) // WARP * WARP
         cols = min(n, COLUMN_BLOCK, max(WARP, fitting))
+    elif local_memory is not None and 8 * n * min(k, 8) > local_memory:
+        cols = min(n, COLUMN_BLOCK)
     else:
-        wide = local_memory is not None and 8 * n * min(k, 8) > local_memory
-        cols = min(n, COLUMN_BLOCK) if wide else n
+        cols = n
     wide = cols < n
     column: int | str = "j" if wide else 0
     f.tile("c", m, cols, dtype)

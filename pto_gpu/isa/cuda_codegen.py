@@ -74,7 +74,8 @@ SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
 # out of registers: only the loops that index one (rows, slots) must unroll whole.
 MATMUL_K_UNROLL = 4
 # The products that run on tensor cores (mma.sync.m16n8k16, float accumulators): of float16
-# and bfloat16 tiles, whose operands and result are in shared memory as float, in steps of MMA_K along k.
+# and bfloat16 tiles, whose operands and result are in shared memory as float, in steps of
+# MMA_K along k.
 TENSOR_CORE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16)
 TENSOR_CORE_BYTES = 4
 MMA_K = 16
@@ -105,8 +106,8 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
 
 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
-    """The generator of `function`: float16 and bfloat16 products on tensor cores where their operands and
-    results fit shared memory (all three read whole), else every product on FMA."""
+    """The generator of `function`: float16 and bfloat16 products on tensor cores where their
+    operands and results fit shared memory (all three read whole), else every product on FMA."""
     generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
         generator = _Generator(module, function, split, tensor_cores=False)
@@ -222,7 +223,7 @@ class _Generator:
         self.module, self.function = module, function
         # Products of 16-bit tiles on tensor cores (mma.sync, compute type float): the tiles are
         # float in every build of such a kernel, so shared memory counts 4 bytes an element.
-        self.tensor_cores = tensor_cores and dtypes in ([d.name] for d in TENSOR_CORE_DTYPES)
+        self.tensor_cores = tensor_cores and tensor_core_kernel(function)
         self.tensor_products = 0
         self.tiles: dict[str, Tile] = {}  # C name -> tile
         self.scalars: dict[str, str] = {}  # C name of a local scalar -> its C type
@@ -805,6 +806,11 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         return _op_block(where, *region, [f"const long long kn = vc_{a};", *_rows(g, tile, "vr", body)], dst)
 
     return _Code(lines, whole=True)
+
+
+def tensor_core_kernel(function: Function) -> bool:
+    """Whether a function's products may take tensor cores: its memrefs of one 16-bit type."""
+    return len({m.dtype for m in function.memrefs}) == 1 and function.memrefs[0].dtype in TENSOR_CORE_DTYPES
 
 
 def tensor_core_product(op: Op, dtype: Callable[[str], DataType]) -> bool:

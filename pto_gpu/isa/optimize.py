@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from .cuda_codegen import TENSOR_CORE_DTYPES, tensor_core_product
+from .cuda_codegen import tensor_core_kernel, tensor_core_product
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Return, Statement, Tile, walk
 from .operands import Kind, signature
@@ -139,7 +139,7 @@ def _read_whole(function: Function) -> Names:
     TRANSPOSE's a), and in a kernel of 16-bit memrefs a tensor-core product's a and dst: the
     CUDA code keeps these in shared memory, the others in registers."""
     dtypes = {t.name: t.dtype for t in function.tiles}
-    sixteen_bit = {m.dtype for m in function.memrefs} <= set(TENSOR_CORE_DTYPES) and bool(function.memrefs)
+    sixteen_bit = tensor_core_kernel(function)
     whole = set()
     for statement in walk(function.body):
         if isinstance(statement, Op):
