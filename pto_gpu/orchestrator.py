@@ -114,8 +114,8 @@ class Orchestrator:
         self._writer: ArgWriter | None = None  # over _args, for Python submits
         self._lanes = None
         self._native_kernels: frozenset[int] = frozenset()
-        # Only an executor with lanes (and one process) needs the tables for Python submits.
-        self._lanes_possible = ranks is None and executor.runs_kernels and hasattr(executor, "native_lanes")
+        # Only an executor with lanes needs the tables for Python submits.
+        self._lanes_possible = executor.runs_kernels and hasattr(executor, "native_lanes")
         self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
         self._transfer_rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
         self.dist_arrays: list[DistArray] = []  # taken by o.external: the run releases their others' rows
@@ -356,13 +356,16 @@ class Orchestrator:
                 self._enter_transfer(transfer)
         elif rank is not None:
             check_rank(rank, 1, f"submit({kernel.name})", "rank")
-        arguments = None
-        if kernel.native is not None and self._lanes_possible:
-            if self._args is None:
-                self._make_arguments()
-            if kernel.id in self._native_kernels:
-                arguments = self._writer
-        status = self._enter(task, self._row_views[len(tensors)], arguments)
+        # A task another rank runs does nothing to this rank but through its transfers, which
+        # are this rank's own tasks: the core need not know it (unless a window counts it).
+        if task.runs_here or self._windows is not None:
+            arguments = None
+            if kernel.native is not None and self._lanes_possible and task.runs_here:
+                if self._args is None:
+                    self._make_arguments()
+                if kernel.id in self._native_kernels:
+                    arguments = self._writer
+            status = self._enter(task, self._row_views[len(tensors)], arguments)
         for tensor in written:
             buffer = tensor.buffer
             if tensor.version > buffer.newest_version:

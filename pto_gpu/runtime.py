@@ -138,9 +138,10 @@ class Runtime:
         self._arguments = ArgTables.allocate(self.sizes.task_window)
         self._instances = Instances()  # native workers' entries (executors/native.py), as learnt
         self._distributed = comm is not None
+        self._ordered_transfers = self._distributed and transport == "nccl"  # placement.py's `ordered`
         accelerators = self._workers("parallel")[WorkerType.ACCELERATOR]
-        if self._distributed and executor != "serial" and accelerators < 2:
-            raise PTOError(f"workers={workers}: a distributed run needs at least 2 ACCELERATOR workers, one "
+        if self._ordered_transfers and executor != "serial" and accelerators < 2:
+            raise PTOError(f"workers={workers}: transport='nccl' needs at least 2 ACCELERATOR workers, one "
                            "free for sends while another waits for a receive (docs/ARCHITECTURE.md)")
         if self._distributed and backend != "cpu" and cuda_unavailable() is None:
             from .distributed.nccl import use_local_gpu
@@ -270,7 +271,7 @@ class Runtime:
             windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
             o = Orchestrator(scheduler, self.backend, executor, recorder, self._arguments, windows, placement)
             with _one_blas_thread():
-                if placement is not None:  # the tensor that chains this rank's transfers
+                if placement is not None and placement.transport.ordered:  # what chains the transfers
                     placement.lane = o.external(self.backend.to_device(np.zeros(1, np.uint8)))
                 orchestration(o, *args, **kwargs)
                 o.write_back()
@@ -329,7 +330,7 @@ class Runtime:
 
     def _workers(self, executor: str) -> dict[WorkerType, int]:
         defaults = default_workers(executor)
-        if self._distributed:
+        if self._ordered_transfers:
             defaults[WorkerType.ACCELERATOR] = 2
         return {**defaults, **self._workers_given}
 
@@ -338,15 +339,16 @@ class Runtime:
             if not capture and driver_streams.serves(self.backend, profile, self._scheduler):
                 return DriverStreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"))
             return StreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"), capture)
+        arrivals = None if self.placement is None else self.placement.inbox
         if self.executor == "serial":
-            return SerialExecutor(self._scheduler, self.backend, profile)
+            return SerialExecutor(self._scheduler, self.backend, profile, arrivals)
         if self.executor == "dry":
             return DryExecutor(self._scheduler, self.backend, profile)
         if self.executor == "sim":
             return SimExecutor(self._scheduler, self.backend, profile, self.workers, schedule or Schedule(),
                                self.costs)
         return ParallelExecutor(self._scheduler, self.backend, profile, self.workers, self._threads,
-                                self._instances, threshold, schedule, self.costs)
+                                self._instances, threshold, schedule, self.costs, arrivals)
 
 
 def _check_orchestration(where: str, orchestration: object) -> None:

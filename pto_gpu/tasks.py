@@ -44,9 +44,12 @@ class Task:
     runs_here: bool = True
     label: int | None = None
     # Run by the worker thread whose completion makes it ready, not queued for a worker of its
-    # class: a distributed run's tasks of other ranks (nothing to run) and sends (a copy and a
-    # non-blocking MPI call), which cost less than a hand-over between threads.
+    # class: a distributed run's tasks of other ranks (nothing to run) and transfers (a copy
+    # and a non-blocking MPI call), which cost less than a hand-over between threads.
     inline: bool = False
+    # Completes when its data has arrived (the executor's Arrivals say when), not when its
+    # kernel returns: a distributed run's receives, whose kernel posts the receive.
+    arrives: bool = False
     # Its arguments are in the run's argument tables (jit/context.py) and its kernel has native
     # code: native workers run it without the GIL, and may complete it without its record.
     native: bool = False

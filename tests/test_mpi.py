@@ -37,7 +37,7 @@ def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_cases_match_the_serial_executor(ranks):
-    cases = ("matmul", "stencil", "flash", "spread", "pressed", "cholesky")
+    cases = ("matmul", "stencil", "flash", "spread", "pressed", "scheduled", "cholesky")
     out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", *cases)
     for case in cases:
         assert f"OK {case} {ranks}" in out

@@ -45,6 +45,34 @@ def ping_pong(o: pto.Orchestrator, x, hops: int) -> None:
         o.submit(bump, pto.input(X[hop % 2]), pto.output(X[(hop + 1) % 2]))
 
 
+WAIT_S = 0.2  # how long `slow_fill` takes
+
+
+@pto.kernel(worker=pto.VECTOR)
+def slow_fill(tile):
+    """A long kernel that leaves the core free (it sleeps), as a GPU's or another node's would."""
+    time.sleep(WAIT_S)
+    tile[...] = 1
+
+
+def wait_for_data(o: pto.Orchestrator, x) -> None:
+    """The last rank fills x's second row slowly; rank 0 waits for it, then bumps it into the first."""
+    X = o.external(x, owner=pto.block_rows(min(o.ranks, 2)))
+    o.submit(slow_fill, pto.output(X[1]))
+    o.submit(bump, pto.input(X[1]), pto.output(X[0]))
+
+
+def waiting_cpu_share(comm, x) -> float:
+    """Rank 0's CPU seconds (all its threads) over the wall seconds of a run in which it waits
+    WAIT_S for another rank's data: what waiting for a message costs a core."""
+    rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
+    rt.run(wait_for_data, x)
+    comm.Barrier()
+    started, started_cpu = time.perf_counter(), time.process_time()
+    rt.run(wait_for_data, x)
+    return (time.process_time() - started_cpu) / (time.perf_counter() - started)
+
+
 def rounds(comm, run, count: int, before=None) -> tuple[float, float]:
     """Median over rounds of the slowest rank's wall seconds, and of the busiest rank's CPU
     seconds (all its threads): on a machine others share, the CPU time says what the ranks
@@ -163,6 +191,7 @@ def main(what: str, tile: int) -> None:
                    "execution_per_hop_us": execution_per_hop(comm, x, hops, 5) * 1e6}
         if comm.size > 1:
             figures["mpi_one_way_us"] = raw_one_way(comm) * 1e6
+            figures["waiting_cpu_share"] = waiting_cpu_share(comm, x)
     figures["ranks"] = comm.size
     if comm.rank == 0:
         print(json.dumps(figures), flush=True)

@@ -4,10 +4,11 @@ NOT YET RUN: it needs two GPUs, which no machine this was written on had. MPI st
 everything but the data: the NCCL id at the start, failure notices, and the end-of-run
 exchange. NCCL has no tags: a pair's messages match in the order they are issued, so unlike
 MPI's sends, NCCL's must go in their sequence order; and an NCCL send completes only when
-its peer receives. So this transport needs sends chained like receives (the `chained_sends`
-flag placement.py reads), which keeps the protocol deadlock-free by the argument for
-fully ordered transfers (docs/ARCHITECTURE.md, "Several ranks"). A wait that learns of a
-failure aborts the NCCL communicator, the only way to stop an NCCL operation in flight.
+its peer receives. So this transport has its transfers chained in their order and run by
+ACCELERATOR workers (the `ordered` flag placement.py reads), and a receive waits for its data
+inside `receive`, which keeps the protocol deadlock-free by the argument for fully ordered
+transfers (docs/ARCHITECTURE.md, "Several ranks"). A wait that learns of a failure aborts
+the NCCL communicator, the only way to stop an NCCL operation in flight.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 
 import numpy as np
 
-from .transport import MpiTransport, PeerFailed, packed_bytes
+from .transport import MpiTransport, PeerFailed, Posted, packed_bytes
 
 
 def use_local_gpu(comm) -> int:
@@ -35,7 +36,7 @@ def use_local_gpu(comm) -> int:
 class NcclTransport(MpiTransport):
     """Transport whose data moves GPU to GPU; see the module docstring."""
 
-    chained_sends = True
+    ordered = True
 
     def __init__(self, comm):
         super().__init__(comm)
@@ -71,7 +72,7 @@ class NcclTransport(MpiTransport):
         self._finish(stream, f"a send to rank {dest}")
         self.bytes_sent += data.nbytes
 
-    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
+    def receive(self, view, mask: np.ndarray | None, source: int, sequence: int) -> Posted:
         import cupy
 
         data = cupy.empty(packed_bytes(view, mask), cupy.uint8)
@@ -84,6 +85,10 @@ class NcclTransport(MpiTransport):
         else:
             view[cupy.asarray(mask)] = values
         self.bytes_received += data.nbytes
+        return Posted(None, data, view, mask, source)
+
+    def arrived(self, posted: list[Posted]) -> list[int]:
+        return list(range(len(posted)))  # `receive` waited for each
 
     @staticmethod
     def _packed(view, mask):

@@ -9,15 +9,17 @@ and submit, in the same order, so every rank makes the same decisions:
   ranks submit neither;
 - on every other rank the task is submitted too, with `runs_here` False: it completes
   without running, so the graph, and every rank's view of what depends on what, stays whole.
-A send copies the elements out and returns; it runs as soon as what it reads is written, on
-the worker that completed the writer (Task.inline: a send that never waits), as do other
-ranks' tasks here. A
-receive waits for its message; each rank's receives are chained in submission order through
-an inout of one small tensor, the lane, and the executor keeps a second ACCELERATOR worker
-for sends, which is what makes the protocol deadlock-free (docs/ARCHITECTURE.md, "Several
-ranks"). Messages are matched by their place in the sequence of transfers between their two
-ranks, which both count alike. When the orchestration returns, elements of external arrays
-whose owner lacks their newest version are sent to it (`write_back`).
+Neither transfer waits: a send copies the elements out and posts them; a receive posts its
+receive in the inbox (inbox.py) and completes when its data has come (Task.arrives), which
+the executor polls for. Both run as soon as they are ready, on the worker that made them
+ready (Task.inline), as do other ranks' tasks here. So no worker ever waits for a message,
+which is what makes the protocol deadlock-free (docs/ARCHITECTURE.md, "Several ranks").
+Messages are matched by their place in the sequence of transfers between their two ranks,
+which both count alike. A transport whose transfers must go in that order (NCCL: no tags,
+and its sends wait for their receiver) has each rank's transfers chained through an inout of
+one small tensor, the lane, run by ACCELERATOR workers. When the orchestration returns,
+elements of external arrays whose owner lacks their newest version are sent to it
+(`write_back`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..params import Param, inout, input, output, scalar
 from ..tasks import Task
 from ..tensor import Buffer, TensorDescriptor
 from .holdings import Holdings, element_view
+from .inbox import Inbox
 from .logical import LogicalGraph
 from .ownership import Owner, check_rank, element_owners
 from .transport import Transport
@@ -47,6 +50,7 @@ class Transfer:
     mask: np.ndarray | None  # the elements of the region that move (None: all)
     peer: int  # the rank sent to, or received from
     sequence: int  # its place among the transfers from its sender to its receiver
+    task: Task  # the transfer's task (a receive posts under its id)
 
 
 class Placement:
@@ -56,6 +60,7 @@ class Placement:
     def __init__(self, transport: Transport):
         self.transport = transport
         self.rank, self.size = transport.rank, transport.size
+        self.inbox = Inbox(transport)
         # Their CUDA "implementation" is the same host function (library=): no device code.
         no_device_code = CudaCode(Path(__file__), lambda shapes: 0)
         self.send_kernel = kernel(WorkerType.ACCELERATOR, name="send", mixed_dtypes=True,
@@ -80,7 +85,8 @@ class Placement:
         self.tasks_run: list[int] = []
         self.placed = np.zeros(self.size, np.int64)  # the run's tasks placed on each rank (all ranks agree)
         self.graph = LogicalGraph(sizes) if record else None
-        self.lane: TensorDescriptor | None = None
+        self.lane: TensorDescriptor | None = None  # an ordered transport's chain (module docstring)
+        self.inbox.clear()
 
     # --- memory --------------------------------------------------------------------------
     def external(self, tensor: TensorDescriptor, owner: Owner | None) -> None:
@@ -199,23 +205,24 @@ class Placement:
         sequence = self._sequence.get((source, dest), 0)
         self._sequence[source, dest] = sequence + 1
         sending = self.rank == source
-        self._transfers.append(Transfer(mask, dest if sending else source, sequence))
-        index = scalar(len(self._transfers) - 1)
-        # Receives are chained (in submission order), sends are not unless the transport says
-        # so: see the module docstring.
-        if sending and not self.transport.chained_sends:
-            params = (input(tensor), index)
-        else:
-            params = ((input if sending else output)(tensor), inout(self.lane), index)
-        return [Task(-1, self.send_kernel if sending else self.recv_kernel, WorkerType.ACCELERATOR, params,
-                     label=-1, inline=sending and not self.transport.chained_sends)]
+        ordered = self.transport.ordered  # see the module docstring
+        region = (input if sending else output)(tensor)
+        index = scalar(len(self._transfers))
+        params = (region, inout(self.lane), index) if ordered else (region, index)
+        task = Task(-1, self.send_kernel if sending else self.recv_kernel, WorkerType.ACCELERATOR, params,
+                    label=-1, inline=not ordered, arrives=not sending)
+        self._transfers.append(Transfer(mask, dest if sending else source, sequence, task))
+        return [task]
 
-    # --- the transfer kernels (run by the executor's ACCELERATOR worker) ------------------
+    # --- the transfer kernels: (region, [lane,] index of the transfer) --------------------
     def _send(self, region, *lane_and_index) -> None:
-        index = lane_and_index[-1]
-        transfer, self._transfers[index] = self._transfers[index], None
+        transfer = self._take(lane_and_index[-1])
         self.transport.send(region, transfer.mask, transfer.peer, transfer.sequence)
 
-    def _recv(self, region, lane, index: int) -> None:
+    def _recv(self, region, *lane_and_index) -> None:
+        transfer = self._take(lane_and_index[-1])
+        self.inbox.post(transfer.task.id, region, transfer.mask, transfer.peer, transfer.sequence)
+
+    def _take(self, index: int) -> Transfer:
         transfer, self._transfers[index] = self._transfers[index], None
-        self.transport.recv(region, transfer.mask, transfer.peer, transfer.sequence)
+        return transfer

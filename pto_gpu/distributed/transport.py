@@ -5,11 +5,12 @@ over mpi4py: host memory directly, GPU memory staged through the host. nccl.py s
 memory GPU to GPU and uses this class for everything else.
 
 A message's tag is its place in the sequence of transfers between its two ranks (placement.py
-counts them at submission, on both ranks alike), so sends may go in any order.
+counts them at submission, on both ranks alike), so transfers may be posted in any order.
 A send packs (copies) the elements and returns, so it never waits for its receiver; MPI
-moves the copy while this rank waits for anything (a receive, the end of the run). A receive
-waits until the elements have come, and gives up (PeerFailed) when a rank, this one
-included, has said it failed.
+moves the copy while this rank is inside any MPI call. A receive is posted (`receive`) and
+returns; `arrived` tests the posted ones, unpacks those whose elements have come, and raises
+PeerFailed once a rank, this one included, has said it failed. Nothing here waits for a
+message but the end of a run (for its sends): the executor polls (inbox.py).
 Each run works on its
 own duplicate of the communicator, so a failed run's unmatched messages cannot reach a later
 run (a failed run's duplicate is kept, never freed, for that).
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -32,10 +33,22 @@ class PeerFailed(RankError):
     """A wait gave up because a rank (this one or another) failed: the run's real error is that one."""
 
 
+class Posted(NamedTuple):
+    """A receive posted and not yet known to have arrived."""
+
+    request: object  # the transport's handle
+    data: object  # where the packed elements arrive
+    view: object  # where they go
+    mask: np.ndarray | None
+    source: int
+
+
 class Transport(Protocol):
     rank: int
     size: int
-    chained_sends: bool  # whether its sends must go in their sequence order (placement chains them)
+    # Whether its transfers must be issued in their sequence order (NCCL: no tags); placement
+    # then chains each rank's sends and receives, and `receive` may wait for its message.
+    ordered: bool
     bytes_sent: int  # this run's, as sent over the wire (packed)
     bytes_received: int
 
@@ -46,8 +59,13 @@ class Transport(Protocol):
         """Send view[mask] (all of view when mask is None) to rank `dest`, the `sequence`th
         transfer from this rank to it; returns at once."""
 
-    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
-        """Receive view[mask] from rank `source`; PeerFailed if a rank fails meanwhile."""
+    def receive(self, view, mask: np.ndarray | None, source: int, sequence: int) -> Posted:
+        """Post the receive of view[mask] from rank `source`, the `sequence`th transfer from it
+        to this rank."""
+
+    def arrived(self, posted: list[Posted]) -> list[int]:
+        """The indices in `posted` of the receives whose elements have come, now in their views;
+        PeerFailed once a rank has failed (the receives still posted are then given up)."""
 
     def barrier(self) -> None:
         """Return once every rank has called it (between runs)."""
@@ -98,7 +116,7 @@ def packed_bytes(view, mask: np.ndarray | None) -> int:
 class MpiTransport:
     """Transport over an mpi4py communicator; see the module docstring."""
 
-    chained_sends = False
+    ordered = False
 
     def __init__(self, comm):
         from mpi4py import MPI
@@ -141,7 +159,7 @@ class MpiTransport:
     def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         data = pack(view, mask)
         request = self._comm.Isend(data, dest=dest, tag=self._tag(sequence))
-        with self._sends_lock:  # sends run on any ACCELERATOR worker, side by side
+        with self._sends_lock:  # sends run on any worker, side by side
             # The copy must live until MPI has sent it: it is kept with its request.
             self._sends.append((request, data))
             self.bytes_sent += data.nbytes
@@ -149,29 +167,35 @@ class MpiTransport:
                 self._sends = [(r, d) for r, d in self._sends if not r.Test()]
                 self._prune_at = 2 * len(self._sends) + 64
 
-    def recv(self, view, mask: np.ndarray | None, source: int, sequence: int) -> None:
+    def receive(self, view, mask: np.ndarray | None, source: int, sequence: int) -> Posted:
         data = np.empty(packed_bytes(view, mask), np.uint8)
         request = self._comm.Irecv(data, source=source, tag=self._tag(sequence))
-        try:
-            self.wait(request, f"data from rank {source}")
-        except PeerFailed:
-            self._given_up.append(data)  # a cancel does not stop a message already matched
-            raise
-        unpack(data, view, mask)
-        self.bytes_received += data.nbytes
+        return Posted(request, data, view, mask, source)
+
+    def arrived(self, posted: list[Posted]) -> list[int]:
+        requests = [p.request for p in posted]
+        requests.append(self._notice)
+        done = self._MPI.Request.Testsome(requests) or []
+        if len(posted) in done or self._someone_failed:
+            # A cancel does not stop a message already matched: its buffer is kept.
+            self._given_up += [p.data for p in posted]
+            raise self._failed(f"data from rank {posted[0].source}" if posted else "data")
+        for index in done:
+            unpack(posted[index].data, posted[index].view, posted[index].mask)
+            self.bytes_received += posted[index].data.nbytes
+        return done
 
     def _tag(self, sequence: int) -> int:
         # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that
-        # many transfers apart could be confused, and receives are chained in order.
+        # many transfers apart could be confused, and a rank's receives in flight at once are
+        # fewer than its task window.
         return FIRST_DATA + sequence % (self._tag_bound - FIRST_DATA)
 
     def wait(self, request, what: str) -> None:
         """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a
-        notice. Receives are chained, and sends never wait, so one thread waits at a time (the
-        end of the run's wait for the sends comes after every task's). It polls, yielding the
-        core between polls: MPI's own wait spins on the core without yielding, which the
-        rank's workers (and other ranks) need, and a sleep, however short, lasts the kernel's
-        timer slack (~50 µs), which would be most of a small transfer's latency."""
+        notice. Only the end of a run waits (for its sends to be delivered), its tasks all
+        done. It polls, yielding the core between polls: MPI's own wait spins on the core
+        without yielding it, which other ranks may need."""
         requests = [request, self._notice]
         while not self._someone_failed:
             index, done = self._MPI.Request.Testany(requests)
@@ -179,12 +203,15 @@ class MpiTransport:
                 if index == 0:
                     return
                 break
-            os.sched_yield()  # lets the rank's other threads have the core and the GIL
-        self._someone_failed = True
+            os.sched_yield()
         request.Cancel()
         request.Free()
+        raise self._failed(what)
+
+    def _failed(self, what: str) -> PeerFailed:
+        self._someone_failed = True
         who = "this rank" if int(self._heard[0]) == self.rank else f"rank {int(self._heard[0])}"
-        raise PeerFailed(f"stopped waiting for {what}: {who} failed")
+        return PeerFailed(f"stopped waiting for {what}: {who} failed")
 
     def fail(self) -> None:
         if self._notices or self._comm is None:

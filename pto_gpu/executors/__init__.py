@@ -9,11 +9,35 @@ enqueued at submission on a stream of its worker class, ordered across streams b
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from ..errors import TaskError
 from ..first_calls import first_calls
 from ..profile import Lane
 from ..tasks import Task
+
+
+class Arrivals(Protocol):
+    """Where an executor learns that tasks whose kernel has run (Task.arrives) may complete: a
+    distributed run's inbox (distributed/inbox.py)."""
+
+    def pending(self) -> int:
+        """How many tasks wait for their data."""
+
+    def arrived(self) -> list[int]:
+        """The ids of those whose data has come since the last call; never waits."""
+
+
+# Polling for arrivals: a waiting thread yields the core between polls for SPIN_S, then sleeps
+# an eighth of what it has waited so far, at most MAX_PAUSE_S: data that comes soon is seen
+# within microseconds, and a long wait costs a poll every MAX_PAUSE_S, not a core.
+SPIN_S = 50e-6
+MAX_PAUSE_S = 1e-3
+
+
+def poll_pause(waited: float) -> float:
+    """Seconds to sleep before the next poll after `waited` seconds of waiting; 0: yield."""
+    return 0.0 if waited < SPIN_S else min(waited / 8, MAX_PAUSE_S)
 
 
 def run_kernel(backend, task: Task, lane: Lane) -> None:

@@ -13,12 +13,19 @@ queued while the orchestration was still submitting its consumers has changed by
 stages or affinity, a worker takes the first task in that order for which schedule.Placement
 chooses it among the idle workers of its class, and pushing a task wakes all of them (the
 chosen one takes it); a busy home worker's tasks go to another.
+
+Tasks that complete when their data arrives (Task.arrives: a distributed run's receives) are
+run (posted) like others and then wait in `arrivals`. One idle worker at a time holds the
+poll (`_poll`): it polls, yielding then sleeping (poll_pause), until data comes, a task of its
+class is queued or nothing waits any more; every worker also polls as it finishes a task.
+Whoever learns of the data completes the receive and goes on with what that made ready.
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +38,7 @@ from ..kernel import Kernel, multi_class
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..tasks import RINGS, Scheduler, Task
-from . import run_kernel
+from . import Arrivals, poll_pause, run_kernel
 from .native import Instances, NativeLanes, WorkerScratch, budget
 from .threads import WorkerThreads
 
@@ -44,7 +51,8 @@ class ParallelExecutor:
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, workers: dict[WorkerType, int],
                  threads: WorkerThreads, instances: Instances, threshold: int,
-                 schedule: Schedule | None = None, costs: CostHistory | None = None):
+                 schedule: Schedule | None = None, costs: CostHistory | None = None,
+                 arrivals: Arrivals | None = None):
         self._scheduler = scheduler
         self._backend = backend
         self._profile = profile
@@ -78,6 +86,11 @@ class ParallelExecutor:
         self._completions = 0
         self._seen_completions = 0
         self._room_wanted = False  # the orchestrator waits for room in a full ring
+        self._arrivals = arrivals
+        self._awaiting = 0  # tasks run that complete when their data arrives
+        self._submit_lane = None  # `_run_at_submission`'s, made at its first task
+        self._submit_scratch = scheduler.ready_scratch()
+        self._polling = False  # a worker holds the poll for arrivals
         self._completion_wanted = False  # the orchestrator waits for any completion (a window)
         # A full ring waits for a batch of completions, not one: handing the GIL back and
         # forth per task costs more than the tasks themselves.
@@ -116,7 +129,10 @@ class ParallelExecutor:
                         self._register_locked(task, cost, producers)
                         self._registered.add(task.id)
             if ready:
-                self._outbox.append(task)
+                if task.inline and self._schedule is None:
+                    self._run_at_submission(task)
+                else:
+                    self._outbox.append(task)
             if self._tracing:
                 self._sample()
         threshold_reached = not self._started and 0 < self._threshold <= self._scheduler.pending
@@ -125,6 +141,27 @@ class ParallelExecutor:
                 self._flush_locked()
                 if threshold_reached:
                     self._start_locked()
+
+    def _run_at_submission(self, task: Task) -> None:
+        """Run a task ready at submission that costs less than queueing it (Task.inline: another
+        rank's, a transfer) on the orchestrator's thread, and the inline tasks it makes ready: a
+        rank's sends go out, and its receives are posted, while it still submits, not once a
+        worker gets to them behind the rank's compute. (With a schedule they queue: it orders
+        every task.)"""
+        if self._submit_lane is None:
+            self._submit_lane = self._profile.lane("orchestrator", (WorkerType.ACCELERATOR,))
+        batch = [task]
+        while batch:
+            task = batch.pop()
+            made_ready = self._execute(task, self._submit_lane, self._submit_scratch)
+            with self._lock:
+                if made_ready is None:  # a worker must poll for its data: started, or woken
+                    self._awaiting += 1
+                    self._hire_locked(task.worker)
+                    self._offer_poll_locked()
+                else:
+                    self._completed_locked(task, made_ready, batch, -1, False)
+                self._notify_progress_locked()
 
     def _flush_locked(self) -> None:
         if self._native_outbox:
@@ -358,6 +395,7 @@ class ParallelExecutor:
         wake, idle = self._wake[worker], self._idle[worker]
         scratch = self._scheduler.ready_scratch()
         while True:
+            polls = False
             with self._lock:
                 idle.add(index)
                 while True:
@@ -367,6 +405,9 @@ class ParallelExecutor:
                     if task is not None:
                         break
                     if self._started and self._native is not None and self._native.has_work(worker):
+                        break
+                    if self._awaiting and self._started and not self._polling:
+                        self._polling = polls = True  # this worker takes the poll
                         break
                     # Placement may pass a task to another idle worker: it was woken when the
                     # task was queued, and looks again now and then lest a wakeup be missed.
@@ -382,7 +423,9 @@ class ParallelExecutor:
                     self._sample()
             try:
                 if task is not None:
-                    self._run(task, worker, index, lane, scratch)
+                    self._run([task], worker, index, lane, scratch)
+                elif polls:
+                    self._poll(worker, index, lane, scratch)
                 else:
                     if not native_scratch:
                         native_scratch.append(self._native.scratch(scratch))
@@ -424,41 +467,109 @@ class ParallelExecutor:
                 self._completions - self._seen_completions >= self._room_batch or self._idle_locked())):
             self._progress.notify()
 
-    def _run(self, task: Task, worker: WorkerType, index: int, lane, scratch) -> None:
-        """Run `task` and complete it, then the inline tasks (Task.inline) that makes ready, on
-        this thread: handing those to a worker would cost more than they do; then the next
-        queued task of its class, popped under the lock its completion took (`_next_locked`).
-        The thread counts as running until the last of them has completed."""
-        batch = [task]
+    def _run(self, batch: list[Task], worker: WorkerType, index: int, lane, scratch,
+             arrived: set[int] | None = None) -> None:
+        """Run the tasks of `batch` and complete each, then the inline tasks (Task.inline) that
+        makes ready, on this thread: handing those to a worker would cost more than they do;
+        then the next queued task of its class, popped under the lock its completion took
+        (`_next_locked`). Tasks in `arrived` have run and their data has come: they complete
+        only. A task that completes when its data arrives is left to wait for it (`_awaiting`),
+        and before each look for the next task, this thread polls for arrivals. The thread
+        counts as running until the last of them has completed."""
+        arrived = arrived or set()
         while batch:
             task = batch.pop()
-            self._scheduler.start(task.id)
-            run_kernel(self._backend, task, lane)
-            if self._native is None:
-                made_ready = self._scheduler.complete(task.id, scratch)
-            else:  # native consumers made ready go straight to their rings
-                self._native.learn(task)
-                made_ready = self._scheduler.complete(task.id, scratch, self._native.complete)
+            if task.id in arrived:
+                made_ready = self._complete(task, scratch)
+            else:
+                made_ready = self._execute(task, lane, scratch)
+            # (`_awaiting` still counts an arrived task until the lock below)
+            came = self._arrivals.arrived() if not batch and self._awaiting > (task.id in arrived) else ()
             with self._lock:
-                self._heft.done(task.id)
-                for ready in made_ready:  # a schedule's cost model may raise here
-                    if ready.inline:
-                        batch.append(ready := self._admit_locked(ready))
-                        self._starting_locked(ready, index)
-                    else:
-                        self._notify_worker_locked(self._push_locked(ready))
+                if made_ready is None:
+                    self._awaiting += 1
+                else:
+                    self._completed_locked(task, made_ready, batch, index, task.id in arrived)
+                for task_id in came:
+                    batch.append(self._scheduler.task(task_id))
+                    arrived.add(task_id)
                 if not batch:
                     following = self._next_locked(worker, index)
                     if following is None:
                         self._running -= 1
                     else:
                         batch.append(following)
-                self._completions += 1
+                        self._offer_poll_locked()  # this thread is busy for a while
                 if self._native is not None:
                     self._wake_native_locked()
                 if self._tracing:
                     self._sample()
                 self._notify_progress_locked()
+
+    def _execute(self, task: Task, lane, scratch) -> list[Task] | None:
+        """Run a task and complete it; the tasks that made ready, or None if it completes when its
+        data arrives."""
+        self._scheduler.start(task.id)
+        run_kernel(self._backend, task, lane)
+        return None if task.arrives and task.runs_here else self._complete(task, scratch)
+
+    def _complete(self, task: Task, scratch) -> list[Task]:
+        """Complete a task that has run in the core; the tasks that made ready."""
+        if self._native is None:
+            return self._scheduler.complete(task.id, scratch)
+        self._native.learn(task)  # native consumers made ready go straight to their rings
+        return self._scheduler.complete(task.id, scratch, self._native.complete)
+
+    def _completed_locked(self, task: Task, made_ready: list[Task], batch: list[Task], index: int,
+                          arrived: bool) -> None:
+        """`task` has completed: the inline tasks it made ready join `batch`, the others queue."""
+        self._heft.done(task.id)
+        for ready in made_ready:  # a schedule's cost model may raise here
+            if ready.inline:
+                batch.append(ready := self._admit_locked(ready))
+                self._starting_locked(ready, index)
+            else:
+                self._notify_worker_locked(self._push_locked(ready))
+        self._completions += 1
+        if arrived:
+            self._awaiting -= 1
+
+    def _poll(self, worker: WorkerType, index: int, lane, scratch) -> None:
+        """Hold the poll for arrivals (taken in `_serve`) until data comes, a task of this class
+        is queued, nothing waits any more or the run stops; then complete what came, and go on
+        as after a task."""
+        queue = self._queues[worker]
+        started = time.perf_counter()
+        try:
+            while not (came := self._arrivals.arrived()):
+                if queue or self._stopping or not self._awaiting or (
+                        self._native is not None and self._native.has_work(worker)):
+                    break
+                pause = poll_pause(time.perf_counter() - started)
+                if not pause:
+                    os.sched_yield()
+                    continue
+                with self._lock:  # a task queued for this class wakes it (`_notify_worker_locked`)
+                    if not (queue or self._stopping):
+                        self._wake[worker].wait(pause)
+        finally:
+            with self._lock:
+                self._polling = False
+        if came:
+            self._run([self._scheduler.task(task_id) for task_id in came], worker, index, lane, scratch,
+                      set(came))
+        else:
+            with self._lock:
+                self._running -= 1
+                self._offer_poll_locked()
+
+    def _offer_poll_locked(self) -> None:
+        """Tasks wait for data and no worker polls: wake an idle worker to take the poll."""
+        if self._awaiting and not self._polling:
+            for worker, idle in self._idle.items():
+                if idle:
+                    self._wake[worker].notify_all()
+                    return
 
     def _next_locked(self, worker: WorkerType, index: int) -> Task | None:
         """The next queued task for a worker that has just completed one, or None when it should
@@ -490,7 +601,7 @@ class ParallelExecutor:
     def _idle_locked(self) -> bool:
         """Nothing runs and nothing waits to run: no completion can come any more. (Only running
         workers and the orchestrator, which asks this, push on the native rings.)"""
-        return self._running == 0 and not any(self._queues.values()) and (
+        return self._running == 0 and self._awaiting == 0 and not any(self._queues.values()) and (
             self._native is None or not (any(map(self._native.has_work, WorkerType))
                                          or self._native.has_handoffs()))
 

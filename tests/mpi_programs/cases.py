@@ -87,9 +87,16 @@ def matmul_pressed(size: int):
     return matmul(size)
 
 
+def matmul_scheduled(size: int):
+    """matmul under a schedule with a max_concurrent window: every rank's core then holds the
+    other ranks' tasks too, and transfers queue for workers instead of running at submission."""
+    return matmul(size)
+
+
 CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
-         "pressed": matmul_pressed, "cholesky": cholesky_case}
-SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4})}  # Runtime's, run's
+         "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case}
+SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, run's
+            "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})})}
 
 
 def owners(orchestration, index: int, shape: tuple[int, ...], size: int) -> np.ndarray:
@@ -116,7 +123,8 @@ def main(case: str, executor: str) -> None:
     rt = pto.Runtime(backend="cpu", executor=executor, comm=comm,
                      workers={pto.CUBE: 1, pto.VECTOR: 1, pto.AI_CPU: 1}, **settings)
     result = rt.run(orchestration, *inputs, *extra, record=True, **options)
-    gathered = comm.gather(([inputs[i] for i in outputs], graph_of(result), result.ranks), root=0)
+    mine = ([inputs[i] for i in outputs], graph_of(result), result.ranks, result.native_tasks)
+    gathered = comm.gather(mine, root=0)
     if rank != 0:
         return
     reference = [a.copy() for a in arrays]
@@ -128,13 +136,17 @@ def main(case: str, executor: str) -> None:
             got, want = gathered[owner][0][position][mine], reference[index][mine]
             assert np.array_equal(got, want), f"output {index}, elements of rank {owner}: differ from serial"
     want_graph = graph_of(serial)
-    for owner, (_, graph, _) in enumerate(gathered):
+    for owner, (_, graph, _, _) in enumerate(gathered):
         assert graph == want_graph, f"rank {owner}'s recorded graph differs from the serial run's"
-    runs = [ranks.tasks_run for _, _, ranks in gathered]
+    runs = [ranks.tasks_run for _, _, ranks, _ in gathered]
     assert sorted(t for ran in runs for t in ran) == list(range(serial.num_tasks)), \
         f"the ranks' executed tasks {[len(r) for r in runs]} are not a partition of {serial.num_tasks} tasks"
-    moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks in gathered]
+    moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks, _ in gathered]
     assert expected is None or moved == expected, f"bytes (sent, received) by rank: {moved}, not {expected}"
+    if executor == "parallel" and case == "matmul":  # each rank's tile products on its native workers
+        native = [count for *_, count in gathered]
+        assert all(0 < count <= len(ran) for count, ran in zip(native, runs)), \
+            f"native tasks by rank {native} of {[len(r) for r in runs]} run"
     print(f"OK {case} {size}", flush=True)
 
 

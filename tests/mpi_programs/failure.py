@@ -3,12 +3,12 @@
     mpiexec -n 2 python -m tests.mpi_programs.failure kernel|receiving|orchestration
 
 kernel: the last rank's kernel raises while rank 0 waits for the data that task would have
-made. receiving: the same, while the failing rank itself waits for a message that rank 0 can
-send only after the one it waits for (its receives are chained): only the failing rank's
-notice frees both. orchestration: the last rank's orchestration raises while the others go
-on. Each rank
-prints "RAISED <rank> <error type> <task id or -> <its __cause__'s type or -> <seconds>", then
-runs a matmul with the same Runtime and prints "AGAIN <rank> OK" when it is right.
+made. receiving: the same, while the failing rank itself waits for a message (W) that rank 0
+sends only after a receive of its own, and rank 0 also waits for one that never comes (A):
+only the failing rank's notice frees both. orchestration: the last rank's orchestration
+raises while the others go on. Each rank prints
+"RAISED <rank> <error type> <task id or -> <its __cause__'s type or -> <seconds>",
+then runs a matmul with the same Runtime and prints "AGAIN <rank> OK" when it is right.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def receiving(o: pto.Orchestrator, a, z, b, w, c, mode: str) -> None:
     o.submit(late_boom, pto.output(A))            # the last rank: fails
     o.submit(slow_fill, pto.output(Z))            # the last rank
     o.submit(copy, pto.input(A), pto.output(B))   # rank 0 receives A, which never comes
-    o.submit(copy, pto.input(Z), pto.output(W))   # rank 0 receives Z, chained behind A's
+    o.submit(copy, pto.input(Z), pto.output(W))   # rank 0 receives Z
     o.submit(copy, pto.input(W), pto.output(C))   # the last rank receives W: sent once W is made
 
 

@@ -1,0 +1,50 @@
+"""The receives a rank has posted and whose data has not come yet, as its executor sees them.
+
+A receive task's kernel posts its receive here (`post`) and returns; the task completes when
+its data has come, which the executor learns by polling (`arrived`), between tasks and while
+a worker has nothing else to do (executors/__init__.py, `Arrivals`). So no thread is handed a
+message and none waits inside MPI: the worker that learns of the data completes the receive
+and goes on with the reader it made ready.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .transport import Posted, Transport
+
+
+class Inbox:
+    """Posted receives by task id; see the module docstring. Any worker may post or poll."""
+
+    def __init__(self, transport: Transport):
+        self._transport = transport
+        self._lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        """A run starts: nothing is posted (a failed run's receives were given up)."""
+        self._tasks: list[int] = []
+        self._posted: list[Posted] = []
+
+    def post(self, task_id: int, view, mask, source: int, sequence: int) -> None:
+        posted = self._transport.receive(view, mask, source, sequence)
+        with self._lock:
+            self._tasks.append(task_id)
+            self._posted.append(posted)
+
+    def pending(self) -> int:
+        return len(self._tasks)
+
+    def arrived(self) -> list[int]:
+        """The tasks whose data has come since the last call (PeerFailed once a rank failed)."""
+        if not self._tasks or not self._lock.acquire(blocking=False):
+            return []  # another worker is polling: it completes what has come
+        try:
+            done = self._transport.arrived(self._posted) if self._posted else []
+            came = [self._tasks[i] for i in done]
+            for i in sorted(done, reverse=True):
+                del self._tasks[i], self._posted[i]
+            return came
+        finally:
+            self._lock.release()
