@@ -287,6 +287,7 @@ class Runtime:
                 executor.abort()
             scheduler.reset(record, whole=True)  # nothing of an unwound run stays in the rings
             if placement is not None:
+                placement.inbox.give_up()  # its workers have stopped: what they left posted
                 concluded = conclude(placement.transport, error)
                 if concluded is not error:  # another rank's failure: its cause, not this rank's waits
                     raise concluded from concluded.__cause__

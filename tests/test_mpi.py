@@ -62,7 +62,7 @@ def test_serial_executor_on_each_rank():
     assert "OK matmul 2" in out and "OK spread 2" in out
 
 
-@pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "receiving"),
+@pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "receiving"), (2, "read-only"),
                                          (2, "orchestration")])
 def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
     out = mpiexec(ranks, "tests.mpi_programs.failure", mode, timeout=60)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 
+from ..errors import TaskError
+from ..tasks import Task
 from .transport import Posted, Transport
 
 
@@ -24,27 +26,36 @@ class Inbox:
 
     def clear(self) -> None:
         """A run starts: nothing is posted (a failed run's receives were given up)."""
-        self._tasks: list[int] = []
+        self._tasks: list[Task] = []
         self._posted: list[Posted] = []
 
-    def post(self, task_id: int, view, mask, source: int, sequence: int) -> None:
+    def post(self, task: Task, view, mask, source: int, sequence: int) -> None:
         posted = self._transport.receive(view, mask, source, sequence)
         with self._lock:
-            self._tasks.append(task_id)
+            self._tasks.append(task)
             self._posted.append(posted)
 
-    def pending(self) -> int:
-        return len(self._tasks)
-
     def arrived(self) -> list[int]:
-        """The tasks whose data has come since the last call (PeerFailed once a rank failed)."""
+        """The ids of the tasks whose data has come since the last call, now in place;
+        PeerFailed once a rank has failed, the receive's TaskError if unpacking fails."""
         if not self._tasks or not self._lock.acquire(blocking=False):
             return []  # another worker is polling: it completes what has come
         try:
-            done = self._transport.arrived(self._posted) if self._posted else []
-            came = [self._tasks[i] for i in done]
+            done = self._transport.arrived(self._posted)
+            came = [(self._tasks[i], self._posted[i]) for i in done]
             for i in sorted(done, reverse=True):
                 del self._tasks[i], self._posted[i]
-            return came
+            for task, posted in came:
+                try:
+                    self._transport.deliver(posted)
+                except Exception as error:  # a read-only array, say: the receive fails as a task
+                    raise TaskError.of(task, error) from error
+            return [task.id for task, _ in came]
         finally:
             self._lock.release()
+
+    def give_up(self) -> None:
+        """A run failed: what it left posted stays posted (Transport.give_up)."""
+        with self._lock:
+            self._transport.give_up(self._posted)
+            self.clear()

@@ -79,12 +79,6 @@ class NcclTransport(MpiTransport):
         stream = cupy.cuda.get_current_stream()
         self._communicator.recv(data.data.ptr, data.nbytes, self._nccl.NCCL_UINT8, source, stream.ptr)
         self._finish(stream, f"data from rank {source}")
-        values = data.view(view.dtype)
-        if mask is None:
-            view[...] = values.reshape(view.shape)
-        else:
-            view[cupy.asarray(mask)] = values
-        self.bytes_received += data.nbytes
         return Posted(None, data, view, mask, source)
 
     def arrived(self, posted: list[Posted]) -> list[int]:

@@ -221,7 +221,7 @@ class Placement:
 
     def _recv(self, region, *lane_and_index) -> None:
         transfer = self._take(lane_and_index[-1])
-        self.inbox.post(transfer.task.id, region, transfer.mask, transfer.peer, transfer.sequence)
+        self.inbox.post(transfer.task, region, transfer.mask, transfer.peer, transfer.sequence)
 
     def _take(self, index: int) -> Transfer:
         transfer, self._transfers[index] = self._transfers[index], None

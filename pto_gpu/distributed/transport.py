@@ -8,8 +8,8 @@ A message's tag is its place in the sequence of transfers between its two ranks 
 counts them at submission, on both ranks alike), so transfers may be posted in any order.
 A send packs (copies) the elements and returns, so it never waits for its receiver; MPI
 moves the copy while this rank is inside any MPI call. A receive is posted (`receive`) and
-returns; `arrived` tests the posted ones, unpacks those whose elements have come, and raises
-PeerFailed once a rank, this one included, has said it failed. Nothing here waits for a
+returns; `arrived` tests the posted ones, and raises PeerFailed once a rank, this one
+included, has said it failed; `deliver` unpacks one that has come. Nothing here waits for a
 message but the end of a run (for its sends): the executor polls (inbox.py).
 Each run works on its
 own duplicate of the communicator, so a failed run's unmatched messages cannot reach a later
@@ -64,8 +64,16 @@ class Transport(Protocol):
         to this rank."""
 
     def arrived(self, posted: list[Posted]) -> list[int]:
-        """The indices in `posted` of the receives whose elements have come, now in their views;
-        PeerFailed once a rank has failed (the receives still posted are then given up)."""
+        """The indices in `posted` of the receives whose elements have come; PeerFailed once a
+        rank has failed (the run then gives up what it left posted)."""
+
+    def deliver(self, posted: Posted) -> None:
+        """Unpack the elements of a receive that has come into its view."""
+
+    def give_up(self, posted: list[Posted]) -> None:
+        """Receives a failed run leaves posted: their buffers are kept with the run's
+        communicator, which is never freed, since a message already matched may still fill
+        them (a cancel does not stop it)."""
 
     def barrier(self) -> None:
         """Return once every rank has called it (between runs)."""
@@ -138,7 +146,7 @@ class MpiTransport:
         self._sends: list = []  # (request, packed copy) of sends not known to be delivered
         self._sends_lock = threading.Lock()
         self._prune_at = 64  # undelivered sends at which delivered ones are let go
-        self._given_up: list = []  # buffers of receives a failure stopped: MPI may still fill them
+        self._given_up: list = []  # receives a failure stopped (request, buffer): MPI may still fill them
         # Failed runs' communicators, never freed, with the buffers their unfinished messages
         # may still read or write. MPICH has ~2,000 communicator ids: as many failed runs.
         self._abandoned: list = []
@@ -177,13 +185,15 @@ class MpiTransport:
         requests.append(self._notice)
         done = self._MPI.Request.Testsome(requests) or []
         if len(posted) in done or self._someone_failed:
-            # A cancel does not stop a message already matched: its buffer is kept.
-            self._given_up += [p.data for p in posted]
             raise self._failed(f"data from rank {posted[0].source}" if posted else "data")
-        for index in done:
-            unpack(posted[index].data, posted[index].view, posted[index].mask)
-            self.bytes_received += posted[index].data.nbytes
         return done
+
+    def deliver(self, posted: Posted) -> None:
+        unpack(posted.data, posted.view, posted.mask)
+        self.bytes_received += posted.data.nbytes
+
+    def give_up(self, posted: list[Posted]) -> None:
+        self._given_up += [(p.request, p.data) for p in posted]
 
     def _tag(self, sequence: int) -> int:
         # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that

@@ -21,9 +21,6 @@ class Arrivals(Protocol):
     """Where an executor learns that tasks whose kernel has run (Task.arrives) may complete: a
     distributed run's inbox (distributed/inbox.py)."""
 
-    def pending(self) -> int:
-        """How many tasks wait for their data."""
-
     def arrived(self) -> list[int]:
         """The ids of those whose data has come since the last call; never waits."""
 

@@ -3,9 +3,11 @@
 The orchestration runs on the caller's thread while workers execute. Each worker class has
 a ready queue; a worker pops a task, runs its kernel (numpy BLAS and nogil kernels release
 the GIL), then completes it in the core, which hands back the consumers it made ready.
-With threshold=0 nothing starts until the orchestration ends or a ring fills; with
-threshold=N, once N tasks are pending. A ring that is full while nothing runs or waits to
-run can never drain: that raises DeadlockError at once instead of waiting.
+With threshold=0 no worker starts until the orchestration ends or a ring fills; with
+threshold=N, once N tasks are pending. (Inline tasks ready at submission, a distributed
+run's transfers and other ranks' tasks, run at once on the orchestrator's thread.) A ring
+that is full while nothing runs or waits to run can never drain: that raises DeadlockError
+at once instead of waiting.
 
 Ready queues are FIFO; with a `schedule=` (schedule.py) they are heaps in its order, keyed
 when a task is queued and all again when the workers start (the critical path of a task
@@ -17,8 +19,10 @@ chosen one takes it); a busy home worker's tasks go to another.
 Tasks that complete when their data arrives (Task.arrives: a distributed run's receives) are
 run (posted) like others and then wait in `arrivals`. One idle worker at a time holds the
 poll (`_poll`): it polls, yielding then sleeping (poll_pause), until data comes, a task of its
-class is queued or nothing waits any more; every worker also polls as it finishes a task.
-Whoever learns of the data completes the receive and goes on with what that made ready.
+class is queued or nothing waits any more; every worker also polls as it finishes a Python
+task, and one that goes on to another task (or returns from a native loop, which does not
+poll) while nobody polls wakes an idle worker to. Whoever learns of the data completes the
+receive and goes on with what that made ready.
 """
 
 from __future__ import annotations
@@ -451,6 +455,7 @@ class ParallelExecutor:
                     "numba cfunc); run with executor='serial' to see it"))
             self._take_handoffs_locked()
             self._running -= 1  # after the hand-offs: a failure there is counted by _work
+            self._offer_poll_locked()  # a native loop does not poll
             self._wake_native_locked()
             if self._tracing:
                 self._sample()
@@ -562,6 +567,7 @@ class ParallelExecutor:
             with self._lock:
                 self._running -= 1
                 self._offer_poll_locked()
+                self._notify_progress_locked()
 
     def _offer_poll_locked(self) -> None:
         """Tasks wait for data and no worker polls: wake an idle worker to take the poll."""

@@ -1,12 +1,13 @@
 """Run under mpiexec (tests/test_mpi.py): one rank fails, and every rank must raise, soon.
 
-    mpiexec -n 2 python -m tests.mpi_programs.failure kernel|receiving|orchestration
+    mpiexec -n 2 python -m tests.mpi_programs.failure kernel|receiving|read-only|orchestration
 
 kernel: the last rank's kernel raises while rank 0 waits for the data that task would have
 made. receiving: the same, while the failing rank itself waits for a message (W) that rank 0
 sends only after a receive of its own, and rank 0 also waits for one that never comes (A):
-only the failing rank's notice frees both. orchestration: the last rank's orchestration
-raises while the others go on. Each rank prints
+only the failing rank's notice frees both. read-only: the last rank reads rank 0's rows of
+an array that is read-only everywhere, so its receive cannot unpack them. orchestration:
+the last rank's orchestration raises while the others go on. Each rank prints
 "RAISED <rank> <error type> <task id or -> <its __cause__'s type or -> <seconds>",
 then runs a matmul with the same Runtime and prints "AGAIN <rank> OK" when it is right.
 """
@@ -64,6 +65,11 @@ def receiving(o: pto.Orchestrator, a, z, b, w, c, mode: str) -> None:
     o.submit(copy, pto.input(W), pto.output(C))   # the last rank receives W: sent once W is made
 
 
+def read_only(o: pto.Orchestrator, x, y, mode: str) -> None:
+    X, Y = o.external(x, owner=pto.block_rows(o.ranks)), o.external(y, owner=o.ranks - 1)
+    o.submit(copy, pto.input(X[:8]), pto.output(Y))  # the last rank receives rank 0's rows
+
+
 def main(mode: str) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -72,6 +78,10 @@ def main(mode: str) -> None:
     try:
         if mode == "receiving":
             rt.run(receiving, *(np.zeros((8, 4)) for _ in range(5)), mode)
+        elif mode == "read-only":
+            x = np.ones((8 * comm.Get_size(), 4))
+            x.flags.writeable = False
+            rt.run(read_only, x, np.zeros((8, 4)), mode)
         else:
             rt.run(failing, np.zeros((8 * comm.Get_size(), 4)), np.zeros((8, 4)), mode)
     except Exception as error:  # the failing rank's own, else the TaskError or RankError of it
