@@ -298,8 +298,10 @@ class Runtime:
         if placement is not None and (error := conclude(placement.transport, None)) is not None:
             scheduler.reset(record, whole=True)
             raise error
-        if placement is not None and (idle := placement.idle_ranks()) is not None:
-            warnings.warn(idle, RuntimeWarning, stacklevel=3)
+        if placement is not None:
+            for said in (placement.idle_ranks(), placement.heavy_traffic()):
+                if said is not None:
+                    warnings.warn(said, RuntimeWarning, stacklevel=3)
         seconds = time.perf_counter() - started
         measured = profile.measured()
         header = scheduler.state.head

@@ -44,6 +44,8 @@ from .logical import LogicalGraph
 from .ownership import Owner, check_rank, element_owners
 from .transport import Transport
 
+TRAFFIC_WORTH_SAYING = 1 << 20  # bytes moved by a run
+
 
 @dataclasses.dataclass(slots=True)
 class Transfer:
@@ -67,7 +69,7 @@ class Placement:
                                   cuda=dataclasses.replace(no_device_code, library=self._send))(self._send)
         self.recv_kernel = kernel(WorkerType.ACCELERATOR, name="recv", mixed_dtypes=True,
                                   cuda=dataclasses.replace(no_device_code, library=self._recv))(self._recv)
-        self.warned_idle = False
+        self.warned_idle = self.warned_traffic = False
         self.start(None, record=False)
 
     @property
@@ -84,6 +86,7 @@ class Placement:
         self._next_label = 0
         self.tasks_run: list[int] = []
         self.placed = np.zeros(self.size, np.int64)  # the run's tasks placed on each rank (all ranks agree)
+        self.bytes_written = self.bytes_moved = 0  # by the run's tasks, between ranks (all ranks agree)
         self.graph = LogicalGraph(sizes) if record else None
         self.lane: TensorDescriptor | None = None  # an ordered transport's chain (module docstring)
         self.inbox.clear()
@@ -174,6 +177,7 @@ class Placement:
         for p in tensors:
             if p.writes:
                 self._holding(p.value).wrote(p.value, rank)
+                self.bytes_written += p.value.size * p.value.dtype.itemsize
         return transfers
 
     def idle_ranks(self) -> str | None:
@@ -188,6 +192,18 @@ class Placement:
                 "o.external/o.alloc owners whose blocks match the tiles the tasks write, e.g. "
                 "pto.block_rows(o.ranks) over tiles of rows); said once per Runtime")
 
+    def heavy_traffic(self) -> str | None:
+        """Once per Runtime: a warning when a finished run moved more bytes between ranks than
+        its tasks wrote (owners whose blocks cut across the tiles the tasks read), and at least
+        TRAFFIC_WORTH_SAYING: less costs less than a millisecond."""
+        if self.warned_traffic or self.bytes_moved <= max(self.bytes_written, TRAFFIC_WORTH_SAYING):
+            return None
+        self.warned_traffic = True
+        return (f"the run moved {self.bytes_moved / 2**20:.1f} MiB between ranks, more than its tasks wrote "
+                f"({self.bytes_written / 2**20:.1f} MiB): most of what they read is another rank's (give "
+                "o.external/o.alloc owners whose blocks match the tiles the tasks read and write, e.g. "
+                "pto.block_rows(o.ranks) over tiles of rows); said once per Runtime")
+
     def write_back(self) -> list[Task]:
         """Transfers that give each external array's owner the newest version of its elements."""
         transfers = []
@@ -200,6 +216,8 @@ class Placement:
 
     def _transfer(self, tensor: TensorDescriptor, mask: np.ndarray | None, source: int,
                   dest: int) -> list[Task]:
+        count = tensor.size if mask is None else int(np.count_nonzero(mask))
+        self.bytes_moved += count * tensor.dtype.itemsize
         if self.rank not in (source, dest):
             return []
         sequence = self._sequence.get((source, dest), 0)

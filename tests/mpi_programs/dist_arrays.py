@@ -13,7 +13,8 @@ rank holds its share of the arrays' memory (and a page per block edge) after sca
 after a run (the rows it received given back); a scatter whose root passes no array raises
 on every rank; an owner other than the array's, and a DistArray of another communicator
 size, are RankErrors naming the array; a run that leaves
-ranks without a task warns once per Runtime, naming them.
+ranks without a task warns once per Runtime, naming them, and so does one that moves more
+between ranks than its tasks write.
 """
 
 from __future__ import annotations
@@ -135,6 +136,16 @@ def main() -> None:
             assert len(said) == expected, (rank, said)
             idle = ", ".join(map(str, range(1, size)))
             assert not said or said[0].startswith(f"ranks {idle} of {size}"), said
+        # rows dealt one at a time under tiles of TILE rows: a run moves more of other ranks'
+        # rows (1.5 MiB and more) than its tasks write (1 MiB), said once per Runtime, on every rank
+        dealt = [pto.DistArray((4 * N, N), np.float32, pto.block_cyclic(1, size), comm) for _ in range(3)]
+        heavy = pto.Runtime(backend="cpu", comm=comm, workers={pto.CUBE: 1, pto.VECTOR: 1})
+        for expected in (1, 0):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                heavy.run(shifted_axpy, *dealt, TILE)
+            said = [str(w.message) for w in caught if "more than its tasks wrote" in str(w.message)]
+            assert len(said) == expected, (rank, said)
     comm.Barrier()
     if rank == 0:
         print(f"OK dist {size}", flush=True)
