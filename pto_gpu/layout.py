@@ -48,7 +48,9 @@ def layout_row(owner: int, owner_nbytes: int, byte_offset: int, itemsize: int, s
     shift = block_shift(owner_nbytes)
     if 0 in repeats:
         return (owner, byte_offset, byte_offset, level, 0, 0, shift) + (0,) * (2 * MAX_DIMS)
-    dims = sorted(((s * itemsize, r) for s, r in zip(strides, repeats) if r != 1), reverse=True)
+    dims = [(s * itemsize, r) for s, r in zip(strides, repeats) if r != 1]
+    if len(dims) > 1:
+        dims.sort(reverse=True)
     run = itemsize
     while dims and dims[-1][0] == run:
         run *= dims.pop()[1]

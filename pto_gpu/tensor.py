@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import struct
 
 import numpy as np
 
 from .dtypes import DataType
 from .errors import LayoutError
-from .layout import layout_row
+from .layout import PARAM_WIDTH, layout_row
 from .overlap import Overlap
 
 MAX_REMEMBERED_SLICES = 4096  # per parent descriptor
@@ -54,7 +55,7 @@ class TensorDescriptor:
     """An immutable strided view of a buffer. See the module docstring."""
 
     __slots__ = ("buffer", "addr", "start_offset", "strides", "repeats", "dtype", "version",
-                 "overlap", "_layout", "_slices", "_param_rows", "_desc", "_host_views")
+                 "overlap", "_row", "_layout", "_slices", "_param_rows", "_desc", "_host_views")
 
     def __init__(self, buffer: Buffer, addr: int, start_offset: int, strides: tuple[int, ...],
                  repeats: tuple[int, ...], dtype: DataType, version: int = 0,
@@ -166,7 +167,12 @@ class TensorDescriptor:
         repeats: list[int] = []
         for dim, index in enumerate(key):
             stride, count = self.strides[dim], self.repeats[dim]
-            if isinstance(index, slice):
+            if type(index) is slice and index.step is None and type(index.start) is int \
+                    and type(index.stop) is int and 0 <= index.start <= index.stop <= count:
+                offset += index.start * stride  # the common tile slice, checked as it stands
+                strides.append(stride)
+                repeats.append(index.stop - index.start)
+            elif isinstance(index, slice):
                 start, stop, step = _checked_slice(index, count, dim)
                 offset += start * stride
                 strides.append(stride * step)
@@ -216,10 +222,18 @@ class TensorDescriptor:
     def layout(self) -> np.ndarray:
         """The canonical layout row the numba core compares (see layout.py), computed once."""
         if self._layout is None:
-            _SET(self, "_layout", np.array(layout_row(
-                self.buffer.key, self.buffer.nbytes, self.byte_offset, self.dtype.itemsize, self.strides,
-                self.repeats, int(self.overlap)), np.int64))
+            _SET(self, "_layout", np.array(self.layout_key, np.int64))
         return self._layout
+
+    @property
+    def layout_key(self) -> tuple[int, ...]:
+        """The layout row as a tuple: equal for two descriptors exactly when their layouts are."""
+        row = self._row
+        if row is None:
+            row = layout_row(self.buffer.key, self.buffer.nbytes, self.byte_offset, self.dtype.itemsize,
+                             self.strides, self.repeats, int(self.overlap))
+            _SET(self, "_row", row)
+        return row
 
     def param_row(self, kind: int) -> bytes:
         """The row the core takes for this tensor as a param of `kind` (INPUT, OUTPUT, INOUT):
@@ -229,11 +243,12 @@ class TensorDescriptor:
             _SET(self, "_param_rows", {})
         row = self._param_rows.get(kind)
         if row is None:
-            row = self._param_rows[kind] = np.append(self.layout, np.int64(kind)).tobytes()
+            row = self._param_rows[kind] = _PARAM_ROW.pack(*self.layout_key, kind)
         return row
 
 
 _SET = object.__setattr__
+_PARAM_ROW = struct.Struct(f"={PARAM_WIDTH}q")  # a layout row and a kind, as numpy's int64 bytes
 
 
 def _init(t, buffer, addr, start_offset, strides, repeats, dtype, version, overlap) -> None:
@@ -245,6 +260,7 @@ def _init(t, buffer, addr, start_offset, strides, repeats, dtype, version, overl
     _SET(t, "dtype", dtype)
     _SET(t, "version", version)
     _SET(t, "overlap", overlap)
+    _SET(t, "_row", None)
     _SET(t, "_layout", None)
     _SET(t, "_slices", None)
     _SET(t, "_param_rows", None)

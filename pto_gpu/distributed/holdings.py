@@ -92,14 +92,14 @@ class Holdings:
         self.owner = owners
         self.writer = owners.copy()
         self.valid = np.left_shift(self._valid_type(1), owners.astype(self._valid_type))
-        self._full: dict[bytes, int] = {}  # region layout -> AND of its elements' valid bits
-        self._views: dict[bytes, tuple] = {}  # region layout -> (its element count per entry, views)
+        self._full: dict[tuple, int] = {}  # region layout -> AND of its elements' valid bits
+        self._views: dict[tuple, tuple] = {}  # region layout -> (its element count per entry, views)
 
     # --- the tables seen through a region --------------------------------------------------
-    def _region(self, tensor: TensorDescriptor) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    def _region(self, tensor: TensorDescriptor) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray]:
         """The region's layout key and its views of the owner, writer and valid tables, in
         units (splitting the tables first if the region cuts a unit)."""
-        key = tensor.layout.tobytes()
+        key = tensor.layout_key
         cached = self._views.get(key)
         if cached is not None and cached[0] == self.unit:
             return key, *cached[1]

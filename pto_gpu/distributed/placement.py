@@ -85,7 +85,7 @@ class Placement:
         self._default_owner = [0]
         self._next_label = 0
         self.tasks_run: list[int] = []
-        self.placed = np.zeros(self.size, np.int64)  # the run's tasks placed on each rank (all ranks agree)
+        self.placed = [0] * self.size  # the run's tasks placed on each rank (all ranks agree)
         self.bytes_written = self.bytes_moved = 0  # by the run's tasks, between ranks (all ranks agree)
         self.graph = LogicalGraph(sizes) if record else None
         self.lane: TensorDescriptor | None = None  # an ordered transport's chain (module docstring)
@@ -183,7 +183,7 @@ class Placement:
     def idle_ranks(self) -> str | None:
         """Once per Runtime: a warning naming the ranks a finished run gave no task, when it had
         enough tasks for every rank (its owners put every write elsewhere)."""
-        idle = np.flatnonzero(self.placed == 0)
+        idle = [rank for rank, count in enumerate(self.placed) if count == 0]
         if self.warned_idle or len(idle) == 0 or self._next_label < self.size:
             return None
         self.warned_idle = True
