@@ -47,22 +47,31 @@ def layout_row(owner: int, owner_nbytes: int, byte_offset: int, itemsize: int, s
     """The canonical layout row of a strided tensor (strides and repeats in elements)."""
     shift = block_shift(owner_nbytes)
     if 0 in repeats:
-        return (owner, byte_offset, byte_offset, level, 0, 0, shift) + (0,) * (2 * MAX_DIMS)
+        return (owner, byte_offset, byte_offset, level, 0, 0, shift) + _PADS[MAX_DIMS] * 2
     dims = [(s * itemsize, r) for s, r in zip(strides, repeats) if r != 1]
     if len(dims) > 1:
         dims.sort(reverse=True)
     run = itemsize
     while dims and dims[-1][0] == run:
         run *= dims.pop()[1]
-    merged: list[tuple[int, int]] = []
+    merged_strides: list[int] = []
+    merged_counts: list[int] = []
     for stride, count in dims:
-        if merged and merged[-1][0] == stride * count:
-            merged[-1] = (stride, merged[-1][1] * count)
+        if merged_strides and merged_strides[-1] == stride * count:
+            merged_strides[-1] = stride
+            merged_counts[-1] *= count
         else:
-            merged.append((stride, count))
-    if len(merged) > MAX_DIMS:
-        raise LayoutError(f"a tensor layout needs {len(merged)} dims after merging; at most {MAX_DIMS}")
-    pad = (0,) * (MAX_DIMS - len(merged))
-    extent = run + sum((count - 1) * stride for stride, count in merged)
-    return ((owner, byte_offset, byte_offset + extent, level, run, len(merged), shift)
-            + tuple(stride for stride, _ in merged) + pad + tuple(count for _, count in merged) + pad)
+            merged_strides.append(stride)
+            merged_counts.append(count)
+    ndim = len(merged_strides)
+    if ndim > MAX_DIMS:
+        raise LayoutError(f"a tensor layout needs {ndim} dims after merging; at most {MAX_DIMS}")
+    extent = run
+    for stride, count in zip(merged_strides, merged_counts):
+        extent += (count - 1) * stride
+    pad = _PADS[MAX_DIMS - ndim]
+    return (owner, byte_offset, byte_offset + extent, level, run, ndim, shift, *merged_strides, *pad,
+            *merged_counts, *pad)
+
+
+_PADS = [(0,) * n for n in range(MAX_DIMS + 1)]
