@@ -33,6 +33,7 @@ from pto_gpu.orchestration.softmax import fused_softmax
 from pto_gpu.orchestration.workloads import to_backend
 
 import pto_gpu as pto
+from pto_gpu import isa
 from pto_gpu.backends import emulator
 from pto_gpu.runtime import cuda_unavailable
 
@@ -127,6 +128,34 @@ def test_a_16_bit_tiled_matmul_on_tensor_cores_matches_the_serial_cpu_executor(d
     np.testing.assert_allclose(got, want.astype(np.float64), rtol=0, atol=4 * scale)
     np.testing.assert_allclose(got, a.astype(np.float64) @ b.astype(np.float64), rtol=0, atol=8 * scale)
 
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tf32_kernel_through_the_runtime_is_the_cpu_product_within_tf32s_tolerance(backend):
+    """A float32 product in a function that says tf32 runs on tensor cores in its CUDA code
+    (on the emulator, the host build's mma.sync.m16n8k8): within 2^-10 of sum |a||b| of the
+    serial CPU executor's exact product (docs/ISA.md, "TF32, on request"), and not equal to it."""
+    module = isa.Module("tf32")
+    f = isa.FunctionBuilder("product", module=module).in_core().tf32()
+    f32 = pto.FLOAT32
+    f.memref("a", f32, (48, 40)).memref("b", f32, (40, 24)).memref("c", f32, (48, 24))
+    f.tile("ta", 48, 40, f32).tile("tb", 40, 24, f32).tile("tc", 48, 24, f32)
+    f.load("ta", "a").load("tb", "b").matmul("tc", "ta", "tb").store("c", "tc").build()
+    product = isa.compile(module).kernels["product"]
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((48, 40)).astype(np.float32), rng.standard_normal((40, 24)).astype(np.float32)
+
+    def run(o, a, b, c):
+        o.submit(product, pto.input(o.external(a)), pto.input(o.external(b)), pto.output(o.external(c)))
+
+    want = np.zeros((48, 24), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(run, a, b, want)
+    rt = pto.Runtime(backend=backend)
+    device = [rt.backend.to_device(x) for x in (a, b, np.zeros_like(want))]
+    rt.run(run, *device)
+    got = rt.backend.to_host(device[2]).astype(np.float64)
+    bound = 2.0**-10 * (np.abs(a.astype(np.float64)) @ np.abs(b)) + 2.0**-20
+    assert np.all(np.abs(got - want) <= bound) and not np.array_equal(got, want)
 
 def workloads():
     rng = np.random.default_rng(5)

@@ -276,6 +276,8 @@ CASES = [
         _ROW_SUM.replace("  %t = tload %x[0, 0]\n", "")), isa.ISAError, "so do the verifier's"),
     Case("column_tails on an Orchestration", lambda made: isa.FunctionBuilder("f").not_in_core()
          .column_tails().build(), isa.ISAError),
+    Case("tf32 on a function of float16 memrefs", lambda made: isa.FunctionBuilder("f").in_core().tf32()
+         .memref("m", pto.FLOAT16, (8, 8)).build(), isa.ISAError),
     Case("costs per class that miss one of the kernel's classes", lambda made: pto.kernel(
         worker=(pto.CUBE, pto.VECTOR), cost={pto.CUBE: _noop})(_noop), pto.ParamError),
 ]

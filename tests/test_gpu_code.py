@@ -97,3 +97,28 @@ def test_pto_gpu_compile_says_why_a_program_of_library_kernels_has_no_code_to_em
     err = capsys.readouterr().err
     assert "no InCore function of its own to emit cuda for" in err
     assert "pto_gpu.kernels.tiles.matmul_acc" in err
+
+
+def _float32_product(tf32: bool):
+    """@product of a program: out = a @ b of 64 x 32 by 32 x 64 float32 tiles, with `tf32` or not
+    (all three in shared memory: 32 KiB)."""
+    module = isa.Module("products")
+    f = isa.FunctionBuilder("product", module=module).in_core()
+    if tf32:
+        f.tf32()
+    f32 = pto.FLOAT32
+    f.memref("a", f32, (64, 32)).memref("b", f32, (32, 64)).memref("out", f32, (64, 64))
+    f.tile("ta", 64, 32, f32).tile("tb", 32, 64, f32).tile("tc", 64, 64, f32)
+    f.load("ta", "a").load("tb", "b").matmul("tc", "ta", "tb").store("out", "tc").build()
+    return isa.compile(module).kernels["product"]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_float32_products_take_tensor_cores_as_tf32_only_where_the_function_says_so(arch):
+    shapes = [(64, 32), (32, 64), (64, 64)]
+    ptx = isa.gpu_code(_float32_product(True), shapes, np.float32, arch=arch)
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in ptx and "cvt.rna.tf32.f32" in ptx
+    exact = isa.gpu_code(_float32_product(False), shapes, np.float32, arch=arch)
+    assert "mma." not in exact and "tf32" not in exact
+    with pytest.raises(isa.ISAError, match=r"TF32 tile products run on tensor cores .*sm_80 or newer"):
+        isa.gpu_code(_float32_product(True), shapes, np.float32, arch="sm_75")

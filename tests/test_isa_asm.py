@@ -363,3 +363,17 @@ m = isa.Module("softmax_module")
     .end_for()
     .build())
 """
+
+
+def test_a_functions_flags_round_trip_through_text_and_to_python():
+    """`column_tails` and `tf32` after the parameters, in that order, and their builder calls."""
+    module = Module("flags")
+    module.add(Function("f", FunctionKind.INCORE, (MemRef("m", F32, (8, 8)),), (), (Tile("t", 8, 8, F32),),
+                        (Op("TLOAD", "t", ("m", 0, 0)), Op("TSTORE", "m", ("t", 0, 0))), column_tails=True,
+                        tf32=True))
+    text = print_module(module)
+    assert "func @f(%m: !pto.memref<f32, 8x8>) column_tails tf32 {" in text
+    assert parse(text) == module
+    scope = {"isa": isa, "pto": pto}
+    exec(to_python(module), scope)
+    assert scope["m"] == module

@@ -454,6 +454,7 @@ def test_generated_kernels_on_the_gpu_match_the_interpreter(name, dt, tail, tmp_
 
 # --- tensor cores: what a review found ---------------------------------------------------------
 F16 = pto.FLOAT16
+F32 = pto.FLOAT32
 
 
 def _tensor_core_module(build) -> Module:
@@ -546,3 +547,57 @@ def test_float64_tiles_of_a_float16_kernel_count_as_double_in_shared_memory():
 
     with pytest.raises(ISAError, match=r"@k: the tiles read whole \(t_d\) need 51200 bytes of shared memory"):
         cuda_source(_tensor_core_module(build), "k")
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:
+    """x rounded to TF32 as cvt.rna.tf32.f32 does (10 mantissa bits, ties away from zero), in
+    float64: an independent rounding of the bits, not the header's."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((bits + 0x1000) & 0xFFFFE000).astype(np.uint32)).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("m, k, n, accumulate", [(16, 8, 8, False), (32, 64, 48, False), (20, 37, 27, True)],
+                         ids=["one-instruction", "units", "tails-accumulate"])
+def test_a_tf32_function_multiplies_float32_tiles_on_tensor_cores_and_an_exact_one_does_not(
+        m, k, n, accumulate, tmp_path):
+    """With `tf32` a float32 product is mma.sync.m16n8k8 over operands rounded to TF32: it is
+    the float64 product of the rounded operands to float32's accumulation (k x 2^-24 of the
+    sum of |a||b|), and TF32's rounding (up to 2^-10 of it) away from the exact product; without
+    it, the exact product. Tails of every dim, and an accumulating product."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal((m, n)).astype(np.float32) if accumulate else np.zeros((m, n), np.float32)
+    magnitude = np.abs(a.astype(np.float64)) @ np.abs(b) + np.abs(c)
+    exact = a.astype(np.float64) @ b + c
+    for tf32 in (True, False):
+        def build(f, tf32=tf32):
+            if tf32:
+                f.tf32()
+            f.memref("a", F32, (m, k)).memref("b", F32, (k, n)).memref("out", F32, (m, n))
+            f.tile("ta", m, k, F32).tile("tb", k, n, F32).tile("tc", m, n, F32)
+            f.load("ta", "a").load("tb", "b")
+            if accumulate:
+                f.load("tc", "out").matmul_acc("tc", "ta", "tb")
+            else:
+                f.matmul("tc", "ta", "tb")
+            f.store("out", "tc")
+
+        out = c.copy()
+        source = _run_host(_tensor_core_module(build), [a, b, out], np.float32, tmp_path / str(tf32))
+        assert ("pto_mma_tf32(acc" in source) == tf32
+        accumulation = (k + 2) * 2.0**-24 * magnitude
+        want = _tf32(a) @ _tf32(b) + c if tf32 else exact
+        assert np.all(np.abs(out - want) <= accumulation), (tf32, np.abs(out - want).max())
+        if tf32:
+            assert np.all(np.abs(out - exact) <= 2.0**-10 * magnitude + accumulation)
+            assert np.abs(out - exact).max() > 10 * accumulation.max()  # the rounding is there
+
+
+def test_tf32_is_for_float32_functions_with_a_body():
+    def build(f):
+        f.tf32().memref("x", F16, (16, 16)).memref("out", F16, (16, 16)).tile("t", 16, 16, F16)
+        f.load("t", "x").store("out", "t")
+
+    with pytest.raises(ISAError, match="only an InCore function with a body and float32 memrefs has TF32"):
+        _tensor_core_module(build)

@@ -13,6 +13,7 @@
     }
     func @k(%a: in !pto.memref<f32>, %c: out !pto.memref<f32>, %eps: f32) = library pkg.module.name
     func @g(%a: !pto.memref<f32, 8x768>, ...) column_tails {   an InCore function taking narrower windows
+    func @p(%a: !pto.memref<f32, 64x64>, ...) tf32 {           float32 products on tensor cores as TF32
 
 Parameters are the memrefs (with a shape or without), then the scalar parameters, each group in
 declaration order; the parser rebuilds `Function.scalars` as the parameters followed by the
@@ -160,7 +161,8 @@ class _Printer:
             if not _PATH.fullmatch(str(f.library)):
                 raise self.fail(f"library {f.library!r} is not an import path (package.module.name)")
             return [f"// Function Type: {f.kind.value}", f"{head} = library {f.library}"]
-        out = [f"// Function Type: {f.kind.value}", head + (" column_tails {" if f.column_tails else " {")]
+        flags = "".join(f" {flag}" for flag, on in (("column_tails", f.column_tails), ("tf32", f.tf32)) if on)
+        out = [f"// Function Type: {f.kind.value}", f"{head}{flags} {{"]
         out += [f"{_INDENT}{self.name(t.name)} = alloc_tile : {self.tile_type(t)}" for t in f.tiles]
         out += [f"{_INDENT}{self.name(s.name)} = alloc_scalar : {self.dtype(s.dtype)}"
                 for s in f.scalars if not s.param]
@@ -505,6 +507,9 @@ class _Parser:
         column_tails = self.at("word", "column_tails")
         if column_tails:
             self.advance()
+        tf32 = self.at("word", "tf32")
+        if tf32:
+            self.advance()
         self.punct("{")
         self.end_of_line()
         tiles: list[Tile] = []
@@ -527,7 +532,7 @@ class _Parser:
         if not self.at("eof"):
             self.end_of_line()
         return Function(name, kind, tuple(memrefs), tuple(scalars), tuple(tiles), body, tuple(tensors),
-                        column_tails=column_tails)
+                        column_tails=column_tails, tf32=tf32)
 
     def memref_type(self, name: str) -> MemRef:
         self.expect("type", "!pto.memref", "'!pto.memref'")

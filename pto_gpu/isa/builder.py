@@ -70,6 +70,7 @@ class FunctionBuilder:
         self._tensors: list[MemRef] = []
         self._library: str | None = None
         self._column_tails = False
+        self._tf32 = False
         self._body: list[Statement] = []
         self._open: list[_Block] = []
 
@@ -120,6 +121,12 @@ class FunctionBuilder:
         """This InCore function takes memref windows narrower than declared (a column tail): it
         reads a window's width with `scalar_dim` where its results depend on it."""
         self._column_tails = True
+        return self
+
+    def tf32(self) -> FunctionBuilder:
+        """This InCore function's float32 products may run on tensor cores as TF32 in its CUDA
+        code (operands rounded to 10 mantissa bits, sums in float); without it they are exact."""
+        self._tf32 = True
         return self
 
     def tensor(self, name: str, dtype: object) -> FunctionBuilder:
@@ -232,7 +239,7 @@ class FunctionBuilder:
         scalars = tuple(sorted(self._scalars, key=lambda s: not s.param))
         function = Function(self._name, self._kind, tuple(self._memrefs), scalars,
                             tuple(self._tiles), tuple(self._body), tuple(self._tensors), self._library,
-                            self._column_tails)
+                            self._column_tails, self._tf32)
         verify_function(function, self._module)
         if self._module is not None:
             self._module.add(function)

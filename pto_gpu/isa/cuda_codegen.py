@@ -34,9 +34,11 @@ Tensor cores: in a kernel of float16 or bfloat16 memrefs (ACC float) a product (
 MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 instructions
 (pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
 its operands and result are in shared memory, and each warp takes units of the result of 16
-rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. Where the
-shared memory that takes is over the limit, every product of the kernel is FMA instead
-(_generator). float32 and float64 products stay FMA, exact (no TF32).
+rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. In a
+kernel of float32 memrefs whose function says `tf32`, its float32 products are the same units
+of mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps of 8.
+Where the shared memory that takes is over the limit, every product of the kernel is FMA
+instead (_generator). Other float32 products, and float64 ones, stay FMA, exact.
 
 Per-element arithmetic comes from each opcode's `cuda` template in ops.OPCODES, so a new
 element-wise, tile-scalar, reduction, expand or scalar entry needs no change here.
@@ -73,12 +75,12 @@ SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
 # about 2 s each. The loop indexes no register array, so a partial unroll cannot push a tile
 # out of registers: only the loops that index one (rows, slots) must unroll whole.
 MATMUL_K_UNROLL = 4
-# The products that run on tensor cores (mma.sync.m16n8k16, float accumulators): of float16
-# and bfloat16 tiles, whose operands and result are in shared memory as float, in steps of
-# MMA_K along k.
+# The products that run on tensor cores (float accumulators): of float16 and bfloat16 tiles
+# (mma.sync.m16n8k16), and of float32 tiles in a function that says tf32 (mma.sync.m16n8k8 of
+# operands rounded to TF32), whose operands and result are in shared memory as float.
 TENSOR_CORE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16)
 TENSOR_CORE_BYTES = 4
-MMA_K = 16
+MMA_K, TF32_MMA_K = 16, 8  # k of one instruction: 16-bit operands, TF32 ones
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 
@@ -224,6 +226,7 @@ class _Generator:
         # Products of 16-bit tiles on tensor cores (mma.sync, compute type float): the tiles are
         # float in every build of such a kernel, so shared memory counts 4 bytes an element.
         self.tensor_cores = tensor_cores and tensor_core_kernel(function)
+        self.tensor_core_dtypes = tensor_core_dtypes(function)
         self.tensor_products = 0
         self.tiles: dict[str, Tile] = {}  # C name -> tile
         self.scalars: dict[str, str] = {}  # C name of a local scalar -> its C type
@@ -781,7 +784,8 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     if dst == b:
         raise ctx.fail(where, "the CUDA code generator needs the destination to differ from the right "
                               "operand (other warps still read it while the product is written)")
-    if ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype):
+    if ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype,
+                                                  ctx.g.tensor_core_dtypes):
         return _tensor_matmul(ctx, op, spec, where)
     ctx.g.whole.add(b)
     tile, left = ctx.g.tiles[dst], ctx.g.tiles[a]
@@ -808,25 +812,32 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     return _Code(lines, whole=True)
 
 
+def tensor_core_dtypes(function: Function) -> tuple[DataType, ...]:
+    """The tile types whose products may take tensor cores in a function's CUDA code: the
+    16-bit ones, and float32 where the function says tf32."""
+    return TENSOR_CORE_DTYPES + ((DataType.FLOAT32,) if function.tf32 else ())
+
+
 def tensor_core_kernel(function: Function) -> bool:
-    """Whether a function's products may take tensor cores: its memrefs of one 16-bit type."""
-    return len({m.dtype for m in function.memrefs}) == 1 and function.memrefs[0].dtype in TENSOR_CORE_DTYPES
+    """Whether a function's products may take tensor cores: its memrefs of one such type."""
+    return (len({m.dtype for m in function.memrefs}) == 1
+            and function.memrefs[0].dtype in tensor_core_dtypes(function))
 
 
-def tensor_core_product(op: Op, dtype: Callable[[str], DataType]) -> bool:
-    """Whether a MATMUL(_ACC) of a kernel of 16-bit memrefs runs on tensor cores: its three
-    tiles 16-bit (`dtype` of a tile name) and its destination neither operand (the units of
-    the result are written while other warps still read the operands)."""
+def tensor_core_product(op: Op, dtype: Callable[[str], DataType], allowed: tuple[DataType, ...]) -> bool:
+    """Whether a MATMUL(_ACC) of a tensor-core kernel runs on tensor cores: its three tiles of
+    the `allowed` types (tensor_core_dtypes; `dtype` of a tile name) and its destination neither
+    operand (the units of the result are written while other warps still read the operands)."""
     dst, a, b = op.dst, op.srcs[0], op.srcs[1]
-    return dst not in (a, b) and all(dtype(tile) in TENSOR_CORE_DTYPES for tile in (dst, a, b))
+    return dst not in (a, b) and all(dtype(tile) in allowed for tile in (dst, a, b))
 
 
 def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
-    """MATMUL(_ACC) of float16 or bfloat16 tiles on tensor cores: a, b and dst all in shared
-    memory (as float); the warps take units of dst of 16 rows x up to 4 blocks of 8 columns in
-    turn, and a unit is a sum over k in steps of 16 of pto_mma (mma.sync.m16n8k16, float
-    accumulators in registers), its fragments packed from shared memory, zero outside the
-    valid regions."""
+    """MATMUL(_ACC) on tensor cores: a, b and dst all in shared memory (as float); the warps
+    take units of dst of 16 rows x up to 4 blocks of 8 columns in turn, and a unit is a sum over
+    k of pto_mma (float16, bfloat16 tiles: mma.sync.m16n8k16, in steps of 16) or pto_mma_tf32
+    (float32 tiles: mma.sync.m16n8k8 of TF32, in steps of 8), float accumulators in registers,
+    its fragments from shared memory, zero outside the valid regions."""
     dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
     ctx.g.whole.update((dst, a, b))
     ctx.g.tensor_products += 1
@@ -836,34 +847,44 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
 
     def lines(g: _Generator) -> list[str]:
-        def pair(operand: str, first: tuple[str, str], second: tuple[str, str], valid: str) -> str:
-            """Two elements of an operand in shared memory as a register of halves, each 0 where
-            `valid` (of the element's row {0} and column {1}) is false."""
-            low, high = (f"{valid.format(row, col)} ? (float){operand}[{row}][{col}] : 0.0f"
-                         for row, col in (first, second))
-            return f"pto_pack_pair({low}, {high})"
+        def element(operand: str, row: str, col: str, valid: str) -> str:
+            """An element of an operand in shared memory, 0 where `valid` (of the element's row
+            {0} and column {1}) is false."""
+            return f"{valid.format(row, col)} ? (float){operand}[{row}][{col}] : 0.0f"
 
-        a_pair = pair(a, ("r", "k"), ("r", "k + 1"), f"r < vr_{a} && {{1}} < kn")
-        b_pair = pair(b, ("k", "c"), ("k + 1", "c"), f"c < vc_{b} && {{0}} < kn")
+        a_valid, b_valid = f"r < vr_{a} && {{1}} < kn", f"c < vc_{b} && {{0}} < kn"
+        if g.tiles[a].dtype == DataType.FLOAT32:  # TF32: an element a register, rounded
+            step, a_k, b_k, product = TF32_MMA_K, "k0 + t + 4 * (q / 2)", "k0 + t + 4 * q", "pto_mma_tf32"
+            a_register = f"pto_tf32({element(a, 'r', 'k', a_valid)})"
+            b_register = f"pto_tf32({element(b, 'k', 'c', b_valid)})"
+            fragments = ("A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)", "B(t, c), B(t + 4, c)")
+        else:  # 16-bit: two elements a register, along k
+            step, a_k, b_k, product = MMA_K, "k0 + t2 + 8 * (q / 2)", "k0 + t2 + 8 * q", "pto_mma"
+            a_register = (f"pto_pack_pair({element(a, 'r', 'k', a_valid)}, "
+                          f"{element(a, 'r', 'k + 1', a_valid)})")
+            b_register = (f"pto_pack_pair({element(b, 'k', 'c', b_valid)}, "
+                          f"{element(b, 'k + 1', 'c', b_valid)})")
+            fragments = ("A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..)",
+                         "B(t2.., c), B(t2 + 8.., c)")
         each_accumulator = ["PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
                             "    PTO_UNROLL", "    for (int e = 0; e < 4; ++e) {",
                             "        const long long r = r0 + g + 8 * (e / 2), c = c0 + 8 * n + t2 + e % 2;"]
         start = [*each_accumulator, f"        if (r < vr && c < vc) acc[n][e] = {dst}[r][c];", "    }", "}"]
         unit = [
             f"const long long r0 = 16 * (pto_u / {slices}), c0 = {8 * blocks} * (pto_u % {slices});",
-            "const long long g = pto_lane / 4, t2 = 2 * (pto_lane % 4);",
+            "const long long g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
             f"float acc[{blocks}][4] = {{}};", *(start if spec.accumulate else []),
-            f"for (long long k0 = 0; k0 < kn; k0 += {MMA_K}) {{",
-            "    unsigned fa[4];  // A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..)",
+            f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{",
+            f"    unsigned fa[4];  // {fragments[0]}",
             "    PTO_UNROLL", "    for (int q = 0; q < 4; ++q) {",
-            "        const long long r = r0 + g + 8 * (q % 2), k = k0 + t2 + 8 * (q / 2);",
-            f"        fa[q] = {a_pair};", "    }",
+            f"        const long long r = r0 + g + 8 * (q % 2), k = {a_k};",
+            f"        fa[q] = {a_register};", "    }",
             "    PTO_UNROLL", f"    for (int n = 0; n < {blocks}; ++n) {{",
             "        const long long c = c0 + 8 * n + g;",
-            "        unsigned fb[2];  // B(t2.., c), B(t2 + 8.., c)",
+            f"        unsigned fb[2];  // {fragments[1]}",
             "        PTO_UNROLL", "        for (int q = 0; q < 2; ++q) {",
-            "            const long long k = k0 + t2 + 8 * q;", f"            fb[q] = {b_pair};", "        }",
-            "        pto_mma(acc[n], fa, fb, acc[n]);", "    }", "}",
+            f"            const long long k = {b_k};", f"            fb[q] = {b_register};", "        }",
+            f"        {product}(acc[n], fa, fb, acc[n]);", "    }", "}",
             *each_accumulator, f"        if (r < vr && c < vc) {dst}[r][c] = acc[n][e];", "    }", "}"]
         body = [f"const long long kn = vc_{a};",
                 f"for (int pto_u = pto_warp; pto_u < {bands * slices}; pto_u += PTO_WARPS) {{  // units",

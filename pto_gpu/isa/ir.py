@@ -207,6 +207,9 @@ class Function:
     # An InCore function that takes windows narrower than its memrefs (a column tail), and so
     # reads their width (SDIM) where it matters; without it a narrower window is refused.
     column_tails: bool = False
+    # An InCore function of float32 memrefs whose products may run on tensor cores as TF32 in
+    # its CUDA code (each operand rounded to 10 mantissa bits, float sums); else exact (FMA).
+    tf32: bool = False
 
     @property
     def in_core(self) -> bool:

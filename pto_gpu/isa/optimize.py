@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from .cuda_codegen import tensor_core_kernel, tensor_core_product
+from .cuda_codegen import tensor_core_dtypes, tensor_core_kernel, tensor_core_product
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Return, Statement, Tile, walk
 from .operands import Kind, signature
@@ -136,10 +136,10 @@ def _tiles_touched(body: tuple[Statement, ...]) -> Names:
 
 def _read_whole(function: Function) -> Names:
     """Tiles some instruction reads whole (MATMUL's b, COL_REDUCE's a, COL_EXPAND's b,
-    TRANSPOSE's a), and in a kernel of 16-bit memrefs a tensor-core product's a and dst: the
-    CUDA code keeps these in shared memory, the others in registers."""
+    TRANSPOSE's a), and in a tensor-core kernel a tensor-core product's a and dst: the CUDA
+    code keeps these in shared memory, the others in registers."""
     dtypes = {t.name: t.dtype for t in function.tiles}
-    sixteen_bit = tensor_core_kernel(function)
+    cores, allowed = tensor_core_kernel(function), tensor_core_dtypes(function)
     whole = set()
     for statement in walk(function.body):
         if isinstance(statement, Op):
@@ -147,7 +147,7 @@ def _read_whole(function: Function) -> Names:
             position = _WHOLE_OPERAND.get(form)
             if position is not None:
                 whole.add(statement.srcs[position])
-            if form is Form.MATMUL and sixteen_bit and tensor_core_product(statement, dtypes.__getitem__):
+            if form is Form.MATMUL and cores and tensor_core_product(statement, dtypes.__getitem__, allowed):
                 whole |= {statement.dst, statement.srcs[0]}
     return frozenset(whole)
 

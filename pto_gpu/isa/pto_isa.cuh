@@ -482,6 +482,46 @@ inline unsigned pto_pack_pair(float low, float high) {
 }
 #endif
 
+// cvt.rna.tf32.f32: a float rounded to TF32's 10 mantissa bits, to nearest with ties away from
+// zero (the low 13 bits of the result zero); infinities and NaNs as they are.
+inline unsigned pto_tf32(float value) {
+    unsigned bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7f800000u) == 0x7f800000u) return bits;
+    return (bits + 0x1000u) & 0xffffe000u;
+}
+
+// mma.sync.m16n8k8 of TF32 (see pto_mma_tf32 below) as a warp rendezvous, as pto_mma: each
+// lane's four elements of D from the other lanes' A and B by the PTX fragment layout ("Matrix
+// Fragments for mma.m16n8k8", .tf32). A product of two TF32 values is exact in a float.
+inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+    PtoHostRun &run = *pto_host_run;
+    const int thread = (int)threadIdx.x, warp = thread / 32, lane = thread % 32;
+    PtoBarrier &barrier = run.warps[warp];
+    PtoMmaOffer *offers = run.mma[barrier.generation & 1] + warp * 32;
+    PtoMmaOffer &mine = offers[lane];
+    std::memcpy(mine.a, a, sizeof mine.a);
+    std::memcpy(mine.b, b, sizeof mine.b);
+    std::memcpy(mine.c, c, sizeof mine.c);
+    pto_host_wait(barrier, PTO_MMA_SYNC);
+    const int group = lane / 4, pair = 2 * (lane % 4);
+    float result[4];
+    for (int e = 0; e < 4; ++e) {
+        const int row = group + 8 * (e / 2), col = pair + e % 2;
+        float sum = offers[lane].c[e];
+        for (int k = 0; k < 8; ++k) {
+            // A(row, k): lane 4 * (row % 8) + k % 4, register (row / 8) + 2 * (k / 4);
+            // B(k, col): lane 4 * col + k % 4, register k / 4
+            float left, right;
+            std::memcpy(&left, &offers[4 * (row % 8) + k % 4].a[row / 8 + 2 * (k / 4)], sizeof left);
+            std::memcpy(&right, &offers[4 * col + k % 4].b[k / 4], sizeof right);
+            sum += left * right;
+        }
+        result[e] = sum;
+    }
+    std::memcpy(d, result, sizeof result);
+}
+
 // One grid at a time in the process: the launch state, threadIdx and the rest, the stacks and the
 // __shared__ statics are globals, and the CUDA emulator's streams launch from several threads.
 // Inline variables are unique symbols, one for every library of generated code loaded, so this
@@ -571,6 +611,41 @@ __device__ inline void pto_mma(float[4], const unsigned[4], const unsigned[2], c
 __device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
 #ifdef __CUDA_ARCH__  // (nvcc's host pass sees an empty body)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTO_MMA_INPUTS ".f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
+}
+#endif
+#endif
+
+#ifdef __CUDACC__
+// TF32 products (a float32 kernel compiled with isa.compile(..., precision="tf32")): each
+// operand element rounded by cvt.rna.tf32.f32, then D = A * B + C with A 16 x 8 (row major),
+// B 8 x 8 (column major), C and D 16 x 8 floats. Lane 4 * g + t holds A(g, t), A(g + 8, t),
+// A(g, t + 4), A(g + 8, t + 4) in a[0..3]; B(t, g), B(t + 4, g) in b[0..1]; C and D as pto_mma's.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <int Arch = __CUDA_ARCH__>
+__device__ inline unsigned pto_tf32(float) {
+    static_assert(Arch >= 800, "TF32 tile products run on tensor cores (mma.sync.m16n8k8): sm_80 or newer");
+    return 0;
+}
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_mma_tf32(float[4], const unsigned[4], const unsigned[2], const float[4]) {
+    static_assert(Arch >= 800, "TF32 tile products run on tensor cores (mma.sync.m16n8k8): sm_80 or newer");
+}
+#else
+__device__ inline unsigned pto_tf32(float value) {
+    unsigned bits = 0;
+#ifdef __CUDA_ARCH__
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(value));
+#endif
+    return bits;
+}
+__device__ inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+#ifdef __CUDA_ARCH__
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),

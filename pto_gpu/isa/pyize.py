@@ -42,6 +42,8 @@ def _function(function: Function) -> list[str]:
         lines.append(f"{_INDENT}.library({_literal(function.library)})")
     if function.column_tails:
         lines.append(f"{_INDENT}.column_tails()")
+    if function.tf32:
+        lines.append(f"{_INDENT}.tf32()")
     for memref in function.memrefs:
         shape = "" if memref.shape is None else f", {_literal(tuple(memref.shape))}"
         if memref.direction is not None:

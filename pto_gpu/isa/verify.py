@@ -173,6 +173,9 @@ class _Checker:
         if f.column_tails and (not f.in_core or f.library is not None):
             self.fail("column_tails", "only an InCore function with a body takes column tails (a library "
                                       "kernel takes the shapes its own declaration says)")
+        if f.tf32 and (not f.in_core or f.library is not None or any(m.dtype != DataType.FLOAT32
+                                                                      for m in f.memrefs)):
+            self.fail("tf32", "only an InCore function with a body and float32 memrefs has TF32 products")
         for tensor in f.tensors:
             where = f"tensor %{tensor.name}"
             self._declare(where, tensor)
