@@ -167,11 +167,12 @@ def test_gemm_runtime(benchmark, cupy, gemm_operands):
 GENERATED_ROWS, GENERATED_COLS = 1024, 128  # a task: 32 bands of 32 rows, a block each
 
 
-def generated_matmul():
-    """The matmul family's generated CUDA code for 1024 x 8192 @ 8192 x 128 float16 tiles, as a
-    kernel of its own: the family's tasks would run cuBLAS."""
+def generated_matmul(dtype=np.float16, tf32: bool = False):
+    """The matmul family's generated CUDA code for 1024 x 8192 @ 8192 x 128 tiles (float16, or
+    float32 with its products as TF32), as a kernel of its own: the family's tasks would run
+    cuBLAS."""
     shapes = ((GENERATED_ROWS, N), (N, GENERATED_COLS), (GENERATED_ROWS, GENERATED_COLS))
-    code = family_of(matmul).cuda(shapes, np.dtype(np.float16), ())
+    code = family_of(matmul).cuda(shapes, np.dtype(dtype), (), tf32=tf32)
     return pto.kernel(worker=pto.CUBE, name="matmul", cuda=code)(lambda a, b, out: None)
 
 
@@ -191,6 +192,39 @@ def test_gemm_generated_tiles(benchmark, cupy, gemm_operands):
     benchmark.pedantic(lambda: rt.run(gemm_generated_tiles, kernel, *pairs[next(turn) % 2], c), rounds=3,
                        warmup_rounds=1)
     gemm_check(cupy, *pairs[(3 + 1 - 1) % 2], c)
+    tflops(benchmark, 2 * N**3)
+
+
+@pytest.fixture(scope="module")
+def gemm_operands_float32(cupy):
+    generator = cupy.random.default_rng(0)
+    pairs = [tuple(generator.standard_normal((N, N), dtype=cupy.float32) for _ in range(2)) for _ in range(2)]
+    return pairs, cupy.zeros((N, N), cupy.float32)
+
+
+def test_gemm_generated_tiles_tf32(benchmark, cupy, gemm_operands_float32):
+    """float32 operands, the generated tiles' products on tensor cores as TF32 (docs/ISA.md,
+    "TF32, on request"); cuBLAS's float32 GEMM beside it is test_gemm_cublas_float32."""
+    pairs, c = gemm_operands_float32
+    kernel = generated_matmul(np.float32, tf32=True)
+    rt = pto.Runtime(backend="cuda", executor="stream")
+    turn = iter(range(10**9))
+    benchmark.pedantic(lambda: rt.run(gemm_generated_tiles, kernel, *pairs[next(turn) % 2], c), rounds=3,
+                       warmup_rounds=1)
+    gemm_check(cupy, *pairs[(3 + 1 - 1) % 2], c)
+    tflops(benchmark, 2 * N**3)
+
+
+def test_gemm_cublas_float32(benchmark, cupy, gemm_operands_float32):
+    """CuPy's float32 matmul as it is configured (cuBLAS; TF32 only if CUPY_TF32 says so)."""
+    pairs, c = gemm_operands_float32
+    turn = iter(range(10**9))
+
+    def one():
+        cupy.matmul(*pairs[next(turn) % 2], out=c)
+        cupy.cuda.get_current_stream().synchronize()
+
+    benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
     tflops(benchmark, 2 * N**3)
 
 

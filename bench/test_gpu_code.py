@@ -27,11 +27,12 @@ def needs_nvrtc():
 
 
 @pytest.mark.benchmark(group="cuda-cold-compile")
-@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=lambda dtype: np.dtype(dtype).name)
+@pytest.mark.parametrize("dtype, tf32", [(np.float16, False), (np.float32, False), (np.float32, True)],
+                         ids=["float16", "float32", "float32-tf32"])
 @pytest.mark.parametrize("name", INSTANCES)
-def test_cold_compile(benchmark, name, dtype):
+def test_cold_compile(benchmark, name, dtype, tf32):
     kernel, shapes, scalars = INSTANCES[name]
-    code = family_of(kernel).cuda(shapes, np.dtype(dtype), scalars)
+    code = family_of(kernel).cuda(shapes, np.dtype(dtype), scalars, tf32=tf32)
     options = nvrtc.cupy_options(cuda_abi.nvrtc_options(code.source.parent, np.dtype(dtype), kernel.name), 90)
     source = code.source.read_text()
     ok, log, cubin = benchmark.pedantic(nvrtc.compile_source, (source, options, code.source.name), rounds=3)

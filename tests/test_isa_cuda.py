@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import host_cuda
 import numpy as np
 import pytest
+from kernel_references import tf32_rounded
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
@@ -549,13 +550,6 @@ def test_float64_tiles_of_a_float16_kernel_count_as_double_in_shared_memory():
         cuda_source(_tensor_core_module(build), "k")
 
 
-def _tf32(x: np.ndarray) -> np.ndarray:
-    """x rounded to TF32 as cvt.rna.tf32.f32 does (10 mantissa bits, ties away from zero), in
-    float64: an independent rounding of the bits, not the header's."""
-    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return (((bits + 0x1000) & 0xFFFFE000).astype(np.uint32)).view(np.float32).astype(np.float64)
-
-
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("m, k, n, accumulate", [(16, 8, 8, False), (32, 64, 48, False), (20, 37, 27, True)],
                          ids=["one-instruction", "units", "tails-accumulate"])
@@ -587,7 +581,7 @@ def test_a_tf32_function_multiplies_float32_tiles_on_tensor_cores_and_an_exact_o
         source = _run_host(_tensor_core_module(build), [a, b, out], np.float32, tmp_path / str(tf32))
         assert ("pto_mma_tf32(acc" in source) == tf32
         accumulation = (k + 2) * 2.0**-24 * magnitude
-        want = _tf32(a) @ _tf32(b) + c if tf32 else exact
+        want = tf32_rounded(a) @ tf32_rounded(b) + c if tf32 else exact
         assert np.all(np.abs(out - want) <= accumulation), (tf32, np.abs(out - want).max())
         if tf32:
             assert np.all(np.abs(out - exact) <= 2.0**-10 * magnitude + accumulation)

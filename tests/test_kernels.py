@@ -24,7 +24,7 @@ import host_cuda
 import ml_dtypes
 import numpy as np
 import pytest
-from kernel_references import REFERENCES
+from kernel_references import REFERENCES, tf32_rounded
 from kernel_samples import KERNELS, SCALARS, SIZES, arrays, shapes, strided
 from pto_gpu.kernels import llm
 from pto_gpu.kernels.elementwise import scale
@@ -227,6 +227,29 @@ def test_tall_product_tiles_are_bands_of_rows_over_blocks(name, sizes, dtype, tm
     _host_call(library, kernel, code, inputs, scalars)
     _assert_matches(kernel, inputs, expected, dtype)
 
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("name", ["matmul", "matmul_acc"])
+def test_a_familys_float32_product_instance_made_with_tf32_rounds_its_operands(name, tmp_path):
+    """Family.cuda(..., tf32=True): the banded instance of a tall float32 product (tails of
+    every dim) on tensor cores as TF32: the float64 product of TF32-rounded operands to
+    float32's accumulation, not the exact one (docs/ISA.md, "TF32, on request")."""
+    kernel = BY_NAME[name]
+    m, k, n = 100, 40, 24
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    c = np.zeros((m, n), np.float32)
+    if name == "matmul_acc":
+        c = rng.standard_normal((m, n)).astype(np.float32)
+    code = family_of(kernel).cuda(((m, k), (k, n), (m, n)), np.dtype(np.float32), (), tf32=True)
+    assert "pto_mma_tf32(acc" in code.source.read_text()
+    out = c.copy()
+    host_cuda.call(host_cuda.build(code, np.float32, tmp_path), kernel.name, code, [a, b, out], ())
+
+    magnitude = np.abs(a.astype(np.float64)) @ np.abs(b) + np.abs(c)
+    accumulation = (k + 2) * 2.0**-24 * magnitude
+    assert np.all(np.abs(out - (tf32_rounded(a) @ tf32_rounded(b) + c)) <= accumulation)
+    assert np.abs(out - (a.astype(np.float64) @ b + c)).max() > 10 * accumulation.max()
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 def test_scalars_are_passed_as_the_kernel_declares_them(tmp_path):

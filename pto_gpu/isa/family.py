@@ -96,14 +96,17 @@ class Family:
         return tuple(sizes.items())
 
     def module(self, sizes: tuple[tuple[str, int], ...], dtype: DataType, structural: tuple,
-               local_memory: int | None = None) -> Module:
+               local_memory: int | None = None, tf32: bool = False) -> Module:
+        """The instance's module; with `tf32` (float32 only), its function says tf32."""
         budget = {"local_memory": local_memory} if self.budgeted else {}
-        key = (sizes, dtype, structural, *budget.values())
+        key = (sizes, dtype, structural, tf32, *budget.values())
         with self._lock:
             module = self._modules.get(key)
             if module is None:
                 module = Module(f"{self.name}_" + "_".join(f"{w}{n}" for w, n in sizes))
                 builder = FunctionBuilder(self.name, module=module).in_core()
+                if tf32:
+                    builder.tf32()
                 named = dict(zip(self.structural_names, structural))
                 self.build(builder, dtype, **dict(sizes), **named, **budget)
                 self._check(builder.build(), module)
@@ -192,18 +195,20 @@ class Family:
                         module, self.name, generated.cache_dir(), batched)
             return self._native[key, batched]
 
-    def cuda(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple) -> CudaCode:
-        """The CUDA code of the instance for a call with these shapes and scalar values."""
+    def cuda(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple,
+             tf32: bool = False) -> CudaCode:
+        """The CUDA code of the instance for a call with these shapes and scalar values; with
+        `tf32`, of float32 tiles, its products on tensor cores as TF32 (docs/ISA.md)."""
         sizes = self.sizes(shapes)
         banded = self._banded(sizes)
         instance = (banded, as_dtype(dtype), tuple(scalars[i] for i in self.structural))
-        key = (*instance, banded != sizes)  # a band of a taller call, or the whole of one
+        key = (*instance, tf32, banded != sizes)  # a band of a taller call, or the whole of one
         code = self._cuda.get(key)
         if code is None:
             with preparing(), self._lock:
                 code = self._cuda.get(key)
                 if code is None:
-                    module = self.module(*instance, local_memory=cuda_codegen.SHARED_LIMIT)
+                    module = self.module(*instance, local_memory=cuda_codegen.SHARED_LIMIT, tf32=tf32)
                     split = self._split_memrefs(module) if banded != sizes else ()
                     directory = generated.cache_dir()
                     code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory, split)
