@@ -47,25 +47,29 @@ class CudaCode:
     # (generated code); None: from each value's Python type.
     integer_scalars: tuple[bool, ...] | None = None
 
-    def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple) -> CudaCode:
-        """The code that runs a call with these tensor shapes, element type and scalar values:
-        this one."""
+    def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
+                 tf32: bool) -> CudaCode:
+        """The code that runs a call with these tensor shapes, element type and scalar values,
+        in a run that asks for TF32 products or not: this one (made once; a generated
+        function's own `tf32` says how it multiplies)."""
         return self
 
 
 @dataclasses.dataclass(frozen=True)
 class CudaInstances:
     """CUDA code made for each call (a kernel family's, pto_gpu/isa/family.py):
-    `instance(shapes, dtype, scalars)` gives the CudaCode of that call's instance. `library` as
+    `instance(shapes, dtype, scalars, tf32)` gives the CudaCode of that call's instance (with
+    `tf32`, its float32 products as TF32: Runtime(precision="tf32")). `library` as
     CudaCode's. `structural`: the positions of the scalars whose values pick the instance
     (None: every scalar's), so that launches of one instance share their preparation."""
 
-    instance: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], CudaCode]
+    instance: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple, bool], CudaCode]
     library: Callable | None = None
     structural: tuple[int, ...] | None = None
 
-    def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple) -> CudaCode:
-        return self.instance(tuple(shapes), np.dtype(dtype), scalars)
+    def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
+                 tf32: bool) -> CudaCode:
+        return self.instance(tuple(shapes), np.dtype(dtype), scalars, tf32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from threadpoolctl import ThreadpoolController
 
 from .backends import CapturedGraph
 from .backends.cpu import CpuBackend
+from .backends.cuda_abi import check_precision
 from .core.state import CoreState, Sizes
 from .costs import CostHistory
 from .distributed.outcome import conclude
@@ -111,7 +112,7 @@ class Runtime:
                  workers: dict[WorkerType | str, int] | None = None, buffer_window: int | None = None,
                  dep_pool: int | None = None, tensormap_entries: int | None = None,
                  validate: bool | None = None, costs: CostHistory | None = None, comm: object = None,
-                 transport: str = "mpi", emulate: str | None = None):
+                 transport: str = "mpi", emulate: str | None = None, precision: str = "exact"):
         if executor not in EXECUTORS:
             raise PTOError(f"executor={executor!r}; choose one of {', '.join(EXECUTORS)}")
         if comm is not None and executor not in ("auto", "parallel", "serial"):
@@ -122,6 +123,7 @@ class Runtime:
                            "host functions that only a GPU's backend runs; use backend='cpu' or 'cuda'")
         if transport not in ("mpi", "nccl"):
             raise PTOError(f"transport={transport!r}; choose 'mpi' or 'nccl'")
+        check_precision(precision, "Runtime")
         self.sizes = Sizes(
             task_window=task_window,
             heap_bytes=heap_bytes,
@@ -147,7 +149,7 @@ class Runtime:
             from .distributed.nccl import use_local_gpu
 
             use_local_gpu(comm)  # before the heap is allocated on the current device
-        self.backend = _make_backend(backend, heap_bytes, emulate)
+        self.backend = _make_backend(backend, heap_bytes, emulate, precision)
         # On a GPU, issue-ahead onto streams; on the CPU, a thread pool. A distributed run's
         # transfers need its worker threads.
         if executor == "auto":
@@ -402,7 +404,7 @@ def _make_transport(comm: object, name: str, backend):
     return MpiTransport(comm)
 
 
-def _make_backend(name: str, heap_bytes: int, emulate: str | None):
+def _make_backend(name: str, heap_bytes: int, emulate: str | None, precision: str):
     if name not in BACKENDS:
         raise PTOError(f"backend={name!r}; choose one of {', '.join(map(repr, BACKENDS))}")
     if emulate is not None and name != "cuda-emulated":
@@ -414,13 +416,13 @@ def _make_backend(name: str, heap_bytes: int, emulate: str | None):
         from .backends.cuda import CudaBackend
         from .backends.emulated_device import EmulatedDevice
 
-        return CudaBackend(EmulatedDevice(heap_bytes, emulate or "gpu-code"))
+        return CudaBackend(EmulatedDevice(heap_bytes, emulate or "gpu-code"), precision=precision)
     reason = cuda_unavailable()
     if reason is None:
         from .backends.cuda import CudaBackend
         from .backends.cuda_device import CupyDevice  # imports CuPy, which the CPU path never needs
 
-        return CudaBackend(CupyDevice(heap_bytes))
+        return CudaBackend(CupyDevice(heap_bytes), precision=precision)
     if name == "cuda":
         raise PTOError(f"backend='cuda' cannot be used: {reason}; use backend='cpu' or 'auto'")
     log.info("pto-gpu: no CUDA (%s); using the CPU backend", reason)

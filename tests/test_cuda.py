@@ -157,6 +157,28 @@ def test_a_tf32_kernel_through_the_runtime_is_the_cpu_product_within_tf32s_toler
     bound = 2.0**-10 * (np.abs(a.astype(np.float64)) @ np.abs(b)) + 2.0**-20
     assert np.all(np.abs(got - want) <= bound) and not np.array_equal(got, want)
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_that_asks_for_tf32_multiplies_the_familys_float32_tiles_as_tf32(backend):
+    """Runtime(precision="tf32"): the tiled matmul's float32 tile products (the families'
+    generated code on the emulator) within TF32's tolerance of the serial CPU executor's exact
+    ones, and not equal to them; the same run without it is the exact product."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((96, 80)).astype(np.float32)
+    b = rng.standard_normal((80, 64)).astype(np.float32)
+    want = np.zeros((96, 64), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, a, b, want, tile=32)
+    bound = 2.0**-10 * (np.abs(a.astype(np.float64)) @ np.abs(b)) + 2.0**-18
+    for precision in ("tf32", "exact"):
+        rt = pto.Runtime(backend=backend, precision=precision)
+        device = [rt.backend.to_device(x) for x in (a, b, np.zeros_like(want))]
+        rt.run(tiled_matmul, *device, tile=32)
+        got = rt.backend.to_host(device[2]).astype(np.float64)
+        if precision == "tf32":
+            assert np.all(np.abs(got - want) <= bound) and not np.allclose(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
 def workloads():
     rng = np.random.default_rng(5)
     a = rng.standard_normal((256, 192)).astype(np.float32)

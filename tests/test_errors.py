@@ -255,6 +255,7 @@ CASES = [
          lambda made: pto.Runtime(backend="cuda-emulated", comm=object()), pto.PTOError),
     Case("unknown transport", lambda made: pto.Runtime(backend="cpu", comm=object(), transport="tcp"),
          pto.PTOError),
+    Case("unknown precision", lambda made: pto.Runtime(backend="cpu", precision="fp8"), pto.PTOError),
     Case("tier limits that do not increase", lambda made: pto.tiers([(8, _noop), (4, _noop)]),
          pto.ParamError),
     Case("a worker class named twice", lambda made: pto.kernel(worker=(pto.CUBE, pto.CUBE))(_noop),

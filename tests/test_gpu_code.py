@@ -122,3 +122,9 @@ def test_float32_products_take_tensor_cores_as_tf32_only_where_the_function_says
     assert "mma." not in exact and "tf32" not in exact
     with pytest.raises(isa.ISAError, match=r"TF32 tile products run on tensor cores .*sm_80 or newer"):
         isa.gpu_code(_float32_product(True), shapes, np.float32, arch="sm_75")
+    # a run's precision="tf32" makes the library family's float32 instance so; exact by default
+    family = [(64, 32), (32, 64), (64, 64)]
+    assert "tf32.tf32" in isa.gpu_code(matmul, family, np.float32, arch=arch, precision="tf32")
+    assert "tf32" not in isa.gpu_code(matmul, family, np.float32, arch=arch)
+    with pytest.raises(pto.PTOError, match=r"gpu_code: precision='fp8'; choose one of 'exact', 'tf32'"):
+        isa.gpu_code(matmul, family, np.float32, arch=arch, precision="fp8")

@@ -70,7 +70,7 @@ ATTENTION_PRODUCTS = [(flash_scores, ((8, 128, 64), (8, 128, 64), (8, 128, 128))
                          ids=[kernel.name for kernel, *_ in ATTENTION_PRODUCTS])
 def test_attention_products_at_128_row_tiles_compile_without_spills(kernel, shapes, scalars):
     nvrtc.library_or_skip()
-    source = kernel.cuda.code_for(list(shapes), np.float32, scalars).source
+    source = kernel.cuda.code_for(list(shapes), np.float32, scalars, False).source
     options = (*nvrtc.cupy_options(cuda_abi.nvrtc_options(source.parent, np.float32, kernel.name), 90),
                "--ptxas-options=-v")
     ok, log = nvrtc.compile_cubin(source.read_text(), options, source.name)

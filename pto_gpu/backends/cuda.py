@@ -89,9 +89,10 @@ class Device(Protocol):
 
 
 class CudaBackend:
-    def __init__(self, device: Device, gpu_timeout: float = GPU_TIMEOUT):
+    def __init__(self, device: Device, gpu_timeout: float = GPU_TIMEOUT, precision: str = "exact"):
         self.name = device.name
         self.device = device
+        self.tf32 = precision == "tf32"  # families' float32 products as TF32 (cuda_abi.PRECISIONS)
         self._driver = device.driver
         self.heap_base = device.heap_base
         self.heap_bytes = device.heap_bytes
@@ -212,7 +213,7 @@ class CudaBackend:
         if not tensors:
             raise PTOError(f"{kernel.name}: a CUDA kernel takes at least one tensor, to say its element type")
         shapes = [t.shape for t in tensors]
-        code = kernel.cuda.code_for(shapes, tensors[0].dtype.numpy, scalars)
+        code = kernel.cuda.code_for(shapes, tensors[0].dtype.numpy, scalars, self.tf32)
         items = code.items(shapes)
         if items == 0:
             return NO_WORK

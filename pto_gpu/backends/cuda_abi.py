@@ -26,6 +26,17 @@ COMPILE_OPTIONS = {
 }
 
 
+# How a run's float32 tile products are computed in generated CUDA code: exactly (FMA), or on
+# tensor cores as TF32 (Runtime(precision="tf32"); docs/ISA.md, "TF32, on request").
+PRECISIONS = ("exact", "tf32")
+
+
+def check_precision(precision: object, where: str) -> str:
+    if precision not in PRECISIONS:
+        raise PTOError(f"{where}: precision={precision!r}; choose one of {', '.join(map(repr, PRECISIONS))}")
+    return precision
+
+
 def symbol(kernel_name: str) -> str:
     return f"pto_{kernel_name}"
 

@@ -198,7 +198,9 @@ class Family:
     def cuda(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple,
              tf32: bool = False) -> CudaCode:
         """The CUDA code of the instance for a call with these shapes and scalar values; with
-        `tf32`, of float32 tiles, its products on tensor cores as TF32 (docs/ISA.md)."""
+        `tf32`, its float32 products on tensor cores as TF32 (docs/ISA.md; other element types
+        are as they are)."""
+        tf32 = tf32 and as_dtype(dtype) == DataType.FLOAT32
         sizes = self.sizes(shapes)
         banded = self._banded(sizes)
         instance = (banded, as_dtype(dtype), tuple(scalars[i] for i in self.structural))

@@ -8,18 +8,21 @@ import re
 import numpy as np
 
 from ..backends import cuda_abi
+from ..backends.cuda_abi import check_precision
 from ..errors import ParamError, PTOError
 from ..kernel import Kernel
 from . import nvrtc
 from .errors import ISAError
 
 
-def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm_90") -> str:
+def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm_90",
+             precision: str = "exact") -> str:
     """The PTX of `kernel`'s CUDA code for a call with tensors of `shapes`, element type `dtype`
     and these `scalars` (those that pick a family's instance), for `arch` ("sm_80", "sm_90",
     ...): the instance a kernel family picks, compiled as the CUDA backend compiles it, for the
     virtual architecture (the cubin it loads is this PTX assembled). A kernel whose tasks run
-    a library on a GPU (the matmuls' cuBLAS) gives the generated code it runs while capturing."""
+    a library on a GPU (the matmuls' cuBLAS) gives the generated code it runs while capturing.
+    `precision` as Runtime's: "tf32" gives a family's float32 instance its TF32 products."""
     match = re.fullmatch(r"sm_(\d+)", arch)
     if match is None:
         raise ParamError(f"gpu_code: arch={arch!r} is not a GPU architecture such as 'sm_80' or 'sm_90'")
@@ -27,7 +30,8 @@ def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm
         name = getattr(kernel, "name", repr(kernel))
         raise PTOError(f"gpu_code: {name} has no CUDA code (a kernel family, a kernel compiled from a PTO "
                        "program, or one declared with cuda=pto.CudaCode(...) has)")
-    code = kernel.cuda.code_for([tuple(s) for s in shapes], np.dtype(dtype), tuple(scalars))
+    code = kernel.cuda.code_for([tuple(s) for s in shapes], np.dtype(dtype), tuple(scalars),
+                                check_precision(precision, "gpu_code") == "tf32")
     options = cuda_abi.nvrtc_options(code.source.parent, np.dtype(dtype), kernel.name)
     try:
         ok, log, ptx = nvrtc.compile_source(code.source.read_text(),
