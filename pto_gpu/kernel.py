@@ -48,7 +48,7 @@ class CudaCode:
     integer_scalars: tuple[bool, ...] | None = None
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
-                 tf32: bool) -> CudaCode:
+                 tf32: bool = False) -> CudaCode:
         """The code that runs a call with these tensor shapes, element type and scalar values,
         in a run that asks for TF32 products or not: this one (made once; a generated
         function's own `tf32` says how it multiplies)."""
@@ -68,7 +68,7 @@ class CudaInstances:
     structural: tuple[int, ...] | None = None
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
-                 tf32: bool) -> CudaCode:
+                 tf32: bool = False) -> CudaCode:
         return self.instance(tuple(shapes), np.dtype(dtype), scalars, tf32)
 
 

@@ -6,8 +6,9 @@ import numpy as np
 
 
 def tf32_rounded(x: np.ndarray) -> np.ndarray:
-    """float32 values rounded to TF32 as cvt.rna.tf32.f32 does (10 mantissa bits, to nearest,
-    ties away from zero: add half of the 13 dropped bits to the bits and drop them), in float64."""
+    """Finite float32 values rounded to TF32 as cvt.rna.tf32.f32 does (10 mantissa bits, to
+    nearest, ties away from zero: add half of the 13 dropped bits to the bits and drop them),
+    in float64."""
     bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
     return (((bits + 0x1000) & 0xFFFFE000).astype(np.uint32)).view(np.float32).astype(np.float64)
 

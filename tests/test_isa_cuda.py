@@ -588,6 +588,25 @@ def test_a_tf32_function_multiplies_float32_tiles_on_tensor_cores_and_an_exact_o
             assert np.abs(out - exact).max() > 10 * accumulation.max()  # the rounding is there
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_tiles_of_another_type_in_a_tf32_kernel_multiply_on_fma(tmp_path):
+    """Only the kernel's own type's products take tensor cores (its build's pto_mma is that
+    type's): float16 tiles (TCVT's) in a tf32 float32 kernel multiply on FMA, and the kernel
+    builds (it did not: their product went to the float16 pto_mma, absent from a float32 build)."""
+    def build(f):
+        f.tf32().memref("a", F32, (16, 16)).memref("b", F32, (16, 16)).memref("out", F32, (16, 16))
+        f.tile("ta", 16, 16, F32).tile("tb", 16, 16, F32).tile("ha", 16, 16, F16).tile("hb", 16, 16, F16)
+        f.tile("hc", 16, 16, F16).tile("tc", 16, 16, F32)
+        f.load("ta", "a").load("tb", "b").cvt("ha", "ta").cvt("hb", "tb").matmul("hc", "ha", "hb")
+        f.cvt("tc", "hc").store("out", "tc")
+
+    rng = np.random.default_rng(4)
+    a, b = (rng.integers(-3, 4, (16, 16)).astype(np.float32) for _ in range(2))
+    out = np.zeros((16, 16), np.float32)
+    source = _run_host(_tensor_core_module(build), [a, b, out], np.float32, tmp_path)
+    assert "pto_mma" not in source.split("TMATMUL %")[1].split("TCVT")[0]
+    np.testing.assert_array_equal(out, a @ b)  # small integers: exact in float16 and float
+
 def test_tf32_is_for_float32_functions_with_a_body():
     def build(f):
         f.tf32().memref("x", F16, (16, 16)).memref("out", F16, (16, 16)).tile("t", 16, 16, F16)

@@ -108,7 +108,7 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
 
 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
-    """The generator of `function`: float16 and bfloat16 products on tensor cores where their
+    """The generator of `function`: products on tensor cores (tensor_core_dtypes) where their
     operands and results fit shared memory (all three read whole), else every product on FMA."""
     generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
@@ -223,8 +223,8 @@ class _Generator:
             raise ISAError(f"@{name}: its memrefs are {', '.join(dtypes)}; CUDA code is generated for one "
                            "element type (PTO_T) per kernel")
         self.module, self.function = module, function
-        # Products of 16-bit tiles on tensor cores (mma.sync, compute type float): the tiles are
-        # float in every build of such a kernel, so shared memory counts 4 bytes an element.
+        # Products on tensor cores (mma.sync, compute type float): the tiles are float in every
+        # build of such a kernel, so shared memory counts 4 bytes an element.
         self.tensor_cores = tensor_cores and tensor_core_kernel(function)
         self.tensor_core_dtypes = tensor_core_dtypes(function)
         self.tensor_products = 0
@@ -305,8 +305,9 @@ class _Generator:
 
     def element_bytes(self, tile: str) -> int:
         """Bytes of a tile's element in shared memory: a double's for a float64 tile, a float's
-        for the others of a 16-bit kernel, else a double's (one source serves every element type
-        the kernel is compiled for)."""
+        for the others of a tensor-core kernel (16-bit, or float32 as TF32: built for that type
+        only), else a double's (one source serves every element type the kernel is compiled
+        for)."""
         return TENSOR_CORE_BYTES if self.tensor_cores and self.ctype(tile) != "double" else 8
 
     def shared_bytes(self) -> int:
@@ -813,15 +814,20 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
 
 def tensor_core_dtypes(function: Function) -> tuple[DataType, ...]:
-    """The tile types whose products may take tensor cores in a function's CUDA code: the
-    16-bit ones, and float32 where the function says tf32."""
-    return TENSOR_CORE_DTYPES + ((DataType.FLOAT32,) if function.tf32 else ())
+    """The tile type whose products may take tensor cores in a function's CUDA code: the one
+    type of its memrefs (the build's element type: its pto_mma is that type's) where that is
+    16-bit, or float32 where the function says tf32; none otherwise. Tiles of another type
+    (TCVT's) multiply on FMA."""
+    types = {m.dtype for m in function.memrefs}
+    if len(types) == 1 and ((dtype := types.pop()) in TENSOR_CORE_DTYPES
+                            or (dtype == DataType.FLOAT32 and function.tf32)):
+        return (dtype,)
+    return ()
 
 
 def tensor_core_kernel(function: Function) -> bool:
-    """Whether a function's products may take tensor cores: its memrefs of one such type."""
-    return (len({m.dtype for m in function.memrefs}) == 1
-            and function.memrefs[0].dtype in tensor_core_dtypes(function))
+    """Whether a function's products may take tensor cores (tensor_core_dtypes)."""
+    return bool(tensor_core_dtypes(function))
 
 
 def tensor_core_product(op: Op, dtype: Callable[[str], DataType], allowed: tuple[DataType, ...]) -> bool:

@@ -220,7 +220,8 @@ inline unsigned char *pto_host_stack_top(int index) {  // page aligned
     return pto_host_stacks.bases[index] + pto_host_stacks.guard + pto_host_stacks.size;
 }
 
-// What a lane brings to a tensor-core product: its fragments of A and B (half pairs) and C.
+// What a lane brings to a tensor-core product: its fragments of A and B (pairs of 16-bit
+// values, or TF32 values) and C.
 struct PtoMmaOffer {
     unsigned a[4], b[2];
     float c[4];
@@ -621,7 +622,7 @@ __device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b
 #endif
 
 #ifdef __CUDACC__
-// TF32 products (a float32 kernel compiled with isa.compile(..., precision="tf32")): each
+// TF32 products (a float32 function that says tf32, or a run with precision="tf32"): each
 // operand element rounded by cvt.rna.tf32.f32, then D = A * B + C with A 16 x 8 (row major),
 // B 8 x 8 (column major), C and D 16 x 8 floats. Lane 4 * g + t holds A(g, t), A(g + 8, t),
 // A(g, t + 4), A(g + 8, t + 4) in a[0..3]; B(t, g), B(t + 4, g) in b[0..1]; C and D as pto_mma's.
