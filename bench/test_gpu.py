@@ -184,15 +184,18 @@ def gemm_generated_tiles(o, kernel, a, b, c):
                      pto.output(C[i:i + GENERATED_ROWS, j:j + GENERATED_COLS]))
 
 
-def test_gemm_generated_tiles(benchmark, cupy, gemm_operands):
-    pairs, c = gemm_operands
-    kernel = generated_matmul()
+def generated_rounds(benchmark, cupy, kernel, pairs, c) -> None:
+    """Three rounds of the generated-tiles GEMM through the stream executor, pairs alternated."""
     rt = pto.Runtime(backend="cuda", executor="stream")
     turn = iter(range(10**9))
     benchmark.pedantic(lambda: rt.run(gemm_generated_tiles, kernel, *pairs[next(turn) % 2], c), rounds=3,
                        warmup_rounds=1)
     gemm_check(cupy, *pairs[(3 + 1 - 1) % 2], c)
     tflops(benchmark, 2 * N**3)
+
+
+def test_gemm_generated_tiles(benchmark, cupy, gemm_operands):
+    generated_rounds(benchmark, cupy, generated_matmul(), *gemm_operands)
 
 
 @pytest.fixture(scope="module")
@@ -205,31 +208,11 @@ def gemm_operands_float32(cupy):
 def test_gemm_generated_tiles_tf32(benchmark, cupy, gemm_operands_float32):
     """float32 operands, the generated tiles' products on tensor cores as TF32 (docs/ISA.md,
     "TF32, on request"); cuBLAS's float32 GEMM beside it is test_gemm_cublas_float32."""
-    pairs, c = gemm_operands_float32
-    kernel = generated_matmul(np.float32, tf32=True)
-    rt = pto.Runtime(backend="cuda", executor="stream")
-    turn = iter(range(10**9))
-    benchmark.pedantic(lambda: rt.run(gemm_generated_tiles, kernel, *pairs[next(turn) % 2], c), rounds=3,
-                       warmup_rounds=1)
-    gemm_check(cupy, *pairs[(3 + 1 - 1) % 2], c)
-    tflops(benchmark, 2 * N**3)
+    generated_rounds(benchmark, cupy, generated_matmul(np.float32, tf32=True), *gemm_operands_float32)
 
 
-def test_gemm_cublas_float32(benchmark, cupy, gemm_operands_float32):
-    """CuPy's float32 matmul as it is configured (cuBLAS; TF32 only if CUPY_TF32 says so)."""
-    pairs, c = gemm_operands_float32
-    turn = iter(range(10**9))
-
-    def one():
-        cupy.matmul(*pairs[next(turn) % 2], out=c)
-        cupy.cuda.get_current_stream().synchronize()
-
-    benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
-    tflops(benchmark, 2 * N**3)
-
-
-def test_gemm_cublas(benchmark, cupy, gemm_operands):
-    pairs, c = gemm_operands
+def cublas_rounds(benchmark, cupy, pairs, c) -> None:
+    """One cuBLAS GEMM (CuPy's matmul) a round, the pairs alternated; c holds the last."""
     turn = iter(range(10**9))
 
     def one():
@@ -238,6 +221,16 @@ def test_gemm_cublas(benchmark, cupy, gemm_operands):
 
     benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
     gemm_check(cupy, *pairs[(ROUNDS + 2 - 1) % 2], c)
+
+
+def test_gemm_cublas_float32(benchmark, cupy, gemm_operands_float32):
+    """CuPy's float32 matmul as it is configured (cuBLAS; TF32 only if CUPY_TF32 says so)."""
+    cublas_rounds(benchmark, cupy, *gemm_operands_float32)
+    tflops(benchmark, 2 * N**3)
+
+
+def test_gemm_cublas(benchmark, cupy, gemm_operands):
+    cublas_rounds(benchmark, cupy, *gemm_operands)
     tflops(benchmark, 2 * N**3)
 
 

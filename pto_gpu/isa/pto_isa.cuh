@@ -403,6 +403,37 @@ inline V __shfl_sync(unsigned, V value, int source_lane) {
 inline void __syncthreads() { pto_host_wait(pto_host_run->block, PTO_SYNCTHREADS); }
 inline void __syncwarp() { pto_host_wait(pto_host_run->warps[threadIdx.x / 32], PTO_SYNCWARP); }
 
+// A tensor-core product's rendezvous: this lane offers its fragments of A, B and C, waits until
+// its warp's lanes all have, and gets the warp's offers (alternating buffers, as the shuffles').
+inline const PtoMmaOffer *pto_host_mma_offers(const unsigned a[4], const unsigned b[2], const float c[4]) {
+    PtoHostRun &run = *pto_host_run;
+    const int thread = (int)threadIdx.x, warp = thread / 32;
+    PtoBarrier &barrier = run.warps[warp];
+    PtoMmaOffer *offers = run.mma[barrier.generation & 1] + warp * 32;
+    PtoMmaOffer &mine = offers[thread % 32];
+    std::memcpy(mine.a, a, sizeof mine.a);
+    std::memcpy(mine.b, b, sizeof mine.b);
+    std::memcpy(mine.c, c, sizeof mine.c);
+    pto_host_wait(barrier, PTO_MMA_SYNC);
+    return offers;
+}
+
+// This lane's four elements of D from a rendezvous' offers: C(row, col) plus, over k < depth,
+// product(row, col, k), in order; D's layout (row g or g + 8, columns 2t and 2t + 1 of
+// lane 4g + t) is m16n8k16's and m16n8k8's alike.
+template <typename Product>
+inline void pto_host_mma_sum(float d[4], const PtoMmaOffer *offers, int depth, Product product) {
+    const int lane = (int)threadIdx.x % 32, group = lane / 4, pair = 2 * (lane % 4);
+    float result[4];
+    for (int e = 0; e < 4; ++e) {
+        const int row = group + 8 * (e / 2), col = pair + e % 2;
+        float sum = offers[lane].c[e];
+        for (int k = 0; k < depth; ++k) sum += product(row, col, k);
+        result[e] = sum;
+    }
+    std::memcpy(d, result, sizeof result);
+}
+
 #if defined(PTO_HALF) || defined(PTO_BF16)
 #ifdef PTO_HALF
 using __half = _Float16;  // g++ on x86-64: IEEE binary16, rounded to nearest even as on the GPU
@@ -451,31 +482,15 @@ struct __nv_bfloat16 {
 // Fragments for mma.m16n8k16 with floating point type"). So generated code that puts an element
 // in the wrong lane or register gets a wrong product here, as on a GPU.
 inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
-    PtoHostRun &run = *pto_host_run;
-    const int thread = (int)threadIdx.x, warp = thread / 32, lane = thread % 32;
-    PtoBarrier &barrier = run.warps[warp];
-    PtoMmaOffer *offers = run.mma[barrier.generation & 1] + warp * 32;
-    PtoMmaOffer &mine = offers[lane];
-    std::memcpy(mine.a, a, sizeof mine.a);
-    std::memcpy(mine.b, b, sizeof mine.b);
-    std::memcpy(mine.c, c, sizeof mine.c);
-    pto_host_wait(barrier, PTO_MMA_SYNC);
-    const int group = lane / 4, pair = 2 * (lane % 4);
-    float result[4];
-    for (int e = 0; e < 4; ++e) {
-        const int row = group + 8 * (e / 2), col = pair + e % 2;
-        float sum = offers[lane].c[e];
-        for (int k = 0; k < 16; ++k) {
-            // A(row, k): lane 4 * (row % 8) + (k % 8) / 2, register (row / 8) + 2 * (k / 8);
-            // B(k, col): lane 4 * col + (k % 8) / 2, register k / 8; the half k % 2 of the pair
-            const unsigned left = offers[4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)];
-            const unsigned right = offers[4 * col + (k % 8) / 2].b[k / 8];
-            sum += pto_host_value((unsigned short)(left >> (16 * (k % 2)))) *
-                   pto_host_value((unsigned short)(right >> (16 * (k % 2))));
-        }
-        result[e] = sum;
-    }
-    std::memcpy(d, result, sizeof result);
+    const PtoMmaOffer *offers = pto_host_mma_offers(a, b, c);
+    pto_host_mma_sum(d, offers, 16, [offers](int row, int col, int k) {
+        // A(row, k): lane 4 * (row % 8) + (k % 8) / 2, register (row / 8) + 2 * (k / 8);
+        // B(k, col): lane 4 * col + (k % 8) / 2, register k / 8; the half k % 2 of the pair
+        const unsigned left = offers[4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)];
+        const unsigned right = offers[4 * col + (k % 8) / 2].b[k / 8];
+        return pto_host_value((unsigned short)(left >> (16 * (k % 2)))) *
+               pto_host_value((unsigned short)(right >> (16 * (k % 2))));
+    });
 }
 
 inline unsigned pto_pack_pair(float low, float high) {
@@ -496,31 +511,15 @@ inline unsigned pto_tf32(float value) {
 // lane's four elements of D from the other lanes' A and B by the PTX fragment layout ("Matrix
 // Fragments for mma.m16n8k8", .tf32). A product of two TF32 values is exact in a float.
 inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
-    PtoHostRun &run = *pto_host_run;
-    const int thread = (int)threadIdx.x, warp = thread / 32, lane = thread % 32;
-    PtoBarrier &barrier = run.warps[warp];
-    PtoMmaOffer *offers = run.mma[barrier.generation & 1] + warp * 32;
-    PtoMmaOffer &mine = offers[lane];
-    std::memcpy(mine.a, a, sizeof mine.a);
-    std::memcpy(mine.b, b, sizeof mine.b);
-    std::memcpy(mine.c, c, sizeof mine.c);
-    pto_host_wait(barrier, PTO_MMA_SYNC);
-    const int group = lane / 4, pair = 2 * (lane % 4);
-    float result[4];
-    for (int e = 0; e < 4; ++e) {
-        const int row = group + 8 * (e / 2), col = pair + e % 2;
-        float sum = offers[lane].c[e];
-        for (int k = 0; k < 8; ++k) {
-            // A(row, k): lane 4 * (row % 8) + k % 4, register (row / 8) + 2 * (k / 4);
-            // B(k, col): lane 4 * col + k % 4, register k / 4
-            float left, right;
-            std::memcpy(&left, &offers[4 * (row % 8) + k % 4].a[row / 8 + 2 * (k / 4)], sizeof left);
-            std::memcpy(&right, &offers[4 * col + k % 4].b[k / 4], sizeof right);
-            sum += left * right;
-        }
-        result[e] = sum;
-    }
-    std::memcpy(d, result, sizeof result);
+    const PtoMmaOffer *offers = pto_host_mma_offers(a, b, c);
+    pto_host_mma_sum(d, offers, 8, [offers](int row, int col, int k) {
+        // A(row, k): lane 4 * (row % 8) + k % 4, register (row / 8) + 2 * (k / 4);
+        // B(k, col): lane 4 * col + k % 4, register k / 4
+        float left, right;
+        std::memcpy(&left, &offers[4 * (row % 8) + k % 4].a[row / 8 + 2 * (k / 4)], sizeof left);
+        std::memcpy(&right, &offers[4 * col + k % 4].b[k / 4], sizeof right);
+        return left * right;
+    });
 }
 
 // One grid at a time in the process: the launch state, threadIdx and the rest, the stacks and the
