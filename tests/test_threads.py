@@ -17,14 +17,16 @@ from pto_gpu.executors.threads import WorkerThreads
 def test_a_job_goes_to_a_free_thread_and_never_to_one_whose_job_raised(monkeypatch):
     threads = WorkerThreads()
     ran_on = []
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def note(wait=False):
         ran_on.append(threading.get_ident())
         if wait:
+            started.set()
             release.wait()
 
     busy = threads.start("busy", note, (True,))
+    assert started.wait(5)  # (on a loaded machine the next job could otherwise run first)
     assert threads.start("beside", note, ()).wait(5)
     assert ran_on[0] != ran_on[1] and threads.running() == 1  # the first thread is still busy
     release.set()
