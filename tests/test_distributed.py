@@ -1,5 +1,6 @@
-"""The distributed run's bookkeeping without MPI: distributions, and which rank must receive
-what (holdings), which every rank works out alike. tests/test_mpi.py runs it on ranks."""
+"""The distributed run's bookkeeping without MPI: distributions, which rank must receive what
+(holdings), which every rank works out alike, and the inbox of posted receives (over a
+loopback transport). tests/test_mpi.py runs it on ranks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pytest
 
 import pto_gpu as pto
 from pto_gpu.distributed.holdings import Holdings
+from pto_gpu.distributed.inbox import Inbox
 from pto_gpu.distributed.ownership import element_owners
+from pto_gpu.distributed.transport import Posted, packed_bytes, unpack
+from pto_gpu.tasks import Task
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
 from pto_gpu.trace import merge, rank_path
 
@@ -207,3 +211,60 @@ def test_a_dist_array_refuses_what_it_cannot_be():
         pto.DistArray((8, 2), np.float32, pto.block_rows(4), OneRankOf(0, 2))
     with pytest.raises(pto.ParamError, match=r"DistArray: shape=\(-1, 2\) must be"):
         pto.DistArray((-1, 2), np.float32, 0, OneRankOf(0, 1))
+
+
+class LoopbackTransport:
+    """Receives whose data the test delivers by hand (`come`), as a Transport's receive side."""
+
+    def __init__(self):
+        self.given_up: list = []
+
+    def receive(self, view, mask, source: int, sequence: int) -> Posted:
+        return Posted([False], np.empty(packed_bytes(view, mask), np.uint8), view, mask, source)
+
+    def arrived(self, posted: list[Posted]) -> list[int]:
+        return [i for i, p in enumerate(posted) if p.request[0]]
+
+    def deliver(self, posted: Posted) -> None:
+        unpack(posted.data, posted.view, posted.mask)
+
+    def give_up(self, posted: list[Posted]) -> None:
+        self.given_up += posted
+
+
+def _receive_task(kernel_name: str = "recv") -> Task:
+    kernel = pto.kernel(worker=pto.ACCELERATOR, name=kernel_name)(lambda region: None)
+    return Task(7, kernel, pto.ACCELERATOR, (), label=-1, arrives=True)
+
+
+def test_the_inbox_completes_receives_as_their_data_comes_in_any_order():
+    inbox = Inbox(LoopbackTransport())
+    views = [np.zeros(3), np.zeros(2)]
+    tasks = [_receive_task(), _receive_task()]
+    tasks[1].id = 8
+    for task, view, source in zip(tasks, views, (1, 2)):
+        inbox.post(task, view, None, source, 0)
+    assert inbox.arrived() == []
+    second = inbox._posted[1]  # the later receive's data comes first
+    second.data[:] = np.array([5.0, 6.0]).view(np.uint8)
+    second.request[0] = True
+    assert inbox.arrived() == [8] and views[1].tolist() == [5.0, 6.0] and not views[0].any()
+    first = inbox._posted[0]
+    first.data[:] = np.array([1.0, 2.0, 3.0]).view(np.uint8)
+    first.request[0] = True
+    assert inbox.arrived() == [7] and views[0].tolist() == [1.0, 2.0, 3.0] and inbox.arrived() == []
+
+
+def test_a_receive_that_cannot_unpack_is_its_tasks_error_and_a_failed_run_gives_up_the_rest():
+    transport = LoopbackTransport()
+    inbox = Inbox(transport)
+    read_only = np.zeros(2)
+    read_only.flags.writeable = False
+    inbox.post(_receive_task("recv"), read_only, None, 1, 0)
+    inbox.post(_receive_task("recv"), np.zeros(2), None, 1, 1)
+    inbox._posted[0].request[0] = True
+    with pytest.raises(pto.TaskError, match="recv") as raised:
+        inbox.arrived()
+    assert isinstance(raised.value.__cause__, ValueError)
+    inbox.give_up()  # what the run left posted stays with the transport (MPI may still fill it)
+    assert len(transport.given_up) == 1 and inbox.arrived() == []
