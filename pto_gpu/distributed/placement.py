@@ -7,8 +7,10 @@ and submit, in the same order, so every rank makes the same decisions:
   that wrote them: a send task on that rank (reads the region) and a receive task on the
   reader's rank (writes it), both ACCELERATOR tasks submitted just before the reader. Other
   ranks submit neither;
-- on every other rank the task is submitted too, with `runs_here` False: it completes
-  without running, so the graph, and every rank's view of what depends on what, stays whole.
+- every other rank places the task too, with `runs_here` False, so all decide alike, but its
+  orchestrator does not enter it in its core: what the task does to that rank goes through
+  the transfers, which are that rank's own tasks (under a schedule's window, which counts
+  tasks, it is entered and completes unrun).
 Neither transfer waits: a send copies the elements out and posts them; a receive posts its
 receive in the inbox (inbox.py) and completes when its data has come (Task.arrives), which
 the executor polls for. Both run as soon as they are ready, on the worker that made them
