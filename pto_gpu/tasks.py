@@ -37,10 +37,11 @@ class Task:
     # The classes it may run on, when its kernel has several and submit did not name one: the
     # executor places it (schedule.Heft), running a copy with `worker` set to the class chosen.
     classes: tuple[WorkerType, ...] | None = None
-    # A distributed run (pto_gpu/distributed) submits every task on every rank, and transfers
-    # besides: a task placed on another rank completes here without running, and `label` is
-    # the id users see (the task's place in the orchestration's own submissions; -1 for a
-    # transfer), which the core's id is not once transfers are counted.
+    # A distributed run (pto_gpu/distributed) places every task on every rank, and submits a
+    # rank's own and its transfers: a task placed on another rank is not entered here (under a
+    # schedule's window it is, and completes without running), and `label` is the id users see
+    # (the task's place in the orchestration's own submissions; -1 for a transfer), which the
+    # core's id is not once transfers are counted.
     runs_here: bool = True
     label: int | None = None
     # Run by the worker thread whose completion makes it ready, not queued for a worker of its
