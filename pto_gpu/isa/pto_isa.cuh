@@ -583,6 +583,16 @@ inline void pto_host_launch(long long blocks, F kernel) {
 using T = PTO_T;
 using ACC = PTO_ACC;
 
+#ifdef __CUDACC__
+// One mma.sync `instruction` (its shape and types) over a warp's fragments: D, four floats, from
+// A's four registers, B's two and C's four floats (pto_mma's and pto_mma_tf32's operands).
+#define PTO_MMA_ASM(instruction, d, a, b, c)                                                         \
+    asm volatile(instruction " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};" \
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                   \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),                 \
+                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]))
+#endif
+
 #if defined(__CUDACC__) && (defined(PTO_HALF) || defined(PTO_BF16))
 #ifdef PTO_HALF
 #define PTO_MMA_INPUTS "f16.f16"
@@ -610,11 +620,7 @@ __device__ inline void pto_mma(float[4], const unsigned[4], const unsigned[2], c
 #else
 __device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
 #ifdef __CUDA_ARCH__  // (nvcc's host pass sees an empty body)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTO_MMA_INPUTS ".f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+    PTO_MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32." PTO_MMA_INPUTS ".f32", d, a, b, c);
 #endif
 }
 #endif
@@ -645,11 +651,7 @@ __device__ inline unsigned pto_tf32(float value) {
 }
 __device__ inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
 #ifdef __CUDA_ARCH__
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+    PTO_MMA_ASM("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", d, a, b, c);
 #endif
 }
 #endif
