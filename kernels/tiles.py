@@ -17,16 +17,16 @@ from numba import njit
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import MMA_K, TENSOR_CORE_BYTES, TENSOR_CORE_DTYPES, WARP
+from pto_gpu.isa.cuda_codegen import COLUMN_BLOCK, MMA_K, TENSOR_CORE_BYTES, TENSOR_CORE_DTYPES, WARP
 from pto_gpu.isa.family import family
 from pto_gpu.native_abi import NjitEntries
 
 from . import blas, panels
 
-# Columns per block of a row-wise CUDA tile: a lane holds a tile row's columns in registers
-# (COLUMN_BLOCK / 32 of them), so a 4096-wide tile would spill; and of a matmul's output when b
-# is too wide for CUDA's shared memory.
-COLUMN_BLOCK = 256
+# Rows wider than COLUMN_BLOCK go in blocks of it on CUDA: a lane holds a tile row's columns in
+# registers (COLUMN_BLOCK / 32 of them), so a 4096-wide tile would spill; so does a matmul's
+# output when b is too wide for CUDA's shared memory.
+
 
 
 @contextlib.contextmanager

@@ -128,3 +128,21 @@ def test_float32_products_take_tensor_cores_as_tf32_only_where_the_function_says
     assert "tf32" not in isa.gpu_code(matmul, family, np.float32, arch=arch)
     with pytest.raises(pto.PTOError, match=r"gpu_code: precision='fp8'; choose one of 'exact', 'tf32'"):
         isa.gpu_code(matmul, family, np.float32, arch=arch, precision="fp8")
+
+
+def test_float32_element_wise_code_stays_in_float():
+    """The activations' templates (TRECIP, TSILU, TSIGMOID, TRELU) keep float tiles in float:
+    no double instruction in a float32 instance's PTX (double literals made them convert and
+    divide in double, at 1/64 of float's rate on most GPUs); a float64 instance's has them."""
+    m = isa.Module("activations")
+    for dtype in (pto.FLOAT32, pto.FLOAT64):
+        name = f"act_{dtype.name.lower()}"
+        (isa.FunctionBuilder(name, module=m).in_core()
+            .memref("x", dtype, (8, 64)).memref("y", dtype, (8, 64)).tile("t", 8, 64, dtype)
+            .load("t", "x").recip("t", "t").silu("t", "t").sigmoid("t", "t").relu("t", "t").store("y", "t")
+            .build())
+    program = isa.compile(m)
+    single = isa.gpu_code(program.kernels["act_float32"], [(8, 64), (8, 64)], np.float32)
+    double = isa.gpu_code(program.kernels["act_float64"], [(8, 64), (8, 64)], np.float64)
+    assert re.findall(r"^\s*\w+(?:\.\w+)*\.f64\b.*$", single, re.M) == []
+    assert re.search(r"\brcp\.rn\.f64\b|\bdiv\.rn\.f64\b", double)

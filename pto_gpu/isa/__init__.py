@@ -11,6 +11,8 @@ and CUDA implementations.
     interpret  the numpy reference: run(module, name, *arrays_and_scalars)
     cpu_codegen   one generated numba function per InCore function (cached as .py files)
     cuda_codegen  one generated `extern "C" __global__` per InCore function (pto_isa.cuh)
+    column_blocks blocked(function, block): wide rows walked in blocks of columns, for CUDA
+
     nvrtc      NVRTC through ctypes, as CuPy's RawModule compiles (no GPU needed)
     ptx        gpu_code(kernel, shapes, dtype, scalars, arch): the PTX of a kernel instance
     program    compile(module) -> Program: a pto.Kernel per InCore function (library functions:

@@ -58,6 +58,7 @@ from pathlib import Path
 from ..backends.cuda_abi import THREADS_PER_BLOCK
 from ..dtypes import DataType
 from ..kernel import CudaCode
+from . import column_blocks
 from .dataflow import directions
 from .describe import describe
 from .errors import ISAError
@@ -69,6 +70,16 @@ HEADER = Path(__file__).with_name("pto_isa.cuh")
 WARP = 32
 WARPS = THREADS_PER_BLOCK // WARP
 SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
+# Registers a lane may hold tiles in before a function's widest tiles are walked in blocks of
+# columns (column_blocks.py), counting every tile in registers at once: the library's RMSNorm
+# at 32 x 4096 holds 64 (two tiles of 4 rows x 8 columns a lane), a 64 x 768 LayerNorm of two
+# tiles would hold 384 and spills.
+REGISTER_WORDS = 128
+# The widest column block, and the narrower ones tried when a block of it holds too many
+# registers: a lane holds COLUMN_BLOCK / 32 columns of each tile row it owns (kernels.tiles
+# writes the library's wide rows in blocks of it).
+COLUMN_BLOCK = 256
+_BLOCK_WIDTHS = (COLUMN_BLOCK, 128, 64, WARP)
 # How far a product's inner loop over one lane slot of k is unrolled. Left to the compiler it
 # is unrolled whole, inside the unrolled row and slot loops, and NVRTC took 12 s and 72 s for
 # attention's two products at 128-row tiles (88 s for the demo's first run on an H200); at 4,
@@ -109,12 +120,35 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
     """The generator of `function`: products on tensor cores (tensor_core_dtypes) where their
-    operands and results fit shared memory (all three read whole), else every product on FMA."""
+    operands and results fit shared memory (all three read whole), else every product on FMA;
+    in column blocks where its tiles need more registers or shared memory than a block has."""
     generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
         generator = _Generator(module, function, split, tensor_cores=False)
+    if generator.register_words() > REGISTER_WORDS or generator.shared_bytes() > SHARED_LIMIT:
+        generator = _in_column_blocks(generator, split)
     generator.check_shared()
     return generator
+
+
+def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generator:
+    """The generator of the function walked in blocks of columns (column_blocks.py), the widest
+    block whose tiles fit; or `generator`, its source saying why the function cannot be."""
+    function = generator.function
+    width = column_blocks.widest(function)
+    fits = [b for b in _BLOCK_WIDTHS if b < width and generator.register_words(width, b) <= REGISTER_WORDS
+            and generator.shared_bytes(width, b) <= SHARED_LIMIT]
+    block = fits[0] if fits else WARP
+    try:
+        narrowed = column_blocks.blocked(function, block)
+    except column_blocks.NotBlockable as why:
+        generator.note = f"not in column blocks ({generator.register_words()} registers a lane): {why}"
+        return generator
+    module = Module(generator.module.name, {**generator.module.functions, function.name: narrowed})
+    blocked = _Generator(module, function.name, split, tensor_cores=True)
+    blocked.note = (f"columns in blocks of {block} (at {width}, its tiles would hold "
+                    f"{generator.register_words()} registers a lane)")
+    return blocked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +288,7 @@ class _Generator:
                            "grid is over rows already")
         self.rows = max((t.rows for t in self.tiles.values()), default=1)
         self.items = THREADS_PER_BLOCK if self.block else self.rows * WARP
+        self.note = ""  # said in the source's first line: how wide rows are walked
 
     def _split(self, function: Function, split: tuple[str, ...]) -> tuple[int | None, int]:
         """(the index of the first split memref, its rows), or (None, 0) without a split."""
@@ -310,8 +345,17 @@ class _Generator:
         for)."""
         return TENSOR_CORE_BYTES if self.tensor_cores and self.ctype(tile) != "double" else 8
 
-    def shared_bytes(self) -> int:
-        return sum(self.tiles[t].rows * self.tiles[t].cols * self.element_bytes(t) for t in self.whole)
+    def shared_bytes(self, width: int = 0, block: int = 0) -> int:
+        """Shared memory of the tiles read whole; with `block`, were tiles `width` wide `block` wide."""
+        return sum(self.tiles[t].rows * _narrowed(self.tiles[t], width, block) * self.element_bytes(t)
+                   for t in self.whole)
+
+    def register_words(self, width: int = 0, block: int = 0) -> int:
+        """Registers a lane holds tiles in, all at once (an upper bound: some are never live
+        together); with `block`, were tiles `width` wide `block` wide."""
+        slots = (lambda tile: math.ceil(tile.rows / WARPS)) if self.block else (lambda tile: 1)
+        return sum(slots(tile) * math.ceil(_narrowed(tile, width, block) / WARP)
+                   for c_name, tile in self.tiles.items() if c_name not in self.whole)
 
     def check_shared(self) -> None:
         size = self.shared_bytes()
@@ -333,7 +377,9 @@ class _Generator:
             params.append(f"{'long long' if _integer(scalar.dtype) else 'double'} p_{_c(scalar.name)}")
         out = _Lines()
         layout = "block layout: a block per batch index" if self.block else "row layout: a warp per row"
+        layout += f"; {self.note}" if self.note else ""
         out.add(f"// Generated by pto_gpu.isa.cuda_codegen from @{name} ({self.module.name}): {layout}.")
+
         out.add(f"#define PTO_WARPS {WARPS}")
         out.extend(HEADER.read_text().splitlines())
         out.add("")
@@ -511,7 +557,13 @@ class _Code:
     memref: str | None = None
 
 
+def _narrowed(tile: Tile, width: int, block: int) -> int:
+    """A tile's columns, were tiles `width` wide `block` wide."""
+    return block if block and tile.cols == width else tile.cols
+
+
 def _c(name: str) -> str:
+
     """A declared name as part of a C identifier (names are Python identifiers: maybe not ASCII)."""
     return re.sub(r"[^A-Za-z0-9_]", lambda m: f"_u{ord(m.group()):x}_", name)
 

@@ -1,0 +1,306 @@
+"""Wide rows in column blocks (pto_gpu/isa/column_blocks.py) for a user's kernels on CUDA.
+
+The rewrite is checked on its own against the reference interpreter: a blocked function,
+interpreted, gives what the function gives (float64 memrefs; only the order of a row's sum
+changes, so 1e-12 relative), on full windows and row and column tails, at several block
+widths. Functions it cannot rewrite say why. Then the CUDA code: the user's GELU, LayerNorm
+and log-softmax at 768 and 4096 columns compile for sm_80 and sm_90 with no spills and no
+stack frame (before, LayerNorm at 64 x 768 spilled 1,636 bytes and at 4096 columns could not
+be generated: its weight and bias rows overflowed shared memory), and run on the CUDA
+emulator (their own GPU code, built for the host) equal to numpy in float64.
+"""
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from pto_gpu import isa
+from pto_gpu.backends import cuda_abi
+from pto_gpu.dtypes import as_dtype
+from pto_gpu.isa import column_blocks, cuda_codegen, interpret, optimize
+from pto_gpu.isa.column_blocks import NotBlockable
+from pto_gpu.isa.ir import For, Module
+
+F64 = pto.FLOAT64
+GELU_C = float(np.sqrt(2 / np.pi))
+
+
+def user_module(rows: int, width: int, dtype=pto.FLOAT32) -> isa.Module:
+    """GELU (tanh form), LayerNorm (weight and bias; the window's width from SDIM, so it takes
+    column tails) and log-softmax, as docs/ISA.md has a user write them."""
+    m = isa.Module("user")
+    (isa.FunctionBuilder("gelu", module=m).in_core()
+        .memref("input", dtype, (rows, width)).memref("output", dtype, (rows, width))
+        .tile("x", rows, width, dtype).tile("u", rows, width, dtype)
+        .load("x", "input").mul("u", "x", "x").mul("u", "u", "x").muls("u", "u", 0.044715).add("u", "u", "x")
+        .muls("u", "u", GELU_C).tanh("u", "u").adds("u", "u", 1.0).mul("u", "u", "x").muls("u", "u", 0.5)
+        .store("output", "u")
+        .build())
+    (isa.FunctionBuilder("layernorm", module=m).in_core().column_tails()
+        .memref("x", dtype, (rows, width)).memref("weight", dtype, (1, width))
+        .memref("bias", dtype, (1, width)).memref("out", dtype, (rows, width))
+        .scalar("eps", pto.FLOAT32).scalar_var("n", pto.INT64)
+        .tile("t", rows, width, dtype).tile("sq", rows, width, dtype).tile("mean", rows, 1, dtype)
+        .tile("var", rows, 1, dtype).tile("w", 1, width, dtype).tile("b", 1, width, dtype)
+        .load("t", "x").load("w", "weight").load("b", "bias").scalar_dim("n", "x", 1)
+        .rowsum("mean", "t").divs("mean", "mean", "n").rowexpandsub("t", "t", "mean")
+        .mul("sq", "t", "t").rowsum("var", "sq").divs("var", "var", "n").adds("var", "var", "eps")
+        .rsqrt("var", "var").rowexpandmul("t", "t", "var").colexpandmul("t", "t", "w")
+        .colexpandadd("t", "t", "b").store("out", "t")
+        .build())
+    (isa.FunctionBuilder("log_softmax", module=m).in_core()
+        .memref("input", dtype, (rows, width)).memref("output", dtype, (rows, width))
+        .tile("x", rows, width, dtype).tile("e", rows, width, dtype).tile("mx", rows, 1, dtype)
+        .tile("s", rows, 1, dtype)
+        .load("x", "input").rowmax("mx", "x").rowexpandsub("x", "x", "mx").exp("e", "x").rowsum("s", "e")
+        .log("s", "s").rowexpandsub("x", "x", "s").store("output", "x")
+        .build())
+    return m
+
+
+def more_kernels(rows: int, width: int) -> isa.Module:
+    """What the user kernels do not reach: a stored memref loaded again (in place), narrow
+    stores, min and max, a scalar written again between passes, generated wide tiles."""
+    m = isa.Module("more")
+    (isa.FunctionBuilder("softmax_in_place", module=m).in_core()
+        .memref("x", F64, (rows, width)).tile("t", rows, width, F64).tile("e", rows, width, F64)
+        .tile("mx", rows, 1, F64).tile("s", rows, 1, F64)
+        .load("t", "x").rowmax("mx", "t").rowexpandsub("t", "t", "mx").exp("e", "t").rowsum("s", "e")
+        .rowexpanddiv("e", "e", "s").store("x", "e")
+        .build())
+    (isa.FunctionBuilder("rescale", module=m).in_core()
+        .memref("x", F64, (rows, width)).memref("out", F64, (rows, width)).memref("spread", F64, (rows, 1))
+        .tile("t", rows, width, F64).tile("lo", rows, 1, F64).tile("hi", rows, 1, F64)
+        .load("t", "x").rowmin("lo", "t").rowmax("hi", "t").sub("hi", "hi", "lo").store("spread", "hi")
+        .rowexpandsub("t", "t", "lo").rowexpanddiv("t", "t", "hi").store("out", "t")
+        .build())
+    (isa.FunctionBuilder("scaled_twice", module=m).in_core()
+        .memref("x", F64, (rows, width)).memref("out", F64, (rows, width)).scalar_var("k", F64)
+        .tile("t", rows, width, F64).tile("y", rows, width, F64).tile("s", rows, 1, F64)
+        .load("t", "x").scalar_li("k", 2.0).muls("y", "t", "k").rowsum("s", "y")
+        .scalar_li("k", 3.0).rowexpandsub("y", "y", "s").muls("y", "y", "k").store("out", "y")
+        .build())
+    (isa.FunctionBuilder("generated", module=m).in_core()
+        .memref("x", F64, (rows, width)).memref("out", F64, (rows, width))
+        .tile("t", rows, width, F64).tile("g", rows, width, F64).tile("s", rows, 1, F64)
+        .load("t", "x").rowidx("g", 1.0).mul("t", "t", "g").fill("g", 1.0).rowsum("s", "g")
+        .rowexpandadd("t", "t", "s").store("out", "t")
+        .build())
+    return m
+
+
+def _arrays(function, shape, seed):
+    """Inputs in [0.5, 2) for `function`'s memrefs, windows of `shape` (rows, cols) where the
+    memref is that wide and tall, outputs prefilled."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for memref in function.memrefs:
+        rows = shape[0] if memref.shape[0] > 1 else 1
+        cols = shape[1] if memref.shape[1] > 1 else 1
+        arrays.append(rng.uniform(0.5, 2.0, (rows, cols)).astype(memref.dtype.numpy))
+    return arrays
+
+
+def _blocked_module(module: Module, name: str, block: int) -> Module:
+    blocked = column_blocks.blocked(module.functions[name], block)
+    return Module(module.name, {**module.functions, name: blocked})
+
+
+CASES = [("gelu", ()), ("layernorm", (1e-5,)), ("log_softmax", ()), ("softmax_in_place", ()), ("rescale", ()),
+         ("scaled_twice", ()), ("generated", ())]
+
+
+def _module(name: str, rows: int, width: int) -> Module:
+    module = user_module(rows, width, F64) if name in ("gelu", "layernorm", "log_softmax") else \
+        more_kernels(rows, width)
+    return optimize.optimize_module(module)  # as compile gives it to the CUDA generator: tiles reused
+
+
+@pytest.mark.parametrize("block", [32, 128, 256])
+@pytest.mark.parametrize("name,scalars", CASES, ids=[name for name, _ in CASES])
+def test_a_blocked_function_computes_what_the_function_computes(name, scalars, block):
+    """Interpreted, blocked and not, on a full window and a row tail (and a column tail where
+    the function takes one): equal up to the order of each row's sums."""
+    rows, width = 8, 768
+    module = _module(name, rows, width)
+    blocked = _blocked_module(module, name, block)
+    function = blocked.functions[name]
+    assert {t.cols for t in function.tiles} <= {1, block}
+    assert sum(isinstance(s, For) for s in function.body) >= 1
+    windows = [(rows, width), (5, width)]
+    if module.functions[name].column_tails:
+        windows += [(5, 700), (rows, 1)]
+    for seed, window in enumerate(windows):
+        want = _arrays(module.functions[name], window, seed)
+        got = [a.copy() for a in want]
+        interpret.run(module, name, *want, *scalars)
+        interpret.run(blocked, name, *got, *scalars)
+        for expected, actual in zip(want, got):
+            np.testing.assert_allclose(actual, expected, rtol=1e-12, atol=1e-12, err_msg=f"{name} {window}")
+
+
+@pytest.mark.parametrize("name,scalars", [c for c in CASES if c[0] != "generated"],
+                         ids=[name for name, _ in CASES if name != "generated"])
+def test_a_width_that_is_not_whole_blocks_ends_in_a_narrower_block(name, scalars):
+    """700 columns in blocks of 256: the last block's loads take 188 columns (its valid region),
+    and reductions count no more."""
+    module = _module(name, 4, 700)
+    blocked = _blocked_module(module, name, 256)
+    want = _arrays(module.functions[name], (4, 700), 7)
+    got = [a.copy() for a in want]
+    interpret.run(module, name, *want, *scalars)
+    interpret.run(blocked, name, *got, *scalars)
+    for expected, actual in zip(want, got):
+        np.testing.assert_allclose(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_layernorm_recomputes_its_rows_from_the_load_in_three_passes():
+    """The shape of the rewrite: the mean's pass, the variance's (x loaded again, centred by a
+    copy of the mean, which tile reuse would otherwise overwrite with the variance), then the
+    output's; weight and bias loaded where they are used."""
+    module = _module("layernorm", 64, 768)
+    function = column_blocks.blocked(module.functions["layernorm"], 128)
+    loops = [s for s in function.body if isinstance(s, For)]
+    assert [(loop.start, loop.stop, loop.step) for loop in loops] == [(0, 768, 128)] * 3
+    loads = [[op.srcs[0] for op in loop.body if op.opcode == "TLOAD"] for loop in loops]
+    assert loads == [["x"], ["x"], ["x", "weight", "bias"]]
+    stores = [[op.dst for op in loop.body if op.opcode == "TSTORE"] for loop in loops]
+    assert stores == [[], [], ["out"]]
+
+
+def test_functions_it_cannot_walk_in_blocks_say_why():
+    f = pto.FLOAT32
+    rows, width = 8, 512
+
+    def function(build):
+        m = isa.Module("refused")
+        build(isa.FunctionBuilder("k", module=m).in_core().memref("x", f, (rows, width))
+              .memref("out", f, (rows, width)).tile("t", rows, width, f).tile("s", rows, 1, f)).build()
+        return m.functions["k"]
+
+    cases = [
+        (lambda b: b.load("t", "x").colidx("t", 0.0).store("out", "t"),
+         r"TCOLIDX %t, 0\.0: not computed column"),
+        (lambda b: b.load("t", "x").fill("t", 1.0).store("out", "t"),
+         r"a generated wide tile with 512 columns"),
+        (lambda b: b.load("t", "x").for_loop("i", 0, 2, 1).store("out", "t").end_for(),
+         r"FOR %i, 0, 2, 1: only a body of instructions"),
+        (lambda b: b.scalar("r", pto.INT64).load("t", "x").store("out", "t").store("out", "t", "r", 0),
+
+         r"%out is stored and accessed through different windows"),
+        (lambda b: b.load("t", "x").rowsum("s", "t").store("x", "t").rowexpandadd("t", "t", "s")
+         .store("out", "t"),
+         r"TLOAD %t, %x, 0, 0: %x is stored after it and before a pass that needs its result"),
+        (lambda b: b.load("t", "x").store("out", "t"), r"no tile is wider than 512 columns"),
+    ]
+    for build, reason in cases:
+        block = 512 if "no tile is wider" in reason else 96  # 96: 512 is not a whole number of them
+        with pytest.raises(NotBlockable, match=reason):
+            column_blocks.blocked(function(build), block)
+    m = isa.Module("products")
+    (isa.FunctionBuilder("k", module=m).in_core().memref("x", f, (rows, width)).memref("y", f, (width, 16))
+        .memref("out", f, (rows, 16)).tile("a", rows, width, f).tile("b", width, 16, f).tile("c", rows, 16, f)
+        .load("a", "x").load("b", "y").matmul("c", "a", "b").store("out", "c").build())
+    with pytest.raises(NotBlockable, match=r"TMATMUL %c, %a, %b: not computed column by column"):
+
+        column_blocks.blocked(m.functions["k"], 256)
+
+
+def test_the_cuda_source_says_how_its_rows_are_walked():
+    module = optimize.optimize_module(user_module(64, 768))
+    first_line = cuda_codegen.cuda_source(module, "layernorm").splitlines()[0]
+    assert "columns in blocks of 128 (at 768, its tiles would hold 392 registers a lane)" in first_line
+    # GELU is in the row layout, a warp per row: 2 tiles x 24 registers a lane, as it was
+    assert "blocks" not in cuda_codegen.cuda_source(module, "gelu").splitlines()[0]
+    m = isa.Module("positions")
+    f = pto.FLOAT32
+    (isa.FunctionBuilder("k", module=m).in_core().memref("x", f, (64, 768)).memref("w", f, (1, 768))
+        .memref("out", f, (64, 768)).tile("t", 64, 768, f).tile("c", 64, 768, f).tile("v", 1, 768, f)
+        .load("t", "x").load("v", "w").colexpandmul("t", "t", "v").colidx("c", 0.0).add("t", "t", "c")
+        .store("out", "t").build())
+    first_line = cuda_codegen.cuda_source(m, "k").splitlines()[0]  # the block layout: 8 rows a lane
+    assert "not in column blocks (384 registers a lane): TCOLIDX %c, 0.0: not computed column" in first_line
+
+
+
+
+SIZES = [(32, 4096), (64, 768)]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_user_kernels_at_768_and_4096_columns_keep_their_tiles_in_registers(dtype, tmp_path):
+    """ptxas' report for sm_80 and sm_90: no spill stores or loads and no stack frame."""
+    unit = tmp_path / "user.cu"
+    sources = []
+    for rows, width in SIZES:
+        module = optimize.optimize_module(user_module(rows, width, as_dtype(dtype)))
+        for name in ("gelu", "layernorm", "log_softmax"):
+            source = cuda_codegen.cuda_source(module, name)
+            sources.append(source.replace(f"pto_{name}", f"pto_{name}_{rows}x{width}"))
+    unit.write_text("".join(sources))
+    done = subprocess.run(["nvcc", "--fatbin", "-gencode", "arch=compute_80,code=sm_80", "-gencode",
+                           "arch=compute_90,code=sm_90", "-std=c++17", "-Xptxas", "-v",
+                           *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)], str(unit), "-o",
+                           str(tmp_path / "user.fatbin")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = re.findall(r"Compiling entry function '(pto_\w+)' for '(sm_\d+)'\n.*?"
+                         r"Function properties for \1\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                         r"(\d+) bytes spill loads", done.stderr, re.S)
+
+    assert len(reports) == 2 * 3 * len(SIZES), done.stderr
+    assert [r for r in reports if r[2:] != ("0", "0", "0")] == [], done.stderr
+
+
+@pytest.mark.parametrize("rows,width", SIZES, ids=[f"{r}x{w}" for r, w in SIZES])
+def test_user_kernels_run_their_gpu_code_on_the_emulator(rows, width):
+    """Through the CUDA backend on the emulator (each launch runs the kernel's own GPU code,
+    built for the host), a row tail included, against numpy in float64: float32 rounding of
+    each instruction, sums of up to 4096 terms."""
+    program = isa.compile(user_module(rows, width))
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((rows - 3, width)).astype(np.float32)
+    weight = rng.uniform(0.5, 1.5, (1, width)).astype(np.float32)
+    bias = rng.standard_normal((1, width)).astype(np.float32)
+    outputs = {name: np.zeros_like(x) for name in ("gelu", "layernorm", "log_softmax")}
+
+    def orchestration(o):
+        xs, outs = o.external(x), {name: o.external(out) for name, out in outputs.items()}
+        o.submit(program.kernels["gelu"], pto.input(xs), pto.output(outs["gelu"]))
+        o.submit(program.kernels["layernorm"], pto.input(xs), pto.input(o.external(weight)),
+                 pto.input(o.external(bias)), pto.output(outs["layernorm"]), 1e-5)
+        o.submit(program.kernels["log_softmax"], pto.input(xs), pto.output(outs["log_softmax"]))
+
+    pto.Runtime(backend="cuda-emulated", executor="serial").run(orchestration)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(axis=1, keepdims=True)
+    layernorm = centred / np.sqrt((centred ** 2).mean(axis=1, keepdims=True) + 1e-5) * weight + bias
+    shifted = x64 - x64.max(axis=1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    gelu = 0.5 * x64 * (1 + np.tanh(GELU_C * (x64 + 0.044715 * x64 ** 3)))
+    np.testing.assert_allclose(outputs["gelu"], gelu, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outputs["layernorm"], layernorm, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(outputs["log_softmax"], log_softmax, rtol=1e-5, atol=1e-4)
+
+
+MORE = [(name, scalars) for name, scalars in CASES if name in more_kernels(1, 64).functions]
+
+
+@pytest.mark.parametrize("name,scalars", MORE, ids=[name for name, _ in MORE])
+def test_the_rest_run_blocked_on_the_emulator_as_the_interpreter_runs_them(name, scalars):
+    """In place, narrow stores, min and max, a scalar copied, generated tiles: 4096 columns in
+    float64 on the CUDA emulator (a row tail of 5 of 8 rows) equal the interpreter's."""
+    program = isa.compile(more_kernels(8, 4096))
+    kernel = program.kernels[name]
+    assert "columns in blocks of 256" in kernel.cuda.source.read_text().splitlines()[0]
+    want = _arrays(program.module.functions[name], (5, 4096), 3)
+    got = [a.copy() for a in want]
+    interpret.run(program.module, name, *want, *scalars)
+    pto.Runtime(backend="cuda-emulated", executor="serial").run(
+        lambda o: o.submit(kernel, *(pto.inout(o.external(a)) for a in got), *scalars))
+    for expected, actual in zip(want, got):
+        np.testing.assert_allclose(actual, expected, rtol=1e-12, atol=1e-12)
