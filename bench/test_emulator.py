@@ -12,6 +12,8 @@ emulate="cpu-code"), so it runs on any machine; the same code issues to a GPU's 
   time less the same orchestration's on the dry executor, which submits and completes the same
   tasks without issuing them).
   extra_info["us_per_task"]. Targets: at most 5 us from Python, at most 1 us from compiled code.
+- A compiled orchestration's first run with six new kernel instances (emulate="gpu-code": g++
+  builds their CUDA), compiled side by side before the first launch against one by one.
 """
 
 import time
@@ -24,8 +26,11 @@ from pto_gpu.kernels.elementwise import scale
 from tiny_tasks import TASKS, generated, generated_python, rows
 
 import pto_gpu as pto
+from pto_gpu import isa
+from pto_gpu import jit as pj
 from pto_gpu.backends import emulator
 from pto_gpu.backends.launches import CPU_CODE_ENTRY, Scratch, issue
+from pto_gpu.executors.driver_streams import DriverStreamExecutor
 
 ISSUES = 20_000
 
@@ -163,3 +168,51 @@ def test_stream_executor_host_cost_from_compiled_code(benchmark, null_driver):
         submits.append(time.perf_counter() - started)
     benchmark.extra_info["us_per_task"] = (benchmark.stats.stats.median - np.median(submits)) / TASKS * 1e6
     benchmark.extra_info["orchestration_us_per_task"] = np.median(submits) / TASKS * 1e6
+
+
+# --- a run's new instances compile side by side (issue 41, item 5) ---------------------------------
+NEW_INSTANCES = 6
+_salts = iter(range(1, 1_000_000))
+
+
+def _fresh_program() -> list:
+    """NEW_INSTANCES kernels whose CUDA sources no cache holds (a constant of their own)."""
+    salt = next(_salts) + time.time_ns() % 1_000_000 * 1e-9
+    m = isa.Module("fresh")
+    for i in range(NEW_INSTANCES):
+        (isa.FunctionBuilder(f"k{i}", module=m).in_core()
+            .memref("x", pto.FLOAT32, (32, 64)).memref("y", pto.FLOAT32, (32, 64))
+            .tile("t", 32, 64, pto.FLOAT32)
+
+            .load("t", "x").muls("t", "t", float(i + 1)).adds("t", "t", salt).store("y", "t").build())
+    return [isa.compile(m).kernels[f"k{i}"] for i in range(NEW_INSTANCES)]
+
+
+@numba.njit(cache=True)
+def _one_task_each(o, x, y, kernel_ids):
+    for i in range(len(kernel_ids)):
+        pj.submit(o, kernel_ids[i], (pj.input(x), pj.output(pj.narrow(y, 0, 32 * i, 32 * i + 32))))
+
+
+@pytest.mark.benchmark(group="emulator-first-run")
+@pytest.mark.parametrize("together", [True, False], ids=["compiled-together", "one-by-one"])
+def test_first_run_of_new_instances(benchmark, monkeypatch, together):
+    """A compiled orchestration's first run whose six kernels are new (emulate='gpu-code': each
+    instance a g++ build of its generated CUDA): compiled side by side when its log is admitted
+    (CudaBackend.prefetch), against one by one as each is issued (prefetch switched off)."""
+    if not together:
+        monkeypatch.setattr(DriverStreamExecutor, "_prefetch", lambda *args: None)
+    x = np.ones((32, 64), np.float32)
+
+    def setup():
+        kernels = _fresh_program()
+        y = np.zeros((32 * NEW_INSTANCES, 64), np.float32)
+        rt = pto.Runtime(backend="cuda-emulated", executor="stream")
+        ids = np.array([k.id for k in kernels], np.int64)
+        return (rt, ids, y), {}
+
+    def first_run(rt, ids, y):
+        rt.run(lambda o: o.compiled(_one_task_each, o.external(x), o.external(y), ids))
+        assert np.all(y[::32, 0] > np.arange(1, NEW_INSTANCES + 1))  # each kernel ran: (i + 1) + salt
+
+    benchmark.pedantic(first_run, setup=setup, rounds=3)

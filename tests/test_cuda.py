@@ -15,10 +15,12 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import ml_dtypes
+import numba
 import numpy as np
 import pytest
 from kernel_samples import KERNELS, SCALARS, arrays
@@ -34,6 +36,7 @@ from pto_gpu.orchestration.workloads import to_backend
 
 import pto_gpu as pto
 from pto_gpu import isa
+from pto_gpu import jit as pj
 from pto_gpu.backends import emulator
 from pto_gpu.runtime import cuda_unavailable
 
@@ -508,6 +511,71 @@ def test_a_launch_is_prepared_once_per_instance_and_geometry(backend, monkeypatc
     want = 2 * x
     want[:, :4] = 3 * x[:, :4]
     np.testing.assert_array_equal(rt.backend.to_host(y), x + want)
+
+
+@numba.njit(cache=True)
+def _three_instances(o, x, y, z, add_id, scale_id):
+    pj.submit(o, add_id, (pj.input(x), pj.input(x), pj.output(y)))
+    pj.submit(o, scale_id, (pj.input(y), pj.output(z)), (2.0,))
+    pj.submit(o, add_id, (pj.input(pj.narrow(z, 0, 0, 4)), pj.input(pj.narrow(z, 0, 0, 4)),
+                          pj.output(pj.narrow(x, 0, 0, 4))))
+
+
+def test_a_compiled_runs_new_instances_compile_side_by_side_before_its_first_launch(monkeypatch):
+    """The stream executor on a CUDA driver has the backend compile the new instances of a
+    flushed log together (CudaBackend.prefetch): the first two host builds meet at a barrier,
+    which builds made one at a time never would (it would break after 60 s). Results are
+    numpy's."""
+    from pto_gpu.backends import emulated_device
+
+    meeting = threading.Barrier(2, timeout=60)
+    calls = []
+    build = emulated_device.host_build
+
+    def met(code, dtype):
+        calls.append(code.source.name)
+        if len(calls) <= 2:
+            meeting.wait()
+        return build(code, dtype)
+
+    monkeypatch.setattr(emulated_device, "host_build", met)
+    x = np.arange(128, dtype=np.float32).reshape(8, 16)
+    y, z = np.zeros_like(x), np.zeros_like(x)
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream")
+    rt.run(lambda o: o.compiled(_three_instances, o.external(x), o.external(y), o.external(z), add.id,
+                                scale.id))
+    assert len(calls) == 3  # add at 8 x 16 and at 4 x 16, scale
+    want_y = 2 * np.arange(128, dtype=np.float32).reshape(8, 16)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(z, 2 * want_y)
+    np.testing.assert_array_equal(x[:4], 4 * want_y[:4])
+
+
+BROKEN_CU = "this is not CUDA\n"
+
+
+@numba.njit(cache=True)
+def _broken_second(o, x, y, add_id, broken_id):
+    pj.submit(o, add_id, (pj.input(x), pj.input(x), pj.output(y)))
+    pj.submit(o, broken_id, (pj.output(x),))
+
+
+def test_an_instance_that_fails_to_compile_ahead_fails_the_task_that_needs_it(tmp_path):
+    """Compiled ahead with the first task's instance (prefetch), a source g++ refuses is the
+    TaskError of its own task, the second, once the first has run."""
+    source = tmp_path / "broken.cu"
+    source.write_text(BROKEN_CU)
+
+    @pto.kernel(worker=pto.VECTOR, cuda=pto.CudaCode(source, lambda shapes: 1))
+    def broken(out):
+        pass
+
+    x = np.ones((4, 16), np.float32)
+    y = np.zeros_like(x)
+    with pytest.raises(pto.TaskError, match=r"task 1 \(broken\) failed: .*g\+\+ could not build"):
+        pto.Runtime(backend="cuda-emulated", executor="stream").run(
+            lambda o: o.compiled(_broken_second, o.external(x), o.external(y), add.id, broken.id))
+    np.testing.assert_array_equal(y, 2)
 
 
 FAULTING = textwrap.dedent("""

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
@@ -98,7 +100,9 @@ class CudaBackend:
         self.heap_bytes = device.heap_bytes
         self.gpu_timeout = gpu_timeout
         self._templates: dict[tuple, Template] = {}
-        self._templates_lock = threading.Lock()
+        self._making: dict[tuple, Future] = {}  # instances being compiled, by template key
+        self._templates_lock = threading.Lock()  # guards both
+        self._compilers: ThreadPoolExecutor | None = None  # prefetch's threads, made at its first use
         self._local = threading.local()  # per issuing thread: its Scratch and its own stream
         self._events: list[int] = []  # handed back by the stream executor, to record again
         self._streams: dict[object, int] = {}
@@ -198,13 +202,59 @@ class CudaBackend:
 
     def _template(self, key: tuple, task) -> Template:
         """The launch of the task's kernel instance over tensors of its shapes, strides and
-        element types, made at the first such call (then looked up by `key`, from _split)."""
-        self._enter()  # loading the code needs the device's context on this thread
-        with preparing(), self._templates_lock:  # compiling: a cost history leaves this call out
+        element types, made at the first such call (then looked up by `key`, from _split), or
+        by a thread already making it (`prefetch`'s), which this one waits for."""
+        with self._templates_lock:
             found = self._templates.get(key)
-            if found is None:
-                found = self._templates[key] = self._prepare(task)
-            return found
+            if found is not None:
+                return found
+            making = self._making.get(key)
+            if making is None:
+                making = self._making[key] = Future()
+                mine = True
+            else:
+                mine = False
+        if mine:
+            self._make(key, task, making)
+        with preparing():  # compiling, or waiting for it: a cost history leaves this call out
+            return making.result()
+
+    def prefetch(self, tasks) -> None:
+        """Start making the launches of `tasks`' kernel instances that are neither made nor
+        being made, on threads of their own, and return: a run's new instances then compile
+        side by side (NVRTC, or g++ on the emulator, outside the GIL) before the launches
+        that need them, which wait for theirs. A failure is the failure of the first task
+        that needs the instance, as if it had compiled it itself."""
+        for task in tasks:
+            if task.kernel.cuda is None or self.runs_library(task.kernel):
+                continue
+            key = _split(task)[0]
+            with self._templates_lock:
+                if key in self._templates or key in self._making:
+                    continue
+                making = self._making[key] = Future()
+            if self._compilers is None:
+                self._compilers = ThreadPoolExecutor(os.cpu_count() or 1, "pto-compile")
+                weakref.finalize(self, self._compilers.shutdown, wait=False)
+            self._compilers.submit(self._make, key, task, making)
+
+    def _make(self, key: tuple, task, making: Future) -> None:
+        """Make the launch of `key` into `making`, and publish it (a failure is not kept: the
+        next task of the instance tries again and fails in its own name)."""
+        try:
+            self._enter()  # loading the code needs the device's context on this thread
+            with preparing():
+                made = self._prepare(task)
+        except BaseException as error:
+            with self._templates_lock:
+                del self._making[key]
+            making.set_exception(error)
+            return
+        with self._templates_lock:
+            self._templates[key] = made
+            del self._making[key]
+        making.set_result(made)
+
 
     def _prepare(self, task) -> Template:
         kernel = task.kernel

@@ -5,7 +5,6 @@ on their handles (cuda.py). External arrays are CuPy arrays or any array with
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from ..tensor import TensorDescriptor
 from . import ExternalArray, ExternalMemory, cuda_abi, locate
 from .driver import libcuda
 from .interop import dlpack_device, dlpack_read_only, extent, on_device, torch_storage, wrong_side
+from .keyed_locks import KeyedLocks
 
 LEGACY_STREAM = 1  # DLPack's name for CUDA's legacy default stream
 
@@ -37,7 +37,7 @@ class CupyDevice:
         self._modules: dict[tuple[Path, np.dtype], object] = {}
         self._functions: dict[tuple[Path, np.dtype, str], object] = {}
         self._kept: list = []  # the CuPy streams and events whose handles the backend holds
-        self._lock = threading.Lock()
+        self._compiling = KeyedLocks()  # per module: NVRTC runs once for it, modules side by side
 
     # --- memory ----------------------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
@@ -92,9 +92,11 @@ class CupyDevice:
     def function(self, code: CudaCode, kernel, layout: list, scalars: tuple) -> int:
         dtype = next(param[1] for param in layout if param is not None)
         key = (code.source, np.dtype(dtype), kernel.name)
-        function = self._functions.get(key)
+        function = self._functions.get(key)  # a dict read is atomic under the GIL
         if function is None:
-            with self._lock:  # worker threads share the compiled modules
+            # CuPy compiles a module at its first get_function, NVRTC without the GIL, so modules
+            # compile side by side; a module once at a time.
+            with self._compiling(key[:2]):
                 module = self._modules.get(key[:2])
                 if module is None:
                     options = cuda_abi.nvrtc_options(code.source.parent, dtype, kernel.name)
@@ -102,6 +104,7 @@ class CupyDevice:
                         code=code.source.read_text(), options=options)
                 function = self._functions[key] = module.get_function(cuda_abi.symbol(kernel.name))
         return function.kernel.ptr  # a RawKernel's Function: the CUfunction, loaded on this device
+
 
     def stream(self) -> int:
         stream = self._cupy.cuda.Stream(non_blocking=True)

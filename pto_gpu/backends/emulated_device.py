@@ -30,6 +30,7 @@ from ..kernel import CudaCode
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cuda_abi, emulator
 from .cpu import CpuBackend
+from .keyed_locks import KeyedLocks
 from .launches import TENSOR_WORDS, cpu_code, cpu_code_context, instance_scalars
 
 EMULATE = ("gpu-code", "cpu-code")
@@ -81,12 +82,14 @@ class EmulatedDevice:
             key = (code.source, dtype, kernel.name)
         else:
             key = (kernel.id, tuple(layout), instance_scalars(kernel, scalars))
-        with self._lock:
-            function = self._functions.get(key)
-            if function is None:
-                entry, context = (self._gpu_code(code, kernel.name, dtype) if self.emulate == "gpu-code"
-                                  else self._cpu_code(code, kernel, layout, dtype, scalars))
-                function = self._functions[key] = emulator.function(entry, [WORD] * words, context)
+        function = self._functions.get(key)  # a dict read is atomic under the GIL
+        if function is None:  # built outside the lock: a run's new instances build side by side
+            entry, context = (self._gpu_code(code, kernel.name, dtype) if self.emulate == "gpu-code"
+                              else self._cpu_code(code, kernel, layout, dtype, scalars))
+            with self._lock:
+                function = self._functions.get(key)
+                if function is None:
+                    function = self._functions[key] = emulator.function(entry, [WORD] * words, context)
         return function
 
     def _gpu_code(self, code: CudaCode, name: str, dtype) -> tuple[int, int]:
@@ -134,7 +137,7 @@ def _free(driver, streams: list[int], events: list[int]) -> None:
         driver.event_destroy(event)
 
 
-_building = threading.Lock()
+_building = KeyedLocks()  # per target: one g++ for a build, different builds side by side
 
 
 def host_build(code: CudaCode, dtype) -> str:
@@ -148,8 +151,9 @@ def host_build(code: CudaCode, dtype) -> str:
     text = code.source.read_text()
     digest = hashlib.sha256("\0".join([text, *options]).encode()).hexdigest()[:24]
     target = emulator.cache_dir() / f"{code.source.stem}-{digest}.so"
-    with _building:
+    with _building(target):
         if not target.exists():
+
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             command = [compiler, "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", *options,

@@ -68,6 +68,7 @@ EVENT_BATCH = 64  # events taken from the backend at a time (at most a task wind
 
 # Why `issue_logged` stopped before the end of the log.
 NEEDS_PYTHON, NEEDS_EVENTS, FAILED = 1, 2, 3
+PREFETCH = 64  # new instances a flushed log starts compiling at once (CudaBackend.prefetch)
 
 STATE = np.dtype([
     ("head", np.int64),  # the in-flight ring: the oldest task retires from here
@@ -431,6 +432,45 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
 
 
 @njit(cache=True, _nrt=False)
+def unlearnt(t, tasks, args, log, first, logged, keys, ids):
+    """The first task of each instance among log[first:logged] whose launch is not learnt,
+    ids[:n] (their keys in keys[:n]), at most len(ids) of them: n. `admit` has the backend
+    start compiling them all before it issues the first."""
+    window = len(t.slots)
+    n = 0
+    for i in range(first, logged):
+        task_id = log[i, 0]
+        slot = task_id & (window - 1)
+        kernel = tasks[slot].kernel
+        if args.task[slot] != task_id or kernel >= len(t.kernel_info) or not t.kernel_info[kernel].native:
+            continue
+        if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+            continue
+        if t.filled[find(t.keys, t.filled, t.key)] != 0:
+            continue
+        seen = False
+        for j in range(n):
+            same = True
+            for w in range(len(t.key)):
+                if keys[j, w] != t.key[w]:
+                    same = False
+                    break
+            if same:
+                seen = True
+                break
+        if seen:
+            continue
+        for w in range(len(t.key)):
+            keys[n, w] = t.key[w]
+        ids[n] = task_id
+
+        n += 1
+        if n == len(ids):
+            break
+    return n
+
+
+@njit(cache=True, _nrt=False)
 def learn(t, tasks, args, task_id, function, grid, block, shared, integer):
     """Enter the launch of a logged task's instance, made the Python way, for its later tasks."""
     window = len(t.slots)
@@ -565,9 +605,12 @@ class DriverStreamExecutor:
         self._t.state[0]["edge"] = 0
 
     def admit(self, log: np.ndarray, logged: int) -> int:
-        """Issue a flushed log's tasks, in order; none is left for the session to submit."""
+        """Issue a flushed log's tasks, in order; none is left for the session to submit. At
+        the first task of an instance not learnt yet, the log's other new instances start
+        compiling too, side by side, before it is issued."""
         t = self._t
         i = 0
+        prefetched = False
         while i < logged:
             i = issue_logged(t, self._addresses, *self._core, self._args, log, i, logged, self._edges)
             why = int(t.state[0]["why"])
@@ -578,6 +621,9 @@ class DriverStreamExecutor:
             if why == NEEDS_EVENTS:
                 self._more_events()
                 continue
+            if not prefetched:
+                self._prefetch(log, i, logged)
+                prefetched = True
             self._learn(int(log[i, 0]), self._issue(self._scheduler.task(int(log[i, 0])), _NOTED))
             i += 1
         note_edges(t, self._edges)  # those of consumers the next flush brings
@@ -665,7 +711,16 @@ class DriverStreamExecutor:
             self._raise_failure()
         self._retire(1)
 
+    def _prefetch(self, log: np.ndarray, first: int, logged: int) -> None:
+        """Have the backend start compiling the instances of log[first:logged] not learnt yet."""
+        ids = np.zeros(PREFETCH, np.int64)
+        keys = np.zeros((PREFETCH, KEY_WIDTH), np.int64)
+        count = unlearnt(self._t, self._core[1], self._args, log, first, logged, keys, ids)
+        if count > 1:  # one alone compiles as it is issued
+            self._backend.prefetch([self._scheduler.task(int(task_id)) for task_id in ids[:count]])
+
     def _learn(self, task_id: int, launch: Template | None) -> None:
+
         """Enter a logged task's launch for its instance's later tasks."""
         if launch is not None and self._args is not None:
             integer = np.zeros(MAX_SCALARS, np.int64)
