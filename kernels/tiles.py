@@ -23,18 +23,14 @@ from pto_gpu.native_abi import NjitEntries
 
 from . import blas, panels
 
-# Rows wider than COLUMN_BLOCK go in blocks of it on CUDA: a lane holds a tile row's columns in
-# registers (COLUMN_BLOCK / 32 of them), so a 4096-wide tile would spill; so does a matmul's
-# output when b is too wide for CUDA's shared memory.
-
-
 
 @contextlib.contextmanager
 def column_blocks(f: FunctionBuilder, n: int, local_memory: int | None,
                   var: str = "j") -> Iterator[tuple[int, int | str]]:
     """The body of a row-wise kernel over n columns, once (the CPU: local_memory None) or in a
-    FOR %var over blocks of COLUMN_BLOCK (CUDA, n wider than that): yields (tile width, the
-    column offset operand)."""
+    FOR %var over blocks of COLUMN_BLOCK (CUDA, n wider than that: a lane holds a tile row's
+    columns in registers, so a 4096-wide tile would spill): yields (tile width, the column
+    offset operand)."""
     if local_memory is None or n <= COLUMN_BLOCK:
         yield n, 0
         return

@@ -14,8 +14,8 @@ function's other instructions between them:
 - The instructions over wide tiles are column-local (element-wise, tile-scalar, row and column
   broadcasts, TFILL and TROWIDX, loads and stores at the block's column), so each block
   computes its own columns; a row reduction of a wide tile combines the blocks' partial
-  results into its r x 1 destination (TROWSUM's sums added, TROWMAX's maxed, TROWMIN's
-  mined), after the pass when the pass still reads the destination's old value.
+  results into its r x 1 destination, filled with the reduction's identity before the pass
+  (TROWSUM's partial sums added, TROWMAX's maxed, TROWMIN's mined).
 - Wide tiles do not outlive a pass. A pass computes what its effects (stores and reductions)
   need from the loads they came from: for each wide tile read, the instruction that last
   wrote it before the read, transitively, as Triton's two-pass LayerNorm loads x again. So a
@@ -24,14 +24,15 @@ function's other instructions between them:
 
 Recomputing is only right when what a recomputed instruction reads is as it was. A narrow tile
 or scalar that such an instruction reads is copied before it is written again (tile reuse
-makes LayerNorm's mean and variance one tile), and the instruction reads the copy; a memref it
-loads must not have been stored to since. A memref that is stored keeps one window for all its
-wide accesses and has no narrow ones, so blocks of it never overlap. Where any of that fails,
-where a wide tile meets
-an instruction that is not column-local (products, transposes, column reductions, masks,
-TCOLIDX), where a wide tile is generated and W is not a whole number of blocks (a generated
-tile is valid over all its columns; the last block would count some past W), or where the body
-has control flow or calls, the function is not blocked.
+makes LayerNorm's mean and variance one tile; a reduction's destination is written by its
+pass), and the instruction reads the copy; a load is not recomputed after a store to its
+memref that came after it. A stored memref keeps one fixed window for all its wide accesses
+and has no narrow ones, so its blocks never overlap. Not blocked, NotBlockable saying why: a
+wide tile in an instruction that is not column-local (products, transposes, column
+reductions, masks, TCOLIDX); where W is not whole blocks, a generated wide tile (valid over
+all its columns: the last block would count some past W) or a window that may reach past W
+(the last block's loads stop at the window's end); a memref loaded only into tiles nothing
+uses (recomputing would drop its only access); a body with control flow or calls.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import dataclasses
 
 from ..dtypes import DataType
 from .describe import describe
-from .ir import For, Function, Op, Return, Scalar, Statement, Tile
+from .ir import For, Function, Op, Return, Scalar, Statement, Tile, walk
 from .operands import Kind, signature
 from .ops import OPCODES, Form
 
@@ -79,9 +80,23 @@ def blocked(function: Function, block: int) -> Function:
             raise NotBlockable(f"{describe(statement)}: only a body of instructions is walked in blocks")
         passes.add(index, statement)
     passes.flush()
+    for memref in _accessed(function.body) - _accessed(passes.body):
+        # The verifier infers directions from accesses; a memref had better keep its own.
+        raise NotBlockable(f"memref %{memref} is only loaded into tiles nothing uses")
     tiles = tuple(Tile(t.name, t.rows, block, t.dtype) if t.name in wide else t for t in function.tiles)
     return dataclasses.replace(function, tiles=tiles + tuple(passes.new_tiles),
                                scalars=function.scalars + tuple(passes.new_scalars), body=tuple(passes.body))
+
+
+def _accessed(body) -> set[str]:
+    """The memrefs the body's loads and stores access."""
+    accessed = set()
+    for statement in walk(tuple(body)):
+        if isinstance(statement, Op) and OPCODES[statement.opcode].form is Form.LOAD:
+            accessed.add(statement.srcs[0])
+        elif isinstance(statement, Op) and OPCODES[statement.opcode].form is Form.STORE:
+            accessed.add(statement.dst)
+    return accessed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +125,14 @@ class _Passes:
         self.pending: set[str] = set()  # the current pass's reductions' destinations
         self.stores: dict[str, list[int]] = {}  # memref -> indices of its stores in the body so far
         self.partials: dict[tuple[int, DataType], str] = {}  # a reduction's per-block result tile
-        self.windows = self._windows(function)
+        self._check_windows(function)
 
     # --- classifying -----------------------------------------------------------------------
-    def _windows(self, function: Function) -> dict[str, tuple]:
-        """Each memref's window (row, col) in wide accesses; a stored memref must keep one, and
-        have no narrow accesses, so that its blocks never overlap."""
+    def _check_windows(self, function: Function) -> None:
+        """The windows of the wide accesses: a stored memref keeps one, fixed (no local scalar
+        in it), and has no narrow accesses, so that its blocks never overlap; and where W is not
+        whole blocks, each window ends with its memref, so that the last block's loads and
+        stores stop at W (a load takes a block's columns up to the window's end, not W's)."""
         windows: dict[str, set] = {}
         narrow, stored = set(), set()
         for statement in function.body:
@@ -125,12 +142,18 @@ class _Passes:
             tile, memref = (statement.dst, statement.srcs[0]) if load else (statement.srcs[0], statement.dst)
             if tile in self.wide:
                 windows.setdefault(memref, set()).add(statement.srcs[1:3])
+                col, width = statement.srcs[2], function.memref(memref).shape[1]
+                if self.width % self.block and not (isinstance(col, int) and col + self.width == width):
+                    raise NotBlockable(f"{describe(statement)}: %{memref}'s window may reach past the tiles' "
+                                       f"{self.width} columns, which are not whole blocks of {self.block}")
             else:
                 narrow.add(memref)
             if not load:
                 stored.add(memref)
+        assignable = {s.name for s in function.scalars if not s.param}
         for memref in stored & set(windows):
-            if len(windows[memref]) > 1 or memref in narrow:
+            moving = {v for window in windows[memref] for v in window if v in assignable}
+            if len(windows[memref]) > 1 or memref in narrow or moving:
                 raise NotBlockable(f"memref %{memref} is stored and accessed through different windows: its "
                                    "column blocks could overlap")
         return {memref: next(iter(w)) for memref, w in windows.items()}
@@ -271,7 +294,9 @@ class _Passes:
     def _check_unchanged(self, recorded: _Recorded) -> None:
         """A recorded instruction computed again reads what it read where it was written."""
         where = describe(recorded.op)
+        # The copies keep this from failing; a slip there must refuse, never miscompute.
         for name, version in recorded.reads:
+
             if self.versions.get(name, 0) != version:
                 raise NotBlockable(f"{where}: %{name} is written after it and before a pass that needs its "
                                    "result, which would read the new value")
