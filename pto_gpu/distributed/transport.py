@@ -18,13 +18,14 @@ run (a failed run's duplicate is kept, never freed, for that).
 
 from __future__ import annotations
 
-import os
 import threading
+import time
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from ..errors import RankError
+from ..polling import pause
 
 NOTICE, FIRST_DATA = 1, 2  # tags: a failure notice; data tags count from FIRST_DATA
 
@@ -204,16 +205,17 @@ class MpiTransport:
     def wait(self, request, what: str) -> None:
         """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a
         notice. Only the end of a run waits (for its sends to be delivered), its tasks all
-        done. It polls, yielding the core between polls: MPI's own wait spins on the core
-        without yielding it, which other ranks may need."""
+        done. It polls, yielding the core, then sleeping between polls (polling.pause): MPI's
+        own wait spins on the core without yielding it, which other ranks may need."""
         requests = [request, self._notice]
+        started = time.perf_counter()
         while not self._someone_failed:
             index, done = self._MPI.Request.Testany(requests)
             if done:
                 if index == 0:
                     return
                 break
-            os.sched_yield()
+            pause(time.perf_counter() - started)
         request.Cancel()
         request.Free()
         raise self._failed(what)

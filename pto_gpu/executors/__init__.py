@@ -25,18 +25,6 @@ class Arrivals(Protocol):
         """The ids of those whose data has come since the last call; never waits."""
 
 
-# Polling for arrivals: a waiting thread yields the core between polls for SPIN_S, then sleeps
-# an eighth of what it has waited so far, at most MAX_PAUSE_S: data that comes soon is seen
-# within microseconds, and a long wait costs a poll every MAX_PAUSE_S, not a core.
-SPIN_S = 50e-6
-MAX_PAUSE_S = 1e-3
-
-
-def poll_pause(waited: float) -> float:
-    """Seconds to sleep before the next poll after `waited` seconds of waiting; 0: yield."""
-    return 0.0 if waited < SPIN_S else min(waited / 8, MAX_PAUSE_S)
-
-
 def run_kernel(backend, task: Task, lane: Lane) -> None:
     """Run one task's kernel on the backend and note its time in `lane`, and whether it was a
     first call (first_calls.preparing); a failure becomes TaskError with the cause chained. A task

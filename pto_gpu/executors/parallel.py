@@ -39,10 +39,11 @@ from ..dtypes import WorkerType
 from ..errors import PTOError, TaskError
 from ..jit.context import ArgTables
 from ..kernel import Kernel, multi_class
+from ..polling import poll_pause
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..tasks import RINGS, Scheduler, Task
-from . import Arrivals, poll_pause, run_kernel
+from . import Arrivals, run_kernel
 from .native import Instances, NativeLanes, WorkerScratch, budget
 from .threads import WorkerThreads
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from ..dtypes import WorkerType
 from ..errors import InvariantError
+from ..polling import pause
 from ..profile import Profile
 from ..tasks import Scheduler, Task
-from . import Arrivals, poll_pause, run_kernel
+from . import Arrivals, run_kernel
 
 
 class SerialExecutor:
@@ -38,11 +38,7 @@ class SerialExecutor:
     def _wait_for(self, task_id: int) -> None:
         started = time.perf_counter()
         while not (arrived := self._arrivals.arrived()):
-            pause = poll_pause(time.perf_counter() - started)
-            if pause:
-                time.sleep(pause)
-            else:
-                os.sched_yield()
+            pause(time.perf_counter() - started)
         if arrived != [task_id]:  # one waits at a time
             raise InvariantError(f"waiting for task {task_id}'s data, tasks {arrived} completed")
 
