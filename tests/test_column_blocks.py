@@ -252,6 +252,11 @@ def test_the_cuda_source_says_how_its_rows_are_walked():
     assert "columns in blocks of 128 (at 768, its tiles would hold 392 registers a lane)" in first_line
     # GELU is in the row layout, a warp per row: 2 tiles x 24 registers a lane, as it was
     assert "blocks" not in cuda_codegen.cuda_source(module, "gelu").splitlines()[0]
+    # In place: x loaded by the first pass and stored by the last, each column on its lane in
+    # both (their loops start at 0 and step by whole warps): the row layout stays
+    in_place = optimize.optimize_module(more_kernels(64, 4096, pto.FLOAT32))
+    first_line = cuda_codegen.cuda_source(in_place, "softmax_in_place").splitlines()[0]
+    assert "row layout: a warp per row; columns in blocks of 256" in first_line
     m = isa.Module("positions")
     f = pto.FLOAT32
     (isa.FunctionBuilder("k", module=m).in_core().memref("x", f, (64, 768)).memref("w", f, (1, 768))

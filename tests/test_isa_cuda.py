@@ -128,6 +128,10 @@ def _module(dt) -> Module:
                   [For("j", 0, 0, 32, ()), twice(0, "s")], [Scalar("s", INT)]))
     m.add(_incore("reused_name", [MemRef("acc", dt, (1, 96))], [Tile("t", 1, 32, dt)],
                   [twice(0, 32), twice(16, 32)]))
+    # Two loops over column blocks that both start at whole warps (column_blocks' passes): every
+    # column stays on its lane in both, so a memref loaded and stored by both keeps the row layout.
+    m.add(_incore("two_passes", [MemRef("acc", dt, (R, 96))], [Tile("t", R, 32, dt)],
+                  [twice(0, 32), twice(32, 32)]))
     m.add(_incore("aliased_callee",
                   [MemRef("a", dt, (1, 96)), MemRef("b", dt, (1, 56)), MemRef("o", dt, (1, 96))],
                   [Tile("t", 1, 48, dt)],
@@ -216,7 +220,7 @@ def _module(dt) -> Module:
 FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "generate", "transpose",
              "convert", "row_reduce", "col_reduce", "matmul", "mask", "softmax", "control", "prefix",
              "whole_argument", "float_scalars", "clash", "columns_in_steps", "columns_overlapping",
-             "triangular", "stale_step", "reused_name", "aliased_windows"]
+             "triangular", "stale_step", "reused_name", "aliased_windows", "two_passes"]
 # whole-tile reads, or moving offsets (hazards)
 # sm_90's ptxas spills 8 bytes of "triangular"'s nested loop state (float32): not a tile, which
 # is what the spill checks are about.

@@ -133,9 +133,9 @@ def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Genera
 
 def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generator:
     """The generator of the function walked in blocks of columns (column_blocks.py): of the
-    widest block whose code's tiles fit (its layout may differ: a memref loaded and stored in
-    two passes is a hazard, so the block layout), else of the narrowest it can be blocked in;
-    or `generator`, its source saying why the function cannot be."""
+    widest block whose code's tiles fit (counted in the blocked code, whose layout may differ),
+    else of the narrowest it can be blocked in; or `generator`, its source saying why the
+    function cannot be."""
     function = generator.function
     width = column_blocks.widest(function)
     blocked, refusal = None, None
@@ -221,22 +221,29 @@ class _Access:
     cols: int
     store: bool
 
-    def apart(self, other: _Access) -> bool:
+    def apart(self, other: _Access, warp_aligned: Callable[[str, int], bool]) -> bool:
         """Whether no element is accessed by both, or each by the same thread in both: their
-        offsets differ by constants, and the windows are disjoint or differ by whole rows of
-        zero and columns of whole warps."""
+        offsets differ by constants and the windows are disjoint, or they differ by whole rows
+        of zero and columns of whole warps, terms that are `warp_aligned` aside (column blocks
+        of two loops over one row: each column stays on its lane in both)."""
         if self.offset is None or other.offset is None:
             return False
         (r, c), (r2, c2) = self.offset, other.offset
-        if (r.terms, c.terms) != (r2.terms, c2.terms):
-            return False
         dr, dc = r2.const - r.const, c2.const - c.const
+
+        def fixed(terms: tuple) -> tuple:
+            return tuple(term for term in terms if not warp_aligned(*term))
+
+        same_thread = r.terms == r2.terms and dr == 0 and fixed(c.terms) == fixed(c2.terms) and dc % WARP == 0
+        if (r.terms, c.terms) != (r2.terms, c2.terms):
+            return same_thread
         # a loop symbol (named var@n, which no C name is) differs between iterations: columns
         # disjoint at one value of it may overlap at another (rows never carry one)
         moving = any("@" in name for name, _ in c.terms)
         disjoint = dr >= self.rows or -dr >= other.rows or \
             (not moving and (dc >= self.cols or -dc >= other.cols))
-        return disjoint or (dr == 0 and dc % WARP == 0)
+        return disjoint or same_thread
+
 
 
 class _Generator:
@@ -273,6 +280,7 @@ class _Generator:
         self.types: dict[str, str] = {}  # C name of any scalar or loop variable -> its C type
         self.accesses: list[_Access] = []
         self.steps: dict[str, int] = {}  # a loop's symbol -> its constant step (loop-invariant start)
+        self.starts: dict[str, int] = {}  # a loop's symbol -> its start, where a constant
         self.loops = 0
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.activations = 0
@@ -336,9 +344,18 @@ class _Generator:
         hazards = set()
         for first in self.accesses:
             for second in self.accesses:
-                if first.param == second.param and (first.store or second.store) and not first.apart(second):
+                if first.param == second.param and (first.store or second.store) and \
+                        not first.apart(second, self._warp_aligned):
                     hazards.add(first.param)
         return hazards
+
+    def _warp_aligned(self, symbol: str, coefficient: int) -> bool:
+        """Whether a column term moves by whole warps of columns from a multiple of 32: a loop
+        from a constant multiple of 32 in steps of multiples of 32 (after the coefficient), so
+        every value of it keeps a column on its lane, whatever the loop."""
+        start, step = self.starts.get(symbol), self.steps.get(symbol)
+        return start is not None and step is not None and (start * coefficient) % WARP == 0 and \
+            (step * coefficient) % WARP == 0
 
     def call_row(self, row: str) -> str:
         """A tile row as a row of the call: below the band's first row when the rows are split."""
@@ -657,6 +674,8 @@ class _Context:
             any(f"s_{_c(s.name)}" == self.names[loop.start] for s in self.g.params)
         if isinstance(loop.step, int) and invariant:
             self.g.steps[symbol] = loop.step
+        if isinstance(loop.start, int):
+            self.g.starts[symbol] = loop.start
         start, stop, step = (self.operand(v) for v in (loop.start, loop.stop, loop.step))
         if isinstance(loop.step, int):
             condition = f"{var} {'<' if loop.step > 0 else '>'} {stop}"
