@@ -14,6 +14,9 @@
 - Flash attention through the runtime against torch's scaled_dot_product_attention, when
   PyTorch is installed: float32, and float16 at head dims 64 and 128 (tensor cores).
   extra_info["tflops"]. Target: at least 50% of SDPA.
+- A user's LayerNorm (docs/ISA.md's, `isa.compile`d; its 64 x 4096 tiles walked in column
+  blocks, three passes over x) over 16384 x 4096 float32, against torch's layer_norm.
+  extra_info["gb_per_s"]: the input read once and the output written once, per second.
 
 Every round ends with a stream synchronise, so host wall time is the time to finished results.
 """
@@ -28,6 +31,7 @@ from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
+from pto_gpu import isa
 from pto_gpu.backends import cuda_abi
 from pto_gpu.isa.family import family_of
 from pto_gpu.runtime import cuda_unavailable
@@ -301,3 +305,69 @@ def test_flash_attention_float16_runtime(benchmark, cupy, qkv_half):
 
 def test_flash_attention_float16_torch_sdpa(benchmark, qkv_half):
     sdpa(benchmark, qkv_half)
+
+
+# --- a user's kernel in column blocks -------------------------------------------------------------
+NORM_ROWS, NORM_TILE, NORM_WIDTH = 16384, 64, 4096
+
+
+def layernorm_kernel() -> pto.Kernel:
+    """docs/ISA.md's LayerNorm at 64 x 4096 (no column tails)."""
+    f32, n = pto.FLOAT32, NORM_WIDTH
+    m = isa.Module("user_layernorm")
+    (isa.FunctionBuilder("layernorm", module=m).in_core()
+        .memref("x", f32, (NORM_TILE, n)).memref("weight", f32, (1, n)).memref("bias", f32, (1, n))
+        .memref("out", f32, (NORM_TILE, n)).scalar("eps", f32)
+        .tile("t", NORM_TILE, n, f32).tile("sq", NORM_TILE, n, f32).tile("mean", NORM_TILE, 1, f32)
+        .tile("var", NORM_TILE, 1, f32).tile("w", 1, n, f32).tile("b", 1, n, f32)
+        .load("t", "x").load("w", "weight").load("b", "bias")
+        .rowsum("mean", "t").divs("mean", "mean", float(n)).rowexpandsub("t", "t", "mean")
+        .mul("sq", "t", "t").rowsum("var", "sq").divs("var", "var", float(n)).adds("var", "var", "eps")
+        .rsqrt("var", "var").rowexpandmul("t", "t", "var").colexpandmul("t", "t", "w")
+        .colexpandadd("t", "t", "b").store("out", "t")
+        .build())
+    return isa.compile(m).kernels["layernorm"]
+
+
+def layernorm_rows(o, kernel, x, weight, bias, out):
+    X, W, B, Y = (o.external(a) for a in (x, weight, bias, out))
+    for row in range(0, x.shape[0], NORM_TILE):
+        o.submit(kernel, pto.input(X[row:row + NORM_TILE]), pto.input(W), pto.input(B),
+                 pto.output(Y[row:row + NORM_TILE]), 1e-5)
+
+
+@pytest.fixture(scope="module")
+def norm_operands(cupy):
+    generator = cupy.random.default_rng(3)
+    return (generator.standard_normal((NORM_ROWS, NORM_WIDTH), dtype=cupy.float32),
+            generator.uniform(0.5, 1.5, (1, NORM_WIDTH), dtype=cupy.float32),
+            generator.standard_normal((1, NORM_WIDTH), dtype=cupy.float32))
+
+
+def bandwidth(benchmark, array) -> None:
+    benchmark.extra_info["gb_per_s"] = 2 * array.nbytes / benchmark.stats.stats.median / 1e9
+
+
+def test_user_layernorm_runtime(benchmark, cupy, norm_operands):
+    x, weight, bias = norm_operands
+    out = cupy.zeros_like(x)
+    kernel = layernorm_kernel()
+    rt = pto.Runtime(backend="cuda", executor="stream")
+    benchmark.pedantic(rt.run, (layernorm_rows, kernel, x, weight, bias, out), rounds=ROUNDS, warmup_rounds=1)
+    x64 = x[:256].astype(cupy.float64)
+    centred = x64 - x64.mean(axis=1, keepdims=True)
+    expected = centred / cupy.sqrt((centred ** 2).mean(axis=1, keepdims=True) + 1e-5) * weight + bias
+    assert float(cupy.abs(out[:256] - expected).max()) <= 1e-4 * float(cupy.abs(expected).max())
+    bandwidth(benchmark, x)
+
+
+def test_user_layernorm_torch(benchmark, norm_operands):
+    torch = pytest.importorskip("torch")
+    x, weight, bias = (torch.as_tensor(a, device="cuda") for a in norm_operands)
+
+    def one():
+        torch.nn.functional.layer_norm(x, (NORM_WIDTH,), weight[0], bias[0], 1e-5)
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
+    bandwidth(benchmark, x)
