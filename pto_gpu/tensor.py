@@ -18,7 +18,7 @@ import numpy as np
 
 from .dtypes import DataType
 from .errors import LayoutError
-from .layout import PARAM_WIDTH, layout_row
+from .layout import PARAM_WIDTH, R_HI, R_LO, layout_row
 from .overlap import Overlap
 
 MAX_REMEMBERED_SLICES = 4096  # per parent descriptor
@@ -92,7 +92,18 @@ class TensorDescriptor:
               self.overlap if overlap is None else overlap)
         return derived
 
+    def shifted(self, elements: int) -> TensorDescriptor:
+        """The same view moved by `elements` (a tile of a loop's next iteration); the caller
+        guarantees it stays inside the buffer. Its layout row is this one's moved, not made
+        again: moving a view changes its bytes, never their pattern."""
+        moved = self._replace(start_offset=self.start_offset + elements)
+        row = self.layout_key
+        delta = elements * self.dtype.itemsize
+        _SET(moved, "_row", (*row[:R_LO], row[R_LO] + delta, row[R_HI] + delta, *row[R_HI + 1:]))
+        return moved
+
     def __setattr__(self, name, value):
+
         raise AttributeError("TensorDescriptor is immutable; slicing returns a new one")
 
     def __repr__(self) -> str:

@@ -111,3 +111,18 @@ def test_descriptor_views_and_contiguity():
     assert t.transpose(1, 0).strides == t.T.strides == (1, 32)
     assert t[2:10:3, 5].shape == (3,) and t[2:10:3, 5].start_offset == 2 * 32 + 5
     assert t[-1, -2].start_offset == 31 * 32 + 30
+
+
+@settings(max_examples=500, deadline=None)
+@given(views(), st.integers(-64, 64))
+def test_a_shifted_view_is_the_view_made_at_its_new_offset(t, elements):
+    """TensorDescriptor.shifted moves a view's layout row rather than making it again (the
+    interpreted orchestration's windows): it must be the row a view made at the new offset
+    has, and touch the same bytes moved."""
+    last = t.byte_range[1] // t.dtype.itemsize
+    elements = max(-t.start_offset, min(elements, BUFFER_BYTES // t.dtype.itemsize - last))
+    moved = t.shifted(elements)
+    made = TensorDescriptor(BUFFER, 0, t.start_offset + elements, t.strides, t.repeats, t.dtype)
+    assert moved.layout_key == made.layout_key
+    assert (moved.shape, moved.strides, moved.version) == (t.shape, t.strides, t.version)
+    assert byte_set(moved) == {b + elements * t.dtype.itemsize for b in byte_set(t)}

@@ -135,6 +135,10 @@ class _Activation:
         self.roots, self.scoped, self.dtypes = shared.facts(function)
         self.allocations: dict[str, TensorDescriptor] = {}  # what o.free takes, per allocated local
         self.levels: dict[str, Level] = {}  # adaptive loop variable -> its level now
+        # Per CALL argument and window shape: (the tensor, its window at (0, 0)), which the
+        # argument's whole windows are, moved (TensorDescriptor.shifted: no slicing, no layout
+        # made again).
+        self.windows: dict[tuple, tuple[TensorDescriptor, TensorDescriptor]] = {}
 
     def run(self) -> None:
         if not self.scoped:
@@ -219,6 +223,16 @@ class _Activation:
             done += count
         self.levels.pop(loop.var, None)
 
+    def window(self, call: Call, position: int, tensor: TensorDescriptor, rows: int,
+               cols: int) -> TensorDescriptor:
+        """The window of `tensor` at (0, 0) that CALL argument `position` takes (rows x cols:
+        an adaptive loop's variant takes more rows), made once."""
+        key = (id(call), position, rows, cols)
+        made = self.windows.get(key)
+        if made is None or made[0] is not tensor:
+            made = self.windows[key] = (tensor, tensor[:rows, :cols])
+        return made[1]
+
     def view(self, view: View) -> TensorDescriptor:
         source = self.tensors[view.src]
         if len(view.slices) != source.ndim:
@@ -265,7 +279,8 @@ class _Activation:
         kernel = self.program.kernels[target.name]
         params = []
         args, wraps = self.shared.bindings(call, callee)
-        for memref, shaped, arg, wrap in zip(callee.memrefs, target.memrefs, args, wraps):
+        bound = zip(callee.memrefs, target.memrefs, args, wraps)
+        for position, (memref, shaped, arg, wrap) in enumerate(bound):
             tensor = self.tensors[arg.tensor]
             if memref.shape is None:  # a library kernel: the tensor as it is
                 params.append(wrap(tensor))
@@ -281,7 +296,11 @@ class _Activation:
             if not (0 <= row < tensor.shape[0] and 0 <= col < tensor.shape[1]):
                 raise self.fail(call, f"the window of %{arg.tensor} for %{memref.name} starts at "
                                        f"({row}, {col}), outside its shape {tensor.shape}")
-            window = tensor[row:min(row + rows, tensor.shape[0]), col:min(col + cols, tensor.shape[1])]
+            if row + rows <= tensor.shape[0] and col + cols <= tensor.shape[1]:  # whole: not a tail
+                window = self.window(call, position, tensor, rows, cols).shifted(
+                    row * tensor.strides[0] + col * tensor.strides[1])
+            else:
+                window = tensor[row:min(row + rows, tensor.shape[0]), col:min(col + cols, tensor.shape[1])]
             params.append(wrap(window))
         scalars = [cast_scalar(s.dtype, values[s.name]) for s in callee.scalars if s.param]
         self.o.submit(kernel, *params, *scalars)
