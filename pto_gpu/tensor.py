@@ -103,7 +103,6 @@ class TensorDescriptor:
         return moved
 
     def __setattr__(self, name, value):
-
         raise AttributeError("TensorDescriptor is immutable; slicing returns a new one")
 
     def __repr__(self) -> str:

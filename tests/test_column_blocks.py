@@ -191,7 +191,6 @@ def test_functions_it_cannot_walk_in_blocks_say_why():
         (lambda b: b.load("t", "x").for_loop("i", 0, 2, 1).store("out", "t").end_for(),
          r"FOR %i, 0, 2, 1: only a body of instructions"),
         (lambda b: b.scalar("r", pto.INT64).load("t", "x").store("out", "t").store("out", "t", "r", 0),
-
          r"%out is stored and accessed through different windows"),
         (lambda b: b.load("t", "x").rowsum("s", "t").store("x", "t").rowexpandadd("t", "t", "s")
          .store("out", "t"),
@@ -214,7 +213,6 @@ def test_functions_it_cannot_walk_in_blocks_say_why():
         .memref("out", f, (rows, 16)).tile("a", rows, width, f).tile("b", width, 16, f).tile("c", rows, 16, f)
         .load("a", "x").load("b", "y").matmul("c", "a", "b").store("out", "c").build())
     with pytest.raises(NotBlockable, match=r"TMATMUL %c, %a, %b: not computed column by column"):
-
         column_blocks.blocked(m.functions["k"], 256)
 
 

@@ -551,6 +551,26 @@ def test_a_compiled_runs_new_instances_compile_side_by_side_before_its_first_lau
     np.testing.assert_array_equal(x[:4], 4 * want_y[:4])
 
 
+def test_a_run_whose_compiles_find_no_thread_compiles_them_as_it_issues(monkeypatch):
+    """Where the pool cannot take a compile (a thread limit; the interpreter exiting), prefetch
+    makes that instance on the caller's thread and leaves the rest to their launches: the run
+    is right, and nothing is left waiting for a compile that will not come."""
+    from pto_gpu.backends import cuda
+
+    def no_thread(*args, **kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(cuda.ThreadPoolExecutor, "submit", no_thread)
+    x = np.arange(128, dtype=np.float32).reshape(8, 16)
+    y, z = np.zeros_like(x), np.zeros_like(x)
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream")
+    rt.run(lambda o: o.compiled(_three_instances, o.external(x), o.external(y), o.external(z), add.id,
+                                scale.id))
+    want_y = 2 * np.arange(128, dtype=np.float32).reshape(8, 16)
+    np.testing.assert_array_equal(z, 2 * want_y)
+    assert rt.backend._making == {}
+
+
 BROKEN_CU = "this is not CUDA\n"
 
 

@@ -204,6 +204,7 @@ class CudaBackend:
         """The launch of the task's kernel instance over tensors of its shapes, strides and
         element types, made at the first such call (then looked up by `key`, from _split), or
         by a thread already making it (`prefetch`'s), which this one waits for."""
+        self._enter()  # the launches that follow need the device's context on this thread
         with self._templates_lock:
             found = self._templates.get(key)
             if found is not None:
@@ -233,10 +234,19 @@ class CudaBackend:
                 if key in self._templates or key in self._making:
                     continue
                 making = self._making[key] = Future()
-            if self._compilers is None:
-                self._compilers = ThreadPoolExecutor(os.cpu_count() or 1, "pto-compile")
-                weakref.finalize(self, self._compilers.shutdown, wait=False)
-            self._compilers.submit(self._make, key, task, making)
+            try:
+                if self._compilers is None:
+                    self._compilers = ThreadPoolExecutor(os.cpu_count() or 1, "pto-compile")
+                    weakref.finalize(self, self._compilers.shutdown, wait=False)
+                self._compilers.submit(self._make, key, task, making)
+            except Exception:  # no thread for it (the interpreter exiting, a thread limit): here,
+                self._make(key, task, making)  # and the rest as they are issued
+                return
+            except BaseException as interrupted:  # nothing may wait for it forever
+                with self._templates_lock:
+                    del self._making[key]
+                making.set_exception(interrupted)
+                raise
 
     def _make(self, key: tuple, task, making: Future) -> None:
         """Make the launch of `key` into `making`, and publish it (a failure is not kept: the
@@ -254,7 +264,6 @@ class CudaBackend:
             self._templates[key] = made
             del self._making[key]
         making.set_result(made)
-
 
     def _prepare(self, task) -> Template:
         kernel = task.kernel

@@ -105,7 +105,6 @@ class CupyDevice:
                 function = self._functions[key] = module.get_function(cuda_abi.symbol(kernel.name))
         return function.kernel.ptr  # a RawKernel's Function: the CUfunction, loaded on this device
 
-
     def stream(self) -> int:
         stream = self._cupy.cuda.Stream(non_blocking=True)
         self._kept.append(stream)

@@ -153,7 +153,6 @@ def host_build(code: CudaCode, dtype) -> str:
     target = emulator.cache_dir() / f"{code.source.stem}-{digest}.so"
     with _building(target):
         if not target.exists():
-
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             command = [compiler, "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", *options,

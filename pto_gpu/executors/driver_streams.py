@@ -463,7 +463,6 @@ def unlearnt(t, tasks, args, log, first, logged, keys, ids):
         for w in range(len(t.key)):
             keys[n, w] = t.key[w]
         ids[n] = task_id
-
         n += 1
         if n == len(ids):
             break
@@ -720,7 +719,6 @@ class DriverStreamExecutor:
             self._backend.prefetch([self._scheduler.task(int(task_id)) for task_id in ids[:count]])
 
     def _learn(self, task_id: int, launch: Template | None) -> None:
-
         """Enter a logged task's launch for its instance's later tasks."""
         if launch is not None and self._args is not None:
             integer = np.zeros(MAX_SCALARS, np.int64)

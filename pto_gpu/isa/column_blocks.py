@@ -296,7 +296,6 @@ class _Passes:
         where = describe(recorded.op)
         # The copies keep this from failing; a slip there must refuse, never miscompute.
         for name, version in recorded.reads:
-
             if self.versions.get(name, 0) != version:
                 raise NotBlockable(f"{where}: %{name} is written after it and before a pass that needs its "
                                    "result, which would read the new value")
