@@ -80,9 +80,9 @@ def blocked(function: Function, block: int) -> Function:
             raise NotBlockable(f"{describe(statement)}: only a body of instructions is walked in blocks")
         passes.add(index, statement)
     passes.flush()
-    for memref in _accessed(function.body) - _accessed(passes.body):
-        # The verifier infers directions from accesses; a memref had better keep its own.
-        raise NotBlockable(f"memref %{memref} is only loaded into tiles nothing uses")
+    dropped = sorted(_accessed(function.body) - _accessed(passes.body))
+    if dropped:  # the verifier infers a memref's direction from its accesses: it must keep one
+        raise NotBlockable(f"memref %{dropped[0]} is only loaded into tiles nothing uses")
     tiles = tuple(Tile(t.name, t.rows, block, t.dtype) if t.name in wide else t for t in function.tiles)
     return dataclasses.replace(function, tiles=tiles + tuple(passes.new_tiles),
                                scalars=function.scalars + tuple(passes.new_scalars), body=tuple(passes.body))
@@ -270,18 +270,16 @@ class _Passes:
         if not readers:
             return
         tile = self.tiles.get(name)
-        copy = self._fresh(f"{name}_was")
         if tile is not None:
-            self.new_tiles.append(Tile(copy, tile.rows, tile.cols, tile.dtype))
-            self.tiles[copy] = self.new_tiles[-1]
+            copy = self._new_tile(f"{name}_was", tile)
             self.body.append(Op("TMULS", copy, (name, 1.0)))  # exact: -0.0, inf and NaN too
         else:
+            copy = self._fresh(f"{name}_was")
             self.new_scalars.append(Scalar(copy, self.function.scalar(name).dtype, param=False))
             self.body.append(Op("SMUL", copy, (name, 1)))
         self.versions[copy] = 0
         self.recorded = [self._reading_copy(r, name, copy) if r.index in readers else r
                          for r in self.recorded]
-
 
     @staticmethod
     def _reading_copy(recorded: _Recorded, name: str, copy: str) -> _Recorded:
@@ -289,7 +287,6 @@ class _Passes:
         srcs = tuple(copy if value == name else value for value in op.srcs)
         reads = tuple((copy, 0) if read == name else (read, version) for read, version in recorded.reads)
         return _Recorded(recorded.index, Op(op.opcode, op.dst, srcs), reads)
-
 
     def _check_unchanged(self, recorded: _Recorded) -> None:
         """A recorded instruction computed again reads what it read where it was written."""
@@ -322,8 +319,10 @@ class _Passes:
         return name
 
     def _new_tile(self, base: str, like: Tile) -> str:
+        """A new tile of `like`'s shape and dtype, named after `base`."""
         name = self._fresh(base)
-        self.new_tiles.append(Tile(name, like.rows, like.cols, like.dtype))
+        self.tiles[name] = Tile(name, like.rows, like.cols, like.dtype)
+        self.new_tiles.append(self.tiles[name])
         return name
 
     def _partial(self, result: Tile) -> str:
