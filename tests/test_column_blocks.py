@@ -246,11 +246,15 @@ def test_a_window_past_the_tiles_width_needs_whole_blocks():
 
 
 def test_the_cuda_source_says_how_its_rows_are_walked():
-    module = optimize.optimize_module(user_module(64, 768))
+    module = optimize.optimize_module(user_module(64, 4096))
     first_line = cuda_codegen.cuda_source(module, "layernorm").splitlines()[0]
-    assert "columns in blocks of 128 (at 768, its tiles would hold 392 registers a lane)" in first_line
-    # GELU is in the row layout, a warp per row: 2 tiles x 24 registers a lane, as it was
-    assert "blocks" not in cuda_codegen.cuda_source(module, "gelu").splitlines()[0]
+    assert "row layout: a warp per row; columns in blocks of 256 (at 4096, its tiles would hold 513 " \
+           "registers a lane)" in first_line
+    # at 768 columns the row layout's 4 tiles of 24 registers a lane (weight and bias each warp's
+    # own copy: broadcast rows) fit: no blocks
+    narrow = optimize.optimize_module(user_module(64, 768))
+    for name in ("gelu", "layernorm"):
+        assert cuda_codegen.cuda_source(narrow, name).splitlines()[0].endswith("row layout: a warp per row.")
     # In place: x loaded by the first pass and stored by the last, each column on its lane in
     # both (their loops start at 0 and step by whole warps): the row layout stays
     in_place = optimize.optimize_module(more_kernels(64, 4096, pto.FLOAT32))
@@ -258,11 +262,11 @@ def test_the_cuda_source_says_how_its_rows_are_walked():
     assert "row layout: a warp per row; columns in blocks of 256" in first_line
     m = isa.Module("positions")
     f = pto.FLOAT32
-    (isa.FunctionBuilder("k", module=m).in_core().memref("x", f, (64, 768)).memref("w", f, (1, 768))
-        .memref("out", f, (64, 768)).tile("t", 64, 768, f).tile("c", 64, 768, f).tile("v", 1, 768, f)
+    (isa.FunctionBuilder("k", module=m).in_core().memref("x", f, (64, 4096)).memref("w", f, (1, 4096))
+        .memref("out", f, (64, 4096)).tile("t", 64, 4096, f).tile("c", 64, 4096, f).tile("v", 1, 4096, f)
         .load("t", "x").load("v", "w").colexpandmul("t", "t", "v").colidx("c", 0.0).add("t", "t", "c")
         .store("out", "t").build())
-    first_line = cuda_codegen.cuda_source(m, "k").splitlines()[0]  # the block layout: 8 rows a lane
+    first_line = cuda_codegen.cuda_source(m, "k").splitlines()[0]
     assert "not in column blocks (384 registers a lane): TCOLIDX %c, 0.0: not computed column" in first_line
 
 

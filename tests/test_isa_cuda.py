@@ -99,6 +99,14 @@ def _module(dt) -> Module:
                       lambda op, k: Op(op, "y", ("x_", "b_"))))
     m.add(_per_opcode("col_expand", Form.COL_EXPAND, dt, [("x", (R, C)), ("b", (1, C))],
                       lambda op, k: Op(op, "y", ("x_", "b_"))))
+    # b loaded and used only as the row broadcast: every warp holds a copy (row layout); b
+    # computed after its load: in shared memory, written once (block layout)
+    m.add(_incore("col_expand_computed",
+                  [MemRef("x", dt, (R, C)), MemRef("b", dt, (1, C)), MemRef("y", dt, (R, C))],
+                  [Tile("x_", R, C, dt), Tile("b_", 1, C, dt), Tile("y_", R, C, dt)],
+                  [Op("TLOAD", "x_", ("x", 0, 0)), Op("TLOAD", "b_", ("b", 0, 0)),
+                   Op("TMULS", "b_", ("b_", 2.0)), Op("TCOLEXPANDMUL", "y_", ("x_", "b_")),
+                   Op("TSTORE", "y", ("y_", 0, 0))]))
     m.add(_per_opcode("tile_scalar", Form.TILE_SCALAR, dt, x,
                       lambda op, k: Op(op, "y", ("x_", "alpha" if k % 2 else 0.75)), [Scalar("alpha", dt)]))
     m.add(_per_opcode("generate", Form.GENERATE, dt, [],
@@ -220,13 +228,15 @@ def _module(dt) -> Module:
 FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "generate", "transpose",
              "convert", "row_reduce", "col_reduce", "matmul", "mask", "softmax", "control", "prefix",
              "whole_argument", "float_scalars", "clash", "columns_in_steps", "columns_overlapping",
-             "triangular", "stale_step", "reused_name", "aliased_windows", "two_passes"]
+             "triangular", "stale_step", "reused_name", "aliased_windows", "two_passes",
+             "col_expand_computed"]
 # whole-tile reads, or moving offsets (hazards)
 # sm_90's ptxas spills 8 bytes of "triangular"'s nested loop state (float32): not a tile, which
 # is what the spill checks are about.
 LOOP_STATE_SPILLS = {"pto_triangular"}
-BLOCK_LAYOUT = {"col_expand", "transpose", "col_reduce", "matmul", "prefix", "whole_argument",
-                "columns_overlapping", "triangular", "stale_step", "reused_name", "aliased_windows"}
+BLOCK_LAYOUT = {"col_expand_computed", "transpose", "col_reduce", "matmul", "prefix",
+                "whole_argument", "columns_overlapping", "triangular", "stale_step", "reused_name",
+                "aliased_windows"}
 TAILS = {("matmul", "b"): (K - 7, N - 7)}  # b's valid rows must be a's valid columns
 SCALARS = {"tile_scalar": [(1.5,)], "generate": [(2.5,)], "mask": [(0,), (4,)],
            "control": [(2, 0.5), (-8, 0.25)], "float_scalars": [(0.1,), (0.3,)], "stale_step": [(1,)]}
@@ -267,6 +277,27 @@ def test_layout_and_work_items(tmp_path):
         assert items == (THREADS_PER_BLOCK if name in BLOCK_LAYOUT else R * 32), name
         assert ("block layout" in code.source.read_text()) == (name in BLOCK_LAYOUT)
     assert isinstance(code.items, WorkItems)
+
+
+def test_a_row_broadcast_is_each_warps_copy_only_where_every_copy_is_the_same():
+    """COL_EXPAND's b loaded from an input is every warp's own copy (row layout, no shared
+    memory); loaded from a memref the kernel also stores, copies could differ (a warp loading
+    after another stored), so it is one row in shared memory (block layout, barriers)."""
+    f = pto.FLOAT32
+
+    def kernel(weights: str) -> str:
+        m = Module("broadcast")
+        memrefs = [MemRef("x", f, (R, C)), MemRef("y", f, (R, C))] + \
+            ([MemRef("w", f, (1, C))] if weights == "w" else [])
+        m.add(_incore("k", memrefs, [Tile("x_", R, C, f), Tile("w_", 1, C, f)],
+                      [Op("TLOAD", "x_", ("x", 0, 0)), Op("TLOAD", "w_", (weights, 0, 0)),
+                       Op("TCOLEXPANDMUL", "x_", ("x_", "w_")), Op("TSTORE", "y", ("x_", 0, 0))]))
+        return cuda_source(m, "k")
+
+    own = kernel("w")
+    assert "row layout" in own.splitlines()[0] and "__shared__" not in own.split("pto_k(")[1]
+    shared = kernel("y")
+    assert "block layout" in shared.splitlines()[0] and "__shared__ ACC t_w_[1][40];" in shared
 
 
 def test_block_layout_synchronises_around_whole_tile_reads():

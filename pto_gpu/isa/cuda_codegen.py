@@ -13,14 +13,19 @@ Two layouts, chosen per function:
                 row at a time and the grid strides over rows (work items: rows x 32 threads);
                 no shared memory, no barriers.
   block layout  some instruction reads a whole tile (MATMUL's b, COL_REDUCE's a, COL_EXPAND's
-                b, TRANSPOSE's a), or an element of a memref that one thread writes may be one
-                another thread accesses (an offset that moves in a loop, overlapping windows of
+                b unless it is a broadcast row, TRANSPOSE's a), or an element of a memref that
+                one thread writes may be one another thread accesses (an offset that moves in
+                a loop, overlapping windows of
                 two accesses that do not line up by rows and warps of columns): one block
                 serves each batch index (the whole task when there is no batch; each band of
                 rows of one when the function is a band of a taller call), its warps
                 own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
                 memory, and a __syncthreads() comes before and after each whole-tile read and
                 each access of such a memref.
+
+Broadcast rows: a one-row tile loaded only from memrefs the kernel never stores and read only
+as COL_EXPAND's b (a LayerNorm's weight) is every warp's own copy, in registers: each warp loads
+row 0 itself, so it needs no shared memory, no barrier and no block layout.
 
 Batches: a memref may come with three dims; the function then runs once per index of the
 leading dim (the largest among the memrefs; a memref whose leading dim is 1 is the same window
@@ -63,6 +68,7 @@ from .dataflow import directions
 from .describe import describe
 from .errors import ISAError
 from .ir import Call, Direction, For, Function, If, Module, Op, Predicate, Return, Statement, Tile
+from .operands import Kind, signature
 from .ops import OPCODES, Form, OpSpec
 from .verify import verify_module
 
@@ -283,6 +289,9 @@ class _Generator:
         self.starts: dict[str, int] = {}  # a loop's symbol -> its start, where a constant
         self.loops = 0
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
+        self.expanded: set[str] = set()  # COL_EXPAND's b operands: whole, unless broadcast
+        self.writes: dict[str, set] = {}  # tile -> ("load", memref param) or ("op", None) per write
+        self.reads: dict[str, set] = {}  # tile -> how it is read: "expand" (COL_EXPAND's b), "other"
         self.activations = 0
         self.params = [s for s in function.scalars if s.param]
         self.split_param, self.split_rows = self._split(function, split)
@@ -295,6 +304,8 @@ class _Generator:
                                 f"pto_clip({m.shape[1]}, m_{_c(m.name)}_d2)")
         offsets = {m.name: (_Affine(0), _Affine(0)) for m in function.memrefs}
         self.body, self.returns, self.label = self._inline(function, top, offsets)
+        self.broadcast = self._broadcast()
+        self.whole |= self.expanded - self.broadcast
         self.hazards = self._hazards()
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
@@ -337,6 +348,16 @@ class _Generator:
         context = _Context(self, function, names, views, offsets, suffix)
         body = context.block(function.body)
         return body, context.returns, context.label
+
+    def _broadcast(self) -> set[str]:
+        """The one-row tiles that every warp may hold a copy of in registers: loaded only from
+        memrefs the kernel never stores (so every copy is the same) and read only as COL_EXPAND's
+        b (a weight row): so a LayerNorm's or RMSNorm's weight needs no shared memory, and the
+        kernel keeps the row layout (a warp per row) rather than one block per task."""
+        stored = {access.param for access in self.accesses if access.store}
+        return {tile for tile in self.expanded
+                if self.tiles[tile].rows == 1 and self.reads.get(tile) == {"expand"}
+                and all(kind == "load" and param not in stored for kind, param in self.writes.get(tile, ()))}
 
     def _hazards(self) -> set[str]:
         """Memrefs written where an element one thread writes may be one another thread
@@ -529,7 +550,8 @@ class _Generator:
                 out.indent -= 1
             out.add("}")
         else:
-            barrier = self.block and (statement.whole or statement.memref in self.hazards)
+            whole = statement.whole or (statement.expands is not None and statement.expands in self.whole)
+            barrier = self.block and (whole or statement.memref in self.hazards)
             if barrier:
                 out.barrier()
             out.extend(statement.lines(self))
@@ -575,6 +597,7 @@ class _Code:
     lines: Callable[[_Generator], list[str]]
     whole: bool = False
     memref: str | None = None
+    expands: str | None = None  # COL_EXPAND's b: read whole unless every warp holds it (broadcast)
 
 
 def _c(name: str) -> str:
@@ -716,8 +739,23 @@ class _Context:
         where = describe(op)
         if spec.form in (Form.SCALAR, Form.COMPARE, Form.DIM):
             return self.scalar_op(op, spec, where)
+        self.note_uses(op, spec)
         rule = _TILE_RULES[spec.form]
         return rule(self, op, spec, where)
+
+    def note_uses(self, op: Op, spec: OpSpec) -> None:
+        """How the instruction writes and reads tiles (_Generator._broadcast reads it)."""
+        operands = signature(spec)
+        for position, (value, operand) in enumerate(zip(op.srcs, operands[1:])):
+            if operand.kind is Kind.TILE:
+                use = "expand" if spec.form is Form.COL_EXPAND and position == 1 else "other"
+                self.g.reads.setdefault(self.names[value], set()).add(use)
+        if operands[0].kind is Kind.TILE:
+            dst = self.names[op.dst]
+            write = ("load", self.views[op.srcs[0]].param) if spec.form is Form.LOAD else ("op", None)
+            self.g.writes.setdefault(dst, set()).add(write)
+            if spec.accumulate:
+                self.g.reads.setdefault(dst, set()).add("other")
 
     def scalar_op(self, op: Op, spec: OpSpec, where: str) -> str:
         dst = self.names[op.dst]
@@ -783,7 +821,7 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     form = spec.form
     b = ctx.names[op.srcs[1]] if form in (Form.BINARY, Form.ROW_EXPAND, Form.COL_EXPAND) else None
     if form is Form.COL_EXPAND:
-        ctx.g.whole.add(b)
+        ctx.g.expanded.add(b)
     scalar = ctx.operand(op.srcs[1]) if form is Form.TILE_SCALAR else None
     if form is Form.MASK:
         row, col = (ctx.operand(v) for v in op.srcs[1:3])
@@ -797,8 +835,8 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         per_row, after_row, per_element = [], [], [f"const {g.ctype(a)} x_a = {_el(g, a)};"]
         if form is Form.BINARY:
             per_element.append(f"{x_b} = {_el(g, b)};")
-        elif form is Form.COL_EXPAND:
-            per_element.append(f"{x_b} = {b}[0][c];")
+        elif form is Form.COL_EXPAND:  # shared memory's row, or this warp's copy of it
+            per_element.append(f"{x_b} = {b}[0][c];" if b in g.whole else f"{x_b} = {b}[0][j];")
         elif form is Form.ROW_EXPAND and b in g.whole:  # written by lane 0 of this warp
             per_row = ["__syncwarp();", f"{x_b} = {b}[r][0];"]
             after_row = ["__syncwarp();"]  # every lane has read it before lane 0 may write it again
@@ -808,7 +846,7 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element) + after_row)
         return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
 
-    return _Code(lines, whole=form is Form.COL_EXPAND)
+    return _Code(lines, expands=b if form is Form.COL_EXPAND else None)
 
 
 def _identity(spec: OpSpec, ctype: str) -> str:
@@ -991,7 +1029,11 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
         else:
             copy = f"{element} = (T)({_el(g, tile)});"
-        body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
+        if tile in g.broadcast:  # every warp its own copy of the row
+            body = ["{", "    [[maybe_unused]] const int i = 0;", "    const long long r = 0;",
+                    "    if (r < vr) {", *_indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
+        else:
+            body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
         return _op_block(where, *region, body, tile if load else None)
 
     return _Code(lines, memref=p)
