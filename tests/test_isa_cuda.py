@@ -298,6 +298,23 @@ def test_a_row_broadcast_is_each_warps_copy_only_where_every_copy_is_the_same():
     assert "row layout" in own.splitlines()[0] and "__shared__" not in own.split("pto_k(")[1]
     shared = kernel("y")
     assert "block layout" in shared.splitlines()[0] and "__shared__ ACC t_w_[1][40];" in shared
+    # where the kernel is in the block layout anyway (a store whose offset moves: a hazard), or
+    # its rows are split into bands, the row is one copy in shared memory, not one per warp
+    m = Module("hazard")
+    m.add(_incore("k", [MemRef("x", f, (R, C)), MemRef("w", f, (1, C)), MemRef("y", f, (R, C + 8))],
+                  [Tile("x_", R, C, f), Tile("w_", 1, C, f)],
+                  [Op("TLOAD", "w_", ("w", 0, 0)),
+                   For("i", 0, 16, 8, (Op("TLOAD", "x_", ("x", 0, 0)),
+                                        Op("TCOLEXPANDMUL", "x_", ("x_", "w_")),
+                                        Op("TSTORE", "y", ("x_", 0, "i"))))]))
+    hazard = cuda_source(m, "k")
+    assert "block layout" in hazard.splitlines()[0] and "__shared__ ACC t_w_[1][40];" in hazard
+    m = Module("bands")
+    m.add(_incore("k", [MemRef("x", f, (R, C)), MemRef("w", f, (1, C)), MemRef("y", f, (R, C))],
+                  [Tile("x_", R, C, f), Tile("w_", 1, C, f)],
+                  [Op("TLOAD", "x_", ("x", 0, 0)), Op("TLOAD", "w_", ("w", 0, 0)),
+                   Op("TCOLEXPANDMUL", "x_", ("x_", "w_")), Op("TSTORE", "y", ("x_", 0, 0))]))
+    assert "__shared__ ACC t_w_[1][40];" in cuda_source(m, "k", split=("x", "y"))
 
 
 def test_block_layout_synchronises_around_whole_tile_reads():

@@ -23,9 +23,10 @@ Two layouts, chosen per function:
                 memory, and a __syncthreads() comes before and after each whole-tile read and
                 each access of such a memref.
 
-Broadcast rows: a one-row tile loaded only from memrefs the kernel never stores and read only
-as COL_EXPAND's b (a LayerNorm's weight) is every warp's own copy, in registers: each warp loads
-row 0 itself, so it needs no shared memory, no barrier and no block layout.
+Broadcast rows: where nothing else needs the block layout, a one-row tile loaded only from
+memrefs the kernel never stores and read only as COL_EXPAND's b (a LayerNorm's weight) is every
+warp's own copy, in registers: each warp loads row 0 itself, so the kernel needs no shared
+memory, no barrier and keeps the row layout.
 
 Batches: a memref may come with three dims; the function then runs once per index of the
 leading dim (the largest among the memrefs; a memref whose leading dim is 1 is the same window
@@ -304,9 +305,9 @@ class _Generator:
                                 f"pto_clip({m.shape[1]}, m_{_c(m.name)}_d2)")
         offsets = {m.name: (_Affine(0), _Affine(0)) for m in function.memrefs}
         self.body, self.returns, self.label = self._inline(function, top, offsets)
+        self.hazards = self._hazards()
         self.broadcast = self._broadcast()
         self.whole |= self.expanded - self.broadcast
-        self.hazards = self._hazards()
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
             raise ISAError(f"@{name}: its rows cannot be split over blocks: it is in the row layout, whose "
@@ -350,14 +351,18 @@ class _Generator:
         return body, context.returns, context.label
 
     def _broadcast(self) -> set[str]:
-        """The one-row tiles that every warp may hold a copy of in registers: loaded only from
-        memrefs the kernel never stores (so every copy is the same) and read only as COL_EXPAND's
-        b (a weight row): so a LayerNorm's or RMSNorm's weight needs no shared memory, and the
-        kernel keeps the row layout (a warp per row) rather than one block per task."""
+        """The one-row tiles every warp holds a copy of in registers: read only as COL_EXPAND's
+        b (a weight row) and loaded only from memrefs the kernel never stores (so every copy is
+        the same). So a LayerNorm's or RMSNorm's weight needs no shared memory and the kernel
+        keeps the row layout (a warp per row) rather than one block per task; where something
+        else puts it in the block layout (another whole read, a hazard, a split into bands),
+        the row stays in shared memory, once for the block, not in every warp's registers."""
+        if self.whole or self.hazards or self.split:
+            return set()
         stored = {access.param for access in self.accesses if access.store}
         return {tile for tile in self.expanded
-                if self.tiles[tile].rows == 1 and self.reads.get(tile) == {"expand"}
-                and all(kind == "load" and param not in stored for kind, param in self.writes.get(tile, ()))}
+                if self.tiles[tile].rows == 1 and self.reads.get(tile) == {"expand"} and self.writes.get(tile)
+                and all(kind == "load" and param not in stored for kind, param in self.writes[tile])}
 
     def _hazards(self) -> set[str]:
         """Memrefs written where an element one thread writes may be one another thread
@@ -1029,7 +1034,7 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
         else:
             copy = f"{element} = (T)({_el(g, tile)});"
-        if tile in g.broadcast:  # every warp its own copy of the row
+        if load and tile in g.broadcast:  # every warp its own copy of the row
             body = ["{", "    [[maybe_unused]] const int i = 0;", "    const long long r = 0;",
                     "    if (r < vr) {", *_indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
         else:

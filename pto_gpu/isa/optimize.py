@@ -28,9 +28,11 @@ keeps its destination apart from its sources (MATMUL's CUDA code refuses dst == 
 verifier dst == a, and reductions and broadcasts read other elements than they write).
 A tile the CUDA code keeps in shared memory (read whole: MATMUL's b, COL_REDUCE's a,
 COL_EXPAND's b, TRANSPOSE's a; a tensor-core product's a and dst) shares only with such
-tiles, so no register tile moves to shared memory or back, and one that is also a
-ROW_EXPAND's b shares with none (the CUDA code reads it per row with no barrier after). When
-in doubt tiles stay apart: a wrong merge would be a silent wrong answer.
+tiles (COL_EXPAND's b may instead be every warp's register copy, a broadcast row: treating
+it as shared here only keeps more tiles apart), so no register tile moves to shared memory
+or back, and one that is also a ROW_EXPAND's b shares with none (the CUDA code reads it per
+row with no barrier after). When in doubt tiles stay apart: a wrong merge would be a silent
+wrong answer.
 """
 
 from __future__ import annotations
