@@ -12,10 +12,11 @@ function's other instructions between them:
 - An instruction that touches no wide tile (row reductions' r x 1 results, scalars) stays as
   it is, between passes.
 - The instructions over wide tiles are column-local (element-wise, tile-scalar, row and column
-  broadcasts, TFILL and TROWIDX, loads and stores at the block's column), so each block
-  computes its own columns; a row reduction of a wide tile combines the blocks' partial
-  results into its r x 1 destination, filled with the reduction's identity before the pass
-  (TROWSUM's partial sums added, TROWMAX's maxed, TROWMIN's mined).
+  broadcasts, TFILL and TROWIDX, TCOLIDX counting from the block's column, loads and stores at
+  the block's column), so each block computes its own columns; a row reduction of a wide tile
+  combines the blocks' partial results into its r x 1 destination, filled with the
+  reduction's identity before the pass (TROWSUM's partial sums added, TROWMAX's maxed,
+  TROWMIN's mined).
 - Wide tiles do not outlive a pass. A pass computes what its effects (stores and reductions)
   need from the loads they came from: for each wide tile read, the instruction that last
   wrote it before the read, transitively, as Triton's two-pass LayerNorm loads x again. So a
@@ -29,7 +30,7 @@ pass), and the instruction reads the copy; a load is not recomputed after a stor
 memref that came after it. A stored memref keeps one fixed window for all its wide accesses
 and has no narrow ones, so its blocks never overlap. Not blocked, NotBlockable saying why: a
 wide tile in an instruction that is not column-local (products, transposes, column
-reductions, masks, TCOLIDX); where W is not whole blocks, a generated wide tile (valid over
+reductions, masks); where W is not whole blocks, a generated wide tile (valid over
 all its columns: the last block would count some past W) or a window that may reach past W
 (the last block's loads stop at the window's end); a memref loaded only into tiles nothing
 uses (recomputing would drop its only access); a body with control flow or calls.
@@ -49,7 +50,7 @@ from .ops import OPCODES, Form
 # columns of its sources.
 _COLUMN_LOCAL = frozenset({Form.LOAD, Form.UNARY, Form.CONVERT, Form.BINARY, Form.TILE_SCALAR,
                            Form.ROW_EXPAND, Form.COL_EXPAND})
-_GENERATED = frozenset({"TFILL", "TROWIDX"})  # TCOLIDX would need the block's column added
+_GENERATED = frozenset({"TFILL", "TROWIDX", "TCOLIDX"})  # TCOLIDX counts from the block's column
 _COMBINE = {"TROWSUM": "TADD", "TROWMAX": "TMAX", "TROWMIN": "TMIN"}  # blocks' partial results
 
 
@@ -228,6 +229,8 @@ class _Passes:
                 before.append(Op("TFILL", op.dst, (float(spec.identity),)))
                 # part first: the result's valid rows are the source's (a fill's are all)
                 inner += [Op(op.opcode, part, op.srcs), Op(_COMBINE[op.opcode], op.dst, (part, op.dst))]
+            elif op.opcode == "TCOLIDX":  # s + c over the tile: s + the block's column + c in the block
+                inner.append(Op(op.opcode, op.dst, (self._position(head, column, op.srcs[0]),)))
             else:
                 inner.append(op)
         self.body += before
@@ -316,6 +319,13 @@ class _Passes:
         name = self._fresh(f"{column}_at")
         self.new_scalars.append(Scalar(name, DataType.INT64, param=False))
         head.append(Op("SADD", name, (column, col)))
+        return name
+
+    def _position(self, head: list[Statement], column: str, start: object) -> str:
+        """A local float64 scalar holding a TCOLIDX's `start` plus the block's column `column`."""
+        name = self._fresh(f"{column}_from")
+        self.new_scalars.append(Scalar(name, DataType.FLOAT64, param=False))
+        head.append(Op("SADD", name, (start, column)))
         return name
 
     def _new_tile(self, base: str, like: Tile) -> str:
