@@ -79,8 +79,8 @@ WARPS = THREADS_PER_BLOCK // WARP
 SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
 # Registers a lane may hold tiles in before a function's widest tiles are walked in blocks of
 # columns (column_blocks.py), counting every tile in registers at once: the library's RMSNorm
-# at 32 x 4096 holds 64 (two tiles of 4 rows x 8 columns a lane), a 64 x 768 LayerNorm of two
-# tiles would hold 384 and spills.
+# at 32 x 4096 held 64 in the block layout (two tiles of 4 rows x 8 columns a lane); a 64 x 768
+# LayerNorm's two tiles there held 384 and spilled.
 REGISTER_WORDS = 128
 # The widest column block, and the narrower ones tried when a block of it holds too many
 # registers: a lane holds COLUMN_BLOCK / 32 columns of each tile row it owns (kernels.tiles
