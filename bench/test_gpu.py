@@ -14,7 +14,7 @@
 - Flash attention through the runtime against torch's scaled_dot_product_attention, when
   PyTorch is installed: float32, and float16 at head dims 64 and 128 (tensor cores).
   extra_info["tflops"]. Target: at least 50% of SDPA.
-- A user's LayerNorm (docs/ISA.md's, `isa.compile`d; its 64 x 4096 tiles walked in column
+- A user's LayerNorm (bench/user_kernels.py, `isa.compile`d; its 64 x 4096 tiles walked in column
   blocks, three passes over x) over 16384 x 4096 float32, against torch's layer_norm.
   extra_info["gb_per_s"]: the input read once and the output written once, per second.
 
@@ -29,6 +29,7 @@ from pto_gpu.kernels.elementwise import scale
 from pto_gpu.kernels.tiles import matmul
 from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.matmul import tiled_matmul
+from user_kernels import user_module
 
 import pto_gpu as pto
 from pto_gpu import isa
@@ -312,21 +313,8 @@ NORM_ROWS, NORM_TILE, NORM_WIDTH = 16384, 64, 4096
 
 
 def layernorm_kernel() -> pto.Kernel:
-    """docs/ISA.md's LayerNorm at 64 x 4096 (no column tails)."""
-    f32, n = pto.FLOAT32, NORM_WIDTH
-    m = isa.Module("user_layernorm")
-    (isa.FunctionBuilder("layernorm", module=m).in_core()
-        .memref("x", f32, (NORM_TILE, n)).memref("weight", f32, (1, n)).memref("bias", f32, (1, n))
-        .memref("out", f32, (NORM_TILE, n)).scalar("eps", f32)
-        .tile("t", NORM_TILE, n, f32).tile("sq", NORM_TILE, n, f32).tile("mean", NORM_TILE, 1, f32)
-        .tile("var", NORM_TILE, 1, f32).tile("w", 1, n, f32).tile("b", 1, n, f32)
-        .load("t", "x").load("w", "weight").load("b", "bias")
-        .rowsum("mean", "t").divs("mean", "mean", float(n)).rowexpandsub("t", "t", "mean")
-        .mul("sq", "t", "t").rowsum("var", "sq").divs("var", "var", float(n)).adds("var", "var", "eps")
-        .rsqrt("var", "var").rowexpandmul("t", "t", "var").colexpandmul("t", "t", "w")
-        .colexpandadd("t", "t", "b").store("out", "t")
-        .build())
-    return isa.compile(m).kernels["layernorm"]
+    """The user's LayerNorm of bench/user_kernels.py at 64 x 4096 tiles."""
+    return isa.compile(user_module(NORM_TILE, NORM_WIDTH)).kernels["layernorm"]
 
 
 def layernorm_rows(o, kernel, x, weight, bias, out):

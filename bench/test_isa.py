@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from user_kernels import GELU_C, user_module
 
 import pto_gpu as pto
 from pto_gpu import isa
@@ -119,37 +120,8 @@ def test_matmul_acc_tile(benchmark, implementation, tile):
 # GELU (tanh form) at least numpy's speed; LayerNorm and log-softmax at least 3x numpy op by op.
 
 TILE_ROWS, WIDTH = 64, 768
-GELU_C = float(np.sqrt(2 / np.pi))
 
 
-def user_module() -> isa.Module:
-    m = isa.Module("user_tiles")
-    (isa.FunctionBuilder("gelu", module=m).in_core()
-        .memref("input", F32, (TILE_ROWS, WIDTH)).memref("output", F32, (TILE_ROWS, WIDTH))
-        .tile("x", TILE_ROWS, WIDTH, F32).tile("u", TILE_ROWS, WIDTH, F32)
-        .load("x", "input").mul("u", "x", "x").mul("u", "u", "x").muls("u", "u", 0.044715).add("u", "u", "x")
-        .muls("u", "u", GELU_C).tanh("u", "u").adds("u", "u", 1.0).mul("u", "u", "x").muls("u", "u", 0.5)
-        .store("output", "u")
-        .build())
-    (isa.FunctionBuilder("layernorm", module=m).in_core()
-        .memref("input", F32, (TILE_ROWS, WIDTH)).memref("weight", F32, (1, WIDTH))
-        .memref("bias", F32, (1, WIDTH)).memref("output", F32, (TILE_ROWS, WIDTH)).scalar("eps", F32)
-        .tile("x", TILE_ROWS, WIDTH, F32).tile("sq", TILE_ROWS, WIDTH, F32).tile("m", TILE_ROWS, 1, F32)
-        .tile("v", TILE_ROWS, 1, F32).tile("w", 1, WIDTH, F32).tile("b", 1, WIDTH, F32)
-        .load("x", "input").load("w", "weight").load("b", "bias")
-        .rowsum("m", "x").divs("m", "m", float(WIDTH)).rowexpandsub("x", "x", "m")
-        .mul("sq", "x", "x").rowsum("v", "sq").divs("v", "v", float(WIDTH)).adds("v", "v", "eps")
-        .rsqrt("v", "v").rowexpandmul("x", "x", "v").colexpandmul("x", "x", "w").colexpandadd("x", "x", "b")
-        .store("output", "x")
-        .build())
-    (isa.FunctionBuilder("log_softmax", module=m).in_core()
-        .memref("input", F32, (TILE_ROWS, WIDTH)).memref("output", F32, (TILE_ROWS, WIDTH))
-        .tile("x", TILE_ROWS, WIDTH, F32).tile("e", TILE_ROWS, WIDTH, F32).tile("mx", TILE_ROWS, 1, F32)
-        .tile("s", TILE_ROWS, 1, F32)
-        .load("x", "input").rowmax("mx", "x").rowexpandsub("x", "x", "mx").exp("e", "x").rowsum("s", "e")
-        .log("s", "s").rowexpandsub("x", "x", "s").store("output", "x")
-        .build())
-    return m
 
 
 def numpy_gelu(x, out):
@@ -190,7 +162,7 @@ def numpy_log_softmax(x, out):
 
 @pytest.fixture(scope="module")
 def user_kernels():
-    return isa.compile(user_module()).kernels
+    return isa.compile(user_module(TILE_ROWS, WIDTH)).kernels
 
 
 @pytest.fixture(scope="module")
