@@ -432,10 +432,11 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
 
 
 @njit(cache=True, _nrt=False)
-def unlearnt(t, tasks, args, log, first, logged, keys, ids):
+def unlearnt(t, tasks, args, log, first, logged, seen, seen_filled, ids):
     """The first task of each instance among log[first:logged] whose launch is not learnt,
-    ids[:n] (their keys in keys[:n]), at most len(ids) of them: n. `admit` has the backend
-    start compiling them all before it issues the first."""
+    ids[:n], at most len(ids) of them: n. Their keys go to `seen`, an instance table of its
+    own (twice len(ids) slots, so at most half full). `admit` has the backend start compiling
+    them all before it issues the first."""
     window = len(t.slots)
     n = 0
     for i in range(first, logged):
@@ -448,20 +449,12 @@ def unlearnt(t, tasks, args, log, first, logged, keys, ids):
             continue
         if t.filled[find(t.keys, t.filled, t.key)] != 0:
             continue
-        seen = False
-        for j in range(n):
-            same = True
-            for w in range(len(t.key)):
-                if keys[j, w] != t.key[w]:
-                    same = False
-                    break
-            if same:
-                seen = True
-                break
-        if seen:
+        found = find(seen, seen_filled, t.key)
+        if seen_filled[found] != 0:
             continue
         for w in range(len(t.key)):
-            keys[n, w] = t.key[w]
+            seen[found, w] = t.key[w]
+        seen_filled[found] = 1
         ids[n] = task_id
         n += 1
         if n == len(ids):
@@ -713,8 +706,8 @@ class DriverStreamExecutor:
     def _prefetch(self, log: np.ndarray, first: int, logged: int) -> None:
         """Have the backend start compiling the instances of log[first:logged] not learnt yet."""
         ids = np.zeros(PREFETCH, np.int64)
-        keys = np.zeros((PREFETCH, KEY_WIDTH), np.int64)
-        count = unlearnt(self._t, self._core[1], self._args, log, first, logged, keys, ids)
+        seen, seen_filled = np.zeros((2 * PREFETCH, KEY_WIDTH), np.int64), np.zeros(2 * PREFETCH, np.int64)
+        count = unlearnt(self._t, self._core[1], self._args, log, first, logged, seen, seen_filled, ids)
         if count > 1:  # one alone compiles as it is issued
             self._backend.prefetch([self._scheduler.task(int(task_id)) for task_id in ids[:count]])
 
