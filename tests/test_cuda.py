@@ -11,6 +11,7 @@ TaskError of the task that faulted."""
 import ctypes
 import gc
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -521,6 +522,8 @@ def _three_instances(o, x, y, z, add_id, scale_id):
                           pj.output(pj.narrow(x, 0, 0, 4))))
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: prefetch's pool has one thread, builds go "
+                    "one at a time")
 def test_a_compiled_runs_new_instances_compile_side_by_side_before_its_first_launch(monkeypatch):
     """The stream executor on a CUDA driver has the backend compile the new instances of a
     flushed log together (CudaBackend.prefetch): the first two host builds meet at a barrier,
