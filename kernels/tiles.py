@@ -109,14 +109,8 @@ def zero(f: FunctionBuilder, dtype: DataType, m: int, n: int, local_memory: int 
         f.tile("t", m, cols, dtype).fill("t", 0.0).store("out", "t", 0, j)
 
 
-def _cublas_matmul(a, b, out):
-    import cupy  # only the CUDA backend calls this, and only there is CuPy installed
-
-    cupy.matmul(a, b, out=out)
-
-
 def _accumulate_product(a, b, acc):
-    acc += a @ b  # numpy or CuPy arrays (with CuPy: cuBLAS into a pooled temporary)
+    acc += a @ b  # numpy arrays (a broadcast over the panels of the panel families)
 
 
 def _numpy_matmul(a, b, out):
@@ -193,12 +187,12 @@ def _matmul_add(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
     _product(f, dtype, "out", m, k, n, local_memory, accumulate=True, source="acc")
 
 
-matmul = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul",
-                library=_cublas_matmul,
+# On CUDA a product is one cuBLAS call (gemm=beta), where its tiles' layout is cuBLAS's.
+matmul = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul", gemm=0.0,
                 library_cpu=_cpu_library(_gemm, _numpy_matmul),
                 library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
-matmul_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul_acc",
-                    library=_accumulate_product, library_cpu=_cpu_library(_gemm_acc, _accumulate_product),
+matmul_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul_acc", gemm=1.0,
+                    library_cpu=_cpu_library(_gemm_acc, _accumulate_product),
                     library_native=NjitEntries(_gemm_acc, blas.DTYPES))(_matmul_acc)
 
 
@@ -206,12 +200,8 @@ matmul_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), na
 # (orchestration/matmul.py's tiled_matmul_panels): out[q] (+)= a @ b[q] for each panel q of b
 # (panels, k, n) and of out (panels, m, n), a SPLIT view of the output tile, and out[q] =
 # acc[q] + a @ b[q]. Each panel's program is a matmul's (the definition, and the CUDA code);
-# the CPU runs kernels/panels.py's micro-kernel, CUDA cuBLAS (matmul_acc's library broadcasts a
-# over the panels as it is).
-def _cupy_panels(a, b, out):
-    out[...] = a @ b  # CuPy arrays: a broadcast over the panels; out a strided view of C
-
-
+# the CPU runs kernels/panels.py's micro-kernel, CUDA one strided-batched cuBLAS call over the
+# panels (a's stride 0), where their layout allows; panels_add through CuPy.
 @njit(nogil=True, cache=True)
 def _panels(a, b, out):
     panels.panels_product(a, b, out, False)
@@ -223,7 +213,7 @@ def _panels_acc(a, b, acc):
 
 
 def _add_product(a, b, acc, out):
-    out[...] = acc + a @ b  # numpy or CuPy arrays, a broadcast over the panels
+    out[...] = acc + a @ b  # numpy or CuPy arrays, a broadcast over the panels (with CuPy: cuBLAS)
 
 
 @njit(nogil=True, cache=True)
@@ -232,11 +222,10 @@ def _panels_add(a, b, acc, out):
 
 
 matmul_panels = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n"), name="matmul_panels",
-                       library=_cupy_panels, library_cpu=_cpu_library(_panels, _numpy_matmul),
+                       gemm=0.0, library_cpu=_cpu_library(_panels, _numpy_matmul),
                        library_native=NjitEntries(_panels, blas.DTYPES))(_matmul)
 matmul_panels_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n"),
-                           name="matmul_panels_acc",
-                           library=_accumulate_product,
+                           name="matmul_panels_acc", gemm=1.0,
                            library_cpu=_cpu_library(_panels_acc, _accumulate_product),
                            library_native=NjitEntries(_panels_acc, blas.DTYPES))(_matmul_acc)
 # The last product of a chain accumulated in a heap tile, written into C's tile from it: one

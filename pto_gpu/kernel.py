@@ -61,11 +61,15 @@ class CudaInstances:
     `instance(shapes, dtype, scalars, tf32)` gives the CudaCode of that call's instance (with
     `tf32`, its float32 products as TF32: Runtime(precision="tf32")). `library` as
     CudaCode's. `structural`: the positions of the scalars whose values pick the instance
-    (None: every scalar's), so that launches of one instance share their preparation."""
+    (None: every scalar's), so that launches of one instance share their preparation.
+    `gemm`: the family's tasks are the product c = a @ b + gemm * c of their params (a, b, c),
+    which the CUDA backend makes one cuBLAS call (backends/cublas.py) wherever their layout is
+    cuBLAS's; None: not a product."""
 
     instance: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple, bool], CudaCode]
     library: Callable | None = None
     structural: tuple[int, ...] | None = None
+    gemm: float | None = None
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
                  tf32: bool = False) -> CudaCode:

@@ -39,6 +39,7 @@ import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu import jit as pj
 from pto_gpu.backends import emulator
+from pto_gpu.backends.driver import CudaError
 from pto_gpu.runtime import cuda_unavailable
 
 NO_GPU = cuda_unavailable()
@@ -684,6 +685,36 @@ def test_a_kernel_fault_is_a_task_error_and_a_fresh_context_runs_again(fresh_emu
     y = rt.backend.to_device(np.ones((4, 8), np.float32))
     rt.run(chain, y, 3)
     np.testing.assert_array_equal(rt.backend.to_host(y), 8)
+
+
+@pytest.mark.parametrize("later", ["loads_new_code", "launches"])
+def test_a_fault_is_the_task_error_of_the_faulted_task_not_of_the_later_call_it_fails(fresh_emulator, later):
+    """As on a GPU (the `gpu` test above), a later task's module load or launch answers the
+    fault's sticky error: the TaskError is the faulted task's, not the later task's."""
+    rt, x = warmed("stream")
+    driver = emulator.driver()
+    never_recorded = driver.new_event()  # reached, until a fault's sticky error is set
+
+    def faulted() -> bool:
+        try:
+            return not driver.reached(never_recorded)
+        except CudaError:
+            return True
+
+    def fault_then_new_code(o, x):
+        X = o.external(x)
+        o.submit(scale, pto.input(X), pto.output(X), 2.0)
+        deadline = time.monotonic() + 30
+        while not faulted() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if later == "launches":
+            o.submit(scale, pto.input(X), pto.output(X), 2.0)
+        else:
+            o.submit(add, pto.input(X), pto.input(X), pto.output(X))  # add's code is not loaded yet
+
+    emulator.fault_kernel(1)
+    with pytest.raises(pto.TaskError, match=r"task 0 \(scale\) failed: CudaError: .*ILLEGAL_ADDRESS"):
+        rt.run(fault_then_new_code, x)
 
 
 @pytest.mark.parametrize("executor", ["serial", "stream"])

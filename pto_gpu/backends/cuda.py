@@ -13,14 +13,17 @@ thread's own stream and waits for it there before the executor completes the tas
 `enqueue` (stream executor) only enqueues on a given stream, behind waits on the events of
 producers on other streams, and records an event behind the kernel, which tells the executor
 when to retire it. A kernel's CUDA code is generated from its PTO program (a kernel family
-picks the instance of the call's shapes: CudaCode.code_for); a kernel with a `library`
-implementation (cuBLAS through CuPy) runs that instead on a GPU, except while capturing a
-CUDA graph, where CuPy refuses cuBLAS.
+picks the instance of the call's shapes: CudaCode.code_for). A matmul family's tile product
+(`CudaInstances.gemm`) is one cuBLAS call instead (cublas.py), made from numba as a launch is,
+wherever its tiles' layout is cuBLAS's. A kernel with a `library` implementation (through
+CuPy) runs that instead on a GPU, except while capturing a CUDA graph, where CuPy refuses
+cuBLAS, and in a TF32 run, where CuPy's float32 products would be exact.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import threading
@@ -35,11 +38,12 @@ from ..first_calls import preparing
 from ..kernel import CudaCode
 from ..params import ParamKind
 from ..tensor import TensorDescriptor
-from . import ExternalArray, cuda_abi
+from . import ExternalArray, cublas, cuda_abi
 from .cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
 from .driver import CAPTURE_MODE_RELAXED, Driver
 from .launches import (
     CALLS,
+    GEMM,
     NO_WORK,
     Scratch,
     Template,
@@ -89,6 +93,9 @@ class Device(Protocol):
     def library(self, task, values: list, stream: int) -> None:
         """Run the task's `library` implementation over `values` on `stream`."""
 
+    def blas(self) -> ctypes.CDLL:
+        """The cuBLAS library the GEMMs call (backends/cublas.py), loaded."""
+
 
 class CudaBackend:
     def __init__(self, device: Device, gpu_timeout: float = GPU_TIMEOUT, precision: str = "exact"):
@@ -109,6 +116,7 @@ class CudaBackend:
         self._origin: int | None = None  # the stream a capture begins and ends on
         self._capturing = False
         self._issue = None  # launches.issue's compiled entry, once a launch has typed it
+        self._blas_handles: cublas.Handles | None = None  # at the first GEMM
 
     # --- memory: the device's ------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
@@ -177,8 +185,11 @@ class CudaBackend:
         self.device.library(task, values, stream)
 
     def runs_library(self, kernel) -> bool:
-        """Whether the kernel's tasks run its `library` implementation here, not a launch."""
-        return kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing
+        """Whether the kernel's tasks run its `library` implementation here, not a launch. Not
+        in a TF32 run: CuPy's float32 products are exact (its TF32 switch is process-wide), so
+        the families' generated TF32 code runs instead."""
+        return (kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing
+                and not self.tf32)
 
     def _enqueue(self, task, stream: int, after, event: int) -> None:
         prepared = self.prepare(task)
@@ -191,9 +202,11 @@ class CudaBackend:
             return
         launch, own = prepared
         scratch = self._scratch()
-        args = (self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared, stream,
-                launch.words, launch.task_words, own, np.array(after, np.int64) if after else _NO_WAITS,
-                event, scratch.words, scratch.params, scratch.failed)
+        blas = self.blas_handle(stream) if launch.gemm[0]["batch"] else 0
+        args = (self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
+                launch.gemm, blas, stream, launch.words, launch.task_words, own,
+                np.array(after, np.int64) if after else _NO_WAITS, event, scratch.words, scratch.params,
+                scratch.failed)
         if self._issue is None:  # issue's entry for these types: half of its call's cost was dispatch
             self._issue = compiled_entry(issue, *args)
         status = self._issue(*args)
@@ -277,12 +290,33 @@ class CudaBackend:
         if items == 0:
             return NO_WORK
         params = [None if p.kind == ParamKind.SCALAR else p.value for p in task.params]  # None: a scalar
+        words = [None if t is None else (t.shape, t.byte_strides, t.dtype.itemsize) for t in params]
+        integer_scalars = cuda_abi.scalar_kinds(code.integer_scalars, scalars)
+        beta = getattr(kernel.cuda, "gemm", None)
+        if beta is not None:
+            gemm = cublas.gemm_call([None if t is None else (t.shape, t.byte_strides, t.dtype.numpy)
+                                     for t in params], beta, self.tf32)
+            if gemm is not None:  # else its layout is not cuBLAS's, and its own code runs
+                self._blas()
+                return dataclasses.replace(template(0, 1, 1, words, integer_scalars), gemm=gemm)
         layout = [None if t is None else (t.shape, t.dtype.numpy) for t in params]
         function = self.device.function(code, kernel, layout, scalars)
         blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
-        return template(function, blocks, THREADS_PER_BLOCK,
-                        [None if t is None else (t.shape, t.byte_strides, t.dtype.itemsize) for t in params],
-                        cuda_abi.scalar_kinds(code.integer_scalars, scalars))
+        return template(function, blocks, THREADS_PER_BLOCK, words, integer_scalars)
+
+    def _blas(self) -> cublas.Handles:
+        """The device's cuBLAS, loaded at the first GEMM, its GEMM entered in the driver's table."""
+        with self._templates_lock:
+            if self._blas_handles is None:
+                self._blas_handles = cublas.Handles(self.device.blas(), f"cuBLAS ({self.name})")
+                self._driver.addresses[GEMM] = self._blas_handles.gemm
+                weakref.finalize(self, self._blas_handles.close)
+            return self._blas_handles
+
+    def blas_handle(self, stream: int) -> int:
+        """The cuBLAS handle whose calls go to `stream`."""
+        self._enter()
+        return self._blas().of(stream)
 
     def _enter(self) -> None:
         """The device's context on this thread, before its first driver call here."""

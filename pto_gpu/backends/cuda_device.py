@@ -5,6 +5,7 @@ on their handles (cuda.py). External arrays are CuPy arrays or any array with
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +124,17 @@ class CupyDevice:
     def library(self, task, values: list, stream: int) -> None:
         with self._cupy.cuda.ExternalStream(stream):
             task.kernel.cuda.library(*values)
+
+    def blas(self) -> ctypes.CDLL:
+        self._cupy.cuda.device.get_cublas_handle()  # CuPy loads its libcublas: the one its wheel brings
+        return ctypes.CDLL(_loaded("libcublas.so"))
+
+
+def _loaded(name: str) -> str:
+    """The path of the library this process has loaded whose file name starts with `name`."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split(maxsplit=5)[-1].strip()
+            if Path(path).name.startswith(name):
+                return path
+    raise PTOError(f"{name} is not loaded in this process: CuPy's cuBLAS was not found")

@@ -87,6 +87,7 @@ enum magic {
     FUNCTION = 0x46554e43u,
     GRAPH = 0x47524150u,
     GRAPH_EXEC = 0x47455845u,
+    BLAS = 0x424c4153u,
 };
 
 /* One cuEventRecord. A wait holds the record current when it was enqueued, so re-recording
@@ -1081,22 +1082,225 @@ CUresult cuGetErrorName(CUresult error, const char **name) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* --- cuBLAS: the GEMM the CUDA backend calls (backends/cublas.py) ------------------------
+ * cublasGemmStridedBatchedEx with cuBLAS's C signature and column-major semantics, enqueued on
+ * the handle's stream as a kernel launch of the emulator's own GEMM (so it is ordered, faults
+ * and is counted as a launch is). Element types float, double, half and bfloat16; compute types
+ * 32F, 64F and 32F_FAST_TF32 (inputs rounded to TF32 as the tensor cores' cvt.rna does). Sums
+ * are in double, rounded once to C's type: within any GPU's rounding of the same product. */
+typedef struct blas *cublasHandle_t;
+struct blas {
+    enum magic magic; /* BLAS, or DEAD once destroyed (handles are never freed) */
+    CUstream stream;
+};
+
+enum {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum { R_32F = 0, R_64F = 1, R_16F = 2, R_16BF = 14 };
+enum { COMPUTE_32F = 68, COMPUTE_64F = 70, COMPUTE_32F_FAST_TF32 = 77 };
+enum { OP_N = 0, OP_T = 1 };
+
+static float half_to_float(unsigned short h) {
+    unsigned sign = (unsigned)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    float f;
+    if (exp == 0) { /* zero or subnormal: mant x 2^-24 */
+        f = (float)mant / 16777216.0f;
+        return sign ? -f : f;
+    }
+    bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest, ties to even, as a float32-to-float16 conversion does. */
+static unsigned short float_to_half(float f) {
+    unsigned x;
+    memcpy(&x, &f, sizeof x);
+    unsigned sign = (x >> 16) & 0x8000u, mant = x & 0x7fffffu;
+    int e = (int)((x >> 23) & 0xffu) - 127 + 15;
+    if (e == 255 - 127 + 15) return (unsigned short)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    if (e >= 31) return (unsigned short)(sign | 0x7c00u);
+    unsigned shift = e <= 0 ? (unsigned)(14 - e) : 13, half;
+    if (e <= 0) {
+        if (e < -10) return (unsigned short)sign;
+        mant |= 0x800000u;
+        half = mant >> shift;
+    } else {
+        half = ((unsigned)e << 10) | (mant >> 13);
+    }
+    unsigned rest = mant & ((1u << shift) - 1), middle = 1u << (shift - 1);
+    if (rest > middle || (rest == middle && (half & 1))) half++; /* a carry rounds up the exponent */
+    return (unsigned short)(sign | half);
+}
+
+static float bfloat16_to_float(unsigned short h) {
+    unsigned bits = (unsigned)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static unsigned short float_to_bfloat16(float f) {
+    unsigned x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u); /* NaN stays NaN */
+    return (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* TF32 (10 mantissa bits), rounded to nearest with ties away from zero: cvt.rna.tf32.f32. */
+static float tf32(float f) {
+    unsigned x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7f800000u) != 0x7f800000u) x = (x + 0x1000u) & 0xffffe000u;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+static double element(const void *base, int type, long long i, int compute) {
+    switch (type) {
+    case R_32F: {
+        float f = ((const float *)base)[i];
+        return compute == COMPUTE_32F_FAST_TF32 ? tf32(f) : f;
+    }
+    case R_64F: return ((const double *)base)[i];
+    case R_16F: return half_to_float(((const unsigned short *)base)[i]);
+    default: return bfloat16_to_float(((const unsigned short *)base)[i]);
+    }
+}
+
+static void store(void *base, int type, long long i, double value) {
+    switch (type) {
+    case R_32F: ((float *)base)[i] = (float)value; break;
+    case R_64F: ((double *)base)[i] = value; break;
+    case R_16F: ((unsigned short *)base)[i] = float_to_half((float)value); break;
+    default: ((unsigned short *)base)[i] = float_to_bfloat16((float)value); break;
+    }
+}
+
+/* The GEMM's parameters, in the order cublas_gemm passes them to its launch: each 8 bytes. */
+enum { G_TRANSA, G_TRANSB, G_M, G_N, G_K, G_ALPHA, G_A, G_LDA, G_STRIDE_A, G_B, G_LDB, G_STRIDE_B,
+       G_BETA, G_C, G_LDC, G_STRIDE_C, G_BATCH, G_TYPE, G_COMPUTE, G_PARAMS };
+
+static int gemm_entry(const unsigned grid[3], const unsigned block[3], unsigned shared, void **params,
+                      void *context) {
+    (void)grid, (void)block, (void)shared, (void)context;
+    long long w[G_PARAMS];
+    for (int i = 0; i < G_PARAMS; i++) memcpy(&w[i], params[i], sizeof w[i]);
+    double alpha, beta;
+    memcpy(&alpha, &w[G_ALPHA], sizeof alpha);
+    memcpy(&beta, &w[G_BETA], sizeof beta);
+    const void *a = (const void *)(size_t)w[G_A], *b = (const void *)(size_t)w[G_B];
+    void *c = (void *)(size_t)w[G_C];
+    int type = (int)w[G_TYPE], compute = (int)w[G_COMPUTE];
+    for (long long q = 0; q < w[G_BATCH]; q++)
+        for (long long j = 0; j < w[G_N]; j++)
+            for (long long i = 0; i < w[G_M]; i++) {
+                double sum = 0;
+                for (long long l = 0; l < w[G_K]; l++) {
+                    long long ai = w[G_TRANSA] == OP_N ? i + l * w[G_LDA] : l + i * w[G_LDA];
+                    long long bi = w[G_TRANSB] == OP_N ? l + j * w[G_LDB] : j + l * w[G_LDB];
+                    sum += element(a, type, q * w[G_STRIDE_A] + ai, compute) *
+                           element(b, type, q * w[G_STRIDE_B] + bi, compute);
+                }
+                long long ci = q * w[G_STRIDE_C] + i + j * w[G_LDC];
+                /* beta == 0: C is not read, as in cuBLAS (it may hold NaN) */
+                store(c, type, ci, alpha * sum + (beta != 0 ? beta * element(c, type, ci, COMPUTE_64F) : 0));
+            }
+    return 0;
+}
+
+static struct function g_gemm = {FUNCTION, gemm_entry, NULL, G_PARAMS,
+                                 {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8}};
+
+int cublasCreate_v2(cublasHandle_t *handle) {
+    if (handle == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = status();
+    pthread_mutex_unlock(&g_lock);
+    if (rc != CUDA_SUCCESS) return CUBLAS_STATUS_NOT_INITIALIZED;
+    struct blas *h = calloc(1, sizeof *h);
+    if (h == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
+    h->magic = BLAS;
+    *handle = h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+int cublasDestroy_v2(cublasHandle_t handle) {
+    if (handle == NULL || handle->magic != BLAS) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->magic = DEAD;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+int cublasSetStream_v2(cublasHandle_t handle, CUstream stream) {
+    if (handle == NULL || handle->magic != BLAS) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static double scalar(const void *value, int compute) {
+    return compute == COMPUTE_64F ? *(const double *)value : *(const float *)value;
+}
+
+int cublasGemmStridedBatchedEx(cublasHandle_t handle, int transa, int transb, int m, int n, int k,
+                               const void *alpha, const void *A, int Atype, int lda, long long strideA,
+                               const void *B, int Btype, int ldb, long long strideB, const void *beta,
+                               void *C, int Ctype, int ldc, long long strideC, int batchCount,
+                               int computeType, int algo) {
+    (void)algo;
+    if (handle == NULL || handle->magic != BLAS) return CUBLAS_STATUS_NOT_INITIALIZED;
+    int a_rows = transa == OP_N ? m : k, b_rows = transb == OP_N ? k : n;
+    if ((transa != OP_N && transa != OP_T) || (transb != OP_N && transb != OP_T) || m < 0 || n < 0 || k < 0 ||
+        batchCount < 0 || alpha == NULL || beta == NULL || lda < (a_rows > 1 ? a_rows : 1) ||
+        ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    int wide = computeType == COMPUTE_64F;
+    if (Atype != Btype || Atype != Ctype ||
+        !(Atype == R_64F ? wide : (Atype == R_32F || Atype == R_16F || Atype == R_16BF) &&
+                                      (computeType == COMPUTE_32F ||
+                                       (Atype == R_32F && computeType == COMPUTE_32F_FAST_TF32))))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m == 0 || n == 0 || batchCount == 0) return CUBLAS_STATUS_SUCCESS;
+    double alpha_value = scalar(alpha, computeType), beta_value = scalar(beta, computeType);
+    long long w[G_PARAMS] = {transa, transb, m, n, k, 0, (long long)(size_t)A, lda, strideA,
+                             (long long)(size_t)B, ldb, strideB, 0, (long long)(size_t)C, ldc, strideC,
+                             batchCount, Atype, computeType};
+    memcpy(&w[G_ALPHA], &alpha_value, sizeof alpha_value);
+    memcpy(&w[G_BETA], &beta_value, sizeof beta_value);
+    void *params[G_PARAMS];
+    for (int i = 0; i < G_PARAMS; i++) params[i] = &w[i];
+    CUresult rc = cuLaunchKernel(&g_gemm, 1, 1, 1, 1, 1, 1, 0, handle->stream, params, NULL);
+    return rc == CUDA_SUCCESS ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
 /* --- the emulator's own functions ------------------------------------------------------- */
 
-/* A kernel the emulator can launch: `entry` (an entry_fn) called with `context` (what it needs
- * beyond the arguments, which the caller keeps alive). sizes[i] is parameter i's size in bytes,
- * which the real driver learns from the module. NULL for invalid arguments. Never freed, as a
- * loaded module's functions live on. */
-CUfunction pto_emu_function(void *entry, void *context, int count, const unsigned long long *sizes) {
-    if (entry == NULL || count < 0 || (count > 0 && sizes == NULL)) return NULL;
+/* *out: a kernel the emulator can launch, `entry` (an entry_fn) called with `context` (what it
+ * needs beyond the arguments, which the caller keeps alive). sizes[i] is parameter i's size in
+ * bytes, which the real driver learns from the module. It stands for cuModuleLoadData and
+ * cuModuleGetFunction, so under the sticky error it answers that error, as they do. Never freed,
+ * as a loaded module's functions live on. */
+CUresult pto_emu_function(CUfunction *out, void *entry, void *context, int count,
+                          const unsigned long long *sizes) {
+    if (out == NULL || entry == NULL || count < 0 || (count > 0 && sizes == NULL)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = status();
+    pthread_mutex_unlock(&g_lock);
+    if (rc != CUDA_SUCCESS) return rc;
     struct function *f = malloc(sizeof *f + (size_t)count * sizeof f->sizes[0]);
-    if (f == NULL) return NULL;
+    if (f == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     f->magic = FUNCTION;
     memcpy(&f->entry, &entry, sizeof entry); /* POSIX: the pointers share a representation */
     f->context = context;
     f->count = count;
     for (int i = 0; i < count; i++) f->sizes[i] = (size_t)sizes[i];
-    return f;
+    *out = f;
+    return CUDA_SUCCESS;
 }
 
 /* Fault injection, each armed for the n-th counted call from now (n >= 1; n <= 0 disarms).

@@ -15,6 +15,11 @@ import numpy as np
 from ..errors import DeadlockError, PTOError
 from .launches import CALLS
 
+CUBLAS_STATUS_NAMES = {1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+                       7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH",
+                       11: "CUBLAS_STATUS_MAPPING_ERROR", 13: "CUBLAS_STATUS_EXECUTION_FAILED",
+                       14: "CUBLAS_STATUS_INTERNAL_ERROR", 15: "CUBLAS_STATUS_NOT_SUPPORTED"}
+
 SUCCESS, NOT_READY = 0, 600
 STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
 EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
@@ -77,7 +82,9 @@ class Driver:
         self._functions = {name: SIGNATURES[name]((name, library)) for name in DRIVER_FUNCTIONS}
         for name, function in self._functions.items():
             setattr(self, _attribute(name), function)
-        self.addresses = np.array([self.address(name) for name in CALLS], np.int64)
+        # cuBLAS's GEMM is not the driver's: the backend enters it when it loads cuBLAS.
+        self.addresses = np.array([self.address(name) if name in SIGNATURES else 0 for name in CALLS],
+                                  np.int64)
 
     def address(self, name: str) -> int:
         """The address of driver function `name` (as in DRIVER_FUNCTIONS)."""
@@ -90,6 +97,9 @@ class Driver:
     def check(self, status: int, call: str) -> None:
         """CudaError for a call's non-zero CUresult, named by this library's cuGetErrorName."""
         if status != SUCCESS:
+            if call.startswith("cublas"):  # a cublasStatus_t
+                name = CUBLAS_STATUS_NAMES.get(status, "an unknown cuBLAS status")
+                raise CudaError(f"{call} failed: {name} ({status})", status)
             raise CudaError(f"{call} failed: {self.error_name(status)} ({status}) from {self.label}", status)
 
     def error_name(self, status: int) -> str:

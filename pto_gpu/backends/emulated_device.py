@@ -129,6 +129,9 @@ class EmulatedDevice:
     def library(self, task, values: list, stream: int) -> None:
         raise AssertionError("runs_libraries is False")
 
+    def blas(self) -> ctypes.CDLL:
+        return emulator.library()  # its cuBLAS GEMM: cuda_emulator.c
+
 
 def _free(driver, streams: list[int], events: list[int]) -> None:
     for stream in streams:

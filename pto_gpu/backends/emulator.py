@@ -83,9 +83,9 @@ def library() -> ctypes.CDLL:
 
 def _declare(cdll: ctypes.CDLL) -> None:
     """The emulator's own functions' prototypes (the driver's are driver.Driver's)."""
-    cdll.pto_emu_function.restype = ctypes.c_void_p
-    cdll.pto_emu_function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, _int,
-                                      ctypes.POINTER(ctypes.c_ulonglong))
+    cdll.pto_emu_function.restype = _int
+    cdll.pto_emu_function.argtypes = (ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
+                                      _int, ctypes.POINTER(ctypes.c_ulonglong))
     for name in ("pto_emu_fail_launch", "pto_emu_fault_kernel", "pto_emu_lose_event"):
         getattr(cdll, name).restype = None
         getattr(cdll, name).argtypes = (ctypes.c_longlong,)
@@ -118,11 +118,10 @@ def function(entry: ctypes._CFuncPtr | int, sizes: Sequence[int], context: int =
     called with `context`, whose parameter i is sizes[i] bytes. The caller keeps both alive
     while launches of it may run."""
     address = entry if isinstance(entry, int) else ctypes.cast(entry, ctypes.c_void_p).value
-    handle = library().pto_emu_function(address, context or None, len(sizes),
-                                         (ctypes.c_ulonglong * len(sizes))(*sizes))
-    if handle is None:
-        raise PTOError("pto_emu_function failed: a NULL entry, or out of memory")
-    return handle
+    handle = ctypes.c_void_p()
+    check(library().pto_emu_function(ctypes.byref(handle), address, context or None, len(sizes),
+                                     (ctypes.c_ulonglong * len(sizes))(*sizes)), "pto_emu_function")
+    return handle.value
 
 
 def fail_launch(n: int) -> None:

@@ -39,11 +39,32 @@ from ..native_call import call_entry
 from . import cuda_abi
 
 # The driver functions numba code calls (`issue`, executors/driver_streams.py), by their index
-# in a driver's address table.
-CALLS = ("cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent", "cuEventQuery")
-LAUNCH, RECORD, WAIT, QUERY = range(len(CALLS))
+# in a driver's address table, and cuBLAS's GEMM (backends/cublas.py), whose address the
+# backend enters there when it first makes a GEMM's launch.
+CALLS = ("cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent", "cuEventQuery", "cublasGemmStridedBatchedEx")
+LAUNCH, RECORD, WAIT, QUERY, GEMM = range(len(CALLS))
 TENSOR_WORDS = 1 + 2 * cuda_abi.MAX_DIMS  # a pointer, the sizes, the element strides
 MAX_WORDS = TENSOR_WORDS * MAX_PARAMS + MAX_SCALARS
+
+GEMM_CALL = np.dtype([  # an instance's cuBLAS GEMM (backends/cublas.py), in cuBLAS's column-major terms
+    ("batch", np.int64),  # products in the call; 0: the instance is a kernel launch, not a GEMM
+    ("m", np.int64),  # rows of cuBLAS's C: the columns of the product
+    ("n", np.int64),  # its columns: the rows of the product
+    ("k", np.int64),
+    ("a_word", np.int64),  # where cuBLAS's A pointer (the right operand's) is in the launch's words
+    ("b_word", np.int64),  # cuBLAS's B: the left operand
+    ("c_word", np.int64),
+    ("lda", np.int64),
+    ("ldb", np.int64),
+    ("ldc", np.int64),
+    ("stride_a", np.int64),  # elements between a batch's matrices
+    ("stride_b", np.int64),
+    ("stride_c", np.int64),
+    ("data_type", np.int64),  # cudaDataType of A, B and C
+    ("compute_type", np.int64),  # cublasComputeType_t
+    ("alpha", np.int64),  # the addresses of alpha and beta, host memory in the compute type
+    ("beta", np.int64),
+], align=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +81,9 @@ class Template:
     task_words: np.ndarray  # int64: where the task's own words go in `words`, in param order
     scalar_slots: tuple[int, ...]  # which of the task's own words are scalars
     integer_scalars: tuple[bool, ...]  # each scalar's word: long long (True) or double
+    # A cuBLAS GEMM instead of the kernel (one cublas.GEMM record; batch 0: the kernel), whose
+    # pointers are the words' tensor pointers.
+    gemm: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1, GEMM_CALL))
 
 
 # The launch of an instance with no work items: its tasks only wait and record.
@@ -183,12 +207,55 @@ def wait_event(typingctx, address, stream, event):
     return types.int32(types.int64, types.int64, types.int64), codegen
 
 
+@intrinsic
+def gemm_strided_batched(typingctx, address, handle, m, n, k, alpha, a, data_type, lda, stride_a, b, ldb,
+                         stride_b, beta, c, ldc, stride_c, batch, compute):
+    """cublasGemmStridedBatchedEx(handle, N, N, m, n, k, alpha, a, data_type, lda, stride_a, b,
+    data_type, ldb, stride_b, beta, c, data_type, ldc, stride_c, batch, compute,
+    CUBLAS_GEMM_DEFAULT)."""
+    def codegen(context, builder, signature, args):
+        i32, i64, i8p = ir.IntType(32), ir.IntType(64), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(i32, [i8p, i32, i32, i32, i32, i32, i8p, i8p, i32, i32, i64, i8p, i32, i32,
+                                     i64, i8p, i8p, i32, i32, i64, i32, i32, i32])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        (handle, m, n, k, alpha, a, data_type, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch,
+         compute) = args[1:]
+
+        def narrow(value):
+            return builder.trunc(value, i32)
+
+        no_transpose = ir.Constant(i32, 0)
+        return builder.call(callee, [
+            _pointer(builder, handle), no_transpose, no_transpose, narrow(m), narrow(n), narrow(k),
+            _pointer(builder, alpha), _pointer(builder, a), narrow(data_type), narrow(lda), stride_a,
+            _pointer(builder, b), narrow(data_type), narrow(ldb), stride_b, _pointer(builder, beta),
+            _pointer(builder, c), narrow(data_type), narrow(ldc), stride_c, narrow(batch), narrow(compute),
+            ir.Constant(i32, -1)])
+
+    return types.int32(*[types.int64] * 19), codegen
+
+
+@njit(nogil=True, cache=True, inline="always")
+def start(driver, blas, function, grid, block, shared, gemm, stream, words, params):
+    """A task's work on `stream`, its argument words in `words`: its instance's cuBLAS GEMM
+    (gemm.batch != 0, through `blas`, the stream's handle) or its kernel's launch. The status,
+    of the call that launches.CALLS[GEMM if gemm.batch else LAUNCH] names."""
+    if gemm.batch != 0:
+        return gemm_strided_batched(driver[GEMM], blas, gemm.m, gemm.n, gemm.k, gemm.alpha,
+                                    words[gemm.a_word], gemm.data_type, gemm.lda, gemm.stride_a,
+                                    words[gemm.b_word], gemm.ldb, gemm.stride_b, gemm.beta,
+                                    words[gemm.c_word], gemm.ldc, gemm.stride_c, gemm.batch,
+                                    gemm.compute_type)
+    return launch_kernel(driver[LAUNCH], function, grid, block, shared, stream, params.ctypes.data)
+
+
 @njit(nogil=True, cache=True)
-def issue(driver, function, grid, block, shared, stream, template_words, task_at, task_words, waits,
-          event, words, params, failed):
-    """Enqueue one launch on `stream`: wait for each event in `waits`, launch `function` over
+def issue(driver, function, grid, block, shared, gemm, blas, stream, template_words, task_at, task_words,
+          waits, event, words, params, failed):
+    """Enqueue one task's work on `stream`: wait for each event in `waits`, launch `function`
+    (or make the GEMM call `gemm[0]` through the stream's cuBLAS handle `blas`) over
     `template_words` with `task_words` filled in at `task_at`, then record `event` (0: none).
-    Returns the first CUresult that is not 0, and which call it was in failed[0]; else 0."""
+    Returns the first status that is not 0, and which call it was in failed[0]; else 0."""
     for i in range(waits.size):
         status = wait_event(driver[WAIT], stream, waits[i])
         if status != 0:
@@ -198,9 +265,9 @@ def issue(driver, function, grid, block, shared, stream, template_words, task_at
     words[:n] = template_words
     for i in range(task_at.size):
         words[task_at[i]] = task_words[i]
-    status = launch_kernel(driver[LAUNCH], function, grid, block, shared, stream, params.ctypes.data)
+    status = start(driver, blas, function, grid, block, shared, gemm[0], stream, words, params)
     if status != 0:
-        failed[0] = LAUNCH
+        failed[0] = GEMM if gemm[0].batch != 0 else LAUNCH
         return status
     if event != 0:
         status = record_event(driver[RECORD], event, stream)

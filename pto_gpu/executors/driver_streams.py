@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 from numba import njit
@@ -36,7 +36,10 @@ from numba import njit
 from ..backends.driver import NOT_READY, CudaError
 from ..backends.launches import (
     CALLS,
+    GEMM,
+    GEMM_CALL,
     LAUNCH,
+    NO_WORK,
     QUERY,
     RECORD,
     TENSOR_WORDS,
@@ -44,9 +47,9 @@ from ..backends.launches import (
     Scratch,
     Template,
     compiled_entry,
-    launch_kernel,
     query_event,
     record_event,
+    start,
     wait_event,
 )
 from ..core.complete import complete
@@ -83,6 +86,7 @@ STATE = np.dtype([
     ("native", np.int64),  # tasks issued from the log without Python
     ("edge", np.int64),  # the next edge of the flushed edge log to note
 ], align=True)
+FAILURE = ("failed_task", "failed_status", "failed_call")
 
 SLOT = np.dtype([  # per task slot: the task in flight there
     ("task", np.int64),
@@ -121,11 +125,12 @@ class LearntLaunches(NamedTuple):
     keys: np.ndarray
     filled: np.ndarray
     launches: np.ndarray
+    gemms: np.ndarray  # GEMM_CALL per slot: the instance's cuBLAS call (batch 0: its kernel's launch)
 
     @classmethod
     def allocate(cls) -> LearntLaunches:
         return cls(np.zeros((INSTANCES, KEY_WIDTH), np.int64), np.zeros(INSTANCES, np.int64),
-                   np.zeros(INSTANCES, LAUNCHES))
+                   np.zeros(INSTANCES, LAUNCHES), np.zeros(INSTANCES, GEMM_CALL))
 
 
 _LEARNT: weakref.WeakKeyDictionary[object, LearntLaunches] = weakref.WeakKeyDictionary()  # by backend
@@ -143,12 +148,14 @@ class Tables(NamedTuple):
     class_streams: np.ndarray  # [class, i]: the i-th stream of the class
     class_count: np.ndarray  # [class]: how many streams it has
     handles: np.ndarray  # per stream: its CUstream
+    blas: np.ndarray  # per stream: its cuBLAS handle, once a GEMM needs them (0 before)
     stream_end: np.ndarray  # per stream: when its last retired task ended (monotonic ns)
     stats: np.ndarray  # [stream, kernel]: tasks retired, their ns
     kernel_info: np.ndarray  # KERNEL_INFO per kernel id: `native` where the log's tasks issue here
     keys: np.ndarray  # the backend's LearntLaunches
     filled: np.ndarray
     launches: np.ndarray
+    gemms: np.ndarray
     key: np.ndarray  # an instance key
     words: np.ndarray  # a launch's argument words
     params: np.ndarray  # kernelParams: the words' addresses
@@ -329,7 +336,7 @@ def retire_reached(t, driver, header, tasks, buffers, deps, limit):
 
 @njit(cache=True, _nrt=False)
 def issue_prepared(t, driver, header, tasks, buffers, deps, task_id, kernel, worker, producers, noted,
-                   function, grid, block, shared, template_words, task_at, own):
+                   function, grid, block, shared, gemm, template_words, task_at, own):
     """Issue a task whose launch the backend prepared (CudaBackend.prepare: its template's words,
     its own at `task_at`), behind its producers (`noted`: already in the pending table), and
     retire what is reached: one call from Python. -1 when no event is free (call again); else
@@ -344,10 +351,11 @@ def issue_prepared(t, driver, header, tasks, buffers, deps, task_id, kernel, wor
             t.words[i] = template_words[i]
         for i in range(len(task_at)):
             t.words[task_at[i]] = own[i]
-        stream = t.handles[t.slots[task_id & (len(t.slots) - 1)].stream]
-        status = launch_kernel(driver[LAUNCH], function, grid, block, shared, stream, t.params.ctypes.data)
+        stream = t.slots[task_id & (len(t.slots) - 1)].stream
+        status = start(driver, t.blas[stream], function, grid, block, shared, gemm[0], t.handles[stream],
+                       t.words, t.params)
         if status != 0:
-            return _fail(t, task_id, status, LAUNCH)
+            return _fail(t, task_id, status, GEMM if gemm[0].batch != 0 else LAUNCH)
     status = _record(t, driver, task_id)
     if status == 0:
         retire_reached(t, driver, header, tasks, buffers, deps, 1)
@@ -415,11 +423,12 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
             return i
         if launch.grid != 0:
             _words(t, args, slot, launch)
-            stream = t.handles[t.slots[slot].stream]
-            status = launch_kernel(driver[LAUNCH], launch.function, launch.grid, launch.block, launch.shared,
-                                   stream, t.params.ctypes.data)
+            stream = t.slots[slot].stream
+            gemm = t.gemms[found]
+            status = start(driver, t.blas[stream], launch.function, launch.grid, launch.block, launch.shared,
+                           gemm, t.handles[stream], t.words, t.params)
             if status != 0:
-                _fail(t, task_id, status, LAUNCH)
+                _fail(t, task_id, status, GEMM if gemm.batch != 0 else LAUNCH)
                 return i
         if _record(t, driver, task_id) != 0:
             return i
@@ -463,7 +472,7 @@ def unlearnt(t, tasks, args, log, first, logged, seen, seen_filled, ids):
 
 
 @njit(cache=True, _nrt=False)
-def learn(t, tasks, args, task_id, function, grid, block, shared, integer):
+def learn(t, tasks, args, task_id, function, grid, block, shared, gemm, integer):
     """Enter the launch of a logged task's instance, made the Python way, for its later tasks."""
     window = len(t.slots)
     kernel = tasks[task_id & (window - 1)].kernel
@@ -485,6 +494,7 @@ def learn(t, tasks, args, task_id, function, grid, block, shared, integer):
     launch.grid = grid
     launch.block = block
     launch.shared = shared
+    t.gemms[found] = gemm[0]
     for i in range(len(integer)):
         launch.integer[i] = integer[i]
     t.filled[found] = 1
@@ -545,12 +555,14 @@ class DriverStreamExecutor:
             events=np.zeros(window * len(handles) + EVENT_BATCH, EVENT),
             pool=np.zeros(window * len(handles) + EVENT_BATCH, np.int64), pending=pending,
             class_streams=class_streams, class_count=class_count, handles=np.array(handles, np.int64),
-            stream_end=np.zeros(len(handles), np.int64),
+            blas=np.zeros(len(handles), np.int64), stream_end=np.zeros(len(handles), np.int64),
             stats=np.zeros((len(handles), len(kernels), 2), np.int64),
             kernel_info=self._kernel_info(kernels), keys=instances.keys, filled=instances.filled,
-            launches=instances.launches, key=np.zeros(KEY_WIDTH, np.int64), words=scratch.words,
-            params=scratch.params, double=double, bits=double.view(np.int64),
+            launches=instances.launches, gemms=instances.gemms, key=np.zeros(KEY_WIDTH, np.int64),
+            words=scratch.words, params=scratch.params, double=double, bits=double.view(np.int64),
             ready=scheduler.ready_scratch())
+        if instances.gemms["batch"].any():  # the native path may meet a GEMM learnt in an earlier run
+            self._take_blas_handles()
         self._scratch = scratch  # owns the words `params` points at
         self._kernels = kernels
         self._args: ArgTables | None = None
@@ -561,8 +573,8 @@ class DriverStreamExecutor:
         # the tables' arrays at every call (2.3 us), the entry only unboxes them (0.2 us).
         words = np.zeros(1, np.int64)
         self._issue_prepared = compiled_entry(
-            issue_prepared, self._t, self._addresses, *self._core, 0, 0, 0, _NOTED, True, 0, 0, 0, 0, words,
-            words, words)
+            issue_prepared, self._t, self._addresses, *self._core, 0, 0, 0, _NOTED, True, 0, 0, 0, 0,
+            NO_WORK.gemm, words, words, words)
 
     def _kernel_info(self, kernels: list) -> np.ndarray:
         """The kernels whose logged tasks issue here: those with CUDA code that is not a
@@ -669,20 +681,28 @@ class DriverStreamExecutor:
         t = self._t
         try:
             prepared = self._backend.prepare(task)
-        except Exception as cause:
-            raise TaskError.of(task, cause) from cause
+        except Exception as cause:  # a compile error, or a new instance's module load under a fault
+            self._fail(task, cause)
         if prepared is None:
             self._run_library(task, producers)
             return None
         launch, own = prepared
+        if launch.gemm[0]["batch"] and not t.blas[0]:
+            self._take_blas_handles()
         while (status := self._issue_prepared(t, self._addresses, *self._core, task.id, task.kernel.id,
                                               int(task.worker), producers, producers is _NOTED,
                                               launch.function, launch.grid, launch.block, launch.shared,
-                                              launch.words, launch.task_words, own)) < 0:
+                                              launch.gemm, launch.words, launch.task_words, own)) < 0:
             self._more_events()
         if status != 0 or t.state[0]["failed_task"] >= 0:
             self._raise_failure()
         return launch
+
+    def _take_blas_handles(self) -> None:
+        """Each stream's cuBLAS handle, before the first GEMM issued here."""
+        t = self._t
+        for stream, handle in enumerate(t.handles):
+            t.blas[stream] = self._backend.blas_handle(int(handle))
 
     def _run_library(self, task: Task, producers: np.ndarray) -> None:
         """A library call (cuBLAS through CuPy, on a GPU) between the waits and the record."""
@@ -696,12 +716,18 @@ class DriverStreamExecutor:
             try:
                 self._backend.library(task, stream)
             except Exception as cause:
-                self._retire(len(t.ring))  # a device fault fails every later call: name its task
-                raise TaskError.of(task, cause) from cause
+                self._fail(task, cause)
             status = record(t, self._addresses, task.id)
         if status != 0:
             self._raise_failure()
         self._retire(1)
+
+    def _fail(self, task: Task, cause: Exception) -> NoReturn:
+        """The TaskError of a call made for `task` that failed: that of a task in flight that
+        faulted, if one did (a device fault fails every later call, a module load's too), else
+        `task`'s."""
+        self._retire(len(self._t.ring))
+        raise TaskError.of(task, cause) from cause
 
     def _prefetch(self, log: np.ndarray, first: int, logged: int) -> None:
         """Have the backend start compiling the instances of log[first:logged] not learnt yet."""
@@ -717,7 +743,7 @@ class DriverStreamExecutor:
             integer = np.zeros(MAX_SCALARS, np.int64)
             integer[:len(launch.integer_scalars)] = launch.integer_scalars
             learn(self._t, self._core[1], self._args, task_id, launch.function, launch.grid, launch.block,
-                  launch.shared, integer)
+                  launch.shared, launch.gemm, integer)
 
     def _retire(self, limit: int) -> int:
         retired = retire_reached(self._t, self._addresses, *self._core, limit)
@@ -739,7 +765,15 @@ class DriverStreamExecutor:
 
     def _raise_failure(self) -> None:
         state = self._t.state[0]
-        task_id, status, call = (int(state[f]) for f in ("failed_task", "failed_status", "failed_call"))
+        failed = tuple(int(state[f]) for f in FAILURE)
+        if failed[2] != QUERY and state["head"] != state["tail"]:
+            # A device fault fails every later call: a task in flight that faulted is the one to name.
+            state["failed_task"] = -1
+            retire_reached(self._t, self._addresses, *self._core, len(self._t.ring))
+            if state["failed_task"] < 0:
+                for field, value in zip(FAILURE, failed):
+                    state[field] = value
+        task_id, status, call = (int(state[f]) for f in FAILURE)
         if task_id < 0:
             raise InvariantError("a driver stream call failed with no task to name")
         try:

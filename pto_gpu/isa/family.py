@@ -239,7 +239,7 @@ class Family:
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),
            structural: tuple[str, ...] = (), name: str | None = None, library: Callable | None = None,
            library_cpu: Callable | None = None, library_native: Callable | None = None,
-           split: str | None = None) -> Callable[[Builder], Kernel]:
+           split: str | None = None, gemm: float | None = None) -> Callable[[Builder], Kernel]:
     """Declare a kernel family: the decorated function writes the InCore function for given sizes.
 
     `scalars` names the kernel's scalar params in order (the builder declares them with the same
@@ -251,6 +251,8 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
     NjitEntries over an njit function that library_cpu calls too, so both give the same bits).
     Generated code stays the kernel's definition: tests check the libraries against it.
     `split` names the size whose rows CUDA code spreads over blocks (see the module's doc).
+    `gemm`, for a product c = a @ b + gemm * c of params (a, b, c): the CUDA backend runs it as
+    one cuBLAS call where the tiles' layout allows (CudaInstances.gemm).
     """
     for word in (s.split()[0] for s in shapes if len(s.split()) == 3):
         if word.isdigit():
@@ -263,8 +265,8 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
 
     def declare(build: Builder) -> Kernel:
         instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu, split)
-        declared = kernel(worker=worker, name=instances.name, shapes=shapes,
-                          cuda=CudaInstances(instances.cuda, library, instances.structural))(instances.cpu)
+        cuda = CudaInstances(instances.cuda, library, instances.structural, gemm)
+        declared = kernel(worker=worker, name=instances.name, shapes=shapes, cuda=cuda)(instances.cpu)
         if library_cpu is None:
             declared.native = NativeCode(instances.native_entry, len(scalars), instances.structural)
         elif library_native is not None:  # else its tasks go to Python workers
