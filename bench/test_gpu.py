@@ -107,21 +107,31 @@ def test_overhead_cupy_back_to_back(benchmark, cupy):
 
 
 # --- the demo's tiled matmul ------------------------------------------------------------------
-@pytest.mark.parametrize("orchestration", [tiled_matmul, tiled_matmul_compiled], ids=["python", "compiled"])
-def test_tiled_matmul_2048(benchmark, cupy, orchestration):
-    """Each tile product one cuBLAS call (beta 1) issued from numba; the compiled orchestration's
-    tasks are issued without Python."""
+def tiled_matmul_rounds(benchmark, cupy, orchestration, tile: int):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((2048, 2048)).astype(np.float32) for _ in range(2))
     rt = pto.Runtime(backend="cuda", executor="stream")
     da, db, dc = cupy.asarray(a), cupy.asarray(b), cupy.zeros((2048, 2048), cupy.float32)
-    result = benchmark.pedantic(rt.run, (orchestration, da, db, dc), {"tile": 128}, rounds=ROUNDS,
+    result = benchmark.pedantic(rt.run, (orchestration, da, db, dc), {"tile": tile}, rounds=ROUNDS,
                                 warmup_rounds=2)
     expected = a.astype(np.float64) @ b
-    assert result.num_tasks == 4608
+    assert result.num_tasks == (2048 // tile) ** 2 * (2048 // tile + 2)
     assert np.abs(dc.get() - expected).max() <= 1e-4 * np.abs(expected).max()
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / result.num_tasks * 1e6
     benchmark.extra_info["native_tasks"] = float(result.native_tasks)
+
+
+@pytest.mark.parametrize("orchestration", [tiled_matmul, tiled_matmul_compiled], ids=["python", "compiled"])
+def test_tiled_matmul_2048(benchmark, cupy, orchestration):
+    """The demo's 128 tiles, each product one cuBLAS call (beta 1) issued from numba; the compiled
+    orchestration's tasks are issued without Python."""
+    tiled_matmul_rounds(benchmark, cupy, orchestration, 128)
+
+
+@pytest.mark.parametrize("tile", [256, 512])
+def test_tiled_matmul_2048_tiles(benchmark, cupy, tile):
+    """The compiled orchestration in larger tiles: fewer, longer cuBLAS calls."""
+    tiled_matmul_rounds(benchmark, cupy, tiled_matmul_compiled, tile)
 
 
 def test_tiled_matmul_2048_numpy(benchmark):
