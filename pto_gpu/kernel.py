@@ -46,6 +46,10 @@ class CudaCode:
     # Whether each scalar param is passed as long long (else double), when the source says so
     # (generated code); None: from each value's Python type.
     integer_scalars: tuple[bool, ...] | None = None
+    # Whether the kernel walks its memrefs' leading dim as a batch of tiles, as generated code does:
+    # tasks of one instance whose tensors each advance by one stride may then go out as one launch
+    # (executors/driver_streams.py).
+    batches: bool = False
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
                  tf32: bool = False) -> CudaCode:
@@ -70,6 +74,7 @@ class CudaInstances:
     library: Callable | None = None
     structural: tuple[int, ...] | None = None
     gemm: float | None = None
+    batches = True  # generated code (or a strided-batched GEMM): see CudaCode.batches
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
                  tf32: bool = False) -> CudaCode:

@@ -54,6 +54,9 @@ class RunResult:
     prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
     ranks: Ranks | None = None  # a distributed run's: this rank's tasks and bytes
     native_tasks: int = 0  # run by native workers, without the GIL (executors/native.py)
+    # the launches (and cuBLAS calls) the stream executor on a CUDA driver made for native tasks:
+    # fewer than they where tasks of one instance went out as one (executors/driver_streams.py)
+    native_launches: int = 0
 
     @property
     def tasks_run(self) -> list[int]:
@@ -73,6 +76,8 @@ class RunResult:
             lines.append(f"  waits on a producer that ran on another worker: {self.cross_waits:,}")
         if self.native_tasks:
             lines.append(f"  run by native workers: {self.native_tasks:,} tasks")
+        if self.native_launches:
+            lines.append(f"  in {self.native_launches:,} launches")
         if self.prediction_error:
             errors = ", ".join(f"{name} {e:+.0%}" for name, e in sorted(self.prediction_error.items()))
             lines.append(f"  cost prediction error (measured vs predicted): {errors}")

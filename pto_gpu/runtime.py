@@ -321,6 +321,7 @@ class Runtime:
             makespan=getattr(executor, "makespan", None),
             cross_waits=getattr(executor, "cross_waits", None),
             native_tasks=getattr(executor, "native_tasks", 0),
+            native_launches=getattr(executor, "native_launches", 0),
             prediction_error=self.costs.prediction_error(measured) if self.costs else {},
             ranks=None if placement is None else Ranks(placement.rank, placement.size, placement.tasks_run,
                                                        placement.transport.bytes_sent,

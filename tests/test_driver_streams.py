@@ -13,7 +13,7 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import add, scale
-from pto_gpu.kernels.tiles import copy
+from pto_gpu.kernels.tiles import copy, matmul
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
@@ -65,6 +65,79 @@ def test_a_compiled_orchestrations_tasks_issue_without_python_once_their_launch_
     assert again.native_tasks == 1000  # the backend keeps the launch for its later runs
     np.testing.assert_array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
     assert again.kernels["scale"].tasks == 1000 and again.kernels["scale"].seconds > 0
+
+
+@numba.njit(cache=True)
+def _rows_in_order(o, x, y, order, scale_id, add_id):
+    """A task per entry of `order` (a row, or -1): y[r] = 2 * x[r]; at -1, x[0] += x[0] (a task
+    of another instance between those of scale, which the next ones read when they read row 0)."""
+    for r in order:
+        if r < 0:
+            row = pj.narrow(x, 0, 0, 1)
+            pj.submit(o, add_id, (pj.input(row), pj.input(row), pj.output(row)), ())
+        else:
+            source, target = pj.narrow(x, 0, r, r + 1), pj.narrow(y, 0, r, r + 1)
+            pj.submit(o, scale_id, (pj.input(source), pj.output(target)), (2.0,))
+
+
+def rows_in_order(o, x, y, order):
+    o.compiled(_rows_in_order, o.external(x), o.external(y), np.asarray(order, np.int64), scale.id, add.id)
+
+
+def _serial(orchestration, *arrays, **kwargs):
+    copies = [a.copy() for a in arrays]
+    pto.Runtime(backend="cpu", executor="serial").run(orchestration, *copies, **kwargs)
+    return copies
+
+
+@pytest.mark.parametrize("emulate", ["gpu-code", "cpu-code"])
+def test_tasks_of_one_instance_whose_tiles_advance_by_one_stride_go_out_as_one_launch(emulate):
+    """Consecutive independent logged tasks of one instance whose pointers each advance by the
+    same stride are one launch over a batch (their tensors' leading dim); a stride that changes,
+    a task of another instance, or one that depends on an earlier one of the run, starts a new
+    launch. Each result equals the serial CPU executor's."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate=emulate, executor="stream", task_window=256)
+    x0 = np.arange(16 * 16, dtype=np.float32).reshape(16, 16)
+    order = [0, 1, 2, 3, 4, 5, 6, 7,  # a stride of one row: one launch
+             9, 11, 13,  # two rows: another
+             -1,  # x[0] += x[0]: add's
+             0, 1, 2,  # reads the add's output: waits for it, in one launch
+             8, 8]  # the second writes y[8] after the first: a dependency, two launches
+    x, y = rt.backend.to_device(x0), rt.backend.to_device(np.zeros_like(x0))
+    rt.run(rows_in_order, x, y, [0, -1])  # both instances learnt: the run below is all native
+    x[:], y[:] = rt.backend.to_device(x0), 0
+    result = rt.run(rows_in_order, x, y, order)
+    want_x, want_y = _serial(rows_in_order, x0, np.zeros_like(x0), order=order)
+    np.testing.assert_array_equal(rt.backend.to_host(x), want_x)
+    np.testing.assert_array_equal(rt.backend.to_host(y), want_y)
+    assert result.native_tasks == len(order)
+    assert result.native_launches == 6  # [0..7], [9, 11, 13], add, [0, 1, 2], [8], [8]
+
+
+@numba.njit(cache=True)
+def _products(o, a, b, c, tile, matmul_id):
+    """c's tiles in row-major order, each one product over all of k (a batch of GEMMs per row)."""
+    for i in range(0, pj.shape(c, 0), tile):
+        for j in range(0, pj.shape(c, 1), tile):
+            rows, columns = pj.narrow(a, 0, i, i + tile), pj.narrow(b, 1, j, j + tile)
+            out = pj.narrow(pj.narrow(c, 0, i, i + tile), 1, j, j + tile)
+            pj.submit(o, matmul_id, (pj.input(rows), pj.input(columns), pj.output(out)), ())
+
+
+def test_independent_tile_products_go_out_as_one_strided_batched_gemm():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream")
+    device = [rt.backend.to_device(m) for m in (a, b, np.zeros((64, 64), np.float32))]
+
+    def products(o, a, b, c):
+        o.compiled(_products, o.external(a), o.external(b), o.external(c), 16, matmul.id)
+
+    rt.run(products, *device)
+    result = rt.run(products, *device)
+    assert result.native_tasks == 16 and result.native_launches == 4  # a call per row of tiles
+    want = a.astype(np.float64) @ b
+    np.testing.assert_allclose(rt.backend.to_host(device[2]), want, rtol=1e-5, atol=1e-5)
 
 
 def test_runs_that_trace_or_capture_take_the_python_stream_executor(tmp_path):

@@ -302,12 +302,17 @@ def _word(params, i):
 def cpu_code(grid, block, shared, params, context):
     """The emulator's entry for a launch of a kernel instance's CPU code: each tensor's words
     (pointer, three sizes, three element strides, padded with leading dims) back into a
-    descriptor of its own dims, each scalar's word into the argument tables' form."""
+    descriptor of its own dims, each scalar's word into the argument tables' form. A tensor of
+    fewer than three dims whose padded leading size is more than 1 is a batch of them (a
+    batched launch of several tasks: driver_streams.py), which the entry is called for one by
+    one, as the GPU code walks it."""
     c = carray(context, CONTEXT_WIDTH, np.int64)
     descs = np.zeros(DESC_WIDTH * MAX_PARAMS, np.int64)
     kinds = np.zeros(MAX_SCALARS, np.int64)
     ints = np.zeros(MAX_SCALARS, np.int64)
     floats = np.zeros(MAX_SCALARS, np.float64)
+    steps = np.zeros(MAX_PARAMS, np.int64)  # each tensor's bytes from one batch index to the next
+    batch = 1
     w = 0  # the param's first word
     tensors = scalars = 0
     for p in range(c[C_PARAMS]):
@@ -331,10 +336,19 @@ def cpu_code(grid, block, shared, params, context):
         for k in range(ndim):
             descs[d + D_SHAPE + k] = _word(params, w + 1 + cuda_abi.MAX_DIMS - ndim + k)
             descs[d + D_STRIDE + k] = _word(params, w + 4 + cuda_abi.MAX_DIMS - ndim + k)
+        if ndim < cuda_abi.MAX_DIMS:
+            batch = max(batch, _word(params, w + 1))
+            steps[tensors] = _word(params, w + 4) * c[column + P_ITEMSIZE]
         tensors += 1
         w += TENSOR_WORDS
-    status = call_entry(c[C_ENTRY], descs.ctypes.data, kinds.ctypes.data, ints.ctypes.data,
-                        floats.ctypes.data)
+    status = 0
+    for _ in range(batch):
+        status = call_entry(c[C_ENTRY], descs.ctypes.data, kinds.ctypes.data, ints.ctypes.data,
+                            floats.ctypes.data)
+        if status != 0:
+            break
+        for k in range(tensors):
+            descs[k * DESC_WIDTH + D_BASE] += steps[k]
     return np.int32(status)
 
 

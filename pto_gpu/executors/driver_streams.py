@@ -33,6 +33,7 @@ from typing import NamedTuple, NoReturn
 import numpy as np
 from numba import njit
 
+from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.driver import NOT_READY, CudaError
 from ..backends.launches import (
     CALLS,
@@ -54,10 +55,11 @@ from ..backends.launches import (
 )
 from ..core.complete import complete
 from ..core.lock import monotonic_ns
+from ..core.state import MAX_PARAMS
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, InvariantError, TaskError, UsageError
-from ..jit.context import MAX_SCALARS, S_INT, ArgTables
-from ..jit.descriptor import D_BASE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
+from ..jit.context import LOG_CAPACITY, MAX_SCALARS, S_INT, ArgTables
+from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
 from ..kernel import registered
 from ..profile import Profile
 from ..tasks import RINGS, Scheduler, Task
@@ -71,6 +73,8 @@ EVENT_BATCH = 64  # events taken from the backend at a time (at most a task wind
 
 # Why `issue_logged` stopped before the end of the log.
 NEEDS_PYTHON, NEEDS_EVENTS, FAILED = 1, 2, 3
+# Logged tasks of one instance one launch may take (`_batch`): a flush's worth (jit/host.py).
+BATCH_LIMIT = LOG_CAPACITY
 PREFETCH = 64  # new instances a flushed log starts compiling at once (CudaBackend.prefetch)
 
 STATE = np.dtype([
@@ -84,6 +88,7 @@ STATE = np.dtype([
     ("failed_status", np.int64),  # its CUresult
     ("failed_call", np.int64),  # which call (launches.CALLS)
     ("native", np.int64),  # tasks issued from the log without Python
+    ("launches", np.int64),  # the launches (and GEMM calls) they went out in: batches share one
     ("edge", np.int64),  # the next edge of the flushed edge log to note
 ], align=True)
 FAILURE = ("failed_task", "failed_status", "failed_call")
@@ -101,7 +106,7 @@ SLOT = np.dtype([  # per task slot: the task in flight there
 EVENT = np.dtype([
     ("handle", np.int64),  # the CUevent
     ("waiters", np.int64),  # tasks in flight whose stream waits on it
-    ("busy", np.int64),  # whether its task is in flight
+    ("busy", np.int64),  # how many tasks in flight it stands for (a batched launch's: several)
     ("end", np.int64),  # when its task's retirement was observed (monotonic ns)
 ], align=True)
 
@@ -157,7 +162,11 @@ class Tables(NamedTuple):
     launches: np.ndarray
     gemms: np.ndarray
     key: np.ndarray  # an instance key
+    other_key: np.ndarray  # and another's, to compare (`_batch`)
     words: np.ndarray  # a launch's argument words
+    other_words: np.ndarray  # another task's, to compare
+    strides: np.ndarray  # per tensor param: its pointer's step from task to task in a batch, bytes
+    gemm: np.ndarray  # one GEMM_CALL: the call being made
     params: np.ndarray  # kernelParams: the words' addresses
     double: np.ndarray  # one float64, and `bits` its int64 view: a scalar's double word
     bits: np.ndarray
@@ -232,13 +241,22 @@ def _begin(t, driver, task_id, kernel, worker, now):
     s = t.state[0]
     if s.free == 0:
         return -1
-    mask = len(t.slots) - 1
     stream = t.class_streams[worker, s.turn[worker] % t.class_count[worker]]
     s.turn[worker] += 1
     s.free -= 1
     event = t.pool[s.free]
-    t.events[event].busy = 1
+    t.events[event].busy = 0
     t.events[event].waiters = 0
+    return _join(t, driver, task_id, kernel, stream, event, now)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _join(t, driver, task_id, kernel, stream, event, now):
+    """Take the task's slot for a launch on `stream` whose record is `event` (its own, or the
+    batch's it joins), and enqueue its waits on the newest producer in flight on each other
+    stream; the first CUresult that is not 0, or 0."""
+    mask = len(t.slots) - 1
+    t.events[event].busy += 1
     slot = t.slots[task_id & mask]
     slot.task = task_id
     slot.kernel = kernel
@@ -325,9 +343,9 @@ def retire_reached(t, driver, header, tasks, buffers, deps, limit):
             t.events[waited].waiters -= 1
             if t.events[waited].waiters == 0 and t.events[waited].busy == 0:
                 _release(t, waited)
-        t.events[event].busy = 0
+        t.events[event].busy -= 1
         t.events[event].end = now
-        if t.events[event].waiters == 0:
+        if t.events[event].waiters == 0 and t.events[event].busy == 0:
             _release(t, event)
         complete(header, tasks, buffers, deps, task_id, t.ready)
         retired += 1
@@ -366,29 +384,106 @@ def issue_prepared(t, driver, header, tasks, buffers, deps, task_id, kernel, wor
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _words(t, args, slot, launch):
-    """The launch's argument words from the task's arguments (backends/cuda_abi.py): per
-    tensor its pointer, three sizes and three element strides (leading dims padded), then each
-    scalar as its kernel takes it."""
+def _words(t, words, args, slot, launch):
+    """The launch's argument words from the task's arguments, into `words` (backends/cuda_abi.py):
+    per tensor its pointer, three sizes and three element strides (leading dims padded), then
+    each scalar as its kernel takes it."""
     w = 0
     for p in range(args.count[slot, 0]):
         ndim = args.desc[slot, p, D_NDIM]
         pad = 3 - ndim
-        t.words[w] = args.desc[slot, p, D_BASE] + args.desc[slot, p, D_OFFSET]
+        words[w] = args.desc[slot, p, D_BASE] + args.desc[slot, p, D_OFFSET]
         for k in range(3):
-            t.words[w + 1 + k] = 1 if k < pad else args.desc[slot, p, D_SHAPE + k - pad]
-            t.words[w + 4 + k] = 0 if k < pad else args.desc[slot, p, D_STRIDE + k - pad]
+            words[w + 1 + k] = 1 if k < pad else args.desc[slot, p, D_SHAPE + k - pad]
+            words[w + 4 + k] = 0 if k < pad else args.desc[slot, p, D_STRIDE + k - pad]
         w += TENSOR_WORDS
     for k in range(args.count[slot, 1]):
         integer = args.scalar_kind[slot, k] == S_INT
         if launch.integer[k]:
-            t.words[w] = args.int[slot, k] if integer else np.int64(args.float[slot, k])
+            words[w] = args.int[slot, k] if integer else np.int64(args.float[slot, k])
         elif integer:
             t.double[0] = np.float64(args.int[slot, k])
-            t.words[w] = t.bits[0]
+            words[w] = t.bits[0]
         else:
-            t.words[w] = args.float_bits[slot, k]
+            words[w] = args.float_bits[slot, k]
         w += 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _word_count(args, slot):
+    return args.count[slot, 0] * TENSOR_WORDS + args.count[slot, 1]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _same_key(a, b):
+    for w in range(b[1]):  # the words in use
+        if a[w] != b[w]:
+            return False
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def _batch(t, tasks, args, log, first, logged, edges, launch):
+    """How many of log[first:logged] go out as one launch with log[first] (its words in
+    t.words): it and the tasks right after it of its instance (a generated kernel's, which walks
+    its memrefs' leading dim as a batch, or a GEMM of one product) that depend on none of them,
+    whose words equal its own but for their tensors' pointers, each tensor's advancing by the
+    same whole number of elements from task to task (its stride in the batch, in t.strides);
+    tensors of at most two dims; at most BATCH_LIMIT. 1: it goes alone."""
+    window = len(t.slots)
+    leader = log[first, 0]
+    slot = leader & (window - 1)
+    kernel = tasks[slot].kernel
+    if not t.kernel_info[kernel].batches:
+        return 1
+    tensors = args.count[slot, 0]
+    for p in range(tensors):
+        if args.desc[slot, p, D_NDIM] > 2:
+            return 1
+    words = _word_count(args, slot)
+    edge = t.state[0].edge  # the leader's edges are noted: the followers' are from here
+    n = 1
+    while first + n < logged and n < BATCH_LIMIT:
+        task_id = log[first + n, 0]
+        other = task_id & (window - 1)
+        if args.task[other] != task_id or tasks[other].kernel != kernel:
+            break
+        if not instance_key(tasks, t.kernel_info, args, window, task_id, t.other_key):
+            break
+        if not _same_key(t.other_key, t.key):
+            break
+        dependent = False
+        while edge < len(edges) and edges[edge, 1] <= task_id:
+            dependent |= edges[edge, 1] == task_id and edges[edge, 0] >= leader
+            edge += 1
+        if dependent:
+            break
+        _words(t, t.other_words, args, other, launch)
+        same = True
+        for w in range(words):
+            if w % TENSOR_WORDS != 0 or w >= tensors * TENSOR_WORDS:
+                same &= t.other_words[w] == t.words[w]
+        for p in range(tensors):
+            step = t.other_words[p * TENSOR_WORDS] - t.words[p * TENSOR_WORDS] - (n - 1) * t.strides[p]
+            itemsize = args.desc[slot, p, D_ITEMSIZE]
+            if n == 1:
+                if step % itemsize != 0:
+                    same = False
+                t.strides[p] = step
+            same &= step == t.strides[p]
+        if not same:
+            break
+        n += 1
+    return n
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _batched_words(t, args, slot, n):
+    """t.words as one launch of n tasks: each tensor's leading dim n, its stride the batch's."""
+    for p in range(args.count[slot, 0]):
+        w = p * TENSOR_WORDS
+        t.words[w + 1] = n
+        t.words[w + 4] = t.strides[p] // args.desc[slot, p, D_ITEMSIZE]
 
 
 @njit(cache=True, _nrt=False, nogil=True)
@@ -401,7 +496,8 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
     s = t.state[0]
     s.why = 0
     window = len(t.slots)
-    for i in range(first, logged):
+    i = first
+    while i < logged:
         task_id = log[i, 0]
         _note_edges(t, edges, task_id)
         slot = task_id & (window - 1)
@@ -415,28 +511,52 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
         if t.filled[found] == 0:
             return i
         launch = t.launches[found]
-        status = _begin(t, driver, task_id, kernel, tasks[slot].worker, monotonic_ns())
+        t.gemm[0] = t.gemms[found]  # a copy: a batch sets its count and strides
+        gemm = t.gemm[0]
+        n = 1
+        if launch.grid != 0:
+            _words(t, t.words, args, slot, launch)
+            if gemm.batch <= 1:  # a GEMM over panels is a batch already
+                n = _batch(t, tasks, args, log, i, logged, edges, launch)
+        now = monotonic_ns()
+        status = _begin(t, driver, task_id, kernel, tasks[slot].worker, now)
         if status < 0:
             s.why = NEEDS_EVENTS
             return i
         if status != 0:
             return i
+        leader = t.slots[slot]
+        for f in range(1, n):
+            _note_edges(t, edges, log[i + f, 0])
+            if _join(t, driver, log[i + f, 0], kernel, leader.stream, leader.event, now) != 0:
+                return i
         if launch.grid != 0:
-            _words(t, args, slot, launch)
-            stream = t.slots[slot].stream
-            gemm = t.gemms[found]
-            status = start(driver, t.blas[stream], launch.function, launch.grid, launch.block, launch.shared,
-                           gemm, t.handles[stream], t.words, t.params)
+            grid = launch.grid
+            if n > 1:
+                _batched_words(t, args, slot, n)
+                grid = min(MAX_BLOCKS, grid * n)
+                if gemm.batch != 0:  # cuBLAS's A is our b, its B our a
+                    gemm.batch = n
+                    gemm.stride_a = t.strides[1] // args.desc[slot, 1, D_ITEMSIZE]
+                    gemm.stride_b = t.strides[0] // args.desc[slot, 0, D_ITEMSIZE]
+                    gemm.stride_c = t.strides[2] // args.desc[slot, 2, D_ITEMSIZE]
+            status = start(driver, t.blas[leader.stream], launch.function, grid, launch.block, launch.shared,
+                           gemm, t.handles[leader.stream], t.words, t.params)
             if status != 0:
                 _fail(t, task_id, status, GEMM if gemm.batch != 0 else LAUNCH)
                 return i
         if _record(t, driver, task_id) != 0:
             return i
-        s.native += 1
-        retire_reached(t, driver, header, tasks, buffers, deps, 1)
+        for f in range(1, n):  # in flight behind the leader, on its event
+            t.ring[s.tail & (len(t.ring) - 1)] = log[i + f, 0]
+            s.tail += 1
+        s.native += n
+        s.launches += 1
+        retire_reached(t, driver, header, tasks, buffers, deps, n)
         if s.failed_task >= 0:
             s.why = FAILED
-            return i + 1
+            return i + n
+        i += n
     return logged
 
 
@@ -559,7 +679,9 @@ class DriverStreamExecutor:
             stats=np.zeros((len(handles), len(kernels), 2), np.int64),
             kernel_info=self._kernel_info(kernels), keys=instances.keys, filled=instances.filled,
             launches=instances.launches, gemms=instances.gemms, key=np.zeros(KEY_WIDTH, np.int64),
-            words=scratch.words, params=scratch.params, double=double, bits=double.view(np.int64),
+            other_key=np.zeros(KEY_WIDTH, np.int64), words=scratch.words,
+            other_words=np.zeros_like(scratch.words), strides=np.zeros(MAX_PARAMS, np.int64),
+            gemm=np.zeros(1, GEMM_CALL), params=scratch.params, double=double, bits=double.view(np.int64),
             ready=scheduler.ready_scratch())
         if instances.gemms["batch"].any():  # the native path may meet a GEMM learnt in an earlier run
             self._take_blas_handles()
@@ -586,6 +708,7 @@ class DriverStreamExecutor:
             if cuda is None or self._backend.runs_library(kernel):
                 continue
             info[kernel.id]["native"] = 1
+            info[kernel.id]["batches"] = cuda.batches
             structural = getattr(cuda, "structural", ())  # CudaInstances: None is every scalar
             if structural is None:
                 info[kernel.id]["structural"][:] = 1
@@ -597,6 +720,11 @@ class DriverStreamExecutor:
     def native_tasks(self) -> int:
         """Tasks of compiled orchestrations issued without Python."""
         return int(self._t.state[0]["native"])
+
+    @property
+    def native_launches(self) -> int:
+        """The launches (and cuBLAS calls) those went out in: fewer where tasks were batched."""
+        return int(self._t.state[0]["launches"])
 
     # --- compiled sessions (jit/host.py) ------------------------------------------------
     def native_lanes(self, args: ArgTables, kernels: list) -> DriverStreamExecutor:

@@ -20,11 +20,13 @@ INSTANCES = 1024  # instance table slots (a power of two); at most half are fill
 KEY_WIDTH = 3 + cs.MAX_PARAMS * 4 + MAX_SCALARS * 2
 ANY_SCALARS = -1  # KERNEL_INFO.scalars of a kernel whose scalar count its code does not fix
 
-# Per kernel id: whether a table's owner runs its tasks (`native`), how many scalars it takes
+# Per kernel id: whether a table's owner runs its tasks (`native`) and may batch them (`batches`:
+# driver_streams.py), how many scalars it takes
 # (a task with other counts goes to Python, which names the fault; ANY_SCALARS: any count), and
 # which of them pick its instance.
 KERNEL_INFO = np.dtype([
     ("native", np.int64),
+    ("batches", np.int64),  # consecutive independent tasks of one instance may be one launch
     ("scalars", np.int64),
     ("structural", np.int64, (MAX_SCALARS,)),
 ], align=True)

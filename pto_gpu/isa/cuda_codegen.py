@@ -122,7 +122,8 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
         partial.write_text(source)
         partial.replace(path)  # atomic: a concurrent compile never reads half a file
     return CudaCode(path, WorkItems(generator.items, generator.split_param, generator.split_rows),
-                    integer_scalars=tuple(_integer(scalar.dtype) for scalar in generator.params))
+                    integer_scalars=tuple(_integer(scalar.dtype) for scalar in generator.params),
+                    batches=True)
 
 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
