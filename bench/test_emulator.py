@@ -29,7 +29,7 @@ import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu import jit as pj
 from pto_gpu.backends import emulator
-from pto_gpu.backends.launches import CPU_CODE_ENTRY, Scratch, issue
+from pto_gpu.backends.launches import CPU_CODE_ENTRY, NO_WORK, Scratch, issue
 from pto_gpu.executors.driver_streams import DriverStreamExecutor
 
 ISSUES = 20_000
@@ -125,11 +125,11 @@ def test_enqueue_from_python(benchmark, null_driver):
 
 
 @numba.njit(nogil=True)
-def _issue_many(driver, function, stream, words, at, own, waits, scratch_words, params, failed, count):
+def _issue_many(driver, function, gemm, stream, words, at, own, waits, scratch_words, params, failed, count):
     for i in range(count):
         own[0] = i
-        if issue(driver, function, 1, 256, 0, stream, words, at, own, waits, 0, scratch_words, params,
-                 failed) != 0:
+        if issue(driver, function, 1, 256, 0, gemm, 0, stream, words, at, own, waits, 0, scratch_words,
+                 params, failed) != 0:
             return i
     return count
 
@@ -142,8 +142,8 @@ def test_issue_from_compiled_code(benchmark, no_op):
                              np.zeros(0, np.int64))
 
     def issue_all():
-        issued = _issue_many(driver.addresses, no_op[1], stream, words, at, own, waits, scratch.words,
-                             scratch.params, scratch.failed, ISSUES)
+        issued = _issue_many(driver.addresses, no_op[1], NO_WORK.gemm, stream, words, at, own, waits,
+                             scratch.words, scratch.params, scratch.failed, ISSUES)
         assert issued == ISSUES
         driver.call("cuEventRecord", done, stream)
         driver.call("cuEventSynchronize", done)
