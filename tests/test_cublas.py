@@ -7,12 +7,14 @@ CPU executor."""
 import ctypes
 
 import ml_dtypes
+import numba
 import numpy as np
 import pytest
 from pto_gpu.kernels.tiles import matmul, matmul_acc
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled, tiled_matmul_panels
 
 import pto_gpu as pto
+from pto_gpu import jit as pj
 from pto_gpu.backends import cublas, emulator
 from pto_gpu.backends.launches import TENSOR_WORDS
 
@@ -237,6 +239,50 @@ def test_panel_products_are_batched_cublas_calls():
     assert any(launch.gemm[0]["batch"] > 1 for launch in rt.backend._templates.values())
     bound = 2**-22 * (np.abs(a.astype(np.float64)) @ np.abs(b)) + 2**-40
     assert np.all(np.abs(rt.backend.to_host(device[2]) - want) <= bound)
+
+
+@numba.njit(cache=True)
+def _two_products(o, a1, b1, c1, a2, b2, c2, tile, matmul_id):
+    for a, b, c in ((a1, b1, c1), (a2, b2, c2)):
+        for i in range(0, pj.shape(c, 0), tile):
+            for j in range(0, pj.shape(c, 1), tile):
+                rows, columns = pj.narrow(a, 0, i, i + tile), pj.narrow(b, 1, j, j + tile)
+                out = pj.narrow(pj.narrow(c, 0, i, i + tile), 1, j, j + tile)
+                pj.submit(o, matmul_id, (pj.input(rows), pj.input(columns), pj.output(out)), ())
+
+
+def test_a_learnt_gemm_serves_only_tiles_of_its_leading_dims():
+    """Tiles of the same shapes in matrices of other widths (row strides 64 and 32): the GEMM
+    learnt from the first (keyed by shapes) must not run the second's, whose leading dims differ:
+    on the stream executor's native path they go the Python way, and both products are right."""
+    rng = np.random.default_rng(2)
+    a1, a2 = (rng.standard_normal((32, 48)).astype(np.float32) for _ in range(2))
+    b1, b2 = (rng.standard_normal((48, width)).astype(np.float32) for width in (64, 32))
+
+    def two(o, *arrays):
+        o.compiled(_two_products, *(o.external(x) for x in arrays), 16, matmul.id)
+
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream")
+    device = [rt.backend.to_device(m) for m in (a1, b1, np.zeros((32, 64), np.float32), a2, b2,
+                                                 np.zeros((32, 32), np.float32))]
+    result = rt.run(two, *device)
+    assert result.native_tasks == 7  # the first product's other tiles; none of the second's
+    for (a, b), c in (((a1, b1), device[2]), ((a2, b2), device[5])):
+        np.testing.assert_allclose(rt.backend.to_host(c), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_capture_whose_first_products_are_gemms_replays_them():
+    """A fresh runtime's first run is a capture: the cuBLAS handles are made before it begins."""
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 64)).astype(np.float32)
+    rt = pto.Runtime(backend="cuda-emulated")
+    device = [rt.backend.to_device(m) for m in (a, b, np.zeros((64, 64), np.float32))]
+    replay = rt.capture(tiled_matmul, *device, tile=32)
+    assert any(launch.gemm[0]["batch"] for launch in rt.backend._templates.values())
+    device[2][:] = 0
+    replay.replay()
+    bound = 2**-22 * (np.abs(a.astype(np.float64)) @ np.abs(b)) + 2**-40
+    assert np.all(np.abs(rt.backend.to_host(device[2]) - a.astype(np.float64) @ b) <= bound)
 
 
 @pytest.mark.parametrize("executor", ["serial", "stream"])

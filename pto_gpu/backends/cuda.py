@@ -369,9 +369,8 @@ class CudaBackend:
         self._enter()
         if self._origin is None:
             self._origin = self.device.stream()
-        if self._blas_handles is not None:  # a handle made while capturing would allocate in the capture
-            for stream in streams:
-                self._blas_handles.of(stream)
+        for stream in streams:  # a handle made while capturing would allocate in the capture
+            self._blas().of(stream)
         self._driver.call("cuStreamBeginCapture_v2", self._origin, CAPTURE_MODE_RELAXED)
         self._capturing = True
         fork = self.take_event()

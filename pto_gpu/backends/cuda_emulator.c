@@ -1087,7 +1087,8 @@ CUresult cuGetErrorName(CUresult error, const char **name) {
  * the handle's stream as a kernel launch of the emulator's own GEMM (so it is ordered, faults
  * and is counted as a launch is). Element types float, double, half and bfloat16; compute types
  * 32F, 64F and 32F_FAST_TF32 (inputs rounded to TF32 as the tensor cores' cvt.rna does). Sums
- * are in double, rounded once to C's type: within any GPU's rounding of the same product. */
+ * are in double, rounded to C's type (half and bfloat16 through float, as 32F compute rounds
+ * from float): within any GPU's rounding of the same product. */
 typedef struct blas *cublasHandle_t;
 struct blas {
     enum magic magic; /* BLAS, or DEAD once destroyed (handles are never freed) */

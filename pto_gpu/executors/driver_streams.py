@@ -415,6 +415,26 @@ def _word_count(args, slot):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _matrix_fits(words, param, ld):
+    """Whether tensor `param`'s words are a row-major matrix of leading dim `ld` (rows
+    contiguous; a one-row matrix any row step), as a GEMM record learnt for its shapes says."""
+    w = param * TENSOR_WORDS
+    rows, columns, row_step, column_step = words[w + 2], words[w + 3], words[w + 5], words[w + 6]
+    return (columns <= 1 or column_step == 1) and (rows <= 1 or row_step == ld)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _gemm_takes(gemm, words):
+    """Whether a learnt GEMM (keyed by shapes, not strides) is this task's: its tiles' leading
+    dims, and a panel batch's strides, are the record's (cuBLAS's A is our b, its B our a)."""
+    fits = _matrix_fits(words, 0, gemm.ldb) and _matrix_fits(words, 1, gemm.lda)
+    fits &= _matrix_fits(words, 2, gemm.ldc)
+    if gemm.batch > 1:
+        fits &= words[TENSOR_WORDS + 4] == gemm.stride_a and words[2 * TENSOR_WORDS + 4] == gemm.stride_c
+    return fits
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _same_key(a, b):
     for w in range(b[1]):  # the words in use
         if a[w] != b[w]:
@@ -516,6 +536,8 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
         n = 1
         if launch.grid != 0:
             _words(t, t.words, args, slot, launch)
+            if gemm.batch != 0 and not _gemm_takes(gemm, t.words):
+                return i  # learnt from tiles of these shapes but other strides: the Python way's
             if gemm.batch <= 1:  # a GEMM over panels is a batch already
                 n = _batch(t, tasks, args, log, i, logged, edges, launch)
         now = monotonic_ns()
@@ -551,7 +573,7 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
             t.ring[s.tail & (len(t.ring) - 1)] = log[i + f, 0]
             s.tail += 1
         s.native += n
-        s.launches += 1
+        s.launches += launch.grid != 0
         retire_reached(t, driver, header, tasks, buffers, deps, n)
         if s.failed_task >= 0:
             s.why = FAILED
