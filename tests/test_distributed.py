@@ -4,7 +4,11 @@ loopback transport). tests/test_mpi.py runs it on ranks."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from pto_gpu.distributed.holdings import Holdings
 from pto_gpu.distributed.inbox import Inbox
 from pto_gpu.distributed.ownership import element_owners
 from pto_gpu.distributed.transport import Posted, packed_bytes, unpack
+from pto_gpu.polling import TIMER_SLACK_NS, precise_sleeps
 from pto_gpu.tasks import Task
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
 from pto_gpu.trace import merge, rank_path
@@ -268,3 +273,22 @@ def test_a_receive_that_cannot_unpack_is_its_tasks_error_and_a_failed_run_gives_
     assert isinstance(raised.value.__cause__, ValueError)
     inbox.give_up()  # what the run left posted stays with the transport (MPI may still fill it)
     assert len(transport.given_up) == 1 and inbox.arrived() == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's (prctl)")
+def test_a_polling_thread_sleeps_with_a_microsecond_of_timer_slack():
+    """polling.precise_sleeps: the poll's short pauses end within 1 µs of when asked (Linux lets
+    a normal thread's sleeps run 50 µs late), on the calling thread only."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    get_timer_slack = 30  # PR_GET_TIMERSLACK
+    slack = {}
+
+    def poller():
+        precise_sleeps()
+        slack["poller"] = libc.prctl(get_timer_slack, 0, 0, 0, 0)
+
+    thread = threading.Thread(target=poller)
+    thread.start()
+    thread.join()
+    assert slack["poller"] == TIMER_SLACK_NS == 1_000
+    assert libc.prctl(get_timer_slack, 0, 0, 0, 0) != TIMER_SLACK_NS  # this thread's is its own

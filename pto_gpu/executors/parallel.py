@@ -39,7 +39,7 @@ from ..dtypes import WorkerType
 from ..errors import PTOError, TaskError
 from ..jit.context import ArgTables
 from ..kernel import Kernel, multi_class
-from ..polling import poll_pause
+from ..polling import poll_pause, precise_sleeps
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..tasks import RINGS, Scheduler, Task
@@ -546,6 +546,7 @@ class ParallelExecutor:
         as after a task."""
         queue = self._queues[worker]
         started = time.perf_counter()
+        precise_sleeps()
         try:
             while not (came := self._arrivals.arrived()):
                 if queue or self._stopping or not self._awaiting or (
