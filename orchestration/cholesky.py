@@ -11,9 +11,11 @@ import pto_gpu as pto
 
 
 def grid(ranks: int) -> tuple[int, int]:
-    """The most square P x Q process grid of `ranks`, P >= Q."""
+    """The most square P x Q process grid of `ranks`, P <= Q (ScaLAPACK's advice): on 2 ranks the
+    lower triangle's columns alternate, 60 / 57 ms of 2048²'s 256-tiles work, where alternating
+    rows gave 49 / 68 ms."""
     q = max(d for d in range(1, math.isqrt(ranks) + 1) if ranks % d == 0)
-    return ranks // q, q
+    return q, ranks // q
 
 
 def cholesky(o: pto.Orchestrator, a, tile: int = 256) -> None:

@@ -134,8 +134,8 @@ class Placement:
         owners = self._owners(tensor, owner).astype(np.int8)  # broadcasts to the tensor's shape
         if owners.size == 0 or (owners == owners.flat[0]).all():
             return Holdings(int(owners.flat[0]) if owners.size else 0, count, tensor.dtype, self.size)
-        by_rows = owners.size == len(owners)  # a distribution of rows: an entry per row
-        if by_rows and tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous():
+        whole_array = tensor.byte_offset == 0 and tensor.size == count and tensor.is_contiguous()
+        if whole_array and owners.size in (len(owners), count):  # an entry per row, or per element
             table = owners.ravel()  # the usual whole array: a row's owner covers its elements
         else:
             table = np.full(count, owners.flat[0], np.int8)
