@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import scale
 from pto_gpu.kernels.tiles import matmul
-from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_compiled
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 from tiny_tasks import TASKS as COMPILED_TASKS
 from tiny_tasks import generated, rows
@@ -292,13 +292,15 @@ def qkv_half(cupy, request):
             for _ in range(3)]
 
 
-def runtime_attention(benchmark, cupy, qkv, rounds: int, tolerance: float) -> None:
-    """Causal flash attention through the runtime in 128-row tiles; its first head against
-    float64 within `tolerance` of the output's scale."""
+def runtime_attention(benchmark, cupy, qkv, rounds: int, tolerance: float, orchestration=flash_attention,
+                      streams: int = 2) -> None:
+    """Causal flash attention through the runtime in 128-row tiles, on `streams` streams a worker
+    class; its first head against float64 within `tolerance` of the output's scale."""
     out = cupy.zeros_like(qkv[0])
     dim = qkv[0].shape[-1]
-    rt = pto.Runtime(backend="cuda", executor="stream", heap_bytes=1 << 30)
-    benchmark.pedantic(rt.run, (flash_attention, *qkv, out), {"tile": 128, "causal": True},
+    rt = pto.Runtime(backend="cuda", executor="stream", heap_bytes=1 << 30,
+                     workers={pto.CUBE: streams, pto.VECTOR: streams})
+    benchmark.pedantic(rt.run, (orchestration, *qkv, out), {"tile": 128, "causal": True},
                        rounds=rounds, warmup_rounds=1)
     q, k, v = (a[:1].astype(cupy.float64) for a in qkv)
     scores = q[0] @ k[0].T / math.sqrt(dim) + cupy.triu(cupy.full((SEQ, SEQ), -cupy.inf), 1)
@@ -337,6 +339,15 @@ def test_flash_attention_float16_runtime(benchmark, cupy, qkv_half):
 
 def test_flash_attention_float16_torch_sdpa(benchmark, qkv_half):
     sdpa(benchmark, qkv_half)
+
+
+@pytest.mark.parametrize("streams", [2, 6])
+def test_flash_attention_float16_compiled(benchmark, cupy, qkv_half, streams):
+    """The same from the program's compiled orchestration (tasks issued natively), on 2 and 6
+    streams a class (the executor takes 16 in all): how much more of the GPU the chains of 32
+    query tiles take with more streams."""
+    runtime_attention(benchmark, cupy, qkv_half, rounds=3, tolerance=1e-2,
+                      orchestration=flash_attention_compiled, streams=streams)
 
 
 # --- a user's kernel in column blocks -------------------------------------------------------------
