@@ -114,6 +114,59 @@ def test_tasks_of_one_instance_whose_tiles_advance_by_one_stride_go_out_as_one_l
     assert result.native_launches == 6  # [0..7], [9, 11, 13], add, [0, 1, 2], [8], [8]
 
 
+def rows_in_order_python(o, x, y, order, compiled_tail: bool = False):
+    """rows_in_order's graph from Python submits; with `compiled_tail`, then rows 0..3 again from a
+    compiled orchestration (which must see the held submits issued before its own tasks)."""
+    X, Y = o.external(x), o.external(y)
+    for r in order:
+        if r < 0:
+            o.submit(add, pto.input(X[0:1]), pto.input(X[0:1]), pto.output(X[0:1]))
+        else:
+            o.submit(scale, pto.input(X[r:r + 1]), pto.output(Y[r:r + 1]), 2.0)
+    if compiled_tail:
+        o.compiled(_rows_in_order, X, Y, np.arange(4, dtype=np.int64), scale.id, add.id)
+
+
+@pytest.mark.parametrize("compiled_tail", [False, True], ids=["python", "then_compiled"])
+def test_python_submits_of_one_instance_go_out_as_one_launch_too(compiled_tail):
+    """The same batches from Python submits, held until a submit that does not join them (or a
+    compiled orchestration's flush, or the run's end) sends them: equal to the serial CPU
+    executor, in the launches the compiled path makes."""
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream", task_window=256)
+    x0 = np.arange(16 * 16, dtype=np.float32).reshape(16, 16)
+    order = [0, 1, 2, 3, 4, 5, 6, 7, 9, 11, 13, -1, 0, 1, 2, 8, 8]
+    x, y = rt.backend.to_device(x0), rt.backend.to_device(np.zeros_like(x0))
+    result = rt.run(rows_in_order_python, x, y, order, compiled_tail)
+    want_x, want_y = _serial(rows_in_order_python, x0, np.zeros_like(x0), order=order,
+                             compiled_tail=compiled_tail)
+    np.testing.assert_array_equal(rt.backend.to_host(x), want_x)
+    np.testing.assert_array_equal(rt.backend.to_host(y), want_y)
+    assert result.native_launches == 6 + 2 * compiled_tail  # the tail: a learning launch, then 3 rows
+
+
+def test_held_python_submits_go_out_when_the_ring_is_full_and_when_a_run_fails():
+    """A task window of 16 and 100 tasks that all join one batch: back-pressure sends the held
+    ones rather than waiting for them forever; an orchestration that raises leaves nothing held
+    for the next run."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=16)
+    x = rt.backend.to_device(np.arange(100 * 16, dtype=np.float32).reshape(100, 16))
+    y = rt.backend.to_device(np.zeros((100, 16), np.float32))
+    result = rt.run(rows_in_order_python, x, y, list(range(100)))
+    np.testing.assert_array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
+    assert 1 < result.native_launches < 100
+
+    def fails(o, x, y):
+        rows_in_order_python(o, x, y, [0, 1, 2])
+        raise ValueError("the orchestration's own error")
+
+    with pytest.raises(ValueError, match="the orchestration's own error"):
+        rt.run(fails, x, y)
+    y[:] = 0
+    rt.run(rows_in_order_python, x, y, [5, 6])
+    np.testing.assert_array_equal(rt.backend.to_host(y)[5:7], 2 * rt.backend.to_host(x)[5:7])
+    assert not rt.backend.to_host(y)[:5].any()
+
+
 @numba.njit(cache=True)
 def _products(o, a, b, c, tile, matmul_id):
     """c's tiles in row-major order, each one product over all of k (a batch of GEMMs per row)."""

@@ -26,6 +26,7 @@ per backend, for its later runs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from typing import NamedTuple, NoReturn
@@ -61,12 +62,14 @@ from ..errors import DeadlockError, InvariantError, TaskError, UsageError
 from ..jit.context import LOG_CAPACITY, MAX_SCALARS, S_INT, ArgTables
 from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
 from ..kernel import registered
+from ..params import ParamKind
 from ..profile import Profile
 from ..tasks import RINGS, Scheduler, Task
 from .instance_keys import ANY_SCALARS, INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key
 
 CLASSES = len(WorkerType)
 _NOTED = np.zeros(0, np.int64)  # producers already in the pending table
+_NO_STEPS = np.zeros(0, np.int64)  # a task issued alone
 _NO_EDGES = np.zeros((0, 2), np.int64)
 MAX_STREAMS = 16
 EVENT_BATCH = 64  # events taken from the backend at a time (at most a task window's)
@@ -124,6 +127,20 @@ LAUNCHES = np.dtype([  # per instance table slot: its launch
 ], align=True)
 
 
+@dataclasses.dataclass
+class _Held:
+    """Python submits of one instance held to go out as one launch (`DriverStreamExecutor._hold`)."""
+
+    launch: Template
+    kernel: int
+    worker: int
+    own: np.ndarray  # the first task's own words (the launch's are its, with the batch's steps)
+    pointer_slots: list[int]  # which of the own words are tensors' pointers
+    last: list[int]  # the last task's pointers
+    steps: list[int] | None  # bytes from one task's pointers to the next (None: one task)
+    ids: list[int]
+
+
 class LearntLaunches(NamedTuple):
     """A backend's learnt launches, by instance key (instance_keys.py)."""
 
@@ -166,6 +183,7 @@ class Tables(NamedTuple):
     words: np.ndarray  # a launch's argument words
     other_words: np.ndarray  # another task's, to compare
     strides: np.ndarray  # per tensor param: its pointer's step from task to task in a batch, bytes
+    tensors: np.ndarray  # per tensor param: its pointer's word, its itemsize (`_send`)
     gemm: np.ndarray  # one GEMM_CALL: the call being made
     params: np.ndarray  # kernelParams: the words' addresses
     double: np.ndarray  # one float64, and `bits` its int64 view: a scalar's double word
@@ -353,30 +371,27 @@ def retire_reached(t, driver, header, tasks, buffers, deps, limit):
 
 
 @njit(cache=True, _nrt=False)
-def issue_prepared(t, driver, header, tasks, buffers, deps, task_id, kernel, worker, producers, noted,
-                   function, grid, block, shared, gemm, template_words, task_at, own):
-    """Issue a task whose launch the backend prepared (CudaBackend.prepare: its template's words,
-    its own at `task_at`), behind its producers (`noted`: already in the pending table), and
-    retire what is reached: one call from Python. -1 when no event is free (call again); else
-    the first CUresult that is not 0 (state.failed_*), or 0."""
+def issue_prepared(t, driver, header, tasks, buffers, deps, ids, kernel, worker, producers, noted, function,
+                   grid, block, shared, gemm, template_words, task_at, own, steps, tensors):
+    """Issue Python submits whose launch the backend prepared (CudaBackend.prepare: the
+    template's words, the leader's own at `task_at`): one task, behind `producers` (`noted`:
+    already in the pending table), or a batch of one instance whose producers are noted, its
+    tensors' pointers `steps` bytes apart from task to task (`_send`); and retire what is
+    reached: one call from Python. -1 when no event is free (call again); else the first status
+    that is not 0 (state.failed_*), or 0."""
     if not noted:
-        note_producers(t, task_id, producers)
-    status = _begin(t, driver, task_id, kernel, worker, monotonic_ns())
-    if status != 0:
-        return status
+        note_producers(t, ids[0], producers)
     if grid != 0:
         for i in range(len(template_words)):
             t.words[i] = template_words[i]
         for i in range(len(task_at)):
             t.words[task_at[i]] = own[i]
-        stream = t.slots[task_id & (len(t.slots) - 1)].stream
-        status = start(driver, t.blas[stream], function, grid, block, shared, gemm[0], t.handles[stream],
-                       t.words, t.params)
-        if status != 0:
-            return _fail(t, task_id, status, GEMM if gemm[0].batch != 0 else LAUNCH)
-    status = _record(t, driver, task_id)
+        for p in range(len(steps)):
+            t.strides[p] = steps[p]
+    t.gemm[0] = gemm[0]  # a copy: a batch sets its count and strides
+    status = _send(t, driver, ids, kernel, worker, function, grid, block, shared, t.gemm[0], tensors)
     if status == 0:
-        retire_reached(t, driver, header, tasks, buffers, deps, 1)
+        retire_reached(t, driver, header, tasks, buffers, deps, len(ids))
     return status
 
 
@@ -498,12 +513,49 @@ def _batch(t, tasks, args, log, first, logged, edges, launch):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _batched_words(t, args, slot, n):
-    """t.words as one launch of n tasks: each tensor's leading dim n, its stride the batch's."""
-    for p in range(args.count[slot, 0]):
-        w = p * TENSOR_WORDS
-        t.words[w + 1] = n
-        t.words[w + 4] = t.strides[p] // args.desc[slot, p, D_ITEMSIZE]
+def _send(t, driver, ids, kernel, worker, function, grid, block, shared, gemm, tensors):
+    """Issue the tasks `ids` (their producers noted; ids[0] the leader, whose argument words are
+    in t.words) as one launch of `function`, or one call of the GEMM `gemm`: with several, each
+    tensor's leading dim is their count and its stride t.strides (bytes from one task's pointer
+    to the next; `tensors` rows: each tensor's pointer word and itemsize), the grid times the
+    count. The followers run on the leader's stream and retire on its event. -1 when no event
+    is free (nothing taken); else the first status that is not 0 (state.failed_*), or 0."""
+    s = t.state[0]
+    n = len(ids)
+    leader = ids[0]
+    now = monotonic_ns()
+    status = _begin(t, driver, leader, kernel, worker, now)
+    if status != 0:
+        return status
+    slot = t.slots[leader & (len(t.slots) - 1)]
+    for f in range(1, n):
+        status = _join(t, driver, ids[f], kernel, slot.stream, slot.event, now)
+        if status != 0:
+            return status
+    if grid != 0:
+        if n > 1:
+            for p in range(len(tensors)):
+                t.words[tensors[p, 0] + 1] = n
+                t.words[tensors[p, 0] + 4] = t.strides[p] // tensors[p, 1]
+            grid = min(MAX_BLOCKS, grid * n)
+            if gemm.batch != 0:  # cuBLAS's A is our b, its B our a
+                gemm.batch = n
+                gemm.stride_a = t.strides[1] // tensors[1, 1]
+                gemm.stride_b = t.strides[0] // tensors[0, 1]
+                gemm.stride_c = t.strides[2] // tensors[2, 1]
+        stream = slot.stream
+        status = start(driver, t.blas[stream], function, grid, block, shared, gemm, t.handles[stream],
+                       t.words, t.params)
+        if status != 0:
+            return _fail(t, leader, status, GEMM if gemm.batch != 0 else LAUNCH)
+        s.launches += 1
+    status = _record(t, driver, leader)
+    if status != 0:
+        return status
+    for f in range(1, n):  # in flight behind the leader, on its event
+        t.ring[s.tail & (len(t.ring) - 1)] = ids[f]
+        s.tail += 1
+    return 0
 
 
 @njit(cache=True, _nrt=False, nogil=True)
@@ -540,40 +592,18 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
                 return i  # learnt from tiles of these shapes but other strides: the Python way's
             if gemm.batch <= 1:  # a GEMM over panels is a batch already
                 n = _batch(t, tasks, args, log, i, logged, edges, launch)
-        now = monotonic_ns()
-        status = _begin(t, driver, task_id, kernel, tasks[slot].worker, now)
-        if status < 0:
+        if s.free == 0:  # before the followers' edges are noted: a retry forms the batch again
             s.why = NEEDS_EVENTS
             return i
-        if status != 0:
+        _note_edges(t, edges, log[i + n - 1, 0])
+        tensors = args.count[slot, 0]
+        for p in range(tensors):
+            t.tensors[p, 0] = p * TENSOR_WORDS
+            t.tensors[p, 1] = args.desc[slot, p, D_ITEMSIZE]
+        if _send(t, driver, log[i:i + n, 0], kernel, tasks[slot].worker, launch.function, launch.grid,
+                 launch.block, launch.shared, gemm, t.tensors[:tensors]) != 0:
             return i
-        leader = t.slots[slot]
-        for f in range(1, n):
-            _note_edges(t, edges, log[i + f, 0])
-            if _join(t, driver, log[i + f, 0], kernel, leader.stream, leader.event, now) != 0:
-                return i
-        if launch.grid != 0:
-            grid = launch.grid
-            if n > 1:
-                _batched_words(t, args, slot, n)
-                grid = min(MAX_BLOCKS, grid * n)
-                if gemm.batch != 0:  # cuBLAS's A is our b, its B our a
-                    gemm.batch = n
-                    gemm.stride_a = t.strides[1] // args.desc[slot, 1, D_ITEMSIZE]
-                    gemm.stride_b = t.strides[0] // args.desc[slot, 0, D_ITEMSIZE]
-                    gemm.stride_c = t.strides[2] // args.desc[slot, 2, D_ITEMSIZE]
-            status = start(driver, t.blas[leader.stream], launch.function, grid, launch.block, launch.shared,
-                           gemm, t.handles[leader.stream], t.words, t.params)
-            if status != 0:
-                _fail(t, task_id, status, GEMM if gemm.batch != 0 else LAUNCH)
-                return i
-        if _record(t, driver, task_id) != 0:
-            return i
-        for f in range(1, n):  # in flight behind the leader, on its event
-            t.ring[s.tail & (len(t.ring) - 1)] = log[i + f, 0]
-            s.tail += 1
         s.native += n
-        s.launches += launch.grid != 0
         retire_reached(t, driver, header, tasks, buffers, deps, n)
         if s.failed_task >= 0:
             s.why = FAILED
@@ -703,6 +733,7 @@ class DriverStreamExecutor:
             launches=instances.launches, gemms=instances.gemms, key=np.zeros(KEY_WIDTH, np.int64),
             other_key=np.zeros(KEY_WIDTH, np.int64), words=scratch.words,
             other_words=np.zeros_like(scratch.words), strides=np.zeros(MAX_PARAMS, np.int64),
+            tensors=np.zeros((MAX_PARAMS, 2), np.int64),
             gemm=np.zeros(1, GEMM_CALL), params=scratch.params, double=double, bits=double.view(np.int64),
             ready=scheduler.ready_scratch())
         if instances.gemms["batch"].any():  # the native path may meet a GEMM learnt in an earlier run
@@ -717,8 +748,11 @@ class DriverStreamExecutor:
         # the tables' arrays at every call (2.3 us), the entry only unboxes them (0.2 us).
         words = np.zeros(1, np.int64)
         self._issue_prepared = compiled_entry(
-            issue_prepared, self._t, self._addresses, *self._core, 0, 0, 0, _NOTED, True, 0, 0, 0, 0,
-            NO_WORK.gemm, words, words, words)
+            issue_prepared, self._t, self._addresses, *self._core, words, 0, 0, _NOTED, True, 0, 0, 0, 0,
+            NO_WORK.gemm, words, words, words, words, NO_WORK.tensors)
+        self._note_producers = compiled_entry(note_producers, self._t, 0, words)
+        self._one = np.zeros(1, np.int64)  # a task issued alone: its id
+        self._held: _Held | None = None  # Python submits held to go out as one launch
 
     def _kernel_info(self, kernels: list) -> np.ndarray:
         """The kernels whose logged tasks issue here: those with CUDA code that is not a
@@ -762,6 +796,7 @@ class DriverStreamExecutor:
         """Issue a flushed log's tasks, in order; none is left for the session to submit. At
         the first task of an instance not learnt yet, the log's other new instances start
         compiling too, side by side, before it is issued."""
+        self._release_held()  # submitted before the log's tasks: issued before them
         t = self._t
         i = 0
         prefetched = False
@@ -786,9 +821,14 @@ class DriverStreamExecutor:
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
-        self._issue(task, np.ascontiguousarray(producers, np.int64))  # the type _issue_prepared takes
+        producers = np.ascontiguousarray(producers, np.int64)  # the type issue_prepared takes
+        prepared = self._prepare(task)
+        if prepared is None or not self._hold(task, prepared, producers):
+            self._release_held()
+            self._issue(task, producers, prepared)
 
     def make_room(self, status: int, unfreed) -> None:
+        self._release_held()
         state = self._t.state[0]
         if state["head"] == state["tail"]:
             raise self._scheduler.deadlock(status, unfreed())
@@ -801,6 +841,7 @@ class DriverStreamExecutor:
         self._profile.stalled(RINGS[status].key, time.perf_counter() - started)
 
     def finish(self) -> None:
+        self._release_held()
         state = self._t.state[0]
         while state["head"] != state["tail"]:
             self._wait_for_oldest()
@@ -809,6 +850,7 @@ class DriverStreamExecutor:
 
     def abort(self) -> None:
         """Leave nothing enqueued: the next run's buffers may take this run's heap space."""
+        self._held = None  # never issued
         t = self._t
         state = t.state[0]
         for position in range(int(state["head"]), int(state["tail"])):
@@ -824,29 +866,78 @@ class DriverStreamExecutor:
         self._scheduler.release_records()
 
     # --- helpers -------------------------------------------------------------------------
-    def _issue(self, task: Task, producers: np.ndarray) -> Template | None:
-        """Issue a task the Python way (its launch prepared by the backend), behind `producers`
-        (_NOTED: those in the pending table); the instance's launch, None where a library call
-        ran."""
-        t = self._t
+    def _prepare(self, task: Task) -> tuple[Template, np.ndarray] | None:
+        """The task's launch and own words (the backend's `prepare`), None for a library call."""
         try:
-            prepared = self._backend.prepare(task)
+            return self._backend.prepare(task)
         except Exception as cause:  # a compile error, or a new instance's module load under a fault
+            self._release_held()
             self._fail(task, cause)
+
+    def _issue(self, task: Task, producers: np.ndarray, prepared=False) -> Template | None:
+        """Issue a task the Python way (its launch prepared by the backend, or `prepared`), behind
+        `producers` (_NOTED: those in the pending table); the instance's launch, None where a
+        library call ran."""
+        if prepared is False:
+            prepared = self._prepare(task)
         if prepared is None:
             self._run_library(task, producers)
             return None
         launch, own = prepared
+        self._one[0] = task.id
+        self._send_prepared(launch, self._one, task.kernel.id, int(task.worker), producers, own, _NO_STEPS)
+        return launch
+
+    def _send_prepared(self, launch: Template, ids: np.ndarray, kernel: int, worker: int,
+                       producers: np.ndarray, own: np.ndarray, steps: np.ndarray) -> None:
+        t = self._t
         if launch.gemm[0]["batch"] and not t.blas[0]:
             self._take_blas_handles()
-        while (status := self._issue_prepared(t, self._addresses, *self._core, task.id, task.kernel.id,
-                                              int(task.worker), producers, producers is _NOTED,
-                                              launch.function, launch.grid, launch.block, launch.shared,
-                                              launch.gemm, launch.words, launch.task_words, own)) < 0:
+        while (status := self._issue_prepared(t, self._addresses, *self._core, ids, kernel, worker, producers,
+                                              producers is _NOTED, launch.function, launch.grid, launch.block,
+                                              launch.shared, launch.gemm, launch.words, launch.task_words,
+                                              own, steps, launch.tensors)) < 0:
             self._more_events()
         if status != 0 or t.state[0]["failed_task"] >= 0:
             self._raise_failure()
-        return launch
+
+    def _hold(self, task: Task, prepared: tuple[Template, np.ndarray], producers: np.ndarray) -> bool:
+        """Hold a Python submit to go out with the next ones of its instance as one launch (as
+        `_batch` forms a compiled orchestration's): it joins the held batch when it depends on
+        none of it, its scalars are the first's and its tensors' pointers advance by the batch's
+        steps; else, where its kernel batches, it starts a new one. False: it goes alone."""
+        launch, own = prepared
+        held = self._held
+        if held is not None and held.launch is launch and len(held.ids) < BATCH_LIMIT and (
+                not producers.size or max(producers.tolist()) < held.ids[0]):
+            pointers = [int(own[slot]) for slot in held.pointer_slots]
+            steps = [new - old for new, old in zip(pointers, held.last)]
+            if (steps == held.steps if held.steps is not None else
+                    all(step % itemsize == 0 for step, itemsize in zip(steps, launch.tensors[:, 1]))) and \
+                    all(own[slot] == held.own[slot] for slot in launch.scalar_slots):
+                self._note_producers(self._t, task.id, producers)
+                held.ids.append(task.id)
+                held.last, held.steps = pointers, steps
+                return True
+        kernel = task.kernel.id
+        if launch.grid == 0 or launch.gemm[0]["batch"] > 1 or kernel >= len(self._t.kernel_info) or \
+                not self._t.kernel_info[kernel]["batches"] or \
+                any(p.kind != ParamKind.SCALAR and len(p.value.shape) > 2 for p in task.params):
+            return False
+        self._release_held()
+        self._note_producers(self._t, task.id, producers)
+        tensor_slots = [slot for slot in range(len(own)) if slot not in launch.scalar_slots]
+        self._held = _Held(launch, kernel, int(task.worker), own, tensor_slots,
+                           [int(own[slot]) for slot in tensor_slots], None, [task.id])
+        return True
+
+    def _release_held(self) -> None:
+        """Issue the held Python submits, as one launch."""
+        held, self._held = self._held, None
+        if held is not None:
+            steps = np.array(held.steps or [0] * len(held.pointer_slots), np.int64)
+            self._send_prepared(held.launch, np.array(held.ids, np.int64), held.kernel, held.worker, _NOTED,
+                                held.own, steps)
 
     def _take_blas_handles(self) -> None:
         """Each stream's cuBLAS handle, before the first GEMM issued here."""
