@@ -54,8 +54,8 @@ class RunResult:
     prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
     ranks: Ranks | None = None  # a distributed run's: this rank's tasks and bytes
     native_tasks: int = 0  # run by native workers, without the GIL (executors/native.py)
-    # the launches (and cuBLAS calls) the stream executor on a CUDA driver made for native tasks:
-    # fewer than they where tasks of one instance went out as one (executors/driver_streams.py)
+    # the launches (and cuBLAS calls) the stream executor on a CUDA driver made: fewer than its
+    # tasks where tasks of one instance went out as one (executors/driver_streams.py)
     native_launches: int = 0
 
     @property

@@ -15,7 +15,11 @@ trace, measure or validate (those keep a record of every task):
   - tasks retire in submission order as their events are reached: polled after each issue,
     waited on when a ring is full, and when the orchestration has ended;
   - an event is recorded again only once its task has retired and no wait issued on it is
-    still ahead of its stream.
+    still ahead of its stream;
+  - consecutive independent tasks of one instance whose tensors' pointers advance by constant
+    steps go out as one launch over a batch (their tensors' leading dim), on one stream, and
+    retire together on its one event (`_batch`, `_hold`, `_send`): compiled tasks as a flush
+    brings them, Python submits held until a submit that does not join them.
 
 State is plain arrays (`Tables`) that only the orchestrator's thread changes, so there is no
 lock: producers reach a task through the pending table (from the compiled edge log, or a
@@ -78,6 +82,7 @@ EVENT_BATCH = 64  # events taken from the backend at a time (at most a task wind
 NEEDS_PYTHON, NEEDS_EVENTS, FAILED = 1, 2, 3
 # Logged tasks of one instance one launch may take (`_batch`): a flush's worth (jit/host.py).
 BATCH_LIMIT = LOG_CAPACITY
+PROBE = 32  # of an instance whose Python submits go alone, every PROBE-th is held again (_hold)
 PREFETCH = 64  # new instances a flushed log starts compiling at once (CudaBackend.prefetch)
 
 STATE = np.dtype([
@@ -128,17 +133,31 @@ LAUNCHES = np.dtype([  # per instance table slot: its launch
 
 
 @dataclasses.dataclass
+class _BatchShape:
+    """How Python submits of one instance compare for a batch (`DriverStreamExecutor._hold`),
+    and how its last batches went."""
+
+    pointer_slots: tuple[int, ...]  # which of a task's own words are its tensors' pointers
+    scalar_slots: tuple[int, ...]  # and its scalars
+    itemsizes: tuple[int, ...]  # per tensor
+    alone: int = 0  # batches in a row that no task joined
+    skipped: int = 0  # tasks not held since
+
+
+@dataclasses.dataclass
 class _Held:
     """Python submits of one instance held to go out as one launch (`DriverStreamExecutor._hold`)."""
 
     launch: Template
+    shape: _BatchShape
     kernel: int
     worker: int
     own: np.ndarray  # the first task's own words (the launch's are its, with the batch's steps)
-    pointer_slots: list[int]  # which of the own words are tensors' pointers
+    words: list[int]  # the same, as ints
     last: list[int]  # the last task's pointers
     steps: list[int] | None  # bytes from one task's pointers to the next (None: one task)
     ids: list[int]
+    producers: list[np.ndarray]  # each task's, noted as the batch goes out
 
 
 class LearntLaunches(NamedTuple):
@@ -371,16 +390,19 @@ def retire_reached(t, driver, header, tasks, buffers, deps, limit):
 
 
 @njit(cache=True, _nrt=False)
-def issue_prepared(t, driver, header, tasks, buffers, deps, ids, kernel, worker, producers, noted, function,
+def issue_prepared(t, driver, header, tasks, buffers, deps, ids, kernel, worker, producers, counts, function,
                    grid, block, shared, gemm, template_words, task_at, own, steps, tensors):
     """Issue Python submits whose launch the backend prepared (CudaBackend.prepare: the
-    template's words, the leader's own at `task_at`): one task, behind `producers` (`noted`:
-    already in the pending table), or a batch of one instance whose producers are noted, its
-    tensors' pointers `steps` bytes apart from task to task (`_send`); and retire what is
-    reached: one call from Python. -1 when no event is free (call again); else the first status
-    that is not 0 (state.failed_*), or 0."""
-    if not noted:
-        note_producers(t, ids[0], producers)
+    template's words, the leader's own at `task_at`): one task, or a batch of one instance whose
+    tensors' pointers are `steps` bytes apart from task to task (`_send`), behind their
+    producers (task f's the next counts[f] of `producers`; -1: already in the pending table);
+    and retire what is reached: one call from Python. -1 when no event is free (call again);
+    else the first status that is not 0 (state.failed_*), or 0."""
+    first = 0
+    for f in range(len(ids)):
+        if counts[f] >= 0:
+            note_producers(t, ids[f], producers[first:first + counts[f]])
+            first += counts[f]
     if grid != 0:
         for i in range(len(template_words)):
             t.words[i] = template_words[i]
@@ -748,11 +770,13 @@ class DriverStreamExecutor:
         # the tables' arrays at every call (2.3 us), the entry only unboxes them (0.2 us).
         words = np.zeros(1, np.int64)
         self._issue_prepared = compiled_entry(
-            issue_prepared, self._t, self._addresses, *self._core, words, 0, 0, _NOTED, True, 0, 0, 0, 0,
+            issue_prepared, self._t, self._addresses, *self._core, words, 0, 0, words, words, 0, 0, 0, 0,
             NO_WORK.gemm, words, words, words, words, NO_WORK.tensors)
-        self._note_producers = compiled_entry(note_producers, self._t, 0, words)
         self._one = np.zeros(1, np.int64)  # a task issued alone: its id
+        self._count = np.zeros(1, np.int64)  # and its producers' count
         self._held: _Held | None = None  # Python submits held to go out as one launch
+        self._batch_shapes: dict[int, tuple[Template, _BatchShape | None]] = {}  # by id(launch)
+        self._released = False  # held submits were issued since make_room last looked
 
     def _kernel_info(self, kernels: list) -> np.ndarray:
         """The kernels whose logged tasks issue here: those with CUDA code that is not a
@@ -779,7 +803,8 @@ class DriverStreamExecutor:
 
     @property
     def native_launches(self) -> int:
-        """The launches (and cuBLAS calls) those went out in: fewer where tasks were batched."""
+        """The launches (and cuBLAS calls) made, Python submits' and compiled tasks': fewer than
+        the tasks where tasks were batched."""
         return int(self._t.state[0]["launches"])
 
     # --- compiled sessions (jit/host.py) ------------------------------------------------
@@ -829,8 +854,11 @@ class DriverStreamExecutor:
 
     def make_room(self, status: int, unfreed) -> None:
         self._release_held()
+        released, self._released = self._released, False
         state = self._t.state[0]
         if state["head"] == state["tail"]:
+            if released:  # held submits went out (here, or at a compiled flush) and have retired
+                return
             raise self._scheduler.deadlock(status, unfreed())
         # Wait for a batch of the oldest tasks, not one (streams.py's make_room says why).
         started = time.perf_counter()
@@ -849,8 +877,13 @@ class DriverStreamExecutor:
         self._report()
 
     def abort(self) -> None:
-        """Leave nothing enqueued: the next run's buffers may take this run's heap space."""
-        self._held = None  # never issued
+        """Run what was submitted (held submits too: the tasks submitted before a raise run, as on
+        every executor), leaving nothing enqueued: the next run's buffers may take this run's
+        heap space."""
+        try:
+            self._release_held()
+        except Exception:  # the error being raised is the one to report
+            self._held = None
         t = self._t
         state = t.state[0]
         for position in range(int(state["head"]), int(state["tail"])):
@@ -885,16 +918,18 @@ class DriverStreamExecutor:
             return None
         launch, own = prepared
         self._one[0] = task.id
-        self._send_prepared(launch, self._one, task.kernel.id, int(task.worker), producers, own, _NO_STEPS)
+        self._count[0] = -1 if producers is _NOTED else len(producers)
+        self._send_prepared(launch, self._one, task.kernel.id, int(task.worker), producers, self._count, own,
+                            _NO_STEPS)
         return launch
 
     def _send_prepared(self, launch: Template, ids: np.ndarray, kernel: int, worker: int,
-                       producers: np.ndarray, own: np.ndarray, steps: np.ndarray) -> None:
+                       producers: np.ndarray, counts: np.ndarray, own: np.ndarray, steps: np.ndarray) -> None:
         t = self._t
         if launch.gemm[0]["batch"] and not t.blas[0]:
             self._take_blas_handles()
         while (status := self._issue_prepared(t, self._addresses, *self._core, ids, kernel, worker, producers,
-                                              producers is _NOTED, launch.function, launch.grid, launch.block,
+                                              counts, launch.function, launch.grid, launch.block,
                                               launch.shared, launch.gemm, launch.words, launch.task_words,
                                               own, steps, launch.tensors)) < 0:
             self._more_events()
@@ -905,39 +940,66 @@ class DriverStreamExecutor:
         """Hold a Python submit to go out with the next ones of its instance as one launch (as
         `_batch` forms a compiled orchestration's): it joins the held batch when it depends on
         none of it, its scalars are the first's and its tensors' pointers advance by the batch's
-        steps; else, where its kernel batches, it starts a new one. False: it goes alone."""
+        steps; else, where its instance batches, it starts a new one. False: it goes alone."""
         launch, own = prepared
+        shape = self._batch_shape(launch, task)
+        if shape is None:
+            return False
         held = self._held
-        if held is not None and held.launch is launch and len(held.ids) < BATCH_LIMIT and (
-                not producers.size or max(producers.tolist()) < held.ids[0]):
-            pointers = [int(own[slot]) for slot in held.pointer_slots]
+        joinable = held is not None and held.launch is launch and len(held.ids) < BATCH_LIMIT and (
+            not producers.size or max(producers.tolist()) < held.ids[0])
+        if not joinable and shape.alone > 2:  # its last batches went alone (a chain; scalars that
+            shape.skipped += 1  # differ): it goes as submitted, but for every PROBE-th task
+            if shape.skipped % PROBE:
+                return False
+        words = own.tolist()
+        pointers = [words[slot] for slot in shape.pointer_slots]
+        if joinable:
             steps = [new - old for new, old in zip(pointers, held.last)]
             if (steps == held.steps if held.steps is not None else
-                    all(step % itemsize == 0 for step, itemsize in zip(steps, launch.tensors[:, 1]))) and \
-                    all(own[slot] == held.own[slot] for slot in launch.scalar_slots):
-                self._note_producers(self._t, task.id, producers)
+                    all(step % size == 0 for step, size in zip(steps, shape.itemsizes))) and \
+                    all(words[slot] == held.words[slot] for slot in shape.scalar_slots):
                 held.ids.append(task.id)
+                held.producers.append(producers.copy())  # a view of the core's scratch
                 held.last, held.steps = pointers, steps
                 return True
-        kernel = task.kernel.id
-        if launch.grid == 0 or launch.gemm[0]["batch"] > 1 or kernel >= len(self._t.kernel_info) or \
-                not self._t.kernel_info[kernel]["batches"] or \
-                any(p.kind != ParamKind.SCALAR and len(p.value.shape) > 2 for p in task.params):
-            return False
+            if shape.alone > 2:
+                return False
         self._release_held()
-        self._note_producers(self._t, task.id, producers)
-        tensor_slots = [slot for slot in range(len(own)) if slot not in launch.scalar_slots]
-        self._held = _Held(launch, kernel, int(task.worker), own, tensor_slots,
-                           [int(own[slot]) for slot in tensor_slots], None, [task.id])
+        self._held = _Held(launch, shape, task.kernel.id, int(task.worker), own, words, pointers, None,
+                           [task.id], [producers.copy()])
         return True
 
-    def _release_held(self) -> None:
-        """Issue the held Python submits, as one launch."""
+    def _batch_shape(self, launch: Template, task: Task) -> _BatchShape | None:
+        """How tasks of `launch`'s instance compare for a batch (made at its first task here), or
+        None where they go alone: no work, a GEMM over panels, a kernel that does not batch,
+        a tensor of three dims."""
+        known = self._batch_shapes.get(id(launch))
+        if known is not None and known[0] is launch:
+            return known[1]
+        kernel = task.kernel.id
+        shape = None
+        if launch.grid != 0 and launch.gemm[0]["batch"] <= 1 and kernel < len(self._t.kernel_info) and \
+                self._t.kernel_info[kernel]["batches"] and \
+                all(p.kind == ParamKind.SCALAR or len(p.value.shape) <= 2 for p in task.params):
+            scalars = launch.scalar_slots
+            shape = _BatchShape(tuple(slot for slot in range(len(launch.task_words)) if slot not in scalars),
+                                scalars, tuple(int(size) for size in launch.tensors[:, 1]))
+        self._batch_shapes[id(launch)] = (launch, shape)
+        return shape
+
+    def _release_held(self) -> bool:
+        """Issue the held Python submits, as one launch; whether there were any."""
         held, self._held = self._held, None
-        if held is not None:
-            steps = np.array(held.steps or [0] * len(held.pointer_slots), np.int64)
-            self._send_prepared(held.launch, np.array(held.ids, np.int64), held.kernel, held.worker, _NOTED,
-                                held.own, steps)
+        if held is None:
+            return False
+        steps = np.array(held.steps or [0] * len(held.shape.pointer_slots), np.int64)
+        held.shape.alone = held.shape.alone + 1 if len(held.ids) == 1 else 0
+        counts = np.array([len(producers) for producers in held.producers], np.int64)
+        self._released = True
+        self._send_prepared(held.launch, np.array(held.ids, np.int64), held.kernel, held.worker,
+                            np.concatenate(held.producers), counts, held.own, steps)
+        return True
 
     def _take_blas_handles(self) -> None:
         """Each stream's cuBLAS handle, before the first GEMM issued here."""
