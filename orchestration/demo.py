@@ -5,7 +5,10 @@ without the GIL, on a GPU the stream executor issues them from numba. Each line 
 run with numpy's one call on this machine: "ratio" is pto-gpu's time over numpy's (below 1:
 faster than numpy). The matmul runs twice: the plain tiled matmul (a tile product is a BLAS
 call on a strided view of B) and the panel matmul (B packed into panels first, so every tile
-product reads contiguous memory: the project's fastest CPU matmul).
+product reads contiguous memory: the project's fastest CPU matmul). The matmul tiles are 128
+rows on the CPU and 512 on a GPU, where a tile product is one cuBLAS call whose own latency a
+128-row tile does not cover (2048² on an H200: 67 ms in 128-row tiles, 3.2 ms in 512-row
+ones; docs/GPU.md).
 """
 
 import argparse
@@ -43,11 +46,13 @@ def report(name: str, result: pto.RunResult, numpy_seconds: float, error: float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", type=int, default=2048, help="matmul size")
-    parser.add_argument("--tile", type=int, default=128, help="matmul tile rows")
+    parser.add_argument("--tile", type=int, default=None, help="matmul tile rows (default: 128 on the CPU, "
+                        "512 on a GPU)")
     parser.add_argument("--seq", type=int, default=1024, help="flash-attention sequence length")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     rt = pto.Runtime(backend="auto")
+    tile = args.tile or (128 if rt.backend.name == "cpu" else 512)
 
     device, host = rt.backend.to_device, rt.backend.to_host  # the identity on the CPU backend
     n = args.size
@@ -56,10 +61,10 @@ def main() -> None:
     all_ok = True
     for label, matmul in (("tiled matmul", tiled_matmul_compiled), ("panel matmul", tiled_matmul_panels)):
         operands = device(a), device(b), device(np.zeros((n, n), np.float32))
-        rt.run(matmul, *operands, tile=args.tile)  # warm-up: numba's cache, BLAS, page faults
-        result = rt.run(matmul, *operands, tile=args.tile)
+        rt.run(matmul, *operands, tile=tile)  # warm-up: numba's cache, BLAS, page faults
+        result = rt.run(matmul, *operands, tile=tile)
         c = host(operands[2])
-        all_ok &= report(f"{label} {n}x{n} float32, {args.tile}-row tiles{FORM}", result,
+        all_ok &= report(f"{label} {n}x{n} float32, {tile}-row tiles{FORM}", result,
                          numpy_seconds, np.abs(c - expected).max() / np.abs(expected).max(), 1e-4)
 
     q, k, v = (rng.standard_normal((8, args.seq, 64)).astype(np.float32) for _ in range(3))
