@@ -96,7 +96,7 @@ STATE = np.dtype([
     ("failed_status", np.int64),  # its CUresult
     ("failed_call", np.int64),  # which call (launches.CALLS)
     ("native", np.int64),  # tasks issued from the log without Python
-    ("launches", np.int64),  # the launches (and GEMM calls) they went out in: batches share one
+    ("launches", np.int64),  # launches (and GEMM calls) made, for Python and logged tasks: a batch's one
     ("edge", np.int64),  # the next edge of the flushed edge log to note
 ], align=True)
 FAILURE = ("failed_task", "failed_status", "failed_call")
