@@ -242,13 +242,38 @@ def test_panel_products_are_batched_cublas_calls():
 
 
 @numba.njit(cache=True)
+def _products(o, a, b, c, tile, matmul_id):
+    """c = a @ b by c's tiles in row-major order, each one product over all of k (a row of tiles:
+    consecutive independent products whose pointers advance by one tile)."""
+    for i in range(0, pj.shape(c, 0), tile):
+        for j in range(0, pj.shape(c, 1), tile):
+            rows, columns = pj.narrow(a, 0, i, i + tile), pj.narrow(b, 1, j, j + tile)
+            out = pj.narrow(pj.narrow(c, 0, i, i + tile), 1, j, j + tile)
+            pj.submit(o, matmul_id, (pj.input(rows), pj.input(columns), pj.output(out)), ())
+
+
+@numba.njit(cache=True)
 def _two_products(o, a1, b1, c1, a2, b2, c2, tile, matmul_id):
-    for a, b, c in ((a1, b1, c1), (a2, b2, c2)):
-        for i in range(0, pj.shape(c, 0), tile):
-            for j in range(0, pj.shape(c, 1), tile):
-                rows, columns = pj.narrow(a, 0, i, i + tile), pj.narrow(b, 1, j, j + tile)
-                out = pj.narrow(pj.narrow(c, 0, i, i + tile), 1, j, j + tile)
-                pj.submit(o, matmul_id, (pj.input(rows), pj.input(columns), pj.output(out)), ())
+    _products(o, a1, b1, c1, tile, matmul_id)
+    _products(o, a2, b2, c2, tile, matmul_id)
+
+
+def test_independent_tile_products_go_out_as_one_strided_batched_gemm():
+    """A compiled orchestration's row of independent tile products (batched launches,
+    executors/driver_streams.py) is one strided-batched cuBLAS call, right on every tile."""
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream")
+    device = [rt.backend.to_device(m) for m in (a, b, np.zeros((64, 64), np.float32))]
+
+    def products(o, a, b, c):
+        o.compiled(_products, o.external(a), o.external(b), o.external(c), 16, matmul.id)
+
+    rt.run(products, *device)
+    result = rt.run(products, *device)
+    assert result.native_tasks == 16 and result.native_launches == 4  # a call per row of tiles
+    want = a.astype(np.float64) @ b
+    np.testing.assert_allclose(rt.backend.to_host(device[2]), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_learnt_gemm_serves_only_tiles_of_its_leading_dims():

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import add, scale
-from pto_gpu.kernels.tiles import copy, matmul
+from pto_gpu.kernels.tiles import copy
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
@@ -186,32 +186,6 @@ def test_a_full_ring_whose_held_submits_finish_as_they_go_out_is_not_a_deadlock(
     y = rt.backend.to_device(np.zeros((40, 16), np.float32))
     rt.run(rows_in_order_python, x, y, list(range(40)))
     np.testing.assert_array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
-
-
-@numba.njit(cache=True)
-def _products(o, a, b, c, tile, matmul_id):
-    """c's tiles in row-major order, each one product over all of k (a batch of GEMMs per row)."""
-    for i in range(0, pj.shape(c, 0), tile):
-        for j in range(0, pj.shape(c, 1), tile):
-            rows, columns = pj.narrow(a, 0, i, i + tile), pj.narrow(b, 1, j, j + tile)
-            out = pj.narrow(pj.narrow(c, 0, i, i + tile), 1, j, j + tile)
-            pj.submit(o, matmul_id, (pj.input(rows), pj.input(columns), pj.output(out)), ())
-
-
-def test_independent_tile_products_go_out_as_one_strided_batched_gemm():
-    rng = np.random.default_rng(1)
-    a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
-    rt = pto.Runtime(backend="cuda-emulated", executor="stream")
-    device = [rt.backend.to_device(m) for m in (a, b, np.zeros((64, 64), np.float32))]
-
-    def products(o, a, b, c):
-        o.compiled(_products, o.external(a), o.external(b), o.external(c), 16, matmul.id)
-
-    rt.run(products, *device)
-    result = rt.run(products, *device)
-    assert result.native_tasks == 16 and result.native_launches == 4  # a call per row of tiles
-    want = a.astype(np.float64) @ b
-    np.testing.assert_allclose(rt.backend.to_host(device[2]), want, rtol=1e-5, atol=1e-5)
 
 
 def test_runs_that_trace_or_capture_take_the_python_stream_executor(tmp_path):
