@@ -242,11 +242,14 @@ def test_panel_products_are_batched_cublas_calls():
 
 
 @numba.njit(cache=True)
-def _products(o, a, b, c, tile, matmul_id):
-    """c = a @ b by c's tiles in row-major order, each one product over all of k (a row of tiles:
-    consecutive independent products whose pointers advance by one tile)."""
+def _products(o, a, b, c, tile, matmul_id, backwards=False):
+    """c = a @ b by c's tiles in row-major order (each row `backwards`: from its last tile), each
+    one product over all of k (a row of tiles: consecutive independent products whose pointers
+    advance, or go back, by one tile)."""
+    width = pj.shape(c, 1)
     for i in range(0, pj.shape(c, 0), tile):
-        for j in range(0, pj.shape(c, 1), tile):
+        for jj in range(0, width, tile):
+            j = width - tile - jj if backwards else jj
             rows, columns = pj.narrow(a, 0, i, i + tile), pj.narrow(b, 1, j, j + tile)
             out = pj.narrow(pj.narrow(c, 0, i, i + tile), 1, j, j + tile)
             pj.submit(o, matmul_id, (pj.input(rows), pj.input(columns), pj.output(out)), ())
@@ -254,24 +257,28 @@ def _products(o, a, b, c, tile, matmul_id):
 
 @numba.njit(cache=True)
 def _two_products(o, a1, b1, c1, a2, b2, c2, tile, matmul_id):
-    _products(o, a1, b1, c1, tile, matmul_id)
-    _products(o, a2, b2, c2, tile, matmul_id)
+    _products(o, a1, b1, c1, tile, matmul_id, False)
+    _products(o, a2, b2, c2, tile, matmul_id, False)
 
 
-def test_independent_tile_products_go_out_as_one_strided_batched_gemm():
+@pytest.mark.parametrize("backwards", [False, True], ids=["forwards", "backwards"])
+def test_independent_tile_products_go_out_as_one_strided_batched_gemm(backwards):
     """A compiled orchestration's row of independent tile products (batched launches,
-    executors/driver_streams.py) is one strided-batched cuBLAS call, right on every tile."""
+    executors/driver_streams.py) is one strided-batched cuBLAS call, right on every tile; a row
+    walked backwards would need negative strides, which cuBLAS does not document: a call each."""
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
     rt = pto.Runtime(backend="cuda-emulated", executor="stream")
     device = [rt.backend.to_device(m) for m in (a, b, np.zeros((64, 64), np.float32))]
 
     def products(o, a, b, c):
-        o.compiled(_products, o.external(a), o.external(b), o.external(c), 16, matmul.id)
+        o.compiled(_products, o.external(a), o.external(b), o.external(c), 16, matmul.id, backwards)
 
     rt.run(products, *device)
     result = rt.run(products, *device)
-    assert result.native_tasks == 16 and result.native_launches == 4  # a call per row of tiles
+    # Backwards, each row's tiles go one by one but for the pair across each of the 3 row
+    # boundaries (a row's last tile and the next row's first: every step positive).
+    assert result.native_tasks == 16 and result.native_launches == (13 if backwards else 4)
     want = a.astype(np.float64) @ b
     np.testing.assert_allclose(rt.backend.to_host(device[2]), want, rtol=1e-5, atol=1e-5)
 

@@ -2,12 +2,12 @@
 as one cuBLAS call, made per task from numba through the library's function pointer, without
 CuPy, a view or a temporary.
 
-The call is cublasGemmStridedBatchedEx for every product: one GEMM is a batch of one, and the
-panel families' `out[q] = a @ b[q]` a batch over the panels with a's stride 0. Its sizes,
-leading dims, strides and types are one instance's (`gemm_call`, a launches.GEMM_CALL record,
-made once);
-a task's tensors' pointers come from its launch's argument words (launches.py), so a GEMM
-task is issued as a kernel launch is. Row-major tiles are column-major transposes, so
+The call is cublasGemmStridedBatchedEx for every product: one GEMM is a batch of one, the
+panel families' `out[q] = a @ b[q]` a batch over the panels with a's stride 0, and a batched
+launch of independent tile products (executors/driver_streams.py) a batch over the tasks. Its
+sizes, leading dims, strides and types are one instance's (`gemm_call`, a launches.GEMM_CALL
+record, made once); a task's tensors' pointers come from its launch's argument words
+(launches.py), so a GEMM task is issued as a kernel launch is. Row-major tiles are column-major transposes, so
 c = a @ b + beta c is cuBLAS's C^T = B^T A^T + beta C^T: cuBLAS's A is our b and its B our a.
 
 A handle per stream (`Handles`): one handle shared by streams would share its workspace between
@@ -32,7 +32,6 @@ DATA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.floa
               np.dtype(ml_dtypes.bfloat16): 14}
 COMPUTE_32F, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 70, 77
 INT_MAX = 2**31 - 1
-
 
 # alpha = 1 and beta = 0 or 1 as cuBLAS reads them (host memory, in the compute type: TF32's
 # is float), kept for the life of the process.

@@ -140,6 +140,7 @@ class _BatchShape:
     pointer_slots: tuple[int, ...]  # which of a task's own words are its tensors' pointers
     scalar_slots: tuple[int, ...]  # and its scalars
     itemsizes: tuple[int, ...]  # per tensor
+    gemm: bool  # a cuBLAS GEMM's
     alone: int = 0  # batches in a row that no task joined
     skipped: int = 0  # tasks not held since
 
@@ -472,6 +473,14 @@ def _gemm_takes(gemm, words):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _backwards(strides, count):
+    for p in range(count):
+        if strides[p] < 0:
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _same_key(a, b):
     for w in range(b[1]):  # the words in use
         if a[w] != b[w]:
@@ -614,6 +623,8 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
                 return i  # learnt from tiles of these shapes but other strides: the Python way's
             if gemm.batch <= 1:  # a GEMM over panels is a batch already
                 n = _batch(t, tasks, args, log, i, logged, edges, launch)
+                if gemm.batch != 0 and n > 1 and _backwards(t.strides, args.count[slot, 0]):
+                    n = 1  # cuBLAS documents no negative batch strides
         if s.free == 0:  # before the followers' edges are noted: a retry forms the batch again
             s.why = NEEDS_EVENTS
             return i
@@ -957,7 +968,8 @@ class DriverStreamExecutor:
         if joinable:
             steps = [new - old for new, old in zip(pointers, held.last)]
             if (steps == held.steps if held.steps is not None else
-                    all(step % size == 0 for step, size in zip(steps, shape.itemsizes))) and \
+                    all(step % size == 0 and (step >= 0 or not shape.gemm)  # cuBLAS: no negative strides
+                        for step, size in zip(steps, shape.itemsizes))) and \
                     all(words[slot] == held.words[slot] for slot in shape.scalar_slots):
                 held.ids.append(task.id)
                 held.producers.append(producers.copy())  # a view of the core's scratch
@@ -984,7 +996,8 @@ class DriverStreamExecutor:
                 all(p.kind == ParamKind.SCALAR or len(p.value.shape) <= 2 for p in task.params):
             scalars = launch.scalar_slots
             shape = _BatchShape(tuple(slot for slot in range(len(launch.task_words)) if slot not in scalars),
-                                scalars, tuple(int(size) for size in launch.tensors[:, 1]))
+                                scalars, tuple(int(size) for size in launch.tensors[:, 1]),
+                                bool(launch.gemm[0]["batch"]))
         self._batch_shapes[id(launch)] = (launch, shape)
         return shape
 
