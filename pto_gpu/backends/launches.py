@@ -84,7 +84,7 @@ class Template:
     # int64 (tensors, 2): each tensor param's pointer word and itemsize, for a batched launch's
     # leading dims and strides (executors/driver_streams.py)
     tensors: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 2), np.int64))
-    # A cuBLAS GEMM instead of the kernel (one cublas.GEMM record; batch 0: the kernel), whose
+    # A cuBLAS GEMM instead of the kernel (one GEMM_CALL record; batch 0: the kernel), whose
     # pointers are the words' tensor pointers.
     gemm: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1, GEMM_CALL))
 
