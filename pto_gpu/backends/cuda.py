@@ -285,20 +285,20 @@ class CudaBackend:
         if not tensors:
             raise PTOError(f"{kernel.name}: a CUDA kernel takes at least one tensor, to say its element type")
         shapes = [t.shape for t in tensors]
+        params = [None if p.kind == ParamKind.SCALAR else p.value for p in task.params]  # None: a scalar
+        words = [None if t is None else (t.shape, t.byte_strides, t.dtype.itemsize) for t in params]
+        beta = getattr(kernel.cuda, "gemm", None)
+        if beta is not None and all(math.prod(shape) for shape in shapes):  # before any code is made
+            gemm = cublas.gemm_call([None if t is None else (t.shape, t.byte_strides, t.dtype.numpy)
+                                     for t in params], beta, self.tf32)
+            if gemm is not None:  # a product of three tensors, no scalars; else its own code runs
+                self._blas()
+                return dataclasses.replace(template(0, 1, 1, words, ()), gemm=gemm)
         code = kernel.cuda.code_for(shapes, tensors[0].dtype.numpy, scalars, self.tf32)
         items = code.items(shapes)
         if items == 0:
             return NO_WORK
-        params = [None if p.kind == ParamKind.SCALAR else p.value for p in task.params]  # None: a scalar
-        words = [None if t is None else (t.shape, t.byte_strides, t.dtype.itemsize) for t in params]
         integer_scalars = cuda_abi.scalar_kinds(code.integer_scalars, scalars)
-        beta = getattr(kernel.cuda, "gemm", None)
-        if beta is not None:
-            gemm = cublas.gemm_call([None if t is None else (t.shape, t.byte_strides, t.dtype.numpy)
-                                     for t in params], beta, self.tf32)
-            if gemm is not None:  # else its layout is not cuBLAS's, and its own code runs
-                self._blas()
-                return dataclasses.replace(template(0, 1, 1, words, integer_scalars), gemm=gemm)
         layout = [None if t is None else (t.shape, t.dtype.numpy) for t in params]
         function = self.device.function(code, kernel, layout, scalars)
         blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
