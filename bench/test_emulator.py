@@ -12,6 +12,7 @@ emulate="cpu-code"), so it runs on any machine; the same code issues to a GPU's 
   time less the same orchestration's on the dry executor, which submits and completes the same
   tasks without issuing them).
   extra_info["us_per_task"]. Targets: at most 5 us from Python, at most 1 us from compiled code.
+- Python submits that no batch takes (a chain; factors that differ): extra_info["us_per_task"].
 - A compiled orchestration's first run with six new kernel instances (emulate="gpu-code": g++
   builds their CUDA), compiled side by side before the first launch against one by one.
 """
@@ -42,6 +43,27 @@ def test_stream_executor_on_the_emulator(benchmark, orchestration):
     result = benchmark.pedantic(rt.run, (orchestration, x, y, "independent"), rounds=5, warmup_rounds=1)
     assert result.num_tasks == TASKS and np.array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
     benchmark.extra_info["tasks_per_s"] = TASKS / benchmark.stats.stats.median
+
+
+def _scalars_differ(o, x, y):
+    """generated_python's independent rows, each task scaling by a factor of its own: no two
+    tasks go out in one launch."""
+    X, Y = o.external(x), o.external(y)
+    for i in range(TASKS):
+        r = i % len(x)
+        o.submit(scale, pto.input(X[r:r + 1]), pto.output(Y[r:r + 1]), float(i % 7 + 1))
+
+
+@pytest.mark.parametrize("shape", ["chain", "scalars_differ"])
+def test_python_submits_that_go_alone(benchmark, shape):
+    """Python submits no batch takes (a chain; factors that differ): what holding submits for a
+    batch must not cost them (DriverStreamExecutor._hold)."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=4096)
+    x, y = (rt.backend.to_device(a) for a in rows())
+    run = (generated_python, x, y, "chain") if shape == "chain" else (_scalars_differ, x, y)
+    result = benchmark.pedantic(rt.run, run, rounds=5, warmup_rounds=1)
+    assert result.num_tasks == TASKS and result.native_launches > TASKS * 0.9
+    benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / TASKS * 1e6
 
 
 @numba.cfunc(CPU_CODE_ENTRY, nopython=True)
