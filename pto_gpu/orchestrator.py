@@ -107,8 +107,9 @@ class Orchestrator:
         self._producers_wanted = recorder is not None or executor.wants_producers
         self._jit: Session | None = None  # created by the first compiled() call
         # The run's argument tables and the executor's native lanes (executors/native.py), taken
-        # by the first compiled() call or submit of a kernel with native code (_make_arguments):
-        # submits of the kernels the lanes run (`_native_kernels`) write their arguments there.
+        # by the first compiled() call or submit of a kernel with native or CUDA code
+        # (_make_arguments): submits of the kernels the lanes run (`_native_kernels`: native
+        # workers', or a CUDA driver's stream executor's) write their arguments there.
         self._kept_args = arguments  # the runtime's, sized by its task window
         self._args: ArgTables | None = None
         self._writer: ArgWriter | None = None  # over _args, for Python submits
@@ -360,7 +361,8 @@ class Orchestrator:
         # are this rank's own tasks: the core need not know it (unless a window counts it).
         if task.runs_here or self._windows is not None:
             arguments = None
-            if kernel.native is not None and self._lanes_possible and task.runs_here:
+            code = kernel.native is not None or kernel.cuda is not None
+            if code and self._lanes_possible and task.runs_here:
                 if self._args is None:
                     self._make_arguments()
                 if kernel.id in self._native_kernels:

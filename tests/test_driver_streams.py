@@ -18,6 +18,7 @@ from pto_gpu.kernels.tiles import copy
 import pto_gpu as pto
 from pto_gpu import jit as pj
 from pto_gpu.backends import emulator
+from pto_gpu.executors import driver_streams
 from pto_gpu.executors.driver_streams import DriverStreamExecutor
 
 
@@ -142,7 +143,9 @@ def test_python_submits_of_one_instance_go_out_as_one_launch_too(compiled_tail):
                              compiled_tail=compiled_tail)
     np.testing.assert_array_equal(rt.backend.to_host(x), want_x)
     np.testing.assert_array_equal(rt.backend.to_host(y), want_y)
-    assert result.native_launches == 6 + 2 * compiled_tail  # the tail: a learning launch, then 3 rows
+    # the tail: rows 0..3 in one launch (the Python submits learnt the instance); every task
+    # issued from the argument tables, the Python submits' too
+    assert result.native_launches == 6 + compiled_tail and result.native_tasks == result.num_tasks
 
 
 def test_held_python_submits_go_out_when_the_ring_is_full_and_when_a_run_fails():
@@ -186,6 +189,34 @@ def test_a_full_ring_whose_held_submits_finish_as_they_go_out_is_not_a_deadlock(
     y = rt.backend.to_device(np.zeros((40, 16), np.float32))
     rt.run(rows_in_order_python, x, y, list(range(40)))
     np.testing.assert_array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
+
+
+def rows_then_sum(o, x, y, z, w):
+    """Rows of x doubled into y, a task a row (one batch); rows of y doubled into z, each task
+    behind its row's producer (a batch of tasks with a producer each); then w = z + z whole, a
+    task whose producers are the eight before it."""
+    X, Y, Z, W = (o.external(a) for a in (x, y, z, w))
+    for source, target in ((X, Y), (Y, Z)):
+        for r in range(len(x)):
+            o.submit(scale, pto.input(source[r:r + 1]), pto.output(target[r:r + 1]), 2.0)
+    o.submit(add, pto.input(Z), pto.input(Z), pto.output(W))
+
+
+def test_held_submits_whose_producers_overflow_the_held_edges(monkeypatch):
+    """Held Python submits keep their producers as edges. With room for 3, the second batch goes
+    out in threes (the fourth's edge does not fit: the held ones go first), and the sum's eight
+    producers, more than the room, grow it: equal to the serial CPU executor, every task issued
+    from the argument tables."""
+    monkeypatch.setattr(driver_streams, "HELD_EDGES", 3)
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream")
+    x0 = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    arrays = [x0, *(np.zeros_like(x0) for _ in range(3))]
+    device = [rt.backend.to_device(a) for a in arrays]
+    result = rt.run(rows_then_sum, *device)
+    for got, want in zip(device, _serial(rows_then_sum, *arrays)):
+        np.testing.assert_array_equal(rt.backend.to_host(got), want)
+    assert result.native_tasks == result.num_tasks == 17
+    assert result.native_launches == 5  # x -> y; y -> z in 3, 3 and 2; the sum
 
 
 def test_runs_that_trace_or_capture_take_the_python_stream_executor(tmp_path):

@@ -81,9 +81,6 @@ class Template:
     task_words: np.ndarray  # int64: where the task's own words go in `words`, in param order
     scalar_slots: tuple[int, ...]  # which of the task's own words are scalars
     integer_scalars: tuple[bool, ...]  # each scalar's word: long long (True) or double
-    # int64 (tensors, 2): each tensor param's pointer word and itemsize, for a batched launch's
-    # leading dims and strides (executors/driver_streams.py)
-    tensors: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 2), np.int64))
     # A cuBLAS GEMM instead of the kernel (one GEMM_CALL record; batch 0: the kernel), whose
     # pointers are the words' tensor pointers.
     gemm: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(1, GEMM_CALL))
@@ -100,7 +97,6 @@ def template(function: int, grid: int, block: int, layout: list,
     words: list[int] = []
     task_words = []
     scalar_slots = []
-    tensors = []
     for param in layout:
         task_words.append(len(words))
         if param is None:
@@ -108,13 +104,12 @@ def template(function: int, grid: int, block: int, layout: list,
             words.append(0)
         else:
             shape, byte_strides, itemsize = param
-            tensors.append((len(words), itemsize))
             words += [0, *(int(w) for w in cuda_abi.tensor_words(shape, byte_strides, itemsize))]
     if len(words) > MAX_WORDS:
         raise ValueError(f"a launch of {len(words)} argument words; at most {MAX_WORDS}")
     return Template(function, grid, block, shared=0, words=np.array(words, np.int64),
                     task_words=np.array(task_words, np.int64), scalar_slots=tuple(scalar_slots),
-                    integer_scalars=integer_scalars, tensors=np.array(tensors, np.int64).reshape(-1, 2))
+                    integer_scalars=integer_scalars)
 
 
 def scalar_bits(value: object, integer: bool) -> int:

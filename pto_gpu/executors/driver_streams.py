@@ -5,8 +5,10 @@ On the CUDA backend (a GPU's driver, or the emulator's: backends/driver.py) a ta
 through the streams is driver calls and bookkeeping, so it runs in numba: the tasks of
 compiled orchestrations go from the log flush straight to the driver (`admit`: the launch
 from the argument tables and the instance's launch, learnt at its first task), Python
-submits go through the same bookkeeping once the backend has launched their kernel, and tasks
-retire (complete in the core) from one loop polling cuEventQuery. The rules are those of
+submits whose arguments the orchestrator wrote to the same tables take the same path, one numba
+call a task (`submit_python`; the others, and an instance's first task, have the backend
+prepare their launch), and tasks retire (complete in the core) from one loop polling
+cuEventQuery. The rules are those of
 executors/streams.py, which serves the CPU backend's Python streams, captures, and runs that
 trace, measure or validate (those keep a record of every task):
 
@@ -18,8 +20,9 @@ trace, measure or validate (those keep a record of every task):
     still ahead of its stream;
   - consecutive independent tasks of one instance whose tensors' pointers advance by constant
     steps go out as one launch over a batch (their tensors' leading dim), on one stream, and
-    retire together on its one event (`_batch`, `_hold`, `_send`): compiled tasks as a flush
-    brings them, Python submits held until a submit that does not join them.
+    retire together on its one event (`_batch`, `_joins`, `_send`): compiled tasks as a flush
+    brings them, Python submits held until a submit that does not join them
+    (`submit_python`).
 
 State is plain arrays (`Tables`) that only the orchestrator's thread changes, so there is no
 lock: producers reach a task through the pending table (from the compiled edge log, or a
@@ -30,7 +33,6 @@ per backend, for its later runs.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from typing import NamedTuple, NoReturn
@@ -66,7 +68,6 @@ from ..errors import DeadlockError, InvariantError, TaskError, UsageError
 from ..jit.context import LOG_CAPACITY, MAX_SCALARS, S_INT, ArgTables
 from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
 from ..kernel import registered
-from ..params import ParamKind
 from ..profile import Profile
 from ..tasks import RINGS, Scheduler, Task
 from .instance_keys import ANY_SCALARS, INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key
@@ -80,9 +81,15 @@ EVENT_BATCH = 64  # events taken from the backend at a time (at most a task wind
 
 # Why `issue_logged` stopped before the end of the log.
 NEEDS_PYTHON, NEEDS_EVENTS, FAILED = 1, 2, 3
+# What `submit_python` answers, besides 0 (held or issued): the task's instance is not learnt;
+# it is to go the Python way (its arguments are not an instance's, or its GEMM record is for
+# other strides); the held log was partly issued (Python goes on from held.resume to
+# held.upto); its producers do not fit the held edges. Nothing was done but for RESUME.
+UNLEARNT, PYTHON_WAY, RESUME, EDGES_FULL = 1, 2, 3, 4
 # Logged tasks of one instance one launch may take (`_batch`): a flush's worth (jit/host.py).
 BATCH_LIMIT = LOG_CAPACITY
-PROBE = 32  # of an instance whose Python submits go alone, every PROBE-th is held again (_hold)
+PROBE = 32  # of an instance whose Python submits go alone, every PROBE-th is held again
+HELD_EDGES = 16 * BATCH_LIMIT  # producer edges of held Python submits, to start with
 PREFETCH = 64  # new instances a flushed log starts compiling at once (CudaBackend.prefetch)
 
 STATE = np.dtype([
@@ -123,6 +130,14 @@ PENDING = np.dtype([  # per task slot: the producers of the task submitted there
     ("newest", np.int64, (MAX_STREAMS,)),  # per stream: its newest producer there, or -1
 ], align=True)
 
+HELD = np.dtype([  # Python submits held to go out as one launch (`submit_python`)
+    ("count", np.int64),  # tasks in held_log
+    ("edges", np.int64),  # their producer edges in held_edges, (producer, consumer) by consumer
+    ("instance", np.int64),  # the leader's learnt instance slot
+    ("resume", np.int64),  # after RESUME: the first of held_log not issued
+    ("upto", np.int64),  # and the end of what was being issued
+], align=True)
+
 LAUNCHES = np.dtype([  # per instance table slot: its launch
     ("function", np.int64),  # the CUfunction (0 with grid 0: no work items, only wait and record)
     ("grid", np.int64),
@@ -130,35 +145,6 @@ LAUNCHES = np.dtype([  # per instance table slot: its launch
     ("shared", np.int64),
     ("integer", np.int64, (MAX_SCALARS,)),  # each scalar's word: long long (1) or double
 ], align=True)
-
-
-@dataclasses.dataclass
-class _BatchShape:
-    """How Python submits of one instance compare for a batch (`DriverStreamExecutor._hold`),
-    and how its last batches went."""
-
-    pointer_slots: tuple[int, ...]  # which of a task's own words are its tensors' pointers
-    scalar_slots: tuple[int, ...]  # and its scalars
-    itemsizes: tuple[int, ...]  # per tensor
-    gemm: bool  # a cuBLAS GEMM's
-    alone: int = 0  # batches in a row that no task joined
-    skipped: int = 0  # tasks not held since
-
-
-@dataclasses.dataclass
-class _Held:
-    """Python submits of one instance held to go out as one launch (`DriverStreamExecutor._hold`)."""
-
-    launch: Template
-    shape: _BatchShape
-    kernel: int
-    worker: int
-    own: np.ndarray  # the first task's own words (the launch's are its, with the batch's steps)
-    words: list[int]  # the same, as ints
-    last: list[int]  # the last task's pointers
-    steps: list[int] | None  # bytes from one task's pointers to the next (None: one task)
-    ids: list[int]
-    producers: list[np.ndarray]  # each task's, noted as the batch goes out
 
 
 class LearntLaunches(NamedTuple):
@@ -209,6 +195,14 @@ class Tables(NamedTuple):
     double: np.ndarray  # one float64, and `bits` its int64 view: a scalar's double word
     bits: np.ndarray
     ready: np.ndarray  # the core's completion scratch
+    held: np.ndarray  # HELD, one row
+    held_log: np.ndarray  # (BATCH_LIMIT, 2): the held tasks' ids, as a compiled log's
+    held_edges: np.ndarray  # (n, 2): their producers, as a compiled flush's edge log
+    held_key: np.ndarray  # the leader's instance key
+    held_words: np.ndarray  # and its argument words
+    held_strides: np.ndarray  # per tensor: bytes from one held task's pointer to the next's
+    alone: np.ndarray  # per instance slot: its last held batches that no task joined, in a row
+    skipped: np.ndarray  # per instance slot: its tasks not held since
 
 
 # --- the bookkeeping -----------------------------------------------------------------------------
@@ -391,30 +385,22 @@ def retire_reached(t, driver, header, tasks, buffers, deps, limit):
 
 
 @njit(cache=True, _nrt=False)
-def issue_prepared(t, driver, header, tasks, buffers, deps, ids, kernel, worker, producers, counts, function,
-                   grid, block, shared, gemm, template_words, task_at, own, steps, tensors):
-    """Issue Python submits whose launch the backend prepared (CudaBackend.prepare: the
-    template's words, the leader's own at `task_at`): one task, or a batch of one instance whose
-    tensors' pointers are `steps` bytes apart from task to task (`_send`), behind their
-    producers (task f's the next counts[f] of `producers`; -1: already in the pending table);
-    and retire what is reached: one call from Python. -1 when no event is free (call again);
-    else the first status that is not 0 (state.failed_*), or 0."""
-    first = 0
-    for f in range(len(ids)):
-        if counts[f] >= 0:
-            note_producers(t, ids[f], producers[first:first + counts[f]])
-            first += counts[f]
+def issue_prepared(t, driver, header, tasks, buffers, deps, task, kernel, worker, producers, noted, function,
+                   grid, block, shared, gemm, template_words, task_at, own):
+    """Issue a task whose launch the backend prepared (CudaBackend.prepare: the template's
+    words, the task's own at `task_at`) behind its `producers` (unless `noted`: already in the
+    pending table), and retire what is reached: one call from Python. -1 when no event is free
+    (call again); else the first status that is not 0 (state.failed_*), or 0."""
+    if not noted:
+        note_producers(t, task[0], producers)
     if grid != 0:
         for i in range(len(template_words)):
             t.words[i] = template_words[i]
         for i in range(len(task_at)):
             t.words[task_at[i]] = own[i]
-        for p in range(len(steps)):
-            t.strides[p] = steps[p]
-    t.gemm[0] = gemm[0]  # a copy: a batch sets its count and strides
-    status = _send(t, driver, ids, kernel, worker, function, grid, block, shared, t.gemm[0], tensors)
+    status = _send(t, driver, task, kernel, worker, function, grid, block, shared, gemm[0], t.tensors[:0])
     if status == 0:
-        retire_reached(t, driver, header, tasks, buffers, deps, len(ids))
+        retire_reached(t, driver, header, tasks, buffers, deps, 1)
     return status
 
 
@@ -473,14 +459,6 @@ def _gemm_takes(gemm, words):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _backwards(strides, count):
-    for p in range(count):
-        if strides[p] < 0:
-            return True
-    return False
-
-
-@njit(cache=True, _nrt=False, inline="always")
 def _same_key(a, b):
     for w in range(b[1]):  # the words in use
         if a[w] != b[w]:
@@ -488,56 +466,67 @@ def _same_key(a, b):
     return True
 
 
-@njit(cache=True, _nrt=False)
-def _batch(t, tasks, args, log, first, logged, edges, launch):
-    """How many of log[first:logged] go out as one launch with log[first] (its words in
-    t.words): it and the tasks right after it of its instance (a generated kernel's, which walks
-    its memrefs' leading dim as a batch, or a GEMM of one product) that depend on none of them,
-    whose words equal its own but for their tensors' pointers, each tensor's advancing by the
-    same whole number of elements from task to task (its stride in the batch, in t.strides);
-    tensors of at most two dims; at most BATCH_LIMIT. 1: it goes alone."""
-    window = len(t.slots)
-    leader = log[first, 0]
-    slot = leader & (window - 1)
-    kernel = tasks[slot].kernel
-    if not t.kernel_info[kernel].batches:
-        return 1
-    tensors = args.count[slot, 0]
-    for p in range(tensors):
+@njit(cache=True, _nrt=False, inline="always")
+def _batchable(t, tasks, args, slot, launch, gemm):
+    """Whether the task in `slot` may lead a batch: its instance has work and is a generated
+    kernel's (which walks its memrefs' leading dim as a batch) or a GEMM of one product, and
+    its tensors have at most two dims."""
+    if launch.grid == 0 or gemm.batch > 1 or not t.kernel_info[tasks[slot].kernel].batches:
+        return False
+    for p in range(args.count[slot, 0]):
         if args.desc[slot, p, D_NDIM] > 2:
-            return 1
-    words = _word_count(args, slot)
+            return False
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _joins(t, tasks, args, leader, key, words, strides, n, task_id, launch, gemm):
+    """Whether task `task_id` may follow the n - 1 tasks after `leader` (a slot; its instance
+    key `key`, its argument words `words`) in one launch: the leader's instance, its words equal
+    but for its tensors' pointers, each advancing from the previous task's by the batch's step
+    (`strides`, bytes; set here by the first follower: whole elements, and for a GEMM not
+    backwards, as cuBLAS documents no negative strides). Dependencies are the caller's."""
+    window = len(t.slots)
+    other = task_id & (window - 1)
+    if args.task[other] != task_id or tasks[other].kernel != tasks[leader].kernel:
+        return False
+    if not instance_key(tasks, t.kernel_info, args, window, task_id, t.other_key) or \
+            not _same_key(t.other_key, key):
+        return False
+    _words(t, t.other_words, args, other, launch)
+    tensors = args.count[leader, 0]
+    same = True
+    for w in range(_word_count(args, leader)):
+        if w % TENSOR_WORDS != 0 or w >= tensors * TENSOR_WORDS:
+            same &= t.other_words[w] == words[w]
+    for p in range(tensors):
+        step = t.other_words[p * TENSOR_WORDS] - words[p * TENSOR_WORDS] - (n - 1) * strides[p]
+        if n == 1:
+            if step % args.desc[leader, p, D_ITEMSIZE] != 0 or (step < 0 and gemm.batch != 0):
+                return False
+            strides[p] = step
+        same &= step == strides[p]
+    return same
+
+
+@njit(cache=True, _nrt=False)
+def _batch(t, tasks, args, log, first, logged, edges, launch, gemm):
+    """How many of log[first:logged] go out as one launch with log[first] (its key in t.key, its
+    words in t.words): it and the tasks right after it that depend on none of them and join it
+    (`_joins`; the steps in t.strides), at most BATCH_LIMIT. 1: it goes alone."""
+    leader = log[first, 0]
+    slot = leader & (len(t.slots) - 1)
+    if not _batchable(t, tasks, args, slot, launch, gemm):
+        return 1
     edge = t.state[0].edge  # the leader's edges are noted: the followers' are from here
     n = 1
     while first + n < logged and n < BATCH_LIMIT:
         task_id = log[first + n, 0]
-        other = task_id & (window - 1)
-        if args.task[other] != task_id or tasks[other].kernel != kernel:
-            break
-        if not instance_key(tasks, t.kernel_info, args, window, task_id, t.other_key):
-            break
-        if not _same_key(t.other_key, t.key):
-            break
         dependent = False
         while edge < len(edges) and edges[edge, 1] <= task_id:
             dependent |= edges[edge, 1] == task_id and edges[edge, 0] >= leader
             edge += 1
-        if dependent:
-            break
-        _words(t, t.other_words, args, other, launch)
-        same = True
-        for w in range(words):
-            if w % TENSOR_WORDS != 0 or w >= tensors * TENSOR_WORDS:
-                same &= t.other_words[w] == t.words[w]
-        for p in range(tensors):
-            step = t.other_words[p * TENSOR_WORDS] - t.words[p * TENSOR_WORDS] - (n - 1) * t.strides[p]
-            itemsize = args.desc[slot, p, D_ITEMSIZE]
-            if n == 1:
-                if step % itemsize != 0:
-                    same = False
-                t.strides[p] = step
-            same &= step == t.strides[p]
-        if not same:
+        if dependent or not _joins(t, tasks, args, slot, t.key, t.words, t.strides, n, task_id, launch, gemm):
             break
         n += 1
     return n
@@ -621,10 +610,7 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
             _words(t, t.words, args, slot, launch)
             if gemm.batch != 0 and not _gemm_takes(gemm, t.words):
                 return i  # learnt from tiles of these shapes but other strides: the Python way's
-            if gemm.batch <= 1:  # a GEMM over panels is a batch already
-                n = _batch(t, tasks, args, log, i, logged, edges, launch)
-                if gemm.batch != 0 and n > 1 and _backwards(t.strides, args.count[slot, 0]):
-                    n = 1  # cuBLAS documents no negative batch strides
+            n = _batch(t, tasks, args, log, i, logged, edges, launch, gemm)
         if s.free == 0:  # before the followers' edges are noted: a retry forms the batch again
             s.why = NEEDS_EVENTS
             return i
@@ -643,6 +629,120 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
             return i + n
         i += n
     return logged
+
+
+# --- Python submits ------------------------------------------------------------------------------
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _issue_held(t, driver, header, tasks, buffers, deps, args, go):
+    """Issue the first `go` held tasks (the log's way: batches as `_batch` forms them) and drop
+    them and their noted edges from the held log; 0, or RESUME where issue_logged stopped
+    (held.resume: the first not issued, held.upto: go)."""
+    h = t.held[0]
+    t.state[0].edge = 0
+    issued = issue_logged(t, driver, header, tasks, buffers, deps, args, t.held_log, 0, go,
+                          t.held_edges[:h.edges])
+    if issued < go:
+        h.resume = issued
+        h.upto = go
+        return RESUME
+    _drop_held(t, go)
+    return 0
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _drop_held(t, go):
+    """Forget the first `go` held tasks, issued, and the edges issue_logged noted for them."""
+    h = t.held[0]
+    for i in range(go, h.count):
+        t.held_log[i - go, 0] = t.held_log[i, 0]
+    h.count -= go
+    noted = t.state[0].edge
+    for e in range(noted, h.edges):
+        t.held_edges[e - noted, 0] = t.held_edges[e, 0]
+        t.held_edges[e - noted, 1] = t.held_edges[e, 1]
+    h.edges -= noted
+    t.state[0].edge = 0
+
+
+@njit(cache=True, _nrt=False)
+def drop_held(t, go):
+    _drop_held(t, go)
+
+
+@njit(cache=True, _nrt=False)
+def submit_python(t, driver, header, tasks, buffers, deps, args, task_id, producers):
+    """A Python submit whose arguments are in `args` (Scheduler.try_submit wrote them), behind
+    `producers`, of a learnt instance: held to go out with the next ones of its instance as one
+    launch when it joins the held ones (`_joins`; it depends on none of them), or after them,
+    leading a new batch where its instance batches, or issued at once: one call from Python.
+    An instance whose last batches went alone (a chain, scalars that differ) is not held but
+    for every PROBE-th task: a held task starts only once the next submit comes. 0, or what
+    Python is to do (UNLEARNT, PYTHON_WAY, RESUME, EDGES_FULL)."""
+    h = t.held[0]
+    window = len(t.slots)
+    slot = task_id & (window - 1)
+    if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+        return PYTHON_WAY
+    found = find(t.keys, t.filled, t.key)
+    if t.filled[found] == 0:
+        return UNLEARNT
+    launch = t.launches[found]
+    gemm = t.gemms[found]
+    if launch.grid != 0 and gemm.batch != 0:
+        _words(t, t.words, args, slot, launch)
+        if not _gemm_takes(gemm, t.words):
+            return PYTHON_WAY  # learnt from tiles of these shapes but other strides
+    if h.edges + len(producers) > len(t.held_edges):
+        return EDGES_FULL
+    if h.count > 0:
+        leader = t.held_log[0, 0]
+        joins = h.count < BATCH_LIMIT
+        for i in range(len(producers)):
+            joins &= producers[i] < leader
+        if joins and _joins(t, tasks, args, leader & (window - 1), t.held_key, t.held_words, t.held_strides,
+                            h.count, task_id, launch, gemm):
+            _hold(t, task_id, producers)
+            return 0
+        t.alone[h.instance] = t.alone[h.instance] + 1 if h.count == 1 else 0
+    go = h.count  # the held ones go; this one leads a batch, or goes with them
+    holds = _batchable(t, tasks, args, slot, launch, gemm)
+    if holds and t.alone[found] > 2:
+        t.skipped[found] += 1
+        holds = t.skipped[found] % PROBE == 0
+    _hold(t, task_id, producers)
+    if holds:
+        h.instance = found
+        _words(t, t.held_words, args, slot, launch)
+        for w in range(len(t.key)):
+            t.held_key[w] = t.key[w]
+    else:
+        go += 1
+    if go == 0:
+        return 0
+    return _issue_held(t, driver, header, tasks, buffers, deps, args, go)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _hold(t, task_id, producers):
+    h = t.held[0]
+    t.held_log[h.count, 0] = task_id
+    h.count += 1
+    for i in range(len(producers)):
+        t.held_edges[h.edges, 0] = producers[i]
+        t.held_edges[h.edges, 1] = task_id
+        h.edges += 1
+
+
+@njit(cache=True, _nrt=False)
+def release_python(t, driver, header, tasks, buffers, deps, args):
+    """Issue the held Python submits; 0, or RESUME."""
+    h = t.held[0]
+    if h.count == 0:
+        return 0
+    t.alone[h.instance] = t.alone[h.instance] + 1 if h.count == 1 else 0
+    return _issue_held(t, driver, header, tasks, buffers, deps, args, h.count)
 
 
 @njit(cache=True, _nrt=False)
@@ -678,20 +778,23 @@ def unlearnt(t, tasks, args, log, first, logged, seen, seen_filled, ids):
 
 @njit(cache=True, _nrt=False)
 def learn(t, tasks, args, task_id, function, grid, block, shared, gemm, integer):
-    """Enter the launch of a logged task's instance, made the Python way, for its later tasks."""
+    """Enter the launch of a logged task's instance, made the Python way, for its later tasks;
+    whether the instance is learnt (here or before)."""
     window = len(t.slots)
     kernel = tasks[task_id & (window - 1)].kernel
     if args.task[task_id & (window - 1)] != task_id or kernel >= len(t.kernel_info) \
             or not t.kernel_info[kernel].native:
-        return
+        return False
     if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
-        return
+        return False
     found = find(t.keys, t.filled, t.key)
+    if t.filled[found] != 0:
+        return True
     filled = 0
     for i in range(len(t.filled)):
         filled += t.filled[i] != 0
-    if t.filled[found] != 0 or 2 * filled >= len(t.filled):  # at most half full: probes stay short
-        return
+    if 2 * filled >= len(t.filled):  # at most half full: probes stay short
+        return False
     for i in range(len(t.key)):
         t.keys[found, i] = t.key[i]
     launch = t.launches[found]
@@ -703,6 +806,7 @@ def learn(t, tasks, args, task_id, function, grid, block, shared, gemm, integer)
     for i in range(len(integer)):
         launch.integer[i] = integer[i]
     t.filled[found] = 1
+    return True
 
 
 # --- the executor --------------------------------------------------------------------------------
@@ -720,7 +824,6 @@ class DriverStreamExecutor:
     wants_producers = True
     # The lanes protocol of compiled sessions (jit/host.py): this executor is its own lanes.
     takes_edges = True
-    kernel_ids: frozenset[int] = frozenset()  # Python submits bring their producers, not arguments
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile, streams: dict[WorkerType, int]):
         self._scheduler = scheduler
@@ -768,7 +871,14 @@ class DriverStreamExecutor:
             other_words=np.zeros_like(scratch.words), strides=np.zeros(MAX_PARAMS, np.int64),
             tensors=np.zeros((MAX_PARAMS, 2), np.int64),
             gemm=np.zeros(1, GEMM_CALL), params=scratch.params, double=double, bits=double.view(np.int64),
-            ready=scheduler.ready_scratch())
+            ready=scheduler.ready_scratch(), held=np.zeros(1, HELD),
+            held_log=np.zeros((BATCH_LIMIT, 2), np.int64), held_edges=np.zeros((HELD_EDGES, 2), np.int64),
+            held_key=np.zeros(KEY_WIDTH, np.int64),
+            held_words=np.zeros_like(scratch.words), held_strides=np.zeros(MAX_PARAMS, np.int64),
+            alone=np.zeros(INSTANCES, np.int64), skipped=np.zeros(INSTANCES, np.int64))
+        # Python submits of these write their arguments to the run's tables (Scheduler.try_submit),
+        # which `submit_python` issues from as a compiled flush's tasks are.
+        self.kernel_ids = frozenset(int(k) for k in np.flatnonzero(self._t.kernel_info["native"]))
         if instances.gemms["batch"].any():  # the native path may meet a GEMM learnt in an earlier run
             self._take_blas_handles()
         self._scratch = scratch  # owns the words `params` points at
@@ -777,16 +887,15 @@ class DriverStreamExecutor:
         self._edges = _NO_EDGES  # the flush's edge log (`edges`)
         self._room_batch = max(1, window // 8)
         self._event_batch = min(EVENT_BATCH, window)
-        # A Python submit's one numba call, by its compiled entry: numba's dispatch types each of
-        # the tables' arrays at every call (2.3 us), the entry only unboxes them (0.2 us).
+        # A Python submit's numba calls, by their compiled entries: numba's dispatch types each of
+        # the tables' arrays at every call (2.3 us), an entry only unboxes them (0.2 us).
         words = np.zeros(1, np.int64)
         self._issue_prepared = compiled_entry(
-            issue_prepared, self._t, self._addresses, *self._core, words, 0, 0, words, words, 0, 0, 0, 0,
-            NO_WORK.gemm, words, words, words, words, NO_WORK.tensors)
-        self._one = np.zeros(1, np.int64)  # a task issued alone: its id
-        self._count = np.zeros(1, np.int64)  # and its producers' count
-        self._held: _Held | None = None  # Python submits held to go out as one launch
-        self._batch_shapes: dict[int, tuple[Template, _BatchShape | None]] = {}  # by id(launch)
+            issue_prepared, self._t, self._addresses, *self._core, words, 0, 0, words, False, 0, 0, 0, 0,
+            NO_WORK.gemm, words, words, words)
+        # compiled for the run's argument tables (native_lanes), which Python submits write first
+        self._submit_python = self._release_python = None
+        self._one = np.zeros(1, np.int64)  # a task issued the Python way: its id
         self._released = False  # held submits were issued since make_room last looked
 
     def _kernel_info(self, kernels: list) -> np.ndarray:
@@ -821,47 +930,47 @@ class DriverStreamExecutor:
     # --- compiled sessions (jit/host.py) ------------------------------------------------
     def native_lanes(self, args: ArgTables, kernels: list) -> DriverStreamExecutor:
         self._args = args
+        self._submit_python = compiled_entry(submit_python, self._t, self._addresses, *self._core, args, 0,
+                                             np.zeros(1, np.int64))
+        self._release_python = compiled_entry(release_python, self._t, self._addresses, *self._core, args)
         return self
 
     def edges(self, edge_log: np.ndarray) -> None:
         """A flush's edge log, which the next `admit` reads."""
+        self._release_held()  # submitted before the log's tasks: issued before them
         self._edges = edge_log
         self._t.state[0]["edge"] = 0
 
     def admit(self, log: np.ndarray, logged: int) -> int:
-        """Issue a flushed log's tasks, in order; none is left for the session to submit. At
-        the first task of an instance not learnt yet, the log's other new instances start
-        compiling too, side by side, before it is issued."""
-        self._release_held()  # submitted before the log's tasks: issued before them
-        t = self._t
-        i = 0
-        prefetched = False
-        while i < logged:
-            i = issue_logged(t, self._addresses, *self._core, self._args, log, i, logged, self._edges)
-            why = int(t.state[0]["why"])
-            if i == logged and why != FAILED:
-                break
-            if why == FAILED:
-                self._raise_failure()
-            if why == NEEDS_EVENTS:
-                self._more_events()
-                continue
-            if not prefetched:
-                self._prefetch(log, i, logged)
-                prefetched = True
-            self._learn(int(log[i, 0]), self._issue(self._scheduler.task(int(log[i, 0])), _NOTED))
-            i += 1
-        note_edges(t, self._edges)  # those of consumers the next flush brings
+        """Issue a flushed log's tasks, in order; none is left for the session to submit."""
+        self._issue_log(log, 0, logged, self._edges)
+        note_edges(self._t, self._edges)  # those of consumers the next flush brings
         self._edges = _NO_EDGES
         return 0
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
-        producers = np.ascontiguousarray(producers, np.int64)  # the type issue_prepared takes
-        prepared = self._prepare(task)
-        if prepared is None or not self._hold(task, prepared, producers):
-            self._release_held()
-            self._issue(task, producers, prepared)
+        prepared = False  # not yet
+        while task.native:  # its arguments are in the tables: issued (or held) from there
+            status = self._submit_python(self._t, self._addresses, *self._core, self._args, task.id,
+                                         producers)
+            if status == 0:
+                return
+            if status == RESUME:
+                self._resume_held()
+                return
+            if status == EDGES_FULL:
+                self._release_held()
+                if len(producers) > len(self._t.held_edges):
+                    self._t = self._t._replace(held_edges=np.zeros((2 * len(producers), 2), np.int64))
+            elif status == UNLEARNT and prepared is False:  # its instance's first task: learnt here
+                prepared = self._prepare(task)
+                if not self._learn(task.id, None if prepared is None else prepared[0]):
+                    break
+            else:
+                break  # PYTHON_WAY, or an instance the table did not take
+        self._release_held()
+        self._issue(task, np.ascontiguousarray(producers, np.int64), prepared)
 
     def make_room(self, status: int, unfreed) -> None:
         self._release_held()
@@ -879,6 +988,33 @@ class DriverStreamExecutor:
             retired += self._retire(self._room_batch - retired)
         self._profile.stalled(RINGS[status].key, time.perf_counter() - started)
 
+    def _issue_log(self, log: np.ndarray, i: int, logged: int, edges: np.ndarray,
+                   stopped: bool = False) -> None:
+        """Issue log[i:logged] (a compiled flush's log, or the held Python submits') behind the
+        producers in `edges`, the Python way where issue_logged cannot; `stopped`: issue_logged
+        has just stopped at log[i] (why: in the state). At the first task of an instance not
+        learnt yet, the log's other new instances start compiling too, side by side, before it
+        is issued."""
+        t = self._t
+        prefetched = False
+        while i < logged:
+            if not stopped:
+                i = issue_logged(t, self._addresses, *self._core, self._args, log, i, logged, edges)
+            stopped = False
+            why = int(t.state[0]["why"])
+            if i == logged and why != FAILED:
+                break
+            if why == FAILED:
+                self._raise_failure()
+            if why == NEEDS_EVENTS:
+                self._more_events()
+                continue
+            if not prefetched:
+                self._prefetch(log, i, logged)
+                prefetched = True
+            self._learn(int(log[i, 0]), self._issue(self._scheduler.task(int(log[i, 0])), _NOTED))
+            i += 1
+
     def finish(self) -> None:
         self._release_held()
         state = self._t.state[0]
@@ -894,7 +1030,7 @@ class DriverStreamExecutor:
         try:
             self._release_held()
         except Exception:  # the error being raised is the one to report
-            self._held = None
+            self._forget_held()
         t = self._t
         state = t.state[0]
         for position in range(int(state["head"]), int(state["tail"])):
@@ -928,94 +1064,47 @@ class DriverStreamExecutor:
             self._run_library(task, producers)
             return None
         launch, own = prepared
-        self._one[0] = task.id
-        self._count[0] = -1 if producers is _NOTED else len(producers)
-        self._send_prepared(launch, self._one, task.kernel.id, int(task.worker), producers, self._count, own,
-                            _NO_STEPS)
-        return launch
-
-    def _send_prepared(self, launch: Template, ids: np.ndarray, kernel: int, worker: int,
-                       producers: np.ndarray, counts: np.ndarray, own: np.ndarray, steps: np.ndarray) -> None:
         t = self._t
-        if launch.gemm[0]["batch"] and not t.blas[0]:
-            self._take_blas_handles()
-        while (status := self._issue_prepared(t, self._addresses, *self._core, ids, kernel, worker, producers,
-                                              counts, launch.function, launch.grid, launch.block,
-                                              launch.shared, launch.gemm, launch.words, launch.task_words,
-                                              own, steps, launch.tensors)) < 0:
+        self._blas_for(launch)
+        self._one[0] = task.id
+        while (status := self._issue_prepared(
+                t, self._addresses, *self._core, self._one, task.kernel.id, int(task.worker), producers,
+                producers is _NOTED, launch.function, launch.grid, launch.block, launch.shared, launch.gemm,
+                launch.words, launch.task_words, own)) < 0:
             self._more_events()
         if status != 0 or t.state[0]["failed_task"] >= 0:
             self._raise_failure()
+        return launch
 
-    def _hold(self, task: Task, prepared: tuple[Template, np.ndarray], producers: np.ndarray) -> bool:
-        """Hold a Python submit to go out with the next ones of its instance as one launch (as
-        `_batch` forms a compiled orchestration's): it joins the held batch when it depends on
-        none of it, its scalars are the first's and its tensors' pointers advance by the batch's
-        steps; else, where its instance batches, it starts a new one. False: it goes alone."""
-        launch, own = prepared
-        shape = self._batch_shape(launch, task)
-        if shape is None:
-            return False
-        held = self._held
-        joinable = held is not None and held.launch is launch and len(held.ids) < BATCH_LIMIT and (
-            not producers.size or max(producers.tolist()) < held.ids[0])
-        if not joinable and shape.alone > 2:  # its last batches went alone (a chain; scalars that
-            shape.skipped += 1  # differ): it goes as submitted, but for every PROBE-th task
-            if shape.skipped % PROBE:
-                return False
-        words = own.tolist()
-        pointers = [words[slot] for slot in shape.pointer_slots]
-        if joinable:
-            steps = [new - old for new, old in zip(pointers, held.last)]
-            if (steps == held.steps if held.steps is not None else
-                    all(step % size == 0 and (step >= 0 or not shape.gemm)  # cuBLAS: no negative strides
-                        for step, size in zip(steps, shape.itemsizes))) and \
-                    all(words[slot] == held.words[slot] for slot in shape.scalar_slots):
-                held.ids.append(task.id)
-                held.producers.append(producers.copy())  # a view of the core's scratch
-                held.last, held.steps = pointers, steps
-                return True
-            if shape.alone > 2:
-                return False
-        self._release_held()
-        self._held = _Held(launch, shape, task.kernel.id, int(task.worker), own, words, pointers, None,
-                           [task.id], [producers.copy()])
-        return True
+    def _release_held(self) -> None:
+        """Issue the held Python submits (as the batches they form)."""
+        if self._t.held[0]["count"]:
+            self._released = True
+            if self._release_python(self._t, self._addresses, *self._core, self._args) == RESUME:
+                self._resume_held()
 
-    def _batch_shape(self, launch: Template, task: Task) -> _BatchShape | None:
-        """How tasks of `launch`'s instance compare for a batch (made at its first task here), or
-        None where they go alone: no work, a GEMM over panels, a kernel that does not batch,
-        a tensor of three dims."""
-        known = self._batch_shapes.get(id(launch))
-        if known is not None and known[0] is launch:
-            return known[1]
-        kernel = task.kernel.id
-        shape = None
-        if launch.grid != 0 and launch.gemm[0]["batch"] <= 1 and kernel < len(self._t.kernel_info) and \
-                self._t.kernel_info[kernel]["batches"] and \
-                all(p.kind == ParamKind.SCALAR or len(p.value.shape) <= 2 for p in task.params):
-            scalars = launch.scalar_slots
-            shape = _BatchShape(tuple(slot for slot in range(len(launch.task_words)) if slot not in scalars),
-                                scalars, tuple(int(size) for size in launch.tensors[:, 1]),
-                                bool(launch.gemm[0]["batch"]))
-        self._batch_shapes[id(launch)] = (launch, shape)
-        return shape
+    def _resume_held(self) -> None:
+        """Go on issuing held Python submits where submit_python or release_python stopped: an
+        instance's first GEMM of other strides, no free event, a failed call."""
+        t = self._t
+        held = t.held[0]
+        upto = int(held["upto"])
+        try:
+            self._issue_log(t.held_log, int(held["resume"]), upto, t.held_edges[:int(held["edges"])], True)
+        except BaseException:
+            self._forget_held()  # a failed run: what was not issued is not (as a compiled flush's)
+            raise
+        drop_held(t, upto)
 
-    def _release_held(self) -> bool:
-        """Issue the held Python submits, as one launch; whether there were any."""
-        held, self._held = self._held, None
-        if held is None:
-            return False
-        steps = np.array(held.steps or [0] * len(held.shape.pointer_slots), np.int64)
-        held.shape.alone = held.shape.alone + 1 if len(held.ids) == 1 else 0
-        counts = np.array([len(producers) for producers in held.producers], np.int64)
-        self._released = True
-        self._send_prepared(held.launch, np.array(held.ids, np.int64), held.kernel, held.worker,
-                            np.concatenate(held.producers), counts, held.own, steps)
-        return True
+    def _forget_held(self) -> None:
+        self._t.held[0]["count"] = self._t.held[0]["edges"] = 0
+
+    def _blas_for(self, launch: Template) -> None:
+        """Each stream's cuBLAS handle, before the first GEMM is issued or learnt here."""
+        if launch.gemm[0]["batch"] and not self._t.blas[0]:
+            self._take_blas_handles()
 
     def _take_blas_handles(self) -> None:
-        """Each stream's cuBLAS handle, before the first GEMM issued here."""
         t = self._t
         for stream, handle in enumerate(t.handles):
             t.blas[stream] = self._backend.blas_handle(int(handle))
@@ -1053,13 +1142,16 @@ class DriverStreamExecutor:
         if count > 1:  # one alone compiles as it is issued
             self._backend.prefetch([self._scheduler.task(int(task_id)) for task_id in ids[:count]])
 
-    def _learn(self, task_id: int, launch: Template | None) -> None:
-        """Enter a logged task's launch for its instance's later tasks."""
-        if launch is not None and self._args is not None:
-            integer = np.zeros(MAX_SCALARS, np.int64)
-            integer[:len(launch.integer_scalars)] = launch.integer_scalars
-            learn(self._t, self._core[1], self._args, task_id, launch.function, launch.grid, launch.block,
-                  launch.shared, launch.gemm, integer)
+    def _learn(self, task_id: int, launch: Template | None) -> bool:
+        """Enter the launch of a task whose arguments are in the tables for its instance's later
+        tasks; whether the instance is learnt."""
+        if launch is None or self._args is None:
+            return False
+        self._blas_for(launch)
+        integer = np.zeros(MAX_SCALARS, np.int64)
+        integer[:len(launch.integer_scalars)] = launch.integer_scalars
+        return learn(self._t, self._core[1], self._args, task_id, launch.function, launch.grid, launch.block,
+                     launch.shared, launch.gemm, integer)
 
     def _retire(self, limit: int) -> int:
         retired = retire_reached(self._t, self._addresses, *self._core, limit)
