@@ -57,7 +57,7 @@ def _scalars_differ(o, x, y):
 @pytest.mark.parametrize("shape", ["chain", "scalars_differ"])
 def test_python_submits_that_go_alone(benchmark, shape):
     """Python submits no batch takes (a chain; factors that differ): what holding submits for a
-    batch must not cost them (DriverStreamExecutor._hold)."""
+    batch must not cost them (driver_streams.submit_python)."""
     rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=4096)
     x, y = (rt.backend.to_device(a) for a in rows())
     run = (generated_python, x, y, "chain") if shape == "chain" else (_scalars_differ, x, y)
@@ -174,9 +174,9 @@ def test_issue_from_compiled_code(benchmark, no_op):
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / ISSUES * 1e6
 
 
-@pytest.mark.parametrize("orchestration, shape",
-                         [(generated, "independent"), (generated_python, "independent"), (generated_python, "chain")],
-                         ids=["compiled", "python-independent", "python-chain"])
+@pytest.mark.parametrize("orchestration, shape", [
+    (generated, "independent"), (generated_python, "independent"), (generated_python, "chain")],
+    ids=["compiled", "python-independent", "python-chain"])
 def test_stream_executor_host_cost(benchmark, null_driver, orchestration, shape):
     """Over a driver whose per-task calls do nothing: the executor's own issue and retirement
     of a task, from a compiled orchestration or a Python submit (its arguments written to the

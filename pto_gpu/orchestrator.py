@@ -107,9 +107,10 @@ class Orchestrator:
         self._producers_wanted = recorder is not None or executor.wants_producers
         self._jit: Session | None = None  # created by the first compiled() call
         # The run's argument tables and the executor's native lanes (executors/native.py), taken
-        # by the first compiled() call or submit of a kernel with native or CUDA code
-        # (_make_arguments): submits of the kernels the lanes run (`_native_kernels`: native
-        # workers', or a CUDA driver's stream executor's) write their arguments there.
+        # by the first compiled() call or submit of a kernel with native code or one of the
+        # executor's `_driver_kernels` (_make_arguments): submits of the kernels the lanes run
+        # (`_native_kernels`: native workers', or a CUDA driver's stream executor's) write their
+        # arguments there.
         self._kept_args = arguments  # the runtime's, sized by its task window
         self._args: ArgTables | None = None
         self._writer: ArgWriter | None = None  # over _args, for Python submits
@@ -117,6 +118,9 @@ class Orchestrator:
         self._native_kernels: frozenset[int] = frozenset()
         # Only an executor with lanes needs the tables for Python submits.
         self._lanes_possible = executor.runs_kernels and hasattr(executor, "native_lanes")
+        # Kernels whose tasks an executor issues from the tables though they have no native code
+        # (a CUDA driver's stream executor: those with CUDA code)
+        self._driver_kernels: frozenset[int] = getattr(executor, "kernel_ids", frozenset())
         self._ranks = ranks  # a distributed run's placement (pto_gpu/distributed); None: one process
         self._transfer_rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
         self.dist_arrays: list[DistArray] = []  # taken by o.external: the run releases their others' rows
@@ -361,7 +365,7 @@ class Orchestrator:
         # are this rank's own tasks: the core need not know it (unless a window counts it).
         if task.runs_here or self._windows is not None:
             arguments = None
-            code = kernel.native is not None or kernel.cuda is not None
+            code = kernel.native is not None or kernel.id in self._driver_kernels
             if code and self._lanes_possible and task.runs_here:
                 if self._args is None:
                     self._make_arguments()

@@ -47,13 +47,16 @@ class RunResult:
     busy: dict[str, float]  # worker class -> share of (wall time x its workers) spent in kernels
     graph: Graph | None = None
     makespan: float | None = None  # executor="sim": the simulated seconds from first start to last end
-    # consumers that ran on another worker than a producer (sim; threads under affinity)
+    # consumers that ran on another worker than a producer (sim; threads under affinity); on
+    # the stream executors, the event waits a stream enqueued for a producer on another
     cross_waits: int | None = None
     # kernel -> (measured - predicted) / measured, over this run's calls the cost history (as it
     # was before the run) or a cost= model could predict
     prediction_error: dict[str, float] = dataclasses.field(default_factory=dict)
     ranks: Ranks | None = None  # a distributed run's: this rank's tasks and bytes
-    native_tasks: int = 0  # run by native workers, without the GIL (executors/native.py)
+    # run by native workers, without the GIL (executors/native.py); on a CUDA driver's stream
+    # executor, issued from the argument tables without the backend preparing their launch
+    native_tasks: int = 0
     # the launches (and cuBLAS calls) the stream executor on a CUDA driver made: fewer than its
     # tasks where tasks of one instance went out as one (executors/driver_streams.py)
     native_launches: int = 0
@@ -75,7 +78,8 @@ class RunResult:
         if self.cross_waits is not None:
             lines.append(f"  waits on a producer that ran on another worker: {self.cross_waits:,}")
         if self.native_tasks:
-            lines.append(f"  run by native workers: {self.native_tasks:,} tasks")
+            lines.append(f"  run natively (native workers, or launches from the argument tables): "
+                         f"{self.native_tasks:,} tasks")
         if self.native_launches:
             lines.append(f"  in {self.native_launches:,} launches")
         if self.prediction_error:

@@ -1,7 +1,7 @@
 """The stream executor on a CUDA driver (executors/driver_streams.py), on the CUDA emulator:
 compiled orchestrations' tasks issue without Python once their instance's launch is learnt,
-with the words the Python way passes; a task on another stream than its producer waits for
-it, within one flush and across flushes; back-pressure; device faults and refused launches on
+with the words the Python way passes; a chain stays on its stream and a consumer on another
+stream than its producer waits for it; back-pressure; device faults and refused launches on
 the native path are the TaskError of their task. (Equality with the serial CPU executor over
 every orchestration and random graphs: test_cuda.py, test_fuzz.py.)"""
 
@@ -170,18 +170,28 @@ def test_held_python_submits_go_out_when_the_ring_is_full_and_when_a_run_fails()
     assert not rt.backend.to_host(y)[3:].any()
 
 
+def test_python_submits_past_a_launchs_limit_start_another_batch():
+    """300 rows, a task each, that would all join one batch: a launch takes at most BATCH_LIMIT
+    (256) of them, the rest go in a second."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=1024)
+    x = rt.backend.to_device(np.arange(300 * 16, dtype=np.float32).reshape(300, 16))
+    y = rt.backend.to_device(np.zeros((300, 16), np.float32))
+    result = rt.run(rows_in_order_python, x, y, list(range(300)))
+    np.testing.assert_array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
+    assert result.native_launches == 2 and driver_streams.BATCH_LIMIT == 256
+
+
 def test_a_full_ring_whose_held_submits_finish_as_they_go_out_is_not_a_deadlock(monkeypatch):
     """Back-pressure sends the held batch; when it has finished by the time it is polled, the
     ring is empty and has room: not a DeadlockError (a race on a GPU, forced here)."""
     release = DriverStreamExecutor._release_held
 
     def release_and_let_it_finish(self):
-        released = release(self)
+        release(self)
         state = self._t.state[0]
         while state["head"] != state["tail"]:
             self._wait_for_oldest()
             self._retire(len(self._t.ring))
-        return released
 
     monkeypatch.setattr(DriverStreamExecutor, "_release_held", release_and_let_it_finish)
     rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=16)
@@ -286,31 +296,58 @@ def test_a_native_launch_passes_the_words_of_the_python_way(name, value, monkeyp
     assert received == [expected, expected]
 
 
-def test_a_task_on_another_stream_waits_for_its_producer(monkeypatch):
-    """A chain alternates between two streams (each task on the other stream than the one before
-    it) and each kernel takes 2 ms: a wait left out would let the next start before it ends."""
-    rt = pto.Runtime(backend="cuda-emulated", executor="stream", workers={pto.VECTOR: 2})
+def joins(o, y, z, w):
+    """Rounds of two producers (rows of z; factors that differ, so no batch) and a consumer of
+    both (a row of w)."""
+    Y, Z, W = (o.external(a) for a in (y, z, w))
+    for i in range(len(w)):
+        first, second = slice(2 * i, 2 * i + 1), slice(2 * i + 1, 2 * i + 2)
+        o.submit(scale, pto.input(Y[first]), pto.output(Z[first]), float(i + 1))
+        o.submit(scale, pto.input(Y[second]), pto.output(Z[second]), float(i + 11))
+        o.submit(add, pto.input(Z[first]), pto.input(Z[second]), pto.output(W[i:i + 1]))
+
+
+def test_a_chain_stays_on_its_stream_and_a_join_waits_on_the_other(monkeypatch):
+    """Two VECTOR streams; every kernel sleeps (the first producer of a round 6 ms, the other
+    2 ms, a consumer 1 ms), so a consumer that did not wait for a producer would start before it
+    ends. A chain stays on one stream: no event wait. Each round's producers go to the two
+    streams in turn and the consumer continues the newer one's stream: it starts after both
+    ended, through one event wait a round."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", workers={pto.VECTOR: 2})
     runs = []
     lock = threading.Lock()
 
-    def record(grid, block, shared, params, context):
-        factor = np.array([ctypes.cast(params[14], ctypes.POINTER(ctypes.c_int64))[0]]).view(np.float64)[0]
+    def word(params, i):
+        return ctypes.cast(params[i], ctypes.POINTER(ctypes.c_int64))[0]
+
+    def record(what, seconds):
         started = time.perf_counter()
-        time.sleep(0.002)
+        time.sleep(seconds)
         with lock:
-            runs.append((factor, started, time.perf_counter()))
+            runs.append((what, started, time.perf_counter()))
         return 0
 
-    entry = emulator.ENTRY(record)
-    monkeypatch.setattr(rt.backend.device, "function",
-                        lambda code, kernel, layout, scalars: emulator.function(entry, [8] * 15))
+    def scaled(grid, block, shared, params, context):  # the factor's word is the 15th
+        factor = np.array([word(params, 14)]).view(np.float64)[0]
+        return record(factor, 0.006 if factor < 10 else 0.002)
+
+    def added(grid, block, shared, params, context):  # the output's pointer is the 15th word
+        return record(word(params, 14), 0.001)
+
+    entries = {"scale": emulator.ENTRY(scaled), "add": emulator.ENTRY(added)}
+    monkeypatch.setattr(rt.backend.device, "function", lambda code, kernel, layout, scalars:
+                        emulator.function(entries[kernel.name], [8] * (15 if kernel.name == "scale" else 21)))
     x = rt.backend.to_device(np.ones((2, 4), np.float32))
-    result = rt.run(chain, x, 12)
-    assert result.native_tasks == 11
-    runs.sort()
-    assert [factor for factor, _, _ in runs] == [float(i + 1) for i in range(12)]
-    for (_, _, ended), (_, started, _) in zip(runs, runs[1:]):
-        assert started >= ended
+    assert rt.run(chain, x, 12).cross_waits == 0
+    y, z, w = (rt.backend.to_device(np.zeros(shape, np.float32)) for shape in ((6, 4), (6, 4), (3, 4)))
+    rt.run(joins, y, z, w)  # the instances learnt: no first-use work between a round's tasks
+    runs.clear()
+    result = rt.run(joins, y, z, w)
+    assert result.cross_waits == 3
+    ran = {what: (started, ended) for what, started, ended in runs}
+    for i in range(3):
+        consumer_start = ran[w[i:i + 1].ctypes.data][0]
+        assert consumer_start >= max(ran[float(i + 1)][1], ran[float(i + 11)][1])
 
 
 @pytest.mark.parametrize("fault", ["kernel", "launch"])

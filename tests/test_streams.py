@@ -51,6 +51,45 @@ def test_a_consumer_on_another_stream_waits_for_its_producer():
     assert result.executor == "stream"
 
 
+@pto.kernel(worker=pto.VECTOR)
+def slow_scale(a, out, factor, seconds):
+    time.sleep(seconds)
+    out[...] = a * factor
+
+
+@pto.kernel(worker=pto.VECTOR)
+def add_rows(a, b, out):
+    out[...] = a + b
+
+
+def chain_then_joins(o, x, y, z, w):
+    """Six tasks scaling x in place (a chain; 0.01 s each), then three rounds of two slow producers (rows of
+    z, 0.1 s and 0.05 s) and a consumer of both (a row of w)."""
+    X, Y, Z, W = (o.external(a) for a in (x, y, z, w))
+    for _ in range(6):
+        o.submit(slow_scale, pto.input(X), pto.output(X), 2.0, 0.01)
+    for i in range(3):
+        o.submit(slow_scale, pto.input(Y[2 * i]), pto.output(Z[2 * i]), float(i + 1), 0.1)
+        o.submit(slow_scale, pto.input(Y[2 * i + 1]), pto.output(Z[2 * i + 1]), float(i + 11), 0.05)
+        o.submit(add_rows, pto.input(Z[2 * i]), pto.input(Z[2 * i + 1]), pto.output(W[i]))
+
+
+def test_a_chain_stays_on_its_stream_and_a_join_waits_on_the_other():
+    """On two VECTOR streams a chain's tasks follow each other on one stream: no event wait
+    (taking the streams in turn, each would wait on the one before, still running). Each round's
+    producers go to the two streams in turn; their consumer continues the newer one's stream
+    and waits on the other's event (its slow producer is still running): one wait a round.
+    The results are the serial executor's (a consumer that did not wait would read zeros)."""
+    arrays = [np.arange(16, dtype=np.float32).reshape(2, 8), np.arange(48, dtype=np.float32).reshape(6, 8),
+              zeros(6, 8), zeros(3, 8)]
+    expected = [a.copy() for a in arrays]
+    pto.Runtime(backend="cpu", executor="serial").run(chain_then_joins, *expected)
+    result = stream_runtime().run(chain_then_joins, *arrays)
+    for got, want in zip(arrays, expected):
+        np.testing.assert_array_equal(got, want)
+    assert result.cross_waits == 3
+
+
 def rendezvous_run(vector_streams: int) -> None:
     """Two independent VECTOR tasks that each wait for the other to be running."""
     barrier = threading.Barrier(2, timeout=2)

@@ -12,8 +12,10 @@ cuEventQuery. The rules are those of
 executors/streams.py, which serves the CPU backend's Python streams, captures, and runs that
 trace, measure or validate (those keep a record of every task):
 
-  - a task goes to the next stream of its worker class in turn, after a wait on the event of
-    the newest producer still in flight on each other stream (stream order covers the rest);
+  - a task that continues a chain (a producer of it is the last task issued to a stream of
+    its class) goes to that stream, whose order stands for a wait; any other to the next
+    stream of its class in turn; either after a wait on the event of the newest producer
+    still in flight on each other stream (stream order covers the rest);
   - tasks retire in submission order as their events are reached: polled after each issue,
     waited on when a ring is full, and when the orchestration has ended;
   - an event is recorded again only once its task has retired and no wait issued on it is
@@ -74,7 +76,6 @@ from .instance_keys import ANY_SCALARS, INSTANCES, KERNEL_INFO, KEY_WIDTH, find,
 
 CLASSES = len(WorkerType)
 _NOTED = np.zeros(0, np.int64)  # producers already in the pending table
-_NO_STEPS = np.zeros(0, np.int64)  # a task issued alone
 _NO_EDGES = np.zeros((0, 2), np.int64)
 MAX_STREAMS = 16
 EVENT_BATCH = 64  # events taken from the backend at a time (at most a task window's)
@@ -104,6 +105,7 @@ STATE = np.dtype([
     ("failed_call", np.int64),  # which call (launches.CALLS)
     ("native", np.int64),  # tasks issued from the log without Python
     ("launches", np.int64),  # launches (and GEMM calls) made, for Python and logged tasks: a batch's one
+    ("waits", np.int64),  # event waits enqueued: a stream waiting for a producer on another
     ("edge", np.int64),  # the next edge of the flushed edge log to note
 ], align=True)
 FAILURE = ("failed_task", "failed_status", "failed_call")
@@ -176,6 +178,7 @@ class Tables(NamedTuple):
     class_streams: np.ndarray  # [class, i]: the i-th stream of the class
     class_count: np.ndarray  # [class]: how many streams it has
     handles: np.ndarray  # per stream: its CUstream
+    tails: np.ndarray  # per stream: the last task issued to it (-1: none yet)
     blas: np.ndarray  # per stream: its cuBLAS handle, once a GEMM needs them (0 before)
     stream_end: np.ndarray  # per stream: when its last retired task ended (monotonic ns)
     stats: np.ndarray  # [stream, kernel]: tasks retired, their ns
@@ -196,7 +199,7 @@ class Tables(NamedTuple):
     bits: np.ndarray
     ready: np.ndarray  # the core's completion scratch
     held: np.ndarray  # HELD, one row
-    held_log: np.ndarray  # (BATCH_LIMIT, 2): the held tasks' ids, as a compiled log's
+    held_log: np.ndarray  # (BATCH_LIMIT + 1, 2): the held tasks' ids (and one that did not join)
     held_edges: np.ndarray  # (n, 2): their producers, as a compiled flush's edge log
     held_key: np.ndarray  # the leader's instance key
     held_words: np.ndarray  # and its argument words
@@ -266,15 +269,34 @@ def _fail(t, task_id, status, call):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _stream(t, task_id, worker):
+    """The stream a task goes to: where it continues a chain (a producer of it is the last
+    task issued to a stream of its class; the newest such), that stream, whose order then
+    stands for a wait on another; else the next of its class in turn."""
+    row = t.pending[task_id & (len(t.pending) - 1)]
+    stream, newest = -1, -1
+    if row.consumer == task_id:
+        for i in range(t.class_count[worker]):
+            candidate = t.class_streams[worker, i]
+            producer = row.newest[candidate]
+            if producer > newest and producer == t.tails[candidate]:
+                stream, newest = candidate, producer
+    if stream < 0:
+        s = t.state[0]
+        stream = t.class_streams[worker, s.turn[worker] % t.class_count[worker]]
+        s.turn[worker] += 1
+    return stream
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _begin(t, driver, task_id, kernel, worker, now):
-    """Take the task's slot, the next stream of its class and an event, and enqueue its waits
-    on the newest producer in flight on each other stream. -1 when no event is free (nothing
-    taken); else the first CUresult that is not 0, or 0."""
+    """Take the task's slot, a stream of its class (`_stream`) and an event, and enqueue its
+    waits on the newest producer in flight on each other stream. -1 when no event is free
+    (nothing taken); else the first CUresult that is not 0, or 0."""
     s = t.state[0]
     if s.free == 0:
         return -1
-    stream = t.class_streams[worker, s.turn[worker] % t.class_count[worker]]
-    s.turn[worker] += 1
+    stream = _stream(t, task_id, worker)
     s.free -= 1
     event = t.pool[s.free]
     t.events[event].busy = 0
@@ -289,6 +311,7 @@ def _join(t, driver, task_id, kernel, stream, event, now):
     stream; the first CUresult that is not 0, or 0."""
     mask = len(t.slots) - 1
     t.events[event].busy += 1
+    t.tails[stream] = task_id
     slot = t.slots[task_id & mask]
     slot.task = task_id
     slot.kernel = kernel
@@ -308,6 +331,7 @@ def _join(t, driver, task_id, kernel, stream, event, now):
                 slot.after[slot.waits] = waited
                 slot.waits += 1
                 t.events[waited].waiters += 1
+                t.state[0].waits += 1
     return 0
 
 
@@ -863,6 +887,7 @@ class DriverStreamExecutor:
             events=np.zeros(window * len(handles) + EVENT_BATCH, EVENT),
             pool=np.zeros(window * len(handles) + EVENT_BATCH, np.int64), pending=pending,
             class_streams=class_streams, class_count=class_count, handles=np.array(handles, np.int64),
+            tails=np.full(len(handles), -1, np.int64),
             blas=np.zeros(len(handles), np.int64), stream_end=np.zeros(len(handles), np.int64),
             stats=np.zeros((len(handles), len(kernels), 2), np.int64),
             kernel_info=self._kernel_info(kernels), keys=instances.keys, filled=instances.filled,
@@ -872,7 +897,7 @@ class DriverStreamExecutor:
             tensors=np.zeros((MAX_PARAMS, 2), np.int64),
             gemm=np.zeros(1, GEMM_CALL), params=scratch.params, double=double, bits=double.view(np.int64),
             ready=scheduler.ready_scratch(), held=np.zeros(1, HELD),
-            held_log=np.zeros((BATCH_LIMIT, 2), np.int64), held_edges=np.zeros((HELD_EDGES, 2), np.int64),
+            held_log=np.zeros((BATCH_LIMIT + 1, 2), np.int64), held_edges=np.zeros((HELD_EDGES, 2), np.int64),
             held_key=np.zeros(KEY_WIDTH, np.int64),
             held_words=np.zeros_like(scratch.words), held_strides=np.zeros(MAX_PARAMS, np.int64),
             alone=np.zeros(INSTANCES, np.int64), skipped=np.zeros(INSTANCES, np.int64))
@@ -918,8 +943,14 @@ class DriverStreamExecutor:
 
     @property
     def native_tasks(self) -> int:
-        """Tasks of compiled orchestrations issued without Python."""
+        """Tasks issued from the argument tables (compiled orchestrations' and Python submits'),
+        without the backend preparing their launch."""
         return int(self._t.state[0]["native"])
+
+    @property
+    def cross_waits(self) -> int:
+        """Event waits enqueued: a stream waiting for a producer's event on another."""
+        return int(self._t.state[0]["waits"])
 
     @property
     def native_launches(self) -> int:
@@ -955,6 +986,7 @@ class DriverStreamExecutor:
             status = self._submit_python(self._t, self._addresses, *self._core, self._args, task.id,
                                          producers)
             if status == 0:
+                self._raise_any_failure()  # one found while retiring what was reached
                 return
             if status == RESUME:
                 self._resume_held()
@@ -1082,6 +1114,7 @@ class DriverStreamExecutor:
             self._released = True
             if self._release_python(self._t, self._addresses, *self._core, self._args) == RESUME:
                 self._resume_held()
+            self._raise_any_failure()
 
     def _resume_held(self) -> None:
         """Go on issuing held Python submits where submit_python or release_python stopped: an
@@ -1170,6 +1203,10 @@ class DriverStreamExecutor:
             raise
         except Exception as cause:  # the wait timed out
             raise TaskError.of(self._scheduler.task(task_id), cause) from cause
+
+    def _raise_any_failure(self) -> None:
+        if self._t.state[0]["failed_task"] >= 0:
+            self._raise_failure()
 
     def _raise_failure(self) -> None:
         state = self._t.state[0]

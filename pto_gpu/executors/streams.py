@@ -1,7 +1,9 @@
 """The stream executor: issue-ahead dispatch onto the backend's streams (docs/DESIGN.md, "GPU").
 
 A task is issued the moment it is submitted, since its producers were submitted, so issued,
-before it. The streams of its worker class take turns; the chosen stream first waits on the
+before it. A task that continues a chain (a producer of it is the last task issued to a
+stream of its class; the newest such) goes to that stream, whose order then stands for a
+wait; any other to the streams of its class in turn. The chosen stream first waits on the
 event of the newest producer still in flight on each other stream (stream order covers the
 older ones and those on its own stream), then the kernel is enqueued with an event recorded
 behind it. Tasks retire (complete in the core, which reclaims their heap space) in
@@ -63,6 +65,8 @@ class StreamExecutor:
                 self._streams.append(backend.stream((worker.name, i)))
                 self._lanes.append(profile.lane(f"{worker.name}-stream-{i}", (worker,)))
         self._turn = dict.fromkeys(streams, 0)
+        self._tails: list[int] = [-1] * len(self._streams)  # per stream: the last task issued to it
+        self.cross_waits = 0  # event waits enqueued: a stream waiting for a producer on another
         self._last_end = [0.0] * len(self._streams)  # per stream: when its last retired task ended
         self._in_flight: collections.deque[Issued] = collections.deque()
         self._issued: dict[int, Issued] = {}  # the in-flight tasks by id
@@ -75,14 +79,12 @@ class StreamExecutor:
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
-        streams = self._of_class[task.worker]
-        index = streams[self._turn[task.worker] % len(streams)]
-        self._turn[task.worker] += 1
+        in_flight = [issued for issued in map(self._issued.get, map(int, producers)) if issued is not None]
+        index = self._stream_for(task, in_flight)
         stream = self._streams[index]
         newest: dict[int, Issued] = {}  # other stream -> its newest in-flight producer
-        for producer in producers:
-            issued = self._issued.get(int(producer))
-            if issued is not None and issued.stream != index:
+        for issued in in_flight:
+            if issued.stream != index:
                 held = newest.get(issued.stream)
                 if held is None or held.task.id < issued.task.id:
                     newest[issued.stream] = issued
@@ -96,6 +98,8 @@ class StreamExecutor:
                 # A device fault fails every later CUDA call: name the task it came from.
                 self._retire_reached()
             raise TaskError.of(task, cause) from cause
+        self.cross_waits += len(newest)
+        self._tails[index] = task.id
         record = Issued(task, index, event, time.perf_counter(), tuple(newest.values()),
                         first_calls() != prepared)
         self._in_flight.append(record)
@@ -103,6 +107,16 @@ class StreamExecutor:
         self._profile.sample(self._scheduler, len(self._in_flight))
         if not self._capturing:
             self._retire_reached()
+
+    def _stream_for(self, task: Task, in_flight: list[Issued]) -> int:
+        """The stream a task goes to (see the module docstring)."""
+        streams = self._of_class[task.worker]
+        chained = [issued for issued in in_flight
+                   if issued.stream in streams and self._tails[issued.stream] == issued.task.id]
+        if chained:
+            return max(chained, key=lambda issued: issued.task.id).stream
+        self._turn[task.worker] += 1
+        return streams[(self._turn[task.worker] - 1) % len(streams)]
 
     def make_room(self, status: int, unfreed) -> None:
         ring = RINGS[status]

@@ -162,6 +162,7 @@ def tables(typingctx, o):
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INTS, _FLOATS = (int, np.int64), (float, np.float64)
+_SCALAR = ParamKind.SCALAR
 
 
 class ArgTables(collections.namedtuple("ArgTables",
@@ -220,27 +221,26 @@ class ArgWriter:
         scalars = 0
         first_scalar = slot * MAX_SCALARS
         for param in task.params:
-            value = param.value
-            if param.kind != ParamKind.SCALAR:
-                desc = desc_bytes(value)
+            kind = param.kind
+            if kind != _SCALAR:
+                desc = desc_bytes(param.value)
                 if desc is None or scalars:
                     return False
                 descs.append(desc)
-                kinds.append(_KIND_BYTES[param.kind])
-            elif scalars == MAX_SCALARS:
+                kinds.append(_KIND_BYTES[kind])
+                continue
+            if scalars == MAX_SCALARS:
                 return False
-            elif type(value) in _INTS:
-                if not _INT64_MIN <= value <= _INT64_MAX:
-                    return False
-                self._int[first_scalar + scalars] = int(value)
-                self._scalar_kind[first_scalar + scalars] = S_INT
-                scalars += 1
-            elif type(value) in _FLOATS:
-                self._float[first_scalar + scalars] = float(value)
+            value = param.value
+            if type(value) in _FLOATS:
+                self._float[first_scalar + scalars] = value
                 self._scalar_kind[first_scalar + scalars] = S_FLOAT
-                scalars += 1
+            elif type(value) in _INTS and _INT64_MIN <= value <= _INT64_MAX:
+                self._int[first_scalar + scalars] = value
+                self._scalar_kind[first_scalar + scalars] = S_INT
             else:
                 return False
+            scalars += 1
         n = len(descs)
         start = slot * self._slot_descs
         self._desc[start:start + n * DESC_BYTES] = b"".join(descs)
