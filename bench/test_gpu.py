@@ -61,6 +61,13 @@ def per_task(benchmark):
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / TASKS * 1e6
 
 
+def how_it_ran(benchmark, result) -> None:
+    """What a stream run's last round did: tasks issued from the argument tables, launches
+    (fewer than tasks where they were batched), event waits between streams."""
+    benchmark.extra_info.update(native_tasks=float(result.native_tasks),
+                                launches=float(result.native_launches), cross_waits=float(result.cross_waits))
+
+
 @pytest.fixture(scope="module")
 def cupy():
     import cupy
@@ -75,6 +82,7 @@ def test_overhead_streams(benchmark, cupy, chain):
     result = benchmark.pedantic(rt.run, (tiny_tasks, x, chain), rounds=ROUNDS, warmup_rounds=2)
     assert result.num_tasks == TASKS and float(x.sum()) == 128
     per_task(benchmark)
+    how_it_ran(benchmark, result)
 
 
 @pytest.mark.parametrize("shape", ["chain", "independent"])
@@ -88,6 +96,7 @@ def test_overhead_streams_compiled(benchmark, cupy, shape):
     if shape == "independent":
         assert bool((y == 2 * x).all())
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / COMPILED_TASKS * 1e6
+    how_it_ran(benchmark, result)
 
 
 @pytest.mark.parametrize("chain", [True, False], ids=["chain", "independent"])
@@ -134,7 +143,7 @@ def tiled_matmul_rounds(benchmark, cupy, orchestration, tile: int):
     assert result.num_tasks == (2048 // tile) ** 2 * (2048 // tile + 2)
     assert np.abs(dc.get() - expected).max() <= 1e-4 * np.abs(expected).max()
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / result.num_tasks * 1e6
-    benchmark.extra_info["native_tasks"] = float(result.native_tasks)
+    how_it_ran(benchmark, result)
 
 
 @pytest.mark.parametrize("orchestration", [tiled_matmul, tiled_matmul_compiled], ids=["python", "compiled"])
