@@ -84,6 +84,23 @@ def test_a_read_spanning_writers_is_one_transfer_per_writer():
                                                                             (1, [False, True, False])]
 
 
+def test_a_copy_of_holdings_starts_where_they_started_whatever_the_first_did():
+    """A run's Holdings are copies of those an array's first run made (Placement._track): what
+    one copy is told (writes, reads that split its units) changes neither the original nor
+    another copy."""
+    t = matrix(4, 4)
+    made = Holdings(np.repeat(np.array([0, 0, 1, 1], np.int8), 4), 16, pto.FLOAT32, 2)
+    first = made.copy()
+    first.wrote(t[:, 0:1], 1)  # splits the row units into elements
+    [(source, mask)] = first.fetch(t[0:2], 0)  # rank 0 lacks its rows' new column 0
+    assert source == 1 and mask.tolist() == [[True, False, False, False]] * 2
+    second = made.copy()
+    assert made.unit == second.unit == 8 and first.unit == 1  # two units of two rows each
+    assert made.writer.tolist() == second.writer.tolist() == [0, 1]
+    assert second.fetch(t[0:2], 1) == [(0, None)] and second.fetch(t[2:4], 1) == []
+    assert made.fetch(t[0:2], 1) == [(0, None)]  # the original was not told of second's fetch
+
+
 def test_tables_are_as_coarse_as_the_regions_seen_allow():
     t = matrix(2, 8)
     holdings = Holdings(1, 16, pto.FLOAT32, 2)

@@ -95,6 +95,17 @@ class Holdings:
         self._full: dict[tuple, int] = {}  # region layout -> AND of its elements' valid bits
         self._views: dict[tuple, tuple] = {}  # region layout -> (its element count per entry, views)
 
+    def copy(self) -> Holdings:
+        """Another Holdings of the same owners, in the state this one was made in (every element
+        valid at its owner, its owner its writer): a run's, from a table made for an earlier one."""
+        fresh = object.__new__(Holdings)
+        fresh.dtype, fresh.itemsize, fresh.count = self.dtype, self.itemsize, self.count
+        fresh._valid_type, fresh.unit = self._valid_type, self.unit
+        fresh.owner = self.owner  # never written in place (_refine makes new tables)
+        fresh.writer, fresh.valid = self.writer.copy(), self.valid.copy()
+        fresh._full, fresh._views = {}, {}
+        return fresh
+
     # --- the tables seen through a region --------------------------------------------------
     def _region(self, tensor: TensorDescriptor) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray]:
         """The region's layout key and its views of the owner, writer and valid tables, in
