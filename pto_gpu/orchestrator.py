@@ -316,7 +316,7 @@ class Orchestrator:
             raise ParamError(f"submit() takes a @pto.kernel, not {type(kernel).__name__}")
         for p in params:
             if type(p) is not Param:
-                params = tuple(p if type(p) is Param else as_param(p, i) for i, p in enumerate(params))
+                params = tuple([p if type(p) is Param else as_param(p, i) for i, p in enumerate(params)])
                 break
         if len(params) > cs.MAX_PARAMS:
             count = sum(p.kind != ParamKind.SCALAR for p in params)

@@ -65,6 +65,8 @@ def scalar(value: numbers.Number) -> Param:
 
 def as_param(value: object, position: int) -> Param:
     """A submit argument as a Param; plain numbers are scalars, anything else is refused."""
+    if type(value) in _PLAIN_NUMBERS:  # before the ABC's isinstance, which costs ~0.5 µs a scalar
+        return Param(ParamKind.SCALAR, value)
     if isinstance(value, Param):
         return value
     if isinstance(value, numbers.Number):
@@ -74,6 +76,9 @@ def as_param(value: object, position: int) -> Param:
                          "wrap it in pto.input(), pto.output() or pto.inout()")
     raise ParamError(f"param {position} is a {type(value).__module__}.{type(value).__name__}; "
                      "pass arrays through o.external() and wrap them in pto.input/output/inout")
+
+
+_PLAIN_NUMBERS = frozenset((int, float))
 
 
 def core_rows(params: tuple[Param, ...], rows: np.ndarray) -> np.ndarray:
