@@ -84,8 +84,9 @@ EVENT_BATCH = 64  # events taken from the backend at a time (at most a task wind
 NEEDS_PYTHON, NEEDS_EVENTS, FAILED = 1, 2, 3
 # What `submit_python` answers, besides 0 (held or issued): the task's instance is not learnt;
 # it is to go the Python way (its arguments are not an instance's, or its GEMM record is for
-# other strides); the held log was partly issued (Python goes on from held.resume to
-# held.upto); its producers do not fit the held edges. Nothing was done but for RESUME.
+# other strides); the held log was partly issued (Python goes on with its first held.upto
+# tasks, issue_logged having stopped at the first); its producers do not fit the held edges.
+# Nothing was done but for RESUME.
 UNLEARNT, PYTHON_WAY, RESUME, EDGES_FULL = 1, 2, 3, 4
 # Logged tasks of one instance one launch may take (`_batch`): a flush's worth (jit/host.py).
 BATCH_LIMIT = LOG_CAPACITY
@@ -136,8 +137,7 @@ HELD = np.dtype([  # Python submits held to go out as one launch (`submit_python
     ("count", np.int64),  # tasks in held_log
     ("edges", np.int64),  # their producer edges in held_edges, (producer, consumer) by consumer
     ("instance", np.int64),  # the leader's learnt instance slot
-    ("resume", np.int64),  # after RESUME: the first of held_log not issued
-    ("upto", np.int64),  # and the end of what was being issued
+    ("upto", np.int64),  # after RESUME: how many of held_log were to go out
 ], align=True)
 
 LAUNCHES = np.dtype([  # per instance table slot: its launch
@@ -661,17 +661,17 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
 @njit(cache=True, _nrt=False, inline="always")
 def _issue_held(t, driver, header, tasks, buffers, deps, args, go):
     """Issue the first `go` held tasks (the log's way: batches as `_batch` forms them) and drop
-    them and their noted edges from the held log; 0, or RESUME where issue_logged stopped
-    (held.resume: the first not issued, held.upto: go)."""
+    them and their noted edges from the held log, which so holds only tasks not issued; 0, or
+    RESUME where issue_logged stopped (at the log's first task now; held.upto: the tasks from
+    there that were to go)."""
     h = t.held[0]
     t.state[0].edge = 0
     issued = issue_logged(t, driver, header, tasks, buffers, deps, args, t.held_log, 0, go,
                           t.held_edges[:h.edges])
+    _drop_held(t, issued)
     if issued < go:
-        h.resume = issued
-        h.upto = go
+        h.upto = go - issued
         return RESUME
-    _drop_held(t, go)
     return 0
 
 
@@ -1123,7 +1123,7 @@ class DriverStreamExecutor:
         held = t.held[0]
         upto = int(held["upto"])
         try:
-            self._issue_log(t.held_log, int(held["resume"]), upto, t.held_edges[:int(held["edges"])], True)
+            self._issue_log(t.held_log, 0, upto, t.held_edges[:int(held["edges"])], True)
         except BaseException:
             self._forget_held()  # a failed run: what was not issued is not (as a compiled flush's)
             raise
