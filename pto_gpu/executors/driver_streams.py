@@ -602,6 +602,20 @@ def _send(t, driver, ids, kernel, worker, function, grid, block, shared, gemm, t
     return 0
 
 
+NO_INSTANCE, NOT_LEARNT = -2, -1  # what `_learnt` answers instead of a slot
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _learnt(t, tasks, args, task_id):
+    """The learnt launches' slot of the instance of a task whose arguments are in `args` (its
+    key left in t.key); NO_INSTANCE where it has no instance key, NOT_LEARNT where its
+    instance's launch is not learnt."""
+    if not instance_key(tasks, t.kernel_info, args, len(t.slots), task_id, t.key):
+        return NO_INSTANCE
+    found = find(t.keys, t.filled, t.key)
+    return found if t.filled[found] != 0 else NOT_LEARNT
+
+
 @njit(cache=True, _nrt=False, nogil=True)
 def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logged, edges):
     """Issue the logged tasks log[first:logged] in order, each behind its producers in `edges`
@@ -621,10 +635,8 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
         s.why = NEEDS_PYTHON
         if args.task[slot] != task_id or kernel >= len(t.kernel_info) or not t.kernel_info[kernel].native:
             return i
-        if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
-            return i
-        found = find(t.keys, t.filled, t.key)
-        if t.filled[found] == 0:
+        found = _learnt(t, tasks, args, task_id)
+        if found < 0:
             return i
         launch = t.launches[found]
         t.gemm[0] = t.gemms[found]  # a copy: a batch sets its count and strides
@@ -707,11 +719,9 @@ def submit_python(t, driver, header, tasks, buffers, deps, args, task_id, produc
     h = t.held[0]
     window = len(t.slots)
     slot = task_id & (window - 1)
-    if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
-        return PYTHON_WAY
-    found = find(t.keys, t.filled, t.key)
-    if t.filled[found] == 0:
-        return UNLEARNT
+    found = _learnt(t, tasks, args, task_id)
+    if found < 0:
+        return PYTHON_WAY if found == NO_INSTANCE else UNLEARNT
     launch = t.launches[found]
     gemm = t.gemms[found]
     if launch.grid != 0 and gemm.batch != 0:
