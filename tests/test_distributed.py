@@ -9,6 +9,7 @@ import ctypes.util
 import json
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import pto_gpu as pto
 from pto_gpu.distributed.holdings import Holdings
 from pto_gpu.distributed.inbox import Inbox
 from pto_gpu.distributed.ownership import element_owners
+from pto_gpu.distributed.placement import Placement
 from pto_gpu.distributed.transport import Posted, packed_bytes, unpack
 from pto_gpu.polling import TIMER_SLACK_NS, precise_sleeps
 from pto_gpu.tasks import Task
@@ -99,6 +101,28 @@ def test_a_copy_of_holdings_starts_where_they_started_whatever_the_first_did():
     assert made.writer.tolist() == second.writer.tolist() == [0, 1]
     assert second.fetch(t[0:2], 1) == [(0, None)] and second.fetch(t[2:4], 1) == []
     assert made.fetch(t[0:2], 1) == [(0, None)]  # the original was not told of second's fetch
+
+
+def test_an_owner_table_kept_from_an_earlier_run_serves_only_its_own_shape_and_owner():
+    """A Runtime keeps each array's owner table for its later runs (Placement._track); a later
+    run's array of another shape (whose layout key is the same: (4, 2) and (2, 4) are both 8
+    contiguous floats), or an owner equal to the kept one but not an owner (True == 1), gets
+    its own, as a first run would."""
+    placement = Placement(types.SimpleNamespace(rank=0, size=2, ordered=False))
+    tall, wide = matrix(4, 2), matrix(2, 4)
+    assert tall.layout_key == wide.layout_key
+    rows = pto.block_cyclic(1, 2)
+    placement.external(tall, rows)
+    assert placement.owner_of(tall[1]) == 1
+    placement.start(None, record=False)  # the next run: the same buffer key, another shape
+    placement.external(wide, rows)
+    assert placement.owner_of(wide[0]) == 0 and placement.owner_of(wide[1]) == 1
+    assert placement._holding(wide).owners_of(wide).tolist() == [[0] * 4, [1] * 4]
+    placement.start(None, record=False)
+    placement.external(tall, np.int64(1))
+    placement.start(None, record=False)
+    with pytest.raises(pto.RankError, match="neither a rank"):
+        placement.external(tall, True)
 
 
 def test_tables_are_as_coarse_as_the_regions_seen_allow():

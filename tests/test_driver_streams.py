@@ -307,13 +307,10 @@ def joins(o, y, z, w):
         o.submit(add, pto.input(Z[first]), pto.input(Z[second]), pto.output(W[i:i + 1]))
 
 
-def test_a_chain_stays_on_its_stream_and_a_join_waits_on_the_other(monkeypatch):
-    """Two VECTOR streams; every kernel sleeps (the first producer of a round 6 ms, the other
-    2 ms, a consumer 1 ms), so a consumer that did not wait for a producer would start before it
-    ends. A chain stays on one stream: no event wait. Each round's producers go to the two
-    streams in turn and the consumer continues the newer one's stream: it starts after both
-    ended, through one event wait a round."""
-    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", workers={pto.VECTOR: 2})
+def slow_kernels(monkeypatch, rt: pto.Runtime) -> list:
+    """Make the runtime's `scale` and `add` launches sleep (a scale by less than 10: 6 ms, by
+    more: 2 ms; an add 1 ms) and note (scale's factor or add's output pointer, start, end)
+    in the list returned."""
     runs = []
     lock = threading.Lock()
 
@@ -337,6 +334,16 @@ def test_a_chain_stays_on_its_stream_and_a_join_waits_on_the_other(monkeypatch):
     entries = {"scale": emulator.ENTRY(scaled), "add": emulator.ENTRY(added)}
     monkeypatch.setattr(rt.backend.device, "function", lambda code, kernel, layout, scalars:
                         emulator.function(entries[kernel.name], [8] * (15 if kernel.name == "scale" else 21)))
+    return runs
+
+
+def test_a_chain_stays_on_its_stream_and_a_join_waits_on_the_other(monkeypatch):
+    """Two VECTOR streams and kernels that sleep, so a consumer that did not wait for a
+    producer would start before it ends. A chain stays on one stream: no event wait. Each
+    round's producers go to the two streams and the consumer continues the newer one's
+    stream: it starts after both ended, through one event wait a round."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", workers={pto.VECTOR: 2})
+    runs = slow_kernels(monkeypatch, rt)
     x = rt.backend.to_device(np.ones((2, 4), np.float32))
     assert rt.run(chain, x, 12).cross_waits == 0
     y, z, w = (rt.backend.to_device(np.zeros(shape, np.float32)) for shape in ((6, 4), (6, 4), (3, 4)))
@@ -348,6 +355,42 @@ def test_a_chain_stays_on_its_stream_and_a_join_waits_on_the_other(monkeypatch):
     for i in range(3):
         consumer_start = ran[w[i:i + 1].ctypes.data][0]
         assert consumer_start >= max(ran[float(i + 1)][1], ran[float(i + 11)][1])
+
+
+def fan_out(o, y):
+    """p: y[1] = y[0]; x, unrelated: y[4] = 11 y[5]; a and b, both of p's output: y[2], y[3]."""
+    Y = o.external(y)
+    for source, target, factor in ((0, 1, 1.0), (5, 4, 11.0), (1, 2, 2.0), (1, 3, 3.0)):
+        o.submit(scale, pto.input(Y[source:source + 1]), pto.output(Y[target:target + 1]), factor)
+
+
+def two_stages(o, x, y, z):
+    """Rows of x scaled into y, then rows of y into z: two batches, each row of the second
+    behind its row of the first."""
+    X, Y, Z = (o.external(a) for a in (x, y, z))
+    for source, target, factor in ((X, Y, 1.0), (Y, Z, 2.0)):
+        for r in range(len(x)):
+            o.submit(scale, pto.input(source[r:r + 1]), pto.output(target[r:r + 1]), factor)
+
+
+def test_a_fan_outs_consumers_spread_and_a_batch_continues_the_batch_it_reads(monkeypatch):
+    """A producer p, an unrelated task x, then two consumers of p: the first continues p's
+    stream, the second goes to the stream given a task least recently (x's), so the two run
+    side by side (taking the streams in turn, it went to p's stream too, behind the first).
+    A batch whose tasks read a batch still running continues its stream: no event wait, for
+    the leader or any follower."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", workers={pto.VECTOR: 2})
+    runs = slow_kernels(monkeypatch, rt)
+    y = rt.backend.to_device(np.zeros((6, 4), np.float32))
+    rt.run(fan_out, y)  # the instance learnt
+    runs.clear()
+    rt.run(fan_out, y)
+    ran = {what: (started, ended) for what, started, ended in runs}
+    (a_start, a_end), (b_start, b_end) = ran[2.0], ran[3.0]
+    assert max(a_start, b_start) < min(a_end, b_end)  # side by side
+    x, y, z = (rt.backend.to_device(np.zeros((8, 4), np.float32)) for _ in range(3))
+    result = rt.run(two_stages, x, y, z)
+    assert result.native_launches == 2 and result.cross_waits == 0
 
 
 @pytest.mark.parametrize("fault", ["kernel", "launch"])

@@ -90,6 +90,29 @@ def test_a_chain_stays_on_its_stream_and_a_join_waits_on_the_other():
     assert result.cross_waits == 3
 
 
+def test_a_fan_outs_consumers_run_side_by_side_whatever_went_where_in_between():
+    """A producer, an unrelated task, then two consumers of the producer that each wait for the
+    other to be running: the first continues the producer's stream, the second must go to the
+    other (the one given a task least recently), or the two would meet never."""
+    barrier = threading.Barrier(2, timeout=2)
+
+    @pto.kernel(worker=pto.VECTOR)
+    def meet(a, out):
+        barrier.wait()
+        out[...] = a + 1
+
+    def orch(o, out):
+        X = o.external(out)
+        o.submit(slow_scale, pto.input(X[0]), pto.output(X[1]), 2.0, 0.05)
+        o.submit(slow_scale, pto.input(X[5]), pto.output(X[4]), 3.0, 0.0)
+        o.submit(meet, pto.input(X[1]), pto.output(X[2]))
+        o.submit(meet, pto.input(X[1]), pto.output(X[3]))
+
+    out = np.ones((6, 4), np.float32)
+    stream_runtime().run(orch, out)
+    np.testing.assert_array_equal(out[:4, 0], [1, 2, 3, 3])
+
+
 def rendezvous_run(vector_streams: int) -> None:
     """Two independent VECTOR tasks that each wait for the other to be running."""
     barrier = threading.Barrier(2, timeout=2)

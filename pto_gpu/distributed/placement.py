@@ -73,7 +73,7 @@ class Placement:
         self.recv_kernel = kernel(WorkerType.ACCELERATOR, name="recv", mixed_dtypes=True,
                                   cuda=dataclasses.replace(no_device_code, library=self._recv))(self._recv)
         self.warned_idle = self.warned_traffic = False
-        # Holdings as made for an array's first run, by (owner, layout, elements, dtype, ranks):
+        # Holdings as made for an array's first run, by its owner, shape, layout, dtype, ranks:
         # a 2048² matrix's 2-D block-cyclic owners took 8 ms of every run on every rank to make.
         self._owner_tables: dict[tuple, Holdings] = {}
         self.start(None, record=False)
@@ -135,7 +135,11 @@ class Placement:
         whole = self._default_owner[-1] if owner is None else owner
         if type(whole) is int and 0 <= whole < self.size:  # one rank's (a heap tile, say): nothing to check
             return Holdings(whole, count, tensor.dtype, self.size)
-        key = (whole, tensor.layout_key, count, tensor.dtype, self.size)
+        # What the owners depend on. Not the layout key: it merges and sorts dims (a (4, 2)
+        # array's is a (2, 4) one's), and its buffer key is a per-run counter. The owner's type:
+        # True, 1.0 and np.int64(1) are equal keys, and only the last is an owner.
+        key = (type(whole), whole, tensor.shape, tensor.strides, tensor.byte_offset, count, tensor.dtype,
+               self.size)
         try:
             made = self._owner_tables.get(key)
         except TypeError:  # not a distribution at all: _owners names what is wrong

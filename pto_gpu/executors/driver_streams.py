@@ -12,10 +12,10 @@ cuEventQuery. The rules are those of
 executors/streams.py, which serves the CPU backend's Python streams, captures, and runs that
 trace, measure or validate (those keep a record of every task):
 
-  - a task that continues a chain (a producer of it is the last task issued to a stream of
-    its class) goes to that stream, whose order stands for a wait; any other to the next
-    stream of its class in turn; either after a wait on the event of the newest producer
-    still in flight on each other stream (stream order covers the rest);
+  - a task that continues a chain (a producer of it, in flight, is in the last launch on a
+    stream of its class) goes to that stream, whose order stands for a wait; any other to
+    the stream of its class given a task least recently; either after a wait on the event of
+    the newest producer still in flight on each other stream (stream order covers the rest);
   - tasks retire in submission order as their events are reached: polled after each issue,
     waited on when a ring is full, and when the orchestration has ended;
   - an event is recorded again only once its task has retired and no wait issued on it is
@@ -99,7 +99,6 @@ STATE = np.dtype([
     ("tail", np.int64),  # and the next issued goes here
     ("free", np.int64),  # event indices on `pool`
     ("made", np.int64),  # event indices with a handle
-    ("turn", np.int64, (CLASSES,)),  # per worker class: the next of its streams
     ("why", np.int64),  # why issue_logged stopped (NEEDS_*, FAILED)
     ("failed_task", np.int64),  # the task whose driver call failed, or -1
     ("failed_status", np.int64),  # its CUresult
@@ -179,6 +178,7 @@ class Tables(NamedTuple):
     class_count: np.ndarray  # [class]: how many streams it has
     handles: np.ndarray  # per stream: its CUstream
     tails: np.ndarray  # per stream: the last task issued to it (-1: none yet)
+    tail_events: np.ndarray  # and the event of its last launch
     blas: np.ndarray  # per stream: its cuBLAS handle, once a GEMM needs them (0 before)
     stream_end: np.ndarray  # per stream: when its last retired task ended (monotonic ns)
     stats: np.ndarray  # [stream, kernel]: tasks retired, their ns
@@ -270,22 +270,35 @@ def _fail(t, task_id, status, call):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _stream(t, task_id, worker):
-    """The stream a task goes to: where it continues a chain (a producer of it is the last
-    task issued to a stream of its class; the newest such), that stream, whose order then
-    stands for a wait on another; else the next of its class in turn."""
-    row = t.pending[task_id & (len(t.pending) - 1)]
+    """The stream a task goes to: where it continues a chain (a producer of it, in flight, is
+    in the last launch on a stream of its class; the newest such), that stream, whose order
+    then stands for a wait on another; else the stream of its class that was given a task
+    least recently (so a fan-out's consumers spread, whatever went where in between)."""
+    mask = len(t.slots) - 1
+    row = t.pending[task_id & mask]
     stream, newest = -1, -1
     if row.consumer == task_id:
         for i in range(t.class_count[worker]):
             candidate = t.class_streams[worker, i]
             producer = row.newest[candidate]
-            if producer > newest and producer == t.tails[candidate]:
+            if producer > newest and _in_flight(t, producer) and \
+                    t.slots[producer & mask].event == t.tail_events[candidate]:
                 stream, newest = candidate, producer
     if stream < 0:
-        s = t.state[0]
-        stream = t.class_streams[worker, s.turn[worker] % t.class_count[worker]]
-        s.turn[worker] += 1
+        for i in range(t.class_count[worker]):
+            candidate = t.class_streams[worker, i]
+            if stream < 0 or t.tails[candidate] < t.tails[stream]:
+                stream = candidate
     return stream
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _waits_on(slot, event):
+    """Whether the task in `slot` had its stream wait on `event`."""
+    for i in range(slot.waits):
+        if slot.after[i] == event:
+            return True
+    return False
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -301,17 +314,19 @@ def _begin(t, driver, task_id, kernel, worker, now):
     event = t.pool[s.free]
     t.events[event].busy = 0
     t.events[event].waiters = 0
-    return _join(t, driver, task_id, kernel, stream, event, now)
+    return _join(t, driver, task_id, kernel, stream, event, now, task_id)
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _join(t, driver, task_id, kernel, stream, event, now):
+def _join(t, driver, task_id, kernel, stream, event, now, leader):
     """Take the task's slot for a launch on `stream` whose record is `event` (its own, or the
-    batch's it joins), and enqueue its waits on the newest producer in flight on each other
-    stream; the first CUresult that is not 0, or 0."""
+    batch's it joins, led by `leader`), and enqueue its waits on the newest producer in flight
+    on each other stream, but for those the leader's stream already waits on; the first
+    CUresult that is not 0, or 0."""
     mask = len(t.slots) - 1
     t.events[event].busy += 1
     t.tails[stream] = task_id
+    t.tail_events[stream] = event
     slot = t.slots[task_id & mask]
     slot.task = task_id
     slot.kernel = kernel
@@ -325,6 +340,8 @@ def _join(t, driver, task_id, kernel, stream, event, now):
             producer = row.newest[other]
             if other != stream and producer >= 0 and _in_flight(t, producer):
                 waited = t.slots[producer & mask].event
+                if leader != task_id and _waits_on(t.slots[leader & mask], waited):
+                    continue
                 status = wait_event(driver[WAIT], t.handles[stream], t.events[waited].handle)
                 if status != 0:
                     return _fail(t, task_id, status, WAIT)
@@ -573,7 +590,7 @@ def _send(t, driver, ids, kernel, worker, function, grid, block, shared, gemm, t
         return status
     slot = t.slots[leader & (len(t.slots) - 1)]
     for f in range(1, n):
-        status = _join(t, driver, ids[f], kernel, slot.stream, slot.event, now)
+        status = _join(t, driver, ids[f], kernel, slot.stream, slot.event, now, leader)
         if status != 0:
             return status
     if grid != 0:
@@ -897,7 +914,7 @@ class DriverStreamExecutor:
             events=np.zeros(window * len(handles) + EVENT_BATCH, EVENT),
             pool=np.zeros(window * len(handles) + EVENT_BATCH, np.int64), pending=pending,
             class_streams=class_streams, class_count=class_count, handles=np.array(handles, np.int64),
-            tails=np.full(len(handles), -1, np.int64),
+            tails=np.full(len(handles), -1, np.int64), tail_events=np.full(len(handles), -1, np.int64),
             blas=np.zeros(len(handles), np.int64), stream_end=np.zeros(len(handles), np.int64),
             stats=np.zeros((len(handles), len(kernels), 2), np.int64),
             kernel_info=self._kernel_info(kernels), keys=instances.keys, filled=instances.filled,

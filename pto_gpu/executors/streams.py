@@ -3,7 +3,8 @@
 A task is issued the moment it is submitted, since its producers were submitted, so issued,
 before it. A task that continues a chain (a producer of it is the last task issued to a
 stream of its class; the newest such) goes to that stream, whose order then stands for a
-wait; any other to the streams of its class in turn. The chosen stream first waits on the
+wait; any other to the stream of its class given a task least recently, so a fan-out's
+consumers spread whatever went where in between. The chosen stream first waits on the
 event of the newest producer still in flight on each other stream (stream order covers the
 older ones and those on its own stream), then the kernel is enqueued with an event recorded
 behind it. Tasks retire (complete in the core, which reclaims their heap space) in
@@ -64,7 +65,6 @@ class StreamExecutor:
             for i in range(count):
                 self._streams.append(backend.stream((worker.name, i)))
                 self._lanes.append(profile.lane(f"{worker.name}-stream-{i}", (worker,)))
-        self._turn = dict.fromkeys(streams, 0)
         self._tails: list[int] = [-1] * len(self._streams)  # per stream: the last task issued to it
         self.cross_waits = 0  # event waits enqueued: a stream waiting for a producer on another
         self._last_end = [0.0] * len(self._streams)  # per stream: when its last retired task ended
@@ -115,8 +115,7 @@ class StreamExecutor:
                    if issued.stream in streams and self._tails[issued.stream] == issued.task.id]
         if chained:
             return max(chained, key=lambda issued: issued.task.id).stream
-        self._turn[task.worker] += 1
-        return streams[(self._turn[task.worker] - 1) % len(streams)]
+        return min(streams, key=self._tails.__getitem__)  # the one given a task least recently
 
     def make_room(self, status: int, unfreed) -> None:
         ring = RINGS[status]
