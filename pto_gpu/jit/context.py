@@ -168,8 +168,10 @@ _SCALAR = ParamKind.SCALAR
 class ArgTables(collections.namedtuple("ArgTables",
                                        "desc kind count scalar_kind int float float_bits task params info")):
     """A runtime's argument tables (`cleared` for each run), one slot per task ring slot: what
-    compiled submits (jit/api.py) and Python submits of native kernels (orchestrator.py) write,
-    and what native workers (executors/native.py) and `host.Session.materialise` read.
+    compiled submits (jit/api.py) and Python submits of native kernels, or of the kernels a CUDA
+    driver's stream executor issues (orchestrator.py), write, and what native workers
+    (executors/native.py), that executor (executors/driver_streams.py) and
+    `host.Session.materialise` read.
     `float_bits` is `float` viewed as int64, `task` the task whose arguments each slot holds
     (-1: none). `params` and `info` (kernel, worker, tensor params) are a pipelined submit's
     for the core stage (jit/pipeline.py), on cache lines of their own: kept with the rest, since
