@@ -120,6 +120,7 @@ def test_an_owner_table_kept_from_an_earlier_run_serves_only_its_own_shape_and_o
     assert placement._holding(wide).owners_of(wide).tolist() == [[0] * 4, [1] * 4]
     placement.start(None, record=False)
     placement.external(tall, np.int64(1))
+    assert placement.owner_of(tall[0]) == 1
     placement.start(None, record=False)
     with pytest.raises(pto.RankError, match="neither a rank"):
         placement.external(tall, True)
