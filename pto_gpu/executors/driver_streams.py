@@ -756,7 +756,7 @@ def submit_python(t, driver, header, tasks, buffers, deps, args, task_id, produc
                             h.count, task_id, launch, gemm):
             _hold(t, task_id, producers)
             return 0
-        t.alone[h.instance] = t.alone[h.instance] + 1 if h.count == 1 else 0
+        _held_batch_goes(t)
     go = h.count  # the held ones go; this one leads a batch, or goes with them
     holds = _batchable(t, tasks, args, slot, launch, gemm)
     if holds and t.alone[found] > 2:
@@ -776,7 +776,16 @@ def submit_python(t, driver, header, tasks, buffers, deps, args, task_id, produc
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _held_batch_goes(t):
+    """The held batch is about to go out: its instance's count of batches in a row that went
+    alone (one task) grows, or starts again (the alone/PROBE policy of `submit_python`)."""
+    h = t.held[0]
+    t.alone[h.instance] = t.alone[h.instance] + 1 if h.count == 1 else 0
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _hold(t, task_id, producers):
+    """Append a task and its producer edges to the held log."""
     h = t.held[0]
     t.held_log[h.count, 0] = task_id
     h.count += 1
@@ -792,7 +801,7 @@ def release_python(t, driver, header, tasks, buffers, deps, args):
     h = t.held[0]
     if h.count == 0:
         return 0
-    t.alone[h.instance] = t.alone[h.instance] + 1 if h.count == 1 else 0
+    _held_batch_goes(t)
     return _issue_held(t, driver, header, tasks, buffers, deps, args, h.count)
 
 
