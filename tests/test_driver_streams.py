@@ -308,8 +308,9 @@ def joins(o, y, z, w):
 
 
 def slow_kernels(monkeypatch, rt: pto.Runtime) -> list:
-    """Make the runtime's `scale` and `add` launches sleep (a scale by less than 10: 6 ms, by
-    more: 2 ms; an add 1 ms) and note (scale's factor or add's output pointer, start, end)
+    """Make the runtime's `scale` and `add` launches sleep (a scale by less than 10: 30 ms, by
+    more: 10 ms; an add 5 ms: long beside the microseconds between a run's submits, even on a
+    loaded machine) and note (scale's factor or add's output pointer, start, end)
     in the list returned."""
     runs = []
     lock = threading.Lock()
@@ -326,10 +327,10 @@ def slow_kernels(monkeypatch, rt: pto.Runtime) -> list:
 
     def scaled(grid, block, shared, params, context):  # the factor's word is the 15th
         factor = np.array([word(params, 14)]).view(np.float64)[0]
-        return record(factor, 0.006 if factor < 10 else 0.002)
+        return record(factor, 0.03 if factor < 10 else 0.01)
 
     def added(grid, block, shared, params, context):  # the output's pointer is the 15th word
-        return record(word(params, 14), 0.001)
+        return record(word(params, 14), 0.005)
 
     entries = {"scale": emulator.ENTRY(scaled), "add": emulator.ENTRY(added)}
     monkeypatch.setattr(rt.backend.device, "function", lambda code, kernel, layout, scalars:
