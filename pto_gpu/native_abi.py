@@ -22,11 +22,10 @@ import threading
 from pathlib import Path
 
 import numpy as np
-from llvmlite import ir
 from numba import carray, cfunc, njit, types
-from numba.extending import intrinsic
 from numpy.lib.stride_tricks import as_strided
 
+from .core.address import void_pointer
 from .first_calls import preparing
 from .generated import cache_dir, load_source
 from .jit import context, descriptor
@@ -40,22 +39,11 @@ ENTRY = types.int64(_I64P, _I64P, _I64P, types.CPointer(types.float64))
 RAISED = 1  # what an entry returns when its kernel raised
 
 
-@intrinsic
-def _void_pointer(typingctx, address):
-    if not isinstance(address, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-
-    return types.voidptr(address), codegen
-
-
 @njit(inline="always")
 def first_element(descs, p, dtype):
     """Tensor param p's element [0, ...] as a one-element array of `dtype`, to stride from."""
     d = p * DESC_WIDTH
-    return carray(_void_pointer(descs[d + D_BASE] + descs[d + D_OFFSET]), 1, dtype)
+    return carray(void_pointer(descs[d + D_BASE] + descs[d + D_OFFSET]), 1, dtype)
 
 
 @njit(inline="always")

@@ -403,17 +403,16 @@ class Orchestrator:
         """Run `body(jo, *args)`, an njit orchestration body (see pto_gpu.jit), in this run.
 
         Tensor descriptors among args arrive as compiled descriptors; other args as they are.
-        The tasks it submits carry the tags around the call (`o.tags`).
+        The tasks it submits carry the tags around the call (`o.tags`). In a distributed run
+        each of its submits, heap buffers and frees is placed as from Python (jit/host.py).
         """
         self._check_open()
-        if self._ranks is not None:
-            raise UsageError("o.compiled is not supported in a distributed run (Runtime(comm=...)) yet: "
-                             "its tasks would not be placed on ranks")
         if self._jit is None:
             if self._args is None:
                 self._make_arguments()
             self._jit = Session(self._scheduler, self._executor, self._recorder,
-                                self._backend.heap_base, len(self._externals), self._args, self._lanes)
+                                self._backend.heap_base, len(self._externals), self._args, self._lanes,
+                                None if self._ranks is None else _Placing(self))
         for arg in args:
             if isinstance(arg, TensorDescriptor):
                 self._check_usable(arg)
@@ -482,6 +481,42 @@ class Orchestrator:
     def unfreed(self) -> list[Buffer]:
         """Heap buffers allocated and not yet freed, oldest first."""
         return list(self._unfreed.values())
+
+
+class _Placing:
+    """How a distributed run's compiled code reaches its orchestrator and placement
+    (jit.host.Placer)."""
+
+    def __init__(self, o: Orchestrator):
+        self._o, self._placement = o, o._ranks
+        self.rank, self.counts = self._placement.rank, self._placement.counts
+        # What compiled placement leaves out: a recording's logical graph, a window's count.
+        self.compiled = self._placement.graph is None and o._windows is None
+
+    def submit(self, kernel: Kernel, *params: Param) -> int:
+        return self._o.submit(kernel, *params)
+
+    def adopt(self, buffer: Buffer, tensor: TensorDescriptor, owner: int | None) -> None:
+        self._o._unfreed[buffer.key] = buffer
+        self._placement.alloc(tensor, owner)
+
+    def forget(self, buffer: Buffer) -> None:
+        """The core has freed it already (compiled code's free)."""
+        buffer.freed = True
+        del self._o._unfreed[buffer.key]
+        self._placement.freed(buffer)
+
+    def owner_of(self, tensor: TensorDescriptor) -> int:
+        return self._placement.owner_of(tensor)
+
+    def tables(self, buffer: Buffer) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
+        return self._placement.tables(buffer)
+
+    def written(self, buffer: Buffer) -> None:
+        self._placement.written(buffer)
+
+    def ran(self, labels: list[int]) -> None:
+        self._placement.tasks_run.extend(labels)
 
 
 _SCALAR, _INPUT = ParamKind.SCALAR, ParamKind.INPUT

@@ -27,6 +27,9 @@ class Ranks:
     tasks_run: list[int]  # ids of the orchestration's tasks that ran on this rank
     bytes_sent: int  # by this rank's transfers, packed
     bytes_received: int
+    # Of the tasks compiled code submitted, those it placed itself (jit/placing.py), not the
+    # Python placement: a rank's count, since what it may place depends on what it sends.
+    placed_by_compiled_code: int = 0
 
 
 @dataclasses.dataclass

@@ -325,7 +325,8 @@ class Runtime:
             prediction_error=self.costs.prediction_error(measured) if self.costs else {},
             ranks=None if placement is None else Ranks(placement.rank, placement.size, placement.tasks_run,
                                                        placement.transport.bytes_sent,
-                                                       placement.transport.bytes_received),
+                                                       placement.transport.bytes_received,
+                                                       placement.placed_by_compiled_code),
         )
         if self.costs is not None:
             self.costs.merge(measured)

@@ -257,6 +257,11 @@ def _misuse(o, x, kernel_id, case):
         pj.submit(o, 10_000, (pj.input(a),))
     elif case == 6:
         pj.scope_end(o)
+    elif case == 7:
+        pj.alloc(o, (2,), pj.dtype(x), 1)
+    elif case == 8:
+        pj.free(o, a)
+        pj.owner_of(o, a)
 
 
 @pytest.mark.parametrize("case, error, words", [
@@ -267,6 +272,8 @@ def _misuse(o, x, kernel_id, case):
     (4, pto.StaleVersionError, "version 0 of Buffer(heap #0"),
     (5, pto.ParamError, "kernel id 10000 names no kernel"),
     (6, pto.UsageError, "scope_end without a matching scope_begin"),
+    (7, pto.RankError, "alloc: owner=1 is out of range: a run of one process has rank 0 only"),
+    (8, pto.UseAfterFreeError, "owner_of: Buffer(heap #0"),
 ])
 def test_misuse_in_compiled_code_raises_a_named_error(case, error, words):
     mix_shaped = pto.kernel(worker=pto.CUBE, name="mix", shapes=("m n", "m n", "m n"))(mix.cpu)
@@ -282,6 +289,21 @@ def test_misuse_in_compiled_code_raises_a_named_error(case, error, words):
     out = np.zeros(3, np.float32)
     rt.run(lambda o: o.submit(fill, pto.output(o.external(out)), 2.0))  # the runtime goes on
     np.testing.assert_array_equal(out, 2.0)
+
+
+@numba.njit(cache=True)
+def _owners(o, x):
+    tile = pj.alloc(o, (2, 2), pj.dtype(x), 0)
+    return pj.owner_of(o, x), pj.owner_of(o, tile)
+
+
+def test_one_process_owns_everything_as_rank_0():
+    """What a distributed body asks (owner_of, alloc's owner) has one answer in one process;
+    tests/mpi_programs/cases.py runs such a body on ranks."""
+    answers = []
+    pto.Runtime(backend="cpu", executor="serial").run(
+        lambda o: answers.append(o.compiled(_owners, o.external(np.zeros((4, 4), np.float32)))))
+    assert answers == [(0, 0)]
 
 
 @numba.njit

@@ -37,7 +37,8 @@ def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_cases_match_the_serial_executor(ranks):
-    cases = ("matmul", "stencil", "flash", "spread", "pressed", "scheduled", "cholesky")
+    cases = ("matmul", "stencil", "flash", "spread", "pressed", "scheduled", "cholesky", "compiled",
+             "compiled-pressed", "generated", "compiled-spread")
     out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", *cases)
     for case in cases:
         assert f"OK {case} {ranks}" in out
@@ -58,8 +59,8 @@ def test_dist_arrays_hold_their_rows_and_match_one_process(ranks):
 
 
 def test_serial_executor_on_each_rank():
-    out = mpiexec(2, "tests.mpi_programs.cases", "serial", "matmul", "spread")
-    assert "OK matmul 2" in out and "OK spread 2" in out
+    out = mpiexec(2, "tests.mpi_programs.cases", "serial", "matmul", "spread", "compiled")
+    assert "OK matmul 2" in out and "OK spread 2" in out and "OK compiled 2" in out
 
 
 @pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "receiving"), (2, "read-only"),

@@ -27,15 +27,7 @@ from ..dtypes import DataType
 from ..errors import RankError
 from ..tensor import TensorDescriptor
 
-# The narrowest unsigned type with a bit per rank.
-_BITS = ((8, np.uint8), (16, np.uint16), (32, np.uint32), (64, np.uint64))
-
-
-def valid_dtype(size: int) -> type:
-    for bits, dtype in _BITS:
-        if size <= bits:
-            return dtype
-    raise RankError(f"a distributed run supports at most 64 ranks, not {size}")
+MAX_RANKS = 64  # a bit each in `valid`, a uint64 (compiled placement reads it as one: jit/placing.py)
 
 
 def element_view(array: np.ndarray, tensor: TensorDescriptor, itemsize: int) -> np.ndarray:
@@ -81,7 +73,8 @@ class Holdings:
         self.dtype = dtype
         self.itemsize = dtype.itemsize
         self.count = count  # elements of the buffer
-        self._valid_type = valid_dtype(size)
+        if size > MAX_RANKS:
+            raise RankError(f"a distributed run supports at most {MAX_RANKS} ranks, not {size}")
         owners = np.array([owners] if isinstance(owners, int) else owners, np.int8)
         self.unit = max(count, 1) // len(owners)  # elements per table entry
         # The coarsest unit the owners allow: the gcd of the places where the owner changes.
@@ -91,7 +84,7 @@ class Holdings:
         self.unit *= coarser
         self.owner = owners
         self.writer = owners.copy()
-        self.valid = np.left_shift(self._valid_type(1), owners.astype(self._valid_type))
+        self.valid = np.left_shift(np.uint64(1), owners.astype(np.uint64))
         self._full: dict[tuple, int] = {}  # region layout -> AND of its elements' valid bits
         self._views: dict[tuple, tuple] = {}  # region layout -> (its element count per entry, views)
 
@@ -100,11 +93,16 @@ class Holdings:
         valid at its owner, its owner its writer): a run's, from a table made for an earlier one."""
         fresh = object.__new__(Holdings)
         fresh.dtype, fresh.itemsize, fresh.count = self.dtype, self.itemsize, self.count
-        fresh._valid_type, fresh.unit = self._valid_type, self.unit
+        fresh.unit = self.unit
         fresh.owner = self.owner  # never written in place (_refine makes new tables)
         fresh.writer, fresh.valid = self.writer.copy(), self.valid.copy()
         fresh._full, fresh._views = {}, {}
         return fresh
+
+    def forget(self) -> None:
+        """Drop what is remembered of the tables (each region's AND of valid bits), which
+        someone else wrote: compiled placement (jit/placing.py)."""
+        self._full.clear()
 
     # --- the tables seen through a region --------------------------------------------------
     def _region(self, tensor: TensorDescriptor) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray]:

@@ -36,6 +36,7 @@ import numpy as np
 from ..core.state import Sizes
 from ..dtypes import WorkerType
 from ..errors import RankError
+from ..jit.context import C_COMPILED, C_LABEL, C_MOVED, C_PLACED, C_WIDTH, C_WRITTEN
 from ..kernel import CudaCode, kernel
 from ..params import Param, inout, input, output, scalar
 from ..tasks import Task
@@ -81,7 +82,27 @@ class Placement:
     @property
     def submitted(self) -> int:
         """The orchestration's tasks submitted so far in this run."""
-        return self._next_label
+        return int(self.counts[C_LABEL])
+
+    @property
+    def placed(self) -> list[int]:
+        """The run's tasks placed on each rank (all ranks agree)."""
+        return self.counts[C_PLACED:C_PLACED + self.size].tolist()
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes the run's tasks wrote (all ranks agree)."""
+        return int(self.counts[C_WRITTEN])
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes the run moved between ranks (all ranks agree)."""
+        return int(self.counts[C_MOVED])
+
+    @property
+    def placed_by_compiled_code(self) -> int:
+        """The run's tasks compiled code placed itself, on this rank (jit/placing.py)."""
+        return int(self.counts[C_COMPILED])
 
     def start(self, sizes: Sizes | None, record: bool) -> None:
         self._holdings: dict[int, Holdings] = {}  # by buffer key
@@ -89,10 +110,10 @@ class Placement:
         self._transfers: list[Transfer | None] = []  # by the index a transfer task carries
         self._sequence: dict[tuple[int, int], int] = {}  # (sender, receiver) -> transfers so far
         self._default_owner = [0]
-        self._next_label = 0
+        # Tasks placed (the next one's id, C_LABEL), on each rank, bytes written and moved: an
+        # array compiled placement (jit/placing.py) counts in too.
+        self.counts = np.zeros(C_WIDTH, np.int64)
         self.tasks_run: list[int] = []
-        self.placed = [0] * self.size  # the run's tasks placed on each rank (all ranks agree)
-        self.bytes_written = self.bytes_moved = 0  # by the run's tasks, between ranks (all ranks agree)
         self.graph = LogicalGraph(sizes) if record else None
         self.lane: TensorDescriptor | None = None  # an ordered transport's chain (module docstring)
         self.inbox.clear()
@@ -175,17 +196,32 @@ class Placement:
     def _holding(self, tensor: TensorDescriptor) -> Holdings:
         return self._holdings[tensor.buffer.key]
 
+    # --- what compiled placement reads and writes (jit/placing.py) ---------------------------
+    def tables(self, buffer: Buffer) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
+        """A buffer's holdings tables as they are now (a split makes new ones): elements per
+        entry, the elements' itemsize, and the owner, writer and valid tables; None if the run
+        has not seen it."""
+        holdings = self._holdings.get(buffer.key)
+        if holdings is None:
+            return None
+        return holdings.unit, holdings.itemsize, holdings.owner, holdings.writer, holdings.valid
+
+    def written(self, buffer: Buffer) -> None:
+        """Compiled code wrote the buffer's tables: what Holdings remembers of them is stale."""
+        self._holdings[buffer.key].forget()
+
     # --- tasks ---------------------------------------------------------------------------
     def place(self, task: Task, tensors: list[Param], rank: int | None) -> list[Task]:
         """Decide where `task` runs and mark it; the transfer tasks to submit before it."""
-        task.label = self._next_label
-        self._next_label += 1
+        counts = self.counts
+        task.label = int(counts[C_LABEL])
+        counts[C_LABEL] += 1
         if rank is None:
             written = next((p.value for p in tensors if p.writes), None)
             rank = 0 if written is None else self.owner_of(written)
         else:
             check_rank(rank, self.size, f"submit({task.kernel.name})", "rank")
-        self.placed[rank] += 1
+        counts[C_PLACED + rank] += 1
         task.runs_here = rank == self.rank
         task.inline = not task.runs_here  # completes unrun: whichever worker makes it ready does that
         if task.runs_here:
@@ -200,17 +236,17 @@ class Placement:
         for p in tensors:
             if p.writes:
                 self._holding(p.value).wrote(p.value, rank)
-                self.bytes_written += p.value.size * p.value.dtype.itemsize
+                counts[C_WRITTEN] += p.value.size * p.value.dtype.itemsize
         return transfers
 
     def idle_ranks(self) -> str | None:
         """Once per Runtime: a warning naming the ranks a finished run gave no task, when it had
         enough tasks for every rank (its owners put every write elsewhere)."""
         idle = [rank for rank, count in enumerate(self.placed) if count == 0]
-        if self.warned_idle or len(idle) == 0 or self._next_label < self.size:
+        if self.warned_idle or len(idle) == 0 or self.submitted < self.size:
             return None
         self.warned_idle = True
-        return (f"ranks {', '.join(map(str, idle))} of {self.size} ran none of the run's {self._next_label} "
+        return (f"ranks {', '.join(map(str, idle))} of {self.size} ran none of the run's {self.submitted} "
                 "tasks: a task runs on the owner of what it writes, and no region it wrote is theirs (give "
                 "o.external/o.alloc owners whose blocks match the tiles the tasks write, e.g. "
                 "pto.block_rows(o.ranks) over tiles of rows); said once per Runtime")
@@ -240,7 +276,7 @@ class Placement:
     def _transfer(self, tensor: TensorDescriptor, mask: np.ndarray | None, source: int,
                   dest: int) -> list[Task]:
         count = tensor.size if mask is None else int(np.count_nonzero(mask))
-        self.bytes_moved += count * tensor.dtype.itemsize
+        self.counts[C_MOVED] += count * tensor.dtype.itemsize
         if self.rank not in (source, dest):
             return []
         sequence = self._sequence.get((source, dest), 0)

@@ -38,6 +38,7 @@ from .api import (
     inout,
     input,
     output,
+    owner_of,
     scope_begin,
     scope_end,
     submit,
@@ -59,6 +60,6 @@ def source_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["alloc", "dtype", "flush", "free", "inout", "input", "narrow", "ndim", "output", "scope_begin",
-           "scope_end", "shape", "source_fingerprint", "split", "submit", "swap", "version_inc",
-           "with_version"]
+__all__ = ["alloc", "dtype", "flush", "free", "inout", "input", "narrow", "ndim", "output", "owner_of",
+           "scope_begin", "scope_end", "shape", "source_fingerprint", "split", "submit", "swap",
+           "version_inc", "with_version"]

@@ -28,8 +28,9 @@ from ..core.submit import submit as core_submit
 from ..dtypes import DataType
 from ..layout import P_KIND
 from ..overlap import Overlap
-from . import bridge
+from . import bridge, placing
 from .context import (
+    C_LABEL,
     EDGE_CAPACITY,
     EXTERNAL_WRITEABLE,
     G_COUNT,
@@ -42,6 +43,7 @@ from .context import (
     L_CHECKED,
     L_DESC,
     M_ALIVE_SEEN,
+    M_ANSWER,
     M_BUFFER_MASK,
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
@@ -50,6 +52,8 @@ from .context import (
     M_LOG_LIMIT,
     M_LOGGED,
     M_PIPELINE,
+    M_PLACED,
+    M_RANK,
     M_SCOPE_DEPTH,
     M_SCOPE_TOP,
     M_SERVICE,
@@ -63,6 +67,8 @@ from .context import (
     P_QUEUED,
     PARAM_DTYPE,
     PARAM_NDIM,
+    PLACED_COMPILED,
+    PLACED_NOT,
     S_FLOAT,
     S_INT,
     SCOPE_CAPACITY,
@@ -114,12 +120,16 @@ def inout(desc):
 
 # --- memory ------------------------------------------------------------------------------
 @njit(cache=True, _nrt=False)
-def alloc(o, shape, dtype):
-    """A contiguous heap tensor of `shape` (a tuple of up to 4 ints) and DataType code `dtype`."""
+def alloc(o, shape, dtype, owner=-1):
+    """A contiguous heap tensor of `shape` (a tuple of up to 4 ints) and DataType code `dtype`.
+    In a distributed run it is rank `owner`'s, so the tasks that write it run there (-1: the
+    default, o.on_rank's around the `o.compiled` call, else rank 0); one process is rank 0."""
     t = tables(o)
     ndim = len(shape)
     if ndim > MAX_JIT_DIMS or dtype < 0 or dtype >= len(ITEMSIZES):
         _service(t.meta, bridge.ERR_ALLOC_ARGS, ndim, dtype, 0)
+    if not t.meta[M_PLACED] and owner != -1 and owner != 0:
+        _service(t.meta, bridge.ERR_OWNER, owner, 0, 0)
     itemsize = ITEMSIZES[dtype]
     nbytes = itemsize
     for n in shape:
@@ -159,6 +169,9 @@ def alloc(o, shape, dtype):
             _service(t.meta, bridge.ERR_SCOPE_FULL, SCOPE_CAPACITY, 0, 0)
         t.scope[top] = seq
         t.meta[M_SCOPE_TOP] = top + 1
+    if t.meta[M_PLACED]:
+        _name(t, desc, 0)
+        _service(t.meta, bridge.SERVICE_ALLOCATED, seq, owner, 0)
     return desc
 
 
@@ -184,6 +197,8 @@ def _free(o, key):
     rings.buffer_free(t.header, t.buffers, key)
     if t.meta[M_VALIDATE]:
         _service(t.meta, bridge.SERVICE_CHECK, key, bridge.CHECK_FREE, 0)
+    if t.meta[M_PLACED]:
+        _service(t.meta, bridge.SERVICE_FREED, key, 0, 0)
 
 
 @njit(cache=True, _nrt=False)
@@ -196,6 +211,23 @@ def version_inc(o, desc):
         _fail_naming(t, desc, 0, bridge.ERR_VERSION_TAKEN, 0, 0, 0)
     versions[VERSION_MADE] = desc[D_VERSION] + 1
     return with_version(desc, desc[D_VERSION] + 1)
+
+
+@njit(cache=True, _nrt=False)
+def owner_of(o, desc):
+    """The rank owning the first element of `desc` (0 in one process): where tasks writing it
+    run, and the owner to give a heap tile that accumulates it (alloc's `owner`)."""
+    t = tables(o)
+    _check_usable(o, desc, -2, -1)
+    if t.meta[M_PLACED] == PLACED_NOT:
+        return 0
+    if t.meta[M_PLACED] == PLACED_COMPILED:
+        owner = placing.owner_of(t, desc)
+        if owner >= 0:
+            return owner
+    _name(t, desc, 0)
+    _service(t.meta, bridge.SERVICE_OWNER, 0, 0, 0)
+    return t.meta[M_ANSWER]
 
 
 @njit(cache=True, _nrt=False)
@@ -238,6 +270,8 @@ def submit(o, kernel_id, tensors, scalars=()):
         _service(t.meta, bridge.ERR_KERNEL, kernel_id, 0, 0)
     if t.meta[M_PIPELINE]:
         return _queue(o, kernel_id, tensors, scalars)
+    if t.meta[M_PLACED]:
+        return _placed(o, kernel_id, tensors, scalars)
     while True:
         # The arguments go straight into the slot the task will have (_write_arguments).
         h = t.header[0]
@@ -253,7 +287,14 @@ def submit(o, kernel_id, tensors, scalars=()):
             t.arg_task[slot] = -1  # the slot is not the task's yet: making room may raise
         _service(t.meta, bridge.SERVICE_ROOM, status, n, 0)
         t = tables(o)  # a recording run's room is a grown TensorMap: new entries, producers, covered
+    _entered(o, task_id, slot, n)
+    return task_id
 
+
+@njit(cache=True, _nrt=False, inline="always")
+def _entered(o, task_id, slot, n):
+    """What follows a submit's entry into the core: versions, checks, edges, the log."""
+    t = tables(o)
     _note_versions(o, slot, n)
     if t.meta[M_VALIDATE]:
         _service(t.meta, bridge.SERVICE_CHECK, task_id, bridge.CHECK_SUBMIT, 0)
@@ -265,14 +306,64 @@ def submit(o, kernel_id, tensors, scalars=()):
         if t.meta[M_VALIDATE]:
             _service(t.meta, bridge.SERVICE_CHECK, task_id, bridge.CHECK_COMPLETE, 0)
         if not t.meta[M_LOG_EDGES]:
-            return task_id
+            return
     logged = t.meta[M_LOGGED]
     t.log[logged, 0] = task_id
     t.log[logged, 1] = ready
     t.meta[M_LOGGED] = logged + 1
     if logged + 1 >= t.meta[M_LOG_LIMIT]:
         _service(t.meta, bridge.SERVICE_FLUSH, 0, 0, 0)
-    return task_id
+
+
+@njit(cache=True, _nrt=False)
+def _placed(o, kernel_id, tensors, scalars):
+    """A distributed run's submit: checked and its arguments written as `submit` does, in the
+    slot the next task will have; then placed by compiled code where it can be
+    (jit/placing.py) and entered into the core if it runs on this rank, else taken from the
+    slot by the Python orchestrator, which places it and enters it with the transfers it
+    needs (SERVICE_PLACE). Its id as users see it (the core's ids count transfers too)."""
+    t = tables(o)
+    n = len(tensors)
+    while True:  # the slot must be free: a live task's arguments are its workers'
+        h = t.header[0]
+        if h.next_task - h.last_alive < h.window:
+            break
+        _service(t.meta, bridge.SERVICE_ROOM, FULL_TASKS, n, 0)
+        t = tables(o)
+    task_id = h.next_task
+    slot = task_id & (h.window - 1)
+    params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
+    rank = placing.place(t, slot, n) if t.meta[M_PLACED] == PLACED_COMPILED else -1
+    if rank != t.meta[M_RANK]:
+        # Not this rank's task, or not placed yet: the slot is no task's (transfers the Python
+        # orchestrator enters first may take this id, and it writes the task's arguments
+        # where the task lands).
+        t.arg_task[slot] = -1
+        _note_versions(o, slot, n)
+        if rank >= 0:
+            return _next_label(t)
+        _service(t.meta, bridge.SERVICE_PLACE, slot, kernel_id, 0)
+        return t.meta[M_ANSWER]
+    label = _next_label(t)
+    t.labels[slot] = label
+    while True:
+        status = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
+                             t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], params[:n])
+        if status >= 0:
+            break
+        t.arg_task[slot] = -1  # making room may raise
+        _service(t.meta, bridge.SERVICE_ROOM, status, n, 0)
+        t = tables(o)
+        store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
+    _entered(o, task_id, slot, n)
+    return label
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _next_label(t):
+    label = t.counts[C_LABEL]
+    t.counts[C_LABEL] = label + 1
+    return label
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -402,9 +493,15 @@ def _service(meta, code, a, b, c):
 @njit(cache=True, _nrt=False)
 def _fail_naming(t, desc, position, code, a, b, c):
     """Raise the error `code` names, with the descriptor it is about in named[position]."""
+    _name(t, desc, position)
+    _service(t.meta, code, a, b, c)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _name(t, desc, position):
+    """named[position] = desc, for a service call about it."""
     for i in range(DESC_WIDTH):
         t.named[position, i] = desc[i]
-    _service(t.meta, code, a, b, c)
 
 
 @njit(cache=True, _nrt=False, inline="always")  # inlined: code without the runtime returns no views

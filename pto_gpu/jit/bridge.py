@@ -27,6 +27,11 @@ from numba.extending import intrinsic
 SERVICE_FLUSH = 0  # hand the logged tasks and edges over
 SERVICE_ROOM = 1  # a: the FULL_* status of a full ring
 SERVICE_CHECK = 2  # validation mode: a: task id or buffer key, b: what just happened (CHECK_*)
+# A distributed run's (meta M_PLACED), each answered in meta M_ANSWER where it has an answer:
+SERVICE_PLACE = 3  # submit the task whose arguments slot a holds (kernel id b); answer: its id
+SERVICE_ALLOCATED = 4  # heap buffer a (its descriptor in named[0]) is owned by rank b (-1: the default)
+SERVICE_FREED = 5  # heap buffer a was freed
+SERVICE_OWNER = 6  # answer: the rank owning the first element of the descriptor in named[0]
 
 CHECK_SUBMIT, CHECK_COMPLETE, CHECK_ALLOC, CHECK_FREE = 0, 1, 2, 3
 CHECKED_AFTER = ("submitting task", "completing task", "allocating heap buffer", "freeing heap buffer")
@@ -45,6 +50,7 @@ ERR_ALLOC_SIZE = 19  # a: bytes
 ERR_ALLOC_ARGS = 20  # a: dims, b: dtype code, c: a negative dim (or 0)
 ERR_VERSION_TAKEN = 21  # version_inc of a version that already has a successor (descriptor in named[0])
 ERR_UNWRITABLE = 22  # a: param position, b: kernel id, c: -1 read-only memory, else the dim of stride 0
+ERR_OWNER = 23  # alloc's owner a in a run of one process
 
 RAISED = 1  # what the callback returns when the service raised
 

@@ -52,7 +52,14 @@ M_PIPELINE = 11  # 1: submits queue the core's part for the core stage (jit/pipe
 M_TASK_MASK = 12  # the task window - 1
 M_BUFFER_MASK = 13  # the buffer table's length - 1
 M_ALIVE_SEEN = 14  # the core stage's tasks done (its last_alive) when a submit last looked
-M_WIDTH = 15
+# A distributed run's session (PLACED_*): the Python orchestrator places each heap buffer and
+# free, and the submits compiled code does not place itself (jit/placing.py); a service call
+# with an answer leaves it in M_ANSWER. M_RANK: this process's rank.
+M_PLACED = 15
+M_ANSWER = 16
+M_RANK = 17
+M_WIDTH = 18
+PLACED_NOT, PLACED_BY_PYTHON, PLACED_COMPILED = 0, 1, 2
 
 # `pipe`, a pipelined run's counters, each on a cache line of its own (jit/pipeline.py)
 P_QUEUED = 0  # tasks queued: the next task id (written by the submits)
@@ -78,6 +85,24 @@ EXTERNAL_WRITEABLE = 2  # externals only: 0 for read-only memory
 # heap_versions only: the buffer's sequence number while it is allocated and not freed, else -1.
 # Submits check this, not the core's buffer table, whose lines a pipelined run's core stage writes.
 VERSION_LIVE = 2
+
+# `held` columns (jit/placing.py; a distributed run's)
+H_UNIT = 0  # elements per table entry; 0: the row holds no buffer's tables
+H_UNITS = 1  # table entries
+H_ITEMSIZE = 2  # bytes of the elements the tables count
+H_OWNER = 3  # addresses of the int8 owner and writer tables and the uint64 valid bits
+H_WRITER = 4
+H_VALID = 5
+H_WRITTEN = 6  # 1 once compiled code wrote the tables
+H_WIDTH = 7
+
+# `counts` columns (distributed/placement.py's Placement.counts; a distributed run's)
+C_LABEL = 0  # the run's tasks placed so far: the next task's id
+C_WRITTEN = 1  # bytes the run's tasks wrote
+C_MOVED = 2  # bytes moved between ranks
+C_COMPILED = 3  # tasks compiled code placed itself (this rank's count: the others may differ)
+C_PLACED = 4  # C_PLACED + r: tasks placed on rank r
+C_WIDTH = C_PLACED + 64
 
 # kernel table columns
 K_WORKER = 0
@@ -112,7 +137,7 @@ FIELDS = (
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
     "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
     "kernels", "kernel_shapes", "meta", "arg_task", "layouts", "layout_rows", "signatures",
-    "pipe", "slot_params", "slot_info",
+    "pipe", "slot_params", "slot_info", "held", "counts", "labels",
 )
 
 
@@ -284,6 +309,11 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
         pipe=cs.aligned_table(PIPE_WIDTH, i64),  # its lines are the core stage's and the submits'
         slot_params=args.params,
         slot_info=args.info,
+        # A distributed run's (jit/placing.py): tables of the buffers' holdings (heap slots, then
+        # externals; the session fills them), the run's counts, each slot's task id as users see it.
+        held=np.zeros((len(state.buffers) + max(1, num_externals), H_WIDTH), i64),
+        counts=np.zeros(C_WIDTH, i64),
+        labels=np.full(len(state.tasks), -1, i64),
     )
     fields["layouts"][:, :, L_DESC + D_NDIM] = -1  # no descriptor has: nothing remembered yet
     fields["signatures"][:, G_COUNT] = -1
@@ -300,3 +330,9 @@ def set_tensormap(o, entries, producers, covered):
 @njit(cache=True)
 def set_externals(o, externals):
     o.externals = externals
+
+
+@njit(cache=True)
+def set_placing(o, held, counts):
+    o.held = held
+    o.counts = counts

@@ -5,6 +5,12 @@ service calls (bridge.py), and turns a compiled task back into a `Task` record w
 executor, a worker or the recorder needs one (`materialise`, from the argument tables).
 Between compiled calls it carries versions and frees across to the Python orchestrator's
 buffer records, so either side can go on where the other stopped.
+
+In a distributed run every rank must decide where each task runs and what moves between
+ranks alike (distributed/placement.py). Compiled code places a submit itself where that is
+bookkeeping alone (jit/placing.py), over the Python placement's own tables, which the session
+points it at (`held`); it hands every other submit, each heap buffer and each free to the
+Python orchestrator (a `Placer`), which places them as from Python.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import functools
 import itertools
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import numba
 import numpy as np
@@ -27,6 +34,7 @@ from ..errors import (
     LayoutError,
     LifecycleError,
     ParamError,
+    RankError,
     StaleVersionError,
     UsageError,
     UseAfterFreeError,
@@ -34,15 +42,24 @@ from ..errors import (
 from ..kernel import registered
 from ..params import Param, ParamKind
 from ..tasks import Scheduler, Task
-from ..tensor import Buffer, BufferKind
+from ..tensor import Buffer, BufferKind, TensorDescriptor
 from . import api, bridge, context, pipeline
 from .context import (
+    H_ITEMSIZE,
+    H_OWNER,
+    H_UNIT,
+    H_UNITS,
+    H_VALID,
+    H_WIDTH,
+    H_WRITER,
+    H_WRITTEN,
     K_MIXED,
     K_NAMES,
     K_TENSORS,
     K_WIDTH,
     K_WORKER,
     LOG_CAPACITY,
+    M_ANSWER,
     M_BUFFER_MASK,
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
@@ -51,6 +68,8 @@ from .context import (
     M_LOG_LIMIT,
     M_LOGGED,
     M_PIPELINE,
+    M_PLACED,
+    M_RANK,
     M_SERVICE,
     M_SESSION,
     M_TASK_MASK,
@@ -60,6 +79,9 @@ from .context import (
     MAX_SCOPE_DEPTH,
     PARAM_DTYPE,
     PARAM_NDIM,
+    PLACED_BY_PYTHON,
+    PLACED_COMPILED,
+    PLACED_NOT,
     S_INT,
     SHAPE_BOUND,
     SHAPE_CODE,
@@ -109,9 +131,39 @@ def kernel_tables(count: int) -> tuple[np.ndarray, np.ndarray]:
     return table, shapes
 
 
+class Placer(Protocol):
+    """A distributed run's Python orchestrator and its placement, as a session whose compiled
+    code they place (`Session(placer=...)`) calls them."""
+
+    rank: int  # this process's
+    counts: np.ndarray  # the run's tasks placed, bytes written and moved (context.C_*)
+    compiled: bool  # whether compiled code may place tasks itself (not while recording, say)
+
+    def submit(self, kernel, *params: Param) -> int:
+        """Place, check and enter one task, with the transfers it needs before it; its id."""
+
+    def adopt(self, buffer: Buffer, tensor: TensorDescriptor, owner: int | None) -> None:
+        """A heap buffer compiled code allocated (`tensor` views it whole), owned by `owner`."""
+
+    def forget(self, buffer: Buffer) -> None:
+        """Compiled code freed a heap buffer it or the placer allocated."""
+
+    def owner_of(self, tensor: TensorDescriptor) -> int:
+        """The rank owning the tensor's first element."""
+
+    def tables(self, buffer: Buffer) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The buffer's holdings tables: unit, itemsize, owner, writer, valid (or None)."""
+
+    def written(self, buffer: Buffer) -> None:
+        """Compiled code wrote the buffer's holdings tables."""
+
+    def ran(self, labels: list[int]) -> None:
+        """Compiled code entered these tasks (their ids as users see them) on this rank."""
+
+
 class Session:
     def __init__(self, scheduler: Scheduler, executor, recorder, heap_base: int, num_externals: int,
-                 args: context.ArgTables, lanes):
+                 args: context.ArgTables, lanes, placer: Placer | None = None):
         self._scheduler = scheduler
         self._executor = executor
         self._recorder = recorder
@@ -131,8 +183,14 @@ class Session:
         meta[M_LOG_LIMIT] = min(LOG_CAPACITY, state.sizes.task_window)
         meta[M_TASK_MASK] = state.sizes.task_window - 1
         meta[M_BUFFER_MASK] = len(state.buffers) - 1
-        self._pipelined = pipeline.wanted(self._complete_at_submit, bool(meta[M_LOG_EDGES]),
-                                          scheduler.validate)
+        self._placer = placer
+        if placer is not None:
+            meta[M_PLACED] = PLACED_COMPILED if placer.compiled else PLACED_BY_PYTHON
+            meta[M_RANK] = placer.rank
+        else:
+            meta[M_PLACED] = PLACED_NOT
+        self._pipelined = placer is None and pipeline.wanted(
+            self._complete_at_submit, bool(meta[M_LOG_EDGES]), scheduler.validate)
         self._kernels = list(registered())
         table, shapes = kernel_tables(len(self._kernels))
         self.o, self._fields = context.allocate(state, args, num_externals, table, shapes, meta)
@@ -148,6 +206,9 @@ class Session:
         # code submits carries the tags of the `o.compiled` call that submitted it.
         self._tag_starts: list[int] = []
         self._tags: list[dict[str, int | str] | None] = []
+        if placer is not None:
+            context.set_placing(self.o, self._fields["held"], placer.counts)
+            self._fields["counts"] = placer.counts
         scheduler.materialise = self.materialise
         bridge.SESSIONS[self.key] = self
 
@@ -163,6 +224,9 @@ class Session:
         if len(externals) > len(f["externals"]):
             f["externals"] = np.zeros((len(externals), 3), np.int64)
             context.set_externals(self.o, f["externals"])
+            if self._placer is not None:
+                f["held"] = np.zeros((len(f["heap_versions"]) + len(externals), H_WIDTH), np.int64)
+                context.set_placing(self.o, f["held"], f["counts"])
         self._externals = {b.key: b for b in externals}
         for b in externals:
             f["externals"][-1 - b.key] = (b.newest_version, b.newest_handle, b.writeable)
@@ -176,6 +240,9 @@ class Session:
         self._python_heap = unfreed
         for b in python_heap:
             f["heap_versions"][self._slot(b.key)] = (b.newest_version, b.newest_handle, b.key)
+        if self._placer is not None:  # Python's submits since the last entry may have split tables
+            for b in (*externals, *python_heap):
+                self._hold(b)
 
     def leave(self) -> None:
         """Carry versions and frees made in compiled code back to the Python records."""
@@ -185,6 +252,9 @@ class Session:
         for b in self._python_heap.values():
             _take_versions(b, f["heap_versions"][self._slot(b.key)])
             b.freed = b.freed or not self._heap_live(b.key)
+        if self._placer is not None:
+            for b in (*self._externals.values(), *self._python_heap.values()):
+                self._tell_written(b)
 
     def _slot(self, key: int) -> int:
         return key % len(self._fields["heap_versions"])
@@ -236,8 +306,58 @@ class Session:
             self._make_room(a, b)
         elif code == bridge.SERVICE_CHECK:
             self._scheduler.check_invariants(f"{bridge.CHECKED_AFTER[b]} {a}")
+        elif self._placer is not None and bridge.SERVICE_PLACE <= code <= bridge.SERVICE_OWNER:
+            self._place(code, a, b)
         else:
             raise self._error(code, a, b, c)
+
+    def _place(self, code: int, a: int, b: int) -> None:
+        """A distributed run's service calls (bridge.SERVICE_PLACE...), handed to the placer."""
+        meta, named = self._fields["meta"], self._fields["named"]
+        if code == bridge.SERVICE_PLACE:
+            # The logged tasks first: the placer's submit may wait for room they would make.
+            self.flush()
+            params = self._params(a)
+            buffers = {p.value.buffer.key: p.value.buffer for p in params if p.kind != ParamKind.SCALAR}
+            for buffer in buffers.values():
+                self._tell_written(buffer)
+            meta[M_ANSWER] = self._placer.submit(self._kernels[b], *params)
+            for buffer in buffers.values():  # its placement may have split their tables
+                self._hold(buffer)
+        elif code == bridge.SERVICE_ALLOCATED:
+            buffer = Buffer(a, BufferKind.HEAP, int(named[0, D_BASE]), int(named[0, D_NBYTES]))
+            self._python_heap[a] = buffer  # the placer's now: carried across as its others are
+            self._placer.adopt(buffer, self._tensor(named[0]), None if b < 0 else b)
+            self._held_row(a)[H_WRITTEN] = 0
+            self._hold(buffer)
+        elif code == bridge.SERVICE_FREED:
+            self._placer.forget(self._python_heap.pop(a))
+            self._held_row(a)[:] = 0
+        else:
+            meta[M_ANSWER] = self._placer.owner_of(self._tensor(named[0]))
+
+    def _held_row(self, key: int) -> np.ndarray:
+        """Buffer `key`'s row of `held` (placing.held_row's)."""
+        f = self._fields
+        return f["held"][self._slot(key) if key >= 0 else len(f["heap_versions"]) + (-1 - key)]
+
+    def _hold(self, buffer: Buffer) -> None:
+        """Point compiled placement at the buffer's holdings tables as they are now."""
+        row = self._held_row(buffer.key)
+        tables = self._placer.tables(buffer)
+        if tables is None:
+            row[:] = 0
+            return
+        unit, itemsize, owner, writer, valid = tables
+        row[H_UNIT], row[H_UNITS], row[H_ITEMSIZE] = unit, len(owner), itemsize
+        row[H_OWNER], row[H_WRITER], row[H_VALID] = owner.ctypes.data, writer.ctypes.data, valid.ctypes.data
+
+    def _tell_written(self, buffer: Buffer) -> None:
+        """If compiled code wrote the buffer's tables since the placer last heard, tell it."""
+        row = self._held_row(buffer.key)
+        if row[H_WRITTEN]:
+            row[H_WRITTEN] = 0
+            self._placer.written(buffer)
 
     def flush(self) -> int:
         """Hand the logged tasks to the executor (and the recorder); how many there were."""
@@ -253,6 +373,9 @@ class Session:
             for producer, consumer in edge_log.tolist():
                 self._producers.setdefault(consumer, []).append(producer)
         log = self._fields["log"]
+        if self._placer is not None:
+            labels, mask = self._fields["labels"], self._scheduler.state.sizes.task_window - 1
+            self._placer.ran([int(labels[task_id & mask]) for task_id in log[:logged, 0].tolist()])
         recorded: dict[int, Task] = {}  # one record per task, for the recorder and the executor
         if self._recorder is not None:
             recorded = {task_id: self._scheduler.task(task_id) for task_id in log[:logged, 0].tolist()}
@@ -291,8 +414,18 @@ class Session:
     # --- records -------------------------------------------------------------------------
     def materialise(self, task_id: int) -> Task:
         """The Task record of a task compiled code submitted (live, or logged for recording)."""
-        f = self._fields
         slot = task_id & (self._scheduler.state.sizes.task_window - 1)
+        row = self._scheduler.state.tasks[slot]
+        tags = self._tags[bisect.bisect_right(self._tag_starts, task_id) - 1]
+        task = Task(task_id, self._kernels[row["kernel"]], WorkerType(int(row["worker"])),
+                    tuple(self._params(slot)), tags)
+        if self._placer is not None:  # placed by compiled code (jit/placing.py)
+            task.label = int(self._fields["labels"][slot])
+        return task
+
+    def _params(self, slot: int) -> list[Param]:
+        """The params whose arguments compiled code wrote in `slot`."""
+        f = self._fields
         tensors, scalars = f["arg_count"][slot].tolist()
         params = [Param(ParamKind(int(kind)), self._tensor(desc))
                   for desc, kind in zip(f["arg_desc"][slot, :tensors], f["arg_kind"][slot, :tensors])]
@@ -300,10 +433,7 @@ class Session:
             is_int = f["arg_scalar_kind"][slot, i] == S_INT
             params.append(Param(ParamKind.SCALAR, int(f["arg_int"][slot, i]) if is_int
                                 else float(f["arg_float"][slot, i])))
-        row = self._scheduler.state.tasks[slot]
-        tags = self._tags[bisect.bisect_right(self._tag_starts, task_id) - 1]
-        return Task(task_id, self._kernels[row["kernel"]], WorkerType(int(row["worker"])), tuple(params),
-                    tags)
+        return params
 
     def _tensor(self, desc: np.ndarray):
         return to_tensor(desc, self._buffer(desc), DataType(int(desc[D_DTYPE])))
@@ -342,7 +472,7 @@ class Session:
         named = self._fields["named"]
         if code in (bridge.ERR_USE_AFTER_FREE, bridge.ERR_STALE):
             desc = named[max(a, 0)]
-            what = "version_inc" if a < 0 else f"param {a} of {self._kernels[b].name}"
+            what = {-1: "version_inc", -2: "owner_of"}.get(a) or f"param {a} of {self._kernels[b].name}"
             name = self._describe(int(desc[D_KEY]))
             if code == bridge.ERR_USE_AFTER_FREE:
                 return UseAfterFreeError(f"{what}: {name} was freed")
@@ -390,6 +520,9 @@ class Session:
                               "close a scope")
         if code == bridge.ERR_ALLOC_SIZE:
             return self._scheduler.heap_too_small(a, "")
+        if code == bridge.ERR_OWNER:
+            return RankError(f"alloc: owner={a} is out of range: a run of one process has rank 0 only "
+                             "(-1: the default)")
         if code == bridge.ERR_ALLOC_ARGS:
             return LayoutError(f"alloc takes up to {MAX_JIT_DIMS} non-negative dims and a DataType "
                                f"code 0..{len(DataType) - 1}; got {a} dims, dtype {b}, a dim of {c}")

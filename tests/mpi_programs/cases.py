@@ -3,23 +3,31 @@ process's serial run. Prints "OK <case> <ranks>" on rank 0 when every check hold
 
     mpiexec -n 2 python -m tests.mpi_programs.cases parallel matmul stencil flash
 
-Checks: each output row block, from its owner, bitwise equal to the serial executor's; every
-rank's recorded graph equal to the serial run's; the ranks' executed tasks a partition of the
-graph; each rank's bytes sent and received equal to the count worked out from the case.
+Each case runs twice: recorded, then not (where compiled code places tasks itself:
+jit/placing.py). Checks: each output row block of both runs, from its owner, bitwise equal to
+the serial executor's; every rank's recorded graph equal to the serial run's; placement's
+counts (tasks, tasks by rank, bytes written and moved) the same on every rank in both runs; the
+ranks' executed tasks a partition of the graph; each rank's bytes sent and received equal to
+the count worked out from the case. The "compiled*" and "generated" cases submit from
+compiled code (hand-written bodies, and the generated orchestration of programs/matmul.pto),
+whose unrecorded runs place most of their tasks in compiled code.
 """
 
 from __future__ import annotations
 
 import sys
 
+import numba
 import numpy as np
 from mpi4py import MPI
+from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 from pto_gpu.orchestration.cholesky import cholesky, grid
 from pto_gpu.orchestration.flash_attention import flash_attention_heads
-from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 from pto_gpu.orchestration.stencil import stencil
 
 import pto_gpu as pto
+from pto_gpu import jit as pj
 from pto_gpu.distributed.ownership import element_owners
 
 
@@ -32,6 +40,50 @@ def matmul(size: int):
     block = n // size * n * 4
     expected = [((size - 1) * block, n * n * 4 - block)] * size
     return tiled_matmul, arrays, (tile,), [2], expected
+
+
+@numba.njit(nogil=True)
+def matmul_body(o, a, b, c, tile, zero_id, matmul_acc_id, copy_id):
+    """tiled_matmul's graph from compiled code: each accumulator owned with its output tile."""
+    m, n, depth = pj.shape(a, 0), pj.shape(b, 1), pj.shape(a, 1)
+    for i in range(0, m, tile):
+        last_row = min(i + tile, m)
+        for j in range(0, n, tile):
+            last_col = min(j + tile, n)
+            c_tile = pj.narrow(pj.narrow(c, 0, i, last_row), 1, j, last_col)
+            acc = pj.alloc(o, (last_row - i, last_col - j), pj.dtype(c), pj.owner_of(o, c_tile))
+            pj.submit(o, zero_id, (pj.output(acc),))
+            for k in range(0, depth, tile):
+                end = min(k + tile, depth)
+                pj.submit(o, matmul_acc_id, (pj.input(pj.narrow(pj.narrow(a, 0, i, last_row), 1, k, end)),
+                                             pj.input(pj.narrow(pj.narrow(b, 0, k, end), 1, j, last_col)),
+                                             pj.inout(acc)))
+            pj.submit(o, copy_id, (pj.input(acc), pj.output(c_tile)))
+            pj.free(o, acc)
+
+
+def compiled_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
+    rows = pto.block_rows(o.ranks)
+    tensors = [o.external(x, owner=rows) for x in (a, b, c)]
+    o.compiled(matmul_body, *tensors, tile, zero.id, matmul_acc.id, copy.id)
+
+
+def generated_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
+    """programs/matmul.pto's orchestration over arrays in block rows; its accumulators, which
+    the program allocates without an owner, are rank 0's, so their tiles go to C's owners."""
+    for x in (a, b, c):
+        o.external(x, owner=pto.block_rows(o.ranks))
+    tiled_matmul_compiled(o, a, b, c, tile)
+
+
+def compiled_case(size: int):
+    _, arrays, extra, outputs, expected = matmul(size)
+    return compiled_matmul, arrays, extra, outputs, expected
+
+
+def generated_case(size: int):
+    _, arrays, extra, outputs, _ = matmul(size)
+    return generated_matmul, arrays, extra, outputs, None
 
 
 def stencil_case(size: int):
@@ -74,6 +126,39 @@ def spread_case(size: int):
     return spread, arrays, (), [0, 2], None  # bytes: the other cases count them
 
 
+@pto.kernel(worker=pto.VECTOR)
+def axpy_any(x, y, out):
+    out[...] = 2 * x + y
+
+
+@numba.njit
+def _columns(desc, parity):
+    """Every other column of a matrix, from column `parity`: a (rows, columns / 2, 1) view."""
+    return pj.narrow(pj.split(desc, 1, 2), 2, parity, parity + 1)
+
+
+@numba.njit(nogil=True)
+def spread_body(o, x, y, z, axpy_id):
+    pj.submit(o, axpy_id, (pj.input(_columns(x, 0)), pj.input(_columns(y, 0)), pj.output(_columns(z, 0))))
+    pj.submit(o, axpy_id, (pj.input(_columns(z, 0)), pj.input(_columns(x, 1)), pj.output(_columns(z, 1))))
+    pj.submit(o, axpy_id, (pj.input(pj.narrow(z, 0, 4, 12)), pj.input(pj.narrow(y, 0, 4, 12)),
+                           pj.output(pj.narrow(x, 0, 4, 12))))
+
+
+def compiled_spread(o: pto.Orchestrator, x, y, z) -> None:
+    """spread's reads and writes (but the second task's rank=) from compiled code: strided
+    regions, reads spanning owners, a table split by rows of 3."""
+    X = o.external(x, owner=pto.block_cyclic(3, o.ranks))
+    Y = o.external(y, owner=o.ranks - 1)
+    Z = o.external(z, owner=pto.block_rows(o.ranks))
+    o.compiled(spread_body, X, Y, Z, axpy_any.id)
+
+
+def compiled_spread_case(size: int):
+    _, arrays, extra, outputs, expected = spread_case(size)
+    return compiled_spread, arrays, extra, outputs, expected
+
+
 def cholesky_case(size: int):
     """A 384² tiled Cholesky in 64² tiles dealt over a 2-D grid of the ranks (2 x 2 on 4)."""
     n = 384
@@ -94,14 +179,17 @@ def matmul_scheduled(size: int):
 
 
 CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
-         "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case}
+         "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case,
+         "compiled": compiled_case, "compiled-pressed": compiled_case, "generated": generated_case,
+         "compiled-spread": compiled_spread_case}
 SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, run's
+            "compiled-pressed": ({"task_window": 16}, {"threshold": 4}),
             "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})})}
 
 
 def owners(orchestration, index: int, shape: tuple[int, ...], size: int) -> np.ndarray:
     """The rank owning each element of the orchestration's output `index`."""
-    if orchestration is spread and index == 0:
+    if orchestration in (spread, compiled_spread) and index == 0:
         owner = pto.block_cyclic(3, size)
     elif orchestration is cholesky:
         owner = pto.block_cyclic_2d(64, 64, grid(size))
@@ -121,10 +209,18 @@ def main(case: str, executor: str) -> None:
     settings, options = SETTINGS.get(case, ({}, {}))
     rt = pto.Runtime(backend="cpu", executor=executor, comm=comm,
                      workers={pto.CUBE: 1, pto.VECTOR: 1, pto.AI_CPU: 1}, **settings)
-    for _ in range(2):  # the second run starts from the owner tables the first made (Placement._track)
+    # The second run starts from the owner tables the first made (Placement._track), and is not
+    # recorded, so compiled code places what it can itself (jit/placing.py).
+    results, graph, counts = [], None, []
+    for record in (True, False):
         inputs = [a.copy() for a in arrays]
-        result = rt.run(orchestration, *inputs, *extra, record=True, **options)
-    mine = ([inputs[i] for i in outputs], graph_of(result), result.ranks, result.native_tasks)
+        result = rt.run(orchestration, *inputs, *extra, record=record, **options)
+        results.append([inputs[i] for i in outputs])
+        placement = rt.placement
+        counts.append((result.num_tasks, placement.placed, placement.bytes_written, placement.bytes_moved))
+        if record:
+            graph = graph_of(result)
+    mine = (results, graph, result.ranks, result.native_tasks, counts)
     gathered = comm.gather(mine, root=0)
     if rank != 0:
         return
@@ -134,18 +230,31 @@ def main(case: str, executor: str) -> None:
         held_by = owners(orchestration, index, reference[index].shape, size)
         for owner in range(size):
             mine = held_by == owner
-            got, want = gathered[owner][0][position][mine], reference[index][mine]
-            assert np.array_equal(got, want), f"output {index}, elements of rank {owner}: differ from serial"
+            for recorded, got in zip((True, False), gathered[owner][0]):
+                assert np.array_equal(got[position][mine], reference[index][mine]), \
+                    f"output {index}, elements of rank {owner}: differ from serial (recorded: {recorded})"
     want_graph = graph_of(serial)
-    for owner, (_, graph, _, _) in enumerate(gathered):
+    for owner, (_, graph, *_) in enumerate(gathered):
         assert graph == want_graph, f"rank {owner}'s recorded graph differs from the serial run's"
-    runs = [ranks.tasks_run for _, _, ranks, _ in gathered]
+    # What placement counts (tasks, by rank, bytes written and moved): every rank and both runs
+    # alike, whether Python (recorded) or compiled code (not) placed them.
+    counted = [run for *_, counts in gathered for run in counts]
+    assert counted == [counted[0]] * (2 * size) and counted[0][0] == serial.num_tasks, \
+        f"placement's counts by rank and run: {counted}; {serial.num_tasks} tasks"
+    runs = [ranks.tasks_run for _, _, ranks, *_ in gathered]
     assert sorted(t for ran in runs for t in ran) == list(range(serial.num_tasks)), \
         f"the ranks' executed tasks {[len(r) for r in runs]} are not a partition of {serial.num_tasks} tasks"
-    moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks, _ in gathered]
+    moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks, *_ in gathered]
     assert expected is None or moved == expected, f"bytes (sent, received) by rank: {moved}, not {expected}"
-    if executor == "parallel" and case == "matmul":  # each rank's tile products on its native workers
-        native = [count for *_, count in gathered]
+    if case in ("compiled", "compiled-pressed", "generated"):  # (compiled-spread's 3 tasks: any count)
+        # Compiled code placed the unrecorded run's tasks itself, but for those that move data
+        # to or from its rank, or first cut an external array's holdings into tiles (3 arrays).
+        placed = [ranks.placed_by_compiled_code for _, _, ranks, *_ in gathered]
+        least = serial.num_tasks - 3 if size == 1 else 1
+        assert all(least <= count <= serial.num_tasks for count in placed), \
+            f"tasks placed by compiled code, by rank: {placed} of {serial.num_tasks}"
+    if executor == "parallel" and case in ("matmul", "compiled"):  # tile products on native workers
+        native = [count for *_, count, _ in gathered]
         assert all(0 < count <= len(ran) for count, ran in zip(native, runs)), \
             f"native tasks by rank {native} of {[len(r) for r in runs]} run"
     print(f"OK {case} {size}", flush=True)

@@ -7,12 +7,14 @@
 Checks: scatter then gather is the array (float32, and bfloat16 in blocks of 5 rows); each
 rank's `.local` blocks are the rows its distribution gives it, and the ranks' blocks partition
 the rows; the tiled matmul over
-DistArrays in block rows, gathered, is bitwise the serial executor's on whole arrays; an
+DistArrays in block rows, from Python and from compiled code, gathered, is bitwise the serial
+executor's on whole arrays; an
 orchestration over block-cyclic DistArrays reading other ranks' rows is bitwise numpy's; each
 rank holds its share of the arrays' memory (and a page per block edge) after scatter and
 after a run (the rows it received given back); a scatter whose root passes no array raises
 on every rank; an owner other than the array's, and a DistArray of another communicator
-size, are RankErrors naming the array; a run that leaves
+size, are RankErrors naming the array, and a heap tile's owner out of range in compiled
+code one naming the owner; a run that leaves
 ranks without a task warns once per Runtime, naming them, and so does one that moves more
 between ranks than its tasks write.
 """
@@ -22,12 +24,17 @@ from __future__ import annotations
 import warnings
 
 import ml_dtypes
+import numba
 import numpy as np
 from mpi4py import MPI
+from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
+from pto_gpu import jit as pj
 from pto_gpu.distributed.dist_array import PAGE
+
+from .cases import matmul_body
 
 N, TILE = 256, 32
 
@@ -45,6 +52,15 @@ def shifted_axpy(o: pto.Orchestrator, x, y, out, tile: int) -> None:
     for i in range(0, rows, tile):
         j = (i + tile) % rows
         o.submit(axpy, pto.input(X[i:i + tile]), pto.input(Y[j:j + tile]), pto.output(OUT[i:i + tile]))
+
+
+def compiled_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
+    o.compiled(matmul_body, *(o.external(x) for x in (a, b, c)), tile, zero.id, matmul_acc.id, copy.id)
+
+
+@numba.njit
+def alloc_on(o, rank, dtype):
+    pj.alloc(o, (4, 4), dtype, rank)
 
 
 def said_once(run, words: str, rank: int) -> str:
@@ -109,6 +125,11 @@ def main() -> None:
         pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, *whole, reference, TILE)
         assert np.array_equal(product, reference), "the DistArray matmul differs from one process's"
     print(f"MEMORY {rank} {own} {after_scatter} {after_run}", flush=True)
+    compiled = pto.DistArray((N, N), np.float32, rows, comm)
+    rt.run(compiled_matmul, a, b, compiled, TILE)
+    product = compiled.gather()
+    if rank == 0:
+        assert np.array_equal(product, reference), "the compiled DistArray matmul differs from one process's"
 
     # block-cyclic rows, read across ranks
     cyclic = pto.block_cyclic(TILE, size)
@@ -126,6 +147,12 @@ def main() -> None:
         raise AssertionError("a scatter without an array went on")
     except pto.ParamError as error:
         assert "rank 0 (the root) must pass the array" in str(error), error
+    # ... a heap tile that compiled code gives an owner the run lacks
+    try:
+        rt.run(lambda o: o.compiled(alloc_on, size, int(pto.FLOAT32)))
+        raise AssertionError("compiled code's owner out of range was taken")
+    except pto.RankError as error:
+        assert f"owner={size} is out of range: the run has ranks 0..{size - 1}" in str(error), error
     # ... (one rank: every owner is rank 0's, and the run's size is the array's)
     if size > 1:
         try:

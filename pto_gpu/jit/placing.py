@@ -1,0 +1,178 @@
+"""Compiled placement: a distributed run's compiled submit placed by compiled code, when it
+needs nothing but bookkeeping.
+
+Every rank places every task alike (distributed/placement.py). A compiled submit whose regions
+start and end on their buffers' holdings units, and which needs no transfer to or from this
+rank, is placed here, as Placement.place would place it: on the owner of the first element of
+the first region it writes (rank 0 if it writes none); a rank that lacks what it reads gets it
+from another (a transfer this rank only counts) and holds it from then on; what it writes is
+its rank's alone. Anything else (a region that cuts a unit, a transfer this rank sends or
+receives, a buffer without holdings) goes to Placement through the session (SERVICE_PLACE),
+which works on the same tables.
+
+The tables are the Python Holdings' own arrays (owner, writer and valid bits per unit of a
+buffer: holdings.py), found through `held`, a row per buffer (H_* columns: a heap buffer's
+ring slot, then the externals) that the session fills from the placer; the run's counts (C_*)
+are Placement's `counts`. A row whose tables compiled code wrote is marked (H_WRITTEN), so that
+Python drops what it remembers of them (Holdings' AND of valid bits per region).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+from numba.cpython.unsafe.tuple import tuple_setitem
+
+from ..core.address import array_at
+from ..core.state import INPUT, OUTPUT
+from .context import (
+    C_COMPILED,
+    C_MOVED,
+    C_PLACED,
+    C_WRITTEN,
+    H_ITEMSIZE,
+    H_OWNER,
+    H_UNIT,
+    H_UNITS,
+    H_VALID,
+    H_WRITER,
+    H_WRITTEN,
+    M_BUFFER_MASK,
+    M_RANK,
+)
+from .descriptor import D_ITEMSIZE, D_KEY, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, MAX_JIT_DIMS
+
+_ONES, _ZEROS = (1,) * MAX_JIT_DIMS, (0,) * MAX_JIT_DIMS
+if MAX_JIT_DIMS != 4:
+    raise ImportError("jit/placing.py's _sweep has a loop per dim of MAX_JIT_DIMS (4)")
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def held_row(t, key):
+    """The `held` row of buffer `key` (a heap buffer's ring slot, then the externals)."""
+    if key >= 0:
+        return t.held[key & t.meta[M_BUFFER_MASK]]
+    return t.held[t.meta[M_BUFFER_MASK] + 1 + (-1 - key)]
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _geometry(desc, row):
+    """The region of `desc` in units of its buffer's tables: (first unit, extents and strides
+    of the grid of runs, runs in it, units per run), holdings.runs_of's grouping; first -1
+    when its elements are not the tables' or it does not start and end on units."""
+    unit, itemsize = row[H_UNIT], desc[D_ITEMSIZE]
+    extents, strides = _ONES, _ZEROS
+    size = 1
+    for d in range(desc[D_NDIM]):
+        size *= desc[D_SHAPE + d]
+    if unit == 0 or itemsize != row[H_ITEMSIZE] or desc[D_OFFSET] % itemsize or size == 0:
+        return -1, extents, strides, 0, 0
+    first = desc[D_OFFSET] // itemsize
+    run, contiguous, outer, runs = 1, True, 0, 1
+    ok = first % unit == 0
+    for d in range(desc[D_NDIM] - 1, -1, -1):
+        extent, stride = desc[D_SHAPE + d], desc[D_STRIDE + d]
+        if extent == 1:
+            continue
+        if contiguous and stride == run:
+            run *= extent
+        else:
+            contiguous = False
+            ok = ok and stride % unit == 0
+            extents = tuple_setitem(extents, outer, extent)
+            strides = tuple_setitem(strides, outer, stride // unit)
+            outer += 1
+            runs *= extent
+    if not ok or run % unit:
+        return -1, extents, strides, 0, 0
+    return first // unit, extents, strides, runs, run // unit
+
+
+# What `_sweep` does to each unit of a region (bit: a rank's valid bit)
+_INVOLVES = 0  # whether a unit lacks `bit` and this rank would send it or receive it
+_LACKING = 1  # count the units that lack `bit`
+_GAIN = 2  # set `bit`
+_WRITE = 3  # `rank` wrote it: its writer, and its only holder (`bit`)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _sweep(geometry, what, writer, valid, bit, rank, me):
+    """Do `what` to every unit of a region (its `_geometry`); the units found (_INVOLVES: 1
+    at the first, _LACKING: each)."""
+    first, extents, strides, _, run = geometry
+    found = 0
+    for i3 in range(extents[3]):  # a loop per dim of MAX_JIT_DIMS: multiplies, not divisions
+        for i2 in range(extents[2]):
+            for i1 in range(extents[1]):
+                for i0 in range(extents[0]):
+                    start = first + i0 * strides[0] + i1 * strides[1] + i2 * strides[2] + i3 * strides[3]
+                    for u in range(start, start + run):
+                        if what == _INVOLVES:
+                            if valid[u] & bit == 0 and (rank == me or writer[u] == me):
+                                return 1
+                        elif what == _LACKING:
+                            found += valid[u] & bit == 0
+                        elif what == _GAIN:
+                            valid[u] |= bit
+                        else:
+                            writer[u] = rank
+                            valid[u] = bit
+    return found
+
+
+@njit(cache=True, _nrt=False)
+def place(t, slot, n):
+    """Place the task whose n tensor params `slot` holds, if it can be placed here (module
+    docstring): update the tables and counts as Placement.place would, and return its rank;
+    -1, having changed nothing, to leave it to Python."""
+    rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
+    rank = -1
+    for p in range(n):
+        row = held_row(t, rows[p, D_KEY])
+        geometry = _geometry(rows[p], row)
+        if geometry[0] < 0:
+            return -1
+        if rank < 0 and kinds[p] != INPUT:
+            rank = array_at(row[H_OWNER], row[H_UNITS], np.int8)[geometry[0]]
+    rank = max(rank, 0)
+    me = t.meta[M_RANK]
+    bit = np.uint64(1) << np.uint64(rank)
+    for p in range(n):  # a transfer to or from this rank is Python's to make
+        if kinds[p] != OUTPUT:
+            row = held_row(t, rows[p, D_KEY])
+            if _sweep(_geometry(rows[p], row), _INVOLVES, array_at(row[H_WRITER], row[H_UNITS], np.int8),
+                      array_at(row[H_VALID], row[H_UNITS], np.uint64), bit, rank, me):
+                return -1
+    for p in range(n):  # Placement.place's order: every read, then every write
+        if kinds[p] != OUTPUT:
+            row = held_row(t, rows[p, D_KEY])
+            geometry = _geometry(rows[p], row)
+            writer = array_at(row[H_WRITER], row[H_UNITS], np.int8)
+            valid = array_at(row[H_VALID], row[H_UNITS], np.uint64)
+            # counted before any is marked: a region may see a unit twice (Holdings.fetch)
+            lacking = _sweep(geometry, _LACKING, writer, valid, bit, rank, me)
+            _sweep(geometry, _GAIN, writer, valid, bit, rank, me)
+            t.counts[C_MOVED] += lacking * row[H_UNIT] * row[H_ITEMSIZE]
+    for p in range(n):
+        if kinds[p] != INPUT:
+            row = held_row(t, rows[p, D_KEY])
+            geometry = _geometry(rows[p], row)
+            _sweep(geometry, _WRITE, array_at(row[H_WRITER], row[H_UNITS], np.int8),
+                   array_at(row[H_VALID], row[H_UNITS], np.uint64), bit, rank, me)
+            row[H_WRITTEN] = 1
+            t.counts[C_WRITTEN] += geometry[3] * geometry[4] * row[H_UNIT] * row[H_ITEMSIZE]
+    t.counts[C_PLACED + rank] += 1
+    t.counts[C_COMPILED] += 1
+    return rank
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def owner_of(t, desc):
+    """The owner of desc's first element from its buffer's tables; -1 where they cannot say."""
+    row = held_row(t, desc[D_KEY])
+    if row[H_UNIT] == 0 or desc[D_ITEMSIZE] != row[H_ITEMSIZE] or desc[D_OFFSET] % row[H_ITEMSIZE]:
+        return -1
+    entry = desc[D_OFFSET] // row[H_ITEMSIZE] // row[H_UNIT]
+    if entry >= row[H_UNITS]:
+        return -1
+    return array_at(row[H_OWNER], row[H_UNITS], np.int8)[entry]
