@@ -40,8 +40,9 @@ def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
 
 
 def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
-    """tiled_matmul's graph in one process for float32 arrays (the program's memrefs),
-    submitted by compiled code."""
+    """tiled_matmul's graph for float32 arrays (the program's memrefs), submitted by compiled
+    code. In a distributed run the arrays' owners are those of an earlier o.external (or a
+    DistArray's), rank 0 otherwise, and each accumulator is owned with its tile of C."""
     program().orchestration("tiled_matmul", compiled=True)(o, a, b, c, tile)
 
 

@@ -324,7 +324,27 @@ def rich_module() -> Module:
     return m
 
 
-@pytest.mark.parametrize("build", [softmax_module, rich_module])
+def owned_module() -> isa.Module:
+    """An allocation owned with a view of an array (`alloc ... owner %v`: distributed runs)."""
+    m = isa.Module("owned")
+    (FunctionBuilder("fill", module=m).library("pto_gpu.kernels.tiles.zero")
+        .memref("out", pto.FLOAT32, direction="output").build())
+    (FunctionBuilder("copy", module=m).library("pto_gpu.kernels.tiles.copy")
+        .memref("src", pto.FLOAT32, direction="input").memref("dst", pto.FLOAT32, direction="output").build())
+    (FunctionBuilder("orch", module=m).not_in_core().memref("x", pto.FLOAT32).scalar("n", pto.INT64)
+        .tensor("rows", pto.FLOAT32).tensor("acc", pto.FLOAT32)
+        .view("rows", "x", ((0, "n"), None)).alloc("acc", ("n", 4), owner="rows")
+        .call("fill", {"out": "acc"}).call("copy", {"src": "acc", "dst": "rows"}).build())
+    return m
+
+
+def test_an_allocation_owned_with_a_tensor_prints_and_parses():
+    text = print_module(owned_module())
+    assert "  %acc = alloc [%n, 4] owner %rows\n" in text
+    assert parse(text) == owned_module()
+
+
+@pytest.mark.parametrize("build", [softmax_module, rich_module, owned_module])
 def test_to_python_rebuilds_the_module(build):
     module = build()
     source = to_python(module)

@@ -39,7 +39,7 @@ spaces per level of nesting:
     ENDIF
     CALL @callee(%param -> %tensor, %param -> %tensor[row, col], %scalar = value)
     return
-    %t = alloc [dim, dim]                 ALLOC (dims: integers or %names)
+    %t = alloc [dim, dim] [owner %u]      ALLOC (dims: integers or %names; owner: see ir.Alloc)
     %v = view %t[start:stop, :]           VIEW (`:` keeps a dim whole)
     %h = split %t, groups                 SPLIT
     %n = sdim %t, axis                    DIM (a tensor's size; in InCore, a memref window's)
@@ -217,7 +217,8 @@ class _Printer:
                 out.append(pad + "return")
             elif isinstance(s, Alloc):
                 dims = ", ".join(self.index(v, "alloc") for v in s.shape)
-                out.append(f"{pad}{self.name(s.dst)} = alloc [{dims}]")
+                owner = "" if s.owner is None else f" owner {self.name(s.owner)}"
+                out.append(f"{pad}{self.name(s.dst)} = alloc [{dims}]{owner}")
             elif isinstance(s, View):
                 dims = [":" if b is None else f"{self.index(b[0], 'view')}:{self.index(b[1], 'view')}"
                         for b in s.slices]
@@ -665,7 +666,13 @@ class _Parser:
                 self.punct(":")
                 dims.append((start, self.index()))
         self.advance()
-        return Alloc(dst, tuple(dims)) if word == "alloc" else View(dst, source, tuple(dims))
+        if word == "view":
+            return View(dst, source, tuple(dims))
+        owner = None
+        if self.at("word", "owner"):
+            self.advance()
+            owner = self.name()
+        return Alloc(dst, tuple(dims), owner)
 
     def bound(self) -> str | int:
         value = self.index()

@@ -134,9 +134,10 @@ class FunctionBuilder:
         self._tensors.append(MemRef(name, self._dtype(f"tensor %{name}", dtype)))
         return self
 
-    def alloc(self, dst: str, shape: tuple[Index, ...]) -> FunctionBuilder:
-        """dst = a new heap tensor of `shape`, freed after its last use."""
-        return self._emit(Alloc(dst, tuple(_operand(n) for n in shape)))
+    def alloc(self, dst: str, shape: tuple[Index, ...], owner: str | None = None) -> FunctionBuilder:
+        """dst = a new heap tensor of `shape`, freed after its last use; in a distributed run
+        owned with tensor `owner`'s first element (None: the run's default)."""
+        return self._emit(Alloc(dst, tuple(_operand(n) for n in shape), owner))
 
     def view(self, dst: str, src: str, slices: tuple[tuple[Index, Index] | None, ...]) -> FunctionBuilder:
         """dst = src sliced: per dim (start, stop), or None for the whole dim."""

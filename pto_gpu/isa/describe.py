@@ -31,7 +31,8 @@ def describe(statement: Statement) -> str:
     if isinstance(statement, Return):
         return "RETURN"
     if isinstance(statement, Alloc):
-        return f"%{statement.dst} = ALLOC [{', '.join(_text(v) for v in statement.shape)}]"
+        owner = "" if statement.owner is None else f" OWNER %{statement.owner}"
+        return f"%{statement.dst} = ALLOC [{', '.join(_text(v) for v in statement.shape)}]{owner}"
     if isinstance(statement, View):
         dims = [":" if s is None else f"{_text(s[0])}:{_text(s[1])}" for s in statement.slices]
         return f"%{statement.dst} = VIEW %{statement.src}[{', '.join(dims)}]"

@@ -153,10 +153,13 @@ class Return:
 
 @dataclasses.dataclass(frozen=True)
 class Alloc:
-    """`dst` (a local tensor) = a new heap tensor of these dims, in dst's dtype."""
+    """`dst` (a local tensor) = a new heap tensor of these dims, in dst's dtype. In a
+    distributed run it belongs to the rank owning the first element of tensor `owner`, so the
+    tasks that write it run there (None: the run's default owner, rank 0)."""
 
     dst: str
     shape: tuple[Index, ...]
+    owner: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,6 +86,8 @@ def _tensors_used(statement: Statement) -> Iterable[str]:
             yield from (arg.tensor for _, arg in s.args)
         elif isinstance(s, View | Split):
             yield s.src
+        elif isinstance(s, Alloc) and s.owner is not None:
+            yield s.owner
         elif isinstance(s, Op) and OPCODES[s.opcode].form is Form.DIM:
             yield s.srcs[0]
 

@@ -183,7 +183,8 @@ class _Activation:
             self.call(statement)
         elif isinstance(statement, Alloc):
             shape = tuple(self.index(n, statement) for n in statement.shape)
-            tensor = self.o.alloc(shape, self.function.memref(statement.dst).dtype)
+            owner = None if statement.owner is None else self.o.owner_of(self.tensors[statement.owner])
+            tensor = self.o.alloc(shape, self.function.memref(statement.dst).dtype, owner=owner)
             self.tensors[statement.dst] = self.allocations[statement.dst] = tensor
         elif isinstance(statement, View):
             self.tensors[statement.dst] = self.view(statement)

@@ -44,7 +44,7 @@ from .ops import OPCODES, Form
 from .orchestrate import external
 from .verify import verify_module
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 _WRAP = {Direction.INPUT: "pj.input", Direction.OUTPUT: "pj.output", Direction.INOUT: "pj.inout"}
@@ -197,7 +197,9 @@ class _Activation:
         elif isinstance(statement, Alloc):
             dims = "".join(f"np.int64({self.value(n)}), " for n in statement.shape)
             code = int(self.function.memref(statement.dst).dtype)
-            w.emit(f"{self.tensors[statement.dst]} = pj.alloc(o, ({dims}), {code})  # {describe(statement)}")
+            owner = "-1" if statement.owner is None else f"pj.owner_of(o, {self.tensors[statement.owner]})"
+            allocated = f"pj.alloc(o, ({dims}), {code}, {owner})"
+            w.emit(f"{self.tensors[statement.dst]} = {allocated}  # {describe(statement)}")
         elif isinstance(statement, View):
             self.view(statement)
         elif isinstance(statement, Split):

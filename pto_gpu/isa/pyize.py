@@ -92,7 +92,8 @@ def _body(statements: tuple, depth: int, lines: list[str]) -> None:
         elif isinstance(s, Return):
             lines.append(f"{pad}.ret()")
         elif isinstance(s, Alloc):
-            lines.append(f"{pad}.alloc({_arguments(s.dst, s.shape)})")
+            owner = () if s.owner is None else (s.owner,)
+            lines.append(f"{pad}.alloc({_arguments(s.dst, s.shape, *owner)})")
         elif isinstance(s, View):
             lines.append(f"{pad}.view({_arguments(s.dst, s.src, s.slices)})")
         elif isinstance(s, Split):

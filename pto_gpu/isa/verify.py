@@ -285,6 +285,8 @@ class _Checker:
                 self.fail(where, f"an allocation has 1 to 4 dims, not {len(statement.shape)}")
             for size in statement.shape:
                 self._operand(where, Kind.INDEX, size)
+            if statement.owner is not None:
+                self._operand(where, Kind.MEMREF, statement.owner)
         else:
             source = self._operand(where, Kind.MEMREF, statement.src)
             if source.dtype != self.declared[dst].dtype:

@@ -69,8 +69,8 @@ def compiled_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
 
 
 def generated_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
-    """programs/matmul.pto's orchestration over arrays in block rows; its accumulators, which
-    the program allocates without an owner, are rank 0's, so their tiles go to C's owners."""
+    """programs/matmul.pto's orchestration over arrays in block rows (its accumulators are
+    owned with their C tiles: `alloc ... owner %c_tile`)."""
     for x in (a, b, c):
         o.external(x, owner=pto.block_rows(o.ranks))
     tiled_matmul_compiled(o, a, b, c, tile)
@@ -82,8 +82,8 @@ def compiled_case(size: int):
 
 
 def generated_case(size: int):
-    _, arrays, extra, outputs, _ = matmul(size)
-    return generated_matmul, arrays, extra, outputs, None
+    _, arrays, extra, outputs, expected = matmul(size)
+    return generated_matmul, arrays, extra, outputs, expected
 
 
 def stencil_case(size: int):
