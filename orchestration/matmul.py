@@ -41,8 +41,11 @@ def tiled_matmul(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
 
 def tiled_matmul_compiled(o: pto.Orchestrator, a, b, c, tile: int = 128) -> None:
     """tiled_matmul's graph for float32 arrays (the program's memrefs), submitted by compiled
-    code. In a distributed run the arrays' owners are those of an earlier o.external (or a
-    DistArray's), rank 0 otherwise, and each accumulator is owned with its tile of C."""
+    code; in a distributed run placed as tiled_matmul's (the arrays in block rows, each
+    accumulator owned with its tile of C: the program's `alloc ... owner`)."""
+    rows = pto.block_rows(o.ranks)
+    for array in (a, b, c):
+        o.external(array, owner=rows)
     program().orchestration("tiled_matmul", compiled=True)(o, a, b, c, tile)
 
 

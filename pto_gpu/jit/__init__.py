@@ -16,7 +16,9 @@ A compiled orchestration body is an `@numba.njit` function that takes the JitOrc
         o.compiled(body, o.external(a), o.external(b), o.external(c), 64, matmul.id)
 
 Kernels are referred to by id (`kernel.id`, passed in as an argument: ids depend on import
-order, so they must not be baked into cached code). Descriptors are int64 tuples (see
+order, so they must not be baked into cached code). In a distributed run (Runtime(comm=...))
+a body places its tasks as Python submits are placed (jit/placing.py); `owner_of(o, t)` and
+`alloc(o, shape, dtype, owner)` give a heap tile the owner of the tile it accumulates. Descriptors are int64 tuples (see
 descriptor.py) sliced with `narrow`, `split` and `swap`. Tensor params come before
 scalar params. The same tasks and edges result as from the Python API, and full rings
 wait for the executor as they do there.

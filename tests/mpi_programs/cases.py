@@ -68,14 +68,6 @@ def compiled_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
     o.compiled(matmul_body, *tensors, tile, zero.id, matmul_acc.id, copy.id)
 
 
-def generated_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
-    """programs/matmul.pto's orchestration over arrays in block rows (its accumulators are
-    owned with their C tiles: `alloc ... owner %c_tile`)."""
-    for x in (a, b, c):
-        o.external(x, owner=pto.block_rows(o.ranks))
-    tiled_matmul_compiled(o, a, b, c, tile)
-
-
 def compiled_case(size: int):
     _, arrays, extra, outputs, expected = matmul(size)
     return compiled_matmul, arrays, extra, outputs, expected
@@ -83,7 +75,7 @@ def compiled_case(size: int):
 
 def generated_case(size: int):
     _, arrays, extra, outputs, expected = matmul(size)
-    return generated_matmul, arrays, extra, outputs, expected
+    return tiled_matmul_compiled, arrays, extra, outputs, expected
 
 
 def stencil_case(size: int):
