@@ -18,10 +18,10 @@ A compiled orchestration body is an `@numba.njit` function that takes the JitOrc
 Kernels are referred to by id (`kernel.id`, passed in as an argument: ids depend on import
 order, so they must not be baked into cached code). In a distributed run (Runtime(comm=...))
 a body places its tasks as Python submits are placed (jit/placing.py); `owner_of(o, t)` and
-`alloc(o, shape, dtype, owner)` give a heap tile the owner of the tile it accumulates. Descriptors are int64 tuples (see
-descriptor.py) sliced with `narrow`, `split` and `swap`. Tensor params come before
-scalar params. The same tasks and edges result as from the Python API, and full rings
-wait for the executor as they do there.
+`alloc(o, shape, dtype, owner)` give a heap tile the owner of the tile it accumulates.
+Descriptors are int64 tuples (see descriptor.py) sliced with `narrow`, `split` and `swap`.
+Tensor params come before scalar params. The same tasks and edges result as from the Python
+API, and full rings wait for the executor as they do there.
 
 A body compiled with `cache=True` keeps, in numba's cache, its own copy of every function of
 this package it calls, and numba never checks those again: after pto-gpu changes, delete

@@ -185,7 +185,10 @@ class Session:
         meta[M_BUFFER_MASK] = len(state.buffers) - 1
         self._placer = placer
         if placer is not None:
-            meta[M_PLACED] = PLACED_COMPILED if placer.compiled else PLACED_BY_PYTHON
+            # Compiled placement reports the tasks it entered from the log (flush), which a
+            # run whose tasks complete at submit does not keep.
+            compiled = placer.compiled and not self._complete_at_submit
+            meta[M_PLACED] = PLACED_COMPILED if compiled else PLACED_BY_PYTHON
             meta[M_RANK] = placer.rank
         else:
             meta[M_PLACED] = PLACED_NOT
@@ -321,13 +324,16 @@ class Session:
             buffers = {p.value.buffer.key: p.value.buffer for p in params if p.kind != ParamKind.SCALAR}
             for buffer in buffers.values():
                 self._tell_written(buffer)
-            meta[M_ANSWER] = self._placer.submit(self._kernels[b], *params)
-            for buffer in buffers.values():  # its placement may have split their tables
-                self._hold(buffer)
+            try:
+                meta[M_ANSWER] = self._placer.submit(self._kernels[b], *params)
+            finally:  # its placement may have split their tables, even if it then raised
+                for buffer in buffers.values():
+                    self._hold(buffer)
+                self._follow_tensormap()  # a recording run's grows
         elif code == bridge.SERVICE_ALLOCATED:
             buffer = Buffer(a, BufferKind.HEAP, int(named[0, D_BASE]), int(named[0, D_NBYTES]))
             self._python_heap[a] = buffer  # the placer's now: carried across as its others are
-            self._placer.adopt(buffer, self._tensor(named[0]), None if b < 0 else b)
+            self._placer.adopt(buffer, self._tensor(named[0]), None if b == -1 else b)
             self._held_row(a)[H_WRITTEN] = 0
             self._hold(buffer)
         elif code == bridge.SERVICE_FREED:

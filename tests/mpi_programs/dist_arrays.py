@@ -147,12 +147,13 @@ def main() -> None:
         raise AssertionError("a scatter without an array went on")
     except pto.ParamError as error:
         assert "rank 0 (the root) must pass the array" in str(error), error
-    # ... a heap tile that compiled code gives an owner the run lacks
-    try:
-        rt.run(lambda o: o.compiled(alloc_on, size, int(pto.FLOAT32)))
-        raise AssertionError("compiled code's owner out of range was taken")
-    except pto.RankError as error:
-        assert f"owner={size} is out of range: the run has ranks 0..{size - 1}" in str(error), error
+    # ... a heap tile that compiled code gives an owner the run lacks (-1 is the default)
+    for owner in (size, -2):
+        try:
+            rt.run(lambda o, owner=owner: o.compiled(alloc_on, owner, int(pto.FLOAT32)))
+            raise AssertionError(f"compiled code's owner {owner} was taken")
+        except pto.RankError as error:
+            assert f"owner={owner} is out of range: the run has ranks 0..{size - 1}" in str(error), error
     # ... (one rank: every owner is rank 0's, and the run's size is the array's)
     if size > 1:
         try:
