@@ -404,7 +404,8 @@ class Orchestrator:
 
         Tensor descriptors among args arrive as compiled descriptors; other args as they are.
         The tasks it submits carry the tags around the call (`o.tags`). In a distributed run
-        each of its submits, heap buffers and frees is placed as from Python (jit/host.py).
+        its tasks are placed as Python submits are, by compiled code where that is bookkeeping
+        alone (jit/placing.py), else by this orchestrator's placement (jit/host.py).
         """
         self._check_open()
         if self._jit is None:
