@@ -309,11 +309,12 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
         pipe=cs.aligned_table(PIPE_WIDTH, i64),  # its lines are the core stage's and the submits'
         slot_params=args.params,
         slot_info=args.info,
-        # A distributed run's (jit/placing.py): tables of the buffers' holdings (heap slots, then
-        # externals; the session fills them), the run's counts, each slot's task id as users see it.
-        held=np.zeros((len(state.buffers) + max(1, num_externals), H_WIDTH), i64),
+        # A distributed run's (jit/placing.py), which its session makes (set_placing): a row per
+        # buffer of its holdings tables (heap slots, then externals), the run's counts, each
+        # slot's task id as users see it. Other runs' code never reads them.
+        held=np.zeros((1, H_WIDTH), i64),
         counts=np.zeros(C_WIDTH, i64),
-        labels=np.full(len(state.tasks), -1, i64),
+        labels=np.zeros(1, i64),
     )
     fields["layouts"][:, :, L_DESC + D_NDIM] = -1  # no descriptor has: nothing remembered yet
     fields["signatures"][:, G_COUNT] = -1
@@ -333,6 +334,7 @@ def set_externals(o, externals):
 
 
 @njit(cache=True)
-def set_placing(o, held, counts):
+def set_placing(o, held, counts, labels):
     o.held = held
     o.counts = counts
+    o.labels = labels

@@ -210,8 +210,8 @@ class Session:
         self._tag_starts: list[int] = []
         self._tags: list[dict[str, int | str] | None] = []
         if placer is not None:
-            context.set_placing(self.o, self._fields["held"], placer.counts)
-            self._fields["counts"] = placer.counts
+            self._fields.update(counts=placer.counts, labels=np.full(state.sizes.task_window, -1, np.int64))
+            self._placing_tables(num_externals)
         scheduler.materialise = self.materialise
         bridge.SESSIONS[self.key] = self
 
@@ -228,8 +228,7 @@ class Session:
             f["externals"] = np.zeros((len(externals), 3), np.int64)
             context.set_externals(self.o, f["externals"])
             if self._placer is not None:
-                f["held"] = np.zeros((len(f["heap_versions"]) + len(externals), H_WIDTH), np.int64)
-                context.set_placing(self.o, f["held"], f["counts"])
+                self._placing_tables(len(externals))
         self._externals = {b.key: b for b in externals}
         for b in externals:
             f["externals"][-1 - b.key] = (b.newest_version, b.newest_handle, b.writeable)
@@ -341,6 +340,13 @@ class Session:
             self._held_row(a)[:] = 0
         else:
             meta[M_ANSWER] = self._placer.owner_of(self._tensor(named[0]))
+
+    def _placing_tables(self, externals: int) -> None:
+        """Compiled placement's tables (jit/placing.py): `held`, a row for each heap slot and for
+        `externals` externals (filled by `_hold`), the placer's counts, the per-slot labels."""
+        f = self._fields
+        f["held"] = np.zeros((len(f["heap_versions"]) + max(1, externals), H_WIDTH), np.int64)
+        context.set_placing(self.o, f["held"], f["counts"], f["labels"])
 
     def _held_row(self, key: int) -> np.ndarray:
         """Buffer `key`'s row of `held` (placing.held_row's)."""
