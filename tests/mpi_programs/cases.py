@@ -8,8 +8,8 @@ jit/placing.py). Checks: each output row block of both runs, from its owner, bit
 the serial executor's; every rank's recorded graph equal to the serial run's; placement's
 counts (tasks, tasks by rank, bytes written and moved) the same on every rank in both runs; the
 ranks' executed tasks a partition of the graph; each rank's bytes sent and received equal to
-the count worked out from the case. The "compiled*" and "generated" cases submit from
-compiled code (hand-written bodies, and the generated orchestration of programs/matmul.pto),
+the count worked out from the case. The "compiled*" cases submit from compiled code (the
+generated orchestration of programs/matmul.pto, and a hand-written body of strided views),
 whose unrecorded runs place most of their tasks in compiled code.
 """
 
@@ -20,7 +20,6 @@ import sys
 import numba
 import numpy as np
 from mpi4py import MPI
-from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 from pto_gpu.orchestration.cholesky import cholesky, grid
 from pto_gpu.orchestration.flash_attention import flash_attention_heads
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
@@ -42,38 +41,9 @@ def matmul(size: int):
     return tiled_matmul, arrays, (tile,), [2], expected
 
 
-@numba.njit(nogil=True)
-def matmul_body(o, a, b, c, tile, zero_id, matmul_acc_id, copy_id):
-    """tiled_matmul's graph from compiled code: each accumulator owned with its output tile."""
-    m, n, depth = pj.shape(a, 0), pj.shape(b, 1), pj.shape(a, 1)
-    for i in range(0, m, tile):
-        last_row = min(i + tile, m)
-        for j in range(0, n, tile):
-            last_col = min(j + tile, n)
-            c_tile = pj.narrow(pj.narrow(c, 0, i, last_row), 1, j, last_col)
-            acc = pj.alloc(o, (last_row - i, last_col - j), pj.dtype(c), pj.owner_of(o, c_tile))
-            pj.submit(o, zero_id, (pj.output(acc),))
-            for k in range(0, depth, tile):
-                end = min(k + tile, depth)
-                pj.submit(o, matmul_acc_id, (pj.input(pj.narrow(pj.narrow(a, 0, i, last_row), 1, k, end)),
-                                             pj.input(pj.narrow(pj.narrow(b, 0, k, end), 1, j, last_col)),
-                                             pj.inout(acc)))
-            pj.submit(o, copy_id, (pj.input(acc), pj.output(c_tile)))
-            pj.free(o, acc)
-
-
-def compiled_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
-    rows = pto.block_rows(o.ranks)
-    tensors = [o.external(x, owner=rows) for x in (a, b, c)]
-    o.compiled(matmul_body, *tensors, tile, zero.id, matmul_acc.id, copy.id)
-
-
 def compiled_case(size: int):
-    _, arrays, extra, outputs, expected = matmul(size)
-    return compiled_matmul, arrays, extra, outputs, expected
-
-
-def generated_case(size: int):
+    """programs/matmul.pto's generated orchestration (its accumulators owned with their C
+    tiles: `alloc ... owner %c_tile`)."""
     _, arrays, extra, outputs, expected = matmul(size)
     return tiled_matmul_compiled, arrays, extra, outputs, expected
 
@@ -172,7 +142,7 @@ def matmul_scheduled(size: int):
 
 CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
          "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case,
-         "compiled": compiled_case, "compiled-pressed": compiled_case, "generated": generated_case,
+         "compiled": compiled_case, "compiled-pressed": compiled_case,
          "compiled-spread": compiled_spread_case}
 SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, run's
             "compiled-pressed": ({"task_window": 16}, {"threshold": 4}),
@@ -238,7 +208,7 @@ def main(case: str, executor: str) -> None:
         f"the ranks' executed tasks {[len(r) for r in runs]} are not a partition of {serial.num_tasks} tasks"
     moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks, *_ in gathered]
     assert expected is None or moved == expected, f"bytes (sent, received) by rank: {moved}, not {expected}"
-    if case in ("compiled", "compiled-pressed", "generated"):  # (compiled-spread's 3 tasks: any count)
+    if case in ("compiled", "compiled-pressed"):  # (compiled-spread's 3 tasks: any count)
         # Compiled code placed the unrecorded run's tasks itself, but for those that move data
         # to or from its rank, or first cut an external array's holdings into tiles (3 arrays).
         placed = [ranks.placed_by_compiled_code for _, _, ranks, *_ in gathered]

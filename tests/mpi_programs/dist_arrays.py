@@ -27,14 +27,11 @@ import ml_dtypes
 import numba
 import numpy as np
 from mpi4py import MPI
-from pto_gpu.kernels.tiles import copy, matmul_acc, zero
-from pto_gpu.orchestration.matmul import tiled_matmul
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
 from pto_gpu.distributed.dist_array import PAGE
-
-from .cases import matmul_body
 
 N, TILE = 256, 32
 
@@ -52,10 +49,6 @@ def shifted_axpy(o: pto.Orchestrator, x, y, out, tile: int) -> None:
     for i in range(0, rows, tile):
         j = (i + tile) % rows
         o.submit(axpy, pto.input(X[i:i + tile]), pto.input(Y[j:j + tile]), pto.output(OUT[i:i + tile]))
-
-
-def compiled_matmul(o: pto.Orchestrator, a, b, c, tile: int) -> None:
-    o.compiled(matmul_body, *(o.external(x) for x in (a, b, c)), tile, zero.id, matmul_acc.id, copy.id)
 
 
 @numba.njit
@@ -126,7 +119,7 @@ def main() -> None:
         assert np.array_equal(product, reference), "the DistArray matmul differs from one process's"
     print(f"MEMORY {rank} {own} {after_scatter} {after_run}", flush=True)
     compiled = pto.DistArray((N, N), np.float32, rows, comm)
-    rt.run(compiled_matmul, a, b, compiled, TILE)
+    rt.run(tiled_matmul_compiled, a, b, compiled, TILE)
     product = compiled.gather()
     if rank == 0:
         assert np.array_equal(product, reference), "the compiled DistArray matmul differs from one process's"
