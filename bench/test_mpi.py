@@ -10,7 +10,8 @@ the figures are in extra_info. Targets (issue 45): matmul 2 ranks >= 1.7x 1 rank
 tiled Cholesky in 256² tiles on a 2-D block-cyclic grid, 2 ranks >= 1.5x 1 rank; a transfer
 adds at most 10 µs to MPI's latency (ping-pong hop on 2 ranks - hop on 1 rank - MPI's one-way
 time, the hops timed as they execute, the graph built beforehand; the hops of runs that build
-the graph as they go are in extra_info too); no busy core while a rank waits
+the graph as they go are in extra_info too), with a Python kernel (`latency`) and a generated
+one that native workers run (`latency-native`); no busy core while a rank waits
 (`waiting_cpu_share`: a rank's CPU seconds over the wall seconds of a run in which it waits
 0.2 s for another rank's data).
 """
@@ -55,8 +56,9 @@ def test_dist_array_memory_per_rank(benchmark):
 
 
 @pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("matmul-compiled", 256),
-                                        ("cholesky", 256), ("latency", 0)],
-                         ids=["matmul-256", "matmul-512", "matmul-compiled-256", "cholesky-256", "latency"])
+                                        ("cholesky", 256), ("latency", 0), ("latency-native", 0)],
+                         ids=["matmul-256", "matmul-512", "matmul-compiled-256", "cholesky-256", "latency",
+                              "latency-native"])
 def test_two_ranks_against_one(benchmark, what, tile):
     figures = {}
 
@@ -65,7 +67,7 @@ def test_two_ranks_against_one(benchmark, what, tile):
 
     benchmark.pedantic(both, rounds=1, iterations=1)
     one, two = figures["one"], figures["two"]
-    if what != "latency":
+    if not what.startswith("latency"):
         benchmark.extra_info.update(one_rank_s=one["seconds"], two_ranks_s=two["seconds"],
                                     speedup=one["seconds"] / two["seconds"],
                                     one_rank_cpu_s=one["cpu_seconds"], two_ranks_cpu_s=two["cpu_seconds"])

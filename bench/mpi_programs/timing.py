@@ -3,6 +3,7 @@
     mpiexec -n 2 python -m bench.mpi_programs.timing matmul 256  # 2048² tiled matmul, 256 tiles
     mpiexec -n 2 python -m bench.mpi_programs.timing matmul-compiled 256  # the same, programs/matmul.pto's
     mpiexec -n 2 python -m bench.mpi_programs.timing latency  # a ping-pong of small tensors
+    mpiexec -n 2 python -m bench.mpi_programs.timing latency-native  # the same, generated kernels
     mpiexec -n 2 python -m bench.mpi_programs.timing memory  # a DistArray of 8192² float32
     mpiexec -n 2 python -m bench.mpi_programs.timing cholesky 256  # 2048² tiled Cholesky, 2-D grid
 
@@ -21,6 +22,7 @@ import time
 
 import numpy as np
 from mpi4py import MPI
+from pto_gpu.kernels.elementwise import scale
 from pto_gpu.orchestration.cholesky import cholesky
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
@@ -44,6 +46,15 @@ def ping_pong(o: pto.Orchestrator, x, hops: int) -> None:
     X = o.external(x, owner=pto.block_rows(min(o.ranks, 2)))
     for hop in range(hops):
         o.submit(bump, pto.input(X[hop % 2]), pto.output(X[(hop + 1) % 2]))
+
+
+def native_ping_pong(o: pto.Orchestrator, x, hops: int) -> None:
+    """`ping_pong` with a generated kernel (x[next] = x[this] * 1, float32), which native
+    workers run: a hop's time is then the runtime's, not a Python kernel's."""
+    X = o.external(x, owner=pto.block_rows(min(o.ranks, 2)))
+    for hop in range(hops):
+        this, following = hop % 2, (hop + 1) % 2
+        o.submit(scale, pto.input(X[this:this + 1]), pto.output(X[following:following + 1]), 1.0)
 
 
 WAIT_S = 0.2  # how long `slow_fill` takes
@@ -116,21 +127,33 @@ def raw_one_way(comm, count: int = 2000) -> float:
     return (time.perf_counter() - started) / (2 * count)
 
 
-def execution_per_hop(comm, x, hops: int, count: int) -> float:
-    """Median over rounds of the seconds from the first hop's bump to the last's, per hop, with
-    the whole graph built before any task runs (a task window that holds it): the hops alone,
-    without the orchestration that submits them."""
+def execution_per_hop(comm, x, hops: int, count: int, native: bool) -> float:
+    """Median over rounds of the seconds a hop takes as it executes, with the whole graph built
+    before any task runs (a task window that holds it, threshold 0): the hops alone, without the
+    orchestration that submits them. From the first hop's bump to the last's; for native
+    kernels, which note no time, from the last rank's orchestration's end to the last run's end."""
     window = 1 << (4 * hops).bit_length()  # a power of two above the tasks of a rank
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS, task_window=window, dep_pool=4 * window)
-    rt.run(ping_pong, x, 10)
+    ended: list[float] = []
+
+    def orchestrate(o: pto.Orchestrator, x, hops: int) -> None:
+        (native_ping_pong if native else ping_pong)(o, x, hops)
+        ended.append(time.perf_counter())
+
+    rt.run(orchestrate, x, 10)
     per_hop = []
     for _ in range(count):
         STAMPS.clear()
         comm.Barrier()
-        rt.run(ping_pong, x, hops)
-        first = comm.allreduce(min(STAMPS, default=float("inf")), op=MPI.MIN)
-        last = comm.allreduce(max(STAMPS, default=0.0), op=MPI.MAX)
-        per_hop.append((last - first) / (hops - 1))
+        rt.run(orchestrate, x, hops)
+        if native:
+            first = comm.allreduce(ended[-1], op=MPI.MAX)
+            last = comm.allreduce(time.perf_counter(), op=MPI.MAX)
+            per_hop.append((last - first) / hops)
+        else:
+            first = comm.allreduce(min(STAMPS, default=float("inf")), op=MPI.MIN)
+            last = comm.allreduce(max(STAMPS, default=0.0), op=MPI.MAX)
+            per_hop.append((last - first) / (hops - 1))
     return statistics.median(per_hop)
 
 
@@ -199,12 +222,14 @@ def main(what: str, tile: int) -> None:
         mine = pto.block_rows(comm.size).row_owners(n) == comm.rank
         assert np.allclose(c[mine], (a @ b)[mine], rtol=1e-3, atol=1e-2)
     else:
+        native = what == "latency-native"
         hops = 2000
-        x = np.zeros((2, 4))
-        rt.run(ping_pong, x, 10)
-        seconds, cpu = rounds(comm, lambda: rt.run(ping_pong, x, hops), 5)
+        x = np.zeros((2, 4), np.float32 if native else np.float64)
+        pong = native_ping_pong if native else ping_pong
+        rt.run(pong, x, 10)
+        seconds, cpu = rounds(comm, lambda: rt.run(pong, x, hops), 5)
         figures = {"per_hop_us": seconds / hops * 1e6, "cpu_per_hop_us": cpu / hops * 1e6,
-                   "execution_per_hop_us": execution_per_hop(comm, x, hops, 5) * 1e6}
+                   "execution_per_hop_us": execution_per_hop(comm, x, hops, 5, native) * 1e6}
         if comm.size > 1:
             figures["mpi_one_way_us"] = raw_one_way(comm) * 1e6
             figures["waiting_cpu_share"] = waiting_cpu_share(comm, x)

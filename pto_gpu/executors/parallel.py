@@ -434,7 +434,9 @@ class ParallelExecutor:
                 else:
                     if not native_scratch:
                         native_scratch.append(self._native.scratch(scratch))
-                    self._drain(worker, native_scratch[0])
+                    inline = self._drain(worker, index, native_scratch[0])
+                    if inline:
+                        self._run(inline, worker, index, lane, scratch)
             except BaseException as error:  # a kernel's TaskError, validation mode's finding, a cost model's
                 with self._lock:
                     self._error = self._error or error
@@ -443,8 +445,11 @@ class ParallelExecutor:
                     self._notify_all_locked()
                 return
 
-    def _drain(self, worker: WorkerType, scratch: WorkerScratch) -> None:
-        """Run ready native tasks until there are none for this class or Python must look."""
+    def _drain(self, worker: WorkerType, index: int, scratch: WorkerScratch) -> list[Task]:
+        """Run ready native tasks until there are none for this class or Python must look; the
+        inline tasks (Task.inline: a distributed run's transfers) the loops handed over, which
+        this thread runs next (`_run`, still counted as running), as after a Python task: queued,
+        they cost a hand-off between threads per message."""
         completed = self._native.drain(worker, scratch, self._budgets[worker])
         failed = self._native.failed()
         with self._lock:
@@ -454,19 +459,29 @@ class ParallelExecutor:
                 raise TaskError.of(self._scheduler.task(failed), RuntimeError(
                     "the kernel raised inside a native worker, which cannot pass the exception on (a "
                     "numba cfunc); run with executor='serial' to see it"))
-            self._take_handoffs_locked()
-            self._running -= 1  # after the hand-offs: a failure there is counted by _work
-            self._offer_poll_locked()  # a native loop does not poll
+            inline = self._take_handoffs_locked(index)
+            if not inline:
+                self._running -= 1  # after the hand-offs: a failure there is counted by _work
+                self._offer_poll_locked()  # a native loop does not poll (`_run` does)
             self._wake_native_locked()
             if self._tracing:
                 self._sample()
             self._notify_progress_locked()
+        return inline
 
-    def _take_handoffs_locked(self) -> None:
-        """Queue for Python workers the tasks native loops handed over (native.py)."""
+    def _take_handoffs_locked(self, index: int) -> list[Task]:
+        """Queue for Python workers the tasks native loops handed over (native.py), but for the
+        inline ones, returned to run on this thread."""
+        inline = []
         if self._native.has_handoffs():
             for task_id in self._native.handoffs():
-                self._notify_worker_locked(self._push_locked(self._scheduler.task(task_id)))
+                task = self._scheduler.task(task_id)
+                if task.inline:
+                    inline.append(task := self._admit_locked(task))
+                    self._starting_locked(task, index)
+                else:
+                    self._notify_worker_locked(self._push_locked(task))
+        return inline
 
     def _notify_progress_locked(self) -> None:
         if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
