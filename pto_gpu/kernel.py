@@ -91,13 +91,19 @@ class NativeCode:
     takes, and `structural` the positions of those whose value picks the entry (shapes and
     dtype always do). `may_raise`: user code (a hand-written njit kernel), of whose exceptions a
     native entry can report only that one was raised; Python submits of it run the Python way,
-    whose TaskError carries the exception.
+    whose TaskError carries the exception. `transfer` (SEND, RECEIVE): a distributed run's
+    transfer, which native workers post through MPI themselves (executors/native.py) instead
+    of calling an entry: its region, then the scalars (index, peer, tag, datatype, comm).
     """
 
     entry: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple], int | None]
     scalars: int
     structural: tuple[int, ...] = ()
     may_raise: bool = False
+    transfer: int = 0
+
+
+SEND, RECEIVE = 1, 2  # NativeCode.transfer
 
 
 class _ArrayParam(NamedTuple):
@@ -229,6 +235,16 @@ def _compiled(function: Callable, tensors: int, name: str) -> tuple[Callable, Na
         raise ParamError(f"{name}: shapes= declares {tensors} tensor params, but it takes {len(params)}")
     compiled = numba.njit(nogil=True)(function)
     return compiled, NativeCode(NjitEntries(compiled), len(params) - tensors, may_raise=True)
+
+
+def transfer_kernel(name: str, function: Callable, kind: int, cuda: CudaCode) -> Kernel:
+    """Declare a distributed run's transfer kernel (distributed/placement.py) of `kind` SEND
+    or RECEIVE, which native workers post through MPI themselves (NativeCode.transfer);
+    `function` is its Python way, for tasks whose arguments are not in the run's tables."""
+    declared = Kernel(name, WorkerType.ACCELERATOR, function, cuda=cuda, mixed_dtypes=True, id=len(_REGISTRY),
+                      native=NativeCode(lambda shapes, dtype, scalars: None, scalars=5, transfer=kind))
+    _REGISTRY.append(declared)
+    return declared
 
 
 def multi_class() -> bool:

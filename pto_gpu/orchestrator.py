@@ -392,7 +392,12 @@ class Orchestrator:
         return status
 
     def _enter_transfer(self, task: Task) -> None:
-        self._enter(task, core_rows(task.params, self._transfer_rows))
+        """Enter a transfer task; with its arguments written where native workers post it
+        (placement.py's native transfers)."""
+        if task.kernel.native is not None and self._args is None and self._lanes_possible:
+            self._make_arguments()
+        arguments = self._writer if task.kernel.id in self._native_kernels else None
+        self._enter(task, core_rows(task.params, self._transfer_rows), arguments)
 
     def _wait_for_window(self, tags: dict[str, int | str] | None) -> None:
         if self._windows is not None and not self._windows.admits(tags, self._scheduler.completed):

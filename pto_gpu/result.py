@@ -30,6 +30,8 @@ class Ranks:
     # Of the tasks compiled code submitted, those it placed itself (jit/placing.py), not the
     # Python placement: a rank's count, since what it may place depends on what it sends.
     placed_by_compiled_code: int = 0
+    transfers: int = 0  # this rank's sends and receives
+    native_transfers: int = 0  # of those, the ones native code posted through MPI (executors/native.py)
 
 
 @dataclasses.dataclass
@@ -75,7 +77,8 @@ class RunResult:
         if self.ranks is not None:
             r = self.ranks
             lines.append(f"  rank {r.rank} of {r.size}: ran {len(r.tasks_run):,} tasks, "
-                         f"sent {r.bytes_sent:,} B, received {r.bytes_received:,} B")
+                         f"sent {r.bytes_sent:,} B, received {r.bytes_received:,} B in {r.transfers:,} "
+                         f"transfers ({r.native_transfers:,} posted by native code)")
         if self.makespan is not None:
             lines.append(f"  simulated makespan {self.makespan * 1e3:.3f} ms")
         if self.cross_waits is not None:

@@ -326,7 +326,9 @@ class Runtime:
             ranks=None if placement is None else Ranks(placement.rank, placement.size, placement.tasks_run,
                                                        placement.transport.bytes_sent,
                                                        placement.transport.bytes_received,
-                                                       placement.placed_by_compiled_code),
+                                                       placement.placed_by_compiled_code,
+                                                       placement.transfers,
+                                                       getattr(executor, "native_transfers", 0)),
         )
         if self.costs is not None:
             self.costs.merge(measured)

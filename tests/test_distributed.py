@@ -108,7 +108,7 @@ def test_an_owner_table_kept_from_an_earlier_run_serves_only_its_own_shape_and_o
     run's array of another shape (whose layout key is the same: (4, 2) and (2, 4) are both 8
     contiguous floats), or an owner equal to the kept one but not an owner (True == 1), gets
     its own, as a first run would."""
-    placement = Placement(types.SimpleNamespace(rank=0, size=2, ordered=False))
+    placement = Placement(types.SimpleNamespace(rank=0, size=2, ordered=False, native=None))
     tall, wide = matrix(4, 2), matrix(2, 4)
     assert tall.layout_key == wide.layout_key
     rows = pto.block_cyclic(1, 2)
@@ -262,6 +262,9 @@ def test_a_dist_array_refuses_what_it_cannot_be():
 
 class LoopbackTransport:
     """Receives whose data the test delivers by hand (`come`), as a Transport's receive side."""
+
+    ordered = False
+    native = None  # its transfers take the Python way
 
     def __init__(self):
         self.given_up: list = []

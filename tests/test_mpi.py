@@ -58,6 +58,11 @@ def test_dist_arrays_hold_their_rows_and_match_one_process(ranks):
             (rank, share, after_scatter, after_run)
 
 
+def test_native_transfers_move_what_python_packs_and_cancel_cleanly():
+    out = mpiexec(1, "tests.mpi_programs.native_transfers")
+    assert "OK native-transfers" in out, out
+
+
 def test_serial_executor_on_each_rank():
     out = mpiexec(2, "tests.mpi_programs.cases", "serial", "matmul", "spread", "compiled")
     assert "OK matmul 2" in out and "OK spread 2" in out and "OK compiled 2" in out

@@ -22,6 +22,8 @@ class Inbox:
     def __init__(self, transport: Transport):
         self._transport = transport
         self._lock = threading.Lock()
+        # An ordered transport's transfers go in their order, on its own streams: not native.
+        self.mpi = None if transport.ordered else transport.native
         self.clear()
 
     def clear(self) -> None:
@@ -53,6 +55,14 @@ class Inbox:
             return [task.id for task, _ in came]
         finally:
             self._lock.release()
+
+    def check(self) -> None:
+        """PeerFailed once a rank has said it failed."""
+        with self._lock:
+            self._transport.arrived([])
+
+    def cancel(self, requests: list[int]) -> None:
+        self._transport.cancel(requests)
 
     def give_up(self) -> None:
         """A run failed: what it left posted stays posted (Transport.give_up)."""

@@ -70,7 +70,6 @@ class NcclTransport(MpiTransport):
         stream = cupy.cuda.get_current_stream()
         self._communicator.send(data.data.ptr, data.nbytes, self._nccl.NCCL_UINT8, dest, stream.ptr)
         self._finish(stream, f"a send to rank {dest}")
-        self.bytes_sent += data.nbytes
 
     def receive(self, view, mask: np.ndarray | None, source: int, sequence: int) -> Posted:
         import cupy

@@ -13,9 +13,14 @@ and submit, in the same order, so every rank makes the same decisions:
   tasks, it is entered and completes unrun).
 Neither transfer waits: a send copies the elements out and posts them; a receive posts its
 receive in the inbox (inbox.py) and completes when its data has come (Task.arrives), which
-the executor polls for. Both run as soon as they are ready, on the worker that made them
-ready (Task.inline), as do other ranks' tasks here. So no worker ever waits for a message,
-which is what makes the protocol deadlock-free (docs/ARCHITECTURE.md, "Several ranks").
+the executor polls for. Where the transport allows (Transport.native) a transfer of a whole
+region is also a native task (`native_send`, `native_recv`: kernel.transfer_kernel), which
+native workers post through MPI themselves, in place, sends too completing when MPI says so
+(executors/native.py); run the Python way, it is the Python transfer. Both run as soon as
+they are ready, on the worker that made them ready (Task.inline), as do other ranks' tasks
+here. So no worker ever waits for a message, which is what makes the protocol deadlock-free
+(docs/ARCHITECTURE.md, "Several ranks"; a native send that holds its region until its
+receiver has posted delays only tasks submitted after it, which that receiver never waits for).
 Messages are matched by their place in the sequence of transfers between their two ranks,
 which both count alike. A transport whose transfers must go in that order (NCCL: no tags,
 and its sends wait for their receiver) has each rank's transfers chained through an inout of
@@ -37,7 +42,7 @@ from ..core.state import Sizes
 from ..dtypes import WorkerType
 from ..errors import RankError
 from ..jit.context import C_COMPILED, C_LABEL, C_MOVED, C_PLACED, C_WIDTH, C_WRITTEN
-from ..kernel import CudaCode, kernel
+from ..kernel import RECEIVE, SEND, CudaCode, kernel, transfer_kernel
 from ..params import Param, inout, input, output, scalar
 from ..tasks import Task
 from ..tensor import Buffer, TensorDescriptor
@@ -73,6 +78,10 @@ class Placement:
                                   cuda=dataclasses.replace(no_device_code, library=self._send))(self._send)
         self.recv_kernel = kernel(WorkerType.ACCELERATOR, name="recv", mixed_dtypes=True,
                                   cuda=dataclasses.replace(no_device_code, library=self._recv))(self._recv)
+        self.native_send = transfer_kernel("send", self._send, SEND,
+                                           dataclasses.replace(no_device_code, library=self._send))
+        self.native_recv = transfer_kernel("recv", self._recv, RECEIVE,
+                                           dataclasses.replace(no_device_code, library=self._recv))
         self.warned_idle = self.warned_traffic = False
         # Holdings as made for an array's first run, by its owner, shape, layout, dtype, ranks:
         # a 2048² matrix's 2-D block-cyclic owners took 8 ms of every run on every rank to make.
@@ -100,6 +109,11 @@ class Placement:
         return int(self.counts[C_MOVED])
 
     @property
+    def transfers(self) -> int:
+        """The run's sends and receives on this rank."""
+        return len(self._transfers)
+
+    @property
     def placed_by_compiled_code(self) -> int:
         """The run's tasks compiled code placed itself, on this rank (jit/placing.py)."""
         return int(self.counts[C_COMPILED])
@@ -116,6 +130,7 @@ class Placement:
         self.tasks_run: list[int] = []
         self.graph = LogicalGraph(sizes) if record else None
         self.lane: TensorDescriptor | None = None  # an ordered transport's chain (module docstring)
+        self._comm: int | None = None  # the run's communicator's handle, for native transfers
         self.inbox.clear()
 
     # --- memory --------------------------------------------------------------------------
@@ -282,22 +297,40 @@ class Placement:
         sequence = self._sequence.get((source, dest), 0)
         self._sequence[source, dest] = sequence + 1
         sending = self.rank == source
+        if sending:  # counted here, for transfers Python never sees too (native ones)
+            self.transport.bytes_sent += count * tensor.dtype.itemsize
+        else:
+            self.transport.bytes_received += count * tensor.dtype.itemsize
         ordered = self.transport.ordered  # see the module docstring
         region = (input if sending else output)(tensor)
         index = scalar(len(self._transfers))
-        params = (region, inout(self.lane), index) if ordered else (region, index)
-        task = Task(-1, self.send_kernel if sending else self.recv_kernel, WorkerType.ACCELERATOR, params,
-                    label=-1, inline=not ordered, arrives=not sending)
-        self._transfers.append(Transfer(mask, dest if sending else source, sequence, task))
+        peer = dest if sending else source
+        # A receive into a read-only array goes the Python way, whose unpacking fails the task:
+        # MPI would write it.
+        native = not ordered and mask is None and self.transport.native is not None and (
+            sending or tensor.buffer.writeable)
+        datatype = self.transport.datatype(tensor) if native else None
+        if datatype is not None:  # (region, index, peer, tag, datatype, comm): what native code reads
+            if self._comm is None:
+                self._comm = self.transport.comm_handle()  # the run's own communicator
+            params = (region, index, scalar(peer), scalar(self.transport.tag(sequence)), scalar(datatype),
+                      scalar(self._comm))
+            kernel = self.native_send if sending else self.native_recv
+        else:
+            params = (region, inout(self.lane), index) if ordered else (region, index)
+            kernel = self.send_kernel if sending else self.recv_kernel
+        task = Task(-1, kernel, WorkerType.ACCELERATOR, params, label=-1, inline=not ordered,
+                    arrives=not sending)
+        self._transfers.append(Transfer(mask, peer, sequence, task))
         return [task]
 
-    # --- the transfer kernels: (region, [lane,] index of the transfer) --------------------
-    def _send(self, region, *lane_and_index) -> None:
-        transfer = self._take(lane_and_index[-1])
+    # --- the transfer kernels: (region, [lane,] index of the transfer, [what native code reads]) --
+    def _send(self, region, *rest) -> None:
+        transfer = self._take(rest[-1] if len(rest) < 3 else rest[0])
         self.transport.send(region, transfer.mask, transfer.peer, transfer.sequence)
 
-    def _recv(self, region, *lane_and_index) -> None:
-        transfer = self._take(lane_and_index[-1])
+    def _recv(self, region, *rest) -> None:
+        transfer = self._take(rest[-1] if len(rest) < 3 else rest[0])
         self.inbox.post(transfer.task, region, transfer.mask, transfer.peer, transfer.sequence)
 
     def _take(self, index: int) -> Transfer:

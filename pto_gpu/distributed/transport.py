@@ -11,13 +11,17 @@ moves the copy while this rank is inside any MPI call. A receive is posted (`rec
 returns; `arrived` tests the posted ones, and raises PeerFailed once a rank, this one
 included, has said it failed; `deliver` unpacks one that has come. Nothing here waits for a
 message but the end of a run (for its sends): the executor polls (inbox.py).
-Each run works on its
+Where the MPI library has MPICH's ABI (`NativeMpi`), native workers post a transfer
+themselves (executors/native.py, mpi_abi.py): a send and a receive of a region without a
+mask, each of one MPI datatype that picks the region's elements in place (`datatype`), no
+copy; such a send, too, completes when MPI says so. Each run works on its
 own duplicate of the communicator, so a failed run's unmatched messages cannot reach a later
 run (a failed run's duplicate is kept, never freed, for that).
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from typing import NamedTuple, Protocol
@@ -44,13 +48,25 @@ class Posted(NamedTuple):
     source: int
 
 
+class NativeMpi(NamedTuple):
+    """What native workers need to post transfers themselves (mpi_abi.py): the addresses of
+    MPI_Isend, MPI_Irecv and MPI_Testsome, and the bytes of an MPI_Status."""
+
+    isend: int
+    irecv: int
+    testsome: int
+    status_bytes: int
+
+
 class Transport(Protocol):
     rank: int
     size: int
     # Whether its transfers must be issued in their sequence order (NCCL: no tags); placement
     # then chains each rank's sends and receives, and `receive` may wait for its message.
     ordered: bool
-    bytes_sent: int  # this run's, as sent over the wire (packed)
+    # Where native workers may post its transfers (the module docstring), else None.
+    native: NativeMpi | None
+    bytes_sent: int  # this run's transfers', as sent over the wire (packed), counted by placement.py
     bytes_received: int
 
     def begin(self, name: str) -> None:
@@ -78,6 +94,20 @@ class Transport(Protocol):
 
     def barrier(self) -> None:
         """Return once every rank has called it (between runs)."""
+
+    def tag(self, sequence: int) -> int:
+        """The message tag of the `sequence`th transfer between two ranks."""
+
+    def datatype(self, tensor) -> int | None:
+        """The handle of an MPI datatype that picks a region's elements in place, in C order
+        (a packed message's), for native workers; None where there is none."""
+
+    def comm_handle(self) -> int:
+        """The handle of this run's communicator, for native workers."""
+
+    def cancel(self, requests: list[int]) -> None:
+        """Transfers native workers posted that a failed run leaves: cancelled, and waited for
+        (which MPI makes local), so that no late message reaches memory a later run reuses."""
 
     def fail(self) -> None:
         """This rank's run has failed: tell every other rank now, so none waits for it."""
@@ -117,6 +147,43 @@ def unpack(data: np.ndarray, view, mask: np.ndarray | None) -> None:
         view[mask] = values
 
 
+MAX_DATATYPES = 1024  # element datatypes a transport keeps; a region of another layout goes the Python way
+
+
+def _int32(handle: int) -> int:
+    """An MPICH handle as the int it is in C (mpi4py gives its bits as an unsigned number)."""
+    return int(np.array([handle & 0xFFFFFFFF], np.uint32).view(np.int32)[0])
+
+
+def _native_mpi(MPI) -> NativeMpi | None:
+    """MPI's function addresses, where its handles are MPICH's 32-bit ints; else None."""
+    if any(MPI._sizeof(kind) != 4 for kind in (MPI.Comm, MPI.Datatype, MPI.Request)):
+        return None
+    try:
+        library = ctypes.CDLL(MPI.__file__)  # its symbols resolve through the MPI library it loaded
+        isend, irecv, testsome = (ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+                                  for name in ("MPI_Isend", "MPI_Irecv", "MPI_Testsome"))
+    except (OSError, AttributeError):
+        return None
+    return NativeMpi(isend, irecv, testsome, MPI._sizeof(MPI.Status))
+
+
+def _elements_datatype(MPI, repeats: tuple[int, ...], strides: tuple[int, ...], itemsize: int):
+    """A committed datatype of a region's elements (strides in elements), in C order: the
+    trailing dims that are one contiguous block, then each dim before them a vector of that."""
+    block, d = itemsize, len(repeats) - 1
+    while d >= 0 and (repeats[d] == 1 or strides[d] * itemsize == block):
+        block *= repeats[d]
+        d -= 1
+    parts = [MPI.BYTE.Create_contiguous(block)]
+    for k in reversed(range(d + 1)):
+        parts.append(parts[-1].Create_hvector(repeats[k], 1, strides[k] * itemsize))
+    made = parts.pop().Commit()
+    for part in parts:  # a derived type keeps what it needs of those it was made from
+        part.Free()
+    return made
+
+
 def packed_bytes(view, mask: np.ndarray | None) -> int:
     count = view.size if mask is None else int(np.count_nonzero(mask))
     return count * view.dtype.itemsize
@@ -151,6 +218,8 @@ class MpiTransport:
         # Failed runs' communicators, never freed, with the buffers their unfinished messages
         # may still read or write. MPICH has ~2,000 communicator ids: as many failed runs.
         self._abandoned: list = []
+        self.native = _native_mpi(MPI)
+        self._datatypes: dict[tuple, object] = {}  # by (repeats, strides, itemsize): committed
 
     def begin(self, name: str) -> None:
         self._comm = self._base.Dup()
@@ -167,18 +236,17 @@ class MpiTransport:
 
     def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         data = pack(view, mask)
-        request = self._comm.Isend(data, dest=dest, tag=self._tag(sequence))
+        request = self._comm.Isend(data, dest=dest, tag=self.tag(sequence))
         with self._sends_lock:  # sends run on any worker, side by side
             # The copy must live until MPI has sent it: it is kept with its request.
             self._sends.append((request, data))
-            self.bytes_sent += data.nbytes
             if len(self._sends) > self._prune_at:  # let delivered sends' copies go, now and then
                 self._sends = [(r, d) for r, d in self._sends if not r.Test()]
                 self._prune_at = 2 * len(self._sends) + 64
 
     def receive(self, view, mask: np.ndarray | None, source: int, sequence: int) -> Posted:
         data = np.empty(packed_bytes(view, mask), np.uint8)
-        request = self._comm.Irecv(data, source=source, tag=self._tag(sequence))
+        request = self._comm.Irecv(data, source=source, tag=self.tag(sequence))
         return Posted(request, data, view, mask, source)
 
     def arrived(self, posted: list[Posted]) -> list[int]:
@@ -191,12 +259,29 @@ class MpiTransport:
 
     def deliver(self, posted: Posted) -> None:
         unpack(posted.data, posted.view, posted.mask)
-        self.bytes_received += posted.data.nbytes
 
     def give_up(self, posted: list[Posted]) -> None:
         self._given_up += [(p.request, p.data) for p in posted]
 
-    def _tag(self, sequence: int) -> int:
+    def datatype(self, tensor) -> int | None:
+        key = (tensor.repeats, tensor.strides, tensor.dtype.itemsize)
+        made = self._datatypes.get(key)
+        if made is None:
+            if len(self._datatypes) >= MAX_DATATYPES:
+                return None
+            made = self._datatypes[key] = _elements_datatype(self._MPI, *key)
+        return _int32(made.handle)
+
+    def comm_handle(self) -> int:
+        return _int32(self._comm.handle)
+
+    def cancel(self, requests: list[int]) -> None:
+        for handle in requests:
+            request = self._MPI.Request.fromhandle(handle % (1 << 64))  # mpi4py's form: sign-extended
+            request.Cancel()
+            request.Wait()
+
+    def tag(self, sequence: int) -> int:
         # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that
         # many transfers apart could be confused, and a rank's receives in flight at once are
         # fewer than its task window.

@@ -21,8 +21,19 @@ class Arrivals(Protocol):
     """Where an executor learns that tasks whose kernel has run (Task.arrives) may complete: a
     distributed run's inbox (distributed/inbox.py)."""
 
+    # Where native workers may post the run's transfers themselves (native.py): the transport's
+    # NativeMpi (MPI's functions), else None.
+    mpi: tuple | None
+
     def arrived(self) -> list[int]:
         """The ids of those whose data has come since the last call; never waits."""
+
+    def check(self) -> None:
+        """Raise PeerFailed if a rank has said it failed (`arrived` does too, with receives of
+        its own posted); for a poll of transfers native code posted."""
+
+    def cancel(self, requests: list[int]) -> None:
+        """Transfers native code posted that a stopped run leaves (Transport.cancel)."""
 
 
 def run_kernel(backend, task: Task, lane: Lane) -> None:

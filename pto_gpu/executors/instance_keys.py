@@ -29,6 +29,7 @@ KERNEL_INFO = np.dtype([
     ("batches", np.int64),  # consecutive independent tasks of one instance may be one launch
     ("scalars", np.int64),
     ("structural", np.int64, (MAX_SCALARS,)),
+    ("transfer", np.int64),  # kernel.SEND or RECEIVE: posted through MPI (native.py), not called
 ], align=True)
 
 

@@ -24,6 +24,14 @@ outside it. A native loop never takes the executor's lock (it runs without the G
 executor reads the rings' counters without the core lock only to decide whether to wake or
 wait, which a later look under its own lock settles (parallel.py's `_idle_locked`).
 
+A distributed run's transfers (kernel.SEND, RECEIVE) are native too where the MPI library
+allows (distributed/transport.py): a loop that makes one ready runs it next, whatever its
+class, as a Python worker runs such a task itself (Task.inline), and posts it through MPI
+(mpi_abi.py) instead of calling an entry; the task then waits in `Posting` until MPI says it
+has completed. Loops test the posted transfers when their ring runs dry and every POLL_EVERY
+tasks, and so does the executor's idle worker that holds the poll (`poll`); whoever sees one
+complete completes it and routes what that made ready. A Python worker posts one with `post`.
+
 Entries are found by an instance key (the kernel, its tensors' dtype and shapes, each
 scalar's kind and the structural scalars' values: what picks a kernel family's instance) in an
 open-addressing table; entries learnt are kept for the process's later runs.
@@ -38,11 +46,13 @@ import numpy as np
 from numba import njit
 
 from ..core.complete import complete_held, start_held
-from ..core.lock import acquire, monotonic_ns, release
+from ..core.lock import acquire, monotonic_ns, release, yield_core
 from ..dtypes import WorkerType
 from ..errors import InvariantError
 from ..jit.context import ArgTables
-from ..kernel import Kernel
+from ..jit.descriptor import D_BASE, D_OFFSET
+from ..kernel import SEND, Kernel
+from ..mpi_abi import mpi_post, mpi_testsome
 from ..native_call import call_entry
 from ..params import ParamKind
 from ..profile import Lane
@@ -64,6 +74,11 @@ SLICE_NS = 1_000_000
 WAKE_AFTER_NS = 20_000
 NO_ENTRY = -1  # an instance that runs the Python way (half precision, an empty batch)
 CLASSES = len(WorkerType)
+POLL_EVERY = 16  # a loop with transfers posted tests them at least once every so many tasks
+# A loop whose ring runs dry with transfers posted tests them, yielding the core between
+# tests, this long before it returns (then the executor's poll waits, sleeping): a hop to
+# another rank and back is tens of microseconds, and a return to Python and back costs ~10.
+WAIT_POSTED_NS = 50_000
 
 CONTROL = np.dtype([
     ("head", np.int64, (CLASSES,)),  # per worker class: next ready task to pop
@@ -72,15 +87,39 @@ CONTROL = np.dtype([
     ("handoff_tail", np.int64),
     ("sleeping", np.int64, (CLASSES,)),  # per worker class: workers waiting for a task (set by Python)
     ("failed", np.int64),  # the first task whose kernel raised in a native loop, or -1
+    ("isend", np.int64),  # MPI's functions (NativeMpi), where transfers are native
+    ("irecv", np.int64),
+    ("testsome", np.int64),
+    ("posted", np.int64),  # transfers posted and not yet seen complete: Posting.slots[:posted]
+    ("posts", np.int64),  # transfers posted, in all
 ], align=True)
 
 _LEARNT: dict[bytes, int] = {}  # instance key -> entry address (or NO_ENTRY), for the process
+
+
+class Posting(NamedTuple):
+    """The transfers native code has posted (module docstring), under the core lock."""
+
+    requests: np.ndarray  # int32 per task slot: the MPI request of the transfer in it
+    slots: np.ndarray  # the slots of the posted transfers (CONTROL.posted of them)
+    testing: np.ndarray  # int32: their requests, as MPI_Testsome takes them
+    indices: np.ndarray  # int32: MPI_Testsome's completed positions
+    count: np.ndarray  # int32 [1]: how many
+    finished: np.ndarray  # the slots of those
+    statuses: np.ndarray  # bytes: MPI_Testsome's statuses
+
+    @classmethod
+    def allocate(cls, window: int, status_bytes: int) -> Posting:
+        return cls(np.zeros(window, np.int32), np.zeros(window, np.int64), np.zeros(window, np.int32),
+                   np.zeros(window, np.int32), np.zeros(1, np.int32), np.zeros(window, np.int64),
+                   np.zeros(window * status_bytes, np.uint8))
 
 
 class WorkerScratch(NamedTuple):
     ready: np.ndarray  # completion scratch (consumers made ready)
     key: np.ndarray  # an instance key
     stats: np.ndarray  # per kernel: tasks run natively, their ns
+    transfers: np.ndarray  # [1]: of a loop's completions, how many were transfers
 
 
 # --- the rings ---------------------------------------------------------------------------------
@@ -121,13 +160,22 @@ def _push_next(control, ready, window, worker, task_id):
 @njit(cache=True, _nrt=False, inline="always")
 def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, n, hand_off, worker):
     """Push the native ones of the n tasks in scratch[:n] on their rings, the first of class
-    `worker` (-1: none) at the front; the others go to `handoff` if `hand_off`, else stay in
-    scratch (compacted to the front); how many stay."""
+    `worker` (-1: none) at the front, and native transfers at the front of `worker`'s (run
+    next by its loop; from Python, worker -1, they are left to Python, which runs them
+    itself); the others go to `handoff` if `hand_off`, else stay in scratch (compacted to
+    the front); how many stay."""
     window = header[0].window
     kept = 0
+    mine = worker
     for i in range(n):
         task_id = scratch[i]
-        if _is_native(tasks, kernel_info, arg_task, window, task_id):
+        native = _is_native(tasks, kernel_info, arg_task, window, task_id)
+        if native and kernel_info[tasks[task_id & (window - 1)].kernel].transfer:
+            if mine >= 0:
+                _push_next(control, ready, window, mine, task_id)
+                continue
+            native = False
+        if native:
             if tasks[task_id & (window - 1)].worker == worker:
                 _push_next(control, ready, window, worker, task_id)
                 worker = -1
@@ -220,23 +268,55 @@ def _enter(header, keys, addresses, filled, key, address):
 
 
 @njit(cache=True, _nrt=False, nogil=True)
-def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, args, keys, addresses, worker,
-           scratch, key, stats, budget):
+def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, args, keys, addresses, posting,
+           worker, scratch, key, stats, transfers, budget):
     """Run and complete the ready native tasks of class `worker` until there are none, a task
-    needs Python (handed off), a kernel raised (control.failed), or `budget` have run in at
-    least SLICE_NS; how many ran. stats[kernel] += (tasks, ns)."""
+    needs Python (handed off), a kernel raised or a transfer failed (control.failed), or
+    `budget` have run in at least SLICE_NS, posting transfers and completing those MPI has
+    finished (`_test_posted`); how many completed, transfers[0] of them transfers.
+    stats[kernel] += (tasks, ns)."""
     window = header[0].window
     c = control[0]
     done = 0
+    transfers[0] = 0
     entered = monotonic_ns()
     ended = entered
     # The lock is held at the top of the loop: a completion and the pop that follows it are one
     # hold, so the consumer _route put first is this loop's next task, not another worker's.
     acquire(header)
-    while c.head[worker] != c.tail[worker] and c.handoff_head == c.handoff_tail:  # else Python has a task
+    since_poll = 0
+    waiting_since = 0  # when the ring ran dry with transfers posted
+    while c.handoff_head == c.handoff_tail:  # else Python has a task
+        if c.posted and (c.head[worker] == c.tail[worker] or since_poll >= POLL_EVERY):
+            since_poll = 0
+            polled = _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_info,
+                                  args.task, posting, scratch, worker)
+            if polled < 0:
+                break
+            done += polled
+            transfers[0] += polled
+            if c.head[worker] == c.tail[worker] and c.posted and c.handoff_head == c.handoff_tail:
+                now = monotonic_ns()
+                waiting_since = waiting_since or now
+                if now - waiting_since < WAIT_POSTED_NS:  # data due soon: wait here, not in Python
+                    release(header)
+                    yield_core()
+                    acquire(header)
+                    continue
+        if c.head[worker] == c.tail[worker] or c.handoff_head != c.handoff_tail:
+            break
+        waiting_since = 0
         task_id = ready[worker, c.head[worker] & (window - 1)]
         c.head[worker] += 1
         slot = task_id & (window - 1)
+        since_poll += 1
+        if kernel_info[tasks[slot].kernel].transfer:
+            start_held(header, tasks, task_id)
+            if _post(c, args, posting, task_id, window, kernel_info[tasks[slot].kernel].transfer) != 0:
+                if c.failed < 0:
+                    c.failed = task_id
+                break
+            continue
         address = 0
         if instance_key(tasks, kernel_info, args, window, task_id, key):
             address = addresses[find(keys, addresses, key)]
@@ -267,6 +347,78 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
             break
     release(header)
     return done
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _post(c, args, posting, task_id, window, transfer):
+    """Post a started transfer through MPI and add it to `posting` (the lock held); MPI's error
+    code. Its arguments: the region, then (index, peer, tag, datatype, comm)."""
+    slot = task_id & (window - 1)
+    region = args.desc[slot, 0]
+    error = mpi_post(c.isend if transfer == SEND else c.irecv, region[D_BASE] + region[D_OFFSET],
+                     args.int[slot, 3], args.int[slot, 1], args.int[slot, 2], args.int[slot, 4],
+                     posting.requests[slot:].ctypes.data)
+    if error == 0:
+        posting.slots[c.posted] = slot
+        c.posted += 1
+        c.posts += 1
+    return error
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_info, arg_task, posting,
+                 scratch, worker):
+    """Complete the posted transfers MPI has finished (the lock held), routing what they make
+    ready as `_route` does with hand-offs; how many, or -1 (control.failed set) if MPI failed."""
+    c = control[0]
+    n = c.posted
+    for i in range(n):
+        posting.testing[i] = posting.requests[posting.slots[i]]
+    error = mpi_testsome(c.testsome, n, posting.testing.ctypes.data, posting.count.ctypes.data,
+                         posting.indices.ctypes.data, posting.statuses.ctypes.data)
+    if error != 0:
+        if c.failed < 0:
+            c.failed = arg_task[posting.slots[0]]
+        return -1
+    finished = posting.count[0]
+    if finished <= 0:  # none (MPI_UNDEFINED: none was active)
+        return 0
+    for j in range(finished):
+        posting.finished[j] = posting.slots[posting.indices[j]]
+        posting.slots[posting.indices[j]] = -1
+    kept = 0
+    for i in range(n):
+        if posting.slots[i] >= 0:
+            posting.slots[kept] = posting.slots[i]
+            kept += 1
+    c.posted = kept
+    for j in range(finished):
+        made = complete_held(header, tasks, buffers, deps, arg_task[posting.finished[j]], scratch)
+        _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, made, True, worker)
+    return finished
+
+
+@njit(cache=True, _nrt=False)
+def _post_one(header, tasks, control, kernel_info, args, posting, task_id):
+    """A Python worker's transfer: start and post it; MPI's error code."""
+    acquire(header)
+    window = header[0].window
+    start_held(header, tasks, task_id)
+    transfer = kernel_info[tasks[task_id & (window - 1)].kernel].transfer
+    error = _post(control[0], args, posting, task_id, window, transfer)
+    release(header)
+    return error
+
+
+@njit(cache=True, _nrt=False, nogil=True)
+def _poll(header, tasks, buffers, deps, control, ready, handoff, kernel_info, arg_task, posting, scratch):
+    """The executor's poll: `_test_posted`, what it makes ready handed to Python or queued on
+    the rings; how many completed, or -1 if MPI failed."""
+    acquire(header)
+    polled = _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_info, arg_task,
+                          posting, scratch, -1)
+    release(header)
+    return polled
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -345,6 +497,8 @@ class NativeLanes:
                 info["native"] = 1
                 info["scalars"] = kernel.native.scalars
                 info["structural"][list(kernel.native.structural)] = 1
+                info["transfer"] = kernel.native.transfer
+        self._posting = Posting.allocate(window, 1)
         instances.update()
         self._keys, self._addresses, self._filled = instances.keys, instances.addresses, instances.filled
 
@@ -366,9 +520,47 @@ class NativeLanes:
     @property
     def kernel_ids(self) -> frozenset[int]:
         """The kernels whose Python-submitted tasks these lanes run, given their arguments
-        (ArgWriter): those whose native code cannot raise (NativeCode.may_raise)."""
-        native = self._kernel_info["native"]
-        return frozenset(k.id for k in self._kernels[:len(native)] if native[k.id] and not k.native.may_raise)
+        (ArgWriter): those whose native code cannot raise (NativeCode.may_raise), and the
+        transfers once `use_mpi` has been called."""
+        info = self._kernel_info
+        mpi = bool(self.control["isend"][0])
+        return frozenset(k.id for k in self._kernels[:len(info)] if info[k.id]["native"]
+                         and not k.native.may_raise and (mpi or not info[k.id]["transfer"]))
+
+    def use_mpi(self, isend: int, irecv: int, testsome: int, status_bytes: int) -> None:
+        """Post the run's transfers through these MPI functions (transport.NativeMpi)."""
+        c = self.control[0]
+        c["isend"], c["irecv"], c["testsome"] = isend, irecv, testsome
+        self._posting = Posting.allocate(len(self._handoff), status_bytes)
+
+    @property
+    def posts(self) -> int:
+        """Transfers native code has posted, in all."""
+        return int(self.control["posts"][0])
+
+    @property
+    def posted(self) -> int:
+        """Transfers posted and not yet seen complete (read without the lock: a hint)."""
+        return int(self.control["posted"][0])
+
+    def post(self, task_id: int) -> int:
+        """Start a native transfer on this (Python) thread and post it (`poll` completes it);
+        MPI's error code."""
+        s = self._scheduler.state
+        return _post_one(s.header, s.tasks, self.control, self._kernel_info, self._args, self._posting,
+                         task_id)
+
+    def poll(self, scratch: np.ndarray) -> int:
+        """Complete the posted transfers MPI has finished, without the GIL: their native
+        consumers queued, the others handed to Python (`handoffs`); how many completed."""
+        s = self._scheduler.state
+        return _poll(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._handoff,
+                     self._kernel_info, self._args.task, self._posting, scratch)
+
+    def posted_requests(self) -> list[int]:
+        """The MPI requests of the transfers still posted (a failed run's, its workers stopped)."""
+        slots = self._posting.slots[:self.posted]
+        return self._posting.requests[slots].tolist()
 
     def has_work(self, worker: WorkerType) -> bool:
         """Whether class `worker` has ready native tasks (read without the lock: a hint)."""
@@ -396,16 +588,17 @@ class NativeLanes:
 
     def drain(self, worker: WorkerType, scratch: WorkerScratch, budget: int) -> int:
         """Run ready native tasks of class `worker` on this thread, without the GIL; how many
-        completed (their kernels' counts and ns added to scratch.stats)."""
+        completed (their kernels' counts and ns added to scratch.stats), scratch.transfers[0]
+        of them transfers."""
         s = self._scheduler.state
         return _drain(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._handoff,
-                      self._kernel_info, self._args, self._keys, self._addresses, int(worker), scratch.ready,
-                      scratch.key, scratch.stats, budget)
+                      self._kernel_info, self._args, self._keys, self._addresses, self._posting, int(worker),
+                      scratch.ready, scratch.key, scratch.stats, scratch.transfers, budget)
 
     def scratch(self, ready: np.ndarray) -> WorkerScratch:
         """A worker thread's own scratch for `drain` (`ready`: its completion scratch)."""
         stats = np.zeros((len(self._kernel_info), 2), np.int64)
-        return WorkerScratch(ready, np.zeros(KEY_WIDTH, np.int64), stats)
+        return WorkerScratch(ready, np.zeros(KEY_WIDTH, np.int64), stats, np.zeros(1, np.int64))
 
     def tally(self, scratch: WorkerScratch, lane: Lane) -> None:
         """Move a worker's counts of native runs to its profile lane."""

@@ -17,12 +17,13 @@ chooses it among the idle workers of its class, and pushing a task wakes all of 
 chosen one takes it); a busy home worker's tasks go to another.
 
 Tasks that complete when their data arrives (Task.arrives: a distributed run's receives) are
-run (posted) like others and then wait in `arrivals`. One idle worker at a time holds the
-poll (`_poll`): it polls, yielding then sleeping (poll_pause), until data comes, a task of its
-class is queued or nothing waits any more; every worker also polls as it finishes a Python
-task, and one that goes on to another task (or returns from a native loop, which does not
-poll) while nobody polls wakes an idle worker to. Whoever learns of the data completes the
-receive and goes on with what that made ready.
+run (posted) like others and then wait in `arrivals`; transfers native code posts (native.py:
+sends too, where MPI allows) wait in the native lanes. One idle worker at a time holds the
+poll (`_poll`): it polls both, yielding then sleeping (poll_pause), until something completes,
+a task of its class is queued or nothing waits any more; every worker also polls `arrivals` as
+it finishes a Python task (native loops poll their own), and one that goes on to another task
+(or returns from a native loop) while nobody polls wakes an idle worker to. Whoever learns of
+the data completes the transfer and goes on with what that made ready.
 """
 
 from __future__ import annotations
@@ -121,7 +122,9 @@ class ParallelExecutor:
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
         self._raise_failure()
-        if task.native:  # native workers run it: queued by id if ready, else by its last producer
+        # Native workers run it: queued by id if ready (unless this thread runs it now), else by
+        # its last producer.
+        if task.native and not (ready and task.inline):
             if ready:
                 self._native_outbox.append(task.id)
         else:
@@ -161,7 +164,7 @@ class ParallelExecutor:
             made_ready = self._execute(task, self._submit_lane, self._submit_scratch)
             with self._lock:
                 if made_ready is None:  # a worker must poll for its data: started, or woken
-                    self._awaiting += 1
+                    self._awaiting += not task.native
                     self._hire_locked(task.worker)
                     self._offer_poll_locked()
                 else:
@@ -202,12 +205,19 @@ class ParallelExecutor:
             lanes = NativeLanes(self._scheduler, args, kernels, self._instances)
             with self._lock:
                 self._native = lanes
+                if self._arrivals is not None and self._arrivals.mpi is not None:
+                    lanes.use_mpi(*self._arrivals.mpi)
                 for worker in WorkerType:
                     if worker not in self._hired:
                         # Counted as asleep until started: a native loop that makes the class's
                         # tasks ready then returns soon, and Python starts its workers.
                         lanes.sleeping(worker, 1)
         return self._native
+
+    @property
+    def native_transfers(self) -> int:
+        """A distributed run's transfers native code posted (native.py)."""
+        return 0 if self._native is None else self._native.posts
 
     def handed_over(self) -> None:
         """A compiled flush handed its tasks over (the ready native ones queued by
@@ -373,7 +383,8 @@ class ParallelExecutor:
 
     def abort(self) -> None:
         """The run is unwinding: run what was submitted, as the serial executor already has
-        (docs/ERRORS.md), unless a task failed; then stop the workers."""
+        (docs/ERRORS.md), unless a task failed; then stop the workers, and cancel the transfers
+        native code left posted (Arrivals.cancel)."""
         try:
             with self._lock:
                 self._flush_locked()
@@ -382,6 +393,8 @@ class ParallelExecutor:
                     self._progress.wait(WAIT_SLICE)
         finally:
             self._shutdown()
+            if self._native is not None and self._native.posted:
+                self._arrivals.cancel(self._native.posted_requests())
 
     # --- the workers' side ---------------------------------------------------------------
     def _work(self, worker: WorkerType, index: int, lane) -> None:
@@ -411,7 +424,7 @@ class ParallelExecutor:
                         break
                     if self._started and self._native is not None and self._native.has_work(worker):
                         break
-                    if self._awaiting and self._started and not self._polling:
+                    if self._waiting_locked() and self._started and not self._polling:
                         self._polling = polls = True  # this worker takes the poll
                         break
                     # Placement may pass a task to another idle worker: it was woken when the
@@ -454,15 +467,18 @@ class ParallelExecutor:
         failed = self._native.failed()
         with self._lock:
             self._completions += completed
-            self.native_tasks += completed
+            self.native_tasks += completed - int(scratch.transfers[0])
             if failed is not None:  # _work counts this worker out and stops the run
-                raise TaskError.of(self._scheduler.task(failed), RuntimeError(
+                task = self._scheduler.task(failed)
+                raise TaskError.of(task, RuntimeError(
+                    "MPI failed to post or complete the transfer" if task.kernel.native.transfer else
                     "the kernel raised inside a native worker, which cannot pass the exception on (a "
                     "numba cfunc); run with executor='serial' to see it"))
             inline = self._take_handoffs_locked(index)
             if not inline:
                 self._running -= 1  # after the hand-offs: a failure there is counted by _work
-                self._offer_poll_locked()  # a native loop does not poll (`_run` does)
+                if self._awaiting:  # a native loop polls only the lanes' own transfers (`_run` polls)
+                    self._offer_poll_locked()
             self._wake_native_locked()
             if self._tracing:
                 self._sample()
@@ -508,7 +524,7 @@ class ParallelExecutor:
             came = self._arrivals.arrived() if not batch and self._awaiting > (task.id in arrived) else ()
             with self._lock:
                 if made_ready is None:
-                    self._awaiting += 1
+                    self._awaiting += not task.native  # else the native lanes hold it
                 else:
                     self._completed_locked(task, made_ready, batch, index, task.id in arrived)
                 for task_id in came:
@@ -529,7 +545,11 @@ class ParallelExecutor:
 
     def _execute(self, task: Task, lane, scratch) -> list[Task] | None:
         """Run a task and complete it; the tasks that made ready, or None if it completes when its
-        data arrives."""
+        data arrives (in `arrivals`, or in the native lanes if native: a transfer they post)."""
+        if task.native and task.kernel.native.transfer:
+            if error := self._native.post(task.id):
+                raise TaskError.of(task, RuntimeError(f"MPI could not post the transfer (error {error})"))
+            return None
         self._scheduler.start(task.id)
         run_kernel(self._backend, task, lane)
         return None if task.arrives and task.runs_here else self._complete(task, scratch)
@@ -562,9 +582,16 @@ class ParallelExecutor:
         queue = self._queues[worker]
         started = time.perf_counter()
         precise_sleeps()
+        polled = 0
         try:
             while not (came := self._arrivals.arrived()):
-                if queue or self._stopping or not self._awaiting or (
+                if self._native is not None and self._native.posted:
+                    self._arrivals.check()  # a failure notice (`arrived` tests with receives of its own)
+                    if (polled := self._native.poll(scratch)) < 0:
+                        raise PTOError("MPI failed to test the transfers native workers posted")
+                    if polled:
+                        break
+                if queue or self._stopping or not self._waiting_locked() or (
                         self._native is not None and self._native.has_work(worker)):
                     break
                 pause = poll_pause(time.perf_counter() - started)
@@ -577,7 +604,17 @@ class ParallelExecutor:
         finally:
             with self._lock:
                 self._polling = False
-        if came:
+        if polled:
+            with self._lock:
+                self._completions += polled
+                inline = self._take_handoffs_locked(index)
+                if not inline:
+                    self._running -= 1
+                self._wake_native_locked()
+                self._notify_progress_locked()
+            if inline:
+                self._run(inline, worker, index, lane, scratch)
+        elif came:
             self._run([self._scheduler.task(task_id) for task_id in came], worker, index, lane, scratch,
                       set(came))
         else:
@@ -586,9 +623,14 @@ class ParallelExecutor:
                 self._offer_poll_locked()
                 self._notify_progress_locked()
 
+    def _waiting_locked(self) -> bool:
+        """Whether tasks wait for data, in `arrivals` or posted by native code (without the
+        lanes' lock, the count native loops change is a hint: a poll settles it)."""
+        return bool(self._awaiting or (self._native is not None and self._native.posted))
+
     def _offer_poll_locked(self) -> None:
         """Tasks wait for data and no worker polls: wake an idle worker to take the poll."""
-        if self._awaiting and not self._polling:
+        if self._waiting_locked() and not self._polling:
             for worker, idle in self._idle.items():
                 if idle:
                     self._wake[worker].notify_all()
@@ -626,7 +668,7 @@ class ParallelExecutor:
         workers and the orchestrator, which asks this, push on the native rings.)"""
         return self._running == 0 and self._awaiting == 0 and not any(self._queues.values()) and (
             self._native is None or not (any(map(self._native.has_work, WorkerType))
-                                         or self._native.has_handoffs()))
+                                         or self._native.has_handoffs() or self._native.posted))
 
     def _notify_all_locked(self) -> None:
         for wake in self._wake.values():

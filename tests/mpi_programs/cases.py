@@ -219,6 +219,10 @@ def main(case: str, executor: str) -> None:
         native = [count for *_, count, _ in gathered]
         assert all(0 < count <= len(ran) for count, ran in zip(native, runs)), \
             f"native tasks by rank {native} of {[len(r) for r in runs]} run"
+        # whole tiles, each read whole: every transfer posted by native code (MPICH's ABI)
+        transfers = [(ranks.native_transfers, ranks.transfers) for _, _, ranks, *_ in gathered]
+        assert all(posted == count and (count > 0) == (size > 1) for posted, count in transfers), \
+            f"transfers posted by native code, of all, by rank: {transfers}"
     print(f"OK {case} {size}", flush=True)
 
 
