@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import threading
 import time
 
 import numpy as np
@@ -31,30 +32,38 @@ import pto_gpu as pto
 WORKERS = {pto.CUBE: 1, pto.VECTOR: 1, pto.AI_CPU: 1, pto.ACCELERATOR: 2}
 
 
-STAMPS: list[float] = []  # when each bump ran, on this rank (perf_counter: one clock for all ranks)
-
-
 @pto.kernel(worker=pto.VECTOR)
 def bump(source, target):
     target[...] = source + 1
-    STAMPS.append(time.perf_counter())
 
 
-def ping_pong(o: pto.Orchestrator, x, hops: int) -> None:
+def ping_pong(o: pto.Orchestrator, x, hops: int, native: bool = False) -> None:
     """x's rows alternate between the ranks 0 and 1 (the last if only one): each hop reads the
-    row the previous hop wrote and writes the other, so each hop moves 32 bytes between ranks."""
+    row the previous hop wrote and writes the other, so each hop moves a row between ranks.
+    `native`: with a generated kernel (x[next] = x[this] * 1, float32 rows), which native
+    workers run, so that a hop's time is the runtime's, not a Python kernel's."""
     X = o.external(x, owner=pto.block_rows(min(o.ranks, 2)))
-    for hop in range(hops):
-        o.submit(bump, pto.input(X[hop % 2]), pto.output(X[(hop + 1) % 2]))
+    hop_to(o, X, hops, native)
 
 
-def native_ping_pong(o: pto.Orchestrator, x, hops: int) -> None:
-    """`ping_pong` with a generated kernel (x[next] = x[this] * 1, float32), which native
-    workers run: a hop's time is then the runtime's, not a Python kernel's."""
-    X = o.external(x, owner=pto.block_rows(min(o.ranks, 2)))
+def hop_to(o: pto.Orchestrator, X, hops: int, native: bool) -> None:
     for hop in range(hops):
         this, following = hop % 2, (hop + 1) % 2
-        o.submit(scale, pto.input(X[this:this + 1]), pto.output(X[following:following + 1]), 1.0)
+        if native:
+            o.submit(scale, pto.input(X[this:this + 1]), pto.output(X[following:following + 1]), 1.0)
+        else:
+            o.submit(bump, pto.input(X[this]), pto.output(X[following]))
+
+
+GATE = threading.Event()  # opened once every rank has submitted the whole graph
+OPENED: list[float] = []  # when the gate opened, on this rank (perf_counter: one clock for all ranks)
+
+
+@pto.kernel(worker=pto.VECTOR)
+def gate(tile):
+    """Holds back the first hop until the gate opens."""
+    GATE.wait()
+    OPENED.append(time.perf_counter())
 
 
 WAIT_S = 0.2  # how long `slow_fill` takes
@@ -128,32 +137,32 @@ def raw_one_way(comm, count: int = 2000) -> float:
 
 
 def execution_per_hop(comm, x, hops: int, count: int, native: bool) -> float:
-    """Median over rounds of the seconds a hop takes as it executes, with the whole graph built
-    before any task runs (a task window that holds it, threshold 0): the hops alone, without the
-    orchestration that submits them. From the first hop's bump to the last's; for native
-    kernels, which note no time, from the last rank's orchestration's end to the last run's end."""
+    """Median over rounds of the seconds a hop takes as it executes, the whole graph submitted
+    before the first hop runs (a task window that holds it; the first hop waits for `gate`,
+    which opens once every rank's orchestration has submitted everything): the hops alone,
+    without the orchestration that submits them (transfers ready at submission start workers,
+    so a threshold alone does not hold them back). From the gate's opening to the last rank's
+    end of the run, per hop."""
     window = 1 << (4 * hops).bit_length()  # a power of two above the tasks of a rank
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS, task_window=window, dep_pool=4 * window)
-    ended: list[float] = []
 
-    def orchestrate(o: pto.Orchestrator, x, hops: int) -> None:
-        (native_ping_pong if native else ping_pong)(o, x, hops)
-        ended.append(time.perf_counter())
-
-    rt.run(orchestrate, x, 10)
-    per_hop = []
-    for _ in range(count):
-        STAMPS.clear()
+    def gated(o: pto.Orchestrator, x, hops: int) -> None:
+        X = o.external(x, owner=pto.block_rows(min(o.ranks, 2)))
+        o.submit(gate, pto.inout(X[0]))
+        hop_to(o, X, hops, native)
         comm.Barrier()
-        rt.run(orchestrate, x, hops)
-        if native:
-            first = comm.allreduce(ended[-1], op=MPI.MAX)
-            last = comm.allreduce(time.perf_counter(), op=MPI.MAX)
-            per_hop.append((last - first) / hops)
-        else:
-            first = comm.allreduce(min(STAMPS, default=float("inf")), op=MPI.MIN)
-            last = comm.allreduce(max(STAMPS, default=0.0), op=MPI.MAX)
-            per_hop.append((last - first) / (hops - 1))
+        GATE.set()
+
+    per_hop = []
+    for round_ in range(count + 1):  # the first warms up
+        GATE.clear()
+        OPENED.clear()
+        comm.Barrier()
+        rt.run(gated, x, hops)
+        opened = comm.allreduce(min(OPENED, default=float("inf")), op=MPI.MIN)
+        ended = comm.allreduce(time.perf_counter(), op=MPI.MAX)
+        if round_:
+            per_hop.append((ended - opened) / hops)
     return statistics.median(per_hop)
 
 
@@ -225,9 +234,8 @@ def main(what: str, tile: int) -> None:
         native = what == "latency-native"
         hops = 2000
         x = np.zeros((2, 4), np.float32 if native else np.float64)
-        pong = native_ping_pong if native else ping_pong
-        rt.run(pong, x, 10)
-        seconds, cpu = rounds(comm, lambda: rt.run(pong, x, hops), 5)
+        rt.run(ping_pong, x, 10, native)
+        seconds, cpu = rounds(comm, lambda: rt.run(ping_pong, x, hops, native), 5)
         figures = {"per_hop_us": seconds / hops * 1e6, "cpu_per_hop_us": cpu / hops * 1e6,
                    "execution_per_hop_us": execution_per_hop(comm, x, hops, 5, native) * 1e6}
         if comm.size > 1:
