@@ -15,6 +15,12 @@ _I32, _I64 = ir.IntType(32), ir.IntType(64)
 _VOID_P = ir.IntType(8).as_pointer()
 
 
+def _words(context, builder, signature, args) -> list:
+    """The integer arguments as int64s, whatever their width: handles and ints are then
+    truncated to C's int, addresses made pointers."""
+    return [context.cast(builder, value, kind, types.int64) for value, kind in zip(args, signature.args)]
+
+
 @intrinsic
 def mpi_post(typingctx, function, buffer, datatype, peer, tag, comm, request):
     """MPI_Isend or MPI_Irecv (`function`) of one `datatype` at `buffer` with rank `peer`,
@@ -25,7 +31,7 @@ def mpi_post(typingctx, function, buffer, datatype, peer, tag, comm, request):
     def codegen(context, builder, signature, args):
         # int MPI_Isend(const void *buf, int count, MPI_Datatype, int dest, int tag, MPI_Comm, MPI_Request *)
         called = ir.FunctionType(_I32, [_VOID_P, _I32, _I32, _I32, _I32, _I32, _I32.as_pointer()])
-        address, buffer, datatype, peer, tag, comm, request = args
+        address, buffer, datatype, peer, tag, comm, request = _words(context, builder, signature, args)
         made = builder.call(builder.inttoptr(address, called.as_pointer()), [
             builder.inttoptr(buffer, _VOID_P), ir.Constant(_I32, 1), builder.trunc(datatype, _I32),
             builder.trunc(peer, _I32), builder.trunc(tag, _I32), builder.trunc(comm, _I32),
@@ -47,7 +53,7 @@ def mpi_testsome(typingctx, function, count, requests, done, indices, statuses):
         # int MPI_Testsome(int incount, MPI_Request[], int *outcount, int indices[], MPI_Status[])
         int_p = _I32.as_pointer()
         called = ir.FunctionType(_I32, [_I32, int_p, int_p, int_p, _VOID_P])
-        address, count, requests, done, indices, statuses = args
+        address, count, requests, done, indices, statuses = _words(context, builder, signature, args)
         made = builder.call(builder.inttoptr(address, called.as_pointer()), [
             builder.trunc(count, _I32), builder.inttoptr(requests, _I32.as_pointer()),
             builder.inttoptr(done, _I32.as_pointer()), builder.inttoptr(indices, _I32.as_pointer()),

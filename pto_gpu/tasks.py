@@ -21,6 +21,7 @@ from .dtypes import WorkerType
 from .errors import DeadlockError, InvariantError
 from .kernel import Kernel
 from .layout import PARAM_WIDTH
+from .native_call import compiled_entry
 from .params import Param
 
 if TYPE_CHECKING:  # the compiled layer's, above this one
@@ -64,19 +65,6 @@ class Task:
         return ", ".join(f"{p.kind.name.lower()}({p.value!r})" for p in self.params)
 
 
-def _bound(dispatcher, *example) -> Callable:
-    """The machine code `dispatcher` compiled for the types of `example`, callable without
-    numba's per-call type resolution, which costs ~170 ns per record-array argument (1 µs of a
-    Python-level submit). It checks nothing: callers pass exactly those types, ints and
-    C-contiguous int64 arrays (CoreState.addresses, the param rows of params.core_rows, the
-    completion scratch). The core's tables go by address (core/by_address.py): unboxing
-    them cost another 0.6 µs a submit."""
-    signature = tuple(dispatcher.typeof_pyval(a) for a in example)
-    if signature not in dispatcher.overloads:
-        dispatcher.compile(signature)
-    return dispatcher.overloads[signature].entry_point
-
-
 class Ring(NamedTuple):
     label: str  # as error messages name it
     setting: str  # the Runtime argument that sizes it
@@ -105,9 +93,9 @@ class Scheduler:
     def __init__(self, state: cs.CoreState):
         self.state = state
         s = state
-        self._core_submit = _bound(submit_at, s.addresses, 0, 0, np.zeros((1, PARAM_WIDTH), np.int64))
-        self._core_complete = _bound(complete_at, s.addresses, 0, self.ready_scratch())
-        self._core_start = _bound(start_at, s.addresses, 0)
+        self._core_submit = compiled_entry(submit_at, s.addresses, 0, 0, np.zeros((1, PARAM_WIDTH), np.int64))
+        self._core_complete = compiled_entry(complete_at, s.addresses, 0, self.ready_scratch())
+        self._core_start = compiled_entry(start_at, s.addresses, 0)
         self._slot_mask = state.sizes.task_window - 1
         self.records: list[Task | None] = [None] * state.sizes.task_window
         self.materialise: Callable[[int], Task] | None = None

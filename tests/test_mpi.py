@@ -68,8 +68,8 @@ def test_serial_executor_on_each_rank():
     assert "OK matmul 2" in out and "OK spread 2" in out and "OK compiled 2" in out
 
 
-@pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "receiving"), (2, "read-only"),
-                                         (2, "orchestration")])
+@pytest.mark.parametrize("ranks, mode", [(2, "kernel"), (4, "kernel"), (2, "receiving"), (2, "sending"),
+                                         (2, "read-only"), (2, "orchestration")])
 def test_a_failure_on_one_rank_raises_on_every_rank(ranks, mode):
     out = mpiexec(ranks, "tests.mpi_programs.failure", mode, timeout=60)
     raised = dict((int(rank), (error, task, cause, float(seconds))) for rank, error, task, cause, seconds

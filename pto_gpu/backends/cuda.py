@@ -36,6 +36,7 @@ import numpy as np
 from ..errors import PTOError
 from ..first_calls import preparing
 from ..kernel import CudaCode
+from ..native_call import compiled_entry
 from ..params import ParamKind
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cublas, cuda_abi
@@ -47,7 +48,6 @@ from .launches import (
     NO_WORK,
     Scratch,
     Template,
-    compiled_entry,
     instance_scalars,
     issue,
     scalar_bits,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import carray, cfunc, njit, types
@@ -140,13 +139,6 @@ class Scratch:
         self.words = np.zeros(MAX_WORDS, np.int64)
         self.params = self.words.ctypes.data + 8 * np.arange(MAX_WORDS, dtype=np.int64)
         self.failed = np.zeros(1, np.int64)  # which call of `issue` failed
-
-
-def compiled_entry(function, *example):
-    """The compiled entry of an njit function for the types of `example`, for calls made once a
-    task from Python: callable with arguments of exactly those types, without numba's type
-    dispatch (which types every array argument at every call), so nothing checks them."""
-    return function.compile(tuple(numba.typeof(value) for value in example))
 
 
 # --- calling the driver by address -------------------------------------------------------------

@@ -14,9 +14,9 @@ and submit, in the same order, so every rank makes the same decisions:
 Neither transfer waits: a send copies the elements out and posts them; a receive posts its
 receive in the inbox (inbox.py) and completes when its data has come (Task.arrives), which
 the executor polls for. Where the transport allows (Transport.native) a transfer of a whole
-region is also a native task (`native_send`, `native_recv`: kernel.transfer_kernel), which
-native workers post through MPI themselves, in place, sends too completing when MPI says so
-(executors/native.py); run the Python way, it is the Python transfer. Both run as soon as
+region is a native task instead (`native_send`, `native_recv`: kernel.transfer_kernel),
+which native code posts through MPI in place, no copy, and completes, the send too, when MPI
+says it has (executors/native.py); run the Python way, it is the transfer above. Both run as soon as
 they are ready, on the worker that made them ready (Task.inline), as do other ranks' tasks
 here. So no worker ever waits for a message, which is what makes the protocol deadlock-free
 (docs/ARCHITECTURE.md, "Several ranks"; a native send that holds its region until its
@@ -78,10 +78,10 @@ class Placement:
                                   cuda=dataclasses.replace(no_device_code, library=self._send))(self._send)
         self.recv_kernel = kernel(WorkerType.ACCELERATOR, name="recv", mixed_dtypes=True,
                                   cuda=dataclasses.replace(no_device_code, library=self._recv))(self._recv)
-        self.native_send = transfer_kernel("send", self._send, SEND,
-                                           dataclasses.replace(no_device_code, library=self._send))
-        self.native_recv = transfer_kernel("recv", self._recv, RECEIVE,
-                                           dataclasses.replace(no_device_code, library=self._recv))
+        self.native_send = transfer_kernel("send", self._native_send, SEND,
+                                           dataclasses.replace(no_device_code, library=self._native_send))
+        self.native_recv = transfer_kernel("recv", self._native_recv, RECEIVE,
+                                           dataclasses.replace(no_device_code, library=self._native_recv))
         self.warned_idle = self.warned_traffic = False
         # Holdings as made for an array's first run, by its owner, shape, layout, dtype, ranks:
         # a 2048² matrix's 2-D block-cyclic owners took 8 ms of every run on every rank to make.
@@ -127,6 +127,7 @@ class Placement:
         # Tasks placed (the next one's id, C_LABEL), on each rank, bytes written and moved: an
         # array compiled placement (jit/placing.py) counts in too.
         self.counts = np.zeros(C_WIDTH, np.int64)
+        self.bytes_sent = self.bytes_received = 0  # by this rank's transfers (packed)
         self.tasks_run: list[int] = []
         self.graph = LogicalGraph(sizes) if record else None
         self.lane: TensorDescriptor | None = None  # an ordered transport's chain (module docstring)
@@ -297,18 +298,19 @@ class Placement:
         sequence = self._sequence.get((source, dest), 0)
         self._sequence[source, dest] = sequence + 1
         sending = self.rank == source
-        if sending:  # counted here, for transfers Python never sees too (native ones)
-            self.transport.bytes_sent += count * tensor.dtype.itemsize
+        if sending:  # counted as placed: native transfers never pass through Python
+            self.bytes_sent += count * tensor.dtype.itemsize
         else:
-            self.transport.bytes_received += count * tensor.dtype.itemsize
+            self.bytes_received += count * tensor.dtype.itemsize
         ordered = self.transport.ordered  # see the module docstring
         region = (input if sending else output)(tensor)
         index = scalar(len(self._transfers))
         peer = dest if sending else source
-        # A receive into a read-only array goes the Python way, whose unpacking fails the task:
-        # MPI would write it.
-        native = not ordered and mask is None and self.transport.native is not None and (
-            sending or tensor.buffer.writeable)
+        # A receive into a read-only array goes the Python way, whose unpacking fails the task
+        # (MPI would write it), as does one into elements a zero stride repeats (MPI forbids it).
+        writable = tensor.buffer.writeable and all(
+            stride or n == 1 for stride, n in zip(tensor.strides, tensor.repeats))
+        native = not ordered and mask is None and self.transport.native is not None and (sending or writable)
         datatype = self.transport.datatype(tensor) if native else None
         if datatype is not None:  # (region, index, peer, tag, datatype, comm): what native code reads
             if self._comm is None:
@@ -324,14 +326,21 @@ class Placement:
         self._transfers.append(Transfer(mask, peer, sequence, task))
         return [task]
 
-    # --- the transfer kernels: (region, [lane,] index of the transfer, [what native code reads]) --
-    def _send(self, region, *rest) -> None:
-        transfer = self._take(rest[-1] if len(rest) < 3 else rest[0])
+    # --- the transfer kernels: (region, [lane,] index of the transfer) --------------------
+    def _send(self, region, *lane_and_index) -> None:
+        transfer = self._take(lane_and_index[-1])
         self.transport.send(region, transfer.mask, transfer.peer, transfer.sequence)
 
-    def _recv(self, region, *rest) -> None:
-        transfer = self._take(rest[-1] if len(rest) < 3 else rest[0])
+    def _recv(self, region, *lane_and_index) -> None:
+        transfer = self._take(lane_and_index[-1])
         self.inbox.post(transfer.task, region, transfer.mask, transfer.peer, transfer.sequence)
+
+    # the Python way of the native ones: (region, index, what native code reads)
+    def _native_send(self, region, index, *native) -> None:
+        self._send(region, index)
+
+    def _native_recv(self, region, index, *native) -> None:
+        self._recv(region, index)
 
     def _take(self, index: int) -> Transfer:
         transfer, self._transfers[index] = self._transfers[index], None

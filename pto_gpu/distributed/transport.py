@@ -11,10 +11,11 @@ moves the copy while this rank is inside any MPI call. A receive is posted (`rec
 returns; `arrived` tests the posted ones, and raises PeerFailed once a rank, this one
 included, has said it failed; `deliver` unpacks one that has come. Nothing here waits for a
 message but the end of a run (for its sends): the executor polls (inbox.py).
-Where the MPI library has MPICH's ABI (`NativeMpi`), native workers post a transfer
-themselves (executors/native.py, mpi_abi.py): a send and a receive of a region without a
-mask, each of one MPI datatype that picks the region's elements in place (`datatype`), no
-copy; such a send, too, completes when MPI says so. Each run works on its
+Where the MPI library has MPICH's ABI (`NativeMpi`), native code posts a transfer itself
+(executors/native.py, mpi_abi.py): a send or a receive of a region without a mask, of one
+MPI datatype that picks the region's elements in place (`datatype`), no copy, which
+completes when MPI says so (so, unlike the sends here, such a send holds its region until
+then). Each run works on its
 own duplicate of the communicator, so a failed run's unmatched messages cannot reach a later
 run (a failed run's duplicate is kept, never freed, for that).
 """
@@ -66,8 +67,6 @@ class Transport(Protocol):
     ordered: bool
     # Where native workers may post its transfers (the module docstring), else None.
     native: NativeMpi | None
-    bytes_sent: int  # this run's transfers', as sent over the wire (packed), counted by placement.py
-    bytes_received: int
 
     def begin(self, name: str) -> None:
         """A run of orchestration `name` starts (every rank calls it: a collective)."""
@@ -105,9 +104,13 @@ class Transport(Protocol):
     def comm_handle(self) -> int:
         """The handle of this run's communicator, for native workers."""
 
-    def cancel(self, requests: list[int]) -> None:
-        """Transfers native workers posted that a failed run leaves: cancelled, and waited for
-        (which MPI makes local), so that no late message reaches memory a later run reuses."""
+    def cancel(self, receives: list[int], sends: list[int]) -> None:
+        """The requests of transfers native workers posted that a failed run leaves. Receives
+        are cancelled and waited for (which MPI makes local), so that no late message lands in
+        memory a later run reuses; sends are let go (MPI_Request_free): MPICH cannot cancel a
+        send, and one whose receiver never posts would never complete. A send only reads its
+        region, and the run's communicator, kept, never matches it once every rank has
+        stopped."""
 
     def fail(self) -> None:
         """This rank's run has failed: tell every other rank now, so none waits for it."""
@@ -205,7 +208,6 @@ class MpiTransport:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._tag_bound = comm.Get_attr(MPI.TAG_UB)
-        self.bytes_sent = self.bytes_received = 0
         self._comm = None
         self._notice = None  # the receive of a failure notice, any rank's (this one's too)
         self._heard = np.zeros(1, np.int32)  # who failed, once _notice completes
@@ -224,7 +226,6 @@ class MpiTransport:
     def begin(self, name: str) -> None:
         self._comm = self._base.Dup()
         names = self._comm.allgather(name)
-        self.bytes_sent = self.bytes_received = 0
         self._notices, self._sends, self._given_up, self._someone_failed = [], [], [], False
         self._notice = self._comm.Irecv(self._heard, source=self._MPI.ANY_SOURCE, tag=NOTICE)
         if len(set(names)) > 1:
@@ -275,11 +276,18 @@ class MpiTransport:
     def comm_handle(self) -> int:
         return _int32(self._comm.handle)
 
-    def cancel(self, requests: list[int]) -> None:
-        for handle in requests:
-            request = self._MPI.Request.fromhandle(handle % (1 << 64))  # mpi4py's form: sign-extended
-            request.Cancel()
-            request.Wait()
+    def cancel(self, receives: list[int], sends: list[int]) -> None:
+        for handles, cancel in ((receives, True), (sends, False)):
+            for handle in handles:
+                request = self._MPI.Request.fromhandle(handle % (1 << 64))  # mpi4py's form: sign-extended
+                try:
+                    if cancel:
+                        request.Cancel()
+                        request.Wait()
+                    else:
+                        request.Free()
+                except self._MPI.Exception:  # (MPI failed the run already): the run's own error stands
+                    pass
 
     def tag(self, sequence: int) -> int:
         # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that

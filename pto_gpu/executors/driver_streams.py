@@ -56,7 +56,6 @@ from ..backends.launches import (
     WAIT,
     Scratch,
     Template,
-    compiled_entry,
     query_event,
     record_event,
     start,
@@ -70,6 +69,7 @@ from ..errors import DeadlockError, InvariantError, TaskError, UsageError
 from ..jit.context import LOG_CAPACITY, MAX_SCALARS, S_INT, ArgTables
 from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
 from ..kernel import registered
+from ..native_call import compiled_entry
 from ..profile import Profile
 from ..tasks import RINGS, Scheduler, Task
 from .instance_keys import ANY_SCALARS, INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key

@@ -46,14 +46,14 @@ import numpy as np
 from numba import njit
 
 from ..core.complete import complete_held, start_held
-from ..core.lock import acquire, monotonic_ns, release, yield_core
+from ..core.lock import acquire, compare_and_swap, monotonic_ns, release, store_release, yield_core
 from ..dtypes import WorkerType
 from ..errors import InvariantError
 from ..jit.context import ArgTables
 from ..jit.descriptor import D_BASE, D_OFFSET
 from ..kernel import SEND, Kernel
 from ..mpi_abi import mpi_post, mpi_testsome
-from ..native_call import call_entry
+from ..native_call import call_entry, compiled_entry
 from ..params import ParamKind
 from ..profile import Lane
 from ..tasks import Scheduler, Task
@@ -92,13 +92,16 @@ CONTROL = np.dtype([
     ("testsome", np.int64),
     ("posted", np.int64),  # transfers posted and not yet seen complete: Posting.slots[:posted]
     ("posts", np.int64),  # transfers posted, in all
+    ("posting_lock", np.int64),  # held to call MPI and to change Posting (`_take_posting`)
 ], align=True)
+_POSTING_LOCK = CONTROL.fields["posting_lock"][1]
 
 _LEARNT: dict[bytes, int] = {}  # instance key -> entry address (or NO_ENTRY), for the process
 
 
 class Posting(NamedTuple):
-    """The transfers native code has posted (module docstring), under the core lock."""
+    """The transfers native code has posted (module docstring), under the posting lock
+    (CONTROL.posting_lock, below the core's: MPI is called with it held, never the core's)."""
 
     requests: np.ndarray  # int32 per task slot: the MPI request of the transfer in it
     slots: np.ndarray  # the slots of the posted transfers (CONTROL.posted of them)
@@ -160,19 +163,20 @@ def _push_next(control, ready, window, worker, task_id):
 @njit(cache=True, _nrt=False, inline="always")
 def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, n, hand_off, worker):
     """Push the native ones of the n tasks in scratch[:n] on their rings, the first of class
-    `worker` (-1: none) at the front, and native transfers at the front of `worker`'s (run
-    next by its loop; from Python, worker -1, they are left to Python, which runs them
-    itself); the others go to `handoff` if `hand_off`, else stay in scratch (compacted to
-    the front); how many stay."""
+    `worker` (-1: none) at the front, and native transfers at the front of `worker`'s, before
+    it (run next by its loop; from Python, worker -1, they are left to Python, which runs them
+    itself); the others go to `handoff` if `hand_off` (always, from a loop), else stay in
+    scratch (compacted to the front); how many stay."""
     window = header[0].window
     kept = 0
-    mine = worker
+    mine = worker  # `worker` is cleared once a task of its class has gone to the front
+    transfers = 0
     for i in range(n):
         task_id = scratch[i]
         native = _is_native(tasks, kernel_info, arg_task, window, task_id)
         if native and kernel_info[tasks[task_id & (window - 1)].kernel].transfer:
             if mine >= 0:
-                _push_next(control, ready, window, mine, task_id)
+                transfers += 1  # pushed below, in front of whatever this pass puts first
                 continue
             native = False
         if native:
@@ -186,6 +190,11 @@ def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratc
         else:
             scratch[kept] = task_id
             kept += 1
+    for i in range(n if transfers else 0):  # scratch is intact: a loop's route hands off
+        task_id = scratch[i]
+        if _is_native(tasks, kernel_info, arg_task, window, task_id) and \
+                kernel_info[tasks[task_id & (window - 1)].kernel].transfer:
+            _push_next(control, ready, window, mine, task_id)
     return kept
 
 
@@ -289,16 +298,21 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
     while c.handoff_head == c.handoff_tail:  # else Python has a task
         if c.posted and (c.head[worker] == c.tail[worker] or since_poll >= POLL_EVERY):
             since_poll = 0
+            release(header)
             polled = _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_info,
-                                  args.task, posting, scratch, worker)
+                                  args.task, posting, scratch, worker, False)
+            acquire(header)
             if polled < 0:
                 break
             done += polled
             transfers[0] += polled
-            if c.head[worker] == c.tail[worker] and c.posted and c.handoff_head == c.handoff_tail:
-                now = monotonic_ns()
-                waiting_since = waiting_since or now
-                if now - waiting_since < WAIT_POSTED_NS:  # data due soon: wait here, not in Python
+            ended = monotonic_ns()
+            if _time_to_return(c, worker, done, budget, entered, ended):
+                break
+            if c.head[worker] == c.tail[worker] and c.posted and c.handoff_head == c.handoff_tail \
+                    and not _sleeper_could_take(c, worker):
+                waiting_since = waiting_since or ended
+                if ended - waiting_since < WAIT_POSTED_NS:  # data due soon: wait here, not in Python
                     release(header)
                     yield_core()
                     acquire(header)
@@ -310,11 +324,18 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
         c.head[worker] += 1
         slot = task_id & (window - 1)
         since_poll += 1
-        if kernel_info[tasks[slot].kernel].transfer:
+        transfer = kernel_info[tasks[slot].kernel].transfer
+        if transfer:
             start_held(header, tasks, task_id)
-            if _post(c, args, posting, task_id, window, kernel_info[tasks[slot].kernel].transfer) != 0:
+            release(header)
+            error = _post(control, args, posting, task_id, window, transfer)
+            acquire(header)
+            if error != 0:
                 if c.failed < 0:
                     c.failed = task_id
+                break
+            ended = monotonic_ns()
+            if _time_to_return(c, worker, done, budget, entered, ended):
                 break
             continue
         address = 0
@@ -341,20 +362,45 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
         n = complete_held(header, tasks, buffers, deps, task_id, scratch)
         _route(header, tasks, control, ready, handoff, kernel_info, args.task, scratch, n, True, worker)
         done += 1
-        if done >= budget and ended - entered >= SLICE_NS:
-            break
-        if ended - entered >= WAKE_AFTER_NS and _sleeper_could_take(c, worker):
+        if _time_to_return(c, worker, done, budget, entered, ended):
             break
     release(header)
     return done
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _post(c, args, posting, task_id, window, transfer):
-    """Post a started transfer through MPI and add it to `posting` (the lock held); MPI's error
-    code. Its arguments: the region, then (index, peer, tag, datatype, comm)."""
+def _time_to_return(c, worker, done, budget, entered, ended):
+    """Whether a loop returns to Python now: it has run its budget over at least SLICE_NS, or
+    it has run a while and made ready a task a sleeping worker could take."""
+    return (done >= budget and ended - entered >= SLICE_NS) or (
+        ended - entered >= WAKE_AFTER_NS and _sleeper_could_take(c, worker))
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _take_posting(control, wait):
+    """Take the posting lock (wait: spin, yielding, until it is free); whether it was taken."""
+    address = control.ctypes.data + _POSTING_LOCK
+    while not compare_and_swap(address, 0, 1):
+        if not wait:
+            return False
+        yield_core()
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _give_posting(control):
+    store_release(control.ctypes.data + _POSTING_LOCK, 0)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _post(control, args, posting, task_id, window, transfer):
+    """Post a started transfer through MPI and add it to `posting`, under the posting lock (not
+    the core's); MPI's error code. Its arguments: the region, then (index, peer, tag,
+    datatype, comm)."""
+    c = control[0]
     slot = task_id & (window - 1)
     region = args.desc[slot, 0]
+    _take_posting(control, True)
     error = mpi_post(c.isend if transfer == SEND else c.irecv, region[D_BASE] + region[D_OFFSET],
                      args.int[slot, 3], args.int[slot, 1], args.int[slot, 2], args.int[slot, 4],
                      posting.requests[slot:].ctypes.data)
@@ -362,40 +408,46 @@ def _post(c, args, posting, task_id, window, transfer):
         posting.slots[c.posted] = slot
         c.posted += 1
         c.posts += 1
+    _give_posting(control)
     return error
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_info, arg_task, posting,
-                 scratch, worker):
-    """Complete the posted transfers MPI has finished (the lock held), routing what they make
-    ready as `_route` does with hand-offs; how many, or -1 (control.failed set) if MPI failed."""
+                 scratch, worker, wait):
+    """Complete the posted transfers MPI has finished, routing what they make ready as `_route`
+    does with hand-offs; how many, or -1 (control.failed set) if MPI failed. MPI is tested
+    under the posting lock (0 if another thread holds it and not `wait`), the completions
+    made under the core's too: a test may copy a large message, which the core's lock, held
+    by every completion, must not wait for. Called without the core's lock."""
+    if not _take_posting(control, wait):
+        return 0
     c = control[0]
     n = c.posted
     for i in range(n):
         posting.testing[i] = posting.requests[posting.slots[i]]
     error = mpi_testsome(c.testsome, n, posting.testing.ctypes.data, posting.count.ctypes.data,
                          posting.indices.ctypes.data, posting.statuses.ctypes.data)
-    if error != 0:
-        if c.failed < 0:
-            c.failed = arg_task[posting.slots[0]]
-        return -1
-    finished = posting.count[0]
-    if finished <= 0:  # none (MPI_UNDEFINED: none was active)
-        return 0
-    for j in range(finished):
-        posting.finished[j] = posting.slots[posting.indices[j]]
-        posting.slots[posting.indices[j]] = -1
-    kept = 0
-    for i in range(n):
-        if posting.slots[i] >= 0:
-            posting.slots[kept] = posting.slots[i]
-            kept += 1
-    c.posted = kept
-    for j in range(finished):
-        made = complete_held(header, tasks, buffers, deps, arg_task[posting.finished[j]], scratch)
-        _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, made, True, worker)
-    return finished
+    finished = posting.count[0] if error == 0 else -1
+    if error != 0 and c.failed < 0:
+        c.failed = arg_task[posting.slots[0]]
+    if finished > 0:  # (MPI_UNDEFINED, negative: none was active)
+        for j in range(finished):
+            posting.finished[j] = posting.slots[posting.indices[j]]
+            posting.slots[posting.indices[j]] = -1
+        kept = 0
+        for i in range(n):
+            if posting.slots[i] >= 0:
+                posting.slots[kept] = posting.slots[i]
+                kept += 1
+        c.posted = kept
+        acquire(header)
+        for j in range(finished):
+            made = complete_held(header, tasks, buffers, deps, arg_task[posting.finished[j]], scratch)
+            _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, made, True, worker)
+        release(header)
+    _give_posting(control)
+    return -1 if error != 0 else max(finished, 0)
 
 
 @njit(cache=True, _nrt=False)
@@ -405,20 +457,16 @@ def _post_one(header, tasks, control, kernel_info, args, posting, task_id):
     window = header[0].window
     start_held(header, tasks, task_id)
     transfer = kernel_info[tasks[task_id & (window - 1)].kernel].transfer
-    error = _post(control[0], args, posting, task_id, window, transfer)
     release(header)
-    return error
+    return _post(control, args, posting, task_id, window, transfer)
 
 
 @njit(cache=True, _nrt=False, nogil=True)
 def _poll(header, tasks, buffers, deps, control, ready, handoff, kernel_info, arg_task, posting, scratch):
     """The executor's poll: `_test_posted`, what it makes ready handed to Python or queued on
     the rings; how many completed, or -1 if MPI failed."""
-    acquire(header)
-    polled = _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_info, arg_task,
-                          posting, scratch, -1)
-    release(header)
-    return polled
+    return _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_info, arg_task,
+                        posting, scratch, -1, True)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -501,6 +549,16 @@ class NativeLanes:
         self._posting = Posting.allocate(window, 1)
         instances.update()
         self._keys, self._addresses, self._filled = instances.keys, instances.addresses, instances.filled
+        self._entries: dict = {}  # njit function -> its compiled entry (`_call`)
+
+    def _call(self, function, *args):
+        """function(*args) through its compiled entry for these arguments' types (the same at
+        every call), without numba's type dispatch: a few µs a call over these many tables,
+        which the Python side pays at every return from a loop and Python completion."""
+        entry = self._entries.get(function)
+        if entry is None:
+            entry = self._entries[function] = compiled_entry(function, *args)
+        return entry(*args)
 
     # --- the executor's side -------------------------------------------------------------------
     def admit(self, log: np.ndarray, logged: int) -> int:
@@ -547,20 +605,23 @@ class NativeLanes:
         """Start a native transfer on this (Python) thread and post it (`poll` completes it);
         MPI's error code."""
         s = self._scheduler.state
-        return _post_one(s.header, s.tasks, self.control, self._kernel_info, self._args, self._posting,
-                         task_id)
+        return self._call(_post_one, s.header, s.tasks, self.control, self._kernel_info, self._args,
+                          self._posting, task_id)
 
     def poll(self, scratch: np.ndarray) -> int:
         """Complete the posted transfers MPI has finished, without the GIL: their native
         consumers queued, the others handed to Python (`handoffs`); how many completed."""
         s = self._scheduler.state
-        return _poll(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._handoff,
-                     self._kernel_info, self._args.task, self._posting, scratch)
+        return self._call(_poll, s.header, s.tasks, s.buffers, s.deps, self.control, self._ready,
+                          self._handoff, self._kernel_info, self._args.task, self._posting, scratch)
 
-    def posted_requests(self) -> list[int]:
-        """The MPI requests of the transfers still posted (a failed run's, its workers stopped)."""
+    def posted_requests(self) -> tuple[list[int], list[int]]:
+        """The MPI requests of the receives, and of the sends, still posted (a stopped run's, its
+        workers gone)."""
         slots = self._posting.slots[:self.posted]
-        return self._posting.requests[slots].tolist()
+        sending = self._kernel_info["transfer"][self._scheduler.state.tasks["kernel"][slots]] == SEND
+        requests = self._posting.requests[slots]
+        return requests[~sending].tolist(), requests[sending].tolist()
 
     def has_work(self, worker: WorkerType) -> bool:
         """Whether class `worker` has ready native tasks (read without the lock: a hint)."""
@@ -583,7 +644,7 @@ class NativeLanes:
     def handoffs(self) -> list[int]:
         """The tasks native loops handed to Python since the last call."""
         s = self._scheduler.state
-        n = _take_handoffs(s.header, self.control, self._handoff, self._taken)
+        n = self._call(_take_handoffs, s.header, self.control, self._handoff, self._taken)
         return self._taken[:n].tolist()
 
     def drain(self, worker: WorkerType, scratch: WorkerScratch, budget: int) -> int:
@@ -591,9 +652,10 @@ class NativeLanes:
         completed (their kernels' counts and ns added to scratch.stats), scratch.transfers[0]
         of them transfers."""
         s = self._scheduler.state
-        return _drain(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._handoff,
-                      self._kernel_info, self._args, self._keys, self._addresses, self._posting, int(worker),
-                      scratch.ready, scratch.key, scratch.stats, scratch.transfers, budget)
+        return self._call(_drain, s.header, s.tasks, s.buffers, s.deps, self.control, self._ready,
+                          self._handoff, self._kernel_info, self._args, self._keys, self._addresses,
+                          self._posting, int(worker), scratch.ready, scratch.key, scratch.stats,
+                          scratch.transfers, budget)
 
     def scratch(self, ready: np.ndarray) -> WorkerScratch:
         """A worker thread's own scratch for `drain` (`ready`: its completion scratch)."""
@@ -612,8 +674,8 @@ class NativeLanes:
         """Complete a task run the Python way: its native consumers made ready are queued here,
         the others left in scratch[:n], n returned."""
         s = self._scheduler.state
-        return _complete(s.header, s.tasks, s.buffers, s.deps, self.control, self._ready, self._kernel_info,
-                         self._args.task, task_id, scratch)
+        return self._call(_complete, s.header, s.tasks, s.buffers, s.deps, self.control, self._ready,
+                          self._kernel_info, self._args.task, task_id, scratch)
 
     def learn(self, task: Task) -> None:
         """After a native task ran the Python way (which made its instance, the kernel having

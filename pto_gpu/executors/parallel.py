@@ -394,7 +394,7 @@ class ParallelExecutor:
         finally:
             self._shutdown()
             if self._native is not None and self._native.posted:
-                self._arrivals.cancel(self._native.posted_requests())
+                self._arrivals.cancel(*self._native.posted_requests())
 
     # --- the workers' side ---------------------------------------------------------------
     def _work(self, worker: WorkerType, index: int, lane) -> None:
@@ -424,7 +424,7 @@ class ParallelExecutor:
                         break
                     if self._started and self._native is not None and self._native.has_work(worker):
                         break
-                    if self._waiting_locked() and self._started and not self._polling:
+                    if self._waiting() and self._started and not self._polling:
                         self._polling = polls = True  # this worker takes the poll
                         break
                     # Placement may pass a task to another idle worker: it was woken when the
@@ -522,6 +522,9 @@ class ParallelExecutor:
                 made_ready = self._execute(task, lane, scratch)
             # (`_awaiting` still counts an arrived task until the lock below)
             came = self._arrivals.arrived() if not batch and self._awaiting > (task.id in arrived) else ()
+            polled = 0
+            if not batch and self._native is not None and self._native.posted:
+                polled = self._poll_native(scratch)
             with self._lock:
                 if made_ready is None:
                     self._awaiting += not task.native  # else the native lanes hold it
@@ -530,6 +533,9 @@ class ParallelExecutor:
                 for task_id in came:
                     batch.append(self._scheduler.task(task_id))
                     arrived.add(task_id)
+                if polled:
+                    self._completions += polled
+                    batch += self._take_handoffs_locked(index)
                 if not batch:
                     following = self._next_locked(worker, index)
                     if following is None:
@@ -587,11 +593,9 @@ class ParallelExecutor:
             while not (came := self._arrivals.arrived()):
                 if self._native is not None and self._native.posted:
                     self._arrivals.check()  # a failure notice (`arrived` tests with receives of its own)
-                    if (polled := self._native.poll(scratch)) < 0:
-                        raise PTOError("MPI failed to test the transfers native workers posted")
-                    if polled:
+                    if polled := self._poll_native(scratch):
                         break
-                if queue or self._stopping or not self._waiting_locked() or (
+                if queue or self._stopping or not self._waiting() or (
                         self._native is not None and self._native.has_work(worker)):
                     break
                 pause = poll_pause(time.perf_counter() - started)
@@ -623,14 +627,20 @@ class ParallelExecutor:
                 self._offer_poll_locked()
                 self._notify_progress_locked()
 
-    def _waiting_locked(self) -> bool:
-        """Whether tasks wait for data, in `arrivals` or posted by native code (without the
-        lanes' lock, the count native loops change is a hint: a poll settles it)."""
+    def _poll_native(self, scratch) -> int:
+        """Complete the transfers native code posted that MPI has finished (native.py); how many."""
+        if (polled := self._native.poll(scratch)) < 0:
+            raise PTOError("MPI failed to test the transfers native workers posted")
+        return polled
+
+    def _waiting(self) -> bool:
+        """Whether tasks wait for data, in `arrivals` or posted by native code (the count native
+        loops change, read without the core's lock, is a hint: a poll settles it)."""
         return bool(self._awaiting or (self._native is not None and self._native.posted))
 
     def _offer_poll_locked(self) -> None:
         """Tasks wait for data and no worker polls: wake an idle worker to take the poll."""
-        if self._waiting_locked() and not self._polling:
+        if self._waiting() and not self._polling:
             for worker, idle in self._idle.items():
                 if idle:
                     self._wake[worker].notify_all()

@@ -1,13 +1,16 @@
 """Run under mpiexec (tests/test_mpi.py): one rank fails, and every rank must raise, soon.
 
-    mpiexec -n 2 python -m tests.mpi_programs.failure kernel|receiving|read-only|orchestration
+    mpiexec -n 2 python -m tests.mpi_programs.failure kernel|receiving|sending|read-only|orchestration
 
 kernel: the last rank's kernel raises while rank 0 waits for the data that task would have
 made. receiving: the same, while the failing rank itself waits for a message (W) that rank 0
 sends only after a receive of its own, and rank 0 also waits for one that never comes (A):
-only the failing rank's notice frees both. read-only: the last rank reads rank 0's rows of
-an array that is read-only everywhere, so its receive cannot unpack them. orchestration:
-the last rank's orchestration raises while the others go on. Each rank prints
+only the failing rank's notice frees both. sending: rank 0 posts a send of 1 MiB (too large
+for MPI to buffer: it completes only once received) whose receive the last rank never posts,
+since a task before it fails; rank 0 must let it go, not wait for it. read-only: the last
+rank reads rank 0's rows of an array that is read-only everywhere, so its receive cannot
+unpack them. orchestration: the last rank's orchestration raises while the others go on.
+Each rank prints
 "RAISED <rank> <error type> <task id or -> <its __cause__'s type or -> <seconds>",
 then runs a matmul with the same Runtime and prints "AGAIN <rank> OK" when it is right.
 """
@@ -65,6 +68,22 @@ def receiving(o: pto.Orchestrator, a, z, b, w, c, mode: str) -> None:
     o.submit(copy, pto.input(W), pto.output(C))   # the last rank receives W: sent once W is made
 
 
+@pto.kernel(worker=pto.VECTOR)
+def late_fail(x, y):
+    time.sleep(0.5)  # rank 0 has posted its second send by now
+    raise ValueError("boom")
+
+
+def sending(o: pto.Orchestrator, x, y, z, mode: str) -> None:
+    last = o.ranks - 1
+    X = o.external(x, owner=0)
+    Y, Z = (o.external(a, owner=last) for a in (y, z))
+    o.submit(late_fail, pto.input(X), pto.output(Y))  # the last rank receives X, then fails
+    o.submit(slow_fill, pto.output(X))                # rank 0: X's next version, once it has sent X
+    o.submit(copy, pto.input(X), pto.output(Z))       # rank 0 sends it; the last rank's receive waits
+    # for late_fail (a reader of the copy it would overwrite): never posted
+
+
 def read_only(o: pto.Orchestrator, x, y, mode: str) -> None:
     X, Y = o.external(x, owner=pto.block_rows(o.ranks)), o.external(y, owner=o.ranks - 1)
     o.submit(copy, pto.input(X[:8]), pto.output(Y))  # the last rank receives rank 0's rows
@@ -78,6 +97,8 @@ def main(mode: str) -> None:
     try:
         if mode == "receiving":
             rt.run(receiving, *(np.zeros((8, 4)) for _ in range(5)), mode)
+        elif mode == "sending":
+            rt.run(sending, *(np.zeros((512, 256)) for _ in range(3)), mode)
         elif mode == "read-only":
             x = np.ones((8 * comm.Get_size(), 4))
             x.flags.writeable = False
