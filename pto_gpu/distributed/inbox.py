@@ -61,8 +61,8 @@ class Inbox:
         with self._lock:
             self._transport.arrived([])
 
-    def cancel(self, receives: list[int], sends: list[int]) -> None:
-        self._transport.cancel(receives, sends)
+    def cancel(self, receives: list[int], sends: list[int], read: list) -> None:
+        self._transport.cancel(receives, sends, read)
 
     def give_up(self) -> None:
         """A run failed: what it left posted stays posted (Transport.give_up)."""

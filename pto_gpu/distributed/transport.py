@@ -104,13 +104,13 @@ class Transport(Protocol):
     def comm_handle(self) -> int:
         """The handle of this run's communicator, for native workers."""
 
-    def cancel(self, receives: list[int], sends: list[int]) -> None:
+    def cancel(self, receives: list[int], sends: list[int], read: list) -> None:
         """The requests of transfers native workers posted that a failed run leaves. Receives
         are cancelled and waited for (which MPI makes local), so that no late message lands in
         memory a later run reuses; sends are let go (MPI_Request_free): MPICH cannot cancel a
-        send, and one whose receiver never posts would never complete. A send only reads its
-        region, and the run's communicator, kept, never matches it once every rank has
-        stopped."""
+        send, and one whose receiver never posts would never complete. One already matched may
+        still read its region: `read`, the buffers they read, is kept with the failed run's
+        communicator, as Python sends' copies are."""
 
     def fail(self) -> None:
         """This rank's run has failed: tell every other rank now, so none waits for it."""
@@ -216,7 +216,9 @@ class MpiTransport:
         self._sends: list = []  # (request, packed copy) of sends not known to be delivered
         self._sends_lock = threading.Lock()
         self._prune_at = 64  # undelivered sends at which delivered ones are let go
-        self._given_up: list = []  # receives a failure stopped (request, buffer): MPI may still fill them
+        # What a failure stopped and MPI may still fill or read: receives (request, buffer), and
+        # native sends let go (requests, the buffers they read).
+        self._given_up: list = []
         # Failed runs' communicators, never freed, with the buffers their unfinished messages
         # may still read or write. MPICH has ~2,000 communicator ids: as many failed runs.
         self._abandoned: list = []
@@ -276,7 +278,8 @@ class MpiTransport:
     def comm_handle(self) -> int:
         return _int32(self._comm.handle)
 
-    def cancel(self, receives: list[int], sends: list[int]) -> None:
+    def cancel(self, receives: list[int], sends: list[int], read: list) -> None:
+        self._given_up.append((sends, read))  # kept (conclude: _abandoned), never looked at
         for handles, cancel in ((receives, True), (sends, False)):
             for handle in handles:
                 request = self._MPI.Request.fromhandle(handle % (1 << 64))  # mpi4py's form: sign-extended

@@ -32,9 +32,9 @@ class Arrivals(Protocol):
         """Raise PeerFailed if a rank has said it failed (`arrived` does too, with receives of
         its own posted); for a poll of transfers native code posted."""
 
-    def cancel(self, receives: list[int], sends: list[int]) -> None:
-        """The MPI requests of transfers native code posted that a stopped run leaves
-        (Transport.cancel)."""
+    def cancel(self, receives: list[int], sends: list[int], read: list) -> None:
+        """The MPI requests of transfers native code posted that a stopped run leaves, and the
+        buffers those sends read (Transport.cancel)."""
 
 
 def run_kernel(backend, task: Task, lane: Lane) -> None:

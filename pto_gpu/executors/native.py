@@ -429,8 +429,11 @@ def _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_i
     error = mpi_testsome(c.testsome, n, posting.testing.ctypes.data, posting.count.ctypes.data,
                          posting.indices.ctypes.data, posting.statuses.ctypes.data)
     finished = posting.count[0] if error == 0 else -1
-    if error != 0 and c.failed < 0:
-        c.failed = arg_task[posting.slots[0]]
+    if error != 0:  # blamed on the first posted transfer: MPI says no more
+        acquire(header)
+        if c.failed < 0 and n > 0:
+            c.failed = arg_task[posting.slots[0]]
+        release(header)
     if finished > 0:  # (MPI_UNDEFINED, negative: none was active)
         for j in range(finished):
             posting.finished[j] = posting.slots[posting.indices[j]]
@@ -450,7 +453,7 @@ def _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_i
     return -1 if error != 0 else max(finished, 0)
 
 
-@njit(cache=True, _nrt=False)
+@njit(cache=True, _nrt=False, nogil=True)
 def _post_one(header, tasks, control, kernel_info, args, posting, task_id):
     """A Python worker's transfer: start and post it; MPI's error code."""
     acquire(header)
@@ -615,13 +618,15 @@ class NativeLanes:
         return self._call(_poll, s.header, s.tasks, s.buffers, s.deps, self.control, self._ready,
                           self._handoff, self._kernel_info, self._args.task, self._posting, scratch)
 
-    def posted_requests(self) -> tuple[list[int], list[int]]:
+    def posted_requests(self) -> tuple[list[int], list[int], list]:
         """The MPI requests of the receives, and of the sends, still posted (a stopped run's, its
-        workers gone)."""
+        workers gone), and the buffers those sends read."""
         slots = self._posting.slots[:self.posted]
         sending = self._kernel_info["transfer"][self._scheduler.state.tasks["kernel"][slots]] == SEND
         requests = self._posting.requests[slots]
-        return requests[~sending].tolist(), requests[sending].tolist()
+        senders = self._args.task[slots[sending]].tolist()
+        read = [self._scheduler.task(task_id).params[0].value.buffer for task_id in senders]
+        return requests[~sending].tolist(), requests[sending].tolist(), read
 
     def has_work(self, worker: WorkerType) -> bool:
         """Whether class `worker` has ready native tasks (read without the lock: a hint)."""

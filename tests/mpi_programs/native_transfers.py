@@ -88,7 +88,7 @@ def main() -> None:
     target = np.zeros(4)
     datatype = transport.datatype(Region(target))
     assert post(transport.native.irecv, target.ctypes.data, datatype, 0, 7, handle, request) == 0
-    transport.cancel([int(request[0])], [])
+    transport.cancel([int(request[0])], [], [])
     later = np.zeros(4)
     sent = transport._comm.Isend(np.ones(4), dest=0, tag=7)
     received = transport._comm.Irecv(later, source=0, tag=7)
