@@ -639,8 +639,10 @@ class ParallelExecutor:
         return bool(self._awaiting or (self._native is not None and self._native.posted))
 
     def _offer_poll_locked(self) -> None:
-        """Tasks wait for data and no worker polls: wake an idle worker to take the poll."""
-        if self._waiting() and not self._polling:
+        """Tasks wait for data and no worker polls: wake an idle worker to take the poll. (None
+        takes it before the start, which wakes them all: a wake-up then is a switch of threads
+        for nothing, which cost a compiled matmul's orchestrator ~100 µs a transfer.)"""
+        if self._started and self._waiting() and not self._polling:
             for worker, idle in self._idle.items():
                 if idle:
                     self._wake[worker].notify_all()
