@@ -917,6 +917,9 @@ class DriverStreamExecutor:
         pending["consumer"] = -1
         state_row = np.zeros(1, STATE)
         state_row["failed_task"] = -1
+        # A view of the field, tested after every submit: 80 ns, where state[0]["failed_task"]
+        # took 380 of a Python submit's ~5 µs.
+        self._failed_task = state_row["failed_task"]
         self._t = Tables(
             state=state_row, ring=np.zeros(window, np.int64), slots=np.zeros(window, SLOT),
             # In use at once: the tasks in flight, and the retired producers they wait on.
@@ -1140,7 +1143,7 @@ class DriverStreamExecutor:
                 producers is _NOTED, launch.function, launch.grid, launch.block, launch.shared, launch.gemm,
                 launch.words, launch.task_words, own)) < 0:
             self._more_events()
-        if status != 0 or t.state[0]["failed_task"] >= 0:
+        if status != 0 or self._failed_task[0] >= 0:
             self._raise_failure()
         return launch
 
@@ -1224,7 +1227,7 @@ class DriverStreamExecutor:
 
     def _retire(self, limit: int) -> int:
         retired = retire_reached(self._t, self._addresses, *self._core, limit)
-        if self._t.state[0]["failed_task"] >= 0:
+        if self._failed_task[0] >= 0:
             self._raise_failure()
         return retired
 
@@ -1241,7 +1244,7 @@ class DriverStreamExecutor:
             raise TaskError.of(self._scheduler.task(task_id), cause) from cause
 
     def _raise_any_failure(self) -> None:
-        if self._t.state[0]["failed_task"] >= 0:
+        if self._failed_task[0] >= 0:
             self._raise_failure()
 
     def _raise_failure(self) -> None:
