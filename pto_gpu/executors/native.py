@@ -138,6 +138,12 @@ def _is_native(tasks, kernel_info, arg_task, window, task_id):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def _is_native_transfer(tasks, kernel_info, arg_task, window, task_id):
+    return _is_native(tasks, kernel_info, arg_task, window, task_id) and \
+        kernel_info[tasks[task_id & (window - 1)].kernel].transfer != 0
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _push_ready(tasks, control, ready, window, task_id):
     worker = tasks[task_id & (window - 1)].worker
     c = control[0]
@@ -173,12 +179,13 @@ def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratc
     transfers = 0
     for i in range(n):
         task_id = scratch[i]
-        native = _is_native(tasks, kernel_info, arg_task, window, task_id)
-        if native and kernel_info[tasks[task_id & (window - 1)].kernel].transfer:
+        if _is_native_transfer(tasks, kernel_info, arg_task, window, task_id):
             if mine >= 0:
                 transfers += 1  # pushed below, in front of whatever this pass puts first
                 continue
             native = False
+        else:
+            native = _is_native(tasks, kernel_info, arg_task, window, task_id)
         if native:
             if tasks[task_id & (window - 1)].worker == worker:
                 _push_next(control, ready, window, worker, task_id)
@@ -192,8 +199,7 @@ def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratc
             kept += 1
     for i in range(n if transfers else 0):  # scratch is intact: a loop's route hands off
         task_id = scratch[i]
-        if _is_native(tasks, kernel_info, arg_task, window, task_id) and \
-                kernel_info[tasks[task_id & (window - 1)].kernel].transfer:
+        if _is_native_transfer(tasks, kernel_info, arg_task, window, task_id):
             _push_next(control, ready, window, mine, task_id)
     return kept
 
@@ -549,7 +555,7 @@ class NativeLanes:
                 info["scalars"] = kernel.native.scalars
                 info["structural"][list(kernel.native.structural)] = 1
                 info["transfer"] = kernel.native.transfer
-        self._posting = Posting.allocate(window, 1)
+        self._posting = Posting.allocate(1, 1)  # of the same types: nothing posts before `use_mpi`
         instances.update()
         self._keys, self._addresses, self._filled = instances.keys, instances.addresses, instances.filled
         self._entries: dict = {}  # njit function -> its compiled entry (`_call`)

@@ -474,15 +474,22 @@ class ParallelExecutor:
                     "MPI failed to post or complete the transfer" if task.kernel.native.transfer else
                     "the kernel raised inside a native worker, which cannot pass the exception on (a "
                     "numba cfunc); run with executor='serial' to see it"))
-            inline = self._take_handoffs_locked(index)
-            if not inline:
-                self._running -= 1  # after the hand-offs: a failure there is counted by _work
-                if self._awaiting:  # a native loop polls only the lanes' own transfers (`_run` polls)
-                    self._offer_poll_locked()
-            self._wake_native_locked()
-            if self._tracing:
-                self._sample()
-            self._notify_progress_locked()
+            inline = self._settle_locked(index)
+            if not inline and self._awaiting:  # a native loop polls only the lanes' own transfers
+                self._offer_poll_locked()
+        return inline
+
+    def _settle_locked(self, index: int) -> list[Task]:
+        """After native code completed tasks on this thread (a loop, a poll): take the hand-offs
+        and wake whoever has work now; the inline hand-offs, which this thread runs next (still
+        counted as running: else it no longer is)."""
+        inline = self._take_handoffs_locked(index)
+        if not inline:
+            self._running -= 1  # after the hand-offs: a failure there is counted by _work
+        self._wake_native_locked()
+        if self._tracing:
+            self._sample()
+        self._notify_progress_locked()
         return inline
 
     def _take_handoffs_locked(self, index: int) -> list[Task]:
@@ -611,11 +618,7 @@ class ParallelExecutor:
         if polled:
             with self._lock:
                 self._completions += polled
-                inline = self._take_handoffs_locked(index)
-                if not inline:
-                    self._running -= 1
-                self._wake_native_locked()
-                self._notify_progress_locked()
+                inline = self._settle_locked(index)
             if inline:
                 self._run(inline, worker, index, lane, scratch)
         elif came:
