@@ -57,6 +57,13 @@ def complete_held(header, tasks, buffers, deps, task_id, ready):
             n_ready += 1
         entry = dep_release(header, deps, entry)
     task.fanout = -1
+    # The fanout list is newest first (submit prepends): hand the consumers back in submission
+    # order, so that FIFO queues run the tasks one completion releases as the program wrote them.
+    low, high = 0, n_ready - 1
+    while low < high:
+        ready[low], ready[high] = ready[high], ready[low]
+        low += 1
+        high -= 1
     for i in range(task.nbuf):
         buffer_release(header, buffers, task.bufs[i])
     retire_completed(header, tasks)
