@@ -6,7 +6,7 @@ so these have no PTO program and no CUDA code (a run on the CUDA backend refuses
 """
 
 import numpy as np
-from scipy.linalg import solve_triangular
+from scipy.linalg import get_blas_funcs, get_lapack_funcs
 
 import pto_gpu as pto
 
@@ -21,14 +21,26 @@ def _cube(tensor) -> float:
 
 @pto.kernel(worker=pto.CUBE, cost=lambda a: _cube(a) / 3)
 def potrf(a):
-    """a = its lower Cholesky factor (the upper triangle zero)."""
-    a[...] = np.linalg.cholesky(a)
+    """a = its lower Cholesky factor (the upper triangle zero); np.linalg.LinAlgError if a is
+    not positive definite, as numpy's cholesky says."""
+    # LAPACK on aᵀ, which Fortran order reads as a's own memory: 2.3x numpy's cholesky on a
+    # 256² tile, which copies a into and out of Fortran order around the same call.
+    upper, info = get_lapack_funcs("potrf", (a,))(a.T, lower=False, clean=True, overwrite_a=True)
+    if info > 0:
+        raise np.linalg.LinAlgError(f"Matrix is not positive definite (its leading minor of order {info})")
+    if info < 0:
+        raise ValueError(f"potrf: LAPACK refused argument {-info}")
+    if not np.shares_memory(upper, a):  # a strided tile: f2py worked on a copy
+        a[...] = upper.T
 
 
 @pto.kernel(worker=pto.CUBE, cost=lambda l, a: _cube(a))
 def trsm(l, a):
     """a = a l⁻ᵀ, l lower triangular."""
-    a[...] = solve_triangular(l, a.T, lower=True).T
+    # BLAS's trsm from the right: SciPy's solve_triangular checks, transposes and copies
+    # around it (1.0 ms against 0.83 on a 256² tile).
+    solve = get_blas_funcs("trsm", (l, a))
+    a[...] = solve(1.0, l, a, side=1, lower=True, trans_a=1)
 
 
 @pto.kernel(worker=pto.CUBE, cost=lambda a, c: _cube(c))
