@@ -7,7 +7,8 @@ made. receiving: the same, while the failing rank itself waits for a message (W)
 sends only after a receive of its own, and rank 0 also waits for one that never comes (A):
 only the failing rank's notice frees both. sending: rank 0 posts a send of 1 MiB (too large
 for MPI to buffer: it completes only once received) whose receive the last rank never posts,
-since a task before it fails; rank 0 must let it go, not wait for it. read-only: the last
+since a task before it fails, which waits until rank 0 says (on a communicator of the test's
+own) that it is about to post it; rank 0 must let it go, not wait for it. read-only: the last
 rank reads rank 0's rows of an array that is read-only everywhere, so its receive cannot
 unpack them. orchestration: the last rank's orchestration raises while the others go on.
 Each rank prints
@@ -68,10 +69,29 @@ def receiving(o: pto.Orchestrator, a, z, b, w, c, mode: str) -> None:
     o.submit(copy, pto.input(W), pto.output(C))   # the last rank receives W: sent once W is made
 
 
+SIDE: MPI.Comm | None = None  # the test's own messages between ranks (main makes it)
+SIGNAL_TAG = 7
+
+
 @pto.kernel(worker=pto.VECTOR)
 def late_fail(x, y):
-    time.sleep(0.5)  # rank 0 has posted its second send by now
+    """Fails once rank 0 has posted its second send: told so by fill_then_signal, then 0.2 s."""
+    said = SIDE.irecv(source=0, tag=SIGNAL_TAG)
+    deadline = time.perf_counter() + 30
+    while not said.Test():
+        if time.perf_counter() > deadline:
+            raise RuntimeError("rank 0 never said it was posting its send")
+        time.sleep(0.001)
+    time.sleep(0.2)  # its send is posted as soon as the fill completes
     raise ValueError("boom")
+
+
+@pto.kernel(worker=pto.VECTOR)
+def fill_then_signal(x):
+    """slow_fill, then tell the last rank that the send of x follows."""
+    time.sleep(0.2)
+    x[...] = 1
+    SIDE.send(None, dest=SIDE.Get_size() - 1, tag=SIGNAL_TAG)
 
 
 def sending(o: pto.Orchestrator, x, y, z, mode: str) -> None:
@@ -79,7 +99,7 @@ def sending(o: pto.Orchestrator, x, y, z, mode: str) -> None:
     X = o.external(x, owner=0)
     Y, Z = (o.external(a, owner=last) for a in (y, z))
     o.submit(late_fail, pto.input(X), pto.output(Y))  # the last rank receives X, then fails
-    o.submit(slow_fill, pto.output(X))                # rank 0: X's next version, once it has sent X
+    o.submit(fill_then_signal, pto.output(X))         # rank 0: X's next version, once it has sent X
     o.submit(copy, pto.input(X), pto.output(Z))       # rank 0 sends it; the last rank's receive waits
     # for late_fail (a reader of the copy it would overwrite): never posted
 
@@ -90,8 +110,10 @@ def read_only(o: pto.Orchestrator, x, y, mode: str) -> None:
 
 
 def main(mode: str) -> None:
+    global SIDE
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    SIDE = comm.Dup()
     rt = pto.Runtime(backend="cpu", comm=comm)
     started = time.perf_counter()
     try:
