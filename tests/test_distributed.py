@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pto_gpu as pto
+from pto_gpu.distributed import holdings as holdings_module
 from pto_gpu.distributed.holdings import Holdings
 from pto_gpu.distributed.inbox import Inbox
 from pto_gpu.distributed.ownership import element_owners
@@ -172,12 +173,16 @@ def random_region(rng, rows: int, cols: int, granule: int) -> tuple:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_holdings_agree_with_a_table_per_element(seed):
+@pytest.mark.parametrize("path", ["swept", "views"])
+def test_holdings_agree_with_a_table_per_element(seed, path, monkeypatch):
     """Random reads and writes of random windows by random ranks, a third of them of the
     window and rank before (an accumulator's rewrites, which Holdings may skip, and reads
     between them by another rank): the transfers and the write-back equal those of a model
     that keeps one owner, writer and set of holders per element (written here, sharing
-    nothing with holdings.py)."""
+    nothing with holdings.py). Through compiled placement's sweeps where they apply, and
+    through the views alone (the path of regions of more dims than the sweeps take)."""
+    if path == "views":
+        monkeypatch.setattr(holdings_module, "SWEPT_DIMS", -1)
     rng = np.random.default_rng(seed)
     rows, cols, size = int(rng.integers(1, 9)), int(rng.choice([4, 8, 12])), int(rng.integers(1, 5))
     granule = int(rng.choice([1, 2, 4]))

@@ -13,6 +13,12 @@ for a buffer one rank owns and tasks use whole, one per tile row for a tiled mat
 block rows (a 256-column tile of a 2048² matrix: 16K entries, not 4M). A region that cuts a
 unit splits the tables once (`_refine`); masks leave as masks over elements.
 
+The common transitions (a region every unit of which one rank wrote, read by a rank that
+lacks all of it or none; a write) run compiled placement's sweeps over the units
+(jit/placing.py: one implementation for Python's placement and compiled code's); the others
+(masks of some elements, several writers, regions of more dims than compiled code has) run
+here, on views of the tables.
+
 Tiled orchestrations read the same tiles again and again, so each region's AND of valid
 bits is remembered (`_full`) until a write to the buffer changes what it could be; and they
 write one tile again and again (an accumulator), so a write the tables already show (the
@@ -27,6 +33,16 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import RankError
+from ..jit.placing import MAX_JIT_DIMS as SWEPT_DIMS
+from ..jit.placing import (
+    UNITS_EXTENTS,
+    UNITS_FIRST,
+    UNITS_RUN,
+    UNITS_STRIDES,
+    UNITS_WIDTH,
+    fetch_whole,
+    write,
+)
 from ..tensor import TensorDescriptor
 
 MAX_RANKS = 64  # a bit each in `valid`, a uint64 (compiled placement reads it as one: jit/placing.py)
@@ -89,6 +105,7 @@ class Holdings:
         self.valid = np.left_shift(np.uint64(1), owners.astype(np.uint64))
         self._full: dict[tuple, int] = {}  # region layout -> AND of its elements' valid bits
         self._views: dict[tuple, tuple] = {}  # region layout -> (its element count per entry, views)
+        self._geometries: dict[tuple, tuple] = {}  # region layout -> (the same count, UNITS_* array or None)
         self._last_write: tuple | None = None  # (region layout, rank) while the tables are as it left them
 
     def copy(self) -> Holdings:
@@ -99,7 +116,7 @@ class Holdings:
         fresh.unit = self.unit
         fresh.owner = self.owner  # never written in place (_refine makes new tables)
         fresh.writer, fresh.valid = self.writer.copy(), self.valid.copy()
-        fresh._full, fresh._views, fresh._last_write = {}, {}, None
+        fresh._full, fresh._views, fresh._geometries, fresh._last_write = {}, {}, {}, None
         return fresh
 
     def forget(self) -> None:
@@ -109,6 +126,16 @@ class Holdings:
         self._last_write = None
 
     # --- the tables seen through a region --------------------------------------------------
+    def _in_units(self, tensor: TensorDescriptor) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+        """runs_of's grouping of the region in units (splitting the tables first if the region
+        cuts a unit)."""
+        _check_itemsize(tensor, self.itemsize)
+        first, shape, strides, run = runs_of(tensor, self.itemsize)
+        unit = math.gcd(self.unit, first, run, *strides)
+        if unit != self.unit:
+            self._refine(unit)
+        return first // unit, shape, tuple(s // unit for s in strides), run // unit
+
     def _region(self, tensor: TensorDescriptor) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray]:
         """The region's layout key and its views of the owner, writer and valid tables, in
         units (splitting the tables first if the region cuts a unit)."""
@@ -116,17 +143,30 @@ class Holdings:
         cached = self._views.get(key)
         if cached is not None and cached[0] == self.unit:
             return key, *cached[1]
-        _check_itemsize(tensor, self.itemsize)
-        first, shape, strides, run = runs_of(tensor, self.itemsize)
-        unit = math.gcd(self.unit, first, run, *strides)
-        if unit != self.unit:
-            self._refine(unit)
-        shape, strides = shape + (run // unit,), tuple(s // unit for s in strides) + (1,)
-        views = tuple(np.ndarray(shape, table.dtype, buffer=table, offset=first // unit * table.itemsize,
+        first, shape, strides, run = self._in_units(tensor)
+        shape, strides = shape + (run,), strides + (1,)
+        views = tuple(np.ndarray(shape, table.dtype, buffer=table, offset=first * table.itemsize,
                                  strides=tuple(s * table.itemsize for s in strides))
                       for table in (self.owner, self.writer, self.valid))
         self._views[key] = (self.unit, views)
         return key, *views
+
+    def _geometry(self, key: tuple, tensor: TensorDescriptor) -> np.ndarray | None:
+        """The region as the sweeps take it (jit/placing.py's UNITS_* array); None if its grid of
+        runs has more dims than they sweep."""
+        cached = self._geometries.get(key)
+        if cached is not None and cached[0] == self.unit:
+            return cached[1]
+        first, shape, strides, run = self._in_units(tensor)
+        geometry = None
+        if len(shape) <= SWEPT_DIMS:
+            geometry = np.zeros(UNITS_WIDTH, np.int64)
+            geometry[UNITS_FIRST], geometry[UNITS_RUN] = first, run
+            geometry[UNITS_EXTENTS:UNITS_STRIDES] = 1
+            geometry[UNITS_EXTENTS:UNITS_EXTENTS + len(shape)] = shape
+            geometry[UNITS_STRIDES:UNITS_STRIDES + len(strides)] = strides
+        self._geometries[key] = (self.unit, geometry)
+        return geometry
 
     def _refine(self, unit: int) -> None:
         """Split every table entry into entries of `unit` elements."""
@@ -152,12 +192,21 @@ class Holdings:
     def fetch(self, tensor: TensorDescriptor, rank: int) -> list[tuple[int, np.ndarray | None]]:
         """What `rank` must receive to read `tensor`: (source rank, mask over the tensor's
         elements, None for all of them) per source; from now on `rank` holds them."""
-        if tensor.size == 0:
-            return []
-        key, _, writers, valid = self._region(tensor)
+        key = tensor.layout_key
         full = self._full.get(key)
-        if full is not None and full >> rank & 1:
+        if full is not None and full >> rank & 1 or tensor.size == 0:
             return []
+        geometry = self._geometry(key, tensor)
+        if geometry is not None:
+            source = fetch_whole(geometry, self.writer, self.valid, np.uint64(1 << rank))
+            if source != -2:
+                # at most the region's AND now (it had `full`, and has gained the bit)
+                self._full[key] = (full or 0) | 1 << rank
+                if source == -1:
+                    return []
+                self._last_write = None
+                return [(int(source), None)]
+        key, _, writers, valid = self._region(tensor)
         bit = valid.dtype.type(1 << rank)
         missing = (valid & bit) == 0
         if not missing.any():  # rank gained them by another region's transfer since `full` was noted
@@ -181,9 +230,14 @@ class Holdings:
         """`rank` wrote the region: it alone holds the newest version."""
         if self._last_write == (tensor.layout_key, rank) or tensor.size == 0:
             return  # (an accumulator's every product after the first: 2 of Placement.place's 7 µs)
-        key, _, writers, valid = self._region(tensor)
-        writers[...] = rank
-        valid[...] = 1 << rank
+        key = tensor.layout_key
+        geometry = self._geometry(key, tensor)
+        if geometry is not None:
+            write(geometry, self.writer, self.valid, rank)
+        else:
+            _, _, writers, valid = self._region(tensor)
+            writers[...] = rank
+            valid[...] = 1 << rank
         self._full.clear()
         self._full[key] = 1 << rank
         self._last_write = (key, rank)

@@ -10,6 +10,10 @@ its rank's alone. Anything else (a region that cuts a unit, a transfer this rank
 receives, a buffer without holdings) goes to Placement through the session (SERVICE_PLACE),
 which works on the same tables.
 
+The sweeps over a region's units (`_sweep`) are also what Python's Holdings runs for the
+common cases of its own transitions (`fetch_whole`, `write`): one implementation of how a read
+and a write change the tables.
+
 The tables are the Python Holdings' own arrays (owner, writer and valid bits per unit of a
 buffer: holdings.py), found through `held`, a row per buffer (H_* columns: a heap buffer's
 ring slot, then the externals) that the session fills from the placer; the run's counts (C_*)
@@ -93,12 +97,13 @@ _INVOLVES = 0  # whether a unit lacks `bit` and this rank would send it or recei
 _LACKING = 1  # count the units that lack `bit`
 _GAIN = 2  # set `bit`
 _WRITE = 3  # `rank` wrote it: its writer, and its only holder (`bit`)
+_OTHER_WRITER = 4  # whether a unit that lacks `bit` was written by another rank than `rank`
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _sweep(geometry, what, writer, valid, bit, rank, me):
-    """Do `what` to every unit of a region (its `_geometry`); the units found (_INVOLVES: 1
-    at the first, _LACKING: each)."""
+    """Do `what` to every unit of a region (its `_geometry`); the units found (_INVOLVES and
+    _OTHER_WRITER: 1 at the first, _LACKING: each)."""
     first, extents, strides, _, run = geometry
     found = 0
     for i3 in range(extents[3]):  # a loop per dim of MAX_JIT_DIMS: multiplies, not divisions
@@ -114,6 +119,9 @@ def _sweep(geometry, what, writer, valid, bit, rank, me):
                             found += valid[u] & bit == 0
                         elif what == _GAIN:
                             valid[u] |= bit
+                        elif what == _OTHER_WRITER:
+                            if valid[u] & bit == 0 and writer[u] != rank:
+                                return 1
                         else:
                             writer[u] = rank
                             valid[u] = bit
@@ -176,3 +184,44 @@ def owner_of(t, desc):
     if entry >= row[H_UNITS]:
         return -1
     return array_at(row[H_OWNER], row[H_UNITS], np.int8)[entry]
+
+
+# A region in units as Python's Holdings hands it to the sweeps: an int64 array of
+# UNITS_WIDTH, its first unit, then the extents and unit strides of its grid of runs
+# (MAX_JIT_DIMS each, 1 and 0 past its dims), then its units per run.
+UNITS_FIRST, UNITS_EXTENTS, UNITS_STRIDES = 0, 1, 1 + MAX_JIT_DIMS
+UNITS_RUN = UNITS_STRIDES + MAX_JIT_DIMS
+UNITS_WIDTH = UNITS_RUN + 1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _unpacked(g):
+    """`_geometry`'s tuple of a UNITS_* array (its count of runs unused by the sweeps)."""
+    extents, strides = UNITS_EXTENTS, UNITS_STRIDES
+    return (g[UNITS_FIRST], (g[extents], g[extents + 1], g[extents + 2], g[extents + 3]),
+            (g[strides], g[strides + 1], g[strides + 2], g[strides + 3]), 0, g[UNITS_RUN])
+
+
+@njit(cache=True, _nrt=False)
+def fetch_whole(g, writer, valid, bit):
+    """Holdings.fetch's common cases: -1 if every unit of the region holds `bit`; else, if
+    every unit lacks it and one rank wrote them all, they gain it and that rank is returned;
+    else -2, having changed nothing (some lack it, or several wrote them: Python's masks)."""
+    geometry = _unpacked(g)
+    lacking = _sweep(geometry, _LACKING, writer, valid, bit, 0, 0)
+    if lacking == 0:
+        return -1
+    units = g[UNITS_RUN]
+    for d in range(MAX_JIT_DIMS):
+        units *= g[UNITS_EXTENTS + d]
+    source = writer[g[UNITS_FIRST]]
+    if lacking != units or _sweep(geometry, _OTHER_WRITER, writer, valid, bit, source, 0):
+        return -2
+    _sweep(geometry, _GAIN, writer, valid, bit, 0, 0)
+    return source
+
+
+@njit(cache=True, _nrt=False)
+def write(g, writer, valid, rank):
+    """Holdings.wrote: `rank` wrote every unit of the region, and alone holds them."""
+    _sweep(_unpacked(g), _WRITE, writer, valid, np.uint64(1) << np.uint64(rank), rank, 0)
