@@ -233,8 +233,11 @@ class Placement:
         task.label = int(counts[C_LABEL])
         counts[C_LABEL] += 1
         if rank is None:
-            written = next((p.value for p in tensors if p.writes), None)
-            rank = 0 if written is None else self.owner_of(written)
+            rank = 0
+            for p in tensors:
+                if p.writes:
+                    rank = self.owner_of(p.value)
+                    break
         else:
             check_rank(rank, self.size, f"submit({task.kernel.name})", "rank")
         counts[C_PLACED + rank] += 1
