@@ -29,7 +29,7 @@ class Param:
 
     @property
     def reads(self) -> bool:
-        return self.kind in _READING  # a set's hash lookup: a tuple's compares enums, 8x slower
+        return self.kind in _READING  # a set's hash lookup: a tuple's compares enums, several times slower
 
     @property
     def writes(self) -> bool:

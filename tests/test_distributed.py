@@ -163,6 +163,18 @@ def test_a_rewrite_by_the_same_rank_leaves_other_ranks_copies_stale():
     assert holdings.writer.tolist() == [0, 0] and holdings.fetch(t, 1) == [(0, None)]
 
 
+def test_a_transposed_region_gets_a_mask_in_its_own_order():
+    """A region and its transpose have one layout key: the mask of what rank 1 lacks of the
+    transpose (rows 0-1 of the matrix: its columns 0-1) is the transpose's, though the
+    tables were seen through the original first."""
+    t = matrix(4, 4)
+    holdings = Holdings(np.array([0, 0, 1, 1], np.int8), 16, pto.FLOAT32, 2)
+    holdings.owners_of(t[:, 0:1])  # tables split to elements
+    holdings.owners_of(t)
+    [(source, mask)] = holdings.fetch(t.transpose(1, 0), 1)
+    assert source == 0 and mask.tolist() == [[True, True, False, False]] * 4
+
+
 def random_region(rng, rows: int, cols: int, granule: int) -> tuple:
     """Rows and columns of a random window whose columns start and end on multiples of
     `granule` (so that tables stay coarse for a while), strided when the granule is 1."""
@@ -175,11 +187,13 @@ def random_region(rng, rows: int, cols: int, granule: int) -> tuple:
 @pytest.mark.parametrize("seed", range(40))
 @pytest.mark.parametrize("path", ["swept", "views"])
 def test_holdings_agree_with_a_table_per_element(seed, path, monkeypatch):
-    """Random reads and writes of random windows by random ranks, a third of them of the
-    window and rank before (an accumulator's rewrites, which Holdings may skip, and reads
-    between them by another rank): the transfers and the write-back equal those of a model
-    that keeps one owner, writer and set of holders per element (written here, sharing
-    nothing with holdings.py). Through compiled placement's sweeps where they apply, and
+    """Random reads and writes by random ranks of windows, half of them from a pool of four
+    (tiles read again, by this rank or another, and an accumulator's rewrites, which Holdings
+    may skip), a quarter transposed, with what Holdings remembers dropped now and then (as
+    when compiled code writes the tables): the transfers and the write-back equal those of a
+    model that keeps one owner, writer and set of holders per element (written here, sharing
+    nothing with holdings.py), and every remembered AND of a region's valid bits names only
+    ranks that hold all of it. Through compiled placement's sweeps where they apply, and
     through the views alone (the path of regions of more dims than the sweeps take)."""
     if path == "views":
         monkeypatch.setattr(holdings_module, "SWEPT_DIMS", -1)
@@ -192,28 +206,37 @@ def test_holdings_agree_with_a_table_per_element(seed, path, monkeypatch):
     owner = np.repeat(row_owner, cols).reshape(rows, cols)
     writer = owner.copy()
     holders = [[{int(owner[r, c])} for c in range(cols)] for r in range(rows)]
-    rs, cs, rank = *random_region(rng, rows, cols, granule), 0
-    for _ in range(30):
-        if rng.random() >= 1 / 3:
-            rs, cs = random_region(rng, rows, cols, granule)
-            rank = int(rng.integers(0, size))
-        cells = [(r, c) for r in range(rows)[rs] for c in range(cols)[cs]]
+    pool = [random_region(rng, rows, cols, granule) for _ in range(4)]
+    cells_of: dict[tuple, list] = {}  # layout key -> the cells of the region
+    for _ in range(40):
+        rs, cs = pool[int(rng.integers(4))] if rng.random() < 0.5 else random_region(rng, rows, cols, granule)
+        rank = int(rng.integers(0, size))
         region = t[rs, cs]
+        cells = [(r, c) for r in range(rows)[rs] for c in range(cols)[cs]]  # in the region's order
+        if rng.random() < 0.25:
+            region = region.transpose(1, 0)
+            cells = [(r, c) for c in range(cols)[cs] for r in range(rows)[rs]]
+        cells_of[region.layout_key] = cells
+        if rng.random() < 0.1:
+            holdings.forget()
         if rng.random() < 0.4:
             holdings.wrote(region, rank)
             for r, c in cells:
                 writer[r, c], holders[r][c] = rank, {rank}
-            continue
-        expected: dict[int, set] = {}
-        for r, c in cells:
-            if rank not in holders[r][c]:
-                expected.setdefault(int(writer[r, c]), set()).add((r, c))
-                holders[r][c].add(rank)
-        got = {}
-        for source, mask in holdings.fetch(region, rank):
-            chosen = np.ones(region.shape, bool) if mask is None else mask
-            got[source] = {cell for cell, moved in zip(cells, chosen.ravel()) if moved}
-        assert got == expected
+        else:
+            expected: dict[int, set] = {}
+            for r, c in cells:
+                if rank not in holders[r][c]:
+                    expected.setdefault(int(writer[r, c]), set()).add((r, c))
+                    holders[r][c].add(rank)
+            got = {}
+            for source, mask in holdings.fetch(region, rank):
+                chosen = np.ones(region.shape, bool) if mask is None else mask
+                got[source] = {cell for cell, moved in zip(cells, chosen.ravel()) if moved}
+            assert got == expected
+        for key, ranks in holdings._full.items():
+            assert all(ranks >> holder & 1 == 0 or holder in holders[r][c]
+                       for r, c in cells_of[key] for holder in range(size)), "a remembered AND"
     expected_stale: dict[tuple, set] = {}
     for r in range(rows):
         for c in range(cols):

@@ -118,8 +118,7 @@ def test_order_by_tags_runs_the_lowest_tag_values_first():
         assert ran == expected, order_by
 
 
-@pytest.mark.parametrize("executor", ["serial", "parallel"])
-def test_without_a_schedule_the_tasks_one_completion_releases_run_in_submission_order(executor):
+def test_without_a_schedule_the_tasks_one_completion_releases_run_in_submission_order():
     """FIFO queues: the consumers a producer makes ready run as the program submitted them (the
     core keeps them newest first; handed out so, a tiled Cholesky's panel ran its last trsm,
     which no rank waits for, before its first, which every next step does)."""
@@ -135,7 +134,7 @@ def test_without_a_schedule_the_tasks_one_completion_releases_run_in_submission_
         for label in range(6):
             o.submit(read_row, pto.input(X), label)
 
-    rt = pto.Runtime(backend="cpu", executor=executor, workers={pto.VECTOR: 1})
+    rt = pto.Runtime(backend="cpu", executor="parallel", workers={pto.VECTOR: 1})
     rt.run(fan_out, np.zeros((4, 1), np.float32))
     assert ran == list(range(6))
 

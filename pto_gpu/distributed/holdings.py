@@ -13,8 +13,8 @@ for a buffer one rank owns and tasks use whole, one per tile row for a tiled mat
 block rows (a 256-column tile of a 2048² matrix: 16K entries, not 4M). A region that cuts a
 unit splits the tables once (`_refine`); masks leave as masks over elements.
 
-The common transitions (a region every unit of which one rank wrote, read by a rank that
-lacks all of it or none; a write) run compiled placement's sweeps over the units
+The common transitions (a read of a region the reader holds whole, or lacks whole and one
+rank wrote; a write) run compiled placement's sweeps over the units
 (jit/placing.py: one implementation for Python's placement and compiled code's); the others
 (masks of some elements, several writers, regions of more dims than compiled code has) run
 here, on views of the tables.
@@ -104,7 +104,7 @@ class Holdings:
         self.writer = owners.copy()
         self.valid = np.left_shift(np.uint64(1), owners.astype(np.uint64))
         self._full: dict[tuple, int] = {}  # region layout -> AND of its elements' valid bits
-        self._views: dict[tuple, tuple] = {}  # region layout -> (its element count per entry, views)
+        self._views: dict[tuple, tuple] = {}  # (layout, shape, strides) -> (elements per entry, views)
         self._geometries: dict[tuple, tuple] = {}  # region layout -> (the same count, UNITS_* array or None)
         self._last_write: tuple | None = None  # (region layout, rank) while the tables are as it left them
 
@@ -120,8 +120,8 @@ class Holdings:
         return fresh
 
     def forget(self) -> None:
-        """Drop what is remembered of the tables (each region's AND of valid bits), which
-        someone else wrote: compiled placement (jit/placing.py)."""
+        """Drop what is remembered of the tables (each region's AND of valid bits, the last
+        write), which someone else wrote: compiled placement (jit/placing.py)."""
         self._full.clear()
         self._last_write = None
 
@@ -140,7 +140,10 @@ class Holdings:
         """The region's layout key and its views of the owner, writer and valid tables, in
         units (splitting the tables first if the region cuts a unit)."""
         key = tensor.layout_key
-        cached = self._views.get(key)
+        # The views are in the region's own order of dims, which its layout key leaves out (a
+        # transposed region has its original's): masks made through another's were transposed.
+        ordered = (key, tensor.shape, tensor.strides)
+        cached = self._views.get(ordered)
         if cached is not None and cached[0] == self.unit:
             return key, *cached[1]
         first, shape, strides, run = self._in_units(tensor)
@@ -148,7 +151,7 @@ class Holdings:
         views = tuple(np.ndarray(shape, table.dtype, buffer=table, offset=first * table.itemsize,
                                  strides=tuple(s * table.itemsize for s in strides))
                       for table in (self.owner, self.writer, self.valid))
-        self._views[key] = (self.unit, views)
+        self._views[ordered] = (self.unit, views)
         return key, *views
 
     def _geometry(self, key: tuple, tensor: TensorDescriptor) -> np.ndarray | None:
@@ -174,7 +177,6 @@ class Holdings:
         tables = (self.owner, self.writer, self.valid)
         self.owner, self.writer, self.valid = (np.repeat(table, factor) for table in tables)
         self.unit = unit
-        self._last_write = None
 
     def _elements(self, units: np.ndarray, tensor: TensorDescriptor) -> np.ndarray:
         """A per-unit array of a region's view as one per element, in the region's shape."""

@@ -197,7 +197,9 @@ def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratc
         else:
             scratch[kept] = task_id
             kept += 1
-    for i in range(n if transfers else 0):  # scratch is intact: a loop's route hands off
+    # scratch is intact (a loop's route hands off); each goes in front of the last, so the
+    # last made ready goes first: they then run in submission order
+    for i in range(n - 1 if transfers else -1, -1, -1):
         task_id = scratch[i]
         if _is_native_transfer(tasks, kernel_info, arg_task, window, task_id):
             _push_next(control, ready, window, mine, task_id)

@@ -504,7 +504,7 @@ class ParallelExecutor:
                     self._starting_locked(task, index)
                 else:
                     self._notify_worker_locked(self._push_locked(task))
-        return inline
+        return inline[::-1]  # for `_run`, which pops from the end: in the order handed over
 
     def _notify_progress_locked(self) -> None:
         if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
@@ -578,12 +578,14 @@ class ParallelExecutor:
                           arrived: bool) -> None:
         """`task` has completed: the inline tasks it made ready join `batch`, the others queue."""
         self._heft.done(task.id)
+        inline = []
         for ready in made_ready:  # a schedule's cost model may raise here
             if ready.inline:
-                batch.append(ready := self._admit_locked(ready))
+                inline.append(ready := self._admit_locked(ready))
                 self._starting_locked(ready, index)
             else:
                 self._notify_worker_locked(self._push_locked(ready))
+        batch += reversed(inline)  # `_run` pops from the end: in submission order, as queues run them
         self._completions += 1
         if arrived:
             self._awaiting -= 1

@@ -159,7 +159,9 @@ def place(t, slot, n):
             valid = array_at(row[H_VALID], row[H_UNITS], np.uint64)
             # counted before any is marked: a region may see a unit twice (Holdings.fetch)
             lacking = _sweep(geometry, _LACKING, writer, valid, bit, rank, me)
-            _sweep(geometry, _GAIN, writer, valid, bit, rank, me)
+            if lacking:  # the valid bits change: what Python remembers of them may not hold
+                _sweep(geometry, _GAIN, writer, valid, bit, rank, me)
+                row[H_WRITTEN] = 1
             t.counts[C_MOVED] += lacking * row[H_UNIT] * row[H_ITEMSIZE]
     for p in range(n):
         if kinds[p] != INPUT:

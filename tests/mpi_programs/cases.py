@@ -223,10 +223,10 @@ def main(case: str, executor: str) -> None:
             f"native tasks by rank {native} of {[len(r) for r in runs]} run"
         # whole tiles, each read whole: every transfer posted by native code where MPI has
         # MPICH's ABI, else none
-        transfers = [(ranks.native_transfers, ranks.transfers, native_mpi)
-                     for _, _, ranks, *_, native_mpi in gathered]
-        assert all(posted == (count if native_mpi else 0) and (count > 0) == (size > 1)
-                   for posted, count, native_mpi in transfers), \
+        transfers = [(ranks.native_transfers, ranks.transfers, abi)
+                     for _, _, ranks, *_, abi in gathered]
+        assert all(posted == (count if abi else 0) and (count > 0) == (size > 1)
+                   for posted, count, abi in transfers), \
             f"transfers posted by native code, of all, and MPICH's ABI, by rank: {transfers}"
     print(f"OK {case} {size}", flush=True)
 
