@@ -6,6 +6,7 @@
     mpiexec -n 2 python -m bench.mpi_programs.timing latency-native  # the same, generated kernels
     mpiexec -n 2 python -m bench.mpi_programs.timing memory  # a DistArray of 8192² float32
     mpiexec -n 2 python -m bench.mpi_programs.timing cholesky 256  # 2048² tiled Cholesky, 2-D grid
+    mpiexec -n 2 python -m bench.mpi_programs.timing cholesky 256 fifo  # the same, under a Schedule
 
 Every rank runs with one thread per worker class, so N ranks use N cores (bench/test_mpi.py
 binds each rank to one). A round's time is
@@ -211,7 +212,7 @@ def memory(comm, rt: pto.Runtime, tile: int) -> dict:
             "bytes_after_run": [h[1] for h in held or []]}
 
 
-def main(what: str, tile: int) -> None:
+def main(what: str, tile: int, order: str | None = None) -> None:
     comm = MPI.COMM_WORLD
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
     if what == "memory":
@@ -221,8 +222,10 @@ def main(what: str, tile: int) -> None:
         m = np.random.default_rng(0).standard_normal((n, n))
         spd = m @ m.T + n * np.eye(n)
         a = spd.copy()
-        rt.run(cholesky, a, tile)  # warm-up
-        seconds, cpu = rounds(comm, lambda: rt.run(cholesky, a, tile), 5, before=lambda: np.copyto(a, spd))
+        schedule = None if order is None else pto.Schedule(order_by=order)
+        rt.run(cholesky, a, tile, schedule=schedule)  # warm-up
+        seconds, cpu = rounds(comm, lambda: rt.run(cholesky, a, tile, schedule=schedule), 5,
+                              before=lambda: np.copyto(a, spd))
         figures = {"seconds": seconds, "cpu_seconds": cpu}
     elif what in ("matmul", "matmul-compiled"):
         spent: list[float] = []
@@ -257,4 +260,4 @@ def main(what: str, tile: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 256)
+    main(sys.argv[1], *(int(sys.argv[2]),) if len(sys.argv) > 2 else (), *sys.argv[3:4])
