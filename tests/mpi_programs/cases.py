@@ -121,6 +121,38 @@ def compiled_spread_case(size: int):
     return compiled_spread, arrays, extra, outputs, expected
 
 
+@pto.kernel(worker=pto.VECTOR)
+def bump(x):
+    x += 1
+
+
+@numba.njit(nogil=True)
+def read_body(o, k, m, axpy_id):
+    pj.submit(o, axpy_id, (pj.input(k), pj.input(k), pj.output(m)))
+
+
+def rewrite_between(o: pto.Orchestrator, k, m, out) -> None:
+    """Rank 0 writes k from Python, rank 1 reads it from compiled code, rank 0 rewrites it from
+    Python, and rank 1 reads it again: its first copy is stale, so it moves twice. The other
+    ranks place the first read in compiled code (it moves nothing of theirs) and must still see
+    the rewrite (which Holdings skips only when nothing changed since the last write)."""
+    reader = min(1, o.ranks - 1)
+    K = o.external(k, owner=0)
+    M, OUT = o.external(m, owner=reader), o.external(out, owner=reader)
+    o.submit(bump, pto.inout(K))
+    o.compiled(read_body, K, M, axpy_any.id)
+    o.submit(bump, pto.inout(K))
+    o.submit(axpy_any, pto.input(K), pto.input(K), pto.output(OUT))
+
+
+def rewrite_case(size: int):
+    rng = np.random.default_rng(6)
+    arrays = tuple(rng.standard_normal((8, 4)) for _ in range(3))
+    moved = 2 * 8 * 4 * 8 if size > 1 else 0  # k to rank 1, twice
+    expected = [(moved, 0), (0, moved)] + [(0, 0)] * (size - 2) if size > 1 else [(0, 0)]
+    return rewrite_between, arrays, (), [0, 1, 2], expected
+
+
 def cholesky_case(size: int):
     """A 384² tiled Cholesky in 64² tiles dealt over a 2-D grid of the ranks (2 x 2 on 4)."""
     n = 384
@@ -143,7 +175,7 @@ def matmul_scheduled(size: int):
 CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
          "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case,
          "compiled": compiled_case, "compiled-pressed": compiled_case,
-         "compiled-spread": compiled_spread_case}
+         "compiled-spread": compiled_spread_case, "compiled-rewrite": rewrite_case}
 SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, run's
             "compiled-pressed": ({"task_window": 16}, {"threshold": 4}),
             "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})})}
@@ -155,6 +187,8 @@ def owners(orchestration, index: int, shape: tuple[int, ...], size: int) -> np.n
         owner = pto.block_cyclic(3, size)
     elif orchestration is cholesky:
         owner = pto.block_cyclic_2d(64, 64, grid(size))
+    elif orchestration is rewrite_between:
+        owner = 0 if index == 0 else min(1, size - 1)
     else:
         owner = pto.block_rows(size)
     return np.broadcast_to(element_owners(owner, shape, size, "output"), shape)
