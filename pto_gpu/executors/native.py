@@ -197,8 +197,8 @@ def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratc
         else:
             scratch[kept] = task_id
             kept += 1
-    # scratch is intact (a loop's route hands off); each goes in front of the last, so the
-    # last made ready goes first: they then run in submission order
+    # scratch is intact (a loop's route hands off); pushed from the last made ready to the
+    # first, each in front of those before it: the first runs first, in submission order
     for i in range(n - 1 if transfers else -1, -1, -1):
         task_id = scratch[i]
         if _is_native_transfer(tasks, kernel_info, arg_task, window, task_id):
