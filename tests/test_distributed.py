@@ -21,6 +21,7 @@ from pto_gpu.distributed.inbox import Inbox
 from pto_gpu.distributed.ownership import element_owners
 from pto_gpu.distributed.placement import Placement
 from pto_gpu.distributed.transport import Posted, packed_bytes, unpack
+from pto_gpu.jit.placing import fetch_whole
 from pto_gpu.polling import TIMER_SLACK_NS, precise_sleeps
 from pto_gpu.tasks import Task
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
@@ -150,7 +151,8 @@ def test_tables_are_as_coarse_as_the_regions_seen_allow():
 def test_a_rewrite_by_the_same_rank_leaves_other_ranks_copies_stale():
     """An accumulator: written by rank 0 again and again. A rewrite straight after a write
     changes nothing (Holdings skips it); after rank 1 read the region, it makes rank 1's copy
-    stale again."""
+    stale again, also when compiled placement made that read on the tables (and said so:
+    `forget`)."""
     t = matrix(4, 4)
     holdings = Holdings(0, 16, pto.FLOAT32, 2)
     holdings.wrote(t, 0)
@@ -161,6 +163,12 @@ def test_a_rewrite_by_the_same_rank_leaves_other_ranks_copies_stale():
     holdings.wrote(t[0:2], 1)  # another region: rank 0 no longer holds rows 0-1
     holdings.wrote(t, 0)
     assert holdings.writer.tolist() == [0, 0] and holdings.fetch(t, 1) == [(0, None)]
+    holdings.wrote(t, 0)
+    region = holdings._geometry(t.layout_key, t)
+    assert fetch_whole(region, holdings.writer, holdings.valid, np.uint64(1 << 1)) == 0  # rank 1 reads
+    holdings.forget()
+    holdings.wrote(t, 0)
+    assert holdings.fetch(t, 1) == [(0, None)]
 
 
 def test_a_transposed_region_gets_a_mask_in_its_own_order():
@@ -187,14 +195,15 @@ def random_region(rng, rows: int, cols: int, granule: int) -> tuple:
 @pytest.mark.parametrize("seed", range(40))
 @pytest.mark.parametrize("path", ["swept", "views"])
 def test_holdings_agree_with_a_table_per_element(seed, path, monkeypatch):
-    """Random reads and writes by random ranks of windows, half of them from a pool of four
-    (tiles read again, by this rank or another, and an accumulator's rewrites, which Holdings
-    may skip), a quarter transposed, with what Holdings remembers dropped now and then (as
-    when compiled code writes the tables): the transfers and the write-back equal those of a
-    model that keeps one owner, writer and set of holders per element (written here, sharing
-    nothing with holdings.py), and every remembered AND of a region's valid bits names only
-    ranks that hold all of it. Through compiled placement's sweeps where they apply, and
-    through the views alone (the path of regions of more dims than the sweeps take)."""
+    """Random reads and writes by random ranks of windows, half of them from a pool of four (tiles
+    read again, by this rank or another, and an accumulator's rewrites, which Holdings may
+    skip), a quarter transposed, some reads made behind Holdings' back as compiled placement
+    makes them (the tables changed, then `forget`): the transfers and the write-back equal
+    those of a model that keeps one owner, writer and set of holders per element (written
+    here, sharing nothing with holdings.py), and every remembered AND of a region's valid bits
+    names only ranks that hold all of it. Through compiled placement's sweeps where they
+    apply, and through the views alone (the path of regions of more dims than the sweeps
+    take)."""
     if path == "views":
         monkeypatch.setattr(holdings_module, "SWEPT_DIMS", -1)
     rng = np.random.default_rng(seed)
@@ -217,9 +226,13 @@ def test_holdings_agree_with_a_table_per_element(seed, path, monkeypatch):
             region = region.transpose(1, 0)
             cells = [(r, c) for c in range(cols)[cs] for r in range(rows)[rs]]
         cells_of[region.layout_key] = cells
-        if rng.random() < 0.1:
+        geometry = holdings._geometry(region.layout_key, region) if path == "swept" else None
+        if geometry is not None and rng.random() < 0.15:  # compiled placement's read
+            if fetch_whole(geometry, holdings.writer, holdings.valid, np.uint64(1 << rank)) >= 0:
+                for r, c in cells:
+                    holders[r][c].add(rank)
             holdings.forget()
-        if rng.random() < 0.4:
+        elif rng.random() < 0.4:
             holdings.wrote(region, rank)
             for r, c in cells:
                 writer[r, c], holders[r][c] = rank, {rank}
@@ -385,3 +398,67 @@ def test_a_polling_thread_sleeps_with_a_microsecond_of_timer_slack():
     thread.join()
     assert slack["poller"] == TIMER_SLACK_NS == 1_000
     assert libc.prctl(get_timer_slack, 0, 0, 0, 0) != TIMER_SLACK_NS  # this thread's is its own
+
+
+@pto.kernel(worker=pto.VECTOR)
+def copy_row(x, y):
+    y[...] = x
+
+
+class SendingRank:
+    """Rank 2 of 4's transport, for a run whose transfers are all this rank's sends: it notes
+    each send's destination and place in the sequence to that rank."""
+
+    ordered = False
+    native = None  # the Python way
+
+    def __init__(self):
+        self.rank, self.size = 2, 4
+        self.sent: list[tuple[int, int]] = []
+
+    def send(self, view, mask, dest: int, sequence: int) -> None:
+        self.sent.append((dest, sequence))
+
+    def arrived(self, posted: list) -> list[int]:
+        return []
+
+    def begin(self, name) -> None:
+        pass
+
+    def barrier(self) -> None:
+        pass
+
+    def conclude(self, failure) -> list:
+        return []
+
+    def tag(self, sequence: int) -> int:
+        return sequence
+
+    def datatype(self, tensor) -> None:
+        return None
+
+
+def test_the_sends_one_completion_releases_go_out_in_submission_order(monkeypatch):
+    """Rank 2 writes x; six tasks of rank 0 then each read a row of it. The sends that rank 2's
+    completion releases run on its worker's thread (inline, with the other rank's tasks),
+    from a stack: in submission order, as queued tasks run, not the reverse."""
+    import pto_gpu.runtime as runtime_module
+
+    transport = SendingRank()
+    monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: transport)
+
+    @pto.kernel(worker=pto.VECTOR)
+    def bump(x):
+        x += 1
+
+    def fan_out(o, x, y):
+        X, Y = o.external(x, owner=2), o.external(y, owner=0)
+        o.submit(bump, pto.inout(X))
+        for row in range(6):
+            o.submit(copy_row, pto.input(X[row:row + 1]), pto.output(Y[row:row + 1]))
+
+    with pytest.warns(RuntimeWarning, match="ranks 1, 3 of 4 ran none"):
+        pto.Runtime(backend="cpu", comm=object(), workers={pto.VECTOR: 1}).run(fan_out, np.zeros((6, 1)),
+                                                                                 np.zeros((6, 1)))
+    assert transport.sent == [(0, sequence) for sequence in range(6)]
+

@@ -212,7 +212,8 @@ def memory(comm, rt: pto.Runtime, tile: int) -> dict:
             "bytes_after_run": [h[1] for h in held or []]}
 
 
-def main(what: str, tile: int, order: str | None = None) -> None:
+def main(what: str, tile: int = 256, order: str | None = None) -> None:
+    """`order`: a Schedule's order for the Cholesky (the other cases take none)."""
     comm = MPI.COMM_WORLD
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
     if what == "memory":
@@ -260,4 +261,4 @@ def main(what: str, tile: int, order: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(sys.argv[2]),) if len(sys.argv) > 2 else (), *sys.argv[3:4])
+    main(*sys.argv[1:2], *map(int, sys.argv[2:3]), *sys.argv[3:4])

@@ -141,7 +141,7 @@ class Holdings:
         units (splitting the tables first if the region cuts a unit)."""
         key = tensor.layout_key
         # The views are in the region's own order of dims, which its layout key leaves out (a
-        # transposed region has its original's): masks made through another's were transposed.
+        # transposed region has its original's): masks made through another's would be transposed.
         ordered = (key, tensor.shape, tensor.strides)
         cached = self._views.get(ordered)
         if cached is not None and cached[0] == self.unit:

@@ -134,8 +134,9 @@ def read_body(o, k, m, axpy_id):
 def rewrite_between(o: pto.Orchestrator, k, m, out) -> None:
     """Rank 0 writes k from Python, rank 1 reads it from compiled code, rank 0 rewrites it from
     Python, and rank 1 reads it again: its first copy is stale, so it moves twice. The other
-    ranks place the first read in compiled code (it moves nothing of theirs) and must still see
-    the rewrite (which Holdings skips only when nothing changed since the last write)."""
+    ranks (on 3 or more) place the first read in compiled code (it moves nothing of theirs) and
+    must still see the rewrite (which Holdings skips only when nothing changed since the last
+    write)."""
     reader = min(1, o.ranks - 1)
     K = o.external(k, owner=0)
     M, OUT = o.external(m, owner=reader), o.external(out, owner=reader)
