@@ -494,17 +494,24 @@ class ParallelExecutor:
 
     def _take_handoffs_locked(self, index: int) -> list[Task]:
         """Queue for Python workers the tasks native loops handed over (native.py), but for the
-        inline ones, returned to run on this thread."""
+        inline ones, returned to run on this thread (`_dispatch_locked`)."""
+        if not self._native.has_handoffs():
+            return []
+        return self._dispatch_locked(map(self._scheduler.task, self._native.handoffs()), index)
+
+    def _dispatch_locked(self, tasks, index: int) -> list[Task]:
+        """Queue ready tasks for their classes' workers, but for the inline ones (Task.inline),
+        started on this thread and returned as a stack for `_run`, which pops from the end: last
+        first, so that they run in the order given, as queues run theirs."""
         inline = []
-        if self._native.has_handoffs():
-            for task_id in self._native.handoffs():
-                task = self._scheduler.task(task_id)
-                if task.inline:
-                    inline.append(task := self._admit_locked(task))
-                    self._starting_locked(task, index)
-                else:
-                    self._notify_worker_locked(self._push_locked(task))
-        return inline[::-1]  # for `_run`, which pops from the end: in the order handed over
+        for task in tasks:  # a schedule's cost model may raise here
+            if task.inline:
+                inline.append(task := self._admit_locked(task))
+                self._starting_locked(task, index)
+            else:
+                self._notify_worker_locked(self._push_locked(task))
+        inline.reverse()
+        return inline
 
     def _notify_progress_locked(self) -> None:
         if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
@@ -578,14 +585,7 @@ class ParallelExecutor:
                           arrived: bool) -> None:
         """`task` has completed: the inline tasks it made ready join `batch`, the others queue."""
         self._heft.done(task.id)
-        inline = []
-        for ready in made_ready:  # a schedule's cost model may raise here
-            if ready.inline:
-                inline.append(ready := self._admit_locked(ready))
-                self._starting_locked(ready, index)
-            else:
-                self._notify_worker_locked(self._push_locked(ready))
-        batch += reversed(inline)  # `_run` pops from the end: in submission order, as queues run them
+        batch += self._dispatch_locked(made_ready, index)
         self._completions += 1
         if arrived:
             self._awaiting -= 1
