@@ -214,13 +214,10 @@ class Holdings:
         if not missing.any():  # rank gained them by another region's transfer since `full` was noted
             self._full[key] = int(np.bitwise_and.reduce(valid, axis=None))
             return []
-        if missing.all() and (writers == writers.flat[0]).all():  # the common case: one tile, one writer
-            needed = [(int(writers.flat[0]), None)]
-        else:
-            needed = []
-            for source in np.flatnonzero(np.bincount(writers[missing].astype(np.intp))):
-                mask = missing & (writers == source)
-                needed.append((int(source), None if mask.all() else self._elements(mask, tensor)))
+        needed = []  # a transfer per writer of the missing elements, a mask unless it is all of them
+        for source in np.flatnonzero(np.bincount(writers[missing].astype(np.intp))):
+            mask = missing & (writers == source)
+            needed.append((int(source), None if mask.all() else self._elements(mask, tensor)))
         valid[missing] |= bit
         self._last_write = None
         # Other regions' remembered ANDs can only have gained `bit` from this: a stale entry
