@@ -38,10 +38,15 @@ def potrf(a):
 @pto.kernel(worker=pto.CUBE, cost=lambda l, a: _cube(a))
 def trsm(l, a):
     """a = a l⁻ᵀ, l lower triangular."""
-    # BLAS's trsm from the right: SciPy's solve_triangular checks, transposes and copies
-    # around it (1.0 ms against 0.83 on a 256² tile).
-    solve = get_blas_funcs("trsm", (l, a))
-    a[...] = solve(1.0, l, a, side=1, lower=True, trans_a=1)
+    # x lᵀ = a as l xᵀ = aᵀ: BLAS's trsm from the left on aᵀ, which Fortran order reads as the
+    # memory of a (or of its C-order copy, for a strided tile) and solves in place. 0.86 ms on
+    # a strided 256² tile, against 1.2 from the right (f2py copies a into Fortran order and
+    # back) and 1.25 through SciPy's solve_triangular.
+    rows = np.ascontiguousarray(a)
+    solve = get_blas_funcs("trsm", (l, rows))
+    solved = solve(1.0, np.ascontiguousarray(l).T, rows.T, side=0, lower=False, trans_a=1, overwrite_b=True)
+    if not np.may_share_memory(solved, a):
+        a[...] = solved.T
 
 
 @pto.kernel(worker=pto.CUBE, cost=lambda a, c: _cube(c))

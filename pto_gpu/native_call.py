@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numba
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -19,7 +20,42 @@ def compiled_entry(function, *example) -> Callable:
     need be), callable from Python without numba's per-call type dispatch, which types every
     argument at every call: ~170 ns a record array, µs for a call over a run's tables. It checks
     nothing: callers pass arguments of exactly those types."""
-    return function.compile(tuple(numba.typeof(value) for value in example))
+    key = (function, tuple(map(_typeof, example)))
+    entry = _entries.get(key)
+    if entry is None:  # Dispatcher.compile takes ~50 µs to find one it has
+        entry = _entries[key] = function.compile(key[1])
+    return entry
+
+
+_entries: dict[tuple, Callable] = {}  # (function, argument types) -> its entry
+_types: dict[tuple, types.Type] = {}  # _type_key -> numba's type
+
+
+def _typeof(value) -> types.Type:
+    """numba.typeof(value), remembered for arrays, records and tuples of them: numba types a
+    record dtype field by field (~50 µs a table of the core's), and the native lanes a run
+    makes take the entries of their functions over ten such tables afresh (~0.5 ms a run)."""
+    key = _type_key(value)
+    if key is None:
+        return numba.typeof(value)
+    known = _types.get(key)
+    if known is None:
+        known = _types[key] = numba.typeof(value)
+    return known
+
+
+def _type_key(value) -> tuple | None:
+    """What numba's type of `value` depends on, where that is cheap to tell; None elsewhere."""
+    if isinstance(value, np.ndarray):
+        flags = value.flags
+        return (type(value), value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable,
+                flags.aligned)
+    if isinstance(value, np.void):
+        return np.void, value.dtype
+    if isinstance(value, tuple):
+        keys = tuple(map(_type_key, value))
+        return None if None in keys else (type(value), keys)
+    return None
 
 
 @intrinsic

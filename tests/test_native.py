@@ -698,3 +698,27 @@ def test_a_compiled_kernel_refuses_an_element_type_its_memrefs_do_not_have(orche
     with pytest.raises(pto.ParamError, match=refusal):
         pto.Runtime(backend="cpu", executor="parallel").run(orchestration, x, out)
     assert not out.any()
+
+
+def test_compiled_entries_type_their_arguments_as_numba_does():
+    """native_call remembers numba's type of an array by what that type depends on (dtype,
+    dimensions, layout, writability, alignment): each of these arrays, and a named tuple of
+    them, gets numba's own type, whichever was typed before it (a key that missed one of them
+    would hand a read-only or strided array the type of the first one it saw)."""
+    from collections import namedtuple
+
+    from pto_gpu.native_call import _typeof
+
+    record = np.dtype([("id", np.int64), ("state", np.int32)], align=True)
+    base = np.zeros((4, 6), np.int64)
+    readonly = base.copy()
+    readonly.flags.writeable = False
+    unaligned = np.frombuffer(bytearray(8 * 6 + 1), np.int64, 6, offset=1)
+    arrays = [base, base.T, base[:, ::2], readonly, base[0], base.astype(np.float32), unaligned,
+              np.zeros(3, record), np.zeros(3, record)[0]]
+    Pair = namedtuple("Pair", "left right")
+    values = arrays + [Pair(base, readonly), Pair(readonly, base), (base, base.T)]
+    for value in values + values[::-1]:
+        assert _typeof(value) == numba.typeof(value), value
+    distinct = [value for value in values if value is not unaligned]  # numba's type ignores alignment
+    assert len({_typeof(value) for value in distinct}) == len(distinct)
