@@ -9,6 +9,7 @@ import ctypes.util
 import json
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -461,4 +462,65 @@ def test_the_sends_one_completion_releases_go_out_in_submission_order(monkeypatc
         pto.Runtime(backend="cpu", comm=object(), workers={pto.VECTOR: 1}).run(fan_out, np.zeros((6, 1)),
                                                                                  np.zeros((6, 1)))
     assert transport.sent == [(0, sequence) for sequence in range(6)]
+
+
+class ReceivingRank(SendingRank):
+    """Rank 0 of 2's transport, for a run whose one transfer is a receive: its data (5s) has
+    come once `came` is set; each test for it notes whether `kernel_running` was set then."""
+
+    def __init__(self):
+        super().__init__()
+        self.rank, self.size = 0, 2
+        self.came, self.kernel_running = threading.Event(), threading.Event()
+        self.tests_during_the_kernel = 0
+
+    def receive(self, view, mask, source: int, sequence: int):
+        return view
+
+    def arrived(self, posted: list) -> list[int]:
+        self.tests_during_the_kernel += self.kernel_running.is_set()
+        return list(range(len(posted))) if self.came.is_set() else []
+
+    def deliver(self, posted) -> None:
+        posted[...] = 5
+
+    def give_up(self, posted: list) -> None:
+        pass
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_nobody_polls_beside_workers_that_keep_every_core_busy(monkeypatch, cores):
+    """Rank 0 runs a 0.15 s kernel while a receive waits for data that comes as the kernel
+    ends. On a process of one core, no idle worker polls beside the kernel (a poll would take
+    time from it and could start nothing sooner); the kernel's worker polls once it ends, and
+    the reader gets the data. With a core free, an idle worker polls while the kernel runs."""
+    import pto_gpu.executors.parallel as parallel_module
+    import pto_gpu.runtime as runtime_module
+
+    transport = ReceivingRank()
+    monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: transport)
+    monkeypatch.setattr(parallel_module, "process_cores", lambda: cores)
+
+    @pto.kernel(worker=pto.CUBE)
+    def long_kernel(tile):
+        time.sleep(0.05)  # a poll that began as the kernel did has seen it run, and stopped
+        transport.kernel_running.set()
+        time.sleep(0.1)
+        transport.kernel_running.clear()
+        transport.came.set()
+
+    def receive_beside_a_kernel(o, x, y):
+        X, Y = o.external(x, owner=pto.block_rows(2)), o.external(y, owner=0)
+        o.submit(copy_row, pto.input(X[0:1]), pto.output(X[1:2]))  # rank 1's: its row goes to rank 0
+        o.submit(long_kernel, pto.inout(X[0:1]))
+        o.submit(copy_row, pto.input(X[1:2]), pto.output(Y))
+
+    y = np.zeros((1, 4))
+    pto.Runtime(backend="cpu", comm=object(), workers={pto.CUBE: 1, pto.VECTOR: 1, pto.ACCELERATOR: 1}).run(
+        receive_beside_a_kernel, np.zeros((2, 4)), y)
+    np.testing.assert_array_equal(y, 5)
+    if cores == 1:
+        assert transport.tests_during_the_kernel == 0
+    else:
+        assert transport.tests_during_the_kernel > 0
 
