@@ -22,7 +22,7 @@ def compiled_entry(function, *example) -> Callable:
     nothing: callers pass arguments of exactly those types."""
     key = (function, tuple(map(_typeof, example)))
     entry = _entries.get(key)
-    if entry is None:  # Dispatcher.compile takes ~50 µs to find one it has
+    if entry is None:  # Dispatcher.compile takes ~50 µs to find one it has (none recompiles)
         entry = _entries[key] = function.compile(key[1])
     return entry
 
@@ -44,14 +44,26 @@ def _typeof(value) -> types.Type:
     return known
 
 
+def _dtype_key(dtype: np.dtype) -> object:
+    """A dtype and, through its fields and subarrays, whether each struct in it is aligned:
+    numpy calls a packed struct equal to its aligned twin where their offsets agree, and
+    numba types the two apart."""
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        return dtype, shape, _dtype_key(base)
+    if dtype.fields is None:
+        return dtype
+    return dtype, dtype.isalignedstruct, tuple(_dtype_key(dtype.fields[name][0]) for name in dtype.names)
+
+
 def _type_key(value) -> tuple | None:
     """What numba's type of `value` depends on, where that is cheap to tell; None elsewhere."""
     if isinstance(value, np.ndarray):
         flags = value.flags
-        return (type(value), value.dtype, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable,
-                flags.aligned)
+        return (type(value), _dtype_key(value.dtype), value.ndim, flags.c_contiguous, flags.f_contiguous,
+                flags.writeable, flags.aligned)
     if isinstance(value, np.void):
-        return np.void, value.dtype
+        return np.void, _dtype_key(value.dtype)
     if isinstance(value, tuple):
         keys = tuple(map(_type_key, value))
         return None if None in keys else (type(value), keys)

@@ -17,6 +17,7 @@ import pytest
 
 import pto_gpu as pto
 from pto_gpu.distributed import holdings as holdings_module
+from pto_gpu.distributed import transport as transport_module
 from pto_gpu.distributed.holdings import Holdings
 from pto_gpu.distributed.inbox import Inbox
 from pto_gpu.distributed.ownership import element_owners
@@ -490,7 +491,7 @@ class ReceivingRank(SendingRank):
 
 @pytest.mark.parametrize("cores", [1, 2])
 def test_nobody_polls_beside_workers_that_keep_every_core_busy(monkeypatch, cores):
-    """Rank 0 runs a 0.15 s kernel while a receive waits for data that comes as the kernel
+    """Rank 0 runs a 0.1 s kernel while a receive waits for data that comes as the kernel
     ends. On a process of one core, no idle worker polls beside the kernel (a poll would take
     time from it and could start nothing sooner); the kernel's worker polls once it ends, and
     the reader gets the data. With a core free, an idle worker polls while the kernel runs."""
@@ -500,10 +501,20 @@ def test_nobody_polls_beside_workers_that_keep_every_core_busy(monkeypatch, core
     transport = ReceivingRank()
     monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: transport)
     monkeypatch.setattr(parallel_module, "process_cores", lambda: cores)
+    executors = []
+    made = parallel_module.ParallelExecutor.__init__
+
+    def noted(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        executors.append(self)
+
+    monkeypatch.setattr(parallel_module.ParallelExecutor, "__init__", noted)
 
     @pto.kernel(worker=pto.CUBE)
     def long_kernel(tile):
-        time.sleep(0.05)  # a poll that began as the kernel did has seen it run, and stopped
+        deadline = time.monotonic() + 10  # a poll that began as the kernel did sees it run, and stops
+        while cores == 1 and executors[0]._polling and time.monotonic() < deadline:
+            time.sleep(0.001)
         transport.kernel_running.set()
         time.sleep(0.1)
         transport.kernel_running.clear()
@@ -523,4 +534,77 @@ def test_nobody_polls_beside_workers_that_keep_every_core_busy(monkeypatch, core
         assert transport.tests_during_the_kernel == 0
     else:
         assert transport.tests_during_the_kernel > 0
+
+
+MPI_REQUEST_NULL, MPI_ERR_IN_STATUS = 0x2C000000, 17  # MPICH's
+_POST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_int] * 5, ctypes.POINTER(ctypes.c_int32))
+_TESTSOME = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int32),
+                             ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32), ctypes.c_void_p)
+
+
+class FailingMpi(ReceivingRank):
+    """Rank 0 of 2's transport whose transfers native code posts, through stand-ins for MPI's
+    functions: receives get handles 1, 2, ...; once two are posted, MPI_Testsome finishes the
+    first in error, as MPI does a truncated message: it frees that request, nulls its handle,
+    and returns MPI_ERR_IN_STATUS. `cancelled` notes the receives the failed run cancels."""
+
+    def __init__(self):
+        super().__init__()
+        self.handles, self.cancelled = 0, None
+        self._functions = (_POST(self._post), _POST(self._post), _TESTSOME(self._testsome))
+        addresses = [ctypes.cast(f, ctypes.c_void_p).value for f in self._functions]
+        self.native = transport_module.NativeMpi(*addresses, 64)
+
+    def _post(self, buffer, count, datatype, peer, tag, comm, request) -> int:
+        self.handles += 1
+        request[0] = self.handles
+        return 0
+
+    def _testsome(self, count, requests, done, indices, statuses) -> int:
+        if count < 2:
+            done[0] = 0
+            return 0
+        requests[0], done[0], indices[0] = MPI_REQUEST_NULL, 1, 0
+        return MPI_ERR_IN_STATUS
+
+    def datatype(self, tensor) -> int:
+        return 1
+
+    def comm_handle(self) -> int:
+        return 3
+
+    def cancel(self, receives, sends, read) -> None:
+        self.cancelled = receives
+
+    def fail(self) -> None:
+        pass
+
+
+def test_a_failed_mpi_test_cancels_only_the_requests_mpi_still_holds(monkeypatch):
+    """Rank 0 reads two rows of rank 1's; native code posts both receives, and MPI_Testsome
+    finishes the first in error (a truncated message, say). The run fails with that receive's
+    TaskError, and cancels the second receive only: MPI has freed the first, whose handle may
+    already be another request's."""
+    import pto_gpu.runtime as runtime_module
+
+    transport = FailingMpi()
+    monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: transport)
+
+    @pto.kernel(worker=pto.VECTOR)
+    def fill(x):
+        x[...] = 1
+
+    def two_receives(o, x, y):
+        X, Y = o.external(x, owner=1), o.external(y, owner=0)
+        for row in range(2):
+            o.submit(fill, pto.output(X[row:row + 1]))  # rank 1's
+            o.submit(copy_row, pto.input(X[row:row + 1]), pto.output(Y[row:row + 1]))
+
+    with pytest.raises(pto.TaskError, match="recv") as failed:
+        pto.Runtime(backend="cpu", comm=object(), workers={pto.VECTOR: 1, pto.ACCELERATOR: 1}).run(
+            two_receives, np.zeros((2, 4)), np.zeros((2, 4)))
+    assert "MPI failed to post or complete the transfer" in str(failed.value)
+    assert "offset=0," in str(failed.value)  # the first receive's: row 0
+    assert transport.handles == 2
+    assert transport.cancelled == [2]
 

@@ -710,12 +710,15 @@ def test_compiled_entries_type_their_arguments_as_numba_does():
     from pto_gpu.native_call import _typeof
 
     record = np.dtype([("id", np.int64), ("state", np.int32)], align=True)
+    # numpy calls these two equal (their offsets agree); numba types them apart
+    packed, aligned = (np.dtype([("a", np.int64), ("b", np.int64)], align=align) for align in (False, True))
     base = np.zeros((4, 6), np.int64)
     readonly = base.copy()
     readonly.flags.writeable = False
     unaligned = np.frombuffer(bytearray(8 * 6 + 1), np.int64, 6, offset=1)
     arrays = [base, base.T, base[:, ::2], readonly, base[0], base.astype(np.float32), unaligned,
-              np.zeros(3, record), np.zeros(3, record)[0]]
+              np.zeros(3, record), np.zeros(3, record)[0], np.zeros(2, packed), np.zeros(2, aligned),
+              np.zeros(2, packed)[0], np.zeros(2, aligned)[0]]
     Pair = namedtuple("Pair", "left right")
     values = arrays + [Pair(base, readonly), Pair(readonly, base), (base, base.T)]
     for value in values + values[::-1]:

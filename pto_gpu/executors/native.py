@@ -437,10 +437,11 @@ def _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_i
     error = mpi_testsome(c.testsome, n, posting.testing.ctypes.data, posting.count.ctypes.data,
                          posting.indices.ctypes.data, posting.statuses.ctypes.data)
     finished = posting.count[0] if error == 0 else -1
-    if error != 0:  # blamed on the first posted transfer: MPI says no more
+    if error != 0:  # MPI says no more: the run fails
+        c.posted = _forget_finished(posting, n)
         acquire(header)
         if c.failed < 0 and n > 0:
-            c.failed = arg_task[posting.slots[0]]
+            c.failed = arg_task[posting.finished[0]]
         release(header)
     if finished > 0:  # (MPI_UNDEFINED, negative: none was active)
         for j in range(finished):
@@ -459,6 +460,27 @@ def _test_posted(header, tasks, buffers, deps, control, ready, handoff, kernel_i
         release(header)
     _give_posting(control)
     return -1 if error != 0 else max(finished, 0)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _forget_finished(posting, n):
+    """After an MPI_Testsome of the n posted requests that failed (MPI_ERR_IN_STATUS: one of
+    those it finished failed): drop those it finished, in error or not, whose handles it has
+    freed (and nulled in `testing`), so that the failed run cancels only what MPI still holds
+    (a freed handle may be another request's by then); how many are left. posting.finished[0]
+    is the slot to blame: the first of those, else the first posted."""
+    posting.finished[0] = posting.slots[0]
+    kept = 0
+    blamed = False
+    for i in range(n):
+        slot = posting.slots[i]
+        if posting.testing[i] != posting.requests[slot]:
+            if not blamed:
+                posting.finished[0], blamed = slot, True
+        else:
+            posting.slots[kept] = slot
+            kept += 1
+    return kept
 
 
 @njit(cache=True, _nrt=False, nogil=True)

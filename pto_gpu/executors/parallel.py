@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import heapq
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -108,8 +109,9 @@ class ParallelExecutor:
         # A poll beside workers that keep every core busy takes time from their kernels and
         # cannot start anything sooner; their own polls between tasks keep transfers moving.
         # (A tiled Cholesky on two ranks of a core each: its kernels ran 10-15% slower beside a
-        # transfer worker's polls, and the run 6% faster without them.)
-        self._cores = process_cores()
+        # transfer worker's polls, and the run 6% faster without them.) A device backend's
+        # kernels wait for the device, leaving the core to a poll.
+        self._cores = process_cores() if backend.name == "cpu" else sys.maxsize
         self._completion_wanted = False  # the orchestrator waits for any completion (a window)
         # A full ring waits for a batch of completions, not one: handing the GIL back and
         # forth per task costs more than the tasks themselves.
@@ -460,9 +462,9 @@ class ParallelExecutor:
                 else:
                     if not native_scratch:
                         native_scratch.append(self._native.scratch(scratch))
-                    inline = self._drain(worker, index, native_scratch[0])
+                    inline, arrived = self._drain(worker, index, native_scratch[0])
                     if inline:
-                        self._run(inline, worker, index, lane, scratch)
+                        self._run(inline, worker, index, lane, scratch, arrived)
             except BaseException as error:  # a kernel's TaskError, validation mode's finding, a cost model's
                 with self._lock:
                     self._error = self._error or error
@@ -471,33 +473,34 @@ class ParallelExecutor:
                     self._notify_all_locked()
                 return
 
-    def _drain(self, worker: WorkerType, index: int, scratch: WorkerScratch) -> list[Task]:
+    def _drain(self, worker: WorkerType, index: int, scratch: WorkerScratch) -> tuple[list[Task], set[int]]:
         """Run ready native tasks until there are none for this class or Python must look; the
-        inline tasks (Task.inline: a distributed run's transfers) the loops handed over, which
-        this thread runs next (`_run`, still counted as running), as after a Python task: queued,
-        they cost a hand-off between threads per message."""
+        tasks this thread runs next (`_run`, still counted as running), and those of them that
+        have run and only complete: the inline tasks (Task.inline: a distributed run's
+        transfers) the loops handed over, as after a Python task (queued, they cost a hand-off
+        between threads per message), and, while nobody polls, the receives that have arrived
+        (a loop tests only the lanes' own transfers; beside loops that keep every core busy,
+        nobody else would)."""
         completed = self._native.drain(worker, scratch, self._budgets[worker])
         failed = self._native.failed()
+        came = self._arrivals.arrived() if self._awaiting and not self._polling else []
         with self._lock:
             self._completions += completed
             self.native_tasks += completed - int(scratch.transfers[0])
             if failed is not None:  # _work counts this worker out and stops the run
-                task = self._scheduler.task(failed)
-                raise TaskError.of(task, RuntimeError(
-                    "MPI failed to post or complete the transfer" if task.kernel.native.transfer else
-                    "the kernel raised inside a native worker, which cannot pass the exception on (a "
-                    "numba cfunc); run with executor='serial' to see it"))
-            inline = self._settle_locked(index)
-            if not inline and self._awaiting:  # a native loop polls only the lanes' own transfers
+                raise self._native_failure(failed)
+            inline = self._settle_locked(index, staying=bool(came))
+            inline += map(self._scheduler.task, came)
+            if not inline and self._awaiting:
                 self._offer_poll_locked()
-        return inline
+        return inline, set(came)
 
-    def _settle_locked(self, index: int) -> list[Task]:
+    def _settle_locked(self, index: int, staying: bool = False) -> list[Task]:
         """After native code completed tasks on this thread (a loop, a poll): take the hand-offs
         and wake whoever has work now; the inline hand-offs, which this thread runs next (still
-        counted as running: else it no longer is)."""
+        counted as running, as it is when `staying`: else it no longer is)."""
         inline = self._take_handoffs_locked(index)
-        if not inline:
+        if not inline and not staying:
             self._running -= 1  # after the hand-offs: a failure there is counted by _work
         self._wake_native_locked()
         if self._tracing:
@@ -649,8 +652,19 @@ class ParallelExecutor:
     def _poll_native(self, scratch) -> int:
         """Complete the transfers native code posted that MPI has finished (native.py); how many."""
         if (polled := self._native.poll(scratch)) < 0:
-            raise PTOError("MPI failed to test the transfers native workers posted")
+            failed = self._native.failed()
+            if failed is None:  # (nothing was posted to blame)
+                raise PTOError("MPI failed to test the transfers native workers posted")
+            raise self._native_failure(failed)
         return polled
+
+    def _native_failure(self, task_id: int) -> TaskError:
+        """The error of a task that failed in native code (NativeLanes.failed)."""
+        task = self._scheduler.task(task_id)
+        return TaskError.of(task, RuntimeError(
+            "MPI failed to post or complete the transfer" if task.kernel.native.transfer else
+            "the kernel raised inside a native worker, which cannot pass the exception on (a "
+            "numba cfunc); run with executor='serial' to see it"))
 
     def _waiting(self) -> bool:
         """Whether tasks wait for data, in `arrivals` or posted by native code (the count native
