@@ -33,8 +33,9 @@ _types: dict[tuple, types.Type] = {}  # _type_key -> numba's type
 
 def _typeof(value) -> types.Type:
     """numba.typeof(value), remembered for arrays, records and tuples of them: numba types a
-    record dtype field by field (~50 µs a table of the core's), and the native lanes a run
-    makes take the entries of their functions over ten such tables afresh (~0.5 ms a run)."""
+    record dtype field by field (~50 µs a table of the core's), and the native lanes each
+    distributed run makes took the entries of their functions over ten such tables afresh
+    (~2 ms a run)."""
     key = _type_key(value)
     if key is None:
         return numba.typeof(value)
