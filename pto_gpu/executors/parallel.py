@@ -249,6 +249,8 @@ class ParallelExecutor:
                 self._start_locked()
 
     def _wake_native_locked(self) -> None:
+        if not self._native.any_work():
+            return
         for worker in WorkerType:
             if self._native.has_work(worker):
                 self._hire_locked(worker)
@@ -716,7 +718,7 @@ class ParallelExecutor:
         """Nothing runs and nothing waits to run: no completion can come any more. (Only running
         workers and the orchestrator, which asks this, push on the native rings.)"""
         return self._running == 0 and self._awaiting == 0 and not any(self._queues.values()) and (
-            self._native is None or not (any(map(self._native.has_work, WorkerType))
+            self._native is None or not (self._native.any_work()
                                          or self._native.has_handoffs() or self._native.posted))
 
     def _notify_all_locked(self) -> None:
