@@ -515,7 +515,7 @@ class _Placing:
     def owner_of(self, tensor: TensorDescriptor) -> int:
         return self._placement.owner_of(tensor)
 
-    def tables(self, buffer: Buffer) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
+    def tables(self, buffer: Buffer) -> tuple[int, int, int, int, int, int] | None:
         return self._placement.tables(buffer)
 
     def written(self, buffer: Buffer) -> None:

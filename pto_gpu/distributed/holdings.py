@@ -107,6 +107,7 @@ class Holdings:
         self._views: dict[tuple, tuple] = {}  # (layout, shape, strides) -> (elements per entry, views)
         self._geometries: dict[tuple, tuple] = {}  # region layout -> (the same count, UNITS_* array or None)
         self._last_write: tuple | None = None  # (region layout, rank) while the tables are as it left them
+        self._addresses: tuple[int, int, int] | None = None  # of owner, writer, valid (`addresses`)
 
     def copy(self) -> Holdings:
         """Another Holdings of the same owners, in the state this one was made in (every element
@@ -117,7 +118,16 @@ class Holdings:
         fresh.owner = self.owner  # never written in place (_refine makes new tables)
         fresh.writer, fresh.valid = self.writer.copy(), self.valid.copy()
         fresh._full, fresh._views, fresh._geometries, fresh._last_write = {}, {}, {}, None
+        fresh._addresses = None
         return fresh
+
+    def addresses(self) -> tuple[int, int, int]:
+        """Where the owner, writer and valid tables are, for compiled placement (remembered
+        until a split makes new tables: `.ctypes.data` takes ~1 µs, and a compiled matmul's
+        placement asks for a buffer's tables at every Python service, ~260 times a run)."""
+        if self._addresses is None:
+            self._addresses = tuple(table.ctypes.data for table in (self.owner, self.writer, self.valid))
+        return self._addresses
 
     def forget(self) -> None:
         """Drop what is remembered of the tables (each region's AND of valid bits, the last
@@ -177,6 +187,7 @@ class Holdings:
         tables = (self.owner, self.writer, self.valid)
         self.owner, self.writer, self.valid = (np.repeat(table, factor) for table in tables)
         self.unit = unit
+        self._addresses = None
 
     def _elements(self, units: np.ndarray, tensor: TensorDescriptor) -> np.ndarray:
         """A per-unit array of a region's view as one per element, in the region's shape."""

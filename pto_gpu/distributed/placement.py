@@ -213,14 +213,14 @@ class Placement:
         return self._holdings[tensor.buffer.key]
 
     # --- what compiled placement reads and writes (jit/placing.py) ---------------------------
-    def tables(self, buffer: Buffer) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
+    def tables(self, buffer: Buffer) -> tuple[int, int, int, int, int, int] | None:
         """A buffer's holdings tables as they are now (a split makes new ones): elements per
-        entry, the elements' itemsize, and the owner, writer and valid tables; None if the run
-        has not seen it."""
+        entry, the elements' itemsize, entries, and the addresses of the owner, writer and
+        valid tables; None if the run has not seen it."""
         holdings = self._holdings.get(buffer.key)
         if holdings is None:
             return None
-        return holdings.unit, holdings.itemsize, holdings.owner, holdings.writer, holdings.valid
+        return holdings.unit, holdings.itemsize, len(holdings.owner), *holdings.addresses()
 
     def written(self, buffer: Buffer) -> None:
         """Compiled code wrote the buffer's tables: what Holdings remembers of them is stale."""

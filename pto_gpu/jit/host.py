@@ -151,8 +151,9 @@ class Placer(Protocol):
     def owner_of(self, tensor: TensorDescriptor) -> int:
         """The rank owning the tensor's first element."""
 
-    def tables(self, buffer: Buffer) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None:
-        """The buffer's holdings tables: unit, itemsize, owner, writer, valid (or None)."""
+    def tables(self, buffer: Buffer) -> tuple[int, int, int, int, int, int] | None:
+        """The buffer's holdings tables: unit, itemsize, entries, and the addresses of owner,
+        writer and valid (or None)."""
 
     def written(self, buffer: Buffer) -> None:
         """Compiled code wrote the buffer's holdings tables."""
@@ -360,9 +361,7 @@ class Session:
         if tables is None:
             row[:] = 0
             return
-        unit, itemsize, owner, writer, valid = tables
-        row[H_UNIT], row[H_UNITS], row[H_ITEMSIZE] = unit, len(owner), itemsize
-        row[H_OWNER], row[H_WRITER], row[H_VALID] = owner.ctypes.data, writer.ctypes.data, valid.ctypes.data
+        row[H_UNIT], row[H_ITEMSIZE], row[H_UNITS], row[H_OWNER], row[H_WRITER], row[H_VALID] = tables
 
     def _tell_written(self, buffer: Buffer) -> None:
         """If compiled code wrote the buffer's tables since the placer last heard, tell it."""
