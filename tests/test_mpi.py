@@ -27,8 +27,10 @@ MPIEXEC = next((str(p) for p in (Path(sys.executable).parent / "mpiexec",) if p.
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich mpi4py)")
 
 
-def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
-    command = [MPIEXEC, "-n", str(ranks), sys.executable, "-m", module, *args]
+def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120, bind: bool = False) -> str:
+    """`bind`: each rank bound to a core of its own (`-bind-to core`)."""
+    binding = ["-bind-to", "core"] if bind else []
+    command = [MPIEXEC, *binding, "-n", str(ranks), sys.executable, "-m", module, *args]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
@@ -42,6 +44,21 @@ def test_cases_match_the_serial_executor(ranks):
     out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", *cases)
     for case in cases:
         assert f"OK {case} {ranks}" in out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two ranks of a core each need two cores")
+def test_cases_match_the_serial_executor_on_ranks_of_one_core():
+    """Each rank bound to one core, as MPI runs are launched for speed: its workers poll for
+    arrivals between their tasks while one of them computes, and only an idle one holds the
+    poll (ParallelExecutor._poll_wanted_locked), where unbound ranks see every core."""
+    probe = [MPIEXEC, "-bind-to", "core", "-n", "2", sys.executable, "-m", "tests.mpi_programs.cores"]
+    found = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if sorted(re.findall(r"CORES (\d+)", found.stdout)) != ["1", "1"]:
+        pytest.skip(f"mpiexec -bind-to core gave the ranks other cores here: {found.stdout} {found.stderr}")
+    cases = ("matmul", "spread", "cholesky", "compiled", "compiled-rewrite")
+    out = mpiexec(2, "tests.mpi_programs.cases", "parallel", *cases, bind=True)
+    for case in cases:
+        assert f"OK {case} 2" in out
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
