@@ -357,7 +357,7 @@ class Orchestrator:
         if self._windows is not None:  # the common case pays one test, not a call
             self._wait_for_window(self._tags)
         if self._ranks is not None:
-            for transfer in self._ranks.place(task, [p for p in params if p.kind != ParamKind.SCALAR], rank):
+            for transfer in self._ranks.place(task, [p for p in params if p.kind != _SCALAR], rank):
                 self._enter_transfer(transfer)
         elif rank is not None:
             check_rank(rank, 1, f"submit({kernel.name})", "rank")

@@ -23,7 +23,7 @@ from pto_gpu.distributed.inbox import Inbox
 from pto_gpu.distributed.ownership import element_owners
 from pto_gpu.distributed.placement import Placement
 from pto_gpu.distributed.transport import Posted, packed_bytes, unpack
-from pto_gpu.jit.placing import fetch_whole
+from pto_gpu.jit.placing import UNITS_FIRST, UNITS_RUN, fetch_whole
 from pto_gpu.polling import TIMER_SLACK_NS, precise_sleeps
 from pto_gpu.tasks import Task
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor
@@ -173,6 +173,27 @@ def test_a_rewrite_by_the_same_rank_leaves_other_ranks_copies_stale():
     assert holdings.fetch(t, 1) == [(0, None)]
 
 
+def test_a_regions_units_are_worked_out_once_for_every_buffer_of_its_layout_and_unit():
+    """Holdings remember a region's place in units by its layout and their unit, not by buffer
+    (every run's tiles, each run's fresh accumulators): the same region of another buffer
+    whose tables have the same unit takes it as it is; of tables split finer, its own, with
+    which reads and writes move what they should."""
+    t, other = matrix(4, 4), TensorDescriptor(Buffer(-2, BufferKind.EXTERNAL, 0, 64), 0, 0, (4, 1), (4, 4),
+                                              pto.FLOAT32)
+    owners = np.repeat(np.array([0, 0, 1, 1], np.int8), 4)
+    coarse, same, fine = (Holdings(owners, 16, pto.FLOAT32, 2) for _ in range(3))
+    fine.wrote(t[:, 0:1], 1)  # split into elements
+    made = coarse._geometry(t[2:4].layout_key, t[2:4])
+    assert same._geometry(other[2:4].layout_key, other[2:4]) is made
+    split = fine._geometry(t[2:4].layout_key, t[2:4])
+    assert split is not made and (made[UNITS_FIRST], made[UNITS_RUN]) == (1, 1)
+    assert (split[UNITS_FIRST], split[UNITS_RUN]) == (8, 8)
+    assert same.fetch(other[2:4], 0) == [(1, None)] and same.fetch(other[2:4], 0) == []
+    assert fine.fetch(t[2:4], 0) == [(1, None)] and fine.fetch(t[2:4], 0) == []
+    fine.wrote(t[2:4], 0)
+    assert fine.writer.tolist() == [1, 0, 0, 0] * 2 + [0] * 8  # column 0 of rows 0-1 is still rank 1's
+
+
 def test_a_transposed_region_gets_a_mask_in_its_own_order():
     """A region and its transpose have one layout key: the mask of what rank 1 lacks of the
     transpose (rows 0-1 of the matrix: its columns 0-1) is the transpose's, though the
@@ -208,6 +229,7 @@ def test_holdings_agree_with_a_table_per_element(seed, path, monkeypatch):
     take)."""
     if path == "views":
         monkeypatch.setattr(holdings_module, "SWEPT_DIMS", -1)
+        monkeypatch.setattr(holdings_module, "_GEOMETRIES", {})  # (none the sweeps' tests made)
     rng = np.random.default_rng(seed)
     rows, cols, size = int(rng.integers(1, 9)), int(rng.choice([4, 8, 12])), int(rng.integers(1, 5))
     granule = int(rng.choice([1, 2, 4]))

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pto_gpu.dtypes import DataType
-from pto_gpu.layout import R_HI, R_LO, R_NDIM
+from pto_gpu.layout import R_HI, R_LO, R_NDIM, layout_row
 from pto_gpu.overlap import Overlap, _walk, row_covers, rows_overlap
 from pto_gpu.tensor import Buffer, BufferKind, TensorDescriptor, contiguous_strides
 
@@ -111,6 +111,20 @@ def test_descriptor_views_and_contiguity():
     assert t.transpose(1, 0).strides == t.T.strides == (1, 32)
     assert t[2:10:3, 5].shape == (3,) and t[2:10:3, 5].start_offset == 2 * 32 + 5
     assert t[-1, -2].start_offset == 31 * 32 + 30
+
+
+@settings(max_examples=300, deadline=None)
+@given(views(), st.sampled_from(list(Overlap)))
+def test_a_layout_row_is_its_own_buffers_whatever_buffers_of_its_layout_came_first(t, level):
+    """Descriptors remember the rest of a layout row by their layout (tensor.py): the same view
+    of another buffer, of the same size or not, made after it, has the row layout_row makes
+    for that buffer, its key included."""
+    t = t.with_overlap(level)
+    for key, nbytes in ((0, BUFFER_BYTES), (-3, BUFFER_BYTES), (7, 2 * BUFFER_BYTES)):
+        buffer = Buffer(key, BufferKind.HEAP if key >= 0 else BufferKind.EXTERNAL, 0, nbytes)
+        view = TensorDescriptor(buffer, 0, t.start_offset, t.strides, t.repeats, t.dtype).with_overlap(level)
+        assert view.layout_key == layout_row(key, nbytes, view.byte_offset, view.dtype.itemsize, view.strides,
+                                             view.repeats, int(level))
 
 
 @settings(max_examples=500, deadline=None)

@@ -23,6 +23,9 @@ Tiled orchestrations read the same tiles again and again, so each region's AND o
 bits is remembered (`_full`) until a write to the buffer changes what it could be; and they
 write one tile again and again (an accumulator), so a write the tables already show (the
 region and rank of the last write, nothing changed since: `_last_write`) changes nothing.
+A region's place in units depends on its layout and the unit only, not on the buffer or the
+run, so it is worked out once per process (`_GEOMETRIES`): every run's tiles, and every
+accumulator allocated alike, are the same regions again.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ from ..jit.placing import (
 from ..tensor import TensorDescriptor
 
 MAX_RANKS = 64  # a bit each in `valid`, a uint64 (compiled placement reads it as one: jit/placing.py)
+# (unit, itemsize, a region's layout key without its buffer's) -> its UNITS_* array, or None if
+# the sweeps cannot take it: the 2048² matmul's 256 regions a run took ~1.5 ms to work out anew.
+_GEOMETRIES: dict[tuple, np.ndarray | None] = {}
+KEPT_GEOMETRIES = 4096
 
 
 def element_view(array: np.ndarray, tensor: TensorDescriptor, itemsize: int) -> np.ndarray:
@@ -105,7 +112,6 @@ class Holdings:
         self.valid = np.left_shift(np.uint64(1), owners.astype(np.uint64))
         self._full: dict[tuple, int] = {}  # region layout -> AND of its elements' valid bits
         self._views: dict[tuple, tuple] = {}  # (layout, shape, strides) -> (elements per entry, views)
-        self._geometries: dict[tuple, tuple] = {}  # region layout -> (the same count, UNITS_* array or None)
         self._last_write: tuple | None = None  # (region layout, rank) while the tables are as it left them
         self._addresses: tuple[int, int, int] | None = None  # of owner, writer, valid (`addresses`)
 
@@ -117,7 +123,7 @@ class Holdings:
         fresh.unit = self.unit
         fresh.owner = self.owner  # never written in place (_refine makes new tables)
         fresh.writer, fresh.valid = self.writer.copy(), self.valid.copy()
-        fresh._full, fresh._views, fresh._geometries, fresh._last_write = {}, {}, {}, None
+        fresh._full, fresh._views, fresh._last_write = {}, {}, None
         fresh._addresses = None
         return fresh
 
@@ -167,9 +173,11 @@ class Holdings:
     def _geometry(self, key: tuple, tensor: TensorDescriptor) -> np.ndarray | None:
         """The region as the sweeps take it (jit/placing.py's UNITS_* array); None if its grid of
         runs has more dims than they sweep."""
-        cached = self._geometries.get(key)
-        if cached is not None and cached[0] == self.unit:
-            return cached[1]
+        if tensor.dtype.itemsize == self.itemsize:  # (else _in_units says what is wrong)
+            try:
+                return _GEOMETRIES[self.unit, self.itemsize, key[1:]]
+            except KeyError:
+                pass
         first, shape, strides, run = self._in_units(tensor)
         geometry = None
         if len(shape) <= SWEPT_DIMS:
@@ -178,7 +186,9 @@ class Holdings:
             geometry[UNITS_EXTENTS:UNITS_STRIDES] = 1
             geometry[UNITS_EXTENTS:UNITS_EXTENTS + len(shape)] = shape
             geometry[UNITS_STRIDES:UNITS_STRIDES + len(strides)] = strides
-        self._geometries[key] = (self.unit, geometry)
+        if len(_GEOMETRIES) == KEPT_GEOMETRIES:
+            _GEOMETRIES.clear()
+        _GEOMETRIES[self.unit, self.itemsize, key[1:]] = geometry  # (the unit a split made)
         return geometry
 
     def _refine(self, unit: int) -> None:

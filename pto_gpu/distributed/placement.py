@@ -83,8 +83,10 @@ class Placement:
         self.native_recv = transfer_kernel("recv", self._native_recv, RECEIVE,
                                            dataclasses.replace(no_device_code, library=self._native_recv))
         self.warned_idle = self.warned_traffic = False
-        # Holdings as made for an array's first run, by its owner, shape, layout, dtype, ranks:
-        # a 2048² matrix's 2-D block-cyclic owners took 8 ms of every run on every rank to make.
+        # Holdings as made for an array's first run, by its owner, shape, layout and dtype (a
+        # buffer one rank owns: by the rank, its elements and dtype); copied for each run: a
+        # 2048² matrix's 2-D block-cyclic owners took 8 ms of every run on every rank to make,
+        # and one rank's accumulator ~10 µs an allocation.
         self._owner_tables: dict[tuple, Holdings] = {}
         self.start(None, record=False)
 
@@ -171,12 +173,12 @@ class Placement:
         count = tensor.buffer.nbytes // tensor.dtype.itemsize
         whole = self._default_owner[-1] if owner is None else owner
         if type(whole) is int and 0 <= whole < self.size:  # one rank's (a heap tile, say): nothing to check
-            return Holdings(whole, count, tensor.dtype, self.size)
-        # What the owners depend on. Not the layout key: it merges and sorts dims (a (4, 2)
-        # array's is a (2, 4) one's), and its buffer key is a per-run counter. The owner's type:
-        # True, 1.0 and np.int64(1) are equal keys, and only the last is an owner.
-        key = (type(whole), whole, tensor.shape, tensor.strides, tensor.byte_offset, count, tensor.dtype,
-               self.size)
+            key = (whole, count, tensor.dtype)
+        else:
+            # What the owners depend on. Not the layout key: it merges and sorts dims (a (4, 2)
+            # array's is a (2, 4) one's), and its buffer key is a per-run counter. The owner's
+            # type: True, 1.0 and np.int64(1) are equal keys, and only the last is an owner.
+            key = (type(whole), whole, tensor.shape, tensor.strides, tensor.byte_offset, count, tensor.dtype)
         try:
             made = self._owner_tables.get(key)
         except TypeError:  # not a distribution at all: _owners names what is wrong
@@ -229,14 +231,14 @@ class Placement:
     # --- tasks ---------------------------------------------------------------------------
     def place(self, task: Task, tensors: list[Param], rank: int | None) -> list[Task]:
         """Decide where `task` runs and mark it; the transfer tasks to submit before it."""
-        counts = self.counts
+        counts, holdings = self.counts, self._holdings
         task.label = int(counts[C_LABEL])
         counts[C_LABEL] += 1
         if rank is None:
             rank = 0
             for p in tensors:
                 if p.writes:
-                    rank = self.owner_of(p.value)
+                    rank = holdings[p.value.buffer.key].owner_of(p.value)
                     break
         else:
             check_rank(rank, self.size, f"submit({task.kernel.name})", "rank")
@@ -250,12 +252,12 @@ class Placement:
         transfers = []
         for p in tensors:
             if p.reads:
-                for source, mask in self._holding(p.value).fetch(p.value, rank):
+                for source, mask in holdings[p.value.buffer.key].fetch(p.value, rank):
                     transfers += self._transfer(p.value, mask, source, rank)
         for p in tensors:
             if p.writes:
-                self._holding(p.value).wrote(p.value, rank)
-                counts[C_WRITTEN] += p.value.size * p.value.dtype.itemsize
+                holdings[p.value.buffer.key].wrote(p.value, rank)
+                counts[C_WRITTEN] += p.value.nbytes
         return transfers
 
     def idle_ranks(self) -> str | None:
