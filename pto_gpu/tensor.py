@@ -246,7 +246,7 @@ class TensorDescriptor:
                       int(self.overlap))
             rest = _ROW_RESTS.get(layout)
             if rest is None:
-                if len(_ROW_RESTS) == KEPT_ROW_RESTS:
+                if len(_ROW_RESTS) >= KEPT_ROW_RESTS:
                     _ROW_RESTS.clear()
                 rest = _ROW_RESTS[layout] = layout_row(0, *layout)[1:]
             row = (self.buffer.key, *rest)

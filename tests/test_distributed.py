@@ -130,6 +130,25 @@ def test_an_owner_table_kept_from_an_earlier_run_serves_only_its_own_shape_and_o
         placement.external(tall, True)
 
 
+def test_a_buffer_one_rank_owns_is_that_ranks_whatever_came_first():
+    """Buffers one rank owns copy tables kept by rank, elements and dtype: an empty view given
+    to rank 1 first (whose owners broadcast to nothing) leaves the whole array given to rank 1
+    in the next run rank 1's; and many such buffers do not push out a distributed array's
+    table kept for later runs."""
+    placement = Placement(types.SimpleNamespace(rank=0, size=2, ordered=False, native=None))
+    t = matrix(4, 4)
+    placement.external(t[0:0], 1)
+    placement.start(None, record=False)
+    placement.external(t, 1)
+    assert placement.owner_of(t) == 1 and placement._holding(t).owners_of(t).tolist() == [[1] * 4] * 4
+    placement.start(None, record=False)
+    placement.external(matrix(4, 4), pto.block_cyclic(1, 2))
+    for size in range(1, 40):
+        placement.alloc(TensorDescriptor(Buffer(size, BufferKind.HEAP, 0, 4 * size), 0, 0, (1,), (size,),
+                                         pto.FLOAT32), size % 2)
+    assert len(placement._owner_tables) == 1
+
+
 def test_tables_are_as_coarse_as_the_regions_seen_allow():
     t = matrix(2, 8)
     holdings = Holdings(1, 16, pto.FLOAT32, 2)

@@ -120,7 +120,7 @@ def test_a_layout_row_is_its_own_buffers_whatever_buffers_of_its_layout_came_fir
     of another buffer, of the same size or not, made after it, has the row layout_row makes
     for that buffer, its key included."""
     t = t.with_overlap(level)
-    for key, nbytes in ((0, BUFFER_BYTES), (-3, BUFFER_BYTES), (7, 2 * BUFFER_BYTES)):
+    for key, nbytes in ((0, BUFFER_BYTES), (-3, BUFFER_BYTES), (7, 512 * BUFFER_BYTES)):  # (another shift)
         buffer = Buffer(key, BufferKind.HEAP if key >= 0 else BufferKind.EXTERNAL, 0, nbytes)
         view = TensorDescriptor(buffer, 0, t.start_offset, t.strides, t.repeats, t.dtype).with_overlap(level)
         assert view.layout_key == layout_row(key, nbytes, view.byte_offset, view.dtype.itemsize, view.strides,

@@ -186,7 +186,7 @@ class Holdings:
             geometry[UNITS_EXTENTS:UNITS_STRIDES] = 1
             geometry[UNITS_EXTENTS:UNITS_EXTENTS + len(shape)] = shape
             geometry[UNITS_STRIDES:UNITS_STRIDES + len(strides)] = strides
-        if len(_GEOMETRIES) == KEPT_GEOMETRIES:
+        if len(_GEOMETRIES) >= KEPT_GEOMETRIES:
             _GEOMETRIES.clear()
         _GEOMETRIES[self.unit, self.itemsize, key[1:]] = geometry  # (the unit a split made)
         return geometry

@@ -83,11 +83,12 @@ class Placement:
         self.native_recv = transfer_kernel("recv", self._native_recv, RECEIVE,
                                            dataclasses.replace(no_device_code, library=self._native_recv))
         self.warned_idle = self.warned_traffic = False
-        # Holdings as made for an array's first run, by its owner, shape, layout and dtype (a
-        # buffer one rank owns: by the rank, its elements and dtype); copied for each run: a
-        # 2048² matrix's 2-D block-cyclic owners took 8 ms of every run on every rank to make,
-        # and one rank's accumulator ~10 µs an allocation.
+        # Holdings as made for an array's first run, by its owner, shape, layout and dtype,
+        # copied for each run: a 2048² matrix's 2-D block-cyclic owners took 8 ms of every run
+        # on every rank to make. Apart (lest they push those out), those of buffers one rank
+        # owns, by the rank, elements and dtype: an accumulator's took ~10 µs an allocation.
         self._owner_tables: dict[tuple, Holdings] = {}
+        self._one_owner_tables: dict[tuple, Holdings] = {}
         self.start(None, record=False)
 
     @property
@@ -173,18 +174,22 @@ class Placement:
         count = tensor.buffer.nbytes // tensor.dtype.itemsize
         whole = self._default_owner[-1] if owner is None else owner
         if type(whole) is int and 0 <= whole < self.size:  # one rank's (a heap tile, say): nothing to check
-            key = (whole, count, tensor.dtype)
-        else:
-            # What the owners depend on. Not the layout key: it merges and sorts dims (a (4, 2)
-            # array's is a (2, 4) one's), and its buffer key is a per-run counter. The owner's
-            # type: True, 1.0 and np.int64(1) are equal keys, and only the last is an owner.
-            key = (type(whole), whole, tensor.shape, tensor.strides, tensor.byte_offset, count, tensor.dtype)
+            made = self._one_owner_tables.get(key := (whole, count, tensor.dtype))
+            if made is None:
+                if len(self._one_owner_tables) >= KEPT_OWNER_TABLES:
+                    self._one_owner_tables.clear()
+                made = self._one_owner_tables[key] = Holdings(whole, count, tensor.dtype, self.size)
+            return made.copy()
+        # What the owners depend on. Not the layout key: it merges and sorts dims (a (4, 2)
+        # array's is a (2, 4) one's), and its buffer key is a per-run counter. The owner's type:
+        # True, 1.0 and np.int64(1) are equal keys, and only the last is an owner.
+        key = (type(whole), whole, tensor.shape, tensor.strides, tensor.byte_offset, count, tensor.dtype)
         try:
             made = self._owner_tables.get(key)
         except TypeError:  # not a distribution at all: _owners names what is wrong
             return self._made(tensor, owner, count)
         if made is None:
-            if len(self._owner_tables) == KEPT_OWNER_TABLES:
+            if len(self._owner_tables) >= KEPT_OWNER_TABLES:
                 self._owner_tables.clear()
             made = self._owner_tables[key] = self._made(tensor, owner, count)
         return made.copy()
