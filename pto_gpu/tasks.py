@@ -230,9 +230,9 @@ class Scheduler:
     # --- inspection ----------------------------------------------------------------------
     @property
     def pending(self) -> int:
-        """Tasks submitted and not yet completed."""
-        h = self.state.head
-        return int(h["next_task"] - h["completed"])
+        """Tasks submitted and not yet completed (the parallel executor asks after every task)."""
+        at = self.state.at
+        return int(at.next_task[0]) - int(at.completed[0])
 
     def high_water(self) -> dict[str, int]:
         """The most each ring held at once, by Ring.key."""

@@ -113,6 +113,7 @@ class ParallelExecutor:
         # kernels wait for the device, leaving the core to a poll.
         self._cores = process_cores() if backend.name == "cpu" else sys.maxsize
         self._completion_wanted = False  # the orchestrator waits for any completion (a window)
+        self._ending = False  # the orchestrator waits for the last completion (finish, abort)
         # A full ring waits for a batch of completions, not one: handing the GIL back and
         # forth per task costs more than the tasks themselves.
         self._room_batch = max(1, scheduler.state.sizes.task_window // 8)
@@ -388,6 +389,7 @@ class ParallelExecutor:
         with self._lock:
             self._flush_locked()
             self._start_locked()
+            self._ending = True
             while self._scheduler.pending and self._error is None:
                 if self._idle_locked():
                     raise PTOError(f"{self._scheduler.pending} tasks can never become ready")
@@ -406,6 +408,7 @@ class ParallelExecutor:
             with self._lock:
                 self._flush_locked()
                 self._start_locked()
+                self._ending = True
                 while self._scheduler.pending and self._error is None and not self._idle_locked():
                     self._progress.wait(WAIT_SLICE)
         finally:
@@ -532,8 +535,9 @@ class ParallelExecutor:
         return inline
 
     def _notify_progress_locked(self) -> None:
-        if not self._scheduler.pending or self._completion_wanted or (self._room_wanted and (
-                self._completions - self._seen_completions >= self._room_batch or self._idle_locked())):
+        if self._completion_wanted or (self._ending and not self._scheduler.pending) or (
+                self._room_wanted and (self._completions - self._seen_completions >= self._room_batch
+                                       or self._idle_locked())):
             self._progress.notify()
 
     def _run(self, batch: list[Task], worker: WorkerType, index: int, lane, scratch,
@@ -552,10 +556,14 @@ class ParallelExecutor:
                 made_ready = self._complete(task, scratch)
             else:
                 made_ready = self._execute(task, lane, scratch)
+            # Before the next task, a look for arrivals; not before inline tasks it made ready,
+            # which this thread runs next (a send the data's reader waits for: 1.2 µs of MPI_Testsome
+            # before it was 1.2 µs more on every hop between ranks).
+            looks = not batch and not (made_ready and any(ready.inline for ready in made_ready))
             # (`_awaiting` still counts an arrived task until the lock below)
-            came = self._arrivals.arrived() if not batch and self._awaiting > (task.id in arrived) else ()
+            came = self._arrivals.arrived() if looks and self._awaiting > (task.id in arrived) else ()
             polled = 0
-            if not batch and self._native is not None and self._native.posted:
+            if looks and self._native is not None and self._native.posted:
                 polled = self._poll_native(scratch)
             with self._lock:
                 if made_ready is None:
