@@ -725,9 +725,9 @@ class NativeLanes:
         the Python way."""
         kernel = task.kernel
         slot = task.id & (len(self._handoff) - 1)
-        if kernel.id >= len(self._kernel_info) or not self._kernel_info[kernel.id]["native"] \
-                or self._args.task[slot] != task.id:
-            return  # declared after the lanes were made, not native, or its arguments did not fit
+        if kernel.native is None or kernel.id >= len(self._kernel_info) \
+                or not self._kernel_info[kernel.id]["native"] or self._args.task[slot] != task.id:
+            return  # not native, declared after the lanes were made, or its arguments did not fit
         s = self._scheduler.state
         key = np.zeros(KEY_WIDTH, np.int64)  # this thread's: another may learn at the same time
         if _known(s.header, s.tasks, self._kernel_info, self._args, self._keys, self._addresses, self._filled,
