@@ -621,6 +621,67 @@ class FailingMpi(ReceivingRank):
         pass
 
 
+class ArrivingMpi(FailingMpi):
+    """FailingMpi's stand-ins, but MPI_Testsome finishes a receive well: at the third test
+    after it was posted it writes `data` where the receive lands and reports it done, noting
+    the thread that tested."""
+
+    def __init__(self, data: bytes):
+        super().__init__()
+        self.data, self.landing, self.tests, self.tested_by = data, {}, 0, None
+
+    def _post(self, buffer, count, datatype, peer, tag, comm, request) -> int:
+        super()._post(buffer, count, datatype, peer, tag, comm, request)
+        self.landing[self.handles] = buffer
+        return 0
+
+    def _testsome(self, count, requests, done, indices, statuses) -> int:
+        self.tests += 1
+        done[0] = 0
+        for i in range(count):
+            if requests[i] in self.landing and self.tests >= 3:
+                ctypes.memmove(self.landing.pop(requests[i]), self.data, len(self.data))
+                requests[i], done[0], indices[0] = MPI_REQUEST_NULL, 1, i
+                self.tested_by = threading.get_ident()
+                break
+        return 0
+
+
+def test_a_poll_that_sees_data_come_starts_its_reader_itself(monkeypatch):
+    """Rank 0 reads rank 1's row; native code posts the receive, and the worker that holds the
+    poll sees it complete. The reader, of the poller's class and with nothing of that class
+    queued, runs on the poller's thread without being queued (which would cost it a round of
+    the lock before it starts: most of a poll's hand-over on a hop between ranks), and reads
+    what came."""
+    import pto_gpu.executors.parallel as parallel_module
+    import pto_gpu.runtime as runtime_module
+
+    transport = ArrivingMpi(np.full(4, 5.0).tobytes())
+    monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: transport)
+    queued, ran_on = [], []
+    queue = parallel_module.ParallelExecutor._queue_locked
+
+    def noted(self, task):
+        queued.append(task.kernel.name)
+        return queue(self, task)
+
+    monkeypatch.setattr(parallel_module.ParallelExecutor, "_queue_locked", noted)
+
+    @pto.kernel(worker=pto.ACCELERATOR)
+    def read_row(x, y):
+        ran_on.append(threading.get_ident())
+        y[...] = x
+
+    def receive(o, x, y):
+        X, Y = o.external(x, owner=pto.block_rows(2)), o.external(y, owner=0)
+        o.submit(read_row, pto.input(X[1:2]), pto.output(Y))
+
+    y = np.zeros((1, 4))
+    pto.Runtime(backend="cpu", comm=object(), workers={pto.ACCELERATOR: 1}).run(receive, np.zeros((2, 4)), y)
+    np.testing.assert_array_equal(y, 5)
+    assert ran_on == [transport.tested_by] and "read_row" not in queued
+
+
 def test_a_failed_mpi_test_cancels_only_the_requests_mpi_still_holds(monkeypatch):
     """Rank 0 reads two rows of rank 1's; native code posts both receives, and MPI_Testsome
     finishes the first in error (a truncated message, say). The run fails with that receive's
