@@ -639,20 +639,21 @@ class ParallelExecutor:
         started = time.perf_counter()
         precise_sleeps()
         polled = 0
+        native = self._native
         try:
-            while not (came := self._arrivals.arrived()):
-                native = self._native
+            # (`_awaiting` counts the Python way's receives; read without the lock, a hint)
+            while not (came := self._arrivals.arrived() if self._awaiting else ()):
                 if native is not None and native.posted and (polled := self._poll_native(scratch)):
                     break
                 # (`_running` counts this worker: above the cores, others keep them all busy)
                 if queue or self._stopping or not self._waiting() or self._running > self._cores or (
-                        self._native is not None and self._native.has_work(worker)):
+                        native is not None and native.has_work(worker)):
                     break
                 pause = poll_pause(time.perf_counter() - started)
                 if not pause:
                     os.sched_yield()
                     continue
-                if self._native is not None and self._native.posted:
+                if native is not None and native.posted:
                     # A failure notice (`arrived` tests with receives of its own), before each
                     # sleep, not at each spin: its ~2 µs (mpi4py) made the spin slower to see data.
                     self._arrivals.check()
