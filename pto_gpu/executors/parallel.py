@@ -639,10 +639,10 @@ class ParallelExecutor:
         started = time.perf_counter()
         precise_sleeps()
         polled = 0
-        native = self._native
         try:
             # (`_awaiting` counts the Python way's receives; read without the lock, a hint)
             while not (came := self._arrivals.arrived() if self._awaiting else ()):
+                native = self._native  # (made at a run's first native task: read again each time)
                 if native is not None and native.posted and (polled := self._poll_native(scratch)):
                     break
                 # (`_running` counts this worker: above the cores, others keep them all busy)
@@ -666,7 +666,9 @@ class ParallelExecutor:
         if polled:
             with self._lock:
                 self._completions += polled
-                inline = self._settle_locked(index, taking=worker)
+                inline = self._settle_locked(index, taking=None if self._stopping else worker)
+                if any(not task.inline for task in inline):  # a reader taken: busy for a while
+                    self._offer_poll_locked()
             if inline:
                 self._run(inline, worker, index, lane, scratch)
         elif came:
