@@ -33,6 +33,13 @@ def precise_sleeps() -> None:
                    ctypes.c_ulong(0))
 
 
+def process_cores() -> int:
+    """The cores this process may run on: its CPU affinity (an MPI rank bound to one core has
+    one), where the OS tells it."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 def poll_pause(waited: float) -> float:
     """Seconds to sleep before the next poll after `waited` seconds of waiting; 0: yield."""
     return 0.0 if waited < SPIN_S else min(waited / 8, MAX_PAUSE_S)

@@ -42,7 +42,7 @@ from ..dtypes import WorkerType
 from ..errors import PTOError, TaskError
 from ..jit.context import ArgTables
 from ..kernel import Kernel, multi_class
-from ..polling import poll_pause, precise_sleeps
+from ..polling import poll_pause, precise_sleeps, process_cores
 from ..profile import Profile
 from ..schedule import CriticalPaths, Heft, Placement, Schedule, mean_cost, priority
 from ..tasks import RINGS, Scheduler, Task
@@ -52,13 +52,6 @@ from .threads import WorkerThreads
 
 WAIT_SLICE = 0.1  # seconds; waits are sliced so Ctrl-C reaches the caller's thread
 DISPATCH_BATCH = 16  # ready-at-submit tasks handed to the workers together
-
-
-def process_cores() -> int:
-    """The cores this process may run on: its CPU affinity (an MPI rank bound to one core has
-    one), where the OS tells it."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 class ParallelExecutor:
@@ -543,13 +536,12 @@ class ParallelExecutor:
         started here too, not queued for this thread to pop after a round of the lock (on a
         hop between ranks, ~1.5 µs of the reader's start)."""
         inline = []
-        for task in tasks:  # a schedule's cost model may raise here
+        for task in tasks:
+            task = self._admit_locked(task)  # a schedule's cost model may raise here
             if task.inline:
-                inline.append(task := self._admit_locked(task))
+                inline.append(task)
                 self._starting_locked(task, index)
-            elif taking is None or self._queues[taking] or self._placement.choosy:
-                self._notify_worker_locked(self._push_locked(task))
-            elif (task := self._admit_locked(task)).worker is taking:
+            elif task.worker is taking and not self._queues[taking] and not self._placement.choosy:
                 inline.append(task)
                 self._starting_locked(task, index)
                 taking = None
@@ -580,10 +572,11 @@ class ParallelExecutor:
                 made_ready = self._complete(task, scratch)
             else:
                 made_ready = self._execute(task, lane, scratch)
-            # Before the next task, a look for arrivals; not before inline tasks it made ready,
-            # which this thread runs next (a hop's send, which the other rank waits for: an
-            # MPI_Testsome before it added 1.2 µs to every hop between ranks).
-            looks = not batch and not (made_ready and any(ready.inline for ready in made_ready))
+            # Before the next task, a look for arrivals, if any are awaited; not before inline
+            # tasks it made ready, which this thread runs next (a hop's send, which the other
+            # rank waits for: an MPI_Testsome before it added 1.2 µs to every hop between ranks).
+            looks = not batch and self._waiting() and not (
+                made_ready and any(ready.inline for ready in made_ready))
             # (`_awaiting` still counts an arrived task until the lock below)
             came = self._arrivals.arrived() if looks and self._awaiting > (task.id in arrived) else ()
             polled = 0

@@ -20,7 +20,6 @@ cleared it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -34,6 +33,7 @@ from ..core.lock import back_off, load_acquire, prefetch, store_release
 from ..core.state import FULL_TENSORMAP
 from ..core.submit import submit as core_submit
 from ..core.tensormap import tm_make_room
+from ..polling import process_cores
 from .context import M_ALIVE_SEEN, P_DONE, P_FULL, P_QUEUED, P_RUNNING, P_STOP, tables
 
 
@@ -41,8 +41,7 @@ def wanted(complete_at_submit: bool, log_edges: bool, validate: bool) -> bool:
     """Whether a session's compiled calls run pipelined: when its tasks complete at submit (a
     run that executes tasks needs the cores for its workers), no edge log or validation check
     must follow each submit, and there is a second core."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return complete_at_submit and not log_edges and not validate and cores > 1
+    return complete_at_submit and not log_edges and not validate and process_cores() > 1
 
 
 # A pipelined session runs a body's call pipelined when the body's last call there submitted at
