@@ -30,7 +30,7 @@ from .errors import (
     UsageError,
     UseAfterFreeError,
 )
-from .jit.context import ArgTables, ArgWriter
+from .jit.context import ArgTables, ArgWriter, NativeTransfers
 from .jit.descriptor import from_tensor
 from .jit.host import Session
 from .kernel import Kernel, registered
@@ -520,6 +520,15 @@ class _Placing:
 
     def written(self, buffer: Buffer) -> None:
         self._placement.written(buffer)
+
+    def native_transfers(self) -> NativeTransfers | None:
+        transfers = {self._placement.native_send.id, self._placement.native_recv.id}
+        if not transfers <= self._o._native_kernels:
+            return None  # run the Python way, or no native lanes: compiled code cannot enter them
+        return self._placement.native_transfers()
+
+    def datatype(self, tensor: TensorDescriptor) -> int | None:
+        return self._placement.datatype(tensor)
 
     def ran(self, labels: list[int]) -> None:
         self._placement.tasks_run.extend(labels)

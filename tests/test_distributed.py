@@ -474,8 +474,7 @@ class SendingRank:
     def conclude(self, failure) -> list:
         return []
 
-    def tag(self, sequence: int) -> int:
-        return sequence
+    tags = (0, 1 << 30)
 
     def datatype(self, tensor) -> None:
         return None

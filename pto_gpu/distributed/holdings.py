@@ -36,6 +36,7 @@ import numpy as np
 
 from ..dtypes import DataType
 from ..errors import RankError
+from ..jit.context import MAX_RANKS
 from ..jit.placing import MAX_JIT_DIMS as SWEPT_DIMS
 from ..jit.placing import (
     UNITS_EXTENTS,
@@ -48,7 +49,6 @@ from ..jit.placing import (
 )
 from ..tensor import TensorDescriptor
 
-MAX_RANKS = 64  # a bit each in `valid`, a uint64 (compiled placement reads it as one: jit/placing.py)
 # (unit, itemsize, a region's layout key without its buffer's) -> its UNITS_* array, or None if
 # the sweeps cannot take it: the 2048² matmul's 256 regions a run took ~1.5 ms to work out anew.
 _GEOMETRIES: dict[tuple, np.ndarray | None] = {}

@@ -41,7 +41,20 @@ import numpy as np
 from ..core.state import Sizes
 from ..dtypes import WorkerType
 from ..errors import RankError
-from ..jit.context import C_COMPILED, C_LABEL, C_MOVED, C_PLACED, C_WIDTH, C_WRITTEN
+from ..jit.context import (
+    C_BYTES_RECEIVED,
+    C_BYTES_SENT,
+    C_COMPILED,
+    C_LABEL,
+    C_MOVED,
+    C_PLACED,
+    C_RECEIVED_FROM,
+    C_SENT_TO,
+    C_TRANSFERS,
+    C_WIDTH,
+    C_WRITTEN,
+    NativeTransfers,
+)
 from ..kernel import RECEIVE, SEND, CudaCode, kernel, transfer_kernel
 from ..params import Param, inout, input, output, scalar
 from ..tasks import Task
@@ -50,7 +63,7 @@ from .holdings import Holdings, element_view
 from .inbox import Inbox
 from .logical import LogicalGraph
 from .ownership import Owner, check_rank, element_owners
-from .transport import Transport
+from .transport import Transport, tag
 
 TRAFFIC_WORTH_SAYING = 1 << 20  # bytes moved by a run
 KEPT_OWNER_TABLES = 16  # distributed arrays' owner tables a Runtime keeps for its later runs
@@ -114,7 +127,16 @@ class Placement:
     @property
     def transfers(self) -> int:
         """The run's sends and receives on this rank."""
-        return len(self._transfers)
+        return int(self.counts[C_TRANSFERS])
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank's transfers sent in the run (packed)."""
+        return int(self.counts[C_BYTES_SENT])
+
+    @property
+    def bytes_received(self) -> int:
+        return int(self.counts[C_BYTES_RECEIVED])
 
     @property
     def placed_by_compiled_code(self) -> int:
@@ -124,13 +146,13 @@ class Placement:
     def start(self, sizes: Sizes | None, record: bool) -> None:
         self._holdings: dict[int, Holdings] = {}  # by buffer key
         self._externals: list[Buffer] = []
-        self._transfers: list[Transfer | None] = []  # by the index a transfer task carries
-        self._sequence: dict[tuple[int, int], int] = {}  # (sender, receiver) -> transfers so far
+        # The Python way's transfers, by the index a transfer task carries, until taken
+        self._transfers: dict[int, Transfer] = {}
         self._default_owner = [0]
-        # Tasks placed (the next one's id, C_LABEL), on each rank, bytes written and moved: an
-        # array compiled placement (jit/placing.py) counts in too.
+        # Tasks placed (the next one's id, C_LABEL), on each rank, bytes written and moved, this
+        # rank's transfers and their sequences: an array compiled placement (jit/placing.py)
+        # counts in too.
         self.counts = np.zeros(C_WIDTH, np.int64)
-        self.bytes_sent = self.bytes_received = 0  # by this rank's transfers (packed)
         self.tasks_run: list[int] = []
         self.graph = LogicalGraph(sizes) if record else None
         self.lane: TensorDescriptor | None = None  # an ordered transport's chain (module docstring)
@@ -233,6 +255,19 @@ class Placement:
         """Compiled code wrote the buffer's tables: what Holdings remembers of them is stale."""
         self._holdings[buffer.key].forget()
 
+    def native_transfers(self) -> NativeTransfers | None:
+        """What compiled code needs to enter the run's native transfers itself, as `_transfer`
+        does; None where the transport has none (ordered, or no MPICH ABI)."""
+        if self.transport.ordered or self.transport.native is None:
+            return None
+        if self._comm is None:
+            self._comm = self.transport.comm_handle()
+        return NativeTransfers(self.native_send.id, self.native_recv.id, self._comm, *self.transport.tags)
+
+    def datatype(self, tensor: TensorDescriptor) -> int | None:
+        """The MPI datatype a native transfer of the region posts with (Transport.datatype)."""
+        return self.transport.datatype(tensor)
+
     # --- tasks ---------------------------------------------------------------------------
     def place(self, task: Task, tensors: list[Param], rank: int | None) -> list[Task]:
         """Decide where `task` runs and mark it; the transfer tasks to submit before it."""
@@ -305,17 +340,17 @@ class Placement:
         self.counts[C_MOVED] += count * tensor.dtype.itemsize
         if self.rank not in (source, dest):
             return []
-        sequence = self._sequence.get((source, dest), 0)
-        self._sequence[source, dest] = sequence + 1
         sending = self.rank == source
-        if sending:  # counted as placed: native transfers never pass through Python
-            self.bytes_sent += count * tensor.dtype.itemsize
-        else:
-            self.bytes_received += count * tensor.dtype.itemsize
+        peer = dest if sending else source
+        counts = self.counts
+        sequence = int(counts[(C_SENT_TO if sending else C_RECEIVED_FROM) + peer])
+        counts[(C_SENT_TO if sending else C_RECEIVED_FROM) + peer] += 1
+        # counted as placed: native transfers never pass through Python
+        counts[C_BYTES_SENT if sending else C_BYTES_RECEIVED] += count * tensor.dtype.itemsize
+        index = int(counts[C_TRANSFERS])
+        counts[C_TRANSFERS] += 1
         ordered = self.transport.ordered  # see the module docstring
         region = (input if sending else output)(tensor)
-        index = scalar(len(self._transfers))
-        peer = dest if sending else source
         # A receive into a read-only array goes the Python way, whose unpacking fails the task
         # (MPI would write it), as does one into elements a zero stride repeats (MPI forbids it).
         writable = tensor.buffer.writeable and all(
@@ -325,15 +360,15 @@ class Placement:
         if datatype is not None:  # (region, index, peer, tag, datatype, comm): what native code reads
             if self._comm is None:
                 self._comm = self.transport.comm_handle()  # the run's own communicator
-            params = (region, index, scalar(peer), scalar(self.transport.tag(sequence)), scalar(datatype),
-                      scalar(self._comm))
+            params = (region, scalar(index), scalar(peer), scalar(tag(self.transport.tags, sequence)),
+                      scalar(datatype), scalar(self._comm))
             kernel = self.native_send if sending else self.native_recv
         else:
-            params = (region, inout(self.lane), index) if ordered else (region, index)
+            params = (region, inout(self.lane), scalar(index)) if ordered else (region, scalar(index))
             kernel = self.send_kernel if sending else self.recv_kernel
         task = Task(-1, kernel, WorkerType.ACCELERATOR, params, label=-1, inline=not ordered,
                     arrives=not sending)
-        self._transfers.append(Transfer(mask, peer, sequence, task))
+        self._transfers[index] = Transfer(mask, peer, sequence, task)
         return [task]
 
     # --- the transfer kernels: (region, [lane,] index of the transfer) --------------------
@@ -353,5 +388,4 @@ class Placement:
         self._recv(region, index)
 
     def _take(self, index: int) -> Transfer:
-        transfer, self._transfers[index] = self._transfers[index], None
-        return transfer
+        return self._transfers.pop(index)

@@ -67,6 +67,9 @@ class Transport(Protocol):
     ordered: bool
     # Where native workers may post its transfers (the module docstring), else None.
     native: NativeMpi | None
+    # The message tags of transfers between two ranks: (first, count); the `sequence`th one's
+    # is `tag(tags, sequence)`, in compiled placement too (jit/api.py).
+    tags: tuple[int, int]
 
     def begin(self, name: str) -> None:
         """A run of orchestration `name` starts (every rank calls it: a collective)."""
@@ -93,9 +96,6 @@ class Transport(Protocol):
 
     def barrier(self) -> None:
         """Return once every rank has called it (between runs)."""
-
-    def tag(self, sequence: int) -> int:
-        """The message tag of the `sequence`th transfer between two ranks."""
 
     def datatype(self, tensor) -> int | None:
         """The handle of an MPI datatype that picks a region's elements in place, in C order
@@ -187,6 +187,12 @@ def _elements_datatype(MPI, repeats: tuple[int, ...], strides: tuple[int, ...], 
     return made
 
 
+def tag(tags: tuple[int, int], sequence: int) -> int:
+    """The message tag of the `sequence`th transfer between two ranks (Transport.tags)."""
+    first, count = tags
+    return first + sequence % count
+
+
 def packed_bytes(view, mask: np.ndarray | None) -> int:
     count = view.size if mask is None else int(np.count_nonzero(mask))
     return count * view.dtype.itemsize
@@ -207,7 +213,10 @@ class MpiTransport:
         self._base = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self._tag_bound = comm.Get_attr(MPI.TAG_UB)
+        # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that
+        # many transfers apart could be confused, and a rank's receives in flight at once are
+        # fewer than its task window.
+        self.tags = (FIRST_DATA, comm.Get_attr(MPI.TAG_UB) - FIRST_DATA)
         self._comm = None
         self._notice = None  # the receive of a failure notice, any rank's (this one's too)
         self._heard = np.zeros(1, np.int32)  # who failed, once _notice completes
@@ -239,7 +248,7 @@ class MpiTransport:
 
     def send(self, view, mask: np.ndarray | None, dest: int, sequence: int) -> None:
         data = pack(view, mask)
-        request = self._comm.Isend(data, dest=dest, tag=self.tag(sequence))
+        request = self._comm.Isend(data, dest=dest, tag=tag(self.tags, sequence))
         with self._sends_lock:  # sends run on any worker, side by side
             # The copy must live until MPI has sent it: it is kept with its request.
             self._sends.append((request, data))
@@ -249,7 +258,7 @@ class MpiTransport:
 
     def receive(self, view, mask: np.ndarray | None, source: int, sequence: int) -> Posted:
         data = np.empty(packed_bytes(view, mask), np.uint8)
-        request = self._comm.Irecv(data, source=source, tag=self.tag(sequence))
+        request = self._comm.Irecv(data, source=source, tag=tag(self.tags, sequence))
         return Posted(request, data, view, mask, source)
 
     def arrived(self, posted: list[Posted]) -> list[int]:
@@ -292,11 +301,6 @@ class MpiTransport:
                 except self._MPI.Exception:  # (MPI failed the run already): the run's own error stands
                     pass
 
-    def tag(self, sequence: int) -> int:
-        # Tags wrap after MPI's bound (at least 32767; MPICH's is 2**29): only messages that
-        # many transfers apart could be confused, and a rank's receives in flight at once are
-        # fewer than its task window.
-        return FIRST_DATA + sequence % (self._tag_bound - FIRST_DATA)
 
     def wait(self, request, what: str) -> None:
         """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a

@@ -45,8 +45,10 @@ from .context import (
     M_ALIVE_SEEN,
     M_ANSWER,
     M_BUFFER_MASK,
+    M_COMM,
     M_COMPLETE_AT_SUBMIT,
     M_EDGES,
+    M_FIRST_TAG,
     M_HEAP_BASE,
     M_LOG_EDGES,
     M_LOG_LIMIT,
@@ -54,14 +56,18 @@ from .context import (
     M_PIPELINE,
     M_PLACED,
     M_RANK,
+    M_RECV_KERNEL,
     M_SCOPE_DEPTH,
     M_SCOPE_TOP,
+    M_SEND_KERNEL,
     M_SERVICE,
     M_SESSION,
+    M_TAGS,
     M_TASK_MASK,
     M_VALIDATE,
     MAX_SCALARS,
     MAX_SCOPE_DEPTH,
+    NO_DATATYPE,
     P_DONE,
     P_FULL,
     P_QUEUED,
@@ -69,11 +75,22 @@ from .context import (
     PARAM_NDIM,
     PLACED_COMPILED,
     PLACED_NOT,
+    PLAN_DATATYPE,
+    PLAN_DESC,
+    PLAN_INDEX,
+    PLAN_PEER,
+    PLAN_SENDS,
+    PLAN_SEQUENCE,
     S_FLOAT,
     S_INT,
     SCOPE_CAPACITY,
     SHAPE_BOUND,
     SHAPE_CODE,
+    T_HANDLE,
+    T_ITEMSIZE,
+    T_NDIM,
+    T_SHAPE,
+    T_STRIDE,
     VERSION_LIVE,
     VERSION_MADE,
     VERSION_WRITTEN,
@@ -319,31 +336,34 @@ def _entered(o, task_id, slot, n):
 def _placed(o, kernel_id, tensors, scalars):
     """A distributed run's submit: checked and its arguments written as `submit` does, in the
     slot the next task will have; then placed by compiled code where it can be
-    (jit/placing.py) and entered into the core if it runs on this rank, else taken from the
-    slot by the Python orchestrator, which places it and enters it with the transfers it
-    needs (SERVICE_PLACE). Its id as users see it (the core's ids count transfers too)."""
+    (jit/placing.py), with the transfers to and from this rank it needs entered first, and
+    entered into the core if it runs on this rank; else taken from the slot by the Python
+    orchestrator, which places it and enters it with the transfers it needs (SERVICE_PLACE).
+    Its id as users see it (the core's ids count transfers too)."""
     t = tables(o)
     n = len(tensors)
-    while True:  # the slot must be free: a live task's arguments are its workers'
-        h = t.header[0]
-        if h.next_task - h.last_alive < h.window:
-            break
-        _service(t.meta, bridge.SERVICE_ROOM, FULL_TASKS, n, 0)
-        t = tables(o)
-    task_id = h.next_task
-    slot = task_id & (h.window - 1)
+    task_id, slot = _free_slot(o, n)
     params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
-    rank = placing.place(t, slot, n) if t.meta[M_PLACED] == PLACED_COMPILED else -1
-    if rank != t.meta[M_RANK]:
-        # Not this rank's task, or not placed yet: the slot is no task's (transfers the Python
-        # orchestrator enters first may take this id, and it writes the task's arguments
-        # where the task lands).
+    rank, planned = placing.plan(t, slot, n) if t.meta[M_PLACED] == PLACED_COMPILED else (-1, 0)
+    if planned and not _found_datatypes(o, planned):
+        rank = -1
+    if rank >= 0:
+        placing.apply(t, slot, n, rank, planned)
+    if rank != t.meta[M_RANK] or planned:
+        # Not this rank's task, not placed yet, or its transfers take this id first: the slot
+        # is no task's (the Python orchestrator's transfers may take the id too, and it writes
+        # the task's arguments where the task lands).
         t.arg_task[slot] = -1
         _note_versions(o, slot, n)
-        if rank >= 0:
+        if rank < 0:
+            _service(t.meta, bridge.SERVICE_PLACE, slot, kernel_id, 0)
+            return t.meta[M_ANSWER]
+        for j in range(planned):
+            _enter_transfer(o, t.plan[j])
+        if rank != t.meta[M_RANK]:
             return _next_label(t)
-        _service(t.meta, bridge.SERVICE_PLACE, slot, kernel_id, 0)
-        return t.meta[M_ANSWER]
+        task_id, slot = _free_slot(o, n)
+        params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
     label = _next_label(t)
     t.labels[slot] = label
     while True:
@@ -357,6 +377,107 @@ def _placed(o, kernel_id, tensors, scalars):
         store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
     _entered(o, task_id, slot, n)
     return label
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _free_slot(o, n):
+    """The next task's id and slot, once the slot is free: a live task's arguments are its
+    workers'."""
+    t = tables(o)
+    while True:
+        h = t.header[0]
+        if h.next_task - h.last_alive < h.window:
+            return h.next_task, h.next_task & (h.window - 1)
+        _service(t.meta, bridge.SERVICE_ROOM, FULL_TASKS, n, 0)
+        t = tables(o)
+
+
+@njit(cache=True, _nrt=False)
+def _found_datatypes(o, planned):
+    """Give each planned transfer (`plan`) the MPI datatype of its region, asking Python
+    (SERVICE_DATATYPE) for those `datatypes` lacks; whether each has one."""
+    t = tables(o)
+    for j in range(planned):
+        entry = t.plan[j]
+        known = _datatype_row(t.datatypes, entry)
+        if known < 0:
+            _name(t, entry[PLAN_DESC:], 0)
+            _service(t.meta, bridge.SERVICE_DATATYPE, 0, 0, 0)
+            handle = t.meta[M_ANSWER]
+            for row in range(len(t.datatypes)):
+                if t.datatypes[row, T_NDIM] < 0:  # kept while there is room: a run has a few
+                    _datatype_key(t.datatypes[row], entry)
+                    t.datatypes[row, T_HANDLE] = handle
+                    break
+        else:
+            handle = t.datatypes[known, T_HANDLE]
+        if handle == NO_DATATYPE:
+            return False
+        entry[PLAN_DATATYPE] = handle
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _datatype_row(datatypes, entry):
+    """The row of `datatypes` whose key is the region of plan row `entry`; -1 if none."""
+    ndim, itemsize = entry[PLAN_DESC + D_NDIM], entry[PLAN_DESC + D_ITEMSIZE]
+    for row in range(len(datatypes)):
+        known = datatypes[row]
+        if known[T_NDIM] == ndim and known[T_ITEMSIZE] == itemsize:
+            same = True
+            for d in range(ndim):
+                same = same and known[T_SHAPE + d] == entry[PLAN_DESC + D_SHAPE + d] and \
+                    known[T_STRIDE + d] == entry[PLAN_DESC + D_STRIDE + d]
+            if same:
+                return row
+    return -1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _datatype_key(known, entry):
+    known[T_NDIM] = entry[PLAN_DESC + D_NDIM]
+    known[T_ITEMSIZE] = entry[PLAN_DESC + D_ITEMSIZE]
+    for d in range(MAX_JIT_DIMS):
+        inside = d < known[T_NDIM]
+        known[T_SHAPE + d] = entry[PLAN_DESC + D_SHAPE + d] if inside else 0
+        known[T_STRIDE + d] = entry[PLAN_DESC + D_STRIDE + d] if inside else 0
+
+
+@njit(cache=True, _nrt=False)
+def _enter_transfer(o, entry):
+    """Enter the transfer of plan row `entry` into the core, with its arguments where native
+    workers post it (Placement._transfer's native transfers): the region, then its index,
+    peer, tag, datatype and the run's communicator."""
+    t = tables(o)
+    sends = entry[PLAN_SENDS]
+    kernel_id = t.meta[M_SEND_KERNEL] if sends else t.meta[M_RECV_KERNEL]
+    kind = INPUT if sends else OUTPUT
+    tag = t.meta[M_FIRST_TAG] + entry[PLAN_SEQUENCE] % t.meta[M_TAGS]  # (Transport.tag)
+    words = (entry[PLAN_INDEX], entry[PLAN_PEER], tag, entry[PLAN_DATATYPE], t.meta[M_COMM])
+    while True:
+        task_id, slot = _free_slot(o, 1)
+        region = t.arg_desc[slot, 0]
+        for i in range(DESC_WIDTH):
+            region[i] = entry[PLAN_DESC + i]
+        t.arg_kind[slot, 0] = kind
+        t.arg_count[slot, 0] = 1
+        t.arg_count[slot, 1] = len(words)
+        for i in range(len(words)):
+            t.arg_int[slot, i] = words[i]
+            t.arg_scalar_kind[slot, i] = S_INT
+        _layout(o, kernel_id, 0, region, kind)  # (placing.plan found the region writable)
+        params = t.layout_rows[kernel_id]
+        params[0, P_KIND] = kind
+        t.labels[slot] = -1  # not a task of the orchestration's
+        store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
+        status = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
+                             t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], params[:1])
+        if status >= 0:
+            break
+        t.arg_task[slot] = -1
+        _service(t.meta, bridge.SERVICE_ROOM, status, 1, 0)
+        t = tables(o)
+    _entered(o, task_id, slot, 1)
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -32,6 +32,7 @@ SERVICE_PLACE = 3  # submit the task whose arguments slot a holds (kernel id b);
 SERVICE_ALLOCATED = 4  # heap buffer a (its descriptor in named[0]) is owned by rank b (-1: the default)
 SERVICE_FREED = 5  # heap buffer a was freed
 SERVICE_OWNER = 6  # answer: the rank owning the first element of the descriptor in named[0]
+SERVICE_DATATYPE = 7  # answer: the MPI datatype of the region in named[0] (native transfers), or NO_DATATYPE
 
 CHECK_SUBMIT, CHECK_COMPLETE, CHECK_ALLOC, CHECK_FREE = 0, 1, 2, 3
 CHECKED_AFTER = ("submitting task", "completing task", "allocating heap buffer", "freeing heap buffer")

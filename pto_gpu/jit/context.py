@@ -58,8 +58,27 @@ M_ALIVE_SEEN = 14  # the core stage's tasks done (its last_alive) when a submit 
 M_PLACED = 15
 M_ANSWER = 16
 M_RANK = 17
-M_WIDTH = 18
+# Where compiled placement enters the transfers a task needs itself (jit/placing.py): 1 when
+# the run's native workers post them through MPI; the kernel ids of the native send and
+# receive, the run's communicator's handle, and its tags (the first, and how many before
+# they wrap: Transport.tags).
+M_TRANSFERS = 18
+M_SEND_KERNEL = 19
+M_RECV_KERNEL = 20
+M_COMM = 21
+M_FIRST_TAG = 22
+M_TAGS = 23  # (NativeTransfers' fields, in its order: M_SEND_KERNEL to M_TAGS)
+M_WIDTH = 24
 PLACED_NOT, PLACED_BY_PYTHON, PLACED_COMPILED = 0, 1, 2
+
+_NATIVE_TRANSFERS = "send_kernel recv_kernel comm first_tag tags"
+
+
+class NativeTransfers(collections.namedtuple("NativeTransfers", _NATIVE_TRANSFERS)):
+    """What compiled placement needs to enter a run's native transfers itself (jit/api.py), the
+    meta fields M_SEND_KERNEL..M_TAGS: the kernel ids of the native send and receive, the run's
+    communicator's handle, and its tags (Transport.tags)."""
+
 
 # `pipe`, a pipelined run's counters, each on a cache line of its own (jit/pipeline.py)
 P_QUEUED = 0  # tasks queued: the next task id (written by the submits)
@@ -97,12 +116,44 @@ H_WRITTEN = 6  # 1 once compiled code wrote the tables
 H_WIDTH = 7
 
 # `counts` columns (distributed/placement.py's Placement.counts; a distributed run's)
+MAX_RANKS = 64  # a bit each in a holdings table's valid bits, a uint64 (jit/placing.py)
 C_LABEL = 0  # the run's tasks placed so far: the next task's id
 C_WRITTEN = 1  # bytes the run's tasks wrote
 C_MOVED = 2  # bytes moved between ranks
 C_COMPILED = 3  # tasks compiled code placed itself (this rank's count: the others may differ)
 C_PLACED = 4  # C_PLACED + r: tasks placed on rank r
-C_WIDTH = C_PLACED + 64
+# This rank's: its transfers so far (the next one's index), the bytes they sent and received
+# (packed), and per peer r the transfers sent to r (C_SENT_TO + r) and received from r so far:
+# the next one's place in their sequence between the two ranks.
+C_TRANSFERS = C_PLACED + MAX_RANKS
+C_BYTES_SENT = C_TRANSFERS + 1
+C_BYTES_RECEIVED = C_TRANSFERS + 2
+C_SENT_TO = C_TRANSFERS + 3
+C_RECEIVED_FROM = C_SENT_TO + MAX_RANKS
+C_WIDTH = C_RECEIVED_FROM + MAX_RANKS
+
+# `datatypes` columns: the MPI datatypes (Transport.datatype) of the regions compiled
+# placement has sent or received in a run, by what picks the elements: dims, itemsize, then
+# MAX_JIT_DIMS extents and strides (0 past the dims); the handle, an int32, or NO_DATATYPE.
+T_NDIM = 0
+T_ITEMSIZE = 1
+T_SHAPE = 2
+T_STRIDE = T_SHAPE + MAX_JIT_DIMS
+T_HANDLE = T_STRIDE + MAX_JIT_DIMS
+T_WIDTH = T_HANDLE + 1
+DATATYPES = 16
+NO_DATATYPE = 1 << 32  # the region has none (no int32 handle is this)
+
+# `plan` columns, a row per transfer compiled placement enters for one task, in its order:
+# the peer, 1 if this rank sends, the datatype's handle, its place in the sequence between the
+# two ranks, its index among this rank's transfers, and the region it moves (a descriptor).
+PLAN_PEER = 0
+PLAN_SENDS = 1
+PLAN_DATATYPE = 2
+PLAN_SEQUENCE = 3
+PLAN_INDEX = 4
+PLAN_DESC = 5
+PLAN_WIDTH = PLAN_DESC + DESC_WIDTH
 
 # kernel table columns
 K_WORKER = 0
@@ -137,7 +188,7 @@ FIELDS = (
     "arg_desc", "arg_kind", "arg_count", "arg_float", "arg_int", "arg_scalar_kind",
     "log", "edges", "heap_versions", "externals", "scope", "scope_marks",
     "kernels", "kernel_shapes", "meta", "arg_task", "layouts", "layout_rows", "signatures",
-    "pipe", "slot_params", "slot_info", "held", "counts", "labels",
+    "pipe", "slot_params", "slot_info", "held", "counts", "labels", "datatypes", "plan",
 )
 
 
@@ -315,7 +366,10 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
         held=np.zeros((1, H_WIDTH), i64),
         counts=np.zeros(C_WIDTH, i64),
         labels=np.zeros(1, i64),
+        datatypes=np.zeros((DATATYPES, T_WIDTH), i64),
+        plan=np.zeros((cs.MAX_PARAMS, PLAN_WIDTH), i64),
     )
+    fields["datatypes"][:, T_NDIM] = -1  # no region has: none known yet
     fields["layouts"][:, :, L_DESC + D_NDIM] = -1  # no descriptor has: nothing remembered yet
     fields["signatures"][:, G_COUNT] = -1
     return JitOrchestrator(*(fields[name] for name in FIELDS)), fields

@@ -39,7 +39,7 @@ from ..errors import (
     UsageError,
     UseAfterFreeError,
 )
-from ..kernel import registered
+from ..kernel import RECEIVE, registered
 from ..params import Param, ParamKind
 from ..tasks import Scheduler, Task
 from ..tensor import Buffer, BufferKind, TensorDescriptor
@@ -70,13 +70,17 @@ from .context import (
     M_PIPELINE,
     M_PLACED,
     M_RANK,
+    M_SEND_KERNEL,
     M_SERVICE,
     M_SESSION,
+    M_TAGS,
     M_TASK_MASK,
+    M_TRANSFERS,
     M_VALIDATE,
     M_WIDTH,
     MAX_SCALARS,
     MAX_SCOPE_DEPTH,
+    NO_DATATYPE,
     PARAM_DTYPE,
     PARAM_NDIM,
     PLACED_BY_PYTHON,
@@ -88,6 +92,7 @@ from .context import (
     VERSION_LIVE,
     VERSION_MADE,
     VERSION_WRITTEN,
+    NativeTransfers,
 )
 from .descriptor import D_BASE, D_DTYPE, D_KEY, D_NBYTES, D_VERSION, MAX_JIT_DIMS, to_tensor
 
@@ -161,6 +166,13 @@ class Placer(Protocol):
     def ran(self, labels: list[int]) -> None:
         """Compiled code entered these tasks (their ids as users see them) on this rank."""
 
+    def native_transfers(self) -> NativeTransfers | None:
+        """What compiled code needs to enter the run's transfers itself; None where it cannot
+        (they are not native, or not the run's native workers')."""
+
+    def datatype(self, tensor: TensorDescriptor) -> int | None:
+        """The MPI datatype a native transfer of the region posts with; None if none."""
+
 
 class Session:
     def __init__(self, scheduler: Scheduler, executor, recorder, heap_base: int, num_externals: int,
@@ -191,6 +203,10 @@ class Session:
             compiled = placer.compiled and not self._complete_at_submit
             meta[M_PLACED] = PLACED_COMPILED if compiled else PLACED_BY_PYTHON
             meta[M_RANK] = placer.rank
+            transfers = placer.native_transfers() if compiled else None
+            if transfers is not None:
+                meta[M_TRANSFERS] = 1
+                meta[M_SEND_KERNEL:M_TAGS + 1] = transfers
         else:
             meta[M_PLACED] = PLACED_NOT
         self._pipelined = placer is None and pipeline.wanted(
@@ -309,7 +325,7 @@ class Session:
             self._make_room(a, b)
         elif code == bridge.SERVICE_CHECK:
             self._scheduler.check_invariants(f"{bridge.CHECKED_AFTER[b]} {a}")
-        elif self._placer is not None and bridge.SERVICE_PLACE <= code <= bridge.SERVICE_OWNER:
+        elif self._placer is not None and bridge.SERVICE_PLACE <= code <= bridge.SERVICE_DATATYPE:
             self._place(code, a, b)
         else:
             raise self._error(code, a, b, c)
@@ -339,8 +355,11 @@ class Session:
         elif code == bridge.SERVICE_FREED:
             self._placer.forget(self._python_heap.pop(a))
             self._held_row(a)[:] = 0
-        else:
+        elif code == bridge.SERVICE_OWNER:
             meta[M_ANSWER] = self._placer.owner_of(self._tensor(named[0]))
+        else:
+            datatype = self._placer.datatype(self._tensor(named[0]))
+            meta[M_ANSWER] = NO_DATATYPE if datatype is None else datatype
 
     def _placing_tables(self, externals: int) -> None:
         """Compiled placement's tables (jit/placing.py): `held`, a row for each heap slot and for
@@ -386,7 +405,8 @@ class Session:
         log = self._fields["log"]
         if self._placer is not None:
             labels, mask = self._fields["labels"], self._scheduler.state.sizes.task_window - 1
-            self._placer.ran([int(labels[task_id & mask]) for task_id in log[:logged, 0].tolist()])
+            entered = labels[log[:logged, 0] & mask]
+            self._placer.ran(entered[entered >= 0].tolist())  # (compiled code's transfers have none: -1)
         recorded: dict[int, Task] = {}  # one record per task, for the recorder and the executor
         if self._recorder is not None:
             recorded = {task_id: self._scheduler.task(task_id) for task_id in log[:logged, 0].tolist()}
@@ -432,6 +452,10 @@ class Session:
                     tuple(self._params(slot)), tags)
         if self._placer is not None:  # placed by compiled code (jit/placing.py)
             task.label = int(self._fields["labels"][slot])
+            transfer = task.kernel.native.transfer if task.kernel.native is not None else 0
+            if transfer:  # one it entered (jit/api.py): native, as Placement._transfer's are
+                task.native = task.inline = True
+                task.arrives = transfer == RECEIVE
         return task
 
     def _params(self, slot: int) -> list[Param]:

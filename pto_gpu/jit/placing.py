@@ -2,13 +2,16 @@
 needs nothing but bookkeeping.
 
 Every rank places every task alike (distributed/placement.py). A compiled submit whose regions
-start and end on their buffers' holdings units, and which needs no transfer to or from this
-rank, is placed here, as Placement.place would place it: on the owner of the first element of
-the first region it writes (rank 0 if it writes none); a rank that lacks what it reads gets it
-from another (a transfer this rank only counts) and holds it from then on; what it writes is
-its rank's alone. Anything else (a region that cuts a unit, a transfer this rank sends or
-receives, a buffer without holdings) goes to Placement through the session (SERVICE_PLACE),
-which works on the same tables.
+start and end on their buffers' holdings units is placed here (`plan`, then `apply`), as
+Placement.place would place it: on the owner of the first element of the first region it
+writes (rank 0 if it writes none); a rank that lacks what it reads gets it from another and
+holds it from then on; what it writes is its rank's alone. A transfer of other ranks' this
+rank only counts. One this rank sends or receives is entered by compiled code too (jit/api.py)
+where the session allows (M_TRANSFERS: the run's native workers post transfers through MPI)
+and it is one Placement would make native: a whole region one rank wrote, and one MPI may
+write where it lands. Anything else (a region that cuts a unit, a transfer of part of a
+region or the Python way's, a buffer without holdings) goes to Placement through the session
+(SERVICE_PLACE), which works on the same tables and counts, the transfers' sequences too.
 
 The sweeps over a region's units (`_sweep`) are also what Python's Holdings runs for the
 common cases of its own transitions (`fetch_whole`, `write`): one implementation of how a read
@@ -31,10 +34,16 @@ from numba.cpython.unsafe.tuple import tuple_setitem
 from ..core.address import array_at
 from ..core.state import INPUT, OUTPUT
 from .context import (
+    C_BYTES_RECEIVED,
+    C_BYTES_SENT,
     C_COMPILED,
     C_MOVED,
     C_PLACED,
+    C_RECEIVED_FROM,
+    C_SENT_TO,
+    C_TRANSFERS,
     C_WRITTEN,
+    EXTERNAL_WRITEABLE,
     H_ITEMSIZE,
     H_OWNER,
     H_UNIT,
@@ -44,8 +53,15 @@ from .context import (
     H_WRITTEN,
     M_BUFFER_MASK,
     M_RANK,
+    M_TRANSFERS,
+    PLAN_DATATYPE,
+    PLAN_DESC,
+    PLAN_INDEX,
+    PLAN_PEER,
+    PLAN_SENDS,
+    PLAN_SEQUENCE,
 )
-from .descriptor import D_ITEMSIZE, D_KEY, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, MAX_JIT_DIMS
+from .descriptor import D_ITEMSIZE, D_KEY, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE, DESC_WIDTH, MAX_JIT_DIMS
 
 _ONES, _ZEROS = (1,) * MAX_JIT_DIMS, (0,) * MAX_JIT_DIMS
 if MAX_JIT_DIMS != 4:
@@ -130,28 +146,78 @@ def _sweep(geometry, what, writer, valid, bit, rank, me):
 
 
 @njit(cache=True, _nrt=False)
-def place(t, slot, n):
-    """Place the task whose n tensor params `slot` holds, if it can be placed here (module
-    docstring): update the tables and counts as Placement.place would, and return its rank;
-    -1, having changed nothing, to leave it to Python."""
+def plan(t, slot, n):
+    """Where the task whose n tensor params `slot` holds runs, if compiled code can place it
+    (module docstring), changing nothing but `t.plan`: its rank, and how many transfers this
+    rank enters for it, each a row of `t.plan` (its datatype -1: the caller finds it);
+    (-1, 0) to leave the task to Python."""
     rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
     rank = -1
     for p in range(n):
         row = held_row(t, rows[p, D_KEY])
         geometry = _geometry(rows[p], row)
         if geometry[0] < 0:
-            return -1
+            return -1, 0
         if rank < 0 and kinds[p] != INPUT:
             rank = array_at(row[H_OWNER], row[H_UNITS], np.int8)[geometry[0]]
     rank = max(rank, 0)
     me = t.meta[M_RANK]
     bit = np.uint64(1) << np.uint64(rank)
-    for p in range(n):  # a transfer to or from this rank is Python's to make
+    planned = 0
+    for p in range(n):
         if kinds[p] != OUTPUT:
             row = held_row(t, rows[p, D_KEY])
-            if _sweep(_geometry(rows[p], row), _INVOLVES, array_at(row[H_WRITER], row[H_UNITS], np.int8),
-                      array_at(row[H_VALID], row[H_UNITS], np.uint64), bit, rank, me):
-                return -1
+            geometry = _geometry(rows[p], row)
+            writer = array_at(row[H_WRITER], row[H_UNITS], np.int8)
+            valid = array_at(row[H_VALID], row[H_UNITS], np.uint64)
+            if _sweep(geometry, _INVOLVES, writer, valid, bit, rank, me):
+                peer = _native_peer(t, rows, kinds, n, p, geometry, writer, valid, bit, rank, me)
+                if peer < 0:
+                    return -1, 0
+                entry = t.plan[planned]
+                entry[PLAN_PEER] = peer
+                entry[PLAN_SENDS] = rank != me
+                entry[PLAN_DATATYPE] = -1
+                for i in range(DESC_WIDTH):
+                    entry[PLAN_DESC + i] = rows[p, i]
+                planned += 1
+    return rank, planned
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _native_peer(t, rows, kinds, n, p, geometry, writer, valid, bit, rank, me):
+    """The peer of the transfer of read param p, which this rank sends or receives (its
+    region lacks `bit`), if it is one native workers post (Placement._transfer): the whole
+    region, from one writer, and a region MPI may write if received here; else -1."""
+    if not t.meta[M_TRANSFERS]:
+        return -1
+    if _sweep(geometry, _LACKING, writer, valid, bit, rank, me) != geometry[3] * geometry[4]:
+        return -1  # some of it is held already: a mask of the rest, Python's
+    source = writer[geometry[0]]
+    if source == rank or _sweep(geometry, _OTHER_WRITER, writer, valid, bit, source, me):
+        return -1
+    key = rows[p, D_KEY]
+    for q in range(n):  # a second read of the buffer would find what the first brings: Python's
+        if q != p and kinds[q] != OUTPUT and rows[q, D_KEY] == key:
+            return -1
+    if rank != me:
+        return rank  # (sent from here: a unit it lacks is this rank's, and all are one writer's)
+    if key < 0 and t.externals[-1 - key, EXTERNAL_WRITEABLE] == 0:
+        return -1  # a receive into read-only memory goes the Python way, which fails it
+    for d in range(rows[p, D_NDIM]):
+        if rows[p, D_STRIDE + d] == 0 and rows[p, D_SHAPE + d] > 1:
+            return -1  # MPI may not write elements a zero stride repeats
+    return source
+
+
+@njit(cache=True, _nrt=False)
+def apply(t, slot, n, rank, planned):
+    """Place the task whose n tensor params `slot` holds on `rank`, as `plan` found, with the
+    `planned` transfers of `t.plan`: update the tables and counts as Placement.place would,
+    and give each transfer its place in its sequence and its index."""
+    rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
+    bit = np.uint64(1) << np.uint64(rank)
+    me = t.meta[M_RANK]
     for p in range(n):  # Placement.place's order: every read, then every write
         if kinds[p] != OUTPUT:
             row = held_row(t, rows[p, D_KEY])
@@ -172,9 +238,20 @@ def place(t, slot, n):
                    array_at(row[H_VALID], row[H_UNITS], np.uint64), bit, rank, me)
             row[H_WRITTEN] = 1
             t.counts[C_WRITTEN] += geometry[3] * geometry[4] * row[H_UNIT] * row[H_ITEMSIZE]
+    for j in range(planned):  # Placement._transfer's counts
+        entry = t.plan[j]
+        peer = entry[PLAN_PEER]
+        sequences = C_SENT_TO if entry[PLAN_SENDS] else C_RECEIVED_FROM
+        entry[PLAN_SEQUENCE] = t.counts[sequences + peer]
+        t.counts[sequences + peer] += 1
+        entry[PLAN_INDEX] = t.counts[C_TRANSFERS]
+        t.counts[C_TRANSFERS] += 1
+        nbytes = entry[PLAN_DESC + D_ITEMSIZE]
+        for d in range(entry[PLAN_DESC + D_NDIM]):
+            nbytes *= entry[PLAN_DESC + D_SHAPE + d]
+        t.counts[C_BYTES_SENT if entry[PLAN_SENDS] else C_BYTES_RECEIVED] += nbytes
     t.counts[C_PLACED + rank] += 1
     t.counts[C_COMPILED] += 1
-    return rank
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -246,10 +246,12 @@ def main(case: str, executor: str) -> None:
     moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks, *_ in gathered]
     assert expected is None or moved == expected, f"bytes (sent, received) by rank: {moved}, not {expected}"
     if case in ("compiled", "compiled-pressed"):  # (compiled-spread's 3 tasks: any count)
-        # Compiled code placed the unrecorded run's tasks itself, but for those that move data
-        # to or from its rank, or first cut an external array's holdings into tiles (3 arrays).
+        # Compiled code placed the unrecorded run's tasks itself, but for those that first cut
+        # an external array's holdings into tiles (3 arrays), and, unless native workers post
+        # them, those that move data to or from its rank.
         placed = [ranks.placed_by_compiled_code for _, _, ranks, *_ in gathered]
-        least = serial.num_tasks - 3 if size == 1 else 1
+        native_transfers = executor == "parallel" and all(abi for *_, abi in gathered)
+        least = serial.num_tasks - 3 if size == 1 or native_transfers else 1
         assert all(least <= count <= serial.num_tasks for count in placed), \
             f"tasks placed by compiled code, by rank: {placed} of {serial.num_tasks}"
     if executor == "parallel" and case in ("matmul", "compiled"):  # tile products on native workers
