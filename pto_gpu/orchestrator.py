@@ -524,7 +524,7 @@ class _Placing:
     def native_transfers(self) -> NativeTransfers | None:
         transfers = {self._placement.native_send.id, self._placement.native_recv.id}
         if not transfers <= self._o._native_kernels:
-            return None  # run the Python way, or no native lanes: compiled code cannot enter them
+            return None  # not native workers' (no lanes, or MPI without MPICH's ABI): Python's to enter
         return self._placement.native_transfers()
 
     def datatype(self, tensor: TensorDescriptor) -> int | None:

@@ -18,9 +18,11 @@ region is a native task instead (`native_send`, `native_recv`: kernel.transfer_k
 which native code posts through MPI in place, no copy, and completes, the send too, when MPI
 says it has (executors/native.py); run the Python way, it is the transfer above. Both run as soon as
 they are ready, on the worker that made them ready (Task.inline), as do other ranks' tasks
-here. So no worker ever waits for a message, which is what makes the protocol deadlock-free
-(docs/ARCHITECTURE.md, "Several ranks"; a native send that holds its region until its
-receiver has posted delays only tasks submitted after it, which that receiver never waits for).
+here (those compiled code enters ready at submission wait for its next log flush, as its
+other tasks do: jit/api.py). So no worker ever waits for a message, which is what makes the
+protocol deadlock-free (docs/ARCHITECTURE.md, "Several ranks"; a native send that holds its
+region until its receiver has posted delays only tasks submitted after it, which that
+receiver never waits for).
 Messages are matched by their place in the sequence of transfers between their two ranks,
 which both count alike. A transport whose transfers must go in that order (NCCL: no tags,
 and its sends wait for their receiver) has each rank's transfers chained through an inout of
@@ -136,6 +138,7 @@ class Placement:
 
     @property
     def bytes_received(self) -> int:
+        """Bytes this rank's transfers received in the run (packed)."""
         return int(self.counts[C_BYTES_RECEIVED])
 
     @property
@@ -146,7 +149,8 @@ class Placement:
     def start(self, sizes: Sizes | None, record: bool) -> None:
         self._holdings: dict[int, Holdings] = {}  # by buffer key
         self._externals: list[Buffer] = []
-        # The Python way's transfers, by the index a transfer task carries, until taken
+        # The transfers Python placed, by the index a transfer task carries; the Python way
+        # takes its own when it runs them (native ones stay, as compiled code's never come)
         self._transfers: dict[int, Transfer] = {}
         self._default_owner = [0]
         # Tasks placed (the next one's id, C_LABEL), on each rank, bytes written and moved, this

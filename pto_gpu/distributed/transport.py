@@ -301,7 +301,6 @@ class MpiTransport:
                 except self._MPI.Exception:  # (MPI failed the run already): the run's own error stands
                     pass
 
-
     def wait(self, request, what: str) -> None:
         """Wait for `request` or a failure notice, whichever comes first; PeerFailed on a
         notice. Only the end of a run waits (for its sends to be delivered), its tasks all

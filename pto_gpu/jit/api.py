@@ -340,30 +340,33 @@ def _placed(o, kernel_id, tensors, scalars):
     entered into the core if it runs on this rank; else taken from the slot by the Python
     orchestrator, which places it and enters it with the transfers it needs (SERVICE_PLACE).
     Its id as users see it (the core's ids count transfers too)."""
-    t = tables(o)
     n = len(tensors)
     task_id, slot = _free_slot(o, n)
     params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
+    t = tables(o)
     rank, planned = placing.plan(t, slot, n) if t.meta[M_PLACED] == PLACED_COMPILED else (-1, 0)
     if planned and not _found_datatypes(o, planned):
         rank = -1
     if rank >= 0:
         placing.apply(t, slot, n, rank, planned)
-    if rank != t.meta[M_RANK] or planned:
+    here = rank == t.meta[M_RANK]
+    if not here or planned:
         # Not this rank's task, not placed yet, or its transfers take this id first: the slot
         # is no task's (the Python orchestrator's transfers may take the id too, and it writes
         # the task's arguments where the task lands).
         t.arg_task[slot] = -1
-        _note_versions(o, slot, n)
+        if not here:  # (this rank's notes them once entered: its arguments are checked again)
+            _note_versions(o, slot, n)
         if rank < 0:
             _service(t.meta, bridge.SERVICE_PLACE, slot, kernel_id, 0)
             return t.meta[M_ANSWER]
         for j in range(planned):
-            _enter_transfer(o, t.plan[j])
-        if rank != t.meta[M_RANK]:
-            return _next_label(t)
+            _enter_transfer(o, tables(o).plan[j])
+        if not here:
+            return _next_label(tables(o))
         task_id, slot = _free_slot(o, n)
         params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
+        t = tables(o)  # (making room may have grown a recording run's TensorMap)
     label = _next_label(t)
     t.labels[slot] = label
     while True:
@@ -452,7 +455,7 @@ def _enter_transfer(o, entry):
     sends = entry[PLAN_SENDS]
     kernel_id = t.meta[M_SEND_KERNEL] if sends else t.meta[M_RECV_KERNEL]
     kind = INPUT if sends else OUTPUT
-    tag = t.meta[M_FIRST_TAG] + entry[PLAN_SEQUENCE] % t.meta[M_TAGS]  # (Transport.tag)
+    tag = t.meta[M_FIRST_TAG] + entry[PLAN_SEQUENCE] % t.meta[M_TAGS]  # (transport.tag)
     words = (entry[PLAN_INDEX], entry[PLAN_PEER], tag, entry[PLAN_DATATYPE], t.meta[M_COMM])
     while True:
         task_id, slot = _free_slot(o, 1)

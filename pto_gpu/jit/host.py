@@ -7,9 +7,10 @@ Between compiled calls it carries versions and frees across to the Python orches
 buffer records, so either side can go on where the other stopped.
 
 In a distributed run every rank must decide where each task runs and what moves between
-ranks alike (distributed/placement.py). Compiled code places a submit itself where that is
-bookkeeping alone (jit/placing.py), over the Python placement's own tables, which the session
-points it at (`held`); it hands every other submit, each heap buffer and each free to the
+ranks alike (distributed/placement.py). Compiled code places a submit itself where it can
+(jit/placing.py), over the Python placement's own tables, which the session points it at
+(`held`), and enters the native transfers it needs (M_TRANSFERS: where the run's native
+workers post them); it hands every other submit, each heap buffer and each free to the
 Python orchestrator (a `Placer`), which places them as from Python.
 """
 

@@ -1,5 +1,5 @@
-"""Compiled placement: a distributed run's compiled submit placed by compiled code, when it
-needs nothing but bookkeeping.
+"""Compiled placement: a distributed run's compiled submit placed by compiled code, with the
+transfers it needs, where compiled code can.
 
 Every rank places every task alike (distributed/placement.py). A compiled submit whose regions
 start and end on their buffers' holdings units is placed here (`plan`, then `apply`), as

@@ -154,6 +154,32 @@ def rewrite_case(size: int):
     return rewrite_between, arrays, (), [0, 1, 2], expected
 
 
+@numba.njit(nogil=True)
+def versioned_body(o, x, y, axpy_id):
+    rows = pj.shape(x, 0)
+    pj.submit(o, axpy_id, (pj.input(pj.narrow(x, 0, rows - 1, rows)), pj.input(pj.narrow(y, 0, 0, 1)),
+                           pj.output(pj.narrow(pj.version_inc(o, x), 0, 0, 1))))
+
+
+def versioned(o: pto.Orchestrator, x, y) -> None:
+    """From compiled code, x's first row at x's next version = 2 x's last row + y's first
+    row: a task that receives a row of one buffer (the last rank's) and writes another row of
+    it, on rank 0, placed with its transfer by compiled code."""
+    X = o.external(x, owner=pto.block_cyclic(1, o.ranks))
+    Y = o.external(y, owner=pto.block_cyclic(1, o.ranks))
+    o.compiled(versioned_body, X, Y, axpy_any.id)
+
+
+def versioned_case(size: int):
+    rng = np.random.default_rng(7)
+    arrays = tuple(rng.standard_normal((8, 4)) for _ in range(2))
+    last = 7 % size  # the owner of x's last row, which rank 0 receives
+    expected = [(0, 0)] * size
+    if last:
+        expected[0], expected[last] = (0, 4 * 8), (4 * 8, 0)
+    return versioned, arrays, (), [0], expected
+
+
 def cholesky_case(size: int):
     """A 384² tiled Cholesky in 64² tiles dealt over a 2-D grid of the ranks (2 x 2 on 4)."""
     n = 384
@@ -176,7 +202,8 @@ def matmul_scheduled(size: int):
 CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
          "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case,
          "compiled": compiled_case, "compiled-pressed": compiled_case,
-         "compiled-spread": compiled_spread_case, "compiled-rewrite": rewrite_case}
+         "compiled-spread": compiled_spread_case, "compiled-rewrite": rewrite_case,
+         "compiled-versioned": versioned_case}
 SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, run's
             "compiled-pressed": ({"task_window": 16}, {"threshold": 4}),
             "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})})}
@@ -188,6 +215,8 @@ def owners(orchestration, index: int, shape: tuple[int, ...], size: int) -> np.n
         owner = pto.block_cyclic(3, size)
     elif orchestration is cholesky:
         owner = pto.block_cyclic_2d(64, 64, grid(size))
+    elif orchestration is versioned:
+        owner = pto.block_cyclic(1, size)
     elif orchestration is rewrite_between:
         owner = 0 if index == 0 else min(1, size - 1)
     else:
@@ -245,13 +274,16 @@ def main(case: str, executor: str) -> None:
         f"the ranks' executed tasks {[len(r) for r in runs]} are not a partition of {serial.num_tasks} tasks"
     moved = [(ranks.bytes_sent, ranks.bytes_received) for _, _, ranks, *_ in gathered]
     assert expected is None or moved == expected, f"bytes (sent, received) by rank: {moved}, not {expected}"
-    if case in ("compiled", "compiled-pressed"):  # (compiled-spread's 3 tasks: any count)
+    if case in ("compiled", "compiled-pressed", "compiled-versioned"):  # (compiled-spread's: any count)
         # Compiled code placed the unrecorded run's tasks itself, but for those that first cut
-        # an external array's holdings into tiles (3 arrays), and, unless native workers post
-        # them, those that move data to or from its rank.
+        # an external array's holdings into tiles (the matmul's 3 arrays), and, unless native
+        # workers post them, those that move data to or from its rank.
         placed = [ranks.placed_by_compiled_code for _, _, ranks, *_ in gathered]
         native_transfers = executor == "parallel" and all(abi for *_, abi in gathered)
-        least = serial.num_tasks - 3 if size == 1 or native_transfers else 1
+        if case == "compiled-versioned":  # (on one rank its row cuts the one owner's table)
+            least = 1 if size > 1 and native_transfers else 0
+        else:
+            least = serial.num_tasks - 3 if size == 1 or native_transfers else 1
         assert all(least <= count <= serial.num_tasks for count in placed), \
             f"tasks placed by compiled code, by rank: {placed} of {serial.num_tasks}"
     if executor == "parallel" and case in ("matmul", "compiled"):  # tile products on native workers
