@@ -79,6 +79,17 @@ class Transfer:
     task: Task  # the transfer's task (a receive posts under its id)
 
 
+def _kept(tables: dict[tuple, Holdings], key: tuple, make) -> Holdings:
+    """A copy of the Holdings kept under `key`, made (`make()`) and kept if there is none; the
+    kept ones all go once KEPT_OWNER_TABLES are."""
+    made = tables.get(key)
+    if made is None:
+        if len(tables) >= KEPT_OWNER_TABLES:
+            tables.clear()
+        made = tables[key] = make()
+    return made.copy()
+
+
 class Placement:
     """One Runtime's distributed side: the transport, the transfer kernels, and the current
     run's decisions (`start` begins a run)."""
@@ -200,25 +211,17 @@ class Placement:
         count = tensor.buffer.nbytes // tensor.dtype.itemsize
         whole = self._default_owner[-1] if owner is None else owner
         if type(whole) is int and 0 <= whole < self.size:  # one rank's (a heap tile, say): nothing to check
-            made = self._one_owner_tables.get(key := (whole, count, tensor.dtype))
-            if made is None:
-                if len(self._one_owner_tables) >= KEPT_OWNER_TABLES:
-                    self._one_owner_tables.clear()
-                made = self._one_owner_tables[key] = Holdings(whole, count, tensor.dtype, self.size)
-            return made.copy()
+            return _kept(self._one_owner_tables, (whole, count, tensor.dtype),
+                         lambda: Holdings(whole, count, tensor.dtype, self.size))
         # What the owners depend on. Not the layout key: it merges and sorts dims (a (4, 2)
         # array's is a (2, 4) one's), and its buffer key is a per-run counter. The owner's type:
         # True, 1.0 and np.int64(1) are equal keys, and only the last is an owner.
         key = (type(whole), whole, tensor.shape, tensor.strides, tensor.byte_offset, count, tensor.dtype)
         try:
-            made = self._owner_tables.get(key)
+            hash(key)
         except TypeError:  # not a distribution at all: _owners names what is wrong
             return self._made(tensor, owner, count)
-        if made is None:
-            if len(self._owner_tables) >= KEPT_OWNER_TABLES:
-                self._owner_tables.clear()
-            made = self._owner_tables[key] = self._made(tensor, owner, count)
-        return made.copy()
+        return _kept(self._owner_tables, key, lambda: self._made(tensor, owner, count))
 
     def _made(self, tensor: TensorDescriptor, owner: Owner | None, count: int) -> Holdings:
         """The Holdings of a tensor's buffer by its owners, as at the start of a run."""
