@@ -1,8 +1,14 @@
 """kernels/blas.py's gemm against numpy in float64, over the layouts tile views have."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+from pto_gpu.kernels import blas
 from pto_gpu.kernels.blas import gemm, takes
+from threadpoolctl import threadpool_limits
 
 RNG = np.random.default_rng(0)
 BIG = RNG.standard_normal((300, 300))
@@ -75,3 +81,38 @@ def test_gemm_writes_only_its_view():
 def test_takes_only_blas_types():
     f32, f16 = np.ones((2, 2), np.float32), np.ones((2, 2), np.float16)
     assert takes(f32, f32, f32) and not takes(f16, f16, f16) and not takes(f32, f32, f32.astype(np.float64))
+
+
+def test_where_numpy_brings_openblas_gemm_is_numpys_own_routine():
+    """Bit for bit numpy's product (one BLAS for numpy and numba code), where numpy's wheel
+    brings scipy-openblas64."""
+    if blas._numpy_cblas() is None:
+        pytest.skip("this numpy does not bring scipy-openblas64")
+    a, b = BIG[:96, :80].astype(np.float32), BIG[100:180, :72].astype(np.float32)
+    out = np.empty((96, 72), np.float32)
+    with threadpool_limits(1):  # (the thread count changes OpenBLAS's sums)
+        gemm(a, b, out, False)
+        assert np.array_equal(out, a @ b)
+
+
+def test_without_numpys_openblas_gemm_is_scipys_through_adapters():
+    """A process whose numpy brings no OpenBLAS of its own (none found) computes through SciPy's
+    ?gemm, for every layout and both dtypes."""
+    code = """
+import glob
+glob.glob = lambda *args, **kwargs: []  # numpy's OpenBLAS not found
+import numpy as np
+from pto_gpu.kernels import blas
+from test_blas import TOLERANCE, views
+assert len(blas._ADAPTERS) == 2
+for dtype in blas.DTYPES:
+    for a, b in views(dtype):
+        out = np.ones((a.shape[0], b.shape[1]), dtype)
+        blas.gemm(a, b, out, True)
+        expected = a.astype(np.float64) @ b.astype(np.float64) + 1
+        assert np.abs(out - expected).max() <= TOLERANCE[dtype] * max(1.0, np.abs(expected).max())
+print("OK")
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.strip() == "OK", done.stderr
