@@ -31,9 +31,11 @@ $(BIN)/.installed: pyproject.toml | $(BIN)/python
 # files jit.source_fingerprint covers for generated orchestrations, whose hand-written twins in
 # tests/ inline the jit API too, and native_call.py, which the native workers' loop and the CUDA
 # emulator's CPU-code entry inline, and the instance keys and driver calls that the native
-# workers' and the driver stream executor's loops inline.
+# workers' and the driver stream executor's loops inline, and the BLAS gemm the tile kernels
+# inline (the routine's name is in their code).
 INLINED := $(wildcard pto_gpu/core/*.py pto_gpu/jit/*.py) pto_gpu/overlap.py pto_gpu/layout.py \
-	pto_gpu/native_call.py pto_gpu/executors/instance_keys.py pto_gpu/backends/launches.py
+	pto_gpu/native_call.py pto_gpu/executors/instance_keys.py pto_gpu/backends/launches.py \
+	kernels/blas.py
 $(BIN)/.caches-checked: $(INLINED) | $(BIN)/python
 	find pto_gpu kernels orchestration tests bench \( -name '*.nbi' -o -name '*.nbc' \) -delete
 	touch $@

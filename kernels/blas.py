@@ -10,23 +10,23 @@ numba code, it runs the same on a Python worker and inside a native worker's loo
 The routine is CBLAS's ?gemm (64-bit ints) under the names `pto_cblas_sgemm` and
 `pto_cblas_dgemm`, which this module gives, before any code that calls them is loaded (cached
 code names them, not an address), the address of numpy's own BLAS where numpy brings OpenBLAS
-(its wheels' scipy-openblas64): the process's one BLAS for numpy and numba code alike, and
-the faster of the two OpenBLAS builds a process loads (256² float32 products on strided tiles
-15-20% faster than SciPy's, OpenBLAS 0.3.31 against 0.3.30, a Xeon). Elsewhere they are
-adapters to SciPy's ?gemm, the one numba's own np.dot calls (through numba's helper library).
+(its wheels' scipy-openblas64): the library numpy's products run, and the faster of the two
+OpenBLAS builds a process loads (256² float32 products on strided tiles 15-20% faster than
+SciPy's, OpenBLAS 0.3.31 against 0.3.30, a Xeon). Elsewhere they are adapters to SciPy's
+?gemm, the one numba's own np.dot calls (through numba's helper library), which the generated
+CPU code's products still use.
 """
 
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 
 import numpy as np
 from llvmlite import binding, ir
 from numba import cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
+from numpy._core import _multiarray_umath
 from scipy.linalg import cython_blas
 
 # numba_xxgemm loads these on first use and reports a failure only as a status, which a native
@@ -62,7 +62,10 @@ def _cblas_gemm(typingctx, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta,
         shape = (enum, enum, enum, size, size, size, scalar, pointer, size, pointer, size, scalar, pointer,
                  size)
         function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), shape), name)
-        arguments = [ir.Constant(enum, _COL_MAJOR), *values]
+        # every integer as an int64 first (whatever width the caller's), then as the routine takes it
+        wide = [context.cast(builder, v, t, types.int64) if isinstance(t, types.Integer) else v
+                for v, t in zip(values, signature.args)]
+        arguments = [ir.Constant(enum, _COL_MAJOR), *wide]
         converted = [builder.trunc(v, t) if t == enum else builder.inttoptr(v, t) if t == pointer else v
                      for v, t in zip(arguments, shape)]
         builder.call(function, converted)
@@ -92,7 +95,7 @@ def _xxgemm(typingctx, kind, transa, transb, m, n, k, alpha, a, lda, b, ldb, bet
     return types.int32(*args), codegen
 
 
-def _scipy_adapter(dtype: np.dtype):
+def _scipy_adapter(dtype: type):
     """A C function of pto_cblas_?gemm's signature (column-major only) over SciPy's ?gemm."""
     scalar = types.float32 if dtype == np.float32 else types.float64
     kind, itemsize = ord("s" if dtype == np.float32 else "d"), np.dtype(dtype).itemsize
@@ -113,25 +116,37 @@ def _scipy_adapter(dtype: np.dtype):
 
 def _numpy_cblas() -> dict[str, int] | None:
     """The addresses of numpy's own BLAS's CBLAS sgemm and dgemm, where numpy's wheels bring
-    scipy-openblas64; None elsewhere."""
-    libraries = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
-    for path in glob.glob(os.path.join(libraries, "libscipy_openblas64_*")):
-        try:
-            library = ctypes.CDLL(path)  # (loaded already by numpy: the same handle)
-            return {name: ctypes.cast(getattr(library, numpy_name), ctypes.c_void_p).value
-                    for name, numpy_name in _NUMPY_NAMES.items()}
-        except (OSError, AttributeError):
-            continue
-    return None
+    scipy-openblas64; None elsewhere. Looked up through numpy's extension module, whose
+    handle's symbols include the libraries it loaded: the BLAS numpy runs, not a file beside it."""
+    try:
+        library = ctypes.CDLL(_multiarray_umath.__file__)
+        return {name: ctypes.cast(getattr(library, numpy_name), ctypes.c_void_p).value
+                for name, numpy_name in _NUMPY_NAMES.items()}
+    except (OSError, AttributeError):
+        return None
 
 
 def _give_routines() -> None:
     addresses = _numpy_cblas()
     if addresses is None:
         _ADAPTERS.extend(_scipy_adapter(dtype) for dtype in DTYPES)  # kept: the symbols point into them
+        for adapter, dtype in zip(_ADAPTERS, DTYPES):
+            _check_adapter(adapter, dtype)
         addresses = {name: adapter.address for name, adapter in zip(_ROUTINES.values(), _ADAPTERS)}
     for name, address in addresses.items():
         binding.add_symbol(name, address)
+
+
+def _check_adapter(adapter, dtype: type) -> None:
+    """A 1x1 product through the adapter, here under the GIL: its first call loads SciPy's
+    routine (numba's helper takes the GIL for that), and one that cannot would leave a worker's
+    output unwritten, with no error."""
+    one = np.ones(1, dtype)
+    out = np.zeros(1, dtype)
+    adapter.ctypes(_COL_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, 1, 1, 1, 2.0, one.ctypes.data, 1,
+                   one.ctypes.data, 1, 0.0, out.ctypes.data, 1)
+    if out[0] != 2:
+        raise ImportError("kernels/blas.py: SciPy's ?gemm did not compute through numba's helper")
 
 
 _ADAPTERS: list = []
