@@ -459,6 +459,7 @@ def _enter_transfer(o, entry):
     words = (entry[PLAN_INDEX], entry[PLAN_PEER], tag, entry[PLAN_DATATYPE], t.meta[M_COMM])
     while True:
         task_id, slot = _free_slot(o, 1)
+        t = tables(o)
         region = t.arg_desc[slot, 0]
         for i in range(DESC_WIDTH):
             region[i] = entry[PLAN_DESC + i]
@@ -479,7 +480,6 @@ def _enter_transfer(o, entry):
             break
         t.arg_task[slot] = -1
         _service(t.meta, bridge.SERVICE_ROOM, status, 1, 0)
-        t = tables(o)
     _entered(o, task_id, slot, 1)
 
 
