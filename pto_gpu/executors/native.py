@@ -31,8 +31,8 @@ class, as a Python worker runs such a task itself (Task.inline), and posts it th
 has completed. Loops test the posted transfers when their ring runs dry and every POLL_EVERY
 tasks, and so does the executor's idle worker that holds the poll (`poll`); whoever sees one
 complete completes it and routes what that made ready. A Python worker posts one with `post`.
-One compiled placement entered ready (jit/api.py) is queued at the log's flush, on its class's
-ring, as compiled code's other tasks are.
+A transfer compiled code entered ready at submission (jit/api.py) is queued at the log's
+flush, on its class's ring, as compiled code's other tasks are.
 
 Entries are found by an instance key (the kernel, its tensors' dtype and shapes, each
 scalar's kind and the structural scalars' values: what picks a kernel family's instance) in an
