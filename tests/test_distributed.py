@@ -646,6 +646,69 @@ class ArrivingMpi(FailingMpi):
         return 0
 
 
+class PostingMpi(FailingMpi):
+    """FailingMpi's stand-ins, but MPI_Testsome finishes every posted request at once, and a
+    post fails (MPI error 1) if `refuses`; `posted_by` notes the thread of each post."""
+
+    def __init__(self, refuses: bool):
+        super().__init__()
+        self.refuses, self.posted_by = refuses, []
+
+    def _post(self, buffer, count, datatype, peer, tag, comm, request) -> int:
+        self.posted_by.append(threading.get_ident())
+        return 1 if self.refuses else super()._post(buffer, count, datatype, peer, tag, comm, request)
+
+    def _testsome(self, count, requests, done, indices, statuses) -> int:
+        for i in range(count):
+            requests[i], indices[i] = MPI_REQUEST_NULL, i
+        done[0] = count
+        return 0
+
+
+@pytest.mark.parametrize("refuses", [False, True])
+def test_a_send_a_python_completion_makes_ready_is_posted_by_that_completion(monkeypatch, refuses):
+    """Rank 0 writes its row with a Python kernel; a task of rank 1's reads it. The native send
+    that completion makes ready is posted inside the completion, on the kernel's thread, and
+    never dispatched as a task of Python's (that dispatch was most of what a hop between
+    ranks added); a post MPI refuses fails the run with the send's TaskError."""
+    import pto_gpu.executors.parallel as parallel_module
+    import pto_gpu.runtime as runtime_module
+
+    transport = PostingMpi(refuses)
+    monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: transport)
+    executed, wrote_on = [], []
+    execute = parallel_module.ParallelExecutor._execute
+
+    def noted(self, task, *args):
+        executed.append(task.kernel.name)
+        return execute(self, task, *args)
+
+    monkeypatch.setattr(parallel_module.ParallelExecutor, "_execute", noted)
+
+    @pto.kernel(worker=pto.VECTOR)
+    def write_row(x):
+        wrote_on.append(threading.get_ident())
+        x[...] = 1
+
+    def send_on(o, x, y):
+        X, Y = o.external(x, owner=pto.block_rows(2)), o.external(y, owner=1)
+        o.submit(write_row, pto.output(X[0:1]))
+        o.submit(copy_row, pto.input(X[0:1]), pto.output(Y))  # rank 1's
+
+    def run():
+        pto.Runtime(backend="cpu", comm=object(), workers={pto.VECTOR: 1, pto.ACCELERATOR: 1}).run(
+            send_on, np.zeros((2, 4)), np.zeros((1, 4)))
+
+    if refuses:
+        with pytest.raises(pto.TaskError, match="send") as failed:
+            run()
+        assert "MPI failed to post or complete the transfer" in str(failed.value)
+    else:
+        run()
+    assert transport.posted_by == wrote_on and len(wrote_on) == 1
+    assert executed == ["write_row"]
+
+
 def test_a_poll_that_sees_data_come_starts_its_reader_itself(monkeypatch):
     """Rank 0 reads rank 1's row; native code posts the receive, and the worker that holds the
     poll sees it complete. The reader, of the poller's class and with nothing of that class

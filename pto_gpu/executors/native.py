@@ -30,7 +30,8 @@ class, as a Python worker runs such a task itself (Task.inline), and posts it th
 (mpi_abi.py) instead of calling an entry; the task then waits in `Posting` until MPI says it
 has completed. Loops test the posted transfers when their ring runs dry and every POLL_EVERY
 tasks, and so does the executor's idle worker that holds the poll (`poll`); whoever sees one
-complete completes it and routes what that made ready. A Python worker posts one with `post`.
+complete completes it and routes what that made ready. A Python worker posts those its
+completion makes ready as it completes (`complete`), and others with `post`.
 A transfer compiled code entered ready at submission (jit/api.py) is queued at the log's
 flush, on its class's ring, as compiled code's other tasks are.
 
@@ -50,7 +51,7 @@ from numba import njit
 from ..core.complete import complete_held, start_held
 from ..core.lock import acquire, compare_and_swap, monotonic_ns, release, store_release, yield_core
 from ..dtypes import WorkerType
-from ..errors import InvariantError
+from ..errors import InvariantError, TaskError
 from ..jit.context import ArgTables
 from ..jit.descriptor import D_BASE, D_OFFSET
 from ..kernel import SEND, Kernel
@@ -172,9 +173,9 @@ def _push_next(control, ready, window, worker, task_id):
 def _route(header, tasks, control, ready, handoff, kernel_info, arg_task, scratch, n, hand_off, worker):
     """Push the native ones of the n tasks in scratch[:n] on their rings, the first of class
     `worker` (-1: none) at the front, and native transfers at the front of `worker`'s, before
-    it (run next by its loop; from Python, worker -1, they are left to Python, which runs them
-    itself); the others go to `handoff` if `hand_off` (always, from a loop), else stay in
-    scratch (compacted to the front); how many stay."""
+    it (run next by its loop; from Python, worker -1, they stay, for `_complete` to post); the
+    others go to `handoff` if `hand_off` (always, from a loop), else stay in scratch
+    (compacted to the front); how many stay."""
     window = header[0].window
     kept = 0
     mine = worker  # `worker` is cleared once a task of its class has gone to the front
@@ -230,12 +231,35 @@ def _admit(header, tasks, control, ready, kernel_info, arg_task, log, logged):
 
 
 @njit(cache=True, _nrt=False)
-def _complete(header, tasks, buffers, deps, control, ready, kernel_info, arg_task, task_id, scratch):
-    """A Python worker's completion: the native consumers made ready go on their rings; the
-    others are left in scratch[:n], n returned."""
+def _complete(header, tasks, buffers, deps, control, ready, kernel_info, args, posting, task_id, scratch):
+    """A Python worker's completion: the native consumers made ready go on their rings, and the
+    native transfers among them are started and posted here, on this thread, as a loop posts
+    those it makes ready (a hop's send, which Python would otherwise dispatch to this thread
+    again); the others are left in scratch[:n], n returned. -1 if MPI could not post one
+    (control.failed names it)."""
     acquire(header)
+    window = header[0].window
     n = complete_held(header, tasks, buffers, deps, task_id, scratch)
-    kept = _route(header, tasks, control, ready, scratch, kernel_info, arg_task, scratch, n, False, -1)
+    kept = _route(header, tasks, control, ready, scratch, kernel_info, args.task, scratch, n, False, -1)
+    i = 0
+    while i < kept:
+        transfer_id = scratch[i]
+        if not _is_native_transfer(tasks, kernel_info, args.task, window, transfer_id):
+            i += 1
+            continue
+        for j in range(i, kept - 1):  # out of the others, which keep their order
+            scratch[j] = scratch[j + 1]
+        kept -= 1
+        start_held(header, tasks, transfer_id)
+        transfer = kernel_info[tasks[transfer_id & (window - 1)].kernel].transfer
+        release(header)
+        error = _post(control, args, posting, transfer_id, window, transfer)
+        acquire(header)
+        if error != 0:
+            if control[0].failed < 0:
+                control[0].failed = transfer_id
+            kept = -1
+            break
     release(header)
     return kept
 
@@ -715,10 +739,22 @@ class NativeLanes:
 
     def complete(self, task_id: int, scratch: np.ndarray) -> int:
         """Complete a task run the Python way: its native consumers made ready are queued here,
-        the others left in scratch[:n], n returned."""
+        and the native transfers among them posted, the others left in scratch[:n], n
+        returned; the TaskError of a transfer MPI could not post."""
         s = self._scheduler.state
-        return self._call(_complete, s.header, s.tasks, s.buffers, s.deps, self.control, self._ready,
-                          self._kernel_info, self._args.task, task_id, scratch)
+        n = self._call(_complete, s.header, s.tasks, s.buffers, s.deps, self.control, self._ready,
+                       self._kernel_info, self._args, self._posting, task_id, scratch)
+        if n < 0:
+            raise self.failure(self.failed())
+        return n
+
+    def failure(self, task_id: int) -> TaskError:
+        """The error of a task that failed in native code (`failed`)."""
+        task = self._scheduler.task(task_id)
+        return TaskError.of(task, RuntimeError(
+            "MPI failed to post or complete the transfer" if task.kernel.native.transfer else
+            "the kernel raised inside a native worker, which cannot pass the exception on (a "
+            "numba cfunc); run with executor='serial' to see it"))
 
     def learn(self, task: Task) -> None:
         """After a native task ran the Python way (which made its instance, the kernel having

@@ -498,7 +498,7 @@ class ParallelExecutor:
             self._completions += completed
             self.native_tasks += completed - int(scratch.transfers[0])
             if failed is not None:  # _work counts this worker out and stops the run
-                raise self._native_failure(failed)
+                raise self._native.failure(failed)
             inline = self._settle_locked(index, staying=bool(came))
             inline += map(self._scheduler.task, came)
             if not inline and self._awaiting:
@@ -688,16 +688,8 @@ class ParallelExecutor:
             failed = self._native.failed()
             if failed is None:  # (nothing was posted to blame)
                 raise PTOError("MPI failed to test the transfers native workers posted")
-            raise self._native_failure(failed)
+            raise self._native.failure(failed)
         return polled
-
-    def _native_failure(self, task_id: int) -> TaskError:
-        """The error of a task that failed in native code (NativeLanes.failed)."""
-        task = self._scheduler.task(task_id)
-        return TaskError.of(task, RuntimeError(
-            "MPI failed to post or complete the transfer" if task.kernel.native.transfer else
-            "the kernel raised inside a native worker, which cannot pass the exception on (a "
-            "numba cfunc); run with executor='serial' to see it"))
 
     def _waiting(self) -> bool:
         """Whether tasks wait for data, in `arrivals` or posted by native code (the count native
