@@ -235,8 +235,10 @@ def _complete(header, tasks, buffers, deps, control, ready, kernel_info, args, p
     """A Python worker's completion: the native consumers made ready go on their rings, and the
     native transfers among them are started and posted here, on this thread, as a loop posts
     those it makes ready (a hop's send, which Python would otherwise dispatch to this thread
-    again); the others are left in scratch[:n], n returned. -1 if MPI could not post one
-    (control.failed names it)."""
+    again), if the posting lock is free: this runs with the GIL, so it must not wait for a
+    test that holds the lock (one may be copying a large message, or be a Python stand-in
+    for MPI that needs the GIL); else Python posts it. The others are left in scratch[:n], n
+    returned. -1 if MPI could not post one (control.failed names it)."""
     acquire(header)
     window = header[0].window
     n = complete_held(header, tasks, buffers, deps, task_id, scratch)
@@ -244,7 +246,8 @@ def _complete(header, tasks, buffers, deps, control, ready, kernel_info, args, p
     i = 0
     while i < kept:
         transfer_id = scratch[i]
-        if not _is_native_transfer(tasks, kernel_info, args.task, window, transfer_id):
+        if not (_is_native_transfer(tasks, kernel_info, args.task, window, transfer_id)
+                and _take_posting(control, False)):
             i += 1
             continue
         for j in range(i, kept - 1):  # out of the others, which keep their order
@@ -253,7 +256,8 @@ def _complete(header, tasks, buffers, deps, control, ready, kernel_info, args, p
         start_held(header, tasks, transfer_id)
         transfer = kernel_info[tasks[transfer_id & (window - 1)].kernel].transfer
         release(header)
-        error = _post(control, args, posting, transfer_id, window, transfer)
+        error = _post_held(control, args, posting, transfer_id, window, transfer)
+        _give_posting(control)
         acquire(header)
         if error != 0:
             if control[0].failed < 0:
@@ -431,10 +435,18 @@ def _post(control, args, posting, task_id, window, transfer):
     """Post a started transfer through MPI and add it to `posting`, under the posting lock (not
     the core's); MPI's error code. Its arguments: the region, then (index, peer, tag,
     datatype, comm)."""
+    _take_posting(control, True)
+    error = _post_held(control, args, posting, task_id, window, transfer)
+    _give_posting(control)
+    return error
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _post_held(control, args, posting, task_id, window, transfer):
+    """`_post`, the posting lock held."""
     c = control[0]
     slot = task_id & (window - 1)
     region = args.desc[slot, 0]
-    _take_posting(control, True)
     error = mpi_post(c.isend if transfer == SEND else c.irecv, region[D_BASE] + region[D_OFFSET],
                      args.int[slot, 3], args.int[slot, 1], args.int[slot, 2], args.int[slot, 4],
                      posting.requests[slot:].ctypes.data)
@@ -442,7 +454,6 @@ def _post(control, args, posting, task_id, window, transfer):
         posting.slots[c.posted] = slot
         c.posted += 1
         c.posts += 1
-    _give_posting(control)
     return error
 
 

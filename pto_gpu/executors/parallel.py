@@ -175,6 +175,7 @@ class ParallelExecutor:
         batch = [task]
         while batch:
             task = batch.pop()
+            posts = self._native.posts if self._native is not None else 0
             made_ready = self._execute(task, self._submit_lane, self._submit_scratch)
             with self._lock:
                 if made_ready is None:  # a worker must poll for its data: started, or woken
@@ -183,6 +184,10 @@ class ParallelExecutor:
                     self._offer_poll_locked()
                 else:
                     self._completed_locked(task, made_ready, batch, -1, False)
+                    if self._native is not None and self._native.posts != posts:
+                        # its completion posted native transfers (NativeLanes.complete): as above
+                        self._hire_locked(WorkerType.ACCELERATOR)
+                        self._offer_poll_locked()
                 self._notify_progress_locked()
 
     def _flush_locked(self) -> None:
@@ -573,8 +578,9 @@ class ParallelExecutor:
             else:
                 made_ready = self._execute(task, lane, scratch)
             # Before the next task, a look for arrivals, if any are awaited; not before inline
-            # tasks it made ready, which this thread runs next (a hop's send, which the other
-            # rank waits for: an MPI_Testsome before it added 1.2 µs to every hop between ranks).
+            # tasks it made ready, which this thread runs next (a send the Python way, which the
+            # other rank waits for: an MPI_Testsome before it added 1.2 µs to every hop between
+            # ranks; a native send its completion has posted already).
             looks = not batch and self._waiting() and not (
                 made_ready and any(ready.inline for ready in made_ready))
             # (`_awaiting` still counts an arrived task until the lock below)
