@@ -32,7 +32,6 @@ from . import bridge, placing
 from .context import (
     C_LABEL,
     EDGE_CAPACITY,
-    EXTERNAL_WRITEABLE,
     G_COUNT,
     G_PARAM,
     G_PARAM_WIDTH,
@@ -657,12 +656,9 @@ def _unfreed(t, key):
 def _check_writable(o, desc, position, kernel_id):
     """An output must be writeable memory, and not a broadcast view that would write over itself."""
     t = tables(o)
-    key = desc[D_KEY]
-    if key < 0 and t.externals[-1 - key, EXTERNAL_WRITEABLE] == 0:
-        _fail_naming(t, desc, position, bridge.ERR_UNWRITABLE, position, kernel_id, -1)
-    for dim in range(desc[D_NDIM]):
-        if desc[D_STRIDE + dim] == 0 and desc[D_SHAPE + dim] > 1:
-            _fail_naming(t, desc, position, bridge.ERR_UNWRITABLE, position, kernel_id, dim)
+    why = placing.unwritable(t, desc)
+    if why != placing.WRITABLE:
+        _fail_naming(t, desc, position, bridge.ERR_UNWRITABLE, position, kernel_id, why)
 
 
 @njit(cache=True, _nrt=False, inline="always")

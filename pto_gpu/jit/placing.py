@@ -202,12 +202,26 @@ def _native_peer(t, rows, kinds, n, p, geometry, writer, valid, bit, rank, me):
             return -1
     if rank != me:
         return rank  # (sent from here: a unit it lacks is this rank's, and all are one writer's)
-    if key < 0 and t.externals[-1 - key, EXTERNAL_WRITEABLE] == 0:
-        return -1  # a receive into read-only memory goes the Python way, which fails it
-    for d in range(rows[p, D_NDIM]):
-        if rows[p, D_STRIDE + d] == 0 and rows[p, D_SHAPE + d] > 1:
-            return -1  # MPI may not write elements a zero stride repeats
+    if unwritable(t, rows[p]) != WRITABLE:
+        return -1  # the Python way's: its unpacking fails the task (MPI would write it)
     return source
+
+
+WRITABLE = -2  # what `unwritable` says of a region a task may write
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def unwritable(t, desc):
+    """Why a task may not write desc's region: -1, it is read-only memory (an external's);
+    d >= 0, its dim d has stride 0, so that its elements are one location (a broadcast view);
+    WRITABLE if it may. (An output's check, jit/api.py, and a receive's here.)"""
+    key = desc[D_KEY]
+    if key < 0 and t.externals[-1 - key, EXTERNAL_WRITEABLE] == 0:
+        return -1
+    for d in range(desc[D_NDIM]):
+        if desc[D_STRIDE + d] == 0 and desc[D_SHAPE + d] > 1:
+            return d
+    return WRITABLE
 
 
 @njit(cache=True, _nrt=False)
