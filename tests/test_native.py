@@ -19,7 +19,17 @@ import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu import jit as pj
 from pto_gpu.core.lock import monotonic_ns
-from pto_gpu.executors.native import MIN_BUDGET, budget
+from pto_gpu.executors import parallel
+from pto_gpu.executors.native import (
+    BUDGET,
+    CONTROL,
+    MIN_BUDGET,
+    SHARE_NS,
+    WAKE_AFTER_NS,
+    NativeLanes,
+    _time_to_return,
+    budget,
+)
 from pto_gpu.jit.context import S_INT
 from pto_gpu.jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_SHAPE, D_STRIDE, DESC_WIDTH
 from pto_gpu.native_abi import NjitEntries
@@ -377,6 +387,54 @@ def test_the_compiled_tiled_matmul_runs_natively_with_the_python_bits():
     expected = a.astype(np.float64) @ b.astype(np.float64)
     # float32 sums of 130 products of unit normals: within 1e-5 of the largest entry
     assert np.abs(native - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_a_loop_returns_to_wake_another_class_soon_only_beside_a_free_core():
+    """A loop that has made ready a task a sleeping worker of another class could take returns
+    for the executor to wake it after WAKE_AFTER_NS while fewer workers run than there are
+    cores, and after SHARE_NS (for a turn on a core) while every core runs one."""
+    control = np.zeros(1, CONTROL)
+    c = control[0]
+    c["cores"], c["sleeping"][pto.VECTOR], c["tail"][pto.VECTOR] = 2, 1, 1  # a VECTOR task, its worker asleep
+
+    def returns(running: int, ran_ns: int) -> bool:
+        c["running"] = running
+        return bool(_time_to_return(c, int(pto.CUBE), 1, BUDGET, 0, ran_ns))
+
+    assert not returns(1, WAKE_AFTER_NS - 1) and returns(1, WAKE_AFTER_NS)
+    assert not returns(2, SHARE_NS - 1) and returns(2, SHARE_NS)
+    c["sleeping"][pto.VECTOR] = 0  # its worker is awake: nothing to wake it for
+    assert not returns(1, SHARE_NS)
+
+
+def test_the_compiled_matmul_s_products_run_in_one_loop_where_one_core_is_free(monkeypatch):
+    """The compiled tiled matmul's copies (ACCELERATOR) follow its products (CUBE): on a
+    process of one core, the products' loop does not return to wake the copies' worker after
+    each product chain, for it would only take turns on that core (a round trip through
+    Python on both threads each time); all of them run in one loop. The results are the
+    serial executor's."""
+    monkeypatch.setattr(parallel, "process_cores", lambda: 1)
+    rng = np.random.default_rng(4)
+    a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    serial = np.zeros((256, 256), np.float32)
+    pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, a, b, serial, 64)
+    loops: list[int] = []
+    drain = NativeLanes.drain
+
+    def counted(lanes, worker, scratch, budget):
+        done = drain(lanes, worker, scratch, budget)
+        if worker is pto.CUBE and done:
+            loops.append(done)
+        return done
+
+    monkeypatch.setattr(NativeLanes, "drain", counted)
+    rt = pto.Runtime(backend="cpu", executor="parallel")
+    rt.run(tiled_matmul_compiled, a, b, np.zeros_like(a), 64)  # the first run learns the entries
+    loops.clear()
+    out = np.zeros_like(a)
+    assert rt.run(tiled_matmul_compiled, a, b, out, 64).native_tasks == 4 * 4 * (2 + 4)
+    assert out.tobytes() == serial.tobytes()
+    assert sum(loops) == 4 * 4 * 4 and len(loops) <= 2, loops
 
 
 def test_python_level_tasks_of_native_kernels_run_natively():

@@ -75,6 +75,14 @@ SLICE_NS = 1_000_000
 # worker could take, so that the executor wakes it: waking costs a Python round trip (~5 us),
 # worth it for tasks of that size, not for the tiny tasks of a loop that has just started.
 WAKE_AFTER_NS = 20_000
+# ... if a core is free for that worker (fewer workers running than the process's cores): else
+# the woken worker would only take turns on a core with this loop, and each hand-over between
+# classes costs a round trip through Python on both threads (~110 us on the 2-core VM, beside
+# BLAS tiles that leave Python's objects out of cache: the 2048² matmul's 64 copies, of
+# another class than its products, took 7 ms of its 141 on one core). Then the loop returns
+# to wake it after this long at the latest, so that another class's task (one another rank
+# waits for, say) is not held back behind a long loop.
+SHARE_NS = 20_000_000
 NO_ENTRY = -1  # an instance that runs the Python way (half precision, an empty batch)
 CLASSES = len(WorkerType)
 POLL_EVERY = 16  # a loop with transfers posted tests them at least once every so many tasks
@@ -89,6 +97,8 @@ CONTROL = np.dtype([
     ("handoff_head", np.int64),
     ("handoff_tail", np.int64),
     ("sleeping", np.int64, (CLASSES,)),  # per worker class: workers waiting for a task (set by Python)
+    ("running", np.int64),  # workers running tasks, loops or the poll (the executor's count)
+    ("cores", np.int64),  # the process's cores (set by Python)
     ("failed", np.int64),  # the first task whose kernel raised in a native loop, or -1
     ("isend", np.int64),  # MPI's functions (NativeMpi), where transfers are native
     ("irecv", np.int64),
@@ -409,9 +419,11 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
 @njit(cache=True, _nrt=False, inline="always")
 def _time_to_return(c, worker, done, budget, entered, ended):
     """Whether a loop returns to Python now: it has run its budget over at least SLICE_NS, or
-    it has run a while and made ready a task a sleeping worker could take."""
-    return (done >= budget and ended - entered >= SLICE_NS) or (
-        ended - entered >= WAKE_AFTER_NS and _sleeper_could_take(c, worker))
+    it has run a while (WAKE_AFTER_NS; SHARE_NS if no core is free) and made ready a task a
+    sleeping worker could take."""
+    ran = ended - entered
+    return (done >= budget and ran >= SLICE_NS) or (
+        ran >= (WAKE_AFTER_NS if c.running < c.cores else SHARE_NS) and _sleeper_could_take(c, worker))
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -704,6 +716,12 @@ class NativeLanes:
         rings' ends as bytes, ~0.1 µs, where asking each class took 1.4 µs, after every task
         a Python worker runs."""
         return self._tail.tobytes() != self._head.tobytes()
+
+    def share(self, running: int, cores: int) -> None:
+        """The executor's count of running workers, and the process's cores: loops wake a
+        sleeping worker soon only while one is free (SHARE_NS)."""
+        c = self.control[0]
+        c["running"], c["cores"] = running, cores
 
     def sleeping(self, worker: WorkerType, change: int) -> None:
         """A worker of class `worker` starts (+1) or stops (-1) waiting for a task: native loops

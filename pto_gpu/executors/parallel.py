@@ -95,7 +95,7 @@ class ParallelExecutor:
         self._progress = threading.Condition(self._lock)  # the orchestrator waits on it
         self._started = False
         self._stopping = False
-        self._running = 0
+        self._running_count = 0  # `_running`
         self._completions = 0
         self._seen_completions = 0
         self._room_wanted = False  # the orchestrator waits for room in a full ring
@@ -224,6 +224,7 @@ class ParallelExecutor:
             lanes = NativeLanes(self._scheduler, args, kernels, self._instances)
             with self._lock:
                 self._native = lanes
+                lanes.share(self._running, self._cores)
                 if self._arrivals is not None and self._arrivals.mpi is not None:
                     lanes.use_mpi(*self._arrivals.mpi)
                 for worker in WorkerType:
@@ -232,6 +233,17 @@ class ParallelExecutor:
                         # tasks ready then returns soon, and Python starts its workers.
                         lanes.sleeping(worker, 1)
         return self._native
+
+    @property
+    def _running(self) -> int:
+        """Workers running a task, a native loop or the poll (changed under the lock)."""
+        return self._running_count
+
+    @_running.setter
+    def _running(self, count: int) -> None:
+        self._running_count = count
+        if self._native is not None:  # whose loops wake a sleeping worker soon only beside a free core
+            self._native.share(count, self._cores)
 
     @property
     def native_transfers(self) -> int:
