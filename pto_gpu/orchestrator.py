@@ -495,16 +495,22 @@ class _Placing:
 
     def __init__(self, o: Orchestrator):
         self._o, self._placement = o, o._ranks
-        self.rank, self.counts = self._placement.rank, self._placement.counts
+        self.rank, self.ranks = self._placement.rank, self._placement.size
+        self.counts = self._placement.counts
         # What compiled placement leaves out: a recording's logical graph, a window's count.
         self.compiled = self._placement.graph is None and o._windows is None
 
     def submit(self, kernel: Kernel, *params: Param) -> int:
         return self._o.submit(kernel, *params)
 
-    def adopt(self, buffer: Buffer, tensor: TensorDescriptor, owner: int | None) -> None:
+    @property
+    def default_owner(self) -> int:
+        return self._placement.default_owner
+
+    def adopt(self, buffer: Buffer, tensor: TensorDescriptor, owner: int | None,
+              held: tuple[int, int] | None = None) -> None:
         self._o._unfreed[buffer.key] = buffer
-        self._placement.alloc(tensor, owner)
+        self._placement.alloc(tensor, owner, held)
 
     def forget(self, buffer: Buffer) -> None:
         """The core has freed it already (compiled code's free)."""

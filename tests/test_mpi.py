@@ -40,7 +40,7 @@ def mpiexec(ranks: int, module: str, *args: str, timeout: float = 120, bind: boo
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_cases_match_the_serial_executor(ranks):
     cases = ("matmul", "stencil", "flash", "spread", "pressed", "scheduled", "cholesky", "compiled",
-             "compiled-pressed", "compiled-spread", "compiled-rewrite", "compiled-versioned")
+             "compiled-pressed", "compiled-spread", "compiled-rewrite", "compiled-versioned", "compiled-heap")
     out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", *cases)
     for case in cases:
         assert f"OK {case} {ranks}" in out

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..core.state import Sizes
 from ..dtypes import WorkerType
-from ..errors import RankError
+from ..errors import InvariantError, RankError
 from ..jit.context import (
     C_BYTES_RECEIVED,
     C_BYTES_SENT,
@@ -185,10 +185,23 @@ class Placement:
         self._holdings[buffer.key] = self._track(tensor, owner)
         self._externals.append(buffer)
 
-    def alloc(self, tensor: TensorDescriptor, owner: Owner | None) -> None:
-        self._holdings[tensor.buffer.key] = self._track(tensor, owner)
+    def alloc(self, tensor: TensorDescriptor, owner: Owner | None,
+              held: tuple[int, int] | None = None) -> None:
+        """A heap buffer (`tensor` views it whole); `held`: the writer and valid bits of the
+        one entry of one rank's buffer, where compiled placement kept its tables until now."""
+        holdings = self._holdings[tensor.buffer.key] = self._track(tensor, owner)
+        if held is not None:
+            if len(holdings.owner) != 1:
+                raise InvariantError(f"{tensor.buffer!r}: compiled placement held one owner's table, not "
+                                     f"{len(holdings.owner)} entries")
+            holdings.writer[0], holdings.valid[0] = held
         if self.graph is not None:
             self.graph.alloc(tensor.buffer.nbytes, tensor.buffer.key)
+
+    @property
+    def default_owner(self) -> int:
+        """The owner of a heap buffer allocated without one: o.on_rank's, else rank 0."""
+        return self._default_owner[-1]
 
     def freed(self, buffer: Buffer) -> None:
         del self._holdings[buffer.key]

@@ -185,7 +185,8 @@ def alloc(o, shape, dtype, owner=-1):
             _service(t.meta, bridge.ERR_SCOPE_FULL, SCOPE_CAPACITY, 0, 0)
         t.scope[top] = seq
         t.meta[M_SCOPE_TOP] = top + 1
-    if t.meta[M_PLACED]:
+    if t.meta[M_PLACED] and not (t.meta[M_PLACED] == PLACED_COMPILED
+                                 and placing.hold_allocated(t, seq, nbytes, itemsize, dtype, owner)):
         _name(t, desc, 0)
         _service(t.meta, bridge.SERVICE_ALLOCATED, seq, owner, 0)
     return desc
@@ -213,7 +214,7 @@ def _free(o, key):
     rings.buffer_free(t.header, t.buffers, key)
     if t.meta[M_VALIDATE]:
         _service(t.meta, bridge.SERVICE_CHECK, key, bridge.CHECK_FREE, 0)
-    if t.meta[M_PLACED]:
+    if t.meta[M_PLACED] and not placing.release_held(t, key):
         _service(t.meta, bridge.SERVICE_FREED, key, 0, 0)
 
 

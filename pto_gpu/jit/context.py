@@ -68,7 +68,15 @@ M_RECV_KERNEL = 20
 M_COMM = 21
 M_FIRST_TAG = 22
 M_TAGS = 23  # (NativeTransfers' fields, in its order: M_SEND_KERNEL to M_TAGS)
-M_WIDTH = 24
+# Compiled placement's own tables of the heap buffers it allocates (jit/placing.hold_allocated):
+# the ranks, the owner of an alloc that names none (o.on_rank's around the call), and the
+# addresses of the session's per-slot owner and writer (int8) and valid bits (uint64).
+M_RANKS = 24
+M_DEFAULT_OWNER = 25
+M_HEAP_OWNERS = 26
+M_HEAP_WRITERS = 27
+M_HEAP_VALID = 28
+M_WIDTH = 29
 PLACED_NOT, PLACED_BY_PYTHON, PLACED_COMPILED = 0, 1, 2
 
 _NATIVE_TRANSFERS = "send_kernel recv_kernel comm first_tag tags"
@@ -113,7 +121,11 @@ H_OWNER = 3  # addresses of the int8 owner and writer tables and the uint64 vali
 H_WRITER = 4
 H_VALID = 5
 H_WRITTEN = 6  # 1 once compiled code wrote the tables
-H_WIDTH = 7
+# 1 while the tables are compiled placement's own (a heap buffer it allocated, which the
+# Python placer has not adopted: host.Session._adopt), then H_DTYPE is its DataType
+H_MINE = 7
+H_DTYPE = 8
+H_WIDTH = 9
 
 # `counts` columns (distributed/placement.py's Placement.counts; a distributed run's)
 MAX_RANKS = 64  # a bit each in a holdings table's valid bits, a uint64 (jit/placing.py)

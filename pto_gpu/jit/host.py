@@ -46,7 +46,9 @@ from ..tasks import Scheduler, Task
 from ..tensor import Buffer, BufferKind, TensorDescriptor
 from . import api, bridge, context, pipeline
 from .context import (
+    H_DTYPE,
     H_ITEMSIZE,
+    H_MINE,
     H_OWNER,
     H_UNIT,
     H_UNITS,
@@ -63,14 +65,19 @@ from .context import (
     M_ANSWER,
     M_BUFFER_MASK,
     M_COMPLETE_AT_SUBMIT,
+    M_DEFAULT_OWNER,
     M_EDGES,
     M_HEAP_BASE,
+    M_HEAP_OWNERS,
+    M_HEAP_VALID,
+    M_HEAP_WRITERS,
     M_LOG_EDGES,
     M_LOG_LIMIT,
     M_LOGGED,
     M_PIPELINE,
     M_PLACED,
     M_RANK,
+    M_RANKS,
     M_SEND_KERNEL,
     M_SERVICE,
     M_SESSION,
@@ -142,14 +149,19 @@ class Placer(Protocol):
     code they place (`Session(placer=...)`) calls them."""
 
     rank: int  # this process's
+    ranks: int  # the run's
+    default_owner: int  # of a heap buffer allocated without one (o.on_rank's, else 0), now
     counts: np.ndarray  # the run's tasks placed, bytes written and moved (context.C_*)
     compiled: bool  # whether compiled code may place tasks itself (not while recording, say)
 
     def submit(self, kernel, *params: Param) -> int:
         """Place, check and enter one task, with the transfers it needs before it; its id."""
 
-    def adopt(self, buffer: Buffer, tensor: TensorDescriptor, owner: int | None) -> None:
-        """A heap buffer compiled code allocated (`tensor` views it whole), owned by `owner`."""
+    def adopt(self, buffer: Buffer, tensor: TensorDescriptor, owner: int | None,
+              held: tuple[int, int] | None = None) -> None:
+        """A heap buffer compiled code allocated (`tensor` views it whole), owned by `owner`;
+        `held`: the writer and valid bits of its one entry, where compiled placement kept its
+        tables until now (jit/placing.hold_allocated)."""
 
     def forget(self, buffer: Buffer) -> None:
         """Compiled code freed a heap buffer it or the placer allocated."""
@@ -263,10 +275,15 @@ class Session:
         if self._placer is not None:  # Python's submits since the last entry may have split tables
             for b in (*externals, *python_heap):
                 self._hold(b)
+            f["meta"][M_DEFAULT_OWNER] = self._placer.default_owner
 
     def leave(self) -> None:
-        """Carry versions and frees made in compiled code back to the Python records."""
+        """Carry versions and frees made in compiled code back to the Python records (and the
+        heap buffers compiled placement held, to the placer: Python may submit with them)."""
         f = self._fields
+        if self._placer is not None:
+            for slot in np.flatnonzero(f["held"][:len(f["heap_versions"]), H_MINE]).tolist():
+                self._adopt(int(f["heap_versions"][slot, VERSION_LIVE]))
         for b in self._externals.values():
             _take_versions(b, f["externals"][-1 - b.key])
         for b in self._python_heap.values():
@@ -337,6 +354,9 @@ class Session:
         if code == bridge.SERVICE_PLACE:
             # The logged tasks first: the placer's submit may wait for room they would make.
             self.flush()
+            f = self._fields
+            for key in f["arg_desc"][a, :int(f["arg_count"][a, 0]), D_KEY].tolist():
+                self._adopt(key)
             params = self._params(a)
             buffers = {p.value.buffer.key: p.value.buffer for p in params if p.kind != ParamKind.SCALAR}
             for buffer in buffers.values():
@@ -357,6 +377,7 @@ class Session:
             self._placer.forget(self._python_heap.pop(a))
             self._held_row(a)[:] = 0
         elif code == bridge.SERVICE_OWNER:
+            self._adopt(int(named[0, D_KEY]))
             meta[M_ANSWER] = self._placer.owner_of(self._tensor(named[0]))
         else:
             datatype = self._placer.datatype(self._tensor(named[0]))
@@ -364,10 +385,43 @@ class Session:
 
     def _placing_tables(self, externals: int) -> None:
         """Compiled placement's tables (jit/placing.py): `held`, a row for each heap slot and for
-        `externals` externals (filled by `_hold`), the placer's counts, the per-slot labels."""
+        `externals` externals (filled by `_hold`), the placer's counts, the per-slot labels;
+        and per heap slot the one entry of tables compiled placement keeps itself
+        (placing.hold_allocated)."""
         f = self._fields
         f["held"] = np.zeros((len(f["heap_versions"]) + max(1, externals), H_WIDTH), np.int64)
         context.set_placing(self.o, f["held"], f["counts"], f["labels"])
+        if "heap_owners" not in f:
+            slots = len(f["heap_versions"])
+            f.update(heap_owners=np.zeros(slots, np.int8), heap_writers=np.zeros(slots, np.int8),
+                     heap_valid=np.zeros(slots, np.uint64))
+            meta = f["meta"]
+            meta[M_RANKS] = self._placer.ranks
+            for field, name in ((M_HEAP_OWNERS, "heap_owners"), (M_HEAP_WRITERS, "heap_writers"),
+                                (M_HEAP_VALID, "heap_valid")):
+                meta[field] = f[name].ctypes.data
+
+    def _adopt(self, key: int) -> None:
+        """Hand heap buffer `key` to the placer with its tables' state, if compiled placement
+        holds it itself (H_MINE): Python is to place a task that uses it, or may submit with it."""
+        if key < 0:
+            return
+        row = self._held_row(key)
+        if not row[H_MINE]:
+            return
+        f, slot = self._fields, self._slot(key)
+        nbytes = int(row[H_UNIT] * row[H_ITEMSIZE])
+        buffer = self._seen_heap.pop(key, None)  # a record made for a task's arguments stays the one
+        if buffer is None:
+            base = int(f["meta"][M_HEAP_BASE]) + int(self._scheduler.state.buffers[slot]["offset"])
+            buffer = Buffer(key, BufferKind.HEAP, base, nbytes)
+        self._python_heap[key] = buffer
+        dtype = DataType(int(row[H_DTYPE]))
+        whole = TensorDescriptor(buffer, buffer.base, 0, (1,), (nbytes // dtype.itemsize,), dtype)
+        self._placer.adopt(buffer, whole, int(f["heap_owners"][slot]),
+                           (int(f["heap_writers"][slot]), int(f["heap_valid"][slot])))
+        row[H_MINE] = row[H_WRITTEN] = 0  # (the placer's tables start as compiled placement left them)
+        self._hold(buffer)
 
     def _held_row(self, key: int) -> np.ndarray:
         """Buffer `key`'s row of `held` (placing.held_row's)."""

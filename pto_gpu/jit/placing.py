@@ -44,7 +44,9 @@ from .context import (
     C_TRANSFERS,
     C_WRITTEN,
     EXTERNAL_WRITEABLE,
+    H_DTYPE,
     H_ITEMSIZE,
+    H_MINE,
     H_OWNER,
     H_UNIT,
     H_UNITS,
@@ -52,7 +54,12 @@ from .context import (
     H_WRITER,
     H_WRITTEN,
     M_BUFFER_MASK,
+    M_DEFAULT_OWNER,
+    M_HEAP_OWNERS,
+    M_HEAP_VALID,
+    M_HEAP_WRITERS,
     M_RANK,
+    M_RANKS,
     M_TRANSFERS,
     PLAN_DATATYPE,
     PLAN_DESC,
@@ -74,6 +81,44 @@ def held_row(t, key):
     if key >= 0:
         return t.held[key & t.meta[M_BUFFER_MASK]]
     return t.held[t.meta[M_BUFFER_MASK] + 1 + (-1 - key)]
+
+
+@njit(cache=True, _nrt=False)
+def hold_allocated(t, seq, nbytes, itemsize, dtype, owner):
+    """Give heap buffer `seq`, just allocated, tables of one owner (Placement.alloc's) of
+    compiled placement's own, so that Python hears of it only if it needs to (an adoption,
+    host.Session._adopt); whether it did: `owner` is a rank, or -1 for the default (else
+    Python's alloc names what is wrong), and the buffer holds an element."""
+    if owner == -1:
+        owner = t.meta[M_DEFAULT_OWNER]
+    if owner < 0 or owner >= t.meta[M_RANKS] or nbytes < itemsize:
+        return False
+    slot = seq & t.meta[M_BUFFER_MASK]
+    row = t.held[slot]
+    row[H_OWNER] = t.meta[M_HEAP_OWNERS] + slot
+    row[H_WRITER] = t.meta[M_HEAP_WRITERS] + slot
+    row[H_VALID] = t.meta[M_HEAP_VALID] + 8 * slot
+    array_at(row[H_OWNER], 1, np.int8)[0] = owner
+    array_at(row[H_WRITER], 1, np.int8)[0] = owner
+    array_at(row[H_VALID], 1, np.uint64)[0] = np.uint64(1) << np.uint64(owner)
+    row[H_UNIT] = nbytes // itemsize
+    row[H_UNITS] = 1
+    row[H_ITEMSIZE] = itemsize
+    row[H_WRITTEN] = 0
+    row[H_MINE] = 1
+    row[H_DTYPE] = dtype
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def release_held(t, key):
+    """Forget the tables of heap buffer `key`, being freed, if they are compiled placement's
+    own (`hold_allocated`): whether they were (else the Python placer's, which must hear)."""
+    row = held_row(t, key)
+    if not row[H_MINE]:
+        return False
+    row[:] = 0
+    return True
 
 
 @njit(cache=True, _nrt=False, inline="always")

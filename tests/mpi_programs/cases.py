@@ -28,6 +28,7 @@ from pto_gpu.orchestration.stencil import stencil
 import pto_gpu as pto
 from pto_gpu import jit as pj
 from pto_gpu.distributed.ownership import element_owners
+from pto_gpu.jit import bridge, host
 
 
 def matmul(size: int):
@@ -180,6 +181,48 @@ def versioned_case(size: int):
     return versioned, arrays, (), [0], expected
 
 
+@numba.njit(nogil=True)
+def heap_body(o, x, out, axpy_id):
+    """A heap tile of rank 0's, t = 3 x's first rows; the last rank reads it whole (placed
+    with its transfer by compiled code, over the tables compiled placement keeps itself), then
+    its first row into out's last row (a region that cuts the tile's one-entry table: Python's
+    placement, which adopts the tile with what compiled code did to it: nothing moves again)."""
+    rows = pj.shape(x, 0)
+    t = pj.alloc(o, (2, pj.shape(x, 1)), pj.dtype(x), 0)
+    pj.submit(o, axpy_id, (pj.input(pj.narrow(x, 0, 0, 2)), pj.input(pj.narrow(x, 0, 0, 2)), pj.output(t)))
+    pj.submit(o, axpy_id, (pj.input(t), pj.input(pj.narrow(x, 0, rows - 2, rows)),
+                           pj.output(pj.narrow(out, 0, rows - 2, rows))))
+    pj.submit(o, axpy_id, (pj.input(pj.narrow(t, 0, 0, 1)), pj.input(pj.narrow(out, 0, rows - 1, rows)),
+                           pj.output(pj.narrow(out, 0, rows - 1, rows))))
+    return t
+
+
+@numba.njit(nogil=True)
+def heap_again_body(o, t, x, out, axpy_id):
+    """The tile back in compiled code, after Python adopted it: read on rank 0, then freed."""
+    pj.submit(o, axpy_id, (pj.input(t), pj.input(pj.narrow(x, 0, 0, 2)), pj.output(pj.narrow(out, 0, 0, 2))))
+    pj.free(o, t)
+
+
+def heap_tiles(o: pto.Orchestrator, x, out) -> None:
+    X = o.external(x, owner=pto.block_rows(o.ranks))
+    OUT = o.external(out, owner=pto.block_rows(o.ranks))
+    for row in range(x.shape[0]):  # (tables by rows, which compiled code then places on)
+        o.submit(axpy_any, pto.input(X[row]), pto.input(X[row]), pto.output(OUT[row]))
+    t = o.compiled(heap_body, X, OUT, axpy_any.id)
+    o.compiled(heap_again_body, t, X, OUT, axpy_any.id)
+
+
+def heap_case(size: int):
+    rng = np.random.default_rng(8)
+    arrays = (rng.standard_normal((8, 4)), np.zeros((8, 4)))
+    moved = 2 * 4 * 8 if size > 1 else 0  # the tile, once, from rank 0 to the last
+    expected = [(0, 0)] * size
+    if size > 1:
+        expected[0], expected[-1] = (moved, 0), (0, moved)
+    return heap_tiles, arrays, (), [1], expected
+
+
 def cholesky_case(size: int):
     """A 384² tiled Cholesky in 64² tiles dealt over a 2-D grid of the ranks (2 x 2 on 4)."""
     n = 384
@@ -203,10 +246,25 @@ CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": sp
          "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case,
          "compiled": compiled_case, "compiled-pressed": compiled_case,
          "compiled-spread": compiled_spread_case, "compiled-rewrite": rewrite_case,
-         "compiled-versioned": versioned_case}
+         "compiled-versioned": versioned_case, "compiled-heap": heap_case}
 SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, run's
             "compiled-pressed": ({"task_window": 16}, {"threshold": 4}),
             "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})})}
+
+
+def _count_allocations() -> list[int]:
+    """The heap buffers compiled code tells Python it allocated (SERVICE_ALLOCATED), from now
+    on: a list the caller clears."""
+    told: list[int] = []
+    service = host.Session.service
+
+    def counted(session, code, a, b, c):
+        if code == bridge.SERVICE_ALLOCATED:
+            told.append(a)
+        return service(session, code, a, b, c)
+
+    host.Session.service = counted
+    return told
 
 
 def owners(orchestration, index: int, shape: tuple[int, ...], size: int) -> np.ndarray:
@@ -238,7 +296,9 @@ def main(case: str, executor: str) -> None:
     # The second run starts from the owner tables the first made (Placement._track), and is not
     # recorded, so compiled code places what it can itself (jit/placing.py).
     results, graph, counts = [], None, []
+    allocated = _count_allocations()
     for record in (True, False):
+        allocated.clear()
         inputs = [a.copy() for a in arrays]
         result = rt.run(orchestration, *inputs, *extra, record=record, **options)
         results.append([inputs[i] for i in outputs])
@@ -248,7 +308,7 @@ def main(case: str, executor: str) -> None:
             graph = graph_of(result)
     # Whether MPI has MPICH's ABI (the pip wheel's: native code posts transfers), on every rank
     native_mpi = rt.placement.transport.native is not None
-    mine = (results, graph, result.ranks, result.native_tasks, counts, native_mpi)
+    mine = (results, graph, result.ranks, result.native_tasks, counts, native_mpi, len(allocated))
     gathered = comm.gather(mine, root=0)
     if rank != 0:
         return
@@ -266,7 +326,7 @@ def main(case: str, executor: str) -> None:
         assert graph == want_graph, f"rank {owner}'s recorded graph differs from the serial run's"
     # What placement counts (tasks, by rank, bytes written and moved): every rank and both runs
     # alike, whether Python (recorded) or compiled code (not) placed them.
-    counted = [run for *_, counts, _ in gathered for run in counts]
+    counted = [run for *_, counts, _, _ in gathered for run in counts]
     assert counted == [counted[0]] * (2 * size) and counted[0][0] == serial.num_tasks, \
         f"placement's counts by rank and run: {counted}; {serial.num_tasks} tasks"
     runs = [ranks.tasks_run for _, _, ranks, *_ in gathered]
@@ -279,21 +339,26 @@ def main(case: str, executor: str) -> None:
         # an external array's holdings into tiles (the matmul's 3 arrays), and, unless native
         # workers post them, those that move data to or from its rank.
         placed = [ranks.placed_by_compiled_code for _, _, ranks, *_ in gathered]
-        native_transfers = executor == "parallel" and all(abi for *_, abi in gathered)
+        native_transfers = executor == "parallel" and all(abi for *_, abi, _ in gathered)
         if case == "compiled-versioned":  # (on one rank its row cuts the one owner's table)
             least = 1 if size > 1 and native_transfers else 0
         else:
             least = serial.num_tasks - 3 if size == 1 or native_transfers else 1
         assert all(least <= count <= serial.num_tasks for count in placed), \
             f"tasks placed by compiled code, by rank: {placed} of {serial.num_tasks}"
+    if case in ("compiled", "compiled-pressed", "compiled-heap"):
+        # Compiled placement keeps its heap tiles' tables itself (jit/placing.hold_allocated):
+        # the Python placer hears of one only when it places a task that uses it.
+        told = [count for *_, count in gathered]
+        assert told == [0] * size, f"heap tiles compiled code allocated that Python heard of, by rank: {told}"
     if executor == "parallel" and case in ("matmul", "compiled"):  # tile products on native workers
-        native = [count for *_, count, _, _ in gathered]
+        native = [count for *_, count, _, _, _ in gathered]
         assert all(0 < count <= len(ran) for count, ran in zip(native, runs)), \
             f"native tasks by rank {native} of {[len(r) for r in runs]} run"
         # whole tiles, each read whole: every transfer posted by native code where MPI has
         # MPICH's ABI, else none
         transfers = [(ranks.native_transfers, ranks.transfers, abi)
-                     for _, _, ranks, *_, abi in gathered]
+                     for _, _, ranks, *_, abi, _ in gathered]
         assert all(posted == (count if abi else 0) and (count > 0) == (size > 1)
                    for posted, count, abi in transfers), \
             f"transfers posted by native code, of all, and MPICH's ABI, by rank: {transfers}"
