@@ -12,10 +12,13 @@ import threading
 import time
 import types
 
+import numba
 import numpy as np
 import pytest
+from pto_gpu.kernels.elementwise import scale
 
 import pto_gpu as pto
+from pto_gpu import jit as pj
 from pto_gpu.distributed import holdings as holdings_module
 from pto_gpu.distributed import transport as transport_module
 from pto_gpu.distributed.holdings import Holdings
@@ -474,6 +477,12 @@ class SendingRank:
     def conclude(self, failure) -> list:
         return []
 
+    def fail(self) -> None:
+        pass
+
+    def give_up(self, posted: list) -> None:
+        pass
+
     tags = (0, 1 << 30)
 
     def datatype(self, tensor) -> None:
@@ -772,3 +781,60 @@ def test_a_failed_mpi_test_cancels_only_the_requests_mpi_still_holds(monkeypatch
     assert transport.handles == 2
     assert transport.cancelled == [2]
 
+
+
+@numba.njit(cache=True)
+def _tiles_of(o, x, out, rows, owner, scale_id):
+    """out's first `rows` rows = 2x's, through a heap tile of `owner`'s (-1: the default)."""
+    t = pj.alloc(o, (rows, pj.shape(x, 1)), pj.dtype(x), owner)
+    if rows:  # (a kernel family's tiles are never empty)
+        pj.submit(o, scale_id, (pj.input(pj.narrow(x, 0, 0, rows)), pj.output(t)), (2.0,))
+        pj.submit(o, scale_id, (pj.input(t), pj.output(pj.narrow(out, 0, 0, rows))), (1.0,))
+    pj.free(o, t)
+
+
+@pytest.mark.parametrize(("rows", "owner", "told"), [(2, 2, 0), (2, -1, 0), (0, 2, 1)],
+                         ids=["its-rank", "default-owner", "no-element"])
+def test_compiled_code_keeps_the_tables_of_the_heap_tiles_it_allocates(monkeypatch, rows, owner, told):
+    """Rank 2 of 4 allocates a heap tile in compiled code, of its own (`o.on_rank(2)` around
+    the call gives the default owner), writes it and reads it: compiled placement keeps the
+    tile's tables itself, and the Python placer never hears of it; but of an empty tile, which
+    Python's alloc takes as it is. The results are 2x."""
+    import pto_gpu.runtime as runtime_module
+    from pto_gpu.jit import bridge, host
+
+    monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: SendingRank())
+    heard: list[int] = []
+    service = host.Session.service
+
+    def noted(session, code, a, b, c):
+        heard.append(code)
+        return service(session, code, a, b, c)
+
+    monkeypatch.setattr(host.Session, "service", noted)
+
+    def orchestration(o, x, out):
+        X, OUT = o.external(x, owner=2), o.external(out, owner=2)
+        with o.on_rank(2):
+            o.compiled(_tiles_of, X, OUT, rows, owner, scale.id)
+
+    x, out = np.arange(8.0, dtype=np.float32).reshape(2, 4), np.zeros((2, 4), np.float32)
+    rt = pto.Runtime(backend="cpu", comm=object(), workers={pto.VECTOR: 1})
+    rt.run(orchestration, x, out)
+    assert heard.count(bridge.SERVICE_ALLOCATED) == told
+    assert np.array_equal(out[:rows], 2 * x[:rows]) and not out[rows:].any()
+
+
+def test_compiled_code_leaves_an_owner_the_run_has_not_to_python_s_alloc_which_names_it(monkeypatch):
+    """A compiled alloc owned by rank 4 of a run of 4: compiled placement keeps no tables for
+    it, and the Python placer's alloc raises the RankError that names it."""
+    import pto_gpu.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "_make_transport", lambda comm, name, backend: SendingRank())
+
+    def orchestration(o, x, out):
+        o.compiled(_tiles_of, o.external(x, owner=2), o.external(out, owner=2), 2, 4, scale.id)
+
+    rt = pto.Runtime(backend="cpu", comm=object(), workers={pto.VECTOR: 1})
+    with pytest.raises(pto.RankError, match="owner=4 is out of range"):
+        rt.run(orchestration, np.ones((2, 4), np.float32), np.zeros((2, 4), np.float32))

@@ -389,16 +389,16 @@ def test_the_compiled_tiled_matmul_runs_natively_with_the_python_bits():
     assert np.abs(native - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
-def test_a_loop_returns_to_wake_another_class_soon_only_beside_a_free_core():
-    """A loop that has made ready a task a sleeping worker of another class could take returns
-    for the executor to wake it after WAKE_AFTER_NS while fewer workers run than there are
-    cores, and after SHARE_NS (for a turn on a core) while every core runs one."""
+def test_a_loop_returns_to_wake_a_sleeping_worker_soon_only_beside_a_free_core():
+    """A loop that has made ready a task a sleeping worker could take (here, of another class)
+    returns for the executor to wake it after WAKE_AFTER_NS while fewer workers take a core
+    than the process has, and after SHARE_NS (a turn on a core) while every core runs one."""
     control = np.zeros(1, CONTROL)
     c = control[0]
     c["cores"], c["sleeping"][pto.VECTOR], c["tail"][pto.VECTOR] = 2, 1, 1  # a VECTOR task, its worker asleep
 
-    def returns(running: int, ran_ns: int) -> bool:
-        c["running"] = running
+    def returns(busy: int, ran_ns: int) -> bool:
+        c["busy"] = busy
         return bool(_time_to_return(c, int(pto.CUBE), 1, BUDGET, 0, ran_ns))
 
     assert not returns(1, WAKE_AFTER_NS - 1) and returns(1, WAKE_AFTER_NS)
@@ -407,12 +407,13 @@ def test_a_loop_returns_to_wake_another_class_soon_only_beside_a_free_core():
     assert not returns(1, SHARE_NS)
 
 
-def test_the_compiled_matmul_s_products_run_in_one_loop_where_one_core_is_free(monkeypatch):
+def test_the_compiled_matmul_s_products_run_in_one_loop_on_a_process_of_one_core(monkeypatch):
     """The compiled tiled matmul's copies (ACCELERATOR) follow its products (CUBE): on a
     process of one core, the products' loop does not return to wake the copies' worker after
     each product chain, for it would only take turns on that core (a round trip through
-    Python on both threads each time); all of them run in one loop. The results are the
-    serial executor's."""
+    Python on both threads each time); the products run in one loop (two, where the CUBE
+    worker woke before the zeros before them had all run: the 64 products of 64² tiles take
+    well under SHARE_NS). The results are the serial executor's."""
     monkeypatch.setattr(parallel, "process_cores", lambda: 1)
     rng = np.random.default_rng(4)
     a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))

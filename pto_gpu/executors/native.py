@@ -75,14 +75,14 @@ SLICE_NS = 1_000_000
 # worker could take, so that the executor wakes it: waking costs a Python round trip (~5 us),
 # worth it for tasks of that size, not for the tiny tasks of a loop that has just started.
 WAKE_AFTER_NS = 20_000
-# ... if a core is free for that worker (fewer workers running than the process's cores): else
-# the woken worker would only take turns on a core with this loop, and each hand-over between
-# classes costs a round trip through Python on both threads (~110 us on the 2-core VM, beside
-# BLAS tiles that leave Python's objects out of cache: the 2048² matmul's 64 copies, of
-# another class than its products, took 7 ms of its 141 on one core). Then the loop returns
-# to wake it after this long at the latest, so that another class's task (one another rank
-# waits for, say) is not held back behind a long loop.
-SHARE_NS = 20_000_000
+# ... if a core is free for that worker (fewer workers take one than the process has: `busy`):
+# else the woken worker would only take turns on a core with this loop, and each hand-over
+# between classes costs a round trip through Python on both threads (~110 us on the 2-core VM,
+# beside BLAS tiles that leave Python's objects out of cache: the 2048² matmul's 64 copies, of
+# another class than its products, took 7 ms of its ~140 on one core). Then the loop returns
+# to wake it after this long at the latest, a scheduler's time slice, so that another class's
+# task (one another rank waits for, say) waits no longer than the OS would have made it.
+SHARE_NS = 5_000_000
 NO_ENTRY = -1  # an instance that runs the Python way (half precision, an empty batch)
 CLASSES = len(WorkerType)
 POLL_EVERY = 16  # a loop with transfers posted tests them at least once every so many tasks
@@ -97,8 +97,8 @@ CONTROL = np.dtype([
     ("handoff_head", np.int64),
     ("handoff_tail", np.int64),
     ("sleeping", np.int64, (CLASSES,)),  # per worker class: workers waiting for a task (set by Python)
-    ("running", np.int64),  # workers running tasks, loops or the poll (the executor's count)
-    ("cores", np.int64),  # the process's cores (set by Python)
+    ("busy", np.int64),  # workers that take a core: running a task or a loop (set by Python)
+    ("cores", np.int64),  # the process's cores
     ("failed", np.int64),  # the first task whose kernel raised in a native loop, or -1
     ("isend", np.int64),  # MPI's functions (NativeMpi), where transfers are native
     ("irecv", np.int64),
@@ -423,7 +423,7 @@ def _time_to_return(c, worker, done, budget, entered, ended):
     sleeping worker could take."""
     ran = ended - entered
     return (done >= budget and ran >= SLICE_NS) or (
-        ran >= (WAKE_AFTER_NS if c.running < c.cores else SHARE_NS) and _sleeper_could_take(c, worker))
+        ran >= (WAKE_AFTER_NS if c.busy < c.cores else SHARE_NS) and _sleeper_could_take(c, worker))
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -606,7 +606,8 @@ class NativeLanes:
 
     takes_edges = False  # the lanes of a compiled session (jit/host.py) that follow producers
 
-    def __init__(self, scheduler: Scheduler, args: ArgTables, kernels: list[Kernel], instances: Instances):
+    def __init__(self, scheduler: Scheduler, args: ArgTables, kernels: list[Kernel], instances: Instances,
+                 cores: int):
         self._scheduler = scheduler
         state = scheduler.state
         window = state.sizes.task_window
@@ -616,6 +617,8 @@ class NativeLanes:
         self.control["failed"] = -1
         self._head, self._tail = self.control["head"][0], self.control["tail"][0]
         self._sleeping = self.control["sleeping"][0]
+        self.control["cores"] = cores  # (loops wake a sleeping worker soon only beside a free one)
+        self._busy = self.control["busy"]
         self._handoff_counters = (self.control["handoff_head"], self.control["handoff_tail"])
         self._ready = np.zeros((CLASSES, window), np.int64)
         self._handoff = np.zeros(window, np.int64)
@@ -717,11 +720,10 @@ class NativeLanes:
         a Python worker runs."""
         return self._tail.tobytes() != self._head.tobytes()
 
-    def share(self, running: int, cores: int) -> None:
-        """The executor's count of running workers, and the process's cores: loops wake a
-        sleeping worker soon only while one is free (SHARE_NS)."""
-        c = self.control[0]
-        c["running"], c["cores"] = running, cores
+    def busy(self, workers: int) -> None:
+        """How many workers take a core now (the executor's count): loops wake a sleeping
+        worker soon only while fewer do than the process has cores (SHARE_NS)."""
+        self._busy[0] = workers
 
     def sleeping(self, worker: WorkerType, change: int) -> None:
         """A worker of class `worker` starts (+1) or stops (-1) waiting for a task: native loops

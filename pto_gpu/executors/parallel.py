@@ -95,7 +95,7 @@ class ParallelExecutor:
         self._progress = threading.Condition(self._lock)  # the orchestrator waits on it
         self._started = False
         self._stopping = False
-        self._running_count = 0  # `_running`
+        self._workers_running = 0  # `_running`'s
         self._completions = 0
         self._seen_completions = 0
         self._room_wanted = False  # the orchestrator waits for room in a full ring
@@ -103,7 +103,7 @@ class ParallelExecutor:
         self._awaiting = 0  # tasks run that complete when their data arrives
         self._submit_lane = None  # `_run_at_submission`'s, made at its first task
         self._submit_scratch = scheduler.ready_scratch()
-        self._polling = False  # a worker holds the poll for arrivals
+        self._poll_held = False  # `_polling`'s
         # A poll beside workers that keep every core busy takes time from their kernels and
         # cannot start anything sooner; their own polls between tasks keep transfers moving.
         # (A tiled Cholesky on two ranks of a core each: its kernels ran 10-15% slower beside a
@@ -221,10 +221,10 @@ class ParallelExecutor:
         if (self._native is None and self._schedule is None and not self._tracing
                 and not self._profile.measuring and not self._scheduler.validate
                 and self._backend.name == "cpu"):
-            lanes = NativeLanes(self._scheduler, args, kernels, self._instances)
+            lanes = NativeLanes(self._scheduler, args, kernels, self._instances, self._cores)
             with self._lock:
                 self._native = lanes
-                lanes.share(self._running, self._cores)
+                self._count_busy_locked()
                 if self._arrivals is not None and self._arrivals.mpi is not None:
                     lanes.use_mpi(*self._arrivals.mpi)
                 for worker in WorkerType:
@@ -234,16 +234,34 @@ class ParallelExecutor:
                         lanes.sleeping(worker, 1)
         return self._native
 
+    # Both change under the lock, and each change tells the native lanes how many workers take
+    # a core (`_count_busy_locked`).
     @property
     def _running(self) -> int:
-        """Workers running a task, a native loop or the poll (changed under the lock)."""
-        return self._running_count
+        """Workers running a task, a native loop or the poll."""
+        return self._workers_running
 
     @_running.setter
     def _running(self, count: int) -> None:
-        self._running_count = count
-        if self._native is not None:  # whose loops wake a sleeping worker soon only beside a free core
-            self._native.share(count, self._cores)
+        self._workers_running = count
+        self._count_busy_locked()
+
+    @property
+    def _polling(self) -> bool:
+        """A worker holds the poll for arrivals."""
+        return self._poll_held
+
+    @_polling.setter
+    def _polling(self, held: bool) -> None:
+        self._poll_held = held
+        self._count_busy_locked()
+
+    def _count_busy_locked(self) -> None:
+        """Tell the native lanes how many workers take a core: the running ones, but for one
+        that holds the poll, which mostly sleeps (poll_pause). (The orchestrator, in a compiled
+        body, is left out: it submits for a short while, then waits.)"""
+        if self._native is not None:
+            self._native.busy(self._workers_running - self._poll_held)
 
     @property
     def native_transfers(self) -> int:

@@ -185,11 +185,18 @@ def alloc(o, shape, dtype, owner=-1):
             _service(t.meta, bridge.ERR_SCOPE_FULL, SCOPE_CAPACITY, 0, 0)
         t.scope[top] = seq
         t.meta[M_SCOPE_TOP] = top + 1
-    if t.meta[M_PLACED] and not (t.meta[M_PLACED] == PLACED_COMPILED
-                                 and placing.hold_allocated(t, seq, nbytes, itemsize, dtype, owner)):
+    if t.meta[M_PLACED] and not _placed_here(t, seq, nbytes, itemsize, dtype, owner):
         _name(t, desc, 0)
         _service(t.meta, bridge.SERVICE_ALLOCATED, seq, owner, 0)
     return desc
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _placed_here(t, seq, nbytes, itemsize, dtype, owner):
+    """Whether compiled placement keeps a new heap tile's tables itself, so that the Python
+    placer hears of it only if it must (placing.hold_allocated)."""
+    return (t.meta[M_PLACED] == PLACED_COMPILED
+            and placing.hold_allocated(t, seq, nbytes, itemsize, dtype, owner))
 
 
 @njit(cache=True, _nrt=False)

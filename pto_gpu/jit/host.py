@@ -242,6 +242,7 @@ class Session:
         if placer is not None:
             self._fields.update(counts=placer.counts, labels=np.full(state.sizes.task_window, -1, np.int64))
             self._placing_tables(num_externals)
+            self._held_heap_tables(placer.ranks)
         scheduler.materialise = self.materialise
         bridge.SESSIONS[self.key] = self
 
@@ -278,8 +279,9 @@ class Session:
             f["meta"][M_DEFAULT_OWNER] = self._placer.default_owner
 
     def leave(self) -> None:
-        """Carry versions and frees made in compiled code back to the Python records (and the
-        heap buffers compiled placement held, to the placer: Python may submit with them)."""
+        """Carry versions and frees made in compiled code back to the Python records, and the
+        heap tiles compiled placement held to the placer: the next entry may rebuild the `held`
+        table (`_placing_tables`), and the orchestrator's live set must have them."""
         f = self._fields
         if self._placer is not None:
             for slot in np.flatnonzero(f["held"][:len(f["heap_versions"]), H_MINE]).tolist():
@@ -385,21 +387,25 @@ class Session:
 
     def _placing_tables(self, externals: int) -> None:
         """Compiled placement's tables (jit/placing.py): `held`, a row for each heap slot and for
-        `externals` externals (filled by `_hold`), the placer's counts, the per-slot labels;
-        and per heap slot the one entry of tables compiled placement keeps itself
-        (placing.hold_allocated)."""
+        `externals` externals (filled by `_hold`), the placer's counts, the per-slot labels.
+        (Rebuilt between entries only: `leave` has handed every H_MINE row's tile over.)"""
         f = self._fields
+        if "held" in f and f["held"][:, H_MINE].any():
+            raise InvariantError("compiled placement's own heap tables would be dropped")
         f["held"] = np.zeros((len(f["heap_versions"]) + max(1, externals), H_WIDTH), np.int64)
         context.set_placing(self.o, f["held"], f["counts"], f["labels"])
-        if "heap_owners" not in f:
-            slots = len(f["heap_versions"])
-            f.update(heap_owners=np.zeros(slots, np.int8), heap_writers=np.zeros(slots, np.int8),
-                     heap_valid=np.zeros(slots, np.uint64))
-            meta = f["meta"]
-            meta[M_RANKS] = self._placer.ranks
-            for field, name in ((M_HEAP_OWNERS, "heap_owners"), (M_HEAP_WRITERS, "heap_writers"),
-                                (M_HEAP_VALID, "heap_valid")):
-                meta[field] = f[name].ctypes.data
+
+    def _held_heap_tables(self, ranks: int) -> None:
+        """Per heap slot, the one entry of the tables compiled placement keeps itself for the
+        tiles it allocates (placing.hold_allocated), and the run's ranks."""
+        f, slots = self._fields, len(self._fields["heap_versions"])
+        f.update(heap_owners=np.zeros(slots, np.int8), heap_writers=np.zeros(slots, np.int8),
+                 heap_valid=np.zeros(slots, np.uint64))
+        meta = f["meta"]
+        meta[M_RANKS] = ranks
+        for field, name in ((M_HEAP_OWNERS, "heap_owners"), (M_HEAP_WRITERS, "heap_writers"),
+                            (M_HEAP_VALID, "heap_valid")):
+            meta[field] = f[name].ctypes.data
 
     def _adopt(self, key: int) -> None:
         """Hand heap buffer `key` to the placer with its tables' state, if compiled placement

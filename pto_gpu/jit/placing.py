@@ -20,9 +20,12 @@ and a write change the tables.
 The tables are the Python Holdings' own arrays (owner, writer and valid bits per unit of a
 buffer: holdings.py), found through `held`, a row per buffer (H_* columns: a heap buffer's
 ring slot, then the externals) that the session fills from the placer; the run's counts (C_*)
-are Placement's `counts`. A row whose tables compiled code changed (a write, or a read that
-gains valid bits) is marked (H_WRITTEN), so that Python drops what it remembers of them
-(Holdings' AND of valid bits per region, and the last write, a repeat of which it skips).
+are Placement's `counts`. A heap tile compiled code allocates with one owner has tables of
+one entry in the session's per-slot arrays instead (`hold_allocated`: an H_MINE row), until
+the placer adopts it (host.Session._adopt) or compiled code frees it. A row whose tables
+compiled code changed (a write, or a read that gains valid bits) is marked (H_WRITTEN), so
+that Python drops what it remembers of them (Holdings' AND of valid bits per region, and the
+last write, a repeat of which it skips).
 """
 
 from __future__ import annotations

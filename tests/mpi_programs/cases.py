@@ -183,24 +183,34 @@ def versioned_case(size: int):
 
 @numba.njit(nogil=True)
 def heap_body(o, x, out, axpy_id):
-    """A heap tile of rank 0's, t = 3 x's first rows; the last rank reads it whole (placed
-    with its transfer by compiled code, over the tables compiled placement keeps itself), then
-    its first row into out's last row (a region that cuts the tile's one-entry table: Python's
-    placement, which adopts the tile with what compiled code did to it: nothing moves again)."""
+    """Two heap tiles whose tables compiled placement keeps itself: t, rank 0's, = 3 x's
+    first rows, read whole on the last rank; u, the default owner's (the last rank: o.on_rank
+    around the call), = 3 x's last rows, read whole on rank 0 (both placed with their
+    transfers by compiled code), then its first row again (a region that cuts u's one-entry
+    table: Python's placement, which adopts u with what compiled code did to it, so that
+    nothing moves again), and freed. t is returned, adopted as the body returns."""
     rows = pj.shape(x, 0)
     t = pj.alloc(o, (2, pj.shape(x, 1)), pj.dtype(x), 0)
     pj.submit(o, axpy_id, (pj.input(pj.narrow(x, 0, 0, 2)), pj.input(pj.narrow(x, 0, 0, 2)), pj.output(t)))
     pj.submit(o, axpy_id, (pj.input(t), pj.input(pj.narrow(x, 0, rows - 2, rows)),
                            pj.output(pj.narrow(out, 0, rows - 2, rows))))
-    pj.submit(o, axpy_id, (pj.input(pj.narrow(t, 0, 0, 1)), pj.input(pj.narrow(out, 0, rows - 1, rows)),
-                           pj.output(pj.narrow(out, 0, rows - 1, rows))))
+    u = pj.alloc(o, (2, pj.shape(x, 1)), pj.dtype(x))
+    last = pj.narrow(x, 0, rows - 2, rows)
+    pj.submit(o, axpy_id, (pj.input(last), pj.input(last), pj.output(u)))
+    pj.submit(o, axpy_id, (pj.input(u), pj.input(pj.narrow(x, 0, 0, 2)), pj.output(pj.narrow(out, 0, 0, 2))))
+    first_row = pj.narrow(out, 0, 0, 1)
+    pj.submit(o, axpy_id, (pj.input(pj.narrow(u, 0, 0, 1)), pj.input(first_row), pj.output(first_row)))
+    pj.free(o, u)
     return t
 
 
 @numba.njit(nogil=True)
-def heap_again_body(o, t, x, out, axpy_id):
-    """The tile back in compiled code, after Python adopted it: read on rank 0, then freed."""
-    pj.submit(o, axpy_id, (pj.input(t), pj.input(pj.narrow(x, 0, 0, 2)), pj.output(pj.narrow(out, 0, 0, 2))))
+def heap_again_body(o, t, out, axpy_id):
+    """The tile back in compiled code, adopted: its last row read on the last rank (Python's
+    placement: the tile's table is cut; nothing moves again), then freed."""
+    rows = pj.shape(out, 0)
+    last_row = pj.narrow(out, 0, rows - 1, rows)
+    pj.submit(o, axpy_id, (pj.input(pj.narrow(t, 0, 1, 2)), pj.input(last_row), pj.output(last_row)))
     pj.free(o, t)
 
 
@@ -209,17 +219,17 @@ def heap_tiles(o: pto.Orchestrator, x, out) -> None:
     OUT = o.external(out, owner=pto.block_rows(o.ranks))
     for row in range(x.shape[0]):  # (tables by rows, which compiled code then places on)
         o.submit(axpy_any, pto.input(X[row]), pto.input(X[row]), pto.output(OUT[row]))
-    t = o.compiled(heap_body, X, OUT, axpy_any.id)
-    o.compiled(heap_again_body, t, X, OUT, axpy_any.id)
+    with o.on_rank(o.ranks - 1):
+        t = o.compiled(heap_body, X, OUT, axpy_any.id)
+    o.external(np.zeros(4), owner=0)  # (another external: the next call's session grows its tables)
+    o.compiled(heap_again_body, t, OUT, axpy_any.id)
 
 
 def heap_case(size: int):
     rng = np.random.default_rng(8)
     arrays = (rng.standard_normal((8, 4)), np.zeros((8, 4)))
-    moved = 2 * 4 * 8 if size > 1 else 0  # the tile, once, from rank 0 to the last
-    expected = [(0, 0)] * size
-    if size > 1:
-        expected[0], expected[-1] = (moved, 0), (0, moved)
+    tile = 2 * 4 * 8  # t, once, from rank 0 to the last; u, once, back
+    expected = [(tile, tile)] + [(0, 0)] * (size - 2) + [(tile, tile)] if size > 1 else [(0, 0)]
     return heap_tiles, arrays, (), [1], expected
 
 
@@ -267,6 +277,9 @@ def _count_allocations() -> list[int]:
     return told
 
 
+ALLOCATED = _count_allocations()  # (this program's cases, each run: `main` clears it)
+
+
 def owners(orchestration, index: int, shape: tuple[int, ...], size: int) -> np.ndarray:
     """The rank owning each element of the orchestration's output `index`."""
     if orchestration in (spread, compiled_spread) and index == 0:
@@ -296,9 +309,8 @@ def main(case: str, executor: str) -> None:
     # The second run starts from the owner tables the first made (Placement._track), and is not
     # recorded, so compiled code places what it can itself (jit/placing.py).
     results, graph, counts = [], None, []
-    allocated = _count_allocations()
     for record in (True, False):
-        allocated.clear()
+        ALLOCATED.clear()
         inputs = [a.copy() for a in arrays]
         result = rt.run(orchestration, *inputs, *extra, record=record, **options)
         results.append([inputs[i] for i in outputs])
@@ -308,7 +320,7 @@ def main(case: str, executor: str) -> None:
             graph = graph_of(result)
     # Whether MPI has MPICH's ABI (the pip wheel's: native code posts transfers), on every rank
     native_mpi = rt.placement.transport.native is not None
-    mine = (results, graph, result.ranks, result.native_tasks, counts, native_mpi, len(allocated))
+    mine = (results, graph, result.ranks, result.native_tasks, counts, native_mpi, len(ALLOCATED))
     gathered = comm.gather(mine, root=0)
     if rank != 0:
         return
@@ -351,6 +363,11 @@ def main(case: str, executor: str) -> None:
         # the Python placer hears of one only when it places a task that uses it.
         told = [count for *_, count in gathered]
         assert told == [0] * size, f"heap tiles compiled code allocated that Python heard of, by rank: {told}"
+    if case == "compiled-heap" and executor == "parallel" and all(abi for *_, abi, _ in gathered):
+        # both tiles written and read whole, the reads with their transfers (native workers'):
+        # placed by compiled code on every rank
+        placed = [ranks.placed_by_compiled_code for _, _, ranks, *_ in gathered]
+        assert placed == [4] * size, f"tasks placed by compiled code, by rank: {placed}"
     if executor == "parallel" and case in ("matmul", "compiled"):  # tile products on native workers
         native = [count for *_, count, _, _, _ in gathered]
         assert all(0 < count <= len(ran) for count, ran in zip(native, runs)), \
