@@ -409,7 +409,8 @@ class Session:
 
     def _adopt(self, key: int) -> None:
         """Hand heap buffer `key` to the placer with its tables' state, if compiled placement
-        holds it itself (H_MINE): Python is to place a task that uses it, or may submit with it."""
+        holds it itself (H_MINE): Python is to place a task that uses it or say its owner, or
+        the body that allocated it returns (`leave`)."""
         if key < 0:
             return
         row = self._held_row(key)
