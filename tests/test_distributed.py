@@ -782,7 +782,6 @@ def test_a_failed_mpi_test_cancels_only_the_requests_mpi_still_holds(monkeypatch
     assert transport.cancelled == [2]
 
 
-
 @numba.njit(cache=True)
 def _tiles_of(o, x, out, rows, owner, scale_id):
     """out's first `rows` rows = 2x's, through a heap tile of `owner`'s (-1: the default)."""
