@@ -15,7 +15,7 @@ launch and the next than the changes they are to show. Targets (issue 45): matmu
 runs that build the graph as they go are in extra_info too), with a Python kernel (`latency`)
 and a generated one that native workers run (`latency-native`); no busy core while a rank waits
 (`waiting_cpu_share`: a rank's CPU seconds over the wall seconds of a run in which it waits 0.2
-s for another rank's data)."""
+s for another rank's data). `tile-copies` times MPI alone moving the matmul's tiles."""
 
 from __future__ import annotations
 
@@ -63,6 +63,17 @@ def test_dist_array_memory_per_rank(benchmark):
     benchmark.extra_info.update(whole_mib=whole / 2**20, run_s=figures["seconds"],
                                 share_after_scatter=max(figures["bytes_after_scatter"]) / whole,
                                 share_after_run=max(figures["bytes_after_run"]) / whole)
+
+
+def test_mpi_moving_the_matmul_s_tiles(benchmark):
+    """MPICH alone moving the 2-rank 2048² matmul's B tiles (256²) as the run does, each rank
+    its 32 sends and 32 receives at once: in place, with the runtime's datatype for a strided
+    region, against the same bytes packed. What a run's transfers cost its ranks' cores before
+    the runtime does anything, and what packing before a send could save at most."""
+    figures = {}
+    benchmark.pedantic(lambda: figures.update(timing(2, "tile-copies", 256)), rounds=1, iterations=1)
+    benchmark.extra_info.update({f"{name}_s": figures[f"{name}_seconds"] for name in
+                                 ("strided", "strided_cpu", "packed", "packed_cpu")})
 
 
 @pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("matmul-compiled", 256),

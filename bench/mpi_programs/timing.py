@@ -7,6 +7,7 @@
     mpiexec -n 2 python -m bench.mpi_programs.timing memory  # a DistArray of 8192² float32
     mpiexec -n 2 python -m bench.mpi_programs.timing cholesky 256  # 2048² tiled Cholesky, 2-D grid
     mpiexec -n 2 python -m bench.mpi_programs.timing cholesky 256 fifo  # the same, under a Schedule
+    mpiexec -n 2 python -m bench.mpi_programs.timing tile-copies 256  # MPICH alone moving B's tiles
 
 Every rank runs with one thread per worker class, so N ranks use N cores (bench/test_mpi.py
 binds each rank to one). A round's time is
@@ -16,6 +17,7 @@ with the busiest rank's CPU seconds beside it.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -212,12 +214,52 @@ def memory(comm, rt: pto.Runtime, tile: int) -> dict:
             "bytes_after_run": [h[1] for h in held or []]}
 
 
+def tile_copies(comm, tile: int, count: int = 21) -> dict:
+    """What MPI alone costs a rank to move the 2-rank 2048² matmul's B tiles as the run does:
+    each rank posts a receive of every tile of the other's rows and a send of every tile of
+    its own (32 each at 256), then waits for all; the tiles in place in the array, with the
+    datatype the runtime's transfers take (distributed/transport.py: rows of bytes, an hvector
+    of them), and packed (a buffer each). The median round's seconds and CPU seconds of the
+    busiest rank."""
+    n, other = 2048, 1 - comm.rank
+    b = np.ones((n, n), np.float32)
+    packed = {(k, j): np.ones((tile, tile), np.float32) for k in range(0, n, tile) for j in range(0, n, tile)}
+    row = MPI.BYTE.Create_contiguous(tile * b.itemsize)
+    strided = row.Create_hvector(tile, 1, n * b.itemsize).Commit()
+    row.Free()
+    mine = range(0, n // 2, tile) if comm.rank == 0 else range(n // 2, n, tile)
+    theirs = range(n // 2, n, tile) if comm.rank == 0 else range(0, n // 2, tile)
+
+    def message(k: int, j: int, in_place: bool):
+        if not in_place:
+            return packed[k, j]
+        start = (k * n + j) * b.itemsize
+        return [MPI.memory.fromaddress(b.ctypes.data + start, b.nbytes - start), 1, strided]
+
+    def exchange(in_place: bool) -> None:
+        requests = [comm.Irecv(message(k, j, in_place), source=other, tag=k * n + j)
+                    for k in theirs for j in range(0, n, tile)]
+        requests += [comm.Isend(message(k, j, in_place), dest=other, tag=k * n + j)
+                     for k in mine for j in range(0, n, tile)]
+        MPI.Request.Waitall(requests)
+
+    figures = {}
+    for name, in_place in (("strided", True), ("packed", False)):
+        exchange(in_place)  # warm-up
+        seconds, cpu = rounds(comm, functools.partial(exchange, in_place), count)
+        figures[f"{name}_seconds"], figures[f"{name}_cpu_seconds"] = seconds, cpu
+    strided.Free()
+    return figures
+
+
 def main(what: str, tile: int = 256, order: str | None = None) -> None:
     """`order`: a Schedule's order for the Cholesky (the other cases take none)."""
     comm = MPI.COMM_WORLD
     rt = pto.Runtime(backend="cpu", comm=comm, workers=WORKERS)
     if what == "memory":
         figures = memory(comm, rt, tile)
+    elif what == "tile-copies":
+        figures = tile_copies(comm, tile)
     elif what == "cholesky":
         n = 2048
         m = np.random.default_rng(0).standard_normal((n, n))
