@@ -263,15 +263,7 @@ def _complete(header, tasks, buffers, deps, control, ready, kernel_info, args, p
         for j in range(i, kept - 1):  # out of the others, which keep their order
             scratch[j] = scratch[j + 1]
         kept -= 1
-        start_held(header, tasks, transfer_id)
-        transfer = kernel_info[tasks[transfer_id & (window - 1)].kernel].transfer
-        release(header)
-        error = _post_held(control, args, posting, transfer_id, window, transfer)
-        _give_posting(control)
-        acquire(header)
-        if error != 0:
-            if control[0].failed < 0:
-                control[0].failed = transfer_id
+        if _start_and_post(header, tasks, control, kernel_info, args, posting, transfer_id, window, True):
             kept = -1
             break
     release(header)
@@ -374,13 +366,7 @@ def _drain(header, tasks, buffers, deps, control, ready, handoff, kernel_info, a
         since_poll += 1
         transfer = kernel_info[tasks[slot].kernel].transfer
         if transfer:
-            start_held(header, tasks, task_id)
-            release(header)
-            error = _post(control, args, posting, task_id, window, transfer)
-            acquire(header)
-            if error != 0:
-                if c.failed < 0:
-                    c.failed = task_id
+            if _start_and_post(header, tasks, control, kernel_info, args, posting, task_id, window, False):
                 break
             ended = monotonic_ns()
             if _time_to_return(c, worker, done, budget, entered, ended):
@@ -450,6 +436,25 @@ def _post(control, args, posting, task_id, window, transfer):
     _take_posting(control, True)
     error = _post_held(control, args, posting, task_id, window, transfer)
     _give_posting(control)
+    return error
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _start_and_post(header, tasks, control, kernel_info, args, posting, task_id, window, posting_held):
+    """Start a ready native transfer (the core's lock held, and held again on return) and post
+    it without the core's lock (MPI may copy a large message), under the posting lock: taken
+    here, or held already (`posting_held`); MPI's error code, the task noted in
+    control.failed if it could not post it (the first such)."""
+    start_held(header, tasks, task_id)
+    transfer = kernel_info[tasks[task_id & (window - 1)].kernel].transfer
+    release(header)
+    if not posting_held:
+        _take_posting(control, True)
+    error = _post_held(control, args, posting, task_id, window, transfer)
+    _give_posting(control)
+    acquire(header)
+    if error != 0 and control[0].failed < 0:
+        control[0].failed = task_id
     return error
 
 
