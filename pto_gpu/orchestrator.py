@@ -86,7 +86,11 @@ class Recorder:
 
 class Orchestrator:
     def __init__(self, scheduler: Scheduler, backend, executor: Executor, recorder: Recorder | None,
-                 arguments: ArgTables, windows: Windows | None = None, ranks: Placement | None = None):
+                 arguments: ArgTables, windows: Windows | None = None, ranks: Placement | None = None,
+                 every_task: bool = False):
+        """`every_task`: in a distributed run, enter other ranks' tasks into this rank's core too
+        (completed unrun, as they become ready), so that its executor weighs them (a critical
+        path over the whole graph); so does a window, which counts them."""
         self._scheduler = scheduler
         self._state = scheduler.state
         self._backend = backend
@@ -98,6 +102,7 @@ class Orchestrator:
         self._scopes: list[list[Buffer]] = []
         self._tags: dict[str, int | str] | None = None  # what `with o.tags(...)` gives the tasks inside
         self._windows = windows  # a schedule's max_concurrent
+        self._every_task = every_task or windows is not None
         # Every submit writes its rows here, as bytes (a memoryview copy is the cheapest), and
         # hands the core the view of its first n rows.
         rows = np.empty((cs.MAX_PARAMS, PARAM_WIDTH), np.int64)
@@ -362,8 +367,9 @@ class Orchestrator:
         elif rank is not None:
             check_rank(rank, 1, f"submit({kernel.name})", "rank")
         # A task another rank runs does nothing to this rank but through its transfers, which
-        # are this rank's own tasks: the core need not know it (unless a window counts it).
-        if task.runs_here or self._windows is not None:
+        # are this rank's own tasks: the core need not know it (unless a window counts it or a
+        # critical path weighs it).
+        if task.runs_here or self._every_task:
             arguments = None
             code = kernel.native is not None or kernel.id in self._driver_kernels
             if code and self._lanes_possible and task.runs_here:
@@ -497,8 +503,9 @@ class _Placing:
         self._o, self._placement = o, o._ranks
         self.rank, self.ranks = self._placement.rank, self._placement.size
         self.counts = self._placement.counts
-        # What compiled placement leaves out: a recording's logical graph, a window's count.
-        self.compiled = self._placement.graph is None and o._windows is None
+        # What compiled placement leaves out: a recording's logical graph, a window's count, a
+        # critical path's other ranks' tasks.
+        self.compiled = self._placement.graph is None and not o._every_task
 
     def submit(self, kernel: Kernel, *params: Param) -> int:
         return self._o.submit(kernel, *params)

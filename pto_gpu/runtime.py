@@ -271,7 +271,10 @@ class Runtime:
                 placement.transport.begin(name)
             executor = self._make_executor(threshold, profile, capture, schedule)
             windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
-            o = Orchestrator(scheduler, self.backend, executor, recorder, self._arguments, windows, placement)
+            # A rank weighs a critical path over every rank's tasks (docs/SCHEDULES.md)
+            every_task = schedule is not None and schedule.order_by == "critical_path"
+            o = Orchestrator(scheduler, self.backend, executor, recorder, self._arguments, windows, placement,
+                             every_task)
             with _one_blas_thread():
                 if placement is not None and placement.transport.ordered:  # what chains the transfers
                     placement.lane = o.external(self.backend.to_device(np.zeros(1, np.uint8)))

@@ -142,7 +142,7 @@ class ParallelExecutor:
             if ready:
                 self._native_outbox.append(task.id)
         else:
-            if self.wants_producers:
+            if self.wants_producers and not (ready and task.inline):  # (inline: never queued)
                 cost = self._cost(task)
                 with self._lock:
                     if task.id in self._early:
@@ -151,7 +151,7 @@ class ParallelExecutor:
                         self._register_locked(task, cost, producers)
                         self._registered.add(task.id)
             if ready:
-                if task.inline and self._schedule is None:
+                if task.inline:
                     self._run_at_submission(task)
                 else:
                     self._outbox.append(task)
@@ -168,8 +168,8 @@ class ParallelExecutor:
         """Run a task ready at submission that costs less than queueing it (Task.inline: another
         rank's, a transfer) on the orchestrator's thread, and the inline tasks it makes ready: a
         rank's sends go out, and its receives are posted, while it still submits, not once a
-        worker gets to them behind the rank's compute. (With a schedule they queue: it orders
-        every task.)"""
+        worker gets to them behind the rank's compute. A schedule does not order them: a
+        completion runs those it makes ready at once too (`_dispatch_locked`)."""
         if self._submit_lane is None:
             self._submit_lane = self._profile.lane("orchestrator", (WorkerType.ACCELERATOR,))
         batch = [task]

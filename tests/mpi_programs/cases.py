@@ -248,18 +248,33 @@ def matmul_pressed(size: int):
 
 def matmul_scheduled(size: int):
     """matmul under a schedule with a max_concurrent window: every rank's core then holds the
-    other ranks' tasks too, and transfers queue for workers instead of running at submission."""
+    other ranks' tasks too (completed unrun as they are submitted, as transfers are run)."""
     return matmul(size)
+
+
+def cholesky_scheduled(size: int):
+    """cholesky_case under the critical-path schedule, over every rank's tasks: each rank's core
+    holds the others' tasks too, completed unrun as they become ready."""
+    return cholesky_case(size)
+
+
+def compiled_scheduled(size: int):
+    """compiled_case under a FIFO schedule: the compiled body's tile products queue for Python
+    workers."""
+    return compiled_case(size)
 
 
 CASES = {"matmul": matmul, "stencil": stencil_case, "flash": flash, "spread": spread_case,
          "pressed": matmul_pressed, "scheduled": matmul_scheduled, "cholesky": cholesky_case,
          "compiled": compiled_case, "compiled-pressed": compiled_case,
          "compiled-spread": compiled_spread_case, "compiled-rewrite": rewrite_case,
-         "compiled-versioned": versioned_case, "compiled-heap": heap_case}
+         "compiled-versioned": versioned_case, "compiled-heap": heap_case,
+         "scheduled-cholesky": cholesky_scheduled, "compiled-scheduled": compiled_scheduled}
 SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, run's
             "compiled-pressed": ({"task_window": 16}, {"threshold": 4}),
-            "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})})}
+            "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})}),
+            "scheduled-cholesky": ({}, {"schedule": pto.Schedule()}),
+            "compiled-scheduled": ({}, {"schedule": pto.Schedule(order_by="fifo")})}
 
 
 def _count_allocations() -> list[int]:
@@ -379,6 +394,11 @@ def main(case: str, executor: str) -> None:
         assert all(posted == (count if abi else 0) and (count > 0) == (size > 1)
                    for posted, count, abi in transfers), \
             f"transfers posted by native code, of all, and MPICH's ABI, by rank: {transfers}"
+    if executor == "parallel" and case in ("scheduled", "scheduled-cholesky", "compiled-scheduled"):
+        # A schedule orders every task in Python's queues: none on native workers, and no
+        # transfer posted by native code.
+        native = [(count, ranks.native_transfers) for _, _, ranks, count, *_ in gathered]
+        assert native == [(0, 0)] * size, f"native tasks and native transfers by rank: {native}"
     print(f"OK {case} {size}", flush=True)
 
 
