@@ -272,7 +272,8 @@ class Runtime:
             executor = self._make_executor(threshold, profile, capture, schedule)
             windows = Windows(schedule.max_concurrent) if schedule and schedule.max_concurrent else None
             # A rank weighs a critical path over every rank's tasks (docs/SCHEDULES.md)
-            every_task = schedule is not None and schedule.order_by == "critical_path"
+            every_task = placement is not None and schedule is not None and (
+                schedule.order_by == "critical_path")
             o = Orchestrator(scheduler, self.backend, executor, recorder, self._arguments, windows, placement,
                              every_task)
             with _one_blas_thread():

@@ -40,9 +40,9 @@ class Task:
     classes: tuple[WorkerType, ...] | None = None
     # A distributed run (pto_gpu/distributed) places every task on every rank, and submits a
     # rank's own and its transfers: a task placed on another rank is not entered here (under a
-    # schedule's window it is, and completes without running), and `label` is the id users see
-    # (the task's place in the orchestration's own submissions; -1 for a transfer), which the
-    # core's id is not once transfers are counted.
+    # schedule's window or critical path it is, and completes without running), and `label`
+    # is the id users see (the task's place in the orchestration's own submissions; -1 for a
+    # transfer), which the core's id is not once transfers are counted.
     runs_here: bool = True
     label: int | None = None
     # Run by the worker thread whose completion makes it ready, not queued for a worker of its

@@ -63,7 +63,7 @@ def test_cases_match_the_serial_executor_on_ranks_of_one_core():
         assert f"OK {case} 2" in out
 
 
-def test_a_critical_path_schedule_weighs_every_rank_s_tasks():
+def test_a_critical_path_schedule_weighs_the_tasks_of_every_rank():
     """Rank 0 runs first the task another rank's long chain waits for, not its own costlier
     leaf, which it would were its critical paths those of its own tasks."""
     out = mpiexec(2, "tests.mpi_programs.critical_path")

@@ -10,7 +10,7 @@ and submit, in the same order, so every rank makes the same decisions:
 - every other rank places the task too, with `runs_here` False, so all decide alike, but its
   orchestrator does not enter it in its core: what the task does to that rank goes through
   the transfers, which are that rank's own tasks (under a schedule's window, which counts
-  tasks, it is entered and completes unrun).
+  tasks, or critical path, which weighs them, it is entered and completes unrun).
 Neither transfer waits: a send copies the elements out and posts them; a receive posts its
 receive in the inbox (inbox.py) and completes when its data has come (Task.arrives), which
 the executor polls for. Where the transport allows (Transport.native) a transfer of a whole

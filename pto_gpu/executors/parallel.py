@@ -142,7 +142,7 @@ class ParallelExecutor:
             if ready:
                 self._native_outbox.append(task.id)
         else:
-            if self.wants_producers and not (ready and task.inline):  # (inline: never queued)
+            if self.wants_producers and not (ready and task.inline):  # (else it runs now, unqueued)
                 cost = self._cost(task)
                 with self._lock:
                     if task.id in self._early:
@@ -333,7 +333,8 @@ class ParallelExecutor:
     def _register_locked(self, task: Task, cost: float, producers) -> None:
         if self._paths is not None:
             self._paths.add(task.id, cost, producers)
-        self._placement.submitted(task, producers)
+        if task.runs_here:  # (another rank's task is here to be weighed: no worker of ours runs it)
+            self._placement.submitted(task, producers)
 
     def _admit_locked(self, task: Task) -> Task:
         """A ready task, registered if `submitted` has not been called for it yet, placed on
@@ -343,7 +344,7 @@ class ParallelExecutor:
         if self.wants_producers and task.id not in self._registered:
             self._register_locked(task, self._cost(task), ())
             self._early.add(task.id)
-        return self._heft.place(task)
+        return self._heft.place(task) if task.runs_here else task
 
     def _push_locked(self, task: Task) -> WorkerType:
         """Queue a ready task (on the class Heft places it on); the class."""
@@ -386,7 +387,8 @@ class ParallelExecutor:
         if self._plain:  # (`_registered` holds tasks only when producers are wanted)
             return
         self._registered.discard(task.id)
-        self._placement.started(task, index)
+        if task.runs_here:
+            self._placement.started(task, index)
         if self._paths is not None:
             self._paths.started(task.id)
 

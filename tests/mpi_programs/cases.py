@@ -248,7 +248,7 @@ def matmul_pressed(size: int):
 
 def matmul_scheduled(size: int):
     """matmul under a schedule with a max_concurrent window: every rank's core then holds the
-    other ranks' tasks too (completed unrun as they are submitted, as transfers are run)."""
+    other ranks' tasks too, completed unrun as they become ready."""
     return matmul(size)
 
 
@@ -259,8 +259,9 @@ def cholesky_scheduled(size: int):
 
 
 def compiled_scheduled(size: int):
-    """compiled_case under a FIFO schedule: the compiled body's tile products queue for Python
-    workers."""
+    """compiled_case under the critical-path schedule: every submit of the compiled body is
+    placed by Python, which enters the other ranks' tasks too, and its tile products queue for
+    Python workers."""
     return compiled_case(size)
 
 
@@ -274,7 +275,7 @@ SETTINGS = {"pressed": ({"task_window": 16}, {"threshold": 4}),  # Runtime's, ru
             "compiled-pressed": ({"task_window": 16}, {"threshold": 4}),
             "scheduled": ({}, {"schedule": pto.Schedule(max_concurrent={"batch": 2})}),
             "scheduled-cholesky": ({}, {"schedule": pto.Schedule()}),
-            "compiled-scheduled": ({}, {"schedule": pto.Schedule(order_by="fifo")})}
+            "compiled-scheduled": ({}, {"schedule": pto.Schedule()})}
 
 
 def _count_allocations() -> list[int]:
@@ -399,6 +400,9 @@ def main(case: str, executor: str) -> None:
         # transfer posted by native code.
         native = [(count, ranks.native_transfers) for _, _, ranks, count, *_ in gathered]
         assert native == [(0, 0)] * size, f"native tasks and native transfers by rank: {native}"
+    if case == "compiled-scheduled":  # (compiled placement leaves other ranks' tasks out)
+        placed = [ranks.placed_by_compiled_code for _, _, ranks, *_ in gathered]
+        assert placed == [0] * size, f"tasks placed by compiled code under a critical path, by rank: {placed}"
     print(f"OK {case} {size}", flush=True)
 
 

@@ -2,10 +2,11 @@
 
     mpiexec -n 2 python -m tests.mpi_programs.critical_path
 
-Rank 0 has two tasks ready when its worker starts: `leaf` (cost 3), which nothing reads, and
-`head` (cost 1), whose result rank 1 reads and goes on from with a chain of CHAIN tasks.
-Counting its own tasks only, rank 0 would run the leaf first (3 against the head and its
-send); over the whole graph the head comes first (1 + CHAIN). Rank 0 prints the order its
+Rank 0 has two tasks ready when its worker starts: `leaf` (cost 10), which nothing reads, and
+`head` (cost 1), whose result rank 1 reads and goes on from with a chain of CHAIN tasks of
+cost 5. Counting its own tasks only, rank 0 would run the leaf first (10 against the head and
+its send: 2 at the default cost of a task without a model); over the whole graph the head
+comes first (1 + 5 CHAIN). Rank 0 prints the order its
 tasks started in ("ORDER head leaf"), and rank 1 "CHAIN OK" when its chain computed what one
 process does.
 """
@@ -21,7 +22,7 @@ CHAIN = 5
 started: list[str] = []
 
 
-@pto.kernel(worker=pto.CUBE, cost=lambda x: 3.0)
+@pto.kernel(worker=pto.CUBE, cost=lambda x: 10.0)
 def leaf(x):
     started.append("leaf")
     x += 1
@@ -33,7 +34,7 @@ def head(x):
     x[...] = 2
 
 
-@pto.kernel(worker=pto.CUBE, cost=lambda x, y: 1.0)
+@pto.kernel(worker=pto.CUBE, cost=lambda x, y: 5.0)
 def step(x, y):
     y += x
 
