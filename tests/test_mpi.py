@@ -42,7 +42,8 @@ def test_cases_match_the_serial_executor(ranks):
     cases = ("matmul", "stencil", "flash", "spread", "pressed", "scheduled", "scheduled-cholesky", "cholesky",
              "compiled", "compiled-pressed", "compiled-spread", "compiled-rewrite", "compiled-versioned",
              "compiled-heap", "compiled-scheduled")
-    # (every rank compiles the cases' compiled bodies, uncached: ~2 minutes on 4 ranks of 2 cores)
+    # (every rank compiles the cases' compiled bodies, uncached: 4 ranks took 215 s with every
+    # numba cache cold and other tests running beside them)
     out = mpiexec(ranks, "tests.mpi_programs.cases", "parallel", *cases, timeout=300)
     for case in cases:
         assert f"OK {case} {ranks}" in out
