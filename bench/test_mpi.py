@@ -15,7 +15,9 @@ launch and the next than the changes they are to show. Targets (issue 45): matmu
 runs that build the graph as they go are in extra_info too), with a Python kernel (`latency`)
 and a generated one that native workers run (`latency-native`); no busy core while a rank waits
 (`waiting_cpu_share`: a rank's CPU seconds over the wall seconds of a run in which it waits 0.2
-s for another rank's data). `tile-copies` times MPI alone moving the matmul's tiles."""
+s for another rank's data). `tile-copies` times MPI alone moving the matmul's tiles. The
+matmul and Cholesky cases also report each group of threads' CPU seconds (RunResult.cpu_seconds:
+the caller, each worker class), of the rank that spent the most."""
 
 from __future__ import annotations
 
@@ -49,8 +51,15 @@ PAIRS = 3
 
 
 def median_figures(runs: list[dict]) -> dict:
-    """Each figure's median over the runs."""
-    return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+    """Each figure's median over the runs (of a figure by group of threads, each group's)."""
+    figures = {}
+    for name, first in runs[0].items():
+        if isinstance(first, dict):
+            figures[name] = {group: statistics.median(run[name].get(group, 0.0) for run in runs)
+                             for group in first}
+        else:
+            figures[name] = statistics.median(run[name] for run in runs)
+    return figures
 
 
 def test_dist_array_memory_per_rank(benchmark):
@@ -93,7 +102,9 @@ def test_two_ranks_against_one(benchmark, what, tile):
         benchmark.extra_info.update(one_rank_s=one["seconds"], two_ranks_s=two["seconds"],
                                     speedup=statistics.median(speedups), speedup_low=speedups[0],
                                     speedup_high=speedups[-1],
-                                    one_rank_cpu_s=one["cpu_seconds"], two_ranks_cpu_s=two["cpu_seconds"])
+                                    one_rank_cpu_s=one["cpu_seconds"], two_ranks_cpu_s=two["cpu_seconds"],
+                                    one_rank_cpu_by_thread_s=one["cpu_by_thread"],
+                                    two_ranks_cpu_by_thread_s=two["cpu_by_thread"])
         if "orchestration_seconds" in one:  # the slowest rank's, median round
             benchmark.extra_info.update(one_rank_orchestration_s=one["orchestration_seconds"],
                                         two_ranks_orchestration_s=two["orchestration_seconds"])

@@ -50,6 +50,10 @@ class RunResult:
     stalls: dict[str, float]  # ring -> seconds the orchestrator waited for room in it
     kernels: dict[str, KernelTime]  # kernel name -> tasks run and their time (none on a dry run)
     busy: dict[str, float]  # worker class -> share of (wall time x its workers) spent in kernels
+    # CPU seconds the run's threads used: "caller" (the thread that called run: the orchestration,
+    # the tasks it ran at submission, its wait; on the serial executor every kernel), and on the
+    # parallel executor each worker class's threads (their native loops included)
+    cpu_seconds: dict[str, float]
     graph: Graph | None = None
     makespan: float | None = None  # executor="sim": the simulated seconds from first start to last end
     # consumers that ran on another worker than a producer (sim; threads under affinity); on
@@ -88,6 +92,8 @@ class RunResult:
                          f"{self.native_tasks:,} tasks")
         if self.native_launches:
             lines.append(f"  in {self.native_launches:,} launches")
+        lines.append("  CPU ms by thread: " + ", ".join(f"{who} {spent * 1e3:.2f}"
+                                                         for who, spent in self.cpu_seconds.items()))
         if self.prediction_error:
             errors = ", ".join(f"{name} {e:+.0%}" for name, e in sorted(self.prediction_error.items()))
             lines.append(f"  cost prediction error (measured vs predicted): {errors}")

@@ -265,7 +265,7 @@ class Runtime:
         profile = Profile(tracing=trace is not None, measuring=self.costs is not None)
         self.backend.wait_for_caller()
         executor = o = None
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         try:  # from the distributed run's start: whatever fails after it, every rank hears of it
             if placement is not None:
                 placement.transport.begin(name)
@@ -309,6 +309,8 @@ class Runtime:
                 if said is not None:
                     warnings.warn(said, RuntimeWarning, stacklevel=3)
         seconds = time.perf_counter() - started
+        cpu_seconds = {"caller": time.thread_time() - started_cpu}
+        cpu_seconds.update((w.name, spent) for w, spent in getattr(executor, "thread_cpu", {}).items())
         measured = profile.measured()
         header = scheduler.state.head
         logical = placement.graph if placement is not None else recorder
@@ -320,7 +322,7 @@ class Runtime:
             backend=self.backend.name, executor="stream" if capture else self.executor,
             high_water=scheduler.high_water(),
             capacity=scheduler.capacity(), stalls=profile.stalls, kernels=kernel_times(profile),
-            busy=busy_shares(profile, seconds),
+            busy=busy_shares(profile, seconds), cpu_seconds=cpu_seconds,
             graph=Graph(logical.tasks, logical.edges) if logical else None,
             makespan=getattr(executor, "makespan", None),
             cross_waits=getattr(executor, "cross_waits", None),

@@ -173,6 +173,39 @@ def test_statistics_add_up(executor):
     assert all(name in table for name in result.kernels) and all(ring in table for ring in result.high_water)
 
 
+@pto.kernel(worker=pto.CUBE)
+def computes_50_ms(x):
+    started = time.thread_time()
+    while time.thread_time() - started < 0.05:
+        x += 1
+
+
+@pto.kernel(worker=pto.VECTOR)
+def sleeps_50_ms(x):
+    time.sleep(0.05)
+
+
+def computing_and_sleeping(o: pto.Orchestrator, x) -> None:
+    X = o.external(x)
+    o.submit(computes_50_ms, pto.inout(X[0:1]))
+    o.submit(sleeps_50_ms, pto.inout(X[1:2]))
+
+
+@pytest.mark.parametrize("executor", ["serial", "parallel"])
+def test_cpu_seconds_are_counted_by_the_threads_that_spent_them(executor):
+    """The CPU a kernel computes with counts on its class's threads (parallel) or the caller's
+    (serial); a sleeping kernel's thread hardly any."""
+    result = pto.Runtime(backend="cpu", executor=executor, workers=WORKERS).run(computing_and_sleeping,
+                                                                                 np.zeros(2))
+    cpu = result.cpu_seconds
+    if executor == "serial":
+        assert set(cpu) == {"caller"} and cpu["caller"] >= 0.05
+    else:
+        assert set(cpu) == {"caller", "CUBE", "VECTOR"}, cpu
+        assert cpu["CUBE"] >= 0.05 and cpu["VECTOR"] < 0.025 and cpu["caller"] < 0.05, cpu
+    assert f"caller {cpu['caller'] * 1e3:.2f}" in str(result)
+
+
 def test_stalls_are_timed_per_ring_within_the_run():
     a = np.random.default_rng(2).standard_normal((128, 128)).astype(np.float32)
     rt = pto.Runtime(backend="cpu", workers=WORKERS, task_window=4)

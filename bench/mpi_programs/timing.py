@@ -117,20 +117,31 @@ def timed(orchestration, spent: list[float]):
     return run
 
 
-def rounds(comm, run, count: int, before=None) -> tuple[float, float]:
+def rounds(comm, run, count: int, before=None) -> tuple[float, float, list]:
     """Median over rounds of the slowest rank's wall seconds, and of the busiest rank's CPU
     seconds (all its threads): on a machine others share, the CPU time says what the ranks
-    would take with a core each. `before` (untimed) sets each round up."""
-    times, cpu = [], []
+    would take with a core each; and what `run` returned each round. `before` (untimed) sets
+    each round up."""
+    times, cpu, returned = [], [], []
     for _ in range(count):
         if before is not None:
             before()
         comm.Barrier()
         started, started_cpu = time.perf_counter(), time.process_time()
-        run()
+        returned.append(run())
         cpu.append(comm.allreduce(time.process_time() - started_cpu, op=MPI.MAX))
         times.append(comm.allreduce(time.perf_counter() - started, op=MPI.MAX))
-    return statistics.median(times), statistics.median(cpu)
+    return statistics.median(times), statistics.median(cpu), returned
+
+
+def cpu_by_thread(comm, results: list[pto.RunResult]) -> dict[str, float]:
+    """Per group of a run's threads (RunResult.cpu_seconds: the caller, each worker class), the
+    CPU seconds of the rank that spent the most, median over the runs."""
+    groups = sorted({group for result in results for group in result.cpu_seconds})
+    mine = {group: statistics.median(r.cpu_seconds.get(group, 0.0) for r in results) for group in groups}
+    ranks = comm.allgather(mine)
+    every = sorted({group for rank in ranks for group in rank})
+    return {group: max(rank.get(group, 0.0) for rank in ranks) for group in every}
 
 
 def raw_one_way(comm, count: int = 2000) -> float:
@@ -246,7 +257,7 @@ def tile_copies(comm, tile: int, count: int = 21) -> dict:
     figures = {}
     for name, in_place in (("strided", True), ("packed", False)):
         exchange(in_place)  # warm-up
-        seconds, cpu = rounds(comm, functools.partial(exchange, in_place), count)
+        seconds, cpu, _ = rounds(comm, functools.partial(exchange, in_place), count)
         figures[f"{name}_seconds"], figures[f"{name}_cpu_seconds"] = seconds, cpu
     strided.Free()
     return figures
@@ -267,9 +278,9 @@ def main(what: str, tile: int = 256, order: str | None = None) -> None:
         a = spd.copy()
         schedule = None if order is None else pto.Schedule(order_by=order)
         rt.run(cholesky, a, tile, schedule=schedule)  # warm-up
-        seconds, cpu = rounds(comm, lambda: rt.run(cholesky, a, tile, schedule=schedule), 5,
-                              before=lambda: np.copyto(a, spd))
-        figures = {"seconds": seconds, "cpu_seconds": cpu}
+        seconds, cpu, results = rounds(comm, lambda: rt.run(cholesky, a, tile, schedule=schedule), 5,
+                                       before=lambda: np.copyto(a, spd))
+        figures = {"seconds": seconds, "cpu_seconds": cpu, "cpu_by_thread": cpu_by_thread(comm, results)}
     elif what in ("matmul", "matmul-compiled"):
         spent: list[float] = []
         orchestration = timed(tiled_matmul if what == "matmul" else tiled_matmul_compiled, spent)
@@ -281,8 +292,8 @@ def main(what: str, tile: int = 256, order: str | None = None) -> None:
         # while both run slowed its kernels more than the overlap gained.
         rt.run(orchestration, a, b, c, tile)  # warm-up: numba caches, BLAS, page faults
         spent.clear()
-        seconds, cpu = rounds(comm, lambda: rt.run(orchestration, a, b, c, tile), 5)
-        figures = {"seconds": seconds, "cpu_seconds": cpu,
+        seconds, cpu, results = rounds(comm, lambda: rt.run(orchestration, a, b, c, tile), 5)
+        figures = {"seconds": seconds, "cpu_seconds": cpu, "cpu_by_thread": cpu_by_thread(comm, results),
                    "orchestration_seconds": comm.allreduce(statistics.median(spent), op=MPI.MAX)}
         mine = pto.block_rows(comm.size).row_owners(n) == comm.rank
         assert np.allclose(c[mine], (a @ b)[mine], rtol=1e-3, atol=1e-2)
@@ -291,7 +302,7 @@ def main(what: str, tile: int = 256, order: str | None = None) -> None:
         hops = 2000
         x = np.zeros((2, 4), np.float32 if native else np.float64)
         rt.run(ping_pong, x, 10, native)
-        seconds, cpu = rounds(comm, lambda: rt.run(ping_pong, x, hops, native), 5)
+        seconds, cpu, _ = rounds(comm, lambda: rt.run(ping_pong, x, hops, native), 5)
         figures = {"per_hop_us": seconds / hops * 1e6, "cpu_per_hop_us": cpu / hops * 1e6,
                    "execution_per_hop_us": execution_per_hop(comm, x, hops, 5, native) * 1e6}
         if comm.size > 1:

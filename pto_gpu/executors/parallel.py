@@ -125,6 +125,7 @@ class ParallelExecutor:
         self._budgets = {worker: budget(window, count) for worker, count in workers.items()}
         self._native: NativeLanes | None = None  # once a task of native code is submitted (native.py)
         self.native_tasks = 0  # tasks its native workers ran
+        self.thread_cpu: dict[WorkerType, float] = {}  # CPU seconds each class's worker threads used
         self._jobs: list[threading.Event] = []  # on the runtime's threads (threads.py): set as workers return
         # A class's workers start with its first task (`_hire_locked`): a one-tile matmul run,
         # whose tasks are all CUBE's, took 1.14-1.21 ms starting and joining six, 0.79-0.82 two.
@@ -461,6 +462,7 @@ class ParallelExecutor:
     # --- the workers' side ---------------------------------------------------------------
     def _work(self, worker: WorkerType, index: int, lane) -> None:
         native_scratch: list[WorkerScratch] = []  # made at this worker's first native loop
+        started = time.thread_time()  # (its native loops run on this thread too)
         try:
             self._serve(worker, index, lane, native_scratch)
         finally:
@@ -469,6 +471,9 @@ class ParallelExecutor:
                 # 2048² panel matmul's kernels leave this thread's Python objects out of cache,
                 # and that tally alone took ~70 us of every return's ~100.
                 self._native.tally(made, lane)
+            spent = time.thread_time() - started
+            with self._lock:
+                self.thread_cpu[worker] = self.thread_cpu.get(worker, 0.0) + spent
 
     def _serve(self, worker: WorkerType, index: int, lane, native_scratch: list[WorkerScratch]) -> None:
         """Take tasks until the run stops or this worker fails it."""
