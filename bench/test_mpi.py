@@ -54,9 +54,10 @@ def median_figures(runs: list[dict]) -> dict:
     """Each figure's median over the runs (of a figure by group of threads, each group's)."""
     figures = {}
     for name, first in runs[0].items():
-        if isinstance(first, dict):
+        if isinstance(first, dict):  # (a class whose threads never started in a run: 0 there)
+            groups = sorted({group for run in runs for group in run[name]})
             figures[name] = {group: statistics.median(run[name].get(group, 0.0) for run in runs)
-                             for group in first}
+                             for group in groups}
         else:
             figures[name] = statistics.median(run[name] for run in runs)
     return figures

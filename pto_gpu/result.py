@@ -51,9 +51,10 @@ class RunResult:
     kernels: dict[str, KernelTime]  # kernel name -> tasks run and their time (none on a dry run)
     busy: dict[str, float]  # worker class -> share of (wall time x its workers) spent in kernels
     # CPU seconds the run's threads used: "caller" (the thread that called run: the orchestration,
-    # the tasks it ran at submission, its wait; on the serial executor every kernel), and on the
-    # parallel executor each worker class's threads (their native loops included)
-    cpu_seconds: dict[str, float]
+    # the tasks it ran at submission, its wait; on the serial and sim executors, CPU backend, every
+    # kernel), and on the parallel executor each worker class's threads (their native loops
+    # included); not counted: stream threads, the CUDA emulator's, a pipelined core stage's
+    cpu_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     graph: Graph | None = None
     makespan: float | None = None  # executor="sim": the simulated seconds from first start to last end
     # consumers that ran on another worker than a producer (sim; threads under affinity); on

@@ -310,7 +310,8 @@ class Runtime:
                     warnings.warn(said, RuntimeWarning, stacklevel=3)
         seconds = time.perf_counter() - started
         cpu_seconds = {"caller": time.thread_time() - started_cpu}
-        cpu_seconds.update((w.name, spent) for w, spent in getattr(executor, "thread_cpu", {}).items())
+        by_class = sorted(getattr(executor, "thread_cpu", {}).items())  # (in WorkerType's order)
+        cpu_seconds.update((worker.name, spent) for worker, spent in by_class)
         measured = profile.measured()
         header = scheduler.state.head
         logical = placement.graph if placement is not None else recorder

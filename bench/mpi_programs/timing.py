@@ -136,7 +136,8 @@ def rounds(comm, run, count: int, before=None) -> tuple[float, float, list]:
 
 def cpu_by_thread(comm, results: list[pto.RunResult]) -> dict[str, float]:
     """Per group of a run's threads (RunResult.cpu_seconds: the caller, each worker class), the
-    CPU seconds of the rank that spent the most, median over the runs."""
+    most CPU seconds any rank's spent (median over the runs): the groups' most may be different
+    ranks', so they need not add up to one rank's."""
     groups = sorted({group for result in results for group in result.cpu_seconds})
     mine = {group: statistics.median(r.cpu_seconds.get(group, 0.0) for r in results) for group in groups}
     ranks = comm.allgather(mine)
