@@ -37,11 +37,12 @@ pytestmark = pytest.mark.skipif(not MPIEXEC.exists(), reason="no mpiexec beside 
                                                               "mpich)")
 
 
-def timing(ranks: int, what: str, tile: int) -> dict:
+def timing(ranks: int, what: str, tile: int, order: str | None = None) -> dict:
+    """`order`: the Cholesky's Schedule(order_by=...), or none."""
     # A rank per core, as MPI runs are usually launched: unbound, the OS moved the ranks'
     # threads between the two cores, which cost the 2-rank matmul ~15% (docs/BENCHMARKS.md).
     command = [str(MPIEXEC), "-bind-to", "core", "-n", str(ranks), sys.executable, "-m",
-               "bench.mpi_programs.timing", what, str(tile)]
+               "bench.mpi_programs.timing", what, str(tile), *([order] if order else [])]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -84,6 +85,23 @@ def test_mpi_moving_the_matmul_s_tiles(benchmark):
     benchmark.pedantic(lambda: figures.update(timing(2, "tile-copies", 256)), rounds=1, iterations=1)
     benchmark.extra_info.update({f"{name}_s": figures[f"{name}_seconds"] for name in
                                  ("strided", "strided_cpu", "packed", "packed_cpu")})
+
+
+def test_cholesky_on_two_ranks_by_schedule(benchmark):
+    """The 2-rank tiled Cholesky 2048² / 256 without a schedule, under order_by="fifo" and under
+    the critical path (which weighs every rank's tasks), launched in turn PAIRS times: the
+    median seconds of each."""
+    orders = (None, "fifo", "critical_path")
+    runs: dict[str | None, list[float]] = {order: [] for order in orders}
+
+    def in_turn() -> None:
+        for _ in range(PAIRS):
+            for order in orders:
+                runs[order].append(timing(2, "cholesky", 256, order)["seconds"])
+
+    benchmark.pedantic(in_turn, rounds=1, iterations=1)
+    benchmark.extra_info.update({f"{order or 'no_schedule'}_s": statistics.median(seconds)
+                                 for order, seconds in runs.items()})
 
 
 @pytest.mark.parametrize("what, tile", [("matmul", 256), ("matmul", 512), ("matmul-compiled", 256),
