@@ -17,7 +17,14 @@ from numba import njit
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import COLUMN_BLOCK, MMA_K, TENSOR_CORE_BYTES, TENSOR_CORE_DTYPES, WARP
+from pto_gpu.isa.cuda_codegen import (
+    COLUMN_BLOCK,
+    MMA_K,
+    TENSOR_CORE_BYTES,
+    TENSOR_CORE_DTYPES,
+    WARP,
+    packed_pitch,
+)
 from pto_gpu.isa.family import family
 from pto_gpu.native_abi import NjitEntries
 
@@ -73,16 +80,23 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
 
 
 def _chunk(dtype: DataType, m: int, k: int, n: int, whole: int, local_memory: int) -> int:
-    """The chunk of k a CUDA product takes at a time. On tensor cores (float16) the result and
-    the chunks of both operands are in shared memory as float: a chunk of whole steps of the
-    instruction's k where one fits beside the result (else the product runs on FMA, and the
-    chunk is as there: b's kc x n, as float64, fills the budget)."""
+    """The chunk of k a CUDA product takes at a time. On tensor cores (float16, bfloat16) the
+    result is in shared memory as float and the chunks of the operands as T in padded rows
+    (cuda_codegen's packed tiles; a transposed b is read from its load, n x kc): the widest
+    chunk of whole steps of the instruction's k that fits beside the result (else the product
+    runs on FMA, and the chunk is as there: b's kc x n, as float64, fills the budget)."""
     if dtype in TENSOR_CORE_DTYPES:
-        fits = (local_memory - TENSOR_CORE_BYTES * m * n) // (TENSOR_CORE_BYTES * (m + n * whole))
-        if fits >= k:
+        size = dtype.numpy.itemsize
+
+        def need(kc: int) -> int:
+            right = size * n * packed_pitch(kc) if whole == 2 else size * kc * packed_pitch(n)
+            return TENSOR_CORE_BYTES * m * n + size * m * packed_pitch(kc) + right
+
+        if need(k) <= local_memory:
             return k
-        if fits >= MMA_K:
-            return fits - fits % MMA_K
+        fitting = [kc for kc in range(MMA_K, k, MMA_K) if need(kc) <= local_memory]
+        if fitting:
+            return fitting[-1]
     chunk = max(1, min(k, local_memory // (8 * n * whole)))
     if chunk < k and chunk > WARP:  # whole warps of columns: a's chunk fills its lanes' registers
         chunk -= chunk % WARP

@@ -31,7 +31,7 @@ from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
 from pto_gpu.isa import ISAError, interpret, optimize
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import WorkItems, cuda_code, cuda_source
+from pto_gpu.isa.cuda_codegen import WorkItems, cuda_code, cuda_source, packed_pitch
 from pto_gpu.isa.ir import (
     Call,
     CallArg,
@@ -162,6 +162,16 @@ def _module(dt) -> Module:
                   [Op("TLOAD", "a_", ("a", 0, 0)), Op("TLOAD", "b_", ("b", 0, 0)),
                    Op("TMATMUL", "c_", ("a_", "b_")), Op("TSTORE", "out", ("c_", 0, 0)),
                    Op("TMATMUL_ACC", "c_", ("a_", "b_")), Op("TSTORE", "out", ("c_", 0, N))]))
+    # ... and summed over chunks of k (as the matmul families do): on tensor cores, the result's
+    # accumulators in registers across the loop, the last chunk a tail
+    chunk = (Op("TLOAD", "a_", ("a", 0, "kk")), Op("TLOAD", "b_", ("b", "kk", 0)),
+             Op("TMATMUL_ACC", "c_", ("a_", "b_")))
+    m.add(_incore("matmul_chunks", [MemRef("a", dt, (R, K)), MemRef("b", dt, (K, N)),
+                                    MemRef("out", dt, (R, N))],
+                  [Tile("a_", R, 16, dt), Tile("b_", 16, N, dt), Tile("c_", R, N, dt)],
+                  [Op("TLOAD", "a_", ("a", 0, 0)), Op("TLOAD", "b_", ("b", 0, 0)),
+                   Op("TMATMUL", "c_", ("a_", "b_")), For("kk", 16, K, 16, chunk),
+                   Op("TSTORE", "out", ("c_", 0, 0))]))
     m.add(_incore("mask", [MemRef("x", dt, (R, C)), MemRef("out", dt, (R, C))], [Tile("x_", R, C, dt)],
                   [Op("TLOAD", "x_", ("x", 0, 0)), Op("TCAUSALMASK", "x_", ("x_", "row", 3)),
                    Op("TSTORE", "out", ("x_", 0, 0))], [Scalar("row", INT)]))
@@ -226,7 +236,8 @@ def _module(dt) -> Module:
 
 
 FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "generate", "transpose",
-             "convert", "row_reduce", "col_reduce", "matmul", "mask", "softmax", "control", "prefix",
+             "convert", "row_reduce", "col_reduce", "matmul", "matmul_chunks", "mask", "softmax", "control",
+             "prefix",
              "whole_argument", "float_scalars", "clash", "columns_in_steps", "columns_overlapping",
              "triangular", "stale_step", "reused_name", "aliased_windows", "two_passes",
              "col_expand_computed"]
@@ -234,10 +245,10 @@ FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "gene
 # sm_90's ptxas spills 8 bytes of "triangular"'s nested loop state (float32): not a tile, which
 # is what the spill checks are about.
 LOOP_STATE_SPILLS = {"pto_triangular"}
-BLOCK_LAYOUT = {"col_expand_computed", "transpose", "col_reduce", "matmul", "prefix",
+BLOCK_LAYOUT = {"col_expand_computed", "transpose", "col_reduce", "matmul", "matmul_chunks", "prefix",
                 "whole_argument", "columns_overlapping", "triangular", "stale_step", "reused_name",
                 "aliased_windows"}
-TAILS = {("matmul", "b"): (K - 7, N - 7)}  # b's valid rows must be a's valid columns
+TAILS = {("matmul", "b"): (K - 7, N - 7), ("matmul_chunks", "b"): (K - 7, N - 7)}  # b's rows: a's columns
 SCALARS = {"tile_scalar": [(1.5,)], "generate": [(2.5,)], "mask": [(0,), (4,)],
            "control": [(2, 0.5), (-8, 0.25)], "float_scalars": [(0.1,), (0.3,)], "stale_step": [(1,)]}
 
@@ -518,10 +529,10 @@ def _tensor_core_module(build) -> Module:
     return module
 
 
-def _run_host(module: Module, arrays, dt, tmp_path) -> str:
+def _run_host(module: Module, arrays, dt, tmp_path, scalars=()) -> str:
     """Build @k of `module` for the host and run it over `arrays`; its source."""
     code = cuda_code(module, "k", tmp_path)
-    host_cuda.call(host_cuda.build(code, dt, tmp_path), "k", code, arrays, ())
+    host_cuda.call(host_cuda.build(code, dt, tmp_path), "k", code, arrays, scalars)
     return code.source.read_text()
 
 
@@ -666,3 +677,221 @@ def test_tf32_is_for_float32_functions_with_a_body():
 
     with pytest.raises(ISAError, match="only an InCore function with a body and float32 memrefs has TF32"):
         _tensor_core_module(build)
+
+
+# --- tensor cores: a product summed over chunks of k ---------------------------------------------
+def _chunked_product(m: int, k: int, n: int, chunk: int, *, start: int | None = None, touch: str = "",
+                     returns: bool = False):
+    """c = out (loaded) + a @ b over chunks of k: the FOR of TLOAD a, TLOAD b, TMATMUL_ACC c that
+    the matmul families write (kernels.tiles.contract); its first chunk at `start` (default:
+    chunk, after one TMATMUL of the first; k: no iteration). `touch`: an instruction on c inside
+    the loop ("scale"); `returns`: the loop may RETURN."""
+    def build(f):
+        f.memref("a", F16, (m, k)).memref("b", F16, (k, n))
+        f.memref("acc", F16, (m, n)).memref("out", F16, (m, n))
+        f.scalar("stop", INT)
+        f.tile("ta", m, chunk, F16).tile("tb", chunk, n, F16).tile("c", m, n, F16).tile("first", m, n, F16)
+        f.load("c", "acc").load("ta", "a", 0, 0).load("tb", "b", 0, 0).matmul("first", "ta", "tb")
+        f.add("c", "c", "first")
+        f.for_loop("kk", chunk if start is None else start, k, chunk)
+        f.load("ta", "a", 0, "kk").load("tb", "b", "kk", 0).matmul_acc("c", "ta", "tb")
+        if touch == "scale":
+            f.muls("c", "c", 0.5)
+        if returns:
+            f.if_then("kk", "ge", "stop").store("out", "c").ret().end_if()
+        f.end_for()
+        f.store("out", "c")
+
+    return _tensor_core_module(build)
+
+
+def _assert_chunked(out, a, b, acc, chunk, start, scale=1.0):
+    """`out` is what _chunked_product computes, the first chunk's product, then each chunk's
+    added (and the sum scaled by `scale` after each), to float16's rounding at the store (2^-11
+    relative, 2^-25 absolute below its normal range) and float accumulation (2^-24 relative at
+    each of fewer than k + 2 sums of magnitudes up to |acc| + |a| @ |b|)."""
+    a, b, acc = (x.astype(np.float64) for x in (a, b, acc))
+    want = acc + a[:, :chunk] @ b[:chunk]
+    for kk in range(start, a.shape[1], chunk):
+        want = (want + a[:, kk:kk + chunk] @ b[kk:kk + chunk]) * scale
+    magnitude = np.abs(acc) + np.abs(a) @ np.abs(b)
+    bound = 2.0**-11 * np.abs(want) + 2.0**-25 + (a.shape[1] + 2) * 2.0**-24 * magnitude
+    assert np.all(np.abs(out - want) <= bound), np.abs(out - want).max()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("m, k, n, chunk, start", [
+    (48, 96, 96, 32, None),  # 9 units of 16 x 32: two turns for warp 0
+    (20, 37, 27, 16, None),  # tails: m, n not whole units, the last chunk 5 of k (odd: no pairs)
+    (32, 64, 40, 32, 64),  # the loop runs no iteration: the accumulators go out as they came in
+], ids=["turns", "tails", "no-iteration"])
+def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, n, chunk, start, tmp_path):
+    """Across the FOR the result's accumulators stay in each warp's registers (read from shared
+    memory before it, written after it); the operands are in shared memory as float16, in rows
+    padded to packed_pitch, their fragments read as they are: whole 16 x 16 blocks by ldmatrix
+    (the host build checks each row address is 16-byte aligned), tails a pair at a time. The
+    result is the float64 product's to float16's precision (float accumulators, one rounding at
+    the store)."""
+    rng = np.random.default_rng(m + k)
+    a, b, acc = (rng.uniform(-1, 1, shape).astype(np.float16) for shape in ((m, k), (k, n), (m, n)))
+    out = np.full((m, n), np.nan, np.float16)
+    module = _chunked_product(m, k, n, chunk, start=start)
+    code = cuda_code(module, "k", tmp_path)
+    host_cuda.call(host_cuda.build(code, np.float16, tmp_path), "k", code, [a, b, acc, out], (k,))
+    source = code.source.read_text()
+    loop = source.split("for (long long i_kk")[1].split("accumulators from registers")[0]
+    assert "its products' accumulators in registers" in source and "t_c[r][c]" not in loop
+    assert f"__shared__ T t_ta[{m}][{packed_pitch(chunk)}];" in source
+    assert f"__shared__ T t_tb[{chunk}][{packed_pitch(n)}];" in source
+    assert "pto_ldmatrix(fa" in loop and "pto_ldmatrix_trans(&fb" in loop
+    _assert_chunked(out, a, b, acc, chunk, chunk if start is None else start)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("layout", ["ragged", "misaligned", "strided"])
+def test_packed_operands_load_8_elements_at_a_time_only_where_their_rows_allow(layout, tmp_path):
+    """A packed operand's TLOAD copies 16 bytes at a time where the memref's rows are contiguous
+    and 16-byte aligned (rows of whole groups of 8 elements from an aligned start), element by
+    element where a group reaches past the valid columns, and as any load elsewhere: views of
+    wider arrays (rows of 128 and 64 elements; valid columns 12 of a's last chunk, 27 of b's),
+    the same one element in (every row misaligned), every other column (a stride of 2)."""
+    m, k, n, chunk = 32, 60, 27, 32
+    rng = np.random.default_rng(7)
+    wide = [rng.uniform(-1, 1, shape).astype(np.float16) for shape in ((m, 2 * 64), (k, 2 * 32))]
+    first = 1 if layout == "misaligned" else 0
+    step = 2 if layout == "strided" else 1
+    a, b = (x[:, first:first + step * width:step] for x, width in zip(wide, (k, n)))
+    acc, out = rng.uniform(-1, 1, (m, n)).astype(np.float16), np.full((m, n), np.nan, np.float16)
+    code = cuda_code(_chunked_product(m, k, n, chunk), "k", tmp_path)
+    host_cuda.call(host_cuda.build(code, np.float16, tmp_path), "k", code, [a, b, acc, out], (k,))
+    assert code.source.read_text().count("pto_copy8(&t_t") == 4  # a and b, before the loop and in it
+    _assert_chunked(out, a, b, acc, chunk, chunk)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("variant", ["in-place", "reloaded", "stored"])
+@pytest.mark.parametrize("m, k, n", [(32, 32, 64), (20, 37, 36)], ids=["whole-blocks", "tails"])
+def test_a_loaded_tiles_transpose_that_only_products_read_is_the_loaded_tile_read_across(variant, m, k, n,
+                                                                                        tmp_path):
+    """s = q @ kᵀ through TLOAD kt, TTRANS kT: the products read kt's rows as kT's columns (kt
+    packed, ldmatrix without .trans, no kT in shared memory, no copy). Not where kt is loaded
+    again before the product (the product needs the first load: kT is its copy) or where kT is
+    read by something else (here a TSTORE): kT is then a float tile of its own."""
+    def build(f):
+        f.memref("q", F16, (m, k)).memref("k", F16, (n, k)).memref("s", F16, (m, n))
+        f.tile("tq", m, k, F16).tile("kt", n, k, F16).tile("kT", k, n, F16).tile("ts", m, n, F16)
+        f.load("tq", "q").load("kt", "k").trans("kT", "kt")
+        if variant == "reloaded":
+            f.memref("k2", F16, (n, k)).load("kt", "k2")
+        if variant == "stored":
+            f.memref("kT_out", F16, (k, n)).store("kT_out", "kT")
+        f.matmul("ts", "tq", "kT").store("s", "ts")
+
+    rng = np.random.default_rng(m + n)
+    q, kmat, k2 = (rng.uniform(-1, 1, shape).astype(np.float16) for shape in ((m, k), (n, k), (n, k)))
+    s, kT_out = np.full((m, n), np.nan, np.float16), np.zeros((k, n), np.float16)
+    extra = {"in-place": [], "reloaded": [k2], "stored": [kT_out]}[variant]
+    source = _run_host(_tensor_core_module(build), [q, kmat, s, *extra], np.float16, tmp_path)
+    assert ("read as t_kt, transposed" in source) == (variant == "in-place")
+    assert ("t_kT[" not in source.split("{  // TLOAD")[0]) == (variant == "in-place")  # declared or not
+    if variant == "in-place" and m % 16 == 0:
+        assert "pto_ldmatrix(&fb[4 * p], &t_kt[" in source
+    want = q.astype(np.float64) @ kmat.astype(np.float64).T
+    bound = 2.0**-11 * np.abs(want) + 2.0**-25 + (k + 2) * 2.0**-24 * (np.abs(q) @ np.abs(kmat).T)
+    assert np.all(np.abs(s - want) <= bound), np.abs(s - want).max()
+    if variant == "stored":
+        np.testing.assert_array_equal(kT_out, kmat.T)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("case", ["store-then-load", "load-then-store", "two-loads"])
+def test_a_packed_load_meets_the_owners_of_its_elements(case, tmp_path):
+    """A packed tile is loaded by other threads than own its elements in the tile's layout: a
+    memref the kernel also stores is loaded after the stores before it and stored after the load
+    (barriers), and two loads of the tile, one 16 bytes at a time and one element by element,
+    write each element from the same thread (a review's reproductions: all three were wrong).
+    Small integers: every result exact."""
+    def build(f):
+        f.memref("m", F16, (16, 16)).memref("y", F16, (16, 32)).memref("b", F16, (16, 16))
+        f.memref("out", F16, (16, 16)).scalar("flag", INT)
+        f.tile("ta", 16, 16, F16).tile("tb", 16, 16, F16).tile("c", 16, 16, F16)
+        if case == "store-then-load":  # m = 2 y, then a = m
+            f.tile("ty", 16, 16, F16).load("ty", "y").muls("ty", "ty", 2.0).store("m", "ty").load("ta", "m")
+        elif case == "load-then-store":  # a = m, then m = y
+            f.tile("ty", 16, 16, F16).load("ta", "m").load("ty", "y").store("m", "ty")
+        else:  # a = y (element by element), then, with flag, a = m (16 bytes at a time)
+            f.load("ta", "y").if_then("flag", "ne", 0).load("ta", "m").end_if()
+        f.load("tb", "b").matmul("c", "ta", "tb").store("out", "c")
+
+    rng = np.random.default_rng(11)
+    m, b = (rng.integers(-3, 4, (16, 16)).astype(np.float16) for _ in range(2))
+    wide = rng.integers(-3, 4, (16, 64)).astype(np.float16)
+    y = wide[:, ::2]  # a stride of 2: loaded element by element
+    out = np.zeros((16, 16), np.float16)
+    operands = [m.copy(), y, b, out]
+    source = _run_host(_tensor_core_module(build), operands, np.float16, tmp_path, scalars=(1,))
+    assert "alignas(16) __shared__ T t_ta" in source
+    y16 = y[:, :16].astype(np.float64)
+    a = {"store-then-load": 2 * y16, "load-then-store": m, "two-loads": m}[case]
+    np.testing.assert_array_equal(out, a.astype(np.float64) @ b)
+    if case != "two-loads":
+        np.testing.assert_array_equal(operands[0], 2 * y16 if case == "store-then-load" else y16)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("touch, returns", [("scale", False), ("", True)], ids=["touched", "returns"])
+def test_a_product_whose_result_the_loop_touches_or_leaves_accumulates_in_shared_memory(touch, returns,
+                                                                                        tmp_path):
+    """Registers across the loop would be wrong where another instruction of the loop reads or
+    writes the result (it would see shared memory's stale copy) or a RETURN leaves the loop (it
+    would skip the write back): such products read and write it in shared memory each time."""
+    m, k, n, chunk = 32, 128, 32, 32
+    rng = np.random.default_rng(3)
+    a, b, acc = (rng.uniform(-1, 1, shape).astype(np.float16) for shape in ((m, k), (k, n), (m, n)))
+    out = np.full((m, n), np.nan, np.float16)
+    stop = 64 if returns else k  # returns at its second iteration (kk = 64), after its product,
+    # without the last chunk's
+    module = _chunked_product(m, k, n, chunk, touch=touch, returns=returns)
+    code = cuda_code(module, "k", tmp_path)
+    host_cuda.call(host_cuda.build(code, np.float16, tmp_path), "k", code, [a, b, acc, out], (stop,))
+    assert "accumulators in registers" not in code.source.read_text()
+    scale = 0.5 if touch else 1.0
+    _assert_chunked(out, a[:, :stop + chunk], b[:stop + chunk], acc, chunk, chunk, scale)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_an_operand_read_by_another_instruction_stays_float_in_shared_memory(tmp_path):
+    """A tile is kept as float16 in shared memory only where it is loaded and only a tensor-core
+    product reads it: one that is also stored (here after a scaling, which a float16 copy
+    would round differently) stays float."""
+    def build(f):
+        f.memref("a", F16, (16, 32)).memref("b", F16, (32, 16)).memref("out", F16, (16, 16))
+        f.memref("scaled", F16, (32, 16))
+        f.tile("ta", 16, 32, F16).tile("tb", 32, 16, F16).tile("c", 16, 16, F16)
+        f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb").store("out", "c")
+        f.muls("tb", "tb", 1 / 3).muls("tb", "tb", 3.0).store("scaled", "tb")
+
+    rng = np.random.default_rng(5)
+    a, b = rng.uniform(-1, 1, (16, 32)).astype(np.float16), rng.uniform(-1, 1, (32, 16)).astype(np.float16)
+    out, scaled = np.zeros((16, 16), np.float16), np.zeros((32, 16), np.float16)
+    source = _run_host(_tensor_core_module(build), [a, b, out, scaled], np.float16, tmp_path)
+    assert f"__shared__ T t_ta[16][{packed_pitch(32)}];" in source
+    assert "__shared__ ACC t_tb[32][16];" in source
+    np.testing.assert_array_equal(scaled, ((b.astype(np.float32) / np.float32(3)) * 3).astype(np.float16))
+    want = a.astype(np.float64) @ b
+    np.testing.assert_allclose(out, want, rtol=2.0**-10, atol=32 * 2.0**-21)
+
+
+def test_packed_rows_keep_fragment_loads_on_distinct_banks():
+    """A warp's fragment loads from a packed tile: of a (rows g + 8i, a pair at column 2t + 8j)
+    one 32-bit word a lane, of b (rows 2t + 8j, column g + 8n) one element a lane. In rows of
+    packed_pitch elements no two lanes read different words of one bank (of 32, 4 bytes wide),
+    and every row starts 16-byte aligned (ldmatrix, 16-byte copies)."""
+    lanes = [(lane // 4, lane % 4) for lane in range(32)]
+    for cols in range(1, 300):
+        pitch = packed_pitch(cols)
+        assert cols <= pitch < cols + 16 and (2 * pitch) % 16 == 0, cols
+        a_words = {(g * pitch + 2 * t) // 2 for g, t in lanes}  # in 4-byte words
+        assert len({word % 32 for word in a_words}) == len(a_words) == 32, cols
+        b_words = {(2 * t * pitch + g) // 2 for g, t in lanes}  # lanes g, g + 1 share a word
+        assert len({word % 32 for word in b_words}) == len(b_words) == 16, cols

@@ -177,6 +177,7 @@ def test_generated_cuda_code_built_for_the_host_matches_numpy(kernel, dtype, tmp
 TENSOR_CORE_SIZES = [("matmul", {"m": 37, "k": 100, "n": 70}), ("matmul_acc", {"m": 128, "k": 64, "n": 128}),
                      ("matmul_panels_add", {"m": 20, "k": 48, "p": 2, "n": 40}),
                      ("flash_scores", {"h": 2, "m": 64, "d": 128, "n": 64}),
+                     ("flash_scores", {"h": 1, "m": 40, "d": 72, "n": 200}),
                      ("flash_pv", {"h": 2, "m": 64, "n": 64, "d": 128}),
                      ("flash_pv", {"h": 1, "m": 50, "n": 37, "d": 72})]
 

@@ -40,9 +40,12 @@ Tensor cores: in a kernel of float16 or bfloat16 memrefs (ACC float) a product (
 MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 instructions
 (pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
 its operands and result are in shared memory, and each warp takes units of the result of 16
-rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. In a
-kernel of float32 memrefs whose function says `tf32`, its float32 products are the same units
-of mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps of 8.
+rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. An
+operand only loaded and only read by such products is packed (_Generator._packed): kept as
+the element type in padded rows, its fragments read by ldmatrix. A product accumulated over
+a loop keeps its accumulators in registers across it (_Context.accumulated). In a kernel of
+float32 memrefs whose function says `tf32`, its float32 products are the same units of
+mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps of 8.
 Where the shared memory that takes is over the limit, every product of the kernel is FMA
 instead (_generator). Other float32 products, and float64 ones, stay FMA, exact.
 
@@ -68,7 +71,7 @@ from . import column_blocks
 from .dataflow import directions
 from .describe import describe
 from .errors import ISAError
-from .ir import Call, Direction, For, Function, If, Module, Op, Predicate, Return, Statement, Tile
+from .ir import Call, Direction, For, Function, If, Module, Op, Predicate, Return, Statement, Tile, walk
 from .operands import Kind, signature
 from .ops import OPCODES, Form, OpSpec
 from .verify import verify_module
@@ -99,6 +102,9 @@ MATMUL_K_UNROLL = 4
 TENSOR_CORE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16)
 TENSOR_CORE_BYTES = 4
 MMA_K, TF32_MMA_K = 16, 8  # k of one instruction: 16-bit operands, TF32 ones
+# The floats of accumulators a lane may keep in registers across a loop (_Context.loop): four
+# units of 16 x 32 (a 128 x 128 result over 8 warps). Products beyond it stay in shared memory.
+REGISTER_ACCUMULATORS = 64
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 
@@ -292,8 +298,13 @@ class _Generator:
         self.loops = 0
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.expanded: set[str] = set()  # COL_EXPAND's b operands: whole, unless broadcast
-        self.writes: dict[str, set] = {}  # tile -> ("load", memref param) or ("op", None) per write
-        self.reads: dict[str, set] = {}  # tile -> how it is read: "expand" (COL_EXPAND's b), "other"
+        # tile -> per write ("load", memref param), ("transpose", the source tile) or ("op", None)
+        self.writes: dict[str, set] = {}
+        # tile -> how it is read: "expand" (COL_EXPAND's b), "mma" and "mma_b" (a tensor-core
+        # product's a and b), "transpose" (TRANSPOSE's source), "other"
+        self.reads: dict[str, set] = {}
+        self.loads: dict[str, int] = {}  # tile -> its TLOADs
+        self.loads_transposed: dict[str, int] = {}  # tile -> its TLOADs a TTRANS of it follows at once
         self.activations = 0
         self.params = [s for s in function.scalars if s.param]
         self.split_param, self.split_rows = self._split(function, split)
@@ -307,8 +318,12 @@ class _Generator:
         offsets = {m.name: (_Affine(0), _Affine(0)) for m in function.memrefs}
         self.body, self.returns, self.label = self._inline(function, top, offsets)
         self.hazards = self._hazards()
+        self.stored = {access.param for access in self.accesses if access.store}  # memref params
         self.broadcast = self._broadcast()
         self.whole |= self.expanded - self.broadcast
+        self.transposed = self._transposed()
+        self.whole -= set(self.transposed)
+        self.packed = self._packed()
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
             raise ISAError(f"@{name}: its rows cannot be split over blocks: it is in the row layout, whose "
@@ -360,10 +375,44 @@ class _Generator:
         the row stays in shared memory, once for the block, not in every warp's registers."""
         if self.whole or self.hazards or self.split:
             return set()
-        stored = {access.param for access in self.accesses if access.store}
         return {tile for tile in self.expanded
                 if self.tiles[tile].rows == 1 and self.reads.get(tile) == {"expand"} and self.writes.get(tile)
-                and all(kind == "load" and param not in stored for kind, param in self.writes[tile])}
+                and all(kind == "load" and param not in self.stored for kind, param in self.writes[tile])}
+
+    def _transposed(self) -> dict[str, str]:
+        """The tiles read only as tensor-core products' b that are each a loaded 16-bit tile's
+        transpose: tile -> the loaded tile, which the products read in its place, transposed
+        (k's rows are the fragments' pairs of a q·kᵀ), so the tile needs no shared memory, no
+        copy and no barrier. Each write of the tile is a TTRANS of the loaded one, which nothing
+        else reads and whose every TLOAD comes right before such a TTRANS: nothing changes it
+        between the two."""
+        views = {}
+        for tile, writes in self.writes.items():
+            if self.reads.get(tile) != {"mma_b"} or len(writes) != 1:
+                continue
+            (kind, source), = writes
+            others = [t for t, w in self.writes.items() if t != tile and ("transpose", source) in w]
+            if kind == "transpose" and self.tiles[source].dtype in TENSOR_CORE_DTYPES and not others \
+                    and self.reads.get(source) == {"transpose"} and self.writes.get(source) \
+                    and all(write == "load" for write, _ in self.writes[source]) \
+                    and self.loads.get(source) == self.loads_transposed.get(source):
+                views[tile] = source
+        return views
+
+    def _packed(self) -> set[str]:
+        """The tiles kept in shared memory as T, 16-bit, in rows of packed_pitch elements: read
+        only as operands of tensor-core products (or transposed for one: _transposed) and written
+        only by TLOADs (from memrefs of T), so the values are T's exactly and the products read
+        their bits as fragments with no conversion. Others are float there."""
+        sources = set(self.transposed.values())
+
+        def operand(tile: str) -> bool:
+            allowed = {"mma", "mma_b", "transpose"} if tile in sources else {"mma", "mma_b"}
+            return self.reads.get(tile, set()) <= allowed
+
+        return {tile for tile in self.whole
+                if self.tiles[tile].dtype in TENSOR_CORE_DTYPES and self.reads.get(tile) and operand(tile)
+                and self.writes.get(tile) and all(kind == "load" for kind, _ in self.writes[tile])}
 
     def _hazards(self) -> set[str]:
         """Memrefs written where an element one thread writes may be one another thread
@@ -389,21 +438,28 @@ class _Generator:
         return f"{row} + pto_row0" if self.split else row
 
     def element_bytes(self, tile: str) -> int:
-        """Bytes of a tile's element in shared memory: a double's for a float64 tile, a float's
-        for the others of a tensor-core kernel (16-bit, or float32 as TF32: built for that type
-        only), else a double's (one source serves every element type the kernel is compiled
-        for)."""
+        """Bytes of a tile's element in shared memory: a double's for a float64 tile, T's for a
+        packed one, a float's for the others of a tensor-core kernel (16-bit, or float32 as TF32:
+        built for that type only), else a double's (one source serves every element type the
+        kernel is compiled for)."""
+        if tile in self.packed:
+            return self.tiles[tile].dtype.numpy.itemsize
         return TENSOR_CORE_BYTES if self.tensor_cores and self.ctype(tile) != "double" else 8
 
+    def pitch(self, tile: str) -> int:
+        """Elements from one row of a tile in shared memory to the next."""
+        cols = self.tiles[tile].cols
+        return packed_pitch(cols) if tile in self.packed else cols
+
     def shared_bytes(self) -> int:
-        return sum(self.tiles[t].rows * self.tiles[t].cols * self.element_bytes(t) for t in self.whole)
+        return sum(self.tiles[t].rows * self.pitch(t) * self.element_bytes(t) for t in self.whole)
 
     def register_words(self) -> int:
         """Registers a lane holds tiles in, all at once (an upper bound: some are never live
         together): per register tile, its rows this warp owns times its columns per lane."""
         rows = (lambda tile: math.ceil(tile.rows / WARPS)) if self.block else (lambda tile: 1)
         return sum(rows(tile) * math.ceil(tile.cols / WARP)
-                   for c_name, tile in self.tiles.items() if c_name not in self.whole)
+                   for c_name, tile in self.tiles.items() if c_name not in self.whole | set(self.transposed))
 
     def check_shared(self) -> None:
         size = self.shared_bytes()
@@ -450,8 +506,11 @@ class _Generator:
         if self.block:
             out.add("[[maybe_unused]] const int pto_warp = threadIdx.x / 32;")
             for tile in sorted(self.whole):
-                shape = f"[{self.tiles[tile].rows}][{self.tiles[tile].cols}]"
-                out.add(f"__shared__ {self.ctype(tile)} {tile}{shape};")
+                shape = f"[{self.tiles[tile].rows}][{self.pitch(tile)}]"
+                # a packed tile's rows are read 16 bytes at a time (ldmatrix)
+                declared = f"alignas(16) __shared__ T {tile}" if tile in self.packed else \
+                    f"__shared__ {self.ctype(tile)} {tile}"
+                out.add(f"{declared}{shape};")
             if self.split_param is None:
                 out.add("for (long long pto_b = blockIdx.x; pto_b < pto_batch; pto_b += gridDim.x) {"
                         "  // a block")
@@ -519,7 +578,7 @@ class _Generator:
 
     def _declarations(self, out: _Lines) -> None:
         for c_name, tile in self.tiles.items():
-            if c_name not in self.whole:
+            if c_name not in self.whole and c_name not in self.transposed:
                 slots = math.ceil(tile.rows / WARPS) if self.block else 1
                 # zeroed: a shuffle reads every lane's slot, owned or not
                 out.add(f"{self.ctype(c_name)} {c_name}[{slots}][{math.ceil(tile.cols / WARP)}] = {{}};")
@@ -556,7 +615,7 @@ class _Generator:
                 out.indent -= 1
             out.add("}")
         else:
-            whole = statement.whole or (statement.expands is not None and statement.expands in self.whole)
+            whole = statement.whole(self) if callable(statement.whole) else statement.whole
             barrier = self.block and (whole or statement.memref in self.hazards)
             if barrier:
                 out.barrier()
@@ -597,13 +656,13 @@ class _Loop:
 @dataclasses.dataclass
 class _Code:
     """One tile instruction: `lines(generator)` writes it once the layout is known. In the block
-    layout a __syncthreads() comes before and after it when it reads a tile whole or accesses a
-    memref that needs it (_Generator.hazards)."""
+    layout a __syncthreads() comes before and after it when it reads or writes a tile whole
+    (`whole`, or `whole(generator)` where that depends on the layout) or accesses a memref that
+    needs it (_Generator.hazards)."""
 
     lines: Callable[[_Generator], list[str]]
-    whole: bool = False
+    whole: bool | Callable[[_Generator], bool] = False
     memref: str | None = None
-    expands: str | None = None  # COL_EXPAND's b: read whole unless every warp holds it (broadcast)
 
 
 def _c(name: str) -> str:
@@ -642,6 +701,8 @@ class _Context:
         self.views, self.offsets = views, offsets
         self.suffix, self.label, self.returns = suffix, f"pto_end{suffix}", False
         self.symbols: dict[str, str] = {}  # loop variable -> the symbol of its (innermost current) loop
+        # tile -> the registers its accumulators are in, inside a loop that keeps them there
+        self.registers: dict[str, str] = {}
 
     def fail(self, where: str, message: str) -> ISAError:
         return ISAError(f"@{self.function.name}: {where}: {message}")
@@ -673,8 +734,12 @@ class _Context:
 
     # statements
     def block(self, body: tuple[Statement, ...]) -> list:
+        for first, second in zip(body, body[1:]):  # a TLOAD a TTRANS of its tile follows at once
+            if isinstance(first, Op) and isinstance(second, Op) and OPCODES[first.opcode].form is Form.LOAD \
+                    and OPCODES[second.opcode].form is Form.TRANSPOSE and second.srcs[0] == first.dst:
+                tile = self.names[first.dst]
+                self.g.loads_transposed[tile] = self.g.loads_transposed.get(tile, 0) + 1
         return [self.statement(s) for s in body]
-
 
     def statement(self, statement: Statement):
         if isinstance(statement, Op):
@@ -693,7 +758,7 @@ class _Context:
             return f"goto {self.label};"
         raise self.fail(repr(statement), "not a statement")
 
-    def loop(self, loop: For) -> _Loop:
+    def loop(self, loop: For) -> _Loop | _Inlined:
         var = f"i{self.suffix}_{_c(loop.var)}"
         self.names[loop.var] = var
         self.g.types[var] = "long long"
@@ -710,7 +775,54 @@ class _Context:
             condition = f"{var} {'<' if loop.step > 0 else '>'} {stop}"
         else:
             condition = f"({step} > 0 ? {var} < {stop} : {var} > {stop})"
-        return _Loop(f"for (long long {var} = {start}; {condition}; {var} += {step})", self.block(loop.body))
+        kept = self.accumulated(loop)
+        self.registers.update((tile, f"pto_acc_{tile}") for tile in kept)
+        built = _Loop(f"for (long long {var} = {start}; {condition}; {var} += {step})", self.block(loop.body))
+        if not kept:
+            return built
+        for tile in kept:
+            del self.registers[tile]
+        units = {tile: _Units.of(self.g.tiles[tile]) for tile in kept}
+
+        def moved(into_registers: bool) -> list[_Code]:
+            return [_accumulators_moved(tile, f"pto_acc_{tile}", units[tile], into_registers)
+                    for tile in kept]
+
+        return _Inlined(f"FOR %{loop.var}, its products' accumulators in registers",
+                        [*(units[tile].registers(f"pto_acc_{tile}") for tile in kept), *moved(True), built,
+                         *moved(False)], False, "")
+
+    def accumulated(self, loop: For) -> list[str]:
+        """The tiles (C names) whose accumulators stay in registers across `loop`: each the
+        destination of a tensor-core TMATMUL_ACC of the loop's own body (not under an IF or an
+        inner FOR) that no other instruction of the loop touches, in a loop no RETURN leaves (it
+        would skip the write back), in order while a warp's share of them all is at most
+        REGISTER_ACCUMULATORS floats. So a
+        product summed over chunks of k reads and writes its result in shared memory once, not
+        once a chunk."""
+        statements = list(walk(loop.body))
+        if not self.g.tensor_cores or any(isinstance(s, Return) for s in statements):
+            return []
+        touches: dict[str, int] = {}
+        for statement in statements:
+            if isinstance(statement, Op):
+                for name in {statement.dst, *statement.srcs}:
+                    if isinstance(name, str) and name in self.names:
+                        touches[self.names[name]] = touches.get(self.names[name], 0) + 1
+
+        def candidate(op: Op) -> bool:
+            spec, dst = OPCODES[op.opcode], self.names.get(op.dst)
+            return spec.form is Form.MATMUL and spec.accumulate and touches.get(dst) == 1 and \
+                tensor_core_product(op, lambda name: self.g.tiles[self.names[name]].dtype,
+                                    self.g.tensor_core_dtypes)
+
+        kept, floats = [], 0
+        for op in (s for s in loop.body if isinstance(s, Op) and candidate(s)):
+            units = _Units.of(self.g.tiles[self.names[op.dst]])
+            if floats + units.turns * units.blocks * 4 <= REGISTER_ACCUMULATORS:
+                kept.append(self.names[op.dst])
+                floats += units.turns * units.blocks * 4
+        return kept
 
     def call(self, call: Call) -> _Inlined:
         callee = self.g.module.functions[call.callee]
@@ -750,15 +862,22 @@ class _Context:
         return rule(self, op, spec, where)
 
     def note_uses(self, op: Op, spec: OpSpec) -> None:
-        """How the instruction writes and reads tiles (_Generator._broadcast reads it)."""
+        """How the instruction writes and reads tiles (_Generator._broadcast, _transposed and
+        _packed read it). A product's operands are recorded by its rule (_matmul: on tensor cores
+        or not), and a TLOAD that a TTRANS of its tile follows at once by `block`."""
         operands = signature(spec)
         for position, (value, operand) in enumerate(zip(op.srcs, operands[1:])):
-            if operand.kind is Kind.TILE:
-                use = "expand" if spec.form is Form.COL_EXPAND and position == 1 else "other"
+            if operand.kind is Kind.TILE and spec.form is not Form.MATMUL:  # _matmul says how
+                use = "expand" if spec.form is Form.COL_EXPAND and position == 1 else \
+                    "transpose" if spec.form is Form.TRANSPOSE else "other"
                 self.g.reads.setdefault(self.names[value], set()).add(use)
         if operands[0].kind is Kind.TILE:
             dst = self.names[op.dst]
-            write = ("load", self.views[op.srcs[0]].param) if spec.form is Form.LOAD else ("op", None)
+            if spec.form is Form.LOAD:
+                write = ("load", self.views[op.srcs[0]].param)
+                self.g.loads[dst] = self.g.loads.get(dst, 0) + 1
+            else:
+                write = ("transpose", self.names[op.srcs[0]]) if spec.form is Form.TRANSPOSE else ("op", None)
             self.g.writes.setdefault(dst, set()).add(write)
             if spec.accumulate:
                 self.g.reads.setdefault(dst, set()).add("other")
@@ -852,7 +971,8 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element) + after_row)
         return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
 
-    return _Code(lines, expands=b if form is Form.COL_EXPAND else None)
+    # COL_EXPAND's b is read whole unless every warp holds it (broadcast)
+    return _Code(lines, whole=(lambda g: b in g.whole) if form is Form.COL_EXPAND else False)
 
 
 def _identity(spec: OpSpec, ctype: str) -> str:
@@ -900,6 +1020,8 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     if ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype,
                                                   ctx.g.tensor_core_dtypes):
         return _tensor_matmul(ctx, op, spec, where)
+    for operand in (a, b):
+        ctx.g.reads.setdefault(operand, set()).add("other")
     ctx.g.whole.add(b)
     tile, left = ctx.g.tiles[dst], ctx.g.tiles[a]
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
@@ -950,64 +1072,180 @@ def tensor_core_product(op: Op, dtype: Callable[[str], DataType], allowed: tuple
     return dst not in (a, b) and all(dtype(tile) in allowed for tile in (dst, a, b))
 
 
+def packed_pitch(cols: int) -> int:
+    """The row pitch, in elements, of a packed tile (_Generator._packed): at least `cols`, and 8
+    more than a multiple of 16, so that a row starts 4-byte aligned (a fragment register is one
+    32-bit load along a row) and the 8 rows x 4 pairs of elements a warp's fragment loads touch
+    (a's rows g, b's rows 2t) fall in 32 different banks."""
+    return cols + (8 - cols % 16) % 16
+
+
+@dataclasses.dataclass(frozen=True)
+class _Units:
+    """How the warps share out a tensor-core product's result: units of 16 rows x `blocks`
+    blocks of 8 columns (up to 4: a unit's accumulators are blocks x 4 floats a lane), unit u
+    taken by warp u % PTO_WARPS, in its turn u / PTO_WARPS."""
+
+    blocks: int
+    bands: int
+    slices: int
+
+    @classmethod
+    def of(cls, tile: Tile) -> _Units:
+        blocks = min(4, math.ceil(tile.cols / 8))
+        return cls(blocks, math.ceil(tile.rows / 16), math.ceil(tile.cols / (8 * blocks)))
+
+    @property
+    def count(self) -> int:
+        return self.bands * self.slices
+
+    @property
+    def turns(self) -> int:
+        return math.ceil(self.count / WARPS)
+
+    def each(self, body: list[str], unrolled: bool = False) -> list[str]:
+        """`body` for each unit this warp takes: pto_ui its turn, (r0, c0) its first element, g
+        and t (t2 = 2t) the lane's group and thread in the group, as the fragment layouts name
+        them. `unrolled` for a body that indexes registers by the turn."""
+        return [*(["PTO_UNROLL"] if unrolled else []),
+                f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
+                "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
+                f"    if (pto_u >= {self.count}) break;",
+                f"    const long long r0 = 16 * (pto_u / {self.slices}), "
+                f"c0 = {8 * self.blocks} * (pto_u % {self.slices});",
+                "    [[maybe_unused]] const long long g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
+                *_indent(body), "}"]
+
+    def moved(self, statement: str) -> list[str]:
+        """`statement` for each accumulator acc[n][e] of the unit and its element (r, c) of the
+        result, where that is in the valid region (vr, vc)."""
+        return ["PTO_UNROLL", f"for (int n = 0; n < {self.blocks}; ++n) {{", "    PTO_UNROLL",
+                "    for (int e = 0; e < 4; ++e) {",
+                "        const long long r = r0 + g + 8 * (e / 2), c = c0 + 8 * n + t2 + e % 2;",
+                f"        if (r < vr && c < vc) {statement}", "    }", "}"]
+
+    def registers(self, name: str) -> str:
+        """The declaration of `name`, every turn's accumulators, zero."""
+        return f"float {name}[{self.turns}][{self.blocks}][4] = {{}};"
+
+    def bound(self, name: str) -> str:
+        """acc, this turn's accumulators in `name`."""
+        return f"float (&acc)[{self.blocks}][4] = {name}[pto_ui];"
+
+
 def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
-    """MATMUL(_ACC) on tensor cores: a, b and dst all in shared memory (as float); the warps
-    take units of dst of 16 rows x up to 4 blocks of 8 columns in turn, and a unit is a sum over
+    """MATMUL(_ACC) on tensor cores: a, b and dst all in shared memory (a and b packed as T where
+    they can be, else as float); the warps take units of dst (_Units), and a unit is a sum over
     k of pto_mma (float16, bfloat16 tiles: mma.sync.m16n8k16, in steps of 16) or pto_mma_tf32
     (float32 tiles: mma.sync.m16n8k8 of TF32, in steps of 8), float accumulators in registers,
-    its fragments from shared memory, zero outside the valid regions."""
+    its fragments from shared memory, zero outside the valid regions. Inside a loop that keeps
+    dst's accumulators in registers (_Context.loop) dst is neither read nor written: the
+    accumulators carry over from the turn before."""
     dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
     ctx.g.whole.update((dst, a, b))
+    ctx.g.reads.setdefault(a, set()).add("mma")
+    ctx.g.reads.setdefault(b, set()).add("mma_b")
     ctx.g.tensor_products += 1
-    tile = ctx.g.tiles[dst]
-    blocks = min(4, math.ceil(tile.cols / 8))  # of 8 columns: a unit's accumulators
-    bands, slices = math.ceil(tile.rows / 16), math.ceil(tile.cols / (8 * blocks))
+    units = _Units.of(ctx.g.tiles[dst])
+    registers = ctx.registers.get(dst)
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
 
     def lines(g: _Generator) -> list[str]:
-        def element(operand: str, row: str, col: str, valid: str) -> str:
-            """An element of an operand in shared memory, 0 where `valid` (of the element's row
-            {0} and column {1}) is false."""
-            return f"{valid.format(row, col)} ? (float){operand}[{row}][{col}] : 0.0f"
+        step, product, loads = _fragment_loads(g, a, b, units.blocks)
+        k_loop = [f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{", *_indent(loads), "    PTO_UNROLL",
+                  f"    for (int n = 0; n < {units.blocks}; ++n) {product}(acc[n], fa, &fb[2 * n], acc[n]);",
+                  "}"]
+        if registers is not None:
+            body = units.each([units.bound(registers), *k_loop], unrolled=True)
+        else:
+            body = units.each([f"float acc[{units.blocks}][4] = {{}};",
+                               *(units.moved(f"acc[n][e] = {dst}[r][c];") if spec.accumulate else []),
+                               *k_loop, *units.moved(f"{dst}[r][c] = acc[n][e];")])
+        return _op_block(where, *region, [f"const long long kn = vc_{a};", *body], dst)
 
-        a_valid, b_valid = f"r < vr_{a} && {{1}} < kn", f"c < vc_{b} && {{0}} < kn"
-        if g.tiles[a].dtype == DataType.FLOAT32:  # TF32: an element a register, rounded
-            step, a_k, b_k, product = TF32_MMA_K, "k0 + t + 4 * (q / 2)", "k0 + t + 4 * q", "pto_mma_tf32"
-            a_register = f"pto_tf32({element(a, 'r', 'k', a_valid)})"
-            b_register = f"pto_tf32({element(b, 'k', 'c', b_valid)})"
-            fragments = ("A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)", "B(t, c), B(t + 4, c)")
-        else:  # 16-bit: two elements a register, along k
-            step, a_k, b_k, product = MMA_K, "k0 + t2 + 8 * (q / 2)", "k0 + t2 + 8 * q", "pto_mma"
-            a_register = (f"pto_pack_pair({element(a, 'r', 'k', a_valid)}, "
-                          f"{element(a, 'r', 'k + 1', a_valid)})")
-            b_register = (f"pto_pack_pair({element(b, 'k', 'c', b_valid)}, "
-                          f"{element(b, 'k + 1', 'c', b_valid)})")
-            fragments = ("A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..)",
-                         "B(t2.., c), B(t2 + 8.., c)")
-        each_accumulator = ["PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
-                            "    PTO_UNROLL", "    for (int e = 0; e < 4; ++e) {",
-                            "        const long long r = r0 + g + 8 * (e / 2), c = c0 + 8 * n + t2 + e % 2;"]
-        start = [*each_accumulator, f"        if (r < vr && c < vc) acc[n][e] = {dst}[r][c];", "    }", "}"]
-        unit = [
-            f"const long long r0 = 16 * (pto_u / {slices}), c0 = {8 * blocks} * (pto_u % {slices});",
-            "const long long g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
-            f"float acc[{blocks}][4] = {{}};", *(start if spec.accumulate else []),
-            f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{",
-            f"    unsigned fa[4];  // {fragments[0]}",
-            "    PTO_UNROLL", "    for (int q = 0; q < 4; ++q) {",
-            f"        const long long r = r0 + g + 8 * (q % 2), k = {a_k};",
-            f"        fa[q] = {a_register};", "    }",
-            "    PTO_UNROLL", f"    for (int n = 0; n < {blocks}; ++n) {{",
-            "        const long long c = c0 + 8 * n + g;",
-            f"        unsigned fb[2];  // {fragments[1]}",
-            "        PTO_UNROLL", "        for (int q = 0; q < 2; ++q) {",
-            f"            const long long k = {b_k};", f"            fb[q] = {b_register};", "        }",
-            f"        {product}(acc[n], fa, fb, acc[n]);", "    }", "}",
-            *each_accumulator, f"        if (r < vr && c < vc) {dst}[r][c] = acc[n][e];", "    }", "}"]
-        body = [f"const long long kn = vc_{a};",
-                f"for (int pto_u = pto_warp; pto_u < {bands * slices}; pto_u += PTO_WARPS) {{  // units",
-                *_indent(unit), "}"]
-        return _op_block(where, *region, body, dst)
+    return _Code(lines, whole=True)
+
+
+# The row and column, in its 8 x 8 matrix's block of 16 x 16, of the row a lane gives ldmatrix:
+# matrices 0 and 1 one above the other, 2 and 3 to their right.
+_LDMATRIX_ROW, _LDMATRIX_COL = "8 * (pto_lane / 8 % 2) + pto_lane % 8", "8 * (pto_lane / 16)"
+
+
+def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, str, list[str]]:
+    """(the step of k, the product function, the lines that fill a's fragment fa and b's, for
+    each block n of 8 columns, fb[2n], fb[2n + 1], at the step from k0), zero outside the valid
+    regions. A packed
+    operand's elements are read as they are: a whole 16 x 16 block of it by one ldmatrix (b's
+    transposed, two blocks of columns), else a pair of elements at a time."""
+    source = g.transposed.get(b)  # b is this loaded tile, transposed: b(k, c) is source(c, k)
+
+    def at(operand: str, row: str, col: str) -> str:
+        return f"{source}[{col}][{row}]" if operand == b and source else f"{operand}[{row}][{col}]"
+
+    def element(operand: str, row: str, col: str, valid: str) -> str:
+        """An element of an operand in shared memory, 0 where `valid` (of the element's row
+        {0} and column {1}) is false: as float, or as T where the operand is packed."""
+        if operand in g.packed or (operand == b and source):
+            return f"{valid.format(row, col)} ? {at(operand, row, col)} : (T)0.0f"
+        return f"{valid.format(row, col)} ? (float){at(operand, row, col)} : 0.0f"
+
+    def pair(operand: str, row: str, col: str, valid: str, row2: str, col2: str) -> str:
+        """A register of two 16-bit elements: the bits of a packed operand's, else floats rounded."""
+        packed = operand in g.packed or (operand == b and source)
+        return f"{'pto_pair' if packed else 'pto_pack_pair'}({element(operand, row, col, valid)}, " \
+            f"{element(operand, row2, col2, valid)})"
+
+    a_valid, b_valid = f"r < vr_{a} && {{1}} < kn", f"c < vc_{b} && {{0}} < kn"
+    if g.tiles[a].dtype == DataType.FLOAT32:  # TF32: an element a register, rounded
+        step, a_k, b_k, product = TF32_MMA_K, "k0 + t + 4 * (q / 2)", "k0 + t + 4 * q", "pto_mma_tf32"
+        a_register = f"pto_tf32({element(a, 'r', 'k', a_valid)})"
+        b_register = f"pto_tf32({element(b, 'k', 'c', b_valid)})"
+        fragments = ("A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)", "B(t, c), B(t + 4, c)")
+    else:  # 16-bit: two elements a register, along k
+        step, a_k, b_k, product = MMA_K, "k0 + t2 + 8 * (q / 2)", "k0 + t2 + 8 * q", "pto_mma"
+        a_register = pair(a, "r", "k", a_valid, "r", "k + 1")
+        b_register = pair(b, "k", "c", b_valid, "k + 1", "c")
+        fragments = ("A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..)",
+                     "B(t2.., c), B(t2 + 8.., c)")
+    a_lines = ["PTO_UNROLL", "for (int q = 0; q < 4; ++q) {",
+               f"    const long long r = r0 + g + 8 * (q % 2), k = {a_k};", f"    fa[q] = {a_register};", "}"]
+    if a in g.packed:
+        a_lines = [f"if (r0 + 16 <= vr_{a} && k0 + 16 <= kn) {{",
+                   f"    pto_ldmatrix(fa, &{a}[r0 + {_LDMATRIX_ROW}][k0 + {_LDMATRIX_COL}]);",
+                   "} else {", *_indent(a_lines), "}"]
+
+    def b_blocks(first: int | str, stop: int | str) -> list[str]:
+        return ["PTO_UNROLL", f"for (int n = {first}; n < {stop}; ++n) {{", "    PTO_UNROLL",
+                "    for (int q = 0; q < 2; ++q) {",
+                f"        const long long c = c0 + 8 * n + g, k = {b_k};",
+                f"        fb[2 * n + q] = {b_register};", "    }", "}"]
+
+    pairs = blocks // 2 if b in g.packed or source else 0
+    if source:  # the source's rows are b's columns: its 8 x 8 matrices as they are
+        whole_block = f"pto_ldmatrix(&fb[4 * p], &{source}[c0 + 16 * p + {_LDMATRIX_COL} + pto_lane % 8]" \
+            "[k0 + 8 * (pto_lane / 8 % 2)]);"
+    else:
+        whole_block = f"pto_ldmatrix_trans(&fb[4 * p], &{b}[k0 + {_LDMATRIX_ROW}]" \
+            f"[c0 + 16 * p + {_LDMATRIX_COL}]);"
+    b_lines = [] if not pairs else [
+        "PTO_UNROLL", f"for (int p = 0; p < {pairs}; ++p) {{",
+        f"    if (k0 + 16 <= kn && c0 + 16 * (p + 1) <= vc_{b}) {{", f"        {whole_block}",
+        "    } else {", *_indent(b_blocks("2 * p", "2 * p + 2"), 2), "    }", "}"]
+    if 2 * pairs < blocks:
+        b_lines += b_blocks(2 * pairs, blocks)
+    b_declared = f"unsigned fb[{2 * blocks}];  // block n's, of columns c = c0 + 8 n + g: {fragments[1]}"
+    return step, product, [f"unsigned fa[4];  // {fragments[0]}", *a_lines, b_declared, *b_lines]
+
+
+def _accumulators_moved(tile: str, registers: str, units: _Units, into_registers: bool) -> _Code:
+    """The valid region of `tile`'s accumulators moved between shared memory and `registers`
+    (before and after a loop that keeps them there)."""
+    statement = f"acc[n][e] = {tile}[r][c];" if into_registers else f"{tile}[r][c] = acc[n][e];"
+    where = f"{tile}'s accumulators {'into' if into_registers else 'from'} registers"
+
+    def lines(g: _Generator) -> list[str]:
+        body = units.each([units.bound(registers), *units.moved(statement)], unrolled=True)
+        return _op_block(where, f"vr_{tile}", f"vc_{tile}", body, None)
 
     return _Code(lines, whole=True)
 
@@ -1032,7 +1270,7 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
     def lines(g: _Generator) -> list[str]:
         if load:
-            copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
+            copy = f"{_el(g, tile)} = ({'T' if tile in g.packed else g.ctype(tile)})({element});"
         else:
             copy = f"{element} = (T)({_el(g, tile)});"
         if load and tile in g.broadcast:  # every warp its own copy of the row
@@ -1040,9 +1278,36 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
                     "    if (r < vr) {", *_indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
         else:
             body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
+        if load and tile in g.packed:
+            window = f"{p}_p + ({view.row0} + {row}) * {p}_s1 + ({view.col0} + {col}) * {p}_s2"
+            body = _packed_load(tile, declared, window, p)
         return _op_block(where, *region, body, tile if load else None)
 
-    return _Code(lines, memref=p)
+    # A packed tile's elements are loaded by other threads than their owners (_packed_load):
+    # where the kernel stores the memref too, the owners' stores and these loads meet at barriers.
+    return _Code(lines, memref=p, whole=lambda g: load and tile in g.packed and p in g.stored)
+
+
+def _packed_load(tile: str, declared: Tile, window: str, param: str) -> list[str]:
+    """A TLOAD into a packed tile (read only by products, after a barrier: any thread may write
+    any element) in groups of 8 columns, group e of the tile's (rows x ceil(cols / 8)) to thread
+    e % PTO_THREADS whatever the path, so two loads of the tile write each element from one
+    thread: a group in one 16-byte copy where the memref's rows are contiguous and 16-byte
+    aligned and the valid columns whole groups, else element by element (the rare case: a loop
+    kept short, where the unrolled loads of the tile's own layout doubled the compile time)."""
+    groups = math.ceil(declared.cols / 8)  # of 8 columns in a row
+    turns = math.ceil(declared.rows * groups / THREADS_PER_BLOCK)
+    each_group = [f"for (int pto_n = 0; pto_n < {turns}; ++pto_n) {{",
+                  "    const long long pto_e = threadIdx.x + PTO_THREADS * pto_n;",
+                  f"    const long long r = pto_e / {groups}, c = 8 * (pto_e % {groups});"]
+    return [f"const T *pto_window = {window};",
+            f"if ({param}_s2 == 1 && {param}_s1 % 8 == 0 && (unsigned long long)pto_window % 16 == 0 "
+            "&& vc % 8 == 0) {",
+            "    PTO_UNROLL", *_indent(each_group),
+            f"        if (r < vr && c < vc) pto_copy8(&{tile}[r][c], pto_window + r * {param}_s1 + c);",
+            "    }", "} else {", *_indent(each_group),
+            f"        for (long long e = c; r < vr && e < c + 8 && e < vc; ++e) "
+            f"{tile}[r][e] = pto_window[r * {param}_s1 + e * {param}_s2];", "    }", "}"]
 
 
 def _generate(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
@@ -1066,10 +1331,12 @@ def _transpose(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     tile = ctx.g.tiles[dst]
 
     def lines(g: _Generator) -> list[str]:
+        if dst in g.transposed:  # the products read a, transposed: only the valid region moves
+            return _op_block(f"{where}: read as {a}, transposed", f"vc_{a}", f"vr_{a}", [], dst)
         body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = {a}[c][r];"]))
         return _op_block(where, f"vc_{a}", f"vr_{a}", body, dst)
 
-    return _Code(lines, whole=True)
+    return _Code(lines, whole=lambda g: dst not in g.transposed)  # read in place: nothing moves
 
 
 _TILE_RULES = {Form.LOAD: _transfer, Form.STORE: _transfer, Form.UNARY: _elementwise,

@@ -157,10 +157,10 @@ inline void pto_host_switch(PtoHostContext &save, PtoHostContext &load) {
 
 // What a fiber waits at. A warp's lanes must all reach the same one (the warp barrier is one for
 // __syncwarp and the shuffles).
-enum PtoRendezvous { PTO_SYNCTHREADS, PTO_SYNCWARP, PTO_SHFL_SYNC, PTO_SHFL_XOR_SYNC, PTO_MMA_SYNC };
+enum PtoRendezvous { PTO_SYNCTHREADS, PTO_SYNCWARP, PTO_SHFL_SYNC, PTO_SHFL_XOR_SYNC, PTO_MMA_SYNC, PTO_LDMATRIX };
 inline const char *pto_rendezvous_name(int kind) {
     static const char *const names[] = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_xor_sync",
-                                        "mma.sync"};
+                                        "mma.sync", "ldmatrix"};
     return names[kind];
 }
 
@@ -418,6 +418,23 @@ inline const PtoMmaOffer *pto_host_mma_offers(const unsigned a[4], const unsigne
     return offers;
 }
 
+// ldmatrix's rendezvous: this lane offers the address of a row, waits until its warp's lanes
+// all have, and reads the warp's 32 (alternating buffers, as the shuffles').
+inline void pto_host_rows(const void *row, const unsigned char *rows[32]) {
+    PtoHostRun &run = *pto_host_run;
+    const int thread = (int)threadIdx.x, warp = thread / 32;
+    PtoBarrier &barrier = run.warps[warp];
+    unsigned char(&lanes)[PTO_THREADS][8] = run.lanes[barrier.generation & 1];
+    if ((uintptr_t)row % 16 != 0) {
+        std::fprintf(stderr, "pto_isa.cuh host build: block %lld: ldmatrix: thread %d's row address %p is not "
+                             "16-byte aligned\n", run.block_index, thread, row);
+        std::abort();
+    }
+    std::memcpy(lanes[thread], &row, sizeof row);
+    pto_host_wait(barrier, PTO_LDMATRIX);
+    for (int lane = 0; lane < 32; ++lane) std::memcpy(&rows[lane], lanes[warp * 32 + lane], sizeof rows[lane]);
+}
+
 // This lane's four elements of D from a rendezvous' offers: C(row, col) plus, over k < depth,
 // product(row, col, k), in order; D's layout (row g or g + 8, columns 2t and 2t + 1 of
 // lane 4g + t) is m16n8k16's and m16n8k8's alike.
@@ -622,6 +639,86 @@ __device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b
 #ifdef __CUDA_ARCH__  // (nvcc's host pass sees an empty body)
     PTO_MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32." PTO_MMA_INPUTS ".f32", d, a, b, c);
 #endif
+}
+#endif
+#endif
+
+#if defined(PTO_HALF) || defined(PTO_BF16)
+// Tensor-core operands kept in shared memory as T (cuda_codegen's packed tiles): a fragment
+// register is two neighbouring elements of T, the lower index in the low 16 bits, taken as their
+// bits with no conversion (pto_pair).
+__device__ inline unsigned pto_element_bits(T value) {
+#if defined(__CUDACC__) && defined(PTO_HALF)
+    return __half_as_ushort(value);
+#elif defined(__CUDACC__)
+    return __bfloat16_as_ushort(value);
+#else
+    unsigned short bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    return bits;
+#endif
+}
+
+__device__ inline unsigned pto_pair(T low, T high) { return pto_element_bits(low) | (pto_element_bits(high) << 16); }
+
+// 8 elements (16 bytes, both addresses 16-byte aligned) copied in one load and one store: a row
+// of a packed tile loaded 8 columns at a time.
+__device__ inline void pto_copy8(T *to, const T *from) {
+#ifdef __CUDACC__
+    *reinterpret_cast<uint4 *>(to) = *reinterpret_cast<const uint4 *>(from);
+#else
+    std::memcpy(to, from, 8 * sizeof(T));
+#endif
+}
+
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8 x 8 matrices of T in shared memory
+// into fragment registers. Lane l gives `row`, the address (16-byte aligned) of row l % 8 of
+// matrix l / 8; it gets in r[q] two elements of matrix q: row l / 4, columns 2 (l % 4) and
+// 2 (l % 4) + 1 (pto_ldmatrix), or with the matrix transposed, rows 2 (l % 4) and 2 (l % 4) + 1
+// of column l / 4 (pto_ldmatrix_trans); the first in the low half. Every lane of the warp
+// must call it together. On the host, a rendezvous at which the lanes exchange their addresses.
+#ifdef __CUDACC__
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_ldmatrix(unsigned[4], const T *) {
+    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
+}
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_ldmatrix_trans(unsigned[4], const T *) {
+    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
+}
+#else
+#define PTO_LDMATRIX_ASM(instruction, r, row)                                                   \
+    asm volatile("{ .reg .u64 g; .reg .u32 s; cvta.to.shared.u64 g, %4; cvt.u32.u64 s, g;\n\t" \
+                 instruction " {%0, %1, %2, %3}, [s]; }"                                         \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                               \
+                 : "l"(row))
+__device__ inline void pto_ldmatrix(unsigned r[4], const T *row) {
+#ifdef __CUDA_ARCH__
+    PTO_LDMATRIX_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16", r, row);
+#endif
+}
+__device__ inline void pto_ldmatrix_trans(unsigned r[4], const T *row) {
+#ifdef __CUDA_ARCH__
+    PTO_LDMATRIX_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", r, row);
+#endif
+}
+#endif
+#else
+inline void pto_ldmatrix(unsigned r[4], const T *row) {
+    const unsigned char *rows[32];
+    pto_host_rows(row, rows);
+    const int lane = (int)threadIdx.x % 32;
+    for (int q = 0; q < 4; ++q) std::memcpy(&r[q], rows[8 * q + lane / 4] + 2 * (lane % 4) * sizeof(T), sizeof r[q]);
+}
+inline void pto_ldmatrix_trans(unsigned r[4], const T *row) {
+    const unsigned char *rows[32];
+    pto_host_rows(row, rows);
+    const int lane = (int)threadIdx.x % 32;
+    for (int q = 0; q < 4; ++q) {
+        const T *low = (const T *)rows[8 * q + 2 * (lane % 4)], *high = (const T *)rows[8 * q + 2 * (lane % 4) + 1];
+        r[q] = pto_pair(low[lane / 4], high[lane / 4]);
+    }
 }
 #endif
 #endif
