@@ -48,16 +48,18 @@ def column_blocks(f: FunctionBuilder, n: int, local_memory: int | None,
 
 def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: int, k: int, n: int,
              local_memory: int | None, *, b_transposed: bool = False, accumulate: bool = False,
-             b_col: int | str = 0) -> FunctionBuilder:
+             b_col: int | str = 0, result_in_registers: bool = False) -> FunctionBuilder:
     """Tile `dst` (m x n, declared by the caller) = (or += with `accumulate`) memref `a` (m x k)
     @ memref `b` (k x n; n x k with `b_transposed`, so a @ bᵀ) from its column (row) `b_col`
     on, over chunks of k.
 
     The CUDA code keeps the right operand of a product (and a transpose's source) whole in shared
     memory, so a chunk's kc x n of them, in float64 at worst, must fit `local_memory` bytes; on
-    the CPU (None) one chunk is the whole contraction, one BLAS call."""
+    the CPU (None) one chunk is the whole contraction, one BLAS call. `result_in_registers`: the
+    caller only loads dst and stores it besides these products, so on tensor cores it takes no
+    shared memory (cuda_codegen's fragments)."""
     whole = 2 if b_transposed else 1
-    chunk = k if local_memory is None else _chunk(dtype, m, k, n, whole, local_memory)
+    chunk = k if local_memory is None else _chunk(dtype, m, k, n, whole, local_memory, result_in_registers)
     left, right = f"{dst}_a", f"{dst}_b"
     f.tile(left, m, chunk, dtype).tile(right, chunk, n, dtype)
     if b_transposed:
@@ -79,18 +81,21 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     return f
 
 
-def _chunk(dtype: DataType, m: int, k: int, n: int, whole: int, local_memory: int) -> int:
+def _chunk(dtype: DataType, m: int, k: int, n: int, whole: int, local_memory: int,
+           result_in_registers: bool = False) -> int:
     """The chunk of k a CUDA product takes at a time. On tensor cores (float16, bfloat16) the
-    result is in shared memory as float and the chunks of the operands as T in padded rows
-    (cuda_codegen's packed tiles; a transposed b is read from its load, n x kc): the widest
-    chunk of whole steps of the instruction's k that fits beside the result (else the product
-    runs on FMA, and the chunk is as there: b's kc x n, as float64, fills the budget)."""
+    result is in shared memory as float (unless it is in registers) and the chunks of the
+    operands as T in padded rows (cuda_codegen's packed tiles; a transposed b is read from its
+    load, n x kc): the widest chunk of whole steps of the instruction's k that fits beside the
+    result (else the product runs on FMA, and the chunk is as there: b's kc x n, as float64,
+    fills the budget)."""
     if dtype in TENSOR_CORE_DTYPES:
         size = dtype.numpy.itemsize
+        result = 0 if result_in_registers else TENSOR_CORE_BYTES * m * n
 
         def need(kc: int) -> int:
             right = size * n * packed_pitch(kc) if whole == 2 else size * kc * packed_pitch(n)
-            return TENSOR_CORE_BYTES * m * n + size * m * packed_pitch(kc) + right
+            return result + size * m * packed_pitch(kc) + right
 
         if need(k) <= local_memory:
             return k
@@ -158,11 +163,10 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
              accumulate: bool, source: str | None = None) -> None:
     """out = a @ b, plus `source` (default: out itself) with `accumulate`; on CUDA in blocks of
     COLUMN_BLOCK columns when b is too wide for even 8 of its rows to fit shared memory (a
-    4096 x 11008 weight), and on tensor cores (float16) in blocks of whole warps of columns
-    whose result, in shared memory, takes at most half of it."""
+    4096 x 11008 weight), and on tensor cores (float16) as well, the result of a band's rows
+    (SPLIT_ROWS: the families split m) in registers."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
-        fitting = local_memory // (2 * TENSOR_CORE_BYTES * m) // WARP * WARP
-        cols = min(n, COLUMN_BLOCK, max(WARP, fitting))
+        cols = min(n, COLUMN_BLOCK)
     elif local_memory is not None and 8 * n * min(k, 8) > local_memory:
         cols = min(n, COLUMN_BLOCK)
     else:
@@ -174,7 +178,8 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
         f.for_loop("j", 0, n, cols)
     if accumulate:
         f.load("c", source or out, 0, column)
-    contract(f, dtype, "c", "a", "b", m, k, cols, local_memory, accumulate=accumulate, b_col=column)
+    contract(f, dtype, "c", "a", "b", m, k, cols, local_memory, accumulate=accumulate, b_col=column,
+             result_in_registers=True)
     f.store(out, "c", 0, column)
     if wide:
         f.end_for()

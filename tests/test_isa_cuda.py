@@ -839,6 +839,43 @@ def test_a_packed_load_meets_the_owners_of_its_elements(case, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("first", ["matmul", "load"])
+@pytest.mark.parametrize("m, k, n", [(48, 96, 96), (20, 37, 27)], ids=["turns", "tails"])
+def test_a_product_result_only_loaded_and_stored_lives_in_registers(first, m, k, n, tmp_path):
+    """c = a @ b over chunks of k (its first chunk a TMATMUL, or c loaded and every chunk
+    accumulated), then stored, then read back from the memref by a tile of the row layout: c
+    is only written by products and its TLOAD and only read by its TSTORE and the products, so
+    it lives in each lane's registers from the start to the end (no shared memory, no moves
+    around the loop), and its TSTORE meets the row layout's TLOAD of the same memref at a
+    barrier (other threads own the elements there)."""
+    chunk = 16
+
+    def build(f):
+        f.memref("a", F16, (m, k)).memref("b", F16, (k, n)).memref("out", F16, (m, n))
+        f.memref("twice", F16, (m, n))
+        f.tile("ta", m, chunk, F16).tile("tb", chunk, n, F16).tile("c", m, n, F16).tile("t", m, n, F16)
+        f.load("ta", "a", 0, 0).load("tb", "b", 0, 0)
+        if first == "matmul":
+            f.matmul("c", "ta", "tb")
+        else:
+            f.load("c", "out").matmul_acc("c", "ta", "tb")
+        f.for_loop("kk", chunk, k, chunk)
+        f.load("ta", "a", 0, "kk").load("tb", "b", "kk", 0).matmul_acc("c", "ta", "tb")
+        f.end_for()
+        f.store("out", "c").load("t", "out").add("t", "t", "t").store("twice", "t")
+
+    rng = np.random.default_rng(m + 1)
+    a, b, acc = (rng.uniform(-1, 1, shape).astype(np.float16) for shape in ((m, k), (k, n), (m, n)))
+    out = acc.copy() if first == "load" else np.full((m, n), np.nan, np.float16)
+    twice = np.zeros((m, n), np.float16)
+    source = _run_host(_tensor_core_module(build), [a, b, out, twice], np.float16, tmp_path)
+    assert "float pto_frag_t_c[" in source and "t_c[" not in source.replace("pto_frag_t_c[", "")
+    assert "accumulators into registers" not in source
+    _assert_chunked(out, a, b, acc if first == "load" else np.zeros_like(acc), chunk, chunk)
+    np.testing.assert_array_equal(twice, (out.astype(np.float32) * 2).astype(np.float16))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("touch, returns", [("scale", False), ("", True)], ids=["touched", "returns"])
 def test_a_product_whose_result_the_loop_touches_or_leaves_accumulates_in_shared_memory(touch, returns,
                                                                                         tmp_path):

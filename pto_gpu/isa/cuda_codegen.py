@@ -55,6 +55,7 @@ element-wise, tile-scalar, reduction, expand or scalar entry needs no change her
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import math
@@ -298,10 +299,12 @@ class _Generator:
         self.loops = 0
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.expanded: set[str] = set()  # COL_EXPAND's b operands: whole, unless broadcast
-        # tile -> per write ("load", memref param), ("transpose", the source tile) or ("op", None)
+        # tile -> per write ("load", memref param), ("transpose", the source tile), ("mma", None)
+        # (a tensor-core product's result) or ("op", None)
         self.writes: dict[str, set] = {}
         # tile -> how it is read: "expand" (COL_EXPAND's b), "mma" and "mma_b" (a tensor-core
-        # product's a and b), "transpose" (TRANSPOSE's source), "other"
+        # product's a and b), "mma_acc" (its accumulated result), "transpose" (TRANSPOSE's
+        # source), "store" (TSTORE's), "other"
         self.reads: dict[str, set] = {}
         self.loads: dict[str, int] = {}  # tile -> its TLOADs
         self.loads_transposed: dict[str, int] = {}  # tile -> its TLOADs a TTRANS of it follows at once
@@ -319,10 +322,12 @@ class _Generator:
         self.body, self.returns, self.label = self._inline(function, top, offsets)
         self.hazards = self._hazards()
         self.stored = {access.param for access in self.accesses if access.store}  # memref params
+        self.accessed = collections.Counter(access.param for access in self.accesses)  # its TLOAD/TSTOREs
         self.broadcast = self._broadcast()
         self.whole |= self.expanded - self.broadcast
         self.transposed = self._transposed()
-        self.whole -= set(self.transposed)
+        self.fragments = self._fragments()
+        self.whole -= set(self.transposed) | self.fragments
         self.packed = self._packed()
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
@@ -399,6 +404,24 @@ class _Generator:
                 views[tile] = source
         return views
 
+    def _fragments(self) -> set[str]:
+        """The tensor-core products' results kept in registers, as the products' units hold
+        them (_Units; pto_frag_<tile>), from the kernel's start to its end: written only by the
+        products and TLOADs and read only by TSTOREs and accumulating products, which then
+        touch no shared memory. So a tile product's result needs no shared memory and no
+        barrier. In name order while a lane's share of them all is at most
+        REGISTER_ACCUMULATORS floats; others stay in shared memory."""
+        kept, floats = set(), 0
+        for tile in sorted(self.whole):
+            writes, reads = self.writes.get(tile, set()), self.reads.get(tile, set())
+            units = _Units.of(self.tiles[tile])
+            if ("mma", None) in writes and all(kind in ("mma", "load") for kind, _ in writes) \
+                    and reads <= {"store", "mma_acc"} \
+                    and floats + units.floats <= REGISTER_ACCUMULATORS:
+                kept.add(tile)
+                floats += units.floats
+        return kept
+
     def _packed(self) -> set[str]:
         """The tiles kept in shared memory as T, 16-bit, in rows of packed_pitch elements: read
         only as operands of tensor-core products (or transposed for one: _transposed) and written
@@ -458,8 +481,10 @@ class _Generator:
         """Registers a lane holds tiles in, all at once (an upper bound: some are never live
         together): per register tile, its rows this warp owns times its columns per lane."""
         rows = (lambda tile: math.ceil(tile.rows / WARPS)) if self.block else (lambda tile: 1)
+        elsewhere = self.whole | set(self.transposed) | self.fragments
         return sum(rows(tile) * math.ceil(tile.cols / WARP)
-                   for c_name, tile in self.tiles.items() if c_name not in self.whole | set(self.transposed))
+                   for c_name, tile in self.tiles.items() if c_name not in elsewhere) + \
+            sum(_Units.of(self.tiles[tile]).floats for tile in self.fragments)
 
     def check_shared(self) -> None:
         size = self.shared_bytes()
@@ -578,7 +603,9 @@ class _Generator:
 
     def _declarations(self, out: _Lines) -> None:
         for c_name, tile in self.tiles.items():
-            if c_name not in self.whole and c_name not in self.transposed:
+            if c_name in self.fragments:
+                out.add(_Units.of(tile).registers(f"pto_frag_{c_name}"))
+            elif c_name not in self.whole and c_name not in self.transposed:
                 slots = math.ceil(tile.rows / WARPS) if self.block else 1
                 # zeroed: a shuffle reads every lane's slot, owned or not
                 out.add(f"{self.ctype(c_name)} {c_name}[{slots}][{math.ceil(tile.cols / WARP)}] = {{}};")
@@ -788,9 +815,11 @@ class _Context:
             return [_accumulators_moved(tile, f"pto_acc_{tile}", units[tile], into_registers)
                     for tile in kept]
 
+        def declared(tile: str) -> _Code:
+            return _Code(lambda g: [] if tile in g.fragments else [units[tile].registers(f"pto_acc_{tile}")])
+
         return _Inlined(f"FOR %{loop.var}, its products' accumulators in registers",
-                        [*(units[tile].registers(f"pto_acc_{tile}") for tile in kept), *moved(True), built,
-                         *moved(False)], False, "")
+                        [*(declared(tile) for tile in kept), *moved(True), built, *moved(False)], False, "")
 
     def accumulated(self, loop: For) -> list[str]:
         """The tiles (C names) whose accumulators stay in registers across `loop`: each the
@@ -819,9 +848,9 @@ class _Context:
         kept, floats = [], 0
         for op in (s for s in loop.body if isinstance(s, Op) and candidate(s)):
             units = _Units.of(self.g.tiles[self.names[op.dst]])
-            if floats + units.turns * units.blocks * 4 <= REGISTER_ACCUMULATORS:
+            if floats + units.floats <= REGISTER_ACCUMULATORS:
                 kept.append(self.names[op.dst])
-                floats += units.turns * units.blocks * 4
+                floats += units.floats
         return kept
 
     def call(self, call: Call) -> _Inlined:
@@ -862,16 +891,17 @@ class _Context:
         return rule(self, op, spec, where)
 
     def note_uses(self, op: Op, spec: OpSpec) -> None:
-        """How the instruction writes and reads tiles (_Generator._broadcast, _transposed and
-        _packed read it). A product's operands are recorded by its rule (_matmul: on tensor cores
-        or not), and a TLOAD that a TTRANS of its tile follows at once by `block`."""
+        """How the instruction writes and reads tiles (_Generator._broadcast, _transposed,
+        _fragments and _packed read it). A product's tiles are recorded by its rule (_matmul: on
+        tensor cores or not), and a TLOAD that a TTRANS of its tile follows at once by `block`."""
         operands = signature(spec)
         for position, (value, operand) in enumerate(zip(op.srcs, operands[1:])):
             if operand.kind is Kind.TILE and spec.form is not Form.MATMUL:  # _matmul says how
-                use = "expand" if spec.form is Form.COL_EXPAND and position == 1 else \
-                    "transpose" if spec.form is Form.TRANSPOSE else "other"
+                use = {Form.TRANSPOSE: "transpose", Form.STORE: "store"}.get(spec.form, "other")
+                if spec.form is Form.COL_EXPAND and position == 1:
+                    use = "expand"
                 self.g.reads.setdefault(self.names[value], set()).add(use)
-        if operands[0].kind is Kind.TILE:
+        if operands[0].kind is Kind.TILE and spec.form is not Form.MATMUL:
             dst = self.names[op.dst]
             if spec.form is Form.LOAD:
                 write = ("load", self.views[op.srcs[0]].param)
@@ -1020,8 +1050,9 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     if ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype,
                                                   ctx.g.tensor_core_dtypes):
         return _tensor_matmul(ctx, op, spec, where)
-    for operand in (a, b):
+    for operand in (a, b, *((dst,) if spec.accumulate else ())):
         ctx.g.reads.setdefault(operand, set()).add("other")
+    ctx.g.writes.setdefault(dst, set()).add(("op", None))
     ctx.g.whole.add(b)
     tile, left = ctx.g.tiles[dst], ctx.g.tiles[a]
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
@@ -1103,6 +1134,11 @@ class _Units:
     def turns(self) -> int:
         return math.ceil(self.count / WARPS)
 
+    @property
+    def floats(self) -> int:
+        """A lane's accumulators, every turn's."""
+        return self.turns * self.blocks * 4
+
     def each(self, body: list[str], unrolled: bool = False) -> list[str]:
         """`body` for each unit this warp takes: pto_ui its turn, (r0, c0) its first element, g
         and t (t2 = 2t) the lane's group and thread in the group, as the fragment layouts name
@@ -1138,16 +1174,20 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     they can be, else as float); the warps take units of dst (_Units), and a unit is a sum over
     k of pto_mma (float16, bfloat16 tiles: mma.sync.m16n8k16, in steps of 16) or pto_mma_tf32
     (float32 tiles: mma.sync.m16n8k8 of TF32, in steps of 8), float accumulators in registers,
-    its fragments from shared memory, zero outside the valid regions. Inside a loop that keeps
-    dst's accumulators in registers (_Context.loop) dst is neither read nor written: the
-    accumulators carry over from the turn before."""
+    its fragments from shared memory, zero outside the valid regions. Where dst is kept in
+    registers (_Generator._fragments), or its accumulators are across the loop the product is
+    in (_Context.loop), dst is neither read nor written in shared memory: the accumulators
+    carry over from the product before."""
     dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
     ctx.g.whole.update((dst, a, b))
     ctx.g.reads.setdefault(a, set()).add("mma")
     ctx.g.reads.setdefault(b, set()).add("mma_b")
+    if spec.accumulate:
+        ctx.g.reads.setdefault(dst, set()).add("mma_acc")
+    ctx.g.writes.setdefault(dst, set()).add(("mma", None))
     ctx.g.tensor_products += 1
     units = _Units.of(ctx.g.tiles[dst])
-    registers = ctx.registers.get(dst)
+    looped = ctx.registers.get(dst)
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
 
     def lines(g: _Generator) -> list[str]:
@@ -1155,8 +1195,12 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         k_loop = [f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{", *_indent(loads), "    PTO_UNROLL",
                   f"    for (int n = 0; n < {units.blocks}; ++n) {product}(acc[n], fa, &fb[2 * n], acc[n]);",
                   "}"]
-        if registers is not None:
-            body = units.each([units.bound(registers), *k_loop], unrolled=True)
+        if dst in g.fragments:
+            zero = [] if spec.accumulate else ["PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) "
+                                               "acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;"]
+            body = units.each([units.bound(f"pto_frag_{dst}"), *zero, *k_loop], unrolled=True)
+        elif looped is not None:
+            body = units.each([units.bound(looped), *k_loop], unrolled=True)
         else:
             body = units.each([f"float acc[{units.blocks}][4] = {{}};",
                                *(units.moved(f"acc[n][e] = {dst}[r][c];") if spec.accumulate else []),
@@ -1239,15 +1283,18 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
 
 def _accumulators_moved(tile: str, registers: str, units: _Units, into_registers: bool) -> _Code:
     """The valid region of `tile`'s accumulators moved between shared memory and `registers`
-    (before and after a loop that keeps them there)."""
+    (before and after a loop that keeps them there); nothing where the tile is in registers
+    throughout (_Generator._fragments)."""
     statement = f"acc[n][e] = {tile}[r][c];" if into_registers else f"{tile}[r][c] = acc[n][e];"
     where = f"{tile}'s accumulators {'into' if into_registers else 'from'} registers"
 
     def lines(g: _Generator) -> list[str]:
+        if tile in g.fragments:
+            return []
         body = units.each([units.bound(registers), *units.moved(statement)], unrolled=True)
         return _op_block(where, f"vr_{tile}", f"vc_{tile}", body, None)
 
-    return _Code(lines, whole=True)
+    return _Code(lines, whole=lambda g: tile not in g.fragments)
 
 
 def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
@@ -1281,11 +1328,19 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         if load and tile in g.packed:
             window = f"{p}_p + ({view.row0} + {row}) * {p}_s1 + ({view.col0} + {col}) * {p}_s2"
             body = _packed_load(tile, declared, window, p)
+        if tile in g.fragments:  # each lane its accumulators' elements
+            units = _Units.of(declared)
+            move = f"acc[n][e] = (float)({element});" if load else f"{element} = (T)(acc[n][e]);"
+            body = units.each([units.bound(f"pto_frag_{tile}"), *units.moved(move)], unrolled=True)
         return _op_block(where, *region, body, tile if load else None)
 
-    # A packed tile's elements are loaded by other threads than their owners (_packed_load):
-    # where the kernel stores the memref too, the owners' stores and these loads meet at barriers.
-    return _Code(lines, memref=p, whole=lambda g: load and tile in g.packed and p in g.stored)
+    def whole(g: _Generator) -> bool:
+        """A packed tile's elements are loaded by other threads than their owners in the tile
+        layout (_packed_load), a tile in registers's by its units' lanes: where the kernel also
+        stores the memref, or accesses it elsewhere, the accesses meet at barriers."""
+        return (load and tile in g.packed and p in g.stored) or (tile in g.fragments and g.accessed[p] > 1)
+
+    return _Code(lines, memref=p, whole=whole)
 
 
 def _packed_load(tile: str, declared: Tile, window: str, param: str) -> list[str]:
