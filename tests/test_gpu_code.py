@@ -60,9 +60,11 @@ MMA = {np.float16: "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
                          ids=[k.name for k, *_ in TENSOR_CORE_INSTANCES])
 def test_16_bit_products_run_on_tensor_cores(kernel, shapes, scalars, dtype, arch):
     """The products of float16 and bfloat16 tiles are mma.sync instructions (float
-    accumulators), at the sizes attention (128-row tiles, head dims 64 and 128) and a tiled
-    matmul use; float32 ones stay exact (FMA, no TF32)."""
-    assert MMA[dtype] in isa.gpu_code(kernel, shapes, dtype, scalars, arch=arch)
+    accumulators) whose operands come from shared memory by ldmatrix, at the sizes attention
+    (128-row tiles, head dims 64 and 128) and a tiled matmul use; float32 ones stay exact
+    (FMA, no TF32)."""
+    ptx = isa.gpu_code(kernel, shapes, dtype, scalars, arch=arch)
+    assert MMA[dtype] in ptx and "ldmatrix.sync.aligned.m8n8.x4" in ptx
     assert "mma." not in isa.gpu_code(kernel, shapes, np.float32, scalars, arch=arch)
 
 

@@ -876,6 +876,28 @@ def test_a_product_result_only_loaded_and_stored_lives_in_registers(first, m, k,
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_a_result_in_registers_stored_through_windows_that_overlap_across_a_loop(tmp_path):
+    """c (in registers: 32 x 64) stored at columns j = 0, 32 of a 96-column memref: the second
+    store overwrites half of the first, from other warps than wrote it there (a warp holds 32
+    columns of c, not of the memref), so the stores meet at barriers (a review's reproduction:
+    the second half held the first store's)."""
+    def build(f):
+        f.memref("a", F16, (32, 16)).memref("b", F16, (16, 64)).memref("out", F16, (32, 96))
+        f.tile("ta", 32, 16, F16).tile("tb", 16, 64, F16).tile("c", 32, 64, F16)
+        f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb")
+        f.for_loop("j", 0, 64, 32).store("out", "c", 0, "j").end_for()
+
+    rng = np.random.default_rng(13)
+    a, b = rng.integers(-3, 4, (32, 16)).astype(np.float16), rng.integers(-3, 4, (16, 64)).astype(np.float16)
+    out = np.zeros((32, 96), np.float16)
+    source = _run_host(_tensor_core_module(build), [a, b, out], np.float16, tmp_path)
+    assert "float pto_frag_t_c[" in source
+    c = a.astype(np.float64) @ b
+    np.testing.assert_array_equal(out[:, :32], c[:, :32])
+    np.testing.assert_array_equal(out[:, 32:], c)  # the second store's
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("touch, returns", [("scale", False), ("", True)], ids=["touched", "returns"])
 def test_a_product_whose_result_the_loop_touches_or_leaves_accumulates_in_shared_memory(touch, returns,
                                                                                         tmp_path):

@@ -408,9 +408,10 @@ class _Generator:
         """The tensor-core products' results kept in registers, as the products' units hold
         them (_Units; pto_frag_<tile>), from the kernel's start to its end: written only by the
         products and TLOADs and read only by TSTOREs and accumulating products, which then
-        touch no shared memory. So a tile product's result needs no shared memory and no
-        barrier. In name order while a lane's share of them all is at most
-        REGISTER_ACCUMULATORS floats; others stay in shared memory."""
+        touch no shared memory. So a tile product's result needs no shared memory, and its
+        products no barrier for it (its TLOADs and TSTOREs may: _transfer). In name order while
+        a lane's share of them all is at most REGISTER_ACCUMULATORS floats (a loop's kept
+        accumulators, _Context.accumulated, have as many more); others stay in shared memory."""
         kept, floats = set(), 0
         for tile in sorted(self.whole):
             writes, reads = self.writes.get(tile, set()), self.reads.get(tile, set())
@@ -1334,11 +1335,18 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             body = units.each([units.bound(f"pto_frag_{tile}"), *units.moved(move)], unrolled=True)
         return _op_block(where, *region, body, tile if load else None)
 
+    # a window that moves from one iteration of a loop to the next (or cannot be told)
+    moving = offset is None or any("@" in name for axis in offset for name, _ in axis.terms)
+
     def whole(g: _Generator) -> bool:
         """A packed tile's elements are loaded by other threads than their owners in the tile
-        layout (_packed_load), a tile in registers's by its units' lanes: where the kernel also
-        stores the memref, or accesses it elsewhere, the accesses meet at barriers."""
-        return (load and tile in g.packed and p in g.stored) or (tile in g.fragments and g.accessed[p] > 1)
+        layout (_packed_load), a tile in registers's by its units' lanes, which _hazards does not
+        know: where the kernel stores the memref and accesses it elsewhere too, or a store's
+        window moves in a loop (so its iterations' windows may overlap), the accesses meet at
+        barriers."""
+        others = p in g.stored and g.accessed[p] > 1
+        return (load and tile in g.packed and p in g.stored) or \
+            (tile in g.fragments and (others or (not load and moving)))
 
     return _Code(lines, memref=p, whole=whole)
 
