@@ -1,0 +1,169 @@
+"""Random float16 tile programs of tensor-core products against the interpreter, bit for bit.
+
+The CUDA generator's tensor-core path (pto_gpu/isa/cuda_codegen.py) chooses per program where
+each tile lives: operands packed as float16 (read by ldmatrix, loaded 16 bytes at a time where
+the rows allow), a transpose read in place, a result in registers from start to end or across
+a loop, others in shared memory as float, with barriers where threads of different layouts
+meet. Each program here mixes what decides those choices (products summed over chunks of k
+with tails, a b loaded as its transpose, instructions on the result inside or after the loop,
+an IF around a product, a result stored over overlapping windows and read back, operands from
+strided or misaligned views) and runs on the host build (pto_isa.cuh: every thread a fiber,
+warps in both orders between barriers, so a missing barrier gives a wrong result).
+
+Inputs are small integers and the instructions on results scale by powers of two, so every
+value on either side is exact in float16 (sums of fewer than 2048): the generated code and the
+interpreter (which rounds every instruction) must agree exactly, not within a tolerance.
+"""
+
+import ctypes
+import random
+import shutil
+import subprocess
+
+import host_cuda
+import numpy as np
+import pytest
+
+import pto_gpu as pto
+from pto_gpu.backends import cuda_abi
+from pto_gpu.isa import interpret
+from pto_gpu.isa.builder import FunctionBuilder
+from pto_gpu.isa.cuda_codegen import cuda_code
+from pto_gpu.isa.ir import Module
+
+F16 = pto.FLOAT16
+PROGRAMS = 64
+
+
+def _program(module: Module, name: str, rng: random.Random) -> dict:
+    """A random program @name in `module`; what calling it needs (shapes, views, scalars)."""
+    m, n = rng.choice([16, 20, 32, 48]), rng.choice([8, 16, 24, 40, 64])
+    k, chunk = rng.choice([16, 24, 37, 48]), rng.choice([8, 16, 32])
+    chunk = min(chunk, k)
+    transposed = rng.random() < 0.4  # b loaded as its transpose (n x k), then TTRANS
+    # c from the memref, the first chunk's product, or loaded and then overwritten by it
+    start = rng.choice(["load", "matmul", "overwrite"])
+    rewrite_a = rng.random() < 0.2  # a doubled through the memref first: its later loads read what was stored
+    keep_b = rng.random() < 0.2  # b's last chunk also stored: b a tile of its own, not a view
+    inside = rng.choice(["", "", "scale"])  # an instruction on c in the loop: c in shared memory
+    after = rng.choice(["", "double"])  # one on c after the loop: c kept in registers only across it
+    branch = rng.random() < 0.3  # the loop's product under an IF
+    stores = rng.choice(["one", "overlapping"])  # c stored once, or at columns 0 and n / 2 in a loop
+    read_back = rng.random() < 0.5  # the stored memref loaded again by a tile of the row layout
+
+    memrefs = {"a": (m, k), "b": (n, k) if transposed else (k, n), "out": (m, 2 * n)}
+    if start != "matmul":
+        memrefs["c_in"] = (m, n)
+    if read_back:
+        memrefs["again"] = (m, 2 * n)
+    if keep_b:
+        memrefs["b_out"] = (chunk, n)
+    f = FunctionBuilder(name, module=module).in_core()
+    for memref, shape in memrefs.items():
+        f.memref(memref, F16, shape)
+    f.scalar("flag", pto.INT64)
+    f.tile("ta", m, chunk, F16).tile("tb", chunk, n, F16).tile("c", m, n, F16)
+    if transposed:
+        f.tile("tbt", n, chunk, F16)
+    if read_back:
+        f.tile("t", m, 2 * n, F16)
+    if rewrite_a:
+        f.tile("all_a", m, k, F16).load("all_a", "a").muls("all_a", "all_a", 2.0).store("a", "all_a")
+
+    def load_b(offset):
+        if transposed:
+            f.load("tbt", "b", 0, offset).trans("tb", "tbt")
+        else:
+            f.load("tb", "b", offset, 0)
+
+    first = 0
+    if start != "matmul":
+        f.load("c", "c_in")
+    if start != "load":
+        f.load("ta", "a", 0, 0)
+        load_b(0)
+        f.matmul("c", "ta", "tb")
+        first = chunk
+    f.for_loop("kk", first, k, chunk).load("ta", "a", 0, "kk")
+    load_b("kk")
+    if branch:
+        f.if_then("flag", "ne", 0).matmul_acc("c", "ta", "tb").end_if()
+    else:
+        f.matmul_acc("c", "ta", "tb")
+    if inside == "scale":
+        f.muls("c", "c", 0.5)
+    f.end_for()
+    if after == "double":
+        f.add("c", "c", "c")
+    if stores == "one":
+        f.store("out", "c", 0, n // 2)
+    else:
+        f.for_loop("j", 0, n, n // 2).store("out", "c", 0, "j").end_for()
+    if read_back:
+        f.load("t", "out").muls("t", "t", 2.0).store("again", "t")
+    if keep_b:
+        f.store("b_out", "tb")
+    f.build()
+
+    views = {memref: rng.choice(["plain", "plain", "strided", "misaligned"]) for memref in ("a", "b")}
+    return dict(memrefs=memrefs, views=views, flag=rng.choice([0, 1]))
+
+
+def _inputs(case: dict, seed: int) -> list[np.ndarray]:
+    """Small integers in the program's memrefs (in their order); a and b as views of wider
+    arrays where asked (every other column, or one element in: rows not 16-byte aligned)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for memref, (rows, cols) in case["memrefs"].items():
+        view = case["views"].get(memref, "plain")
+        if memref in ("out", "again", "b_out"):
+            arrays.append(np.full((rows, cols), 7.0, np.float16))  # what is not stored stays 7
+        elif view == "strided":
+            arrays.append(rng.integers(-2, 3, (rows, 2 * cols)).astype(np.float16)[:, ::2])
+        elif view == "misaligned":
+            arrays.append(rng.integers(-2, 3, (rows, cols + 8)).astype(np.float16)[:, 1:cols + 1])
+        else:
+            arrays.append(rng.integers(-2, 3, (rows, cols)).astype(np.float16))
+    return arrays
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """PROGRAMS random programs, their CUDA sources in one library built by g++."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    rng = random.Random(2026)
+    module = Module("tensor_core_fuzz")
+    cases = {f"p{i}": _program(module, f"p{i}", rng) for i in range(PROGRAMS)}
+    folder = tmp_path_factory.mktemp("tensor-core-fuzz")
+    codes = {name: cuda_code(module, name, folder) for name in cases}
+    source, library = folder / "all.cpp", folder / "all.so"
+    source.write_text("".join(code.source.read_text() for code in codes.values()))
+    options = cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)]
+    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
+                    "-Werror", *options, str(source), "-o", str(library)], check=True)
+    return module, cases, codes, ctypes.CDLL(str(library))
+
+
+def test_the_programs_take_every_layout_the_generator_has(programs):
+    """The sample is worth its time: between them the programs have packed operands read by
+    ldmatrix and loaded 16 bytes at a time, a transpose read in place, results in registers
+    throughout and across a loop only, and results in shared memory."""
+    _, _, codes, _ = programs
+    sources = "".join(code.source.read_text() for code in codes.values())
+    for feature in ("pto_ldmatrix(fa", "pto_ldmatrix_trans(", "pto_copy8(", "read as t_tbt, transposed",
+                    "float pto_frag_t_c[", "its products' accumulators in registers", "__shared__ ACC t_c["):
+        assert feature in sources, feature
+
+
+@pytest.mark.parametrize("index", range(PROGRAMS))
+def test_a_random_tensor_core_program_equals_the_interpreter_bit_for_bit(programs, index):
+    module, cases, codes, library = programs
+    name = f"p{index}"
+    case = cases[name]
+    expected = _inputs(case, index)
+    got = [a.copy() for a in expected]
+    interpret.run(module, name, *expected, case["flag"])
+    host_cuda.call(library, name, codes[name], got, (case["flag"],))
+    for memref, want, have in zip(module.functions[name].memrefs, expected, got):
+        np.testing.assert_array_equal(have, want, err_msg=f"{name}: {memref.name} ({case})")
