@@ -164,7 +164,7 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
     """out = a @ b, plus `source` (default: out itself) with `accumulate`; on CUDA in blocks of
     COLUMN_BLOCK columns when b is too wide for even 8 of its rows to fit shared memory (a
     4096 x 11008 weight), and on tensor cores (float16) as well, the result of a band's rows
-    (SPLIT_ROWS: the families split m) in registers."""
+    (TENSOR_BAND: the families split m) in registers: 64 x 256 is a lane's 64 floats."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
         cols = min(n, COLUMN_BLOCK)
     elif local_memory is not None and 8 * n * min(k, 8) > local_memory:
@@ -206,12 +206,16 @@ def _matmul_add(f: FunctionBuilder, dtype: DataType, m: int, k: int, n: int,
     _product(f, dtype, "out", m, k, n, local_memory, accumulate=True, source="acc")
 
 
-# On CUDA a product is one cuBLAS call (gemm=beta), where its tiles' layout is cuBLAS's.
-matmul = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul", gemm=0.0,
-                library_cpu=_cpu_library(_gemm, _numpy_matmul),
+# On CUDA a product is one cuBLAS call (gemm=beta), where its tiles' layout is cuBLAS's. On
+# tensor cores a band's result is in registers (_product), so bands of 64 rows fit: b's chunk,
+# the bulk of what a block reads, then serves twice the rows (a 32-row band read 1.67x the
+# bytes a multiply-add, at 128 columns).
+TENSOR_BAND = 64
+matmul = family(worker=pto.CUBE, split="m", tensor_band=TENSOR_BAND, shapes=("m k", "k n", "m n"),
+                name="matmul", gemm=0.0, library_cpu=_cpu_library(_gemm, _numpy_matmul),
                 library_native=NjitEntries(_gemm, blas.DTYPES))(_matmul)
-matmul_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "k n", "m n"), name="matmul_acc", gemm=1.0,
-                    library_cpu=_cpu_library(_gemm_acc, _accumulate_product),
+matmul_acc = family(worker=pto.CUBE, split="m", tensor_band=TENSOR_BAND, shapes=("m k", "k n", "m n"),
+                    name="matmul_acc", gemm=1.0, library_cpu=_cpu_library(_gemm_acc, _accumulate_product),
                     library_native=NjitEntries(_gemm_acc, blas.DTYPES))(_matmul_acc)
 
 
@@ -240,16 +244,18 @@ def _panels_add(a, b, acc, out):
     panels.panels_product_add(a, b, acc, out)
 
 
-matmul_panels = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n"), name="matmul_panels",
-                       gemm=0.0, library_cpu=_cpu_library(_panels, _numpy_matmul),
+matmul_panels = family(worker=pto.CUBE, split="m", tensor_band=TENSOR_BAND,
+                       shapes=("m k", "p k n", "p m n"), name="matmul_panels", gemm=0.0,
+                       library_cpu=_cpu_library(_panels, _numpy_matmul),
                        library_native=NjitEntries(_panels, blas.DTYPES))(_matmul)
-matmul_panels_acc = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n"),
-                           name="matmul_panels_acc", gemm=1.0,
+matmul_panels_acc = family(worker=pto.CUBE, split="m", tensor_band=TENSOR_BAND,
+                           shapes=("m k", "p k n", "p m n"), name="matmul_panels_acc", gemm=1.0,
                            library_cpu=_cpu_library(_panels_acc, _accumulate_product),
                            library_native=NjitEntries(_panels_acc, blas.DTYPES))(_matmul_acc)
 # The last product of a chain accumulated in a heap tile, written into C's tile from it: one
 # pass over C's strided rows, where a product into the accumulator and a copy took two tasks.
-matmul_panels_add = family(worker=pto.CUBE, split="m", shapes=("m k", "p k n", "p m n", "p m n"),
+matmul_panels_add = family(worker=pto.CUBE, split="m", tensor_band=TENSOR_BAND,
+                           shapes=("m k", "p k n", "p m n", "p m n"),
                            name="matmul_panels_add", library=_add_product,
                            library_cpu=_cpu_library(_panels_add, _add_product),
                            library_native=NjitEntries(_panels_add, blas.DTYPES))(_matmul_add)

@@ -28,10 +28,12 @@ from kernel_references import REFERENCES, tf32_rounded
 from kernel_samples import KERNELS, SCALARS, SIZES, arrays, shapes, strided
 from pto_gpu.kernels import llm
 from pto_gpu.kernels.elementwise import scale
+from pto_gpu.kernels.tiles import TENSOR_BAND
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda_abi import THREADS_PER_BLOCK
+from pto_gpu.dtypes import as_dtype
 from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
 from pto_gpu.isa.family import SPLIT_ROWS, family_of
 
@@ -203,7 +205,7 @@ def test_16_bit_products_on_tensor_cores_match_numpy(name, sizes, dtype, tmp_pat
 
 
 SPLIT_SIZES = [("matmul", {"m": 100, "k": 40, "n": 24}), ("matmul_acc", {"m": 70, "k": 24, "n": 40}),
-               ("matmul_panels_add", {"m": 40, "k": 16, "p": 2, "n": 32}),
+               ("matmul_panels_add", {"m": 90, "k": 16, "p": 2, "n": 32}),
                ("flash_scores", {"h": 2, "m": 100, "d": 16, "n": 48}),
                ("flash_pv", {"h": 2, "m": 75, "n": 48, "d": 16})]
 
@@ -213,8 +215,9 @@ SPLIT_SIZES = [("matmul", {"m": 100, "k": 40, "n": 24}), ("matmul_acc", {"m": 70
 @pytest.mark.parametrize("name, sizes", SPLIT_SIZES,
                          ids=[f"{n}-{'x'.join(map(str, sizes.values()))}" for n, sizes in SPLIT_SIZES])
 def test_tall_product_tiles_are_bands_of_rows_over_blocks(name, sizes, dtype, tmp_path):
-    """A product's tile of m > SPLIT_ROWS rows is the instance for SPLIT_ROWS rows, launched
-    over ceil(m / SPLIT_ROWS) blocks per batch index, each a band of rows of a and the result
+    """A product's tile of m > SPLIT_ROWS rows (the matmuls' TENSOR_BAND in float16) is the
+    instance for a band's rows, launched over ceil(m / band) blocks per batch index, each a band
+    of rows of a and the result
     (b whole in each); the last band partial; the causal mask counts rows from the tile's top
     (flash_scores' q_start = 3). The same as the numpy reference."""
     kernel = BY_NAME[name]
@@ -224,7 +227,9 @@ def test_tall_product_tiles_are_bands_of_rows_over_blocks(name, sizes, dtype, tm
     call_shapes = [a.shape for a in inputs]
     code, library = _host_library(kernel, dtype, call_shapes, scalars, tmp_path)
     batch = sizes.get("h", sizes.get("p", 1))
-    assert code.items(call_shapes) == THREADS_PER_BLOCK * batch * -(-sizes["m"] // SPLIT_ROWS)
+    band = family_of(kernel).band(as_dtype(dtype))
+    assert band == (TENSOR_BAND if dtype == np.float16 and "matmul" in name else SPLIT_ROWS)
+    assert code.items(call_shapes) == THREADS_PER_BLOCK * batch * -(-sizes["m"] // band)
     _host_call(library, kernel, code, inputs, scalars)
     _assert_matches(kernel, inputs, expected, dtype)
 

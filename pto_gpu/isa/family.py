@@ -23,7 +23,9 @@ contraction for the GPU's shared memory and not for the CPU's BLAS.
 
 `split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
 more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
-(cuda_codegen._Generator), so a product of 128-row tiles fills four SMs where it filled one.
+(cuda_codegen._Generator), so a product of 128-row tiles fills four SMs where it filled one. A
+family whose products' results live in registers on tensor cores may take taller bands there
+(`tensor_band`): each chunk of b a block reads then serves more rows.
 The family vouches that the rows of its params whose rows are that size depend only on the
 same rows of each other (a product's a and result; attention's query rows).
 """
@@ -55,8 +57,10 @@ class Family:
     """The instances of one family: (sizes, dtype, structural scalars) -> compiled module."""
 
     def __init__(self, name: str, build: Builder, shapes: tuple[str, ...], structural: tuple[str, ...],
-                 scalar_names: tuple[str, ...], library_cpu: Callable | None, split: str | None = None):
+                 scalar_names: tuple[str, ...], library_cpu: Callable | None, split: str | None = None,
+                 tensor_band: int = SPLIT_ROWS):
         self.name, self.build, self.library_cpu, self.split = name, build, library_cpu, split
+        self.tensor_band = tensor_band
         self.shapes = tuple(tuple(s.split()) for s in shapes)
         self.scalar_names = scalar_names
         self.structural = tuple(scalar_names.index(s) for s in structural)
@@ -202,7 +206,7 @@ class Family:
         are as they are)."""
         tf32 = tf32 and as_dtype(dtype) == DataType.FLOAT32
         sizes = self.sizes(shapes)
-        banded = self._banded(sizes)
+        banded = self._banded(sizes, as_dtype(dtype))
         instance = (banded, as_dtype(dtype), tuple(scalars[i] for i in self.structural))
         key = (*instance, tf32, banded != sizes)  # a band of a taller call, or the whole of one
         code = self._cuda.get(key)
@@ -216,12 +220,18 @@ class Family:
                     code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory, split)
         return code
 
-    def _banded(self, sizes: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
-        """The sizes of the CUDA instance for a call of `sizes`: SPLIT_ROWS of the split size
-        where the call has more (the instance is then a band of it), else the call's own."""
-        if self.split is None or dict(sizes)[self.split] <= SPLIT_ROWS:
+    def band(self, dtype: DataType) -> int:
+        """The rows of a band of the split size: `tensor_band` where the products run on
+        tensor cores (16-bit), SPLIT_ROWS elsewhere."""
+        return self.tensor_band if dtype in cuda_codegen.TENSOR_CORE_DTYPES else SPLIT_ROWS
+
+    def _banded(self, sizes: tuple[tuple[str, int], ...], dtype: DataType) -> tuple[tuple[str, int], ...]:
+        """The sizes of the CUDA instance for a call of `sizes`: a band's rows of the split
+        size where the call has more (the instance is then a band of it), else the call's own."""
+        rows = self.band(dtype)
+        if self.split is None or dict(sizes)[self.split] <= rows:
             return sizes
-        return tuple((word, SPLIT_ROWS if word == self.split else size) for word, size in sizes)
+        return tuple((word, rows if word == self.split else size) for word, size in sizes)
 
     def _split_memrefs(self, module: Module) -> tuple[str, ...]:
         """The memrefs whose rows are the split size, which a band's blocks take in bands."""
@@ -239,7 +249,8 @@ class Family:
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),
            structural: tuple[str, ...] = (), name: str | None = None, library: Callable | None = None,
            library_cpu: Callable | None = None, library_native: Callable | None = None,
-           split: str | None = None, gemm: float | None = None) -> Callable[[Builder], Kernel]:
+           split: str | None = None, tensor_band: int = SPLIT_ROWS,
+           gemm: float | None = None) -> Callable[[Builder], Kernel]:
     """Declare a kernel family: the decorated function writes the InCore function for given sizes.
 
     `scalars` names the kernel's scalar params in order (the builder declares them with the same
@@ -250,7 +261,8 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
     `library_native` the NativeCode.entry that runs that library without the GIL (native_abi's
     NjitEntries over an njit function that library_cpu calls too, so both give the same bits).
     Generated code stays the kernel's definition: tests check the libraries against it.
-    `split` names the size whose rows CUDA code spreads over blocks (see the module's doc).
+    `split` names the size whose rows CUDA code spreads over blocks (see the module's doc), in
+    bands of SPLIT_ROWS, or of `tensor_band` rows where the products run on tensor cores.
     `gemm`, for a product c = a @ b + gemm * c of params (a, b, c): the CUDA backend runs it as
     one cuBLAS call where the tiles' layout allows (CudaInstances.gemm).
     """
@@ -264,7 +276,8 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
         raise ParamError(f"split={split!r} is not the rows of any of shapes={shapes!r}")
 
     def declare(build: Builder) -> Kernel:
-        instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu, split)
+        instances = Family(name or build.__name__, build, shapes, structural, scalars, library_cpu, split,
+                           tensor_band)
         cuda = CudaInstances(instances.cuda, library, instances.structural, gemm)
         declared = kernel(worker=worker, name=instances.name, shapes=shapes, cuda=cuda)(instances.cpu)
         if library_cpu is None:
