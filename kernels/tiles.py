@@ -20,9 +20,11 @@ from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import (
     COLUMN_BLOCK,
     MMA_K,
+    REGISTER_ACCUMULATORS,
     TENSOR_CORE_BYTES,
     TENSOR_CORE_DTYPES,
     WARP,
+    accumulator_floats,
     packed_pitch,
 )
 from pto_gpu.isa.family import family
@@ -164,9 +166,12 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
     """out = a @ b, plus `source` (default: out itself) with `accumulate`; on CUDA in blocks of
     COLUMN_BLOCK columns when b is too wide for even 8 of its rows to fit shared memory (a
     4096 x 11008 weight), and on tensor cores (float16) as well, the result of a band's rows
-    (TENSOR_BAND: the families split m) in registers: 64 x 256 is a lane's 64 floats."""
+    (TENSOR_BAND: the families split m) in registers, at most half a lane's accumulators: a
+    64 x 256 result took 254 registers a thread, 64 x 128 150."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
         cols = min(n, COLUMN_BLOCK)
+        while cols > WARP and accumulator_floats(m, cols) > REGISTER_ACCUMULATORS // 2:
+            cols //= 2
     elif local_memory is not None and 8 * n * min(k, 8) > local_memory:
         cols = min(n, COLUMN_BLOCK)
     else:

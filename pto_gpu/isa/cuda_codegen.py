@@ -1124,8 +1124,12 @@ class _Units:
 
     @classmethod
     def of(cls, tile: Tile) -> _Units:
-        blocks = min(4, math.ceil(tile.cols / 8))
-        return cls(blocks, math.ceil(tile.rows / 16), math.ceil(tile.cols / (8 * blocks)))
+        return cls.shaped(tile.rows, tile.cols)
+
+    @classmethod
+    def shaped(cls, rows: int, cols: int) -> _Units:
+        blocks = min(4, math.ceil(cols / 8))
+        return cls(blocks, math.ceil(rows / 16), math.ceil(cols / (8 * blocks)))
 
     @property
     def count(self) -> int:
@@ -1168,6 +1172,11 @@ class _Units:
     def bound(self, name: str) -> str:
         """acc, this turn's accumulators in `name`."""
         return f"float (&acc)[{self.blocks}][4] = {name}[pto_ui];"
+
+
+def accumulator_floats(rows: int, cols: int) -> int:
+    """The floats a lane holds of a tensor-core product's rows x cols result in registers."""
+    return _Units.shaped(rows, cols).floats
 
 
 def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
