@@ -215,9 +215,9 @@ GENERATED_ROWS, GENERATED_COLS = 1024, 128  # a task: bands of TENSOR_BAND rows 
 def generated_matmul(dtype=np.float16, tf32: bool = False, band: int = TENSOR_BAND):
     """The matmul family's generated CUDA code for 1024 x 8192 @ 8192 x 128 tiles (float16, or
     float32 with its products as TF32), as a kernel of its own: the family's tasks would run
-    cuBLAS. `band`: the family's builder in bands of other than TENSOR_BAND rows (its result in
-    registers: 64 rows read b's chunks half as often as 32, but take 150 registers a thread to
-    128, so one block an SM where two fit)."""
+    cuBLAS. `band`: its rows a block; other than TENSOR_BAND, the same builder declared with
+    tensor_band=band (64 rows read b's chunks half as often as 32, but take 150 registers a
+    thread to 128: one block an SM where two fit)."""
     shapes = ((GENERATED_ROWS, N), (N, GENERATED_COLS), (GENERATED_ROWS, GENERATED_COLS))
     instances = family_of(matmul) if band == TENSOR_BAND else family_of(
         family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),

@@ -60,8 +60,10 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     the CPU (None) one chunk is the whole contraction, one BLAS call. `result_in_registers`: the
     caller only loads dst and stores it besides these products, so on tensor cores it takes no
     shared memory (cuda_codegen's fragments)."""
-    whole = 2 if b_transposed else 1
-    chunk = k if local_memory is None else _chunk(dtype, m, k, n, whole, local_memory, result_in_registers)
+    if local_memory is None:
+        chunk = k
+    else:
+        chunk = _chunk(dtype, m, k, n, b_transposed, local_memory, result_in_registers)
     left, right = f"{dst}_a", f"{dst}_b"
     f.tile(left, m, chunk, dtype).tile(right, chunk, n, dtype)
     if b_transposed:
@@ -83,8 +85,8 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     return f
 
 
-def _chunk(dtype: DataType, m: int, k: int, n: int, whole: int, local_memory: int,
-           result_in_registers: bool = False) -> int:
+def _chunk(dtype: DataType, m: int, k: int, n: int, b_transposed: bool, local_memory: int,
+           result_in_registers: bool) -> int:
     """The chunk of k a CUDA product takes at a time. On tensor cores (float16, bfloat16) the
     result is in shared memory as float (unless it is in registers) and the chunks of the
     operands as T in padded rows (cuda_codegen's packed tiles; a transposed b is read from its
@@ -96,7 +98,7 @@ def _chunk(dtype: DataType, m: int, k: int, n: int, whole: int, local_memory: in
         result = 0 if result_in_registers else TENSOR_CORE_BYTES * m * n
 
         def need(kc: int) -> int:
-            right = size * n * packed_pitch(kc) if whole == 2 else size * kc * packed_pitch(n)
+            right = size * n * packed_pitch(kc) if b_transposed else size * kc * packed_pitch(n)
             return result + size * m * packed_pitch(kc) + right
 
         if need(k) <= local_memory:
@@ -104,6 +106,7 @@ def _chunk(dtype: DataType, m: int, k: int, n: int, whole: int, local_memory: in
         fitting = [kc for kc in range(MMA_K, k, MMA_K) if need(kc) <= local_memory]
         if fitting:
             return fitting[-1]
+    whole = 2 if b_transposed else 1  # tiles of kc x n read whole: b's, and its transpose's source
     chunk = max(1, min(k, local_memory // (8 * n * whole)))
     if chunk < k and chunk > WARP:  # whole warps of columns: a's chunk fills its lanes' registers
         chunk -= chunk % WARP
@@ -165,9 +168,11 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
              accumulate: bool, source: str | None = None) -> None:
     """out = a @ b, plus `source` (default: out itself) with `accumulate`; on CUDA in blocks of
     COLUMN_BLOCK columns when b is too wide for even 8 of its rows to fit shared memory (a
-    4096 x 11008 weight), and on tensor cores (float16) as well, the result of a band's rows
-    (TENSOR_BAND: the families split m) in registers, at most half a lane's accumulators: a
-    64 x 256 result took 254 registers a thread, 64 x 128 150."""
+    4096 x 11008 weight), and on tensor cores (float16, bfloat16) as well, the result of a
+    band's rows (TENSOR_BAND: the families split m) in registers, at most half a lane's
+    accumulators (REGISTER_ACCUMULATORS // 2), which leaves registers for the loads in flight:
+    for the LLaMA MLP's matmul_acc (64 x 11008 in column blocks) a 64 x 256 block took 254
+    registers a thread, 64 x 128 181."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
         cols = min(n, COLUMN_BLOCK)
         while cols > WARP and accumulator_floats(m, cols) > REGISTER_ACCUMULATORS // 2:

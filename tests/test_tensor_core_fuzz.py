@@ -10,8 +10,9 @@ an IF around a product, a result stored over overlapping windows and read back, 
 strided or misaligned views) and runs on the host build (pto_isa.cuh: every thread a fiber,
 warps in both orders between barriers, so a missing barrier gives a wrong result).
 
-Inputs are small integers and the instructions on results scale by powers of two, so every
-value on either side is exact in float16 (sums of fewer than 2048): the generated code and the
+Inputs are integers in [-2, 2] (doubled once, where a is rewritten) and the instructions on
+results add 1 or double, so every value on either side is an integer below 2048 in magnitude
+(at most 4 x 2 x 48 + 6, doubled twice): exact in float16. The generated code and the
 interpreter (which rounds every instruction) must agree exactly, not within a tolerance.
 """
 
@@ -45,7 +46,7 @@ def _program(module: Module, name: str, rng: random.Random) -> dict:
     start = rng.choice(["load", "matmul", "overwrite"])
     rewrite_a = rng.random() < 0.2  # a doubled through the memref first: its later loads read what was stored
     keep_b = rng.random() < 0.2  # b's last chunk also stored: b a tile of its own, not a view
-    inside = rng.choice(["", "", "scale"])  # an instruction on c in the loop: c in shared memory
+    inside = rng.choice(["", "", "add"])  # an instruction on c in the loop: c in shared memory
     after = rng.choice(["", "double"])  # one on c after the loop: c kept in registers only across it
     branch = rng.random() < 0.3  # the loop's product under an IF
     stores = rng.choice(["one", "overlapping"])  # c stored once, or at columns 0 and n / 2 in a loop
@@ -90,8 +91,8 @@ def _program(module: Module, name: str, rng: random.Random) -> dict:
         f.if_then("flag", "ne", 0).matmul_acc("c", "ta", "tb").end_if()
     else:
         f.matmul_acc("c", "ta", "tb")
-    if inside == "scale":
-        f.muls("c", "c", 0.5)
+    if inside == "add":
+        f.adds("c", "c", 1.0)
     f.end_for()
     if after == "double":
         f.add("c", "c", "c")

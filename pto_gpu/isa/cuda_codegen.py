@@ -39,8 +39,9 @@ kernel's element type (TCVT converts between them: RoPE's angles).
 Tensor cores: in a kernel of float16 or bfloat16 memrefs (ACC float) a product (MATMUL,
 MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 instructions
 (pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
-its operands and result are in shared memory, and each warp takes units of the result of 16
-rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. An
+its operands and result are in shared memory (the result, where only products, its loads and
+its stores touch it, in registers: _Generator._fragments), and each warp takes units of the
+result of 16 rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. An
 operand only loaded and only read by such products is packed (_Generator._packed): kept as
 the element type in padded rows, its fragments read by ldmatrix. A product accumulated over
 a loop keeps its accumulators in registers across it (_Context.accumulated). In a kernel of
@@ -99,12 +100,14 @@ _BLOCK_WIDTHS = (COLUMN_BLOCK, 128, 64, WARP)
 MATMUL_K_UNROLL = 4
 # The products that run on tensor cores (float accumulators): of float16 and bfloat16 tiles
 # (mma.sync.m16n8k16), and of float32 tiles in a function that says tf32 (mma.sync.m16n8k8 of
-# operands rounded to TF32), whose operands and result are in shared memory as float.
+# operands rounded to TF32). Operands not packed, and results not in registers, are in shared
+# memory as float (TENSOR_CORE_BYTES an element).
 TENSOR_CORE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16)
 TENSOR_CORE_BYTES = 4
 MMA_K, TF32_MMA_K = 16, 8  # k of one instruction: 16-bit operands, TF32 ones
-# The floats of accumulators a lane may keep in registers across a loop (_Context.loop): four
-# units of 16 x 32 (a 128 x 128 result over 8 warps). Products beyond it stay in shared memory.
+# The floats of accumulators a lane may keep in registers, four units of 16 x 32 (a 128 x 128
+# result over 8 warps): for the results kept there throughout (_Generator._fragments), and as
+# many again for those a loop keeps there (_Context.accumulated). Beyond it, shared memory.
 REGISTER_ACCUMULATORS = 64
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
@@ -134,8 +137,9 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
 
 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
-    """The generator of `function`: products on tensor cores (tensor_core_dtypes) where their
-    operands and results fit shared memory (all three read whole), else every product on FMA;
+    """The generator of `function`: products on tensor cores (tensor_core_dtypes) where what
+    they keep in shared memory fits (operands, and results not in registers), else every
+    product on FMA;
     in column blocks where its tiles need more registers or shared memory than a block has."""
     generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
@@ -218,7 +222,9 @@ class _Affine:
 
 @dataclasses.dataclass
 class _Inlined:
-    """A call, inlined: its windows' definitions, then its body under the callee's C names."""
+    """A braced scope: a call inlined (its windows' definitions, then its body under the
+    callee's C names), or a loop with its products' accumulators moved into registers before it
+    and out after it (_Context.loop)."""
 
     where: str
     body: list
@@ -480,7 +486,9 @@ class _Generator:
 
     def register_words(self) -> int:
         """Registers a lane holds tiles in, all at once (an upper bound: some are never live
-        together): per register tile, its rows this warp owns times its columns per lane."""
+        together): per register tile, its rows this warp owns times its columns per lane, and
+        the accumulators of the results kept in registers throughout (not a loop's, which live
+        in the loop only)."""
         rows = (lambda tile: math.ceil(tile.rows / WARPS)) if self.block else (lambda tile: 1)
         elsewhere = self.whole | set(self.transposed) | self.fragments
         return sum(rows(tile) * math.ceil(tile.cols / WARP)
@@ -826,9 +834,9 @@ class _Context:
         """The tiles (C names) whose accumulators stay in registers across `loop`: each the
         destination of a tensor-core TMATMUL_ACC of the loop's own body (not under an IF or an
         inner FOR) that no other instruction of the loop touches, in a loop no RETURN leaves (it
-        would skip the write back), in order while a warp's share of them all is at most
-        REGISTER_ACCUMULATORS floats. So a
-        product summed over chunks of k reads and writes its result in shared memory once, not
+        would skip the write back), in order while a lane's share of them all is at most
+        REGISTER_ACCUMULATORS floats. So a product summed over chunks of k whose result other
+        instructions also touch (attention's) reads and writes it in shared memory once, not
         once a chunk."""
         statements = list(walk(loop.body))
         if not self.g.tensor_cores or any(isinstance(s, Return) for s in statements):
@@ -1106,9 +1114,10 @@ def tensor_core_product(op: Op, dtype: Callable[[str], DataType], allowed: tuple
 
 def packed_pitch(cols: int) -> int:
     """The row pitch, in elements, of a packed tile (_Generator._packed): at least `cols`, and 8
-    more than a multiple of 16, so that a row starts 4-byte aligned (a fragment register is one
-    32-bit load along a row) and the 8 rows x 4 pairs of elements a warp's fragment loads touch
-    (a's rows g, b's rows 2t) fall in 32 different banks."""
+    more than a multiple of 16 (16 bytes more than a multiple of 32): every row starts 16-byte
+    aligned (ldmatrix and 16-byte copies read 16-byte rows), and the 8 rows of an ldmatrix
+    matrix fall in 8 different 16-byte groups of banks (a pitch of a multiple of 16 elements
+    would put them in 4), as do a tail block's pairs of elements read a lane at a time."""
     return cols + (8 - cols % 16) % 16
 
 
@@ -1220,17 +1229,17 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     return _Code(lines, whole=True)
 
 
-# The row and column, in its 8 x 8 matrix's block of 16 x 16, of the row a lane gives ldmatrix:
-# matrices 0 and 1 one above the other, 2 and 3 to their right.
-_LDMATRIX_ROW, _LDMATRIX_COL = "8 * (pto_lane / 8 % 2) + pto_lane % 8", "8 * (pto_lane / 16)"
+# The row a lane gives ldmatrix.x4 of a 16 x 16 block, as the offsets of its 8 x 8 matrix
+# (matrix pto_lane / 8: 0 and 1 one above the other, 2 and 3 to their right) and its row in it:
+# the matrix's first row and column in the block, and the lane's row in the matrix.
+_MATRIX_ROW, _MATRIX_COL, _MATRIX_LANE_ROW = "8 * (pto_lane / 8 % 2)", "8 * (pto_lane / 16)", "pto_lane % 8"
 
 
 def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, str, list[str]]:
     """(the step of k, the product function, the lines that fill a's fragment fa and b's, for
     each block n of 8 columns, fb[2n], fb[2n + 1], at the step from k0), zero outside the valid
-    regions. A packed
-    operand's elements are read as they are: a whole 16 x 16 block of it by one ldmatrix (b's
-    transposed, two blocks of columns), else a pair of elements at a time."""
+    regions. A packed operand's elements are read as they are: a whole 16 x 16 block of it by
+    one ldmatrix (b's transposed, two blocks of columns), else a pair of elements at a time."""
     source = g.transposed.get(b)  # b is this loaded tile, transposed: b(k, c) is source(c, k)
 
     def at(operand: str, row: str, col: str) -> str:
@@ -1265,7 +1274,8 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
                f"    const long long r = r0 + g + 8 * (q % 2), k = {a_k};", f"    fa[q] = {a_register};", "}"]
     if a in g.packed:
         a_lines = [f"if (r0 + 16 <= vr_{a} && k0 + 16 <= kn) {{",
-                   f"    pto_ldmatrix(fa, &{a}[r0 + {_LDMATRIX_ROW}][k0 + {_LDMATRIX_COL}]);",
+                   f"    pto_ldmatrix(fa, &{a}[r0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}]"
+                   f"[k0 + {_MATRIX_COL}]);",
                    "} else {", *_indent(a_lines), "}"]
 
     def b_blocks(first: int | str, stop: int | str) -> list[str]:
@@ -1275,12 +1285,14 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
                 f"        fb[2 * n + q] = {b_register};", "    }", "}"]
 
     pairs = blocks // 2 if b in g.packed or source else 0
-    if source:  # the source's rows are b's columns: its 8 x 8 matrices as they are
-        whole_block = f"pto_ldmatrix(&fb[4 * p], &{source}[c0 + 16 * p + {_LDMATRIX_COL} + pto_lane % 8]" \
-            "[k0 + 8 * (pto_lane / 8 % 2)]);"
+    # b's block of k0.. x c0 + 16p..: matrix (q, n) of fb's order, its rows along k transposed;
+    # in the source, whose rows are b's columns, the same block across, its matrices as they are
+    if source:
+        whole_block = f"pto_ldmatrix(&fb[4 * p], " \
+            f"&{source}[c0 + 16 * p + {_MATRIX_COL} + {_MATRIX_LANE_ROW}][k0 + {_MATRIX_ROW}]);"
     else:
-        whole_block = f"pto_ldmatrix_trans(&fb[4 * p], &{b}[k0 + {_LDMATRIX_ROW}]" \
-            f"[c0 + 16 * p + {_LDMATRIX_COL}]);"
+        whole_block = f"pto_ldmatrix_trans(&fb[4 * p], &{b}[k0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}]" \
+            f"[c0 + 16 * p + {_MATRIX_COL}]);"
     b_lines = [] if not pairs else [
         "PTO_UNROLL", f"for (int p = 0; p < {pairs}; ++p) {{",
         f"    if (k0 + 16 <= kn && c0 + 16 * (p + 1) <= vc_{b}) {{", f"        {whole_block}",
@@ -1327,32 +1339,32 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
     def lines(g: _Generator) -> list[str]:
         if load:
-            copy = f"{_el(g, tile)} = ({'T' if tile in g.packed else g.ctype(tile)})({element});"
+            copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
         else:
             copy = f"{element} = (T)({_el(g, tile)});"
-        if load and tile in g.broadcast:  # every warp its own copy of the row
-            body = ["{", "    [[maybe_unused]] const int i = 0;", "    const long long r = 0;",
-                    "    if (r < vr) {", *_indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
-        else:
-            body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
-        if load and tile in g.packed:
-            window = f"{p}_p + ({view.row0} + {row}) * {p}_s1 + ({view.col0} + {col}) * {p}_s2"
-            body = _packed_load(tile, declared, window, p)
         if tile in g.fragments:  # each lane its accumulators' elements
             units = _Units.of(declared)
             move = f"acc[n][e] = (float)({element});" if load else f"{element} = (T)(acc[n][e]);"
             body = units.each([units.bound(f"pto_frag_{tile}"), *units.moved(move)], unrolled=True)
+        elif load and tile in g.packed:
+            window = f"{p}_p + ({view.row0} + {row}) * {p}_s1 + ({view.col0} + {col}) * {p}_s2"
+            body = _packed_load(tile, declared, window, p)
+        elif load and tile in g.broadcast:  # every warp its own copy of the row
+            body = ["{", "    [[maybe_unused]] const int i = 0;", "    const long long r = 0;",
+                    "    if (r < vr) {", *_indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
+        else:
+            body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
         return _op_block(where, *region, body, tile if load else None)
 
     # a window that moves from one iteration of a loop to the next (or cannot be told)
     moving = offset is None or any("@" in name for axis in offset for name, _ in axis.terms)
 
     def whole(g: _Generator) -> bool:
-        """A packed tile's elements are loaded by other threads than their owners in the tile
-        layout (_packed_load), a tile in registers's by its units' lanes, which _hazards does not
-        know: where the kernel stores the memref and accesses it elsewhere too, or a store's
-        window moves in a loop (so its iterations' windows may overlap), the accesses meet at
-        barriers."""
+        """A packed tile is loaded in groups of 8 columns a thread (_packed_load), a tile in
+        registers by the lanes its units give each element: not the threads that own those
+        elements in the row layout _hazards reasons about. So where the kernel stores the memref
+        and accesses it elsewhere too, or a store's window moves in a loop (its iterations'
+        windows may overlap), the accesses meet at barriers."""
         others = p in g.stored and g.accessed[p] > 1
         return (load and tile in g.packed and p in g.stored) or \
             (tile in g.fragments and (others or (not load and moving)))

@@ -23,7 +23,8 @@ contraction for the GPU's shared memory and not for the CPU's BLAS.
 
 `split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
 more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
-(cuda_codegen._Generator), so a product of 128-row tiles fills four SMs where it filled one. A
+(cuda_codegen._Generator), so a product of 128-row tiles fills four SMs where it filled one
+(two, in 64-row bands). A
 family whose products' results live in registers on tensor cores may take taller bands there
 (`tensor_band`): each chunk of b a block reads then serves more rows.
 The family vouches that the rows of its params whose rows are that size depend only on the
@@ -221,8 +222,9 @@ class Family:
         return code
 
     def band(self, dtype: DataType) -> int:
-        """The rows of a band of the split size: `tensor_band` where the products run on
-        tensor cores (16-bit), SPLIT_ROWS elsewhere."""
+        """The rows of a band of the split size: `tensor_band` for 16-bit instances (whose
+        products run on tensor cores with their result in registers, which the families size
+        for 16-bit types only), SPLIT_ROWS for others (TF32 ones included)."""
         return self.tensor_band if dtype in cuda_codegen.TENSOR_CORE_DTYPES else SPLIT_ROWS
 
     def _banded(self, sizes: tuple[tuple[str, int], ...], dtype: DataType) -> tuple[tuple[str, int], ...]:

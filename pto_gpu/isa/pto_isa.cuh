@@ -157,7 +157,9 @@ inline void pto_host_switch(PtoHostContext &save, PtoHostContext &load) {
 
 // What a fiber waits at. A warp's lanes must all reach the same one (the warp barrier is one for
 // __syncwarp and the shuffles).
-enum PtoRendezvous { PTO_SYNCTHREADS, PTO_SYNCWARP, PTO_SHFL_SYNC, PTO_SHFL_XOR_SYNC, PTO_MMA_SYNC, PTO_LDMATRIX };
+enum PtoRendezvous {
+    PTO_SYNCTHREADS, PTO_SYNCWARP, PTO_SHFL_SYNC, PTO_SHFL_XOR_SYNC, PTO_MMA_SYNC, PTO_LDMATRIX
+};
 inline const char *pto_rendezvous_name(int kind) {
     static const char *const names[] = {"__syncthreads", "__syncwarp", "__shfl_sync", "__shfl_xor_sync",
                                         "mma.sync", "ldmatrix"};
@@ -426,13 +428,14 @@ inline void pto_host_rows(const void *row, const unsigned char *rows[32]) {
     PtoBarrier &barrier = run.warps[warp];
     unsigned char(&lanes)[PTO_THREADS][8] = run.lanes[barrier.generation & 1];
     if ((uintptr_t)row % 16 != 0) {
-        std::fprintf(stderr, "pto_isa.cuh host build: block %lld: ldmatrix: thread %d's row address %p is not "
-                             "16-byte aligned\n", run.block_index, thread, row);
+        std::fprintf(stderr, "pto_isa.cuh host build: block %lld: ldmatrix: thread %d's row address %p "
+                             "is not 16-byte aligned\n", run.block_index, thread, row);
         std::abort();
     }
     std::memcpy(lanes[thread], &row, sizeof row);
     pto_host_wait(barrier, PTO_LDMATRIX);
-    for (int lane = 0; lane < 32; ++lane) std::memcpy(&rows[lane], lanes[warp * 32 + lane], sizeof rows[lane]);
+    for (int lane = 0; lane < 32; ++lane)
+        std::memcpy(&rows[lane], lanes[warp * 32 + lane], sizeof rows[lane]);
 }
 
 // This lane's four elements of D from a rendezvous' offers: C(row, col) plus, over k < depth,
@@ -659,7 +662,9 @@ __device__ inline unsigned pto_element_bits(T value) {
 #endif
 }
 
-__device__ inline unsigned pto_pair(T low, T high) { return pto_element_bits(low) | (pto_element_bits(high) << 16); }
+__device__ inline unsigned pto_pair(T low, T high) {
+    return pto_element_bits(low) | (pto_element_bits(high) << 16);
+}
 
 // 8 elements (16 bytes, both addresses 16-byte aligned) copied in one load and one store: a row
 // of a packed tile loaded 8 columns at a time.
@@ -667,6 +672,11 @@ __device__ inline void pto_copy8(T *to, const T *from) {
 #ifdef __CUDACC__
     *reinterpret_cast<uint4 *>(to) = *reinterpret_cast<const uint4 *>(from);
 #else
+    if ((uintptr_t)to % 16 != 0 || (uintptr_t)from % 16 != 0) {  // a GPU faults on it
+        std::fprintf(stderr, "pto_isa.cuh host build: a 16-byte copy from %p to %p: not 16-byte aligned\n",
+                     (const void *)from, (void *)to);
+        std::abort();
+    }
     std::memcpy(to, from, 8 * sizeof(T));
 #endif
 }
@@ -709,14 +719,16 @@ inline void pto_ldmatrix(unsigned r[4], const T *row) {
     const unsigned char *rows[32];
     pto_host_rows(row, rows);
     const int lane = (int)threadIdx.x % 32;
-    for (int q = 0; q < 4; ++q) std::memcpy(&r[q], rows[8 * q + lane / 4] + 2 * (lane % 4) * sizeof(T), sizeof r[q]);
+    for (int q = 0; q < 4; ++q)
+        std::memcpy(&r[q], rows[8 * q + lane / 4] + 2 * (lane % 4) * sizeof(T), sizeof r[q]);
 }
 inline void pto_ldmatrix_trans(unsigned r[4], const T *row) {
     const unsigned char *rows[32];
     pto_host_rows(row, rows);
     const int lane = (int)threadIdx.x % 32;
     for (int q = 0; q < 4; ++q) {
-        const T *low = (const T *)rows[8 * q + 2 * (lane % 4)], *high = (const T *)rows[8 * q + 2 * (lane % 4) + 1];
+        const T *low = (const T *)rows[8 * q + 2 * (lane % 4)];
+        const T *high = (const T *)rows[8 * q + 2 * (lane % 4) + 1];
         r[q] = pto_pair(low[lane / 4], high[lane / 4]);
     }
 }
