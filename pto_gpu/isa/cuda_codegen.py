@@ -41,12 +41,13 @@ MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 in
 (pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
 its operands and result are in shared memory (the result, where only products, its loads and
 its stores touch it, in registers: _Generator._fragments), and each warp takes units of the
-result of 16 rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. An
-operand only loaded and only read by such products is packed (_Generator._packed): kept as
-the element type in padded rows, its fragments read by ldmatrix. A product accumulated over
-a loop keeps its accumulators in registers across it (_Context.accumulated). In a kernel of
-float32 memrefs whose function says `tf32`, its float32 products are the same units of
-mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps of 8.
+result of 16 rows x 32 columns, summing over k in steps of 16 with the accumulators in
+registers. An operand only loaded and only read by such products is packed
+(_Generator._packed): kept as the element type in padded rows, its fragments read by
+ldmatrix. A product accumulated over a loop keeps its accumulators in registers across it
+(_Context.accumulated). In a kernel of float32 memrefs whose function says `tf32`, its float32
+products are the same units of mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32,
+pto_tf32), in steps of 8.
 Where the shared memory that takes is over the limit, every product of the kernel is FMA
 instead (_generator). Other float32 products, and float64 ones, stay FMA, exact.
 
@@ -139,8 +140,8 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
     """The generator of `function`: products on tensor cores (tensor_core_dtypes) where what
     they keep in shared memory fits (operands, and results not in registers), else every
-    product on FMA;
-    in column blocks where its tiles need more registers or shared memory than a block has."""
+    product on FMA; in column blocks where its tiles need more registers or shared memory than
+    a block has."""
     generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
         generator = _Generator(module, function, split, tensor_cores=False)
