@@ -919,8 +919,6 @@ class _Context:
             else:
                 write = ("transpose", self.names[op.srcs[0]]) if spec.form is Form.TRANSPOSE else ("op", None)
             self.g.writes.setdefault(dst, set()).add(write)
-            if spec.accumulate:
-                self.g.reads.setdefault(dst, set()).add("other")
 
     def scalar_op(self, op: Op, spec: OpSpec, where: str) -> str:
         dst = self.names[op.dst]
