@@ -24,10 +24,9 @@ contraction for the GPU's shared memory and not for the CPU's BLAS.
 `split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
 more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
 (cuda_codegen._Generator), so a product of 128-row tiles fills four SMs where it filled one
-(two, in 64-row bands). A
-family whose products' results live in registers on tensor cores may take taller bands there
-(`tensor_band`): each chunk of b a block reads then serves more rows.
-The family vouches that the rows of its params whose rows are that size depend only on the
+(two, in 64-row bands). A family whose products' results live in registers on tensor cores
+may take taller bands there (`tensor_band`): each chunk of b a block reads then serves more
+rows. The family vouches that the rows of its params whose rows are that size depend only on the
 same rows of each other (a product's a and result; attention's query rows).
 """
 
