@@ -14,10 +14,15 @@ from pto_gpu.kernel import CudaCode
 
 def build(code: CudaCode, dtype, folder: Path) -> ctypes.CDLL:
     """The code's source compiled for the host, as a loaded library."""
-    library = folder / f"{code.source.stem}-{np.dtype(dtype)}.so"  # dlopen caches by path
+    return compile_source(code.source, dtype, folder / f"{code.source.stem}-{np.dtype(dtype)}.so")
+
+
+def compile_source(source: Path, dtype, library: Path) -> ctypes.CDLL:
+    """Generated CUDA source (one kernel's, or several pasted together) built by g++ for
+    `dtype` into `library` (a new path: dlopen caches by path), loaded."""
     options = cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)]
     subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
-                    "-Werror", *options, str(code.source), "-o", str(library)], check=True)
+                    "-Werror", *options, str(source), "-o", str(library)], check=True)
     return ctypes.CDLL(str(library))
 
 

@@ -423,10 +423,7 @@ def host_build(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(f"host-{np.dtype(dt)}")
     source, library = folder / "generated.cpp", folder / "generated.so"
     source.write_text(_source(dt))
-    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
-                    "-Werror", *cuda_abi.COMPILE_OPTIONS[np.dtype(dt)], str(source), "-o", str(library)],
-                   check=True)
-    return dt, ctypes.CDLL(str(library))
+    return dt, host_cuda.compile_source(source, dt, library)
 
 
 def _host_call(library, name, items, arrays, scalars):

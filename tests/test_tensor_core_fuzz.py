@@ -16,17 +16,14 @@ results add 1 or double, so every value on either side is an integer below 2048 
 interpreter (which rounds every instruction) must agree exactly, not within a tolerance.
 """
 
-import ctypes
 import random
 import shutil
-import subprocess
 
 import host_cuda
 import numpy as np
 import pytest
 
 import pto_gpu as pto
-from pto_gpu.backends import cuda_abi
 from pto_gpu.isa import interpret
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import cuda_code
@@ -140,10 +137,7 @@ def programs(tmp_path_factory):
     codes = {name: cuda_code(module, name, folder) for name in cases}
     source, library = folder / "all.cpp", folder / "all.so"
     source.write_text("".join(code.source.read_text() for code in codes.values()))
-    options = cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)]
-    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
-                    "-Werror", *options, str(source), "-o", str(library)], check=True)
-    return module, cases, codes, ctypes.CDLL(str(library))
+    return module, cases, codes, host_cuda.compile_source(source, np.float16, library)
 
 
 def test_the_programs_take_every_layout_the_generator_has(programs):
