@@ -31,6 +31,7 @@ from pto_gpu.kernels.elementwise import scale
 from pto_gpu.kernels.tiles import TENSOR_BAND, matmul
 from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_compiled
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
+from test_gpu_code import matmul_in_bands
 from tiny_tasks import TASKS as COMPILED_TASKS
 from tiny_tasks import generated, rows
 from user_kernels import user_module
@@ -38,7 +39,7 @@ from user_kernels import user_module
 import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu.backends import cuda_abi
-from pto_gpu.isa.family import SPLIT_ROWS, family, family_of
+from pto_gpu.isa.family import SPLIT_ROWS, family_of
 from pto_gpu.runtime import cuda_unavailable
 
 NO_GPU = cuda_unavailable()
@@ -219,10 +220,7 @@ def generated_matmul(dtype=np.float16, tf32: bool = False, band: int = TENSOR_BA
     tensor_band=band (64 rows read b's chunks half as often as 32, but take 150 registers a
     thread to 128: one block an SM where two fit)."""
     shapes = ((GENERATED_ROWS, N), (N, GENERATED_COLS), (GENERATED_ROWS, GENERATED_COLS))
-    instances = family_of(matmul) if band == TENSOR_BAND else family_of(
-        family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),
-               name="matmul")(family_of(matmul).build))
-    code = instances.cuda(shapes, np.dtype(dtype), (), tf32=tf32)
+    code = matmul_in_bands(band).cuda(shapes, np.dtype(dtype), (), tf32=tf32)
     return pto.kernel(worker=pto.CUBE, name="matmul", cuda=code)(lambda a, b, out: None)
 
 

@@ -1,14 +1,32 @@
 """Cold compiles of the CUDA instances the GPU benchmarks launch (bench/test_gpu.py): NVRTC, as
 CuPy's RawModule runs it, to an sm_90 cubin, on this machine, no GPU needed. Target (issue
-41): at most 2 s an instance cold (a warm one is CuPy's disk cache, or the emulator's)."""
+41): at most 2 s an instance cold (a warm one is CuPy's disk cache, or the emulator's).
+
+Where nvcc is installed, ptxas's report of the float16 ones (the matmul in both band heights
+bench/test_gpu.py compares, and the LLaMA-7B MLP's matmul_acc in column blocks):
+extra_info["registers"] a thread and ["shared_bytes"] a block, no spills asserted."""
+
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
 from pto_gpu.kernels import llm, tiles
 
+import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
 from pto_gpu.isa import nvrtc
-from pto_gpu.isa.family import family_of
+from pto_gpu.isa.family import SPLIT_ROWS, family, family_of
+
+
+def matmul_in_bands(band: int):
+    """The matmul family, or, for a band of other than its TENSOR_BAND rows on tensor cores,
+    its builder declared again with tensor_band=band."""
+    if band == tiles.TENSOR_BAND:
+        return family_of(tiles.matmul)
+    return family_of(family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),
+                            name="matmul")(family_of(tiles.matmul).build))
 
 INSTANCES = {
     "matmul-1024x8192x128": (tiles.matmul, ((1024, 8192), (8192, 128), (1024, 128)), ()),
@@ -37,3 +55,26 @@ def test_cold_compile(benchmark, name, dtype, tf32):
     source = code.source.read_text()
     ok, log, cubin = benchmark.pedantic(nvrtc.compile_source, (source, options, code.source.name), rounds=3)
     assert ok and cubin, log
+
+
+MLP_SHAPES = ((128, 4096), (4096, 11008), (128, 11008))
+REPORTED = {**{name: (family_of(kernel), shapes, scalars)
+               for name, (kernel, shapes, scalars) in INSTANCES.items()},
+            "matmul-1024x8192x128-band32": (matmul_in_bands(SPLIT_ROWS), INSTANCES["matmul-1024x8192x128"][1],
+                                            ()),
+            "matmul_acc-128x4096x11008": (family_of(tiles.matmul_acc), MLP_SHAPES, ())}
+
+
+@pytest.mark.benchmark(group="cuda-ptxas")
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+@pytest.mark.parametrize("name", REPORTED)
+def test_ptxas_report(benchmark, name, tmp_path):
+    instances, shapes, scalars = REPORTED[name]
+    source = instances.cuda(shapes, np.dtype(np.float16), scalars).source
+    command = ["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v",
+               *cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)], str(source), "-o", str(tmp_path / "k.cubin")]
+    done = benchmark.pedantic(subprocess.run, (command,), dict(capture_output=True, text=True), rounds=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 bytes spill stores" in done.stderr, done.stderr
+    registers, shared = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", done.stderr, re.S).groups()
+    benchmark.extra_info.update(registers=int(registers), shared_bytes=int(shared))
