@@ -5,6 +5,8 @@ covers every head of a tile. The flash-attention state of a query tile is its ru
 sum l, each (heads, rows, 1), and its unnormalised output o. Each (query tile, key tile) pair is
 three tasks: scores S = q·kᵀ/√d (masked when causal), the online-softmax update (S becomes
 P = exp(S − m_new), l and m move on, `rescale` = exp(m_old − m_new)), and o = o·rescale + P·v.
+`flash_attention_tile` is the same arithmetic as one task per query tile: the loop over key
+blocks runs inside it, the state in its tiles, where the three tasks kept it in memory.
 """
 
 import math
@@ -13,8 +15,10 @@ from pto_gpu.kernels.tiles import COLUMN_BLOCK, column_blocks, contract
 
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
+from pto_gpu.isa import cuda_codegen, optimize
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.family import family
+from pto_gpu.isa.ir import Module
 
 
 @family(worker=pto.VECTOR, shapes=("m n", "1 n", "m n"), scalars=("eps",))
@@ -132,3 +136,101 @@ def flash_normalise(f: FunctionBuilder, dtype: DataType, m: int, d: int) -> None
     f.memref("acc", dtype, (m, d)).memref("running_sum", dtype, (m, 1)).memref("out", dtype, (m, d))
     f.tile("o", m, d, dtype).tile("total", m, 1, dtype)
     f.load("o", "acc").load("total", "running_sum").rowexpanddiv("o", "o", "total").store("out", "o")
+
+
+# Keys a block of flash_attention_tile on the CPU: s is a query tile's rows x this many floats,
+# each product one BLAS call.
+CPU_KEY_BLOCK = 128
+
+
+@family(worker=pto.CUBE, shapes=("h m d", "h n d", "h n d", "h m d"), scalars=("q_start", "causal"))
+def flash_attention_tile(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int,
+                         local_memory: int | None) -> None:
+    """out = softmax(q·kᵀ/√d)·v over the n keys of k and v, the keys after each query masked
+    when causal (query i is row q_start + i, key j row j): a query tile's attention in one task,
+    the online softmax over blocks of keys in a loop inside it, which stops at the last key a
+    causal tile sees. The CUDA code goes over the tile's rows in passes and d in chunks where
+    its tiles would not fit shared memory whole (`_attention_sizes`)."""
+    rows, keys, chunk = _attention_sizes(dtype, m, d, n, local_memory)
+    _attention(f, dtype, m, d, n, rows, keys, chunk)
+
+
+def _attention_sizes(dtype: DataType, m: int, d: int, n: int,
+                     local_memory: int | None) -> tuple[int, int, int]:
+    """(query rows a pass, keys a block, columns of d a chunk of q·kᵀ): on the CPU the whole
+    tile a pass, CPU_KEY_BLOCK keys; on CUDA the first of the candidates, the most scores a key
+    block first (the work between two of its barriers), then the most rows (a key block read
+    serves more of them) and the widest chunk, whose tiles read whole fit
+    `local_memory` as the generator lays them out (a trial build), else the smallest."""
+    if local_memory is None:
+        return m, min(n, CPU_KEY_BLOCK), d
+    candidates = sorted(((rows, keys, chunk) for rows in _sizes(m, 64) for keys in _sizes(n, 64)
+                         for chunk in _sizes(d, d)), key=lambda c: (c[0] * c[1], c[0], c[2]), reverse=True)
+    for rows, keys, chunk in candidates:
+        trial = Module("trial")
+        builder = FunctionBuilder("flash_attention_tile", module=trial).in_core()
+        _attention(builder, dtype, m, d, n, rows, keys, chunk)
+        builder.build()
+        if cuda_codegen.shared_bytes(optimize.optimize_module(trial), "flash_attention_tile") <= local_memory:
+            return rows, keys, chunk
+    return candidates[-1]
+
+
+def _sizes(size: int, widest: int) -> list[int]:
+    """min(size, widest), then halves of it down to 16 (one mma instruction's rows or k)."""
+    sizes = [min(size, widest)]
+    while sizes[-1] > 16:
+        sizes.append(sizes[-1] // 2)
+    return sizes
+
+
+def _attention(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int, rows: int, keys: int,
+               chunk: int) -> None:
+    """flash_attention_tile's program in passes of `rows` query rows, blocks of `keys` keys and
+    chunks of `chunk` columns of q·kᵀ's d. The first key block starts a row's state (its max,
+    sum and o), a later one rescales it by exp(old max − new max): the state tiles take the
+    valid rows of the pass (a tile's last pass may be a tail) from the scores."""
+    f.memref("q", dtype, (m, d)).memref("k", dtype, (n, d)).memref("v", dtype, (n, d))
+    f.memref("out", dtype, (m, d)).scalar("q_start", pto.INT64).scalar("causal", pto.INT64)
+    for scalar in ("query_rows", "first_query", "last_key", "stop"):
+        f.scalar_var(scalar, pto.INT64)
+    f.tile("s", rows, keys, dtype).tile("q_part", rows, chunk, dtype).tile("k_part", keys, chunk, dtype)
+    f.tile("k_t", chunk, keys, dtype).tile("vt", keys, d, dtype).tile("o", rows, d, dtype)
+    for tile in ("running_max", "new_max", "factor", "total", "part"):
+        f.tile(tile, rows, 1, dtype)
+    f.scalar_dim("query_rows", "q", 0)
+    row: int | str = 0
+    if rows < m:
+        f.for_loop("row", 0, "query_rows", rows)
+        row = "row"
+    f.scalar_add("first_query", "q_start", row).scalar_dim("stop", "k", 0)
+    f.if_then("causal", "ne", 0)  # no key past the pass's last query
+    f.scalar_add("last_key", "first_query", rows).scalar_min("stop", "stop", "last_key").end_if()
+    if chunk == d:
+        f.load("q_part", "q", row, 0)
+    f.for_loop("key", 0, "stop", keys)
+    for column in range(0, d, chunk):
+        if chunk < d:
+            f.load("q_part", "q", row, column)
+        f.load("k_part", "k", "key", column).trans("k_t", "k_part")
+        if column == 0:
+            f.matmul("s", "q_part", "k_t")
+        else:
+            f.matmul_acc("s", "q_part", "k_t")
+    f.muls("s", "s", 1.0 / math.sqrt(d))
+    f.if_then("causal", "ne", 0).causal_mask("s", "s", "first_query", "key").end_if()
+    f.load("vt", "v", "key", 0)
+    f.if_then("key", "eq", 0)
+    f.rowmax("running_max", "s").rowexpandsub("s", "s", "running_max").exp("s", "s")
+    f.rowsum("total", "s").matmul("o", "s", "vt")
+    f.else_()
+    f.rowmax("new_max", "s").max("new_max", "new_max", "running_max")
+    f.sub("factor", "running_max", "new_max").exp("factor", "factor")
+    f.rowexpandsub("s", "s", "new_max").exp("s", "s").max("running_max", "running_max", "new_max")
+    f.mul("total", "total", "factor").rowsum("part", "s").add("total", "total", "part")
+    f.rowexpandmul("o", "o", "factor").matmul_acc("o", "s", "vt")
+    f.end_if()
+    f.end_for()
+    f.rowexpanddiv("o", "o", "total").store("out", "o", row, 0)
+    if rows < m:
+        f.end_for()

@@ -21,6 +21,19 @@ def flash_attention_compiled(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, 
     program(q.dtype).orchestration("flash_attention", compiled=True)(o, q, k, v, out, tile, int(causal))
 
 
+def flash_attention_fused(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+                          tile: int = 64, causal: bool = False) -> None:
+    """The same attention with each query tile one task (kernels.llm.flash_attention_tile: the
+    online softmax over the keys inside it), the program's @flash_attention_fused."""
+    program(q.dtype).orchestration("flash_attention_fused")(o, q, k, v, out, tile, int(causal))
+
+
+def flash_attention_fused_compiled(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                                   out: np.ndarray, tile: int = 64, causal: bool = False) -> None:
+    """flash_attention_fused submitted by the program's compiled form."""
+    program(q.dtype).orchestration("flash_attention_fused", compiled=True)(o, q, k, v, out, tile, int(causal))
+
+
 def flash_attention_heads(o: pto.Orchestrator, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                           tile: int = 64, causal: bool = False) -> None:
     """flash_attention with the heads in blocks over the ranks of a distributed run: each head's

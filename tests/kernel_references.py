@@ -42,6 +42,13 @@ def _flash_softmax_update(scores, running_max, running_sum, rescale):
     running_max[...] = new_max
 
 
+def _flash_attention_tile(q, k, v, out, q_start, causal):
+    scores = np.empty((q.shape[0], q.shape[1], k.shape[1]))
+    _flash_scores(q, k, scores, q_start, 0, causal)
+    weights = np.exp(scores - scores.max(axis=2, keepdims=True))
+    out[...] = weights / weights.sum(axis=2, keepdims=True) @ v
+
+
 def _set(out, value):
     out[...] = value
 
@@ -78,4 +85,5 @@ REFERENCES = {
     "flash_softmax_update": _flash_softmax_update,
     "flash_pv": lambda p, v, rescale, out: _set(out, out * rescale + p @ v),
     "flash_normalise": lambda acc, l, out: _set(out, acc / l),
+    "flash_attention_tile": _flash_attention_tile,
 }

@@ -10,7 +10,8 @@ MODULES = (tiles, elementwise, reduce, llm)
 KERNELS = sorted({k for m in MODULES for k in vars(m).values() if isinstance(k, pto.Kernel)},
                  key=lambda k: k.name)
 SIZES = {"m": 5, "n": 8, "k": 3, "h": 2, "d": 4, "p": 3, "b": 2}  # rope: n = 2 heads of 4
-SCALARS = {"scale": (1.5,), "rmsnorm": (1e-6,), "rope": (7, 2), "flash_scores": (3, 1, True)}
+SCALARS = {"scale": (1.5,), "rmsnorm": (1e-6,), "rope": (7, 2), "flash_scores": (3, 1, True),
+           "flash_attention_tile": (3, True)}
 
 
 def shapes(kernel: pto.Kernel, sizes: dict[str, int] = SIZES) -> list[tuple[int, ...]]:

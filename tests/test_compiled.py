@@ -8,7 +8,12 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_compiled
+from pto_gpu.orchestration.flash_attention import (
+    flash_attention,
+    flash_attention_compiled,
+    flash_attention_fused,
+    flash_attention_fused_compiled,
+)
 from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import program as matmul_program
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
@@ -76,6 +81,17 @@ def test_the_flash_attention_program_builds_the_hand_written_graph(seq, tile, ca
     for orchestration in (flash_attention, flash_attention_compiled):
         result = rt.run(orchestration, q, k, v, np.empty_like(q), tile, causal, record=True)
         assert task_signature(result.graph) == task_signature(by_hand.graph)
+
+
+@pytest.mark.parametrize("seq, tile, causal", [(256, 64, True), (45, 64, False)])
+def test_the_fused_flash_attention_program_builds_the_same_graph_compiled(seq, tile, causal):
+    """A task per query tile reading every key and value, writing its rows of out: no edges."""
+    q, k, v = (np.empty((4, seq, 16), np.float32) for _ in range(3))
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    python = rt.run(flash_attention_fused, q, k, v, np.empty_like(q), tile, causal, record=True)
+    compiled = rt.run(flash_attention_fused_compiled, q, k, v, np.empty_like(q), tile, causal, record=True)
+    assert task_signature(compiled.graph) == task_signature(python.graph)
+    assert (python.num_tasks, python.num_edges) == (-(-seq // tile), 0)
 
 
 def test_compiled_llama_fills_window_and_heap_and_matches_reference(executor):

@@ -28,7 +28,7 @@ from kernel_samples import KERNELS, SCALARS, arrays
 from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.tiles import copy, zero
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_fused
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_panels
 from pto_gpu.orchestration.reference import attention
@@ -196,6 +196,8 @@ def workloads():
         "matmul_panels": (tiled_matmul_panels, [a, b, np.zeros((256, 160), np.float32)], {"tile": 64}, 2),
         "softmax": (fused_softmax, [x, np.zeros_like(x)], {"tile_rows": 16}, 1),
         "flash_attention": (flash_attention, [q, k, v, np.zeros_like(q)], {"tile": 64, "causal": True}, 3),
+        "flash_attention_fused": (flash_attention_fused, [q, k, v, np.zeros_like(q)],
+                                  {"tile": 64, "causal": True}, 3),
         "llama": (llama_layer, [llama], {}, "out"),
         "llama_compiled": (llama_layer_compiled, [llama], {"adaptive": True}, "out"),
     }
@@ -209,8 +211,8 @@ def copied(value):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
-@pytest.mark.parametrize("name", ["matmul", "matmul_panels", "softmax", "flash_attention", "llama",
-                                  "llama_compiled"])
+@pytest.mark.parametrize("name", ["matmul", "matmul_panels", "softmax", "flash_attention",
+                                  "flash_attention_fused", "llama", "llama_compiled"])
 def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, backend):
     orchestration, args, options, output = workloads()[name]
     cpu_args = [copied(a) for a in args]  # the GPU run starts from the untouched originals
@@ -226,18 +228,20 @@ def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, ba
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(backend):
+@pytest.mark.parametrize("orchestration", [flash_attention, flash_attention_fused], ids=["tasks", "fused"])
+def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(orchestration, backend):
     """llama.pto's flash attention over float16 arrays (its memrefs retyped): the scores and
-    PV products are mma.sync kernels on CUDA. Both runs compute in float and store float16
-    between the tasks (scores, probabilities, the running output), so they agree to a float16
-    ulp or two of the output's scale, and both are within a few of float64 attention."""
+    PV products are mma.sync kernels on CUDA. Both runs compute in float and round to float16
+    (the CPU's interpretation at every instruction; the three-task form stores the scores,
+    probabilities and running output between tasks), so they agree to a float16 ulp or two of
+    the output's scale, and both are within a few of float64 attention."""
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((2, 100, 32)).astype(np.float16) for _ in range(3))
     want = np.zeros_like(q)
-    pto.Runtime(backend="cpu", executor="serial").run(flash_attention, q, k, v, want, tile=64, causal=True)
+    pto.Runtime(backend="cpu", executor="serial").run(orchestration, q, k, v, want, tile=64, causal=True)
     rt = pto.Runtime(backend=backend, executor="stream", workers={pto.CUBE: 2, pto.VECTOR: 2})
     device = [rt.backend.to_device(x) for x in (q, k, v, np.zeros_like(q))]
-    rt.run(flash_attention, *device, tile=64, causal=True)
+    rt.run(orchestration, *device, tile=64, causal=True)
     got = rt.backend.to_host(device[3]).astype(np.float64)
     exact = attention(q, k, v, causal=True)
     scale = np.abs(exact).max()
@@ -322,7 +326,8 @@ def test_auto_chooses_the_stream_executor_on_a_gpu(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ["matmul", "softmax", "flash_attention", "llama_compiled"])
+@pytest.mark.parametrize("name", ["matmul", "softmax", "flash_attention", "flash_attention_fused",
+                                  "llama_compiled"])
 def test_a_replayed_capture_matches_the_serial_cpu_executor(name, backend):
     orchestration, args, options, output = workloads()[name]
     cpu_args = [copied(a) for a in args]

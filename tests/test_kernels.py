@@ -181,7 +181,9 @@ TENSOR_CORE_SIZES = [("matmul", {"m": 37, "k": 100, "n": 70}), ("matmul_acc", {"
                      ("flash_scores", {"h": 2, "m": 64, "d": 128, "n": 64}),
                      ("flash_scores", {"h": 1, "m": 40, "d": 72, "n": 200}),
                      ("flash_pv", {"h": 2, "m": 64, "n": 64, "d": 128}),
-                     ("flash_pv", {"h": 1, "m": 50, "n": 37, "d": 72})]
+                     ("flash_pv", {"h": 1, "m": 50, "n": 37, "d": 72}),
+                     ("flash_attention_tile", {"h": 2, "m": 64, "d": 128, "n": 200}),
+                     ("flash_attention_tile", {"h": 1, "m": 50, "d": 72, "n": 130})]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
@@ -316,6 +318,39 @@ def test_wide_tiles_are_blocked_for_shared_memory_only_on_cuda(name, sizes, tmp_
     _assert_matches(kernel, inputs, expected, np.float64)
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=dtype_name)
+@pytest.mark.parametrize("q_start, causal", [(0, False), (37, True)])
+def test_flash_attention_tile_in_passes_and_key_blocks_matches_numpy(q_start, causal, dtype, tmp_path):
+    """flash_attention_tile's CUDA instance goes over a tall tile's rows in passes, the keys in
+    blocks (the last a tail) and q·kᵀ's d in chunks (a trial build's sizes that fit shared
+    memory); the causal loop stops after each pass's last query (q_start = 37: its first pass
+    sees 69 of the 150 keys). The CPU's is one pass, blocks of CPU_KEY_BLOCK keys, d whole. Both
+    equal float64 numpy within the kernel tolerance."""
+    h, m, d, n = 2, 70, 40, 150
+    cuda_sizes = llm._attention_sizes(as_dtype(dtype), m, d, n, SHARED_LIMIT)
+    assert cuda_sizes[0] < m and cuda_sizes[1] < n
+    assert llm._attention_sizes(as_dtype(dtype), m, d, n, None) == (m, min(n, llm.CPU_KEY_BLOCK), d)
+    kernel = llm.flash_attention_tile
+    inputs = arrays(kernel, dtype, {"h": h, "m": m, "d": d, "n": n})
+    expected = _expected(kernel, inputs, (q_start, causal))
+    cpu = [a.copy() for a in inputs]
+    kernel.cpu(*cpu, q_start, causal)
+    _assert_matches(kernel, cpu, expected, dtype)
+    code, library = _host_library(kernel, dtype, [a.shape for a in inputs], (q_start, causal), tmp_path)
+    _host_call(library, kernel, code, inputs, (q_start, causal))
+    _assert_matches(kernel, inputs, expected, dtype)
+
+
+def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
+    """The sizes _attention_sizes picks for CUDA keep every tile a float16 instance reads whole
+    in shared memory, its products on tensor cores, at the head dims of real models."""
+    for m, d in [(128, 128), (64, 128), (64, 64), (32, 256), (50, 72)]:
+        code = family_of(llm.flash_attention_tile).cuda(((4, m, d), (4, 2048, d), (4, 2048, d), (4, m, d)),
+                                                        np.dtype(np.float16), (0, 1))
+        assert "pto_mma(acc" in code.source.read_text(), (m, d)
+
+
 @pytest.mark.parametrize("first_position", [4096, 32000])
 def test_rope_keeps_float32_accuracy_far_into_the_sequence(first_position, tmp_path):
     """The angles are float64 tiles (a float32 angle of 4000 is off by 2e-4 rad): float32 x
@@ -340,7 +375,9 @@ LLAMA_7B = [("rmsnorm", ((32, 4096), (1, 4096), (32, 4096)), (1e-6,)),
             ("rope", ((32, 4096),), (0, 32)),
             ("flash_scores", ((HEADS, 64, 128), (HEADS, 64, 128), (HEADS, 64, 64)), (0, 0, 1)),
             ("flash_softmax_update", ((32, 64, 64), (32, 64, 1), (32, 64, 1), (32, 64, 1)), ()),
-            ("flash_pv", ((32, 64, 64), (32, 64, 128), (32, 64, 1), (32, 64, 128)), ())]
+            ("flash_pv", ((32, 64, 64), (32, 64, 128), (32, 64, 1), (32, 64, 128)), ()),
+            ("flash_attention_tile", ((HEADS, 64, 128), (HEADS, 4096, 128), (HEADS, 4096, 128),
+                                      (HEADS, 64, 128)), (0, 1))]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")

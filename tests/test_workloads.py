@@ -5,7 +5,11 @@ import pytest
 from pto_gpu.kernels import elementwise, reduce, tiles
 from pto_gpu.kernels.llm import flash_scores, rmsnorm
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.flash_attention import (
+    flash_attention,
+    flash_attention_fused,
+    flash_attention_fused_compiled,
+)
 from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_inputs
 from pto_gpu.orchestration.softmax import fused_softmax
 from pto_gpu.orchestration.tiling import adaptive_tiles, binary_blocks, fixed_tiles
@@ -113,6 +117,21 @@ def test_flash_attention(executor, causal, seq, tile):
     pairs = n * (n + 1) // 2 if causal else n * n
     assert result.num_tasks == 2 * n + 3 * pairs
     # float32 online softmax over <= 128 keys: errors ~1e-6 of unit-scale outputs.
+    np.testing.assert_allclose(out, reference.attention(q, k, v, causal), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("orchestration", [flash_attention_fused, flash_attention_fused_compiled],
+                         ids=["python", "compiled"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seq, tile", [(128, 32), (100, 32), (45, 64), (300, 128)])
+def test_flash_attention_fused(executor, causal, seq, tile, orchestration):
+    """A task per query tile (the tail tile too), over every key (300: key blocks of 128 and a
+    tail); the three-task orchestration's tolerance."""
+    q, k, v = (rng.standard_normal((3, seq, 16)).astype(np.float32) for _ in range(3))
+    out = np.zeros_like(q)
+    result = pto.Runtime(backend="cpu", executor=executor).run(
+        orchestration, q, k, v, out, tile=tile, causal=causal)
+    assert result.num_tasks == -(-seq // tile)
     np.testing.assert_allclose(out, reference.attention(q, k, v, causal), rtol=1e-4, atol=2e-5)
 
 

@@ -151,6 +151,13 @@ def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Genera
     return generator
 
 
+def shared_bytes(module: Module, function: str) -> int:
+    """The shared memory the CUDA code of InCore `function` would keep its tiles read whole in,
+    its products on tensor cores where their dtypes allow: for a family trying sizes of its
+    tiles (past SHARED_LIMIT, cuda_code takes FMA or column blocks, or refuses)."""
+    return _Generator(module, function, tensor_cores=True).shared_bytes()
+
+
 def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generator:
     """The generator of the function walked in blocks of columns (column_blocks.py): of the
     widest block whose code's tiles fit (counted in the blocked code, whose layout may differ),
