@@ -14,7 +14,8 @@
   cores, each task's rows in bands of 64 rows over 16 blocks, and of 32 over 32 beside it;
   not cuBLAS). Target (issue 41): at least 60% of one cuBLAS call.
 - Flash attention through the runtime against torch's scaled_dot_product_attention, when
-  PyTorch is installed: float32, and float16 at head dims 64 and 128 (tensor cores).
+  PyTorch is installed: float32, and float16 at head dims 64 and 128 (tensor cores), as
+  three tasks a (query tile, key tile) pair and as one task a query tile (`fused`).
   extra_info["tflops"]. Target: at least 50% of SDPA.
 - A user's LayerNorm (bench/user_kernels.py, `isa.compile`d; its 64 x 4096 tiles walked in column
   blocks, three passes over x) over 16384 x 4096 float32, against torch's layer_norm.
@@ -29,7 +30,11 @@ import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import scale
 from pto_gpu.kernels.tiles import TENSOR_BAND, matmul
-from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_compiled
+from pto_gpu.orchestration.flash_attention import (
+    flash_attention,
+    flash_attention_compiled,
+    flash_attention_fused_compiled,
+)
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 from test_gpu_code import matmul_in_bands
 from tiny_tasks import TASKS as COMPILED_TASKS
@@ -306,14 +311,14 @@ def qkv_half(cupy, request):
 
 
 def runtime_attention(benchmark, cupy, qkv, rounds: int, tolerance: float, orchestration=flash_attention,
-                      streams: int = 2) -> None:
-    """Causal flash attention through the runtime in 128-row tiles, on `streams` streams a worker
-    class; its first head against float64 within `tolerance` of the output's scale."""
+                      streams: int = 2, tile: int = 128) -> None:
+    """Causal flash attention through the runtime in `tile`-row tiles, on `streams` streams a
+    worker class; its first head against float64 within `tolerance` of the output's scale."""
     out = cupy.zeros_like(qkv[0])
     dim = qkv[0].shape[-1]
     rt = pto.Runtime(backend="cuda", executor="stream", heap_bytes=1 << 30,
                      workers={pto.CUBE: streams, pto.VECTOR: streams})
-    benchmark.pedantic(rt.run, (orchestration, *qkv, out), {"tile": 128, "causal": True},
+    benchmark.pedantic(rt.run, (orchestration, *qkv, out), {"tile": tile, "causal": True},
                        rounds=rounds, warmup_rounds=1)
     q, k, v = (a[:1].astype(cupy.float64) for a in qkv)
     scores = q[0] @ k[0].T / math.sqrt(dim) + cupy.triu(cupy.full((SEQ, SEQ), -cupy.inf), 1)
@@ -361,6 +366,15 @@ def test_flash_attention_float16_compiled(benchmark, cupy, qkv_half, streams):
     query tiles take with more streams."""
     runtime_attention(benchmark, cupy, qkv_half, rounds=3, tolerance=1e-2,
                       orchestration=flash_attention_compiled, streams=streams)
+
+
+@pytest.mark.parametrize("tile", [64, 128])
+def test_flash_attention_float16_fused(benchmark, cupy, qkv_half, tile):
+    """One task a query tile (flash_attention_tile: the keys' loop inside it, a block a head;
+    64-row tiles: 64 tasks of 32 blocks), from the compiled orchestration on 6 streams; the
+    scores stay in float tiles, so the tolerance is the three-task form's."""
+    runtime_attention(benchmark, cupy, qkv_half, rounds=3, tolerance=1e-2,
+                      orchestration=flash_attention_fused_compiled, streams=6, tile=tile)
 
 
 # --- a user's kernel in column blocks -------------------------------------------------------------

@@ -14,7 +14,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from pto_gpu.orchestration import reference
-from pto_gpu.orchestration.flash_attention import flash_attention
+from pto_gpu.orchestration.flash_attention import flash_attention, flash_attention_fused
 from pto_gpu.orchestration.llama import expected_tasks, llama_layer, llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.softmax import fused_softmax
 
@@ -54,11 +54,14 @@ def qkv():
     return tuple(rng.standard_normal((8, 2048, 64)).astype(np.float32) for _ in range(3))
 
 
+@pytest.mark.parametrize("orchestration", [flash_attention, flash_attention_fused], ids=["pairs", "fused"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_attention_pto(benchmark, qkv, causal):
+def test_flash_attention_pto(benchmark, qkv, causal, orchestration):
+    """Three tasks a (query tile, key tile) pair, or one task a query tile (the loop over the
+    keys inside it)."""
     out = np.zeros_like(qkv[0])
     rt = pto.Runtime(backend="cpu")
-    benchmark.pedantic(rt.run, (flash_attention, *qkv, out), {"tile": 128, "causal": causal},
+    benchmark.pedantic(rt.run, (orchestration, *qkv, out), {"tile": 128, "causal": causal},
                        rounds=5, warmup_rounds=1)
     expected = reference.attention(*qkv, causal)
     assert np.abs(out - expected).max() < 1e-4 * np.abs(expected).max()

@@ -209,14 +209,13 @@ def _attention(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int, rows
     if chunk == d:
         f.load("q_part", "q", row, 0)
     f.for_loop("key", 0, "stop", keys)
-    for column in range(0, d, chunk):
-        if chunk < d:
-            f.load("q_part", "q", row, column)
-        f.load("k_part", "k", "key", column).trans("k_t", "k_part")
-        if column == 0:
-            f.matmul("s", "q_part", "k_t")
-        else:
-            f.matmul_acc("s", "q_part", "k_t")
+    if chunk < d:
+        f.load("q_part", "q", row, 0)
+    f.load("k_part", "k", "key", 0).trans("k_t", "k_part").matmul("s", "q_part", "k_t")
+    if chunk < d:
+        f.for_loop("column", chunk, d, chunk).load("q_part", "q", row, "column")
+        f.load("k_part", "k", "key", "column").trans("k_t", "k_part").matmul_acc("s", "q_part", "k_t")
+        f.end_for()
     f.muls("s", "s", 1.0 / math.sqrt(d))
     f.if_then("causal", "ne", 0).causal_mask("s", "s", "first_query", "key").end_if()
     f.load("vt", "v", "key", 0)

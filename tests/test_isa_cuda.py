@@ -897,6 +897,38 @@ def test_a_result_in_registers_stored_through_windows_that_overlap_across_a_loop
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("m, k, n", [(48, 32, 64), (20, 16, 27)], ids=["turns", "tails"])
+def test_a_product_result_scaled_by_row_factors_in_place_lives_in_registers(m, k, n, tmp_path):
+    """c = a @ b, then per iteration c = c * exp(factor column j) + a @ b, then c / the last
+    factor: the online softmax's running output. c is written only by products and ROW_EXPANDs
+    of itself, so it lives in each lane's registers, and the factors (computed by the row
+    layout) are in shared memory, where the lanes of the units layout read their rows' (at
+    barriers). The interpreter's result to float16's precision: it rounds every instruction's
+    result to float16, the kernel keeps c in float."""
+    def build(f):
+        f.memref("a", F16, (m, k)).memref("b", F16, (k, n)).memref("w", F16, (m, 3))
+        f.memref("out", F16, (m, n)).tile("ta", m, k, F16).tile("tb", k, n, F16).tile("c", m, n, F16)
+        f.tile("factor", m, 1, F16)
+        f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb")
+        f.for_loop("j", 0, 3, 1).load("factor", "w", 0, "j").exp("factor", "factor")
+        f.rowexpandmul("c", "c", "factor").matmul_acc("c", "ta", "tb").end_for()
+        f.rowexpanddiv("c", "c", "factor").store("out", "c")
+
+    rng = np.random.default_rng(m)
+    a, b = rng.uniform(-1, 1, (m, k)).astype(np.float16), rng.uniform(-1, 1, (k, n)).astype(np.float16)
+    w = rng.uniform(-1, 0.5, (m, 3)).astype(np.float16)
+    out = np.full((m, n), np.nan, np.float16)
+    module = _tensor_core_module(build)
+    source = _run_host(module, [a, b, w, out], np.float16, tmp_path)
+    assert "float pto_frag_t_c[" in source and "t_c[" not in source.replace("pto_frag_t_c[", "")
+    assert re.search(r"__shared__ ACC t_factor\[", source)
+    want = [a, b, w, np.zeros_like(out)]
+    interpret.run(module, "k", *want)
+    scale = np.abs(want[3].astype(np.float64)).max()
+    np.testing.assert_allclose(out.astype(np.float64), want[3], rtol=0, atol=8 * 2.0**-11 * scale)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("touch, returns", [("scale", False), ("", True)], ids=["touched", "returns"])
 def test_a_product_whose_result_the_loop_touches_or_leaves_accumulates_in_shared_memory(touch, returns,
                                                                                         tmp_path):

@@ -344,6 +344,31 @@ def test_only_tiles_of_one_shape_and_dtype_and_role_share():
     assert [t.name for t in optimized.tiles] == ["a", "b", "narrow", "wide64", "whole", "r"]
 
 
+@pytest.mark.parametrize("dtype", [pto.FLOAT16, F32], ids=["tensor-cores", "fma"])
+def test_tensor_core_tiles_share_only_with_tiles_of_their_role_in_the_products(dtype):
+    """q·kᵀ then p·v, every tile 16 x 16: k's load (a transpose's source), its transpose (a
+    product's b), v's load (an operand) and the scores never live together. In a float16 kernel
+    each keeps its own storage (the CUDA code reads k across in place and keeps v as float16:
+    merged, neither could be), and the factor that scales the result in place counts as read
+    whole (alone); in a float32 one (FMA) k's load and v's share, as before."""
+    f = FunctionBuilder("roles").in_core()
+    for memref in ("q", "k", "v", "w", "out"):
+        f.memref(memref, dtype, (16, 1) if memref == "w" else (16, 16))
+    for tile in ("tq", "tk", "kt", "s", "tv", "o"):
+        f.tile(tile, 16, 16, dtype)
+    f.tile("factor", 16, 1, dtype).tile("column", 16, 1, dtype)
+    f.load("tq", "q").load("tk", "k").trans("kt", "tk").matmul("s", "tq", "kt").exp("s", "s")
+    f.rowsum("column", "s").store("w", "column")
+    f.load("tv", "v").matmul("o", "s", "tv").load("factor", "w").rowexpanddiv("o", "o", "factor")
+    f.store("out", "o")
+    storage = assignment(f.build())
+    if dtype == F32:
+        assert storage["tv"] == storage["tk"]
+    else:
+        assert len({storage[t] for t in ("tk", "kt", "tv", "s")}) == 4
+        assert storage["factor"] == "factor" and storage["column"] == "column"
+
+
 def test_the_pass_keeps_names_order_and_other_functions():
     m = isa.Module("two")
     (FunctionBuilder("inner", module=m).in_core().memref("x", F32, (4, 8)).memref("out", F32, (4, 8))

@@ -60,7 +60,7 @@ def _assert_matches(kernel, got, expected, dtype):
 
 
 def test_every_kernel_has_a_reference_and_a_program():
-    assert len(KERNELS) == 31
+    assert len(KERNELS) == 32
     assert {k.name for k in KERNELS} == set(REFERENCES)
     for kernel in KERNELS:
         text = family_of(kernel).source(tuple(shapes(kernel)), pto.FLOAT32, _structural(kernel))
@@ -344,11 +344,16 @@ def test_flash_attention_tile_in_passes_and_key_blocks_matches_numpy(q_start, ca
 
 def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
     """The sizes _attention_sizes picks for CUDA keep every tile a float16 instance reads whole
-    in shared memory, its products on tensor cores, at the head dims of real models."""
+    in shared memory, its products on tensor cores, at the head dims of real models; the
+    output in registers (scaled there by its rows' factors), k read across where it was loaded
+    (no transpose), v as float16."""
     for m, d in [(128, 128), (64, 128), (64, 64), (32, 256), (50, 72)]:
         code = family_of(llm.flash_attention_tile).cuda(((4, m, d), (4, 2048, d), (4, 2048, d), (4, m, d)),
                                                         np.dtype(np.float16), (0, 1))
-        assert "pto_mma(acc" in code.source.read_text(), (m, d)
+        source = code.source.read_text()
+        assert "pto_mma(acc" in source, (m, d)
+        assert "float pto_frag_t_o[" in source and "alignas(16) __shared__ T t_vt[" in source, (m, d)
+        assert re.search(r"pto_ldmatrix\(&fb\[4 \* p\], &t_k_part", source), (m, d)
 
 
 @pytest.mark.parametrize("first_position", [4096, 32000])

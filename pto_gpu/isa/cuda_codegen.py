@@ -314,12 +314,14 @@ class _Generator:
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.expanded: set[str] = set()  # COL_EXPAND's b operands: whole, unless broadcast
         # tile -> per write ("load", memref param), ("transpose", the source tile), ("mma", None)
-        # (a tensor-core product's result) or ("op", None)
+        # (a tensor-core product's result), ("scaled", None) (a ROW_EXPAND of it in place) or
+        # ("op", None)
         self.writes: dict[str, set] = {}
         # tile -> how it is read: "expand" (COL_EXPAND's b), "mma" and "mma_b" (a tensor-core
         # product's a and b), "mma_acc" (its accumulated result), "transpose" (TRANSPOSE's
-        # source), "store" (TSTORE's), "other"
+        # source), "store" (TSTORE's), "scaled" (a ROW_EXPAND's a, in place), "other"
         self.reads: dict[str, set] = {}
+        self.row_factors: dict[str, set[str]] = {}  # tile -> the b of each ROW_EXPAND of it in place
         self.loads: dict[str, int] = {}  # tile -> its TLOADs
         self.loads_transposed: dict[str, int] = {}  # tile -> its TLOADs a TTRANS of it follows at once
         self.activations = 0
@@ -342,6 +344,8 @@ class _Generator:
         self.transposed = self._transposed()
         self.fragments = self._fragments()
         self.whole -= set(self.transposed) | self.fragments
+        # a row's factor is read by the lanes that hold the row's elements in the units layout
+        self.whole |= {b for tile in self.fragments for b in self.row_factors.get(tile, ())}
         self.packed = self._packed()
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
@@ -421,17 +425,19 @@ class _Generator:
     def _fragments(self) -> set[str]:
         """The tensor-core products' results kept in registers, as the products' units hold
         them (_Units; pto_frag_<tile>), from the kernel's start to its end: written only by the
-        products and TLOADs and read only by TSTOREs and accumulating products, which then
-        touch no shared memory. So a tile product's result needs no shared memory, and its
-        products no barrier for it (its TLOADs and TSTOREs may: _transfer). In name order while
-        a lane's share of them all is at most REGISTER_ACCUMULATORS floats (a loop's kept
-        accumulators, _Context.accumulated, have as many more); others stay in shared memory."""
+        products, TLOADs and ROW_EXPANDs in place (attention's output scaled by a row's factor,
+        which is then in shared memory), and read only by those, TSTOREs and accumulating
+        products, which then touch no shared memory for it. So a tile product's result needs no
+        shared memory, and its products no barrier for it (its TLOADs and TSTOREs may:
+        _transfer). In name order while a lane's share of them all is at most
+        REGISTER_ACCUMULATORS floats (a loop's kept accumulators, _Context.accumulated, have as
+        many more); others stay in shared memory."""
         kept, floats = set(), 0
         for tile in sorted(self.whole):
             writes, reads = self.writes.get(tile, set()), self.reads.get(tile, set())
             units = _Units.of(self.tiles[tile])
-            if ("mma", None) in writes and all(kind in ("mma", "load") for kind, _ in writes) \
-                    and reads <= {"store", "mma_acc"} \
+            if ("mma", None) in writes and all(kind in ("mma", "load", "scaled") for kind, _ in writes) \
+                    and reads <= {"store", "mma_acc", "scaled"} \
                     and floats + units.floats <= REGISTER_ACCUMULATORS:
                 kept.add(tile)
                 floats += units.floats
@@ -912,17 +918,23 @@ class _Context:
         _fragments and _packed read it). A product's tiles are recorded by its rule (_matmul: on
         tensor cores or not), and a TLOAD that a TTRANS of its tile follows at once by `block`."""
         operands = signature(spec)
+        scaled = spec.form is Form.ROW_EXPAND and op.dst == op.srcs[0]
         for position, (value, operand) in enumerate(zip(op.srcs, operands[1:])):
             if operand.kind is Kind.TILE and spec.form is not Form.MATMUL:  # _matmul says how
                 use = {Form.TRANSPOSE: "transpose", Form.STORE: "store"}.get(spec.form, "other")
                 if spec.form is Form.COL_EXPAND and position == 1:
                     use = "expand"
+                elif scaled and position == 0:
+                    use = "scaled"
                 self.g.reads.setdefault(self.names[value], set()).add(use)
         if operands[0].kind is Kind.TILE and spec.form is not Form.MATMUL:
             dst = self.names[op.dst]
             if spec.form is Form.LOAD:
                 write = ("load", self.views[op.srcs[0]].param)
                 self.g.loads[dst] = self.g.loads.get(dst, 0) + 1
+            elif scaled:
+                write = ("scaled", None)
+                self.g.row_factors.setdefault(dst, set()).add(self.names[op.srcs[1]])
             else:
                 write = ("transpose", self.names[op.srcs[0]]) if spec.form is Form.TRANSPOSE else ("op", None)
             self.g.writes.setdefault(dst, set()).add(write)
@@ -1001,6 +1013,11 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     tile = ctx.g.tiles[dst]
 
     def lines(g: _Generator) -> list[str]:
+        if dst in g.fragments:  # a ROW_EXPAND in place: each lane its accumulators' elements
+            units = _Units.of(tile)
+            scaled = f"{{ const float x_a = acc[n][e], x_b = (float){b}[r][0]; acc[n][e] = {expression}; }}"
+            body = units.each([units.bound(f"pto_frag_{dst}"), *units.moved(scaled)], unrolled=True)
+            return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
         x_b = "" if b is None else f"const {g.ctype(b)} x_b"
         per_row, after_row, per_element = [], [], [f"const {g.ctype(a)} x_a = {_el(g, a)};"]
         if form is Form.BINARY:
@@ -1016,8 +1033,9 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element) + after_row)
         return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
 
-    # COL_EXPAND's b is read whole unless every warp holds it (broadcast)
-    return _Code(lines, whole=(lambda g: b in g.whole) if form is Form.COL_EXPAND else False)
+    # COL_EXPAND's b is read whole unless every warp holds it (broadcast); a ROW_EXPAND of a
+    # tile in registers reads its rows' factors where other threads wrote them
+    return _Code(lines, whole=lambda g: (form is Form.COL_EXPAND and b in g.whole) or dst in g.fragments)
 
 
 def _identity(spec: OpSpec, ctype: str) -> str:

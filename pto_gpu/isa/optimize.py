@@ -31,8 +31,13 @@ COL_EXPAND's b, TRANSPOSE's a; a tensor-core product's a and dst) shares only wi
 tiles (COL_EXPAND's b may instead be every warp's register copy, a broadcast row: treating
 it as shared here only keeps more tiles apart), so no register tile moves to shared memory
 or back, and one that is also a ROW_EXPAND's b shares with none (the CUDA code reads it per
-row with no barrier after). When in doubt tiles stay apart: a wrong merge would be a silent
-wrong answer.
+row with no barrier after). In a tensor-core kernel a tile's role in the products is kept
+too (`_roles`): a loaded operand merges only with loaded operands, a transpose's source or
+result only with its like, so the generator can still keep each 16-bit in shared memory
+(packed) or read a transpose in place; and the b of a ROW_EXPAND of a product's result in
+place counts as read whole (the generator may keep the result in registers and the factors
+in shared memory). When in doubt tiles stay apart: a wrong merge would be a silent wrong
+answer.
 """
 
 from __future__ import annotations
@@ -138,10 +143,10 @@ def _tiles_touched(body: tuple[Statement, ...]) -> Names:
 
 def _read_whole(function: Function) -> Names:
     """Tiles some instruction reads whole (MATMUL's b, COL_REDUCE's a, COL_EXPAND's b,
-    TRANSPOSE's a), and in a tensor-core kernel a tensor-core product's a and dst: the CUDA
-    code keeps these in shared memory, the others in registers."""
-    dtypes = {t.name: t.dtype for t in function.tiles}
-    cores, allowed = tensor_core_kernel(function), tensor_core_dtypes(function)
+    TRANSPOSE's a), and in a tensor-core kernel a tensor-core product's a and dst, and the b of
+    a ROW_EXPAND in place of such a dst: the CUDA code keeps these in shared memory, the others
+    in registers."""
+    products = _tensor_products(function)
     whole = set()
     for statement in walk(function.body):
         if isinstance(statement, Op):
@@ -149,9 +154,53 @@ def _read_whole(function: Function) -> Names:
             position = _WHOLE_OPERAND.get(form)
             if position is not None:
                 whole.add(statement.srcs[position])
-            if form is Form.MATMUL and cores and tensor_core_product(statement, dtypes.__getitem__, allowed):
+            if statement in products:
                 whole |= {statement.dst, statement.srcs[0]}
-    return frozenset(whole)
+    results = {op.dst for op in products}
+    return frozenset(whole | {s.srcs[1] for s in walk(function.body) if isinstance(s, Op)
+                              and OPCODES[s.opcode].form is Form.ROW_EXPAND
+                              and s.dst == s.srcs[0] and s.dst in results})
+
+
+def _tensor_products(function: Function) -> list[Op]:
+    """The products of a tensor-core kernel that run on tensor cores."""
+    if not tensor_core_kernel(function):
+        return []
+    dtypes, allowed = {t.name: t.dtype for t in function.tiles}, tensor_core_dtypes(function)
+    return [s for s in walk(function.body) if isinstance(s, Op) and OPCODES[s.opcode].form is Form.MATMUL
+            and tensor_core_product(s, dtypes.__getitem__, allowed)]
+
+
+def _roles(function: Function) -> dict[str, str]:
+    """tile -> its part in a tensor-core kernel's products, for those with one: "operand"
+    (only loaded, only read as a product's a or b), "source" (only loaded, only transposed),
+    "transposed" (only a transpose's result, only read as a product's b)."""
+    products = _tensor_products(function)
+    if not products:
+        return {}
+    writes: dict[str, set[str]] = {}
+    reads: dict[str, set[str]] = {}
+    for statement in (s for s in walk(function.body) if isinstance(s, Op)):
+        form = OPCODES[statement.opcode].form
+        read, written = _accesses(statement)
+        kind = "load" if form is Form.LOAD else "transpose" if form is Form.TRANSPOSE else "other"
+        for tile in written:
+            writes.setdefault(tile, set()).add(kind)
+        for tile in read:
+            use = "transpose" if form is Form.TRANSPOSE else "other"
+            if statement in products and tile != statement.dst:
+                use = "b" if tile == statement.srcs[1] else "a"
+            reads.setdefault(tile, set()).add(use)
+    roles = {}
+    for tile, written in writes.items():
+        read = reads.get(tile, set())
+        if written == {"load"} and read and read <= {"a", "b"}:
+            roles[tile] = "operand"
+        elif written == {"load"} and read == {"transpose"}:
+            roles[tile] = "source"
+        elif written == {"transpose"} and read == {"b"}:
+            roles[tile] = "transposed"
+    return roles
 
 
 # --- liveness and interference --------------------------------------------------------------------
@@ -250,12 +299,13 @@ def _assign(function: Function, interference: dict[str, set[str]]) -> dict[str, 
     """tile -> the tile whose storage it takes: each joins the first group of its shape and
     dtype none of whose members it interferes with (groups are named by their first member).
     A tile read whole joins only tiles read whole, so no register tile of the CUDA code moves
-    to shared memory (slower, and under other synchronisation rules) nor the reverse."""
-    whole = _read_whole(function)
+    to shared memory (slower, and under other synchronisation rules) nor the reverse, and a
+    tile with a role in tensor-core products only tiles of that role (_roles)."""
+    whole, roles = _read_whole(function), _roles(function)
     groups: dict[tuple, list[list[str]]] = {}
     renames: dict[str, str] = {}
     for tile in _first_use_order(function):
-        shape = (tile.rows, tile.cols, tile.dtype, tile.name in whole)
+        shape = (tile.rows, tile.cols, tile.dtype, tile.name in whole, roles.get(tile.name))
         candidates = groups.setdefault(shape, [])
         group = next((g for g in candidates if not interference[tile.name] & set(g)), None)
         if group is None:
