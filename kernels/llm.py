@@ -15,10 +15,8 @@ from pto_gpu.kernels.tiles import COLUMN_BLOCK, column_blocks, contract
 
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
-from pto_gpu.isa import cuda_codegen, optimize
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.family import family
-from pto_gpu.isa.ir import Module
+from pto_gpu.isa.family import family, first_fitting
 
 
 @family(worker=pto.VECTOR, shapes=("m n", "1 n", "m n"), scalars=("eps",))
@@ -147,39 +145,33 @@ CPU_KEY_BLOCK = 128
 def flash_attention_tile(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int,
                          local_memory: int | None) -> None:
     """out = softmax(q·kᵀ/√d)·v over the n keys of k and v, the keys after each query masked
-    when causal (query i is row q_start + i, key j row j): a query tile's attention in one task,
-    the online softmax over blocks of keys in a loop inside it, which stops at the last key a
-    causal tile sees. The CUDA code goes over the tile's rows in passes and d in chunks where
-    its tiles would not fit shared memory whole (`_attention_sizes`)."""
-    rows, keys, chunk = _attention_sizes(dtype, m, d, n, local_memory)
-    _attention(f, dtype, m, d, n, rows, keys, chunk)
+    when causal (query i is row q_start + i, key j row j; q_start >= 0, so a causal row sees
+    key 0 at least): a query tile's attention in one task, the online softmax over blocks of
+    keys in a loop inside it, which stops at the last key a causal tile sees. The CUDA code goes
+    over the tile's rows in passes and d in chunks where its tiles would not fit a block whole
+    (the first of `attention_sizes` that does)."""
+    if local_memory is None:  # the CPU: the whole tile a pass, BLAS over CPU_KEY_BLOCK keys
+        sizes = m, min(n, CPU_KEY_BLOCK), d
+    else:
+        sizes = first_fitting(f, attention_sizes(m, d, n),
+                              lambda trial, sizes: _attention(trial, dtype, m, d, n, *sizes))
+    _attention(f, dtype, m, d, n, *sizes)
 
 
-def _attention_sizes(dtype: DataType, m: int, d: int, n: int,
-                     local_memory: int | None) -> tuple[int, int, int]:
-    """(query rows a pass, keys a block, columns of d a chunk of q·kᵀ): on the CPU the whole
-    tile a pass, CPU_KEY_BLOCK keys; on CUDA the first of the candidates, the most scores a key
-    block first (the work between two of its barriers), then the most rows (a key block read
-    serves more of them) and the widest chunk, whose tiles read whole fit
-    `local_memory` as the generator lays them out (a trial build), else the smallest."""
-    if local_memory is None:
-        return m, min(n, CPU_KEY_BLOCK), d
-    candidates = sorted(((rows, keys, chunk) for rows in _sizes(m, 64) for keys in _sizes(n, 64)
-                         for chunk in _sizes(d, d)), key=lambda c: (c[0] * c[1], c[0], c[2]), reverse=True)
-    for rows, keys, chunk in candidates:
-        trial = Module("trial")
-        builder = FunctionBuilder("flash_attention_tile", module=trial).in_core()
-        _attention(builder, dtype, m, d, n, rows, keys, chunk)
-        builder.build()
-        if cuda_codegen.shared_bytes(optimize.optimize_module(trial), "flash_attention_tile") <= local_memory:
-            return rows, keys, chunk
-    return candidates[-1]
+def attention_sizes(m: int, d: int, n: int) -> list[tuple[int, int, int]]:
+    """The (query rows a pass, keys a block, columns of d a chunk of q·kᵀ) a CUDA instance may
+    take, preferred first: the most scores a key block (the work between two of its barriers),
+    then the most rows (a key block read serves more of them), then the widest chunk."""
+    candidates = [(rows, keys, chunk) for rows in _halves(m, 64) for keys in _halves(n, 64)
+                  for chunk in _halves(d, d)]
+    return sorted(candidates, key=lambda c: (c[0] * c[1], c[0], c[2]), reverse=True)
 
 
-def _sizes(size: int, widest: int) -> list[int]:
-    """min(size, widest), then halves of it down to 16 (one mma instruction's rows or k)."""
+def _halves(size: int, widest: int) -> list[int]:
+    """min(size, widest), then its halves while they are 16 or more (an mma instruction's rows
+    and k)."""
     sizes = [min(size, widest)]
-    while sizes[-1] > 16:
+    while sizes[-1] // 2 >= 16:
         sizes.append(sizes[-1] // 2)
     return sizes
 

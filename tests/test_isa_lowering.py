@@ -273,7 +273,7 @@ def test_a_view_is_cut_at_the_edge_and_one_outside_it_names_the_statement(compil
 def test_the_llama_programs_library_declarations_are_the_kernels_directions():
     program = llama_program()
     libraries = [f for f in program.module.functions.values() if f.library is not None]
-    assert len(libraries) == 10
+    assert len(libraries) == 11
     for function in libraries:
         kernel = program.kernels[function.name]
         family = family_of(kernel)

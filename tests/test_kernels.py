@@ -34,8 +34,10 @@ import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda_abi import THREADS_PER_BLOCK
 from pto_gpu.dtypes import as_dtype
+from pto_gpu.isa import ISAError
+from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
-from pto_gpu.isa.family import SPLIT_ROWS, family_of
+from pto_gpu.isa.family import SPLIT_ROWS, family_of, first_fitting
 
 BFLOAT16 = ml_dtypes.bfloat16
 TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5, atol=2e-6),
@@ -322,17 +324,19 @@ def test_wide_tiles_are_blocked_for_shared_memory_only_on_cuda(name, sizes, tmp_
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=dtype_name)
 @pytest.mark.parametrize("q_start, causal", [(0, False), (37, True)])
 def test_flash_attention_tile_in_passes_and_key_blocks_matches_numpy(q_start, causal, dtype, tmp_path):
-    """flash_attention_tile's CUDA instance goes over a tall tile's rows in passes, the keys in
-    blocks (the last a tail) and q·kᵀ's d in chunks (a trial build's sizes that fit shared
-    memory); the causal loop stops after each pass's last query (q_start = 37: its first pass
-    sees 69 of the 150 keys). The CPU's is one pass, blocks of CPU_KEY_BLOCK keys, d whole. Both
-    equal float64 numpy within the kernel tolerance."""
+    """flash_attention_tile's CUDA instance goes over a tall tile's rows in passes and the keys
+    in blocks (the last a tail; the first sizes that fit a block); the causal loop stops after
+    each pass's last query (q_start = 37: its first pass sees 101 of the 150 keys). The CPU's
+    is one pass, blocks of CPU_KEY_BLOCK keys. Both equal float64 numpy within the kernel
+    tolerance."""
     h, m, d, n = 2, 70, 40, 150
-    cuda_sizes = llm._attention_sizes(as_dtype(dtype), m, d, n, SHARED_LIMIT)
-    assert cuda_sizes[0] < m and cuda_sizes[1] < n
-    assert llm._attention_sizes(as_dtype(dtype), m, d, n, None) == (m, min(n, llm.CPU_KEY_BLOCK), d)
     kernel = llm.flash_attention_tile
     inputs = arrays(kernel, dtype, {"h": h, "m": m, "d": d, "n": n})
+    call_shapes = tuple(a.shape for a in inputs)
+    cuda_program = family_of(kernel).source(call_shapes, as_dtype(dtype), (), SHARED_LIMIT)
+    cpu_program = family_of(kernel).source(call_shapes, as_dtype(dtype), ())
+    assert "FOR %row" in cuda_program and "FOR %row" not in cpu_program
+    assert f"%s = alloc_tile : !pto.tile<{m}x{llm.CPU_KEY_BLOCK}x" in cpu_program
     expected = _expected(kernel, inputs, (q_start, causal))
     cpu = [a.copy() for a in inputs]
     kernel.cpu(*cpu, q_start, causal)
@@ -340,6 +344,43 @@ def test_flash_attention_tile_in_passes_and_key_blocks_matches_numpy(q_start, ca
     code, library = _host_library(kernel, dtype, [a.shape for a in inputs], (q_start, causal), tmp_path)
     _host_call(library, kernel, code, inputs, (q_start, causal))
     _assert_matches(kernel, inputs, expected, dtype)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("d", [32, 48, 64, 96])
+def test_flash_attention_tile_as_tf32_keeps_its_products_on_tensor_cores(d, tmp_path):
+    """A float32 instance made with tf32 is sized as it is built (its sibling trial says tf32
+    too): its products are TF32 mma at every head dim, and it computes attention to TF32's
+    precision (operands rounded to 10 bits: 2^-11 relative each, over sums of |p·v| <= |v|max)."""
+    kernel = llm.flash_attention_tile
+    rng = np.random.default_rng(d)
+    q, k, v = (rng.standard_normal((1, n, d)).astype(np.float32) for n in (64, 200, 200))
+    out = np.zeros_like(q)
+    shapes = (q.shape, k.shape, v.shape, out.shape)
+    code = family_of(kernel).cuda(shapes, np.dtype(np.float32), (0, 1), tf32=True)
+    assert "pto_mma_tf32(acc" in code.source.read_text()
+    host_cuda.call(host_cuda.build(code, np.float32, tmp_path), kernel.name, code, [q, k, v, out], (0, 1))
+    expected = [a.astype(np.float64) for a in (q, k, v, out)]
+    REFERENCES[kernel.name](*expected, 0, 1)
+    np.testing.assert_allclose(out, expected[3], rtol=0, atol=2e-2 * np.abs(expected[3]).max())
+    assert np.abs(out - expected[3]).max() > 1e-6  # not exact: TF32's rounding shows
+
+
+def test_first_fitting_tries_sizes_in_order_as_the_function_is_built_and_names_a_misfit():
+    """Each candidate is written into a sibling of the builder (its name, its tf32), the first
+    whose CUDA code fits is chosen; none fitting is an ISAError naming the function."""
+    def write(f, rows):  # a rows x 16 operand in shared memory: 4096 and 2048 rows do not fit
+        f.memref("a", pto.FLOAT16, (rows, 16)).memref("b", pto.FLOAT16, (16, 16))
+        f.memref("out", pto.FLOAT16, (rows, 16)).tile("x", rows, 16, pto.FLOAT16)
+        f.tile("y", 16, 16, pto.FLOAT16).tile("z", rows, 16, pto.FLOAT16)
+        f.load("x", "a").load("y", "b").matmul("z", "x", "y").store("out", "z")
+
+    tried = []
+    builder = FunctionBuilder("sized").in_core()
+    assert first_fitting(builder, [4096, 64], lambda f, rows: (tried.append(rows), write(f, rows))) == 64
+    assert tried == [4096, 64]
+    with pytest.raises(ISAError, match=r"@sized: no size of its tiles fits .* \(the smallest tried: 2048\)"):
+        first_fitting(builder, [4096, 2048], write)
 
 
 def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():

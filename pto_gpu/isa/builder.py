@@ -99,6 +99,13 @@ class FunctionBuilder:
         self._kind = FunctionKind.ORCHESTRATION
         return self
 
+    def sibling(self) -> FunctionBuilder:
+        """An empty builder of a function of this one's name, kind, tails and precision, in no
+        module: for trying a body (a family sizing its tiles) before writing it."""
+        sibling = FunctionBuilder(self._name)
+        sibling._kind, sibling._column_tails, sibling._tf32 = self._kind, self._column_tails, self._tf32
+        return sibling
+
     def memref(self, name: str, dtype: object, shape: tuple[int, int] | None = None,
                direction: Direction | str | None = None) -> FunctionBuilder:
         """A memref parameter; `direction` ("input", "output", "inout") only for a library function."""

@@ -151,11 +151,13 @@ def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Genera
     return generator
 
 
-def shared_bytes(module: Module, function: str) -> int:
-    """The shared memory the CUDA code of InCore `function` would keep its tiles read whole in,
-    its products on tensor cores where their dtypes allow: for a family trying sizes of its
-    tiles (past SHARED_LIMIT, cuda_code takes FMA or column blocks, or refuses)."""
-    return _Generator(module, function, tensor_cores=True).shared_bytes()
+def fits(module: Module, function: str) -> bool:
+    """Whether the CUDA code of InCore `function` is laid out as first tried: its products on
+    tensor cores where their dtypes allow, its tiles within SHARED_LIMIT of shared memory and
+    REGISTER_WORDS registers a lane (else cuda_code takes FMA or column blocks, or refuses):
+    for a family trying sizes of its tiles."""
+    generator = _Generator(module, function, tensor_cores=True)
+    return generator.shared_bytes() <= SHARED_LIMIT and generator.register_words() <= REGISTER_WORDS
 
 
 def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generator:

@@ -19,7 +19,8 @@ attention tile), and a 2-d param is the same window for every index.
 passed to the builder by name and their value is part of the instance key. A builder that
 takes a `local_memory` keyword is told the target's budget for tiles read whole, in bytes:
 None on the CPU (no limit), cuda_codegen.SHARED_LIMIT for CUDA code; so it can chunk a
-contraction for the GPU's shared memory and not for the CPU's BLAS.
+contraction for the GPU's shared memory and not for the CPU's BLAS. `first_fitting` lets it
+try sizes against the generator itself (the fused attention's passes, key blocks and chunks).
 
 `split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
 more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
@@ -34,7 +35,8 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -47,9 +49,11 @@ from . import cpu_codegen, cuda_codegen, optimize
 from .asm import print_module
 from .builder import FunctionBuilder
 from .dataflow import directions
+from .errors import ISAError
 from .ir import Direction, Function, Module
 
 Builder = Callable[..., None]
+T = TypeVar("T")
 SPLIT_ROWS = 32  # a band: two units of 16 rows on tensor cores, four rows a warp on FMA
 
 
@@ -245,6 +249,23 @@ class Family:
         """The PTO assembly of the instance for these shapes (what the kernel runs), for a
         target with `local_memory` bytes for tiles read whole (None: the CPU's)."""
         return print_module(self.module(self.sizes(shapes), as_dtype(dtype), structural, local_memory))
+
+
+def first_fitting(f: FunctionBuilder, candidates: Sequence[T],
+                  write: Callable[[FunctionBuilder, T], None]) -> T:
+    """The first of `candidates` (a family's sizes for its tiles, most preferred first) with
+    which `write` writes a function whose CUDA code, after tile reuse, is laid out as first
+    tried (cuda_codegen.fits): each written into a sibling of `f` (its name and precision).
+    None fitting is an ISAError naming the function and the last candidate."""
+    for candidate in candidates:
+        trial = f.sibling()
+        write(trial, candidate)
+        module = Module("trial")
+        module.add(function := trial.build())
+        if cuda_codegen.fits(optimize.optimize_module(module), function.name):
+            return candidate
+    raise ISAError(f"@{function.name}: no size of its tiles fits a CUDA block's shared memory and registers "
+                   f"(the smallest tried: {candidates[-1]})")
 
 
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),

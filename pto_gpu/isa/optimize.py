@@ -31,13 +31,16 @@ COL_EXPAND's b, TRANSPOSE's a; a tensor-core product's a and dst) shares only wi
 tiles (COL_EXPAND's b may instead be every warp's register copy, a broadcast row: treating
 it as shared here only keeps more tiles apart), so no register tile moves to shared memory
 or back, and one that is also a ROW_EXPAND's b shares with none (the CUDA code reads it per
-row with no barrier after). In a tensor-core kernel a tile's role in the products is kept
-too (`_roles`): a loaded operand merges only with loaded operands, a transpose's source or
-result only with its like, so the generator can still keep each 16-bit in shared memory
-(packed) or read a transpose in place; and the b of a ROW_EXPAND of a product's result in
-place counts as read whole (the generator may keep the result in registers and the factors
-in shared memory). When in doubt tiles stay apart: a wrong merge would be a silent wrong
-answer.
+row with no barrier after). In a tensor-core kernel a 16-bit tile's role in the products
+is kept too (`_roles`): a loaded operand merges only with loaded operands, a transpose's
+source or result only with its like, so the generator can still keep each as 16-bit in
+shared memory (packed) or read a transpose in place (a merge of two of one role can still
+cost that: two transposes in one storage are read as copies); and the b of a ROW_EXPAND of a
+product's result in place counts as read whole (the generator may keep the result in
+registers and its factors in shared memory), so, a ROW_EXPAND's b, it shares with none.
+Keeping roles apart may cost a kernel whose tensor-core layout does not fit, and whose CUDA
+code falls back to FMA, a merge that fallback would have used. When in doubt tiles stay
+apart: a wrong merge would be a silent wrong answer.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from .cuda_codegen import tensor_core_dtypes, tensor_core_kernel, tensor_core_product
+from .cuda_codegen import TENSOR_CORE_DTYPES, tensor_core_dtypes, tensor_core_kernel, tensor_core_product
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Return, Statement, Tile, walk
 from .operands import Kind, signature
@@ -146,7 +149,7 @@ def _read_whole(function: Function) -> Names:
     TRANSPOSE's a), and in a tensor-core kernel a tensor-core product's a and dst, and the b of
     a ROW_EXPAND in place of such a dst: the CUDA code keeps these in shared memory, the others
     in registers."""
-    products = _tensor_products(function)
+    products = frozenset(_tensor_products(function))
     whole = set()
     for statement in walk(function.body):
         if isinstance(statement, Op):
@@ -172,10 +175,11 @@ def _tensor_products(function: Function) -> list[Op]:
 
 
 def _roles(function: Function) -> dict[str, str]:
-    """tile -> its part in a tensor-core kernel's products, for those with one: "operand"
+    """16-bit tile -> its part in a tensor-core kernel's products, for those with one: "operand"
     (only loaded, only read as a product's a or b), "source" (only loaded, only transposed),
-    "transposed" (only a transpose's result, only read as a product's b)."""
-    products = _tensor_products(function)
+    "transposed" (only a transpose's result, only read as a product's b). (TF32 operands stay
+    float: no layout of theirs depends on a role.)"""
+    products = frozenset(_tensor_products(function))
     if not products:
         return {}
     writes: dict[str, set[str]] = {}
@@ -192,7 +196,8 @@ def _roles(function: Function) -> dict[str, str]:
                 use = "b" if tile == statement.srcs[1] else "a"
             reads.setdefault(tile, set()).add(use)
     roles = {}
-    for tile, written in writes.items():
+    sixteen_bit = {t.name for t in function.tiles if t.dtype in TENSOR_CORE_DTYPES}
+    for tile, written in ((t, w) for t, w in writes.items() if t in sixteen_bit):
         read = reads.get(tile, set())
         if written == {"load"} and read and read <= {"a", "b"}:
             roles[tile] = "operand"
