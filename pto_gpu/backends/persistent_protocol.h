@@ -1,0 +1,419 @@
+/* The device-resident scheduler's protocol (executor="persistent", issue 44): how a persistent
+ * kernel's blocks take the tasks the host submits, wire them to their producers, and pull the
+ * ready ones, while the host keeps submitting. Written once for two builds:
+ *
+ *   - CUDA (nvcc, NVRTC): the persistent kernel's blocks, one thread of each speaking for it;
+ *     atomics are PTX (ld.acquire, st.release, atom.acq_rel) at system scope;
+ *   - C11 on the host: the protocol's fuzz (tests/persistent_fuzz.c), host threads standing in
+ *     for the blocks and for the host, under ThreadSanitizer, with GCC's __atomic builtins in
+ *     the same orders. The host's side (pto_host_*) is host code, built by a C compiler.
+ *
+ * One writer a shared word. The host and the GPU only load and store each other's words: an
+ * H200 has no host-native atomics (cudaDevAttrHostNativeAtomicSupported is 0), and a review
+ * measured a host fetch_add and a GPU atom.add on one word of mapped memory losing 12,155 of
+ * 40,000 increments with a single block. Every read-modify-write is the blocks' alone:
+ *   - the host writes task `ticket`'s record (its slot is ticket % slots; the producers' tickets
+ *     go into a ring of words) once the slot's previous task is done, then publishes it with a
+ *     release store of `submitted`;
+ *   - a block that holds the wiring lock wires the records in order (pto_wire_some): the
+ *     slot's pending count starts at 1, a guard; for each producer whose slot it still holds,
+ *     it writes the task into the producer's successor list (chunks of PTO_CHUNK from a pool it
+ *     owns under the lock), adds 1 to pending, then publishes the entry with a fetch_add on the
+ *     producer's state word, whose COMPLETED bit, where set, says the producer finished first:
+ *     the 1 is taken back; then the guard is dropped. Whoever brings pending to 0 (the wirer, or
+ *     a producer completing) pushes the task to the ready queue: exactly one of them;
+ *   - a block that completes a task (pto_complete) sets COMPLETED (fetch_or: how many
+ *     successors were published before it), decrements those and pushes the ones that reach 0,
+ *     and stores the task's ticket as the slot's `done` (release), which the host polls.
+ * The ready queue is Vyukov's bounded multi-producer multi-consumer queue; it holds each slot
+ * at most once, so a capacity of `slots` never fills.
+ *
+ * No wait is unbounded. While some submitted task is unfinished, a block that sees none of
+ * the counters move (tasks wired, popped, finished) for PTO_PATIENCE_NS stores PTO_STUCK in
+ * `device_abort`: a task has run that long, or tasks wait for producers that will never
+ * finish; the host names them (a DeadlockError). With every submitted task finished the blocks
+ * wait for the host as long as it takes. The host's waits are bounded the same way, and it
+ * stops the blocks with `host_abort`.
+ */
+#ifndef PTO_PERSISTENT_PROTOCOL_H
+#define PTO_PERSISTENT_PROTOCOL_H
+
+#ifdef __CUDACC__
+#define PTO_FN static __device__ __forceinline__
+typedef unsigned int pto_u32;
+typedef unsigned long long pto_u64;
+typedef int pto_i32;
+#else
+#include <sched.h>
+#include <stdint.h>
+#include <time.h>
+#define PTO_FN static inline
+typedef uint32_t pto_u32;
+typedef uint64_t pto_u64;
+typedef int32_t pto_i32;
+#endif
+
+#define PTO_COMPLETED 0x80000000u /* in a slot's state word, above its count of successors */
+#define PTO_CHUNK 14              /* successors a chunk holds */
+#define PTO_NO_CHUNK 0xFFFFFFFFu
+#ifndef PTO_PATIENCE_NS
+#define PTO_PATIENCE_NS 10000000000ull /* no progress this long, with work left: stuck */
+#endif
+
+enum { PTO_RUNNING = 0, PTO_STUCK = 1, PTO_FAULTED = 2 }; /* an abort word */
+enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED };          /* what pto_next_task found */
+
+/* The blocks' counters (device words: only blocks write them; the host reads them). */
+enum {
+    PTO_ENQUEUED,  /* the ready queue's enqueue position */
+    PTO_DEQUEUED,  /* ... and dequeue position: tasks popped */
+    PTO_FINISHED,  /* tasks completed */
+    PTO_WIRED,     /* records wired (tickets below it) */
+    PTO_WORDS_READ,/* producer words the wirer has read (positions below it are free) */
+    PTO_COUNTERS
+};
+
+/* The scheduler's state: arrays in one allocation that the host and the blocks share. */
+typedef struct {
+    pto_u32 slots, words, chunks; /* task slots, producer words, successor chunks (slots and
+                                     words powers of two) */
+    /* written by the host, read by the blocks */
+    pto_u64 *submitted;           /* records published (tickets below it) */
+    pto_u32 *closed;              /* 1 once the host has published its last record */
+    pto_u32 *host_abort;          /* PTO_RUNNING, or why the host stopped the run */
+    pto_u64 *first_word;          /* per slot: where its producers' tickets start in `word` */
+    pto_u32 *producer_count;      /* per slot: how many */
+    pto_u64 *word;                /* the ring of producers' tickets */
+    /* written by the blocks, read by the host */
+    pto_u64 *done;                /* per slot: the ticket of the task that last finished in it */
+    pto_u64 *counters;            /* PTO_ENQUEUED ... PTO_WORDS_READ */
+    pto_u32 *device_abort;        /* PTO_RUNNING, or why a block stopped the run */
+    /* the blocks' own */
+    pto_u32 *wiring;              /* the wiring lock: 1 while a block wires */
+    pto_u32 *state;               /* per slot: PTO_COMPLETED | successors published */
+    pto_i32 *pending;             /* per slot: unfinished producers, + 1 while it is wired */
+    pto_u32 *first_chunk;         /* per slot: its successor list's first chunk */
+    pto_u32 *chunk_next;          /* per chunk: the next chunk of its list */
+    pto_u32 *chunk_entry;         /* per chunk: PTO_CHUNK successor slots */
+    pto_u64 *cell_sequence;       /* the ready queue: per cell, Vyukov's sequence number */
+    pto_u32 *cell_slot;           /* ... and the slot it holds */
+    /* the wirer's own (under the lock) */
+    pto_u32 *successor_count;     /* per slot: successors written */
+    pto_u32 *last_chunk;          /* per slot: the chunk the next successor goes into */
+    pto_u32 *free_chunk_next;     /* per chunk: the next free chunk */
+    pto_u32 *free_chunk_first;    /* the first free chunk, or PTO_NO_CHUNK */
+} pto_sched;
+
+/* --- atomics: one spelling, two builds ------------------------------------------------------- */
+#ifdef __CUDACC__
+PTO_FN pto_u32 pto_load_acquire32(const pto_u32 *p) {
+    pto_u32 v;
+    asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+PTO_FN pto_u64 pto_load_acquire64(const pto_u64 *p) {
+    pto_u64 v;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+PTO_FN pto_u64 pto_load_relaxed64(const pto_u64 *p) {
+    pto_u64 v;
+    asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+PTO_FN void pto_store_release32(pto_u32 *p, pto_u32 v) {
+    asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+PTO_FN void pto_store_release64(pto_u64 *p, pto_u64 v) {
+    asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+PTO_FN pto_u32 pto_fetch_add32(pto_u32 *p, pto_u32 v) {
+    pto_u32 old;
+    asm volatile("atom.acq_rel.sys.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+PTO_FN pto_u64 pto_fetch_add64(pto_u64 *p, pto_u64 v) {
+    pto_u64 old;
+    asm volatile("atom.acq_rel.sys.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+    return old;
+}
+PTO_FN pto_u32 pto_fetch_or32(pto_u32 *p, pto_u32 v) {
+    pto_u32 old;
+    asm volatile("atom.acq_rel.sys.or.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+PTO_FN int pto_cas32(pto_u32 *p, pto_u32 expected, pto_u32 desired) {
+    pto_u32 old;
+    asm volatile("atom.acq_rel.sys.cas.b32 %0, [%1], %2, %3;"
+                 : "=r"(old) : "l"(p), "r"(expected), "r"(desired) : "memory");
+    return old == expected;
+}
+PTO_FN int pto_cas64(pto_u64 *p, pto_u64 expected, pto_u64 desired) {
+    pto_u64 old;
+    asm volatile("atom.acq_rel.sys.cas.b64 %0, [%1], %2, %3;"
+                 : "=l"(old) : "l"(p), "l"(expected), "l"(desired) : "memory");
+    return old == expected;
+}
+PTO_FN pto_u64 pto_now_ns(void) {
+    pto_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+PTO_FN void pto_pause(pto_u32 spins) { __nanosleep(spins < 64 ? 32 : 256); }
+#else
+PTO_FN pto_u32 pto_load_acquire32(const pto_u32 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+PTO_FN pto_u64 pto_load_acquire64(const pto_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+PTO_FN pto_u64 pto_load_relaxed64(const pto_u64 *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+PTO_FN void pto_store_release32(pto_u32 *p, pto_u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+PTO_FN void pto_store_release64(pto_u64 *p, pto_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+PTO_FN pto_u32 pto_fetch_add32(pto_u32 *p, pto_u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+PTO_FN pto_u64 pto_fetch_add64(pto_u64 *p, pto_u64 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+PTO_FN pto_u32 pto_fetch_or32(pto_u32 *p, pto_u32 v) { return __atomic_fetch_or(p, v, __ATOMIC_ACQ_REL); }
+PTO_FN int pto_cas32(pto_u32 *p, pto_u32 expected, pto_u32 desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+PTO_FN int pto_cas64(pto_u64 *p, pto_u64 expected, pto_u64 desired) {
+    return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+PTO_FN pto_u64 pto_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (pto_u64)t.tv_sec * 1000000000ull + (pto_u64)t.tv_nsec;
+}
+PTO_FN void pto_pause(pto_u32 spins) {
+    if (spins >= 64) sched_yield();
+}
+#endif
+
+/* pending counts are signed words moved by the same unsigned additions */
+PTO_FN pto_i32 pto_pending_add(pto_sched *s, pto_u32 slot, pto_i32 delta) {
+    return (pto_i32)pto_fetch_add32((pto_u32 *)&s->pending[slot], (pto_u32)delta);
+}
+
+PTO_FN pto_u32 pto_aborted(const pto_sched *s) {
+    const pto_u32 host = pto_load_acquire32(s->host_abort);
+    return host != PTO_RUNNING ? host : pto_load_acquire32(s->device_abort);
+}
+
+/* The blocks' progress: a sum of counters that only grow, so it moves when any of them does. */
+PTO_FN pto_u64 pto_progress(const pto_sched *s) {
+    return pto_load_acquire64(&s->counters[PTO_WIRED]) + pto_load_acquire64(&s->counters[PTO_DEQUEUED]) +
+           pto_load_acquire64(&s->counters[PTO_FINISHED]);
+}
+
+/* --- the ready queue ------------------------------------------------------------------------- */
+/* Push `slot`: 0, or 1 where its cell stays taken for PTO_PATIENCE_NS (a protocol error). The
+ * queue holds each slot at most once, but a cell is free only once the block that popped its
+ * last entry has released it: a block stalled between the two holds its cell while the
+ * positions move on past it, so a push that finds its cell not yet released waits for it. */
+PTO_FN int pto_ready_push(pto_sched *s, pto_u32 slot) {
+    const pto_u64 mask = s->slots - 1;
+    pto_u64 position = pto_load_relaxed64(&s->counters[PTO_ENQUEUED]);
+    pto_u64 since = 0;
+    for (pto_u32 spins = 0;; ++spins) {
+        pto_u64 *sequence = &s->cell_sequence[position & mask];
+        const long long lag = (long long)(pto_load_acquire64(sequence) - position);
+        if (lag == 0) {
+            if (pto_cas64(&s->counters[PTO_ENQUEUED], position, position + 1)) break;
+        } else if (lag < 0) {
+            const pto_u64 now = pto_now_ns();
+            if (since == 0) since = now;
+            if (now - since > PTO_PATIENCE_NS) return 1;
+            pto_pause(spins);
+        }
+        position = pto_load_relaxed64(&s->counters[PTO_ENQUEUED]);
+    }
+    s->cell_slot[position & mask] = slot;
+    pto_store_release64(&s->cell_sequence[position & mask], position + 1);
+    return 0;
+}
+
+/* Pop a slot into *slot: 1, or 0 where the queue is empty. */
+PTO_FN int pto_ready_pop(pto_sched *s, pto_u32 *slot) {
+    const pto_u64 mask = s->slots - 1;
+    pto_u64 position = pto_load_relaxed64(&s->counters[PTO_DEQUEUED]);
+    for (;;) {
+        pto_u64 *sequence = &s->cell_sequence[position & mask];
+        const long long lag = (long long)(pto_load_acquire64(sequence) - (position + 1));
+        if (lag == 0) {
+            if (pto_cas64(&s->counters[PTO_DEQUEUED], position, position + 1)) break;
+        } else if (lag < 0) {
+            return 0;
+        }
+        position = pto_load_relaxed64(&s->counters[PTO_DEQUEUED]);
+    }
+    *slot = s->cell_slot[position & mask];
+    pto_store_release64(&s->cell_sequence[position & mask], position + mask + 1);
+    return 1;
+}
+
+/* --- wiring (a block holding the lock) ------------------------------------------------------- */
+PTO_FN pto_u32 pto_take_chunk(pto_sched *s) {
+    const pto_u32 chunk = *s->free_chunk_first;
+    if (chunk != PTO_NO_CHUNK) {
+        *s->free_chunk_first = s->free_chunk_next[chunk];
+        s->chunk_next[chunk] = PTO_NO_CHUNK;
+    }
+    return chunk;
+}
+
+/* The chunks of the done task in `slot` back to the pool. */
+PTO_FN void pto_retire(pto_sched *s, pto_u32 slot) {
+    for (pto_u32 chunk = s->first_chunk[slot], next; chunk != PTO_NO_CHUNK; chunk = next) {
+        next = s->chunk_next[chunk];
+        s->free_chunk_next[chunk] = *s->free_chunk_first;
+        *s->free_chunk_first = chunk;
+    }
+}
+
+/* Make the task in `slot` wait for the task in `producer`: 0, or 1 where the pool is empty. */
+PTO_FN int pto_link(pto_sched *s, pto_u32 producer, pto_u32 slot) {
+    const pto_u32 index = s->successor_count[producer];
+    if (index > 0 && index % PTO_CHUNK == 0) {
+        const pto_u32 chunk = pto_take_chunk(s);
+        if (chunk == PTO_NO_CHUNK) return 1;
+        s->chunk_next[s->last_chunk[producer]] = chunk;
+        s->last_chunk[producer] = chunk;
+    }
+    s->chunk_entry[(pto_u64)s->last_chunk[producer] * PTO_CHUNK + index % PTO_CHUNK] = slot;
+    s->successor_count[producer] = index + 1;
+    pto_pending_add(s, slot, 1);
+    if (pto_fetch_add32(&s->state[producer], 1) & PTO_COMPLETED) pto_pending_add(s, slot, -1);
+    return 0;
+}
+
+/* Wire the published records after the last wired, at most `budget` of them, if no other block
+ * is: 0, or 1 on an error (an empty chunk pool, a full queue), which stops the run. */
+PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
+    const pto_u64 wired = pto_load_acquire64(&s->counters[PTO_WIRED]);
+    if (wired == pto_load_acquire64(s->submitted) || !pto_cas32(s->wiring, 0, 1)) return 0;
+    pto_u64 ticket = pto_load_acquire64(&s->counters[PTO_WIRED]);  /* under the lock: current */
+    const pto_u64 published = pto_load_acquire64(s->submitted);
+    int failed = 0;
+    for (; ticket < published && budget > 0 && !failed; ++ticket, --budget) {
+        const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
+        if (ticket >= s->slots) pto_retire(s, slot);  /* the host saw its task done */
+        const pto_u32 chunk = pto_take_chunk(s);
+        if (chunk == PTO_NO_CHUNK) {
+            failed = 1;
+            break;
+        }
+        s->first_chunk[slot] = s->last_chunk[slot] = chunk;
+        s->successor_count[slot] = 0;
+        s->pending[slot] = 1;
+        s->state[slot] = 0;
+        const pto_u64 first = s->first_word[slot];
+        const pto_u32 count = s->producer_count[slot];
+        for (pto_u32 i = 0; i < count && !failed; ++i) {
+            const pto_u64 producer = s->word[(first + i) & (s->words - 1)];
+            if (producer + s->slots > ticket)  /* its slot still holds it */
+                failed = pto_link(s, (pto_u32)(producer & (s->slots - 1)), slot);
+        }
+        pto_store_release64(&s->counters[PTO_WORDS_READ], first + count);
+        if (!failed && pto_pending_add(s, slot, -1) == 1) failed = pto_ready_push(s, slot);
+    }
+    pto_store_release64(&s->counters[PTO_WIRED], ticket);
+    pto_store_release32(s->wiring, 0);
+    return failed;
+}
+
+/* --- a block's side -------------------------------------------------------------------------- */
+/* Wait for a ready task, wiring what the host has published meanwhile: PTO_GOT_TASK (in *slot),
+ * PTO_ALL_DONE once the host has closed and every task it published has finished, or
+ * PTO_ABORTED where the run was stopped (by the host, another block, or this one: a task left
+ * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED). */
+PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
+    pto_u64 seen = pto_progress(s), since = pto_now_ns();
+    for (pto_u32 spins = 0;; ++spins) {
+        if (pto_aborted(s) != PTO_RUNNING) return PTO_ABORTED;
+        if (pto_wire_some(s, 64)) {
+            pto_store_release32(s->device_abort, PTO_FAULTED);
+            return PTO_ABORTED;
+        }
+        if (pto_ready_pop(s, slot)) return PTO_GOT_TASK;
+        const pto_u64 published = pto_load_acquire64(s->submitted);
+        const int closed = pto_load_acquire32(s->closed) != 0;
+        const pto_u64 finished = pto_load_acquire64(&s->counters[PTO_FINISHED]);
+        if (closed && finished == published) return PTO_ALL_DONE;
+        const pto_u64 progress = pto_progress(s), now = pto_now_ns();
+        if (progress != seen || finished == published) {  /* moving, or waiting for the host */
+            seen = progress;
+            since = now;
+        } else if (now - since > PTO_PATIENCE_NS) {
+            pto_store_release32(s->device_abort, PTO_STUCK);
+            return PTO_ABORTED;
+        }
+        pto_pause(spins);
+    }
+}
+
+/* The task in `slot` (ticket `ticket`) has run: its successors published so far lose a pending
+ * producer (those that reach 0 are pushed), its slot says it is done. 0, or 1 on a full queue. */
+PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
+    const pto_u32 published = pto_fetch_or32(&s->state[slot], PTO_COMPLETED) & ~PTO_COMPLETED;
+    int full = 0;
+    pto_u32 chunk = s->first_chunk[slot];
+    for (pto_u32 i = 0; i < published; ++i) {
+        if (i > 0 && i % PTO_CHUNK == 0) chunk = s->chunk_next[chunk];
+        const pto_u32 successor = s->chunk_entry[(pto_u64)chunk * PTO_CHUNK + i % PTO_CHUNK];
+        if (pto_pending_add(s, successor, -1) == 1) full |= pto_ready_push(s, successor);
+    }
+    pto_fetch_add64(&s->counters[PTO_FINISHED], 1);  /* first: a host that sees `done` sees it counted */
+    pto_store_release64(&s->done[slot], ticket);
+    return full;
+}
+
+/* --- the host's side: loads and stores only ----------------------------------------------------- */
+#ifndef __CUDACC__
+/* Wait until the task with `ticket` in `slot` is done: 0; or 1 where the run was stopped, or
+ * where it stays unfinished while the blocks make no progress for PTO_PATIENCE_NS (the host
+ * then stores PTO_STUCK in host_abort: a task has run that long, or waits for ever). */
+PTO_FN int pto_host_wait_done(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
+    pto_u64 seen = pto_progress(s), since = pto_now_ns();
+    for (pto_u32 spins = 0; pto_load_acquire64(&s->done[slot]) != ticket; ++spins) {
+        if (pto_aborted(s) != PTO_RUNNING) return 1;
+        const pto_u64 progress = pto_progress(s), now = pto_now_ns();
+        if (progress != seen) {
+            seen = progress;
+            since = now;
+        } else if (now - since > PTO_PATIENCE_NS) {
+            pto_store_release32(s->host_abort, PTO_STUCK);
+            return 1;
+        }
+        pto_pause(spins);
+    }
+    return 0;
+}
+
+/* Publish task `ticket` (the next one) with its producers' tickets (each below `ticket`):
+ * waits for its slot's previous task and for room in the ring of words. 0, or 1 where a wait
+ * failed (pto_host_wait_done) or the ring cannot hold `count` words. */
+PTO_FN int pto_host_submit(pto_sched *s, pto_u64 ticket, pto_u64 *next_word, const pto_u64 *producers,
+                           pto_u32 count) {
+    const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
+    if (count > s->words) return 1;
+    if (ticket >= s->slots && pto_host_wait_done(s, slot, ticket - s->slots)) return 1;
+    pto_u64 seen = pto_progress(s), since = pto_now_ns();
+    for (pto_u32 spins = 0; *next_word + count - pto_load_acquire64(&s->counters[PTO_WORDS_READ]) > s->words;
+         ++spins) {
+        if (pto_aborted(s) != PTO_RUNNING) return 1;
+        const pto_u64 progress = pto_progress(s), now = pto_now_ns();
+        if (progress != seen) {
+            seen = progress;
+            since = now;
+        } else if (now - since > PTO_PATIENCE_NS) {
+            pto_store_release32(s->host_abort, PTO_STUCK);
+            return 1;
+        }
+        pto_pause(spins);
+    }
+    for (pto_u32 i = 0; i < count; ++i) s->word[(*next_word + i) & (s->words - 1)] = producers[i];
+    s->first_word[slot] = *next_word;
+    s->producer_count[slot] = count;
+    *next_word += count;
+    pto_store_release64(s->submitted, ticket + 1);
+    return 0;
+}
+#endif
+
+#endif

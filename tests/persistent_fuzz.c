@@ -1,0 +1,172 @@
+/* The persistent scheduler's protocol (pto_gpu/backends/persistent_protocol.h) fuzzed on host
+ * threads: the main thread is the host, publishing a random graph into a ring of task slots
+ * (each task waiting for up to `fanin` of the `window` tasks before it, wired while earlier ones
+ * run, slots reused as they finish); `blocks` threads stand in for the persistent kernel's
+ * blocks. Built with ThreadSanitizer by tests/test_persistent_protocol.py.
+ *
+ *   persistent_fuzz SEED TASKS SLOTS BLOCKS FANIN WINDOW [LOSE [PAUSE_AT PAUSE_MS]]
+ *
+ * Checks: every task runs once, after every one of its producers has finished; the run ends
+ * with all of them finished. With LOSE = t (-1: none), the block that runs task t never
+ * completes it: the run must then stop as stuck, and the host names the unfinished tasks and
+ * what each waits for. With PAUSE_AT, the host sleeps PAUSE_MS before publishing that task
+ * (a slow orchestration is not a deadlock). Prints "ok ..." or "stuck ..." and exits 0, or
+ * prints what went wrong and exits 1.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "persistent_protocol.h"
+
+static pto_sched sched;
+static long tasks, fanin, window, lose = -1;
+static long *producers;          /* tasks x fanin: each task's producers, -1 past its last */
+static pto_u64 *slot_ticket;     /* per slot: the task in it (the host's, published with it) */
+static unsigned *finished_flag;  /* per task: 1 once it ran (release) */
+static unsigned *runs;           /* per task: times it ran */
+static unsigned violations;
+
+static void *block(void *unused) {
+    (void)unused;
+    pto_u32 slot;
+    while (pto_next_task(&sched, &slot) == PTO_GOT_TASK) {
+        const pto_u64 task = slot_ticket[slot];
+        for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
+            if (!__atomic_load_n(&finished_flag[producers[task * fanin + i]], __ATOMIC_ACQUIRE))
+                __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&runs[task], 1, __ATOMIC_RELAXED);
+        if ((long)task == lose) continue;  /* the lost completion */
+        __atomic_store_n(&finished_flag[task], 1, __ATOMIC_RELEASE);
+        if (pto_complete(&sched, slot, task)) __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* The unfinished tasks and the producers each still waits for (the host's DeadlockError). */
+static void name_the_stuck(long submitted) {
+    printf("stuck: %llu of %ld tasks finished;", (unsigned long long)sched.counters[PTO_FINISHED], submitted);
+    for (long task = 0; task < submitted; ++task) {
+        if (__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE) || __atomic_load_n(&runs[task], __ATOMIC_RELAXED))
+            continue;
+        printf(" task %ld waits for", task);
+        for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
+            if (!__atomic_load_n(&finished_flag[producers[task * fanin + i]], __ATOMIC_ACQUIRE))
+                printf(" %ld", producers[task * fanin + i]);
+        printf(";");
+    }
+    for (long task = 0; task < submitted; ++task)
+        if (__atomic_load_n(&runs[task], __ATOMIC_RELAXED) && !__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE))
+            printf(" task %ld ran and did not complete;", task);
+    printf("\n");
+}
+
+static void *zeroed(size_t count, size_t size) {
+    void *p = calloc(count, size);
+    if (!p) abort();
+    return p;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 7) {
+        fprintf(stderr, "usage: %s SEED TASKS SLOTS BLOCKS FANIN WINDOW [LOSE [PAUSE_AT PAUSE_MS]]\n", argv[0]);
+        return 2;
+    }
+    srand((unsigned)atol(argv[1]));
+    tasks = atol(argv[2]);
+    const pto_u32 slots = (pto_u32)atol(argv[3]), blocks = (pto_u32)atol(argv[4]);
+    fanin = atol(argv[5]);
+    window = atol(argv[6]);
+    if (argc > 7) lose = atol(argv[7]);
+    const long pause_at = argc > 9 ? atol(argv[8]) : -1, pause_ms = argc > 9 ? atol(argv[9]) : 0;
+
+    /* the words of a few slots' producers; every live task's list: a first chunk, and one more
+     * for each PTO_CHUNK successors of at most `window` later tasks */
+    pto_u32 words = 1;
+    while (words < 4 * (pto_u32)fanin + 1) words *= 2;
+    const pto_u32 chunks = slots * (pto_u32)(2 + window / PTO_CHUNK);
+    sched = (pto_sched){.slots = slots, .words = words, .chunks = chunks};
+    sched.submitted = zeroed(1, sizeof(pto_u64));
+    sched.closed = zeroed(1, sizeof(pto_u32));
+    sched.host_abort = zeroed(1, sizeof(pto_u32));
+    sched.first_word = zeroed(slots, sizeof(pto_u64));
+    sched.producer_count = zeroed(slots, sizeof(pto_u32));
+    sched.word = zeroed(words, sizeof(pto_u64));
+    sched.done = zeroed(slots, sizeof(pto_u64));
+    sched.counters = zeroed(PTO_COUNTERS, sizeof(pto_u64));
+    sched.device_abort = zeroed(1, sizeof(pto_u32));
+    sched.wiring = zeroed(1, sizeof(pto_u32));
+    sched.state = zeroed(slots, sizeof(pto_u32));
+    sched.pending = zeroed(slots, sizeof(pto_i32));
+    sched.first_chunk = zeroed(slots, sizeof(pto_u32));
+    sched.chunk_next = zeroed(chunks, sizeof(pto_u32));
+    sched.chunk_entry = zeroed((size_t)chunks * PTO_CHUNK, sizeof(pto_u32));
+    sched.cell_sequence = zeroed(slots, sizeof(pto_u64));
+    sched.cell_slot = zeroed(slots, sizeof(pto_u32));
+    sched.successor_count = zeroed(slots, sizeof(pto_u32));
+    sched.last_chunk = zeroed(slots, sizeof(pto_u32));
+    sched.free_chunk_next = zeroed(chunks, sizeof(pto_u32));
+    sched.free_chunk_first = zeroed(1, sizeof(pto_u32));
+    for (pto_u32 i = 0; i < slots; ++i) {
+        sched.cell_sequence[i] = i;
+        sched.done[i] = (pto_u64)-1;  /* no task yet */
+    }
+    for (pto_u32 i = 0; i < chunks; ++i) sched.free_chunk_next[i] = i + 1 < chunks ? i + 1 : PTO_NO_CHUNK;
+
+    producers = zeroed((size_t)tasks * fanin, sizeof(long));
+    slot_ticket = zeroed(slots, sizeof(pto_u64));
+    finished_flag = zeroed(tasks, sizeof(unsigned));
+    runs = zeroed(tasks, sizeof(unsigned));
+    for (long task = 0; task < tasks; ++task) {
+        const long count = task ? rand() % (fanin + 1) : 0;
+        for (long i = 0; i < fanin; ++i)
+            producers[task * fanin + i] = i < count ? task - 1 - rand() % (task < window ? task : window) : -1;
+    }
+
+    pthread_t threads[64];
+    if (blocks > 64) return 2;
+    for (pto_u32 b = 0; b < blocks; ++b) pthread_create(&threads[b], NULL, block, NULL);
+
+    long submitted = 0;
+    pto_u64 next_word = 0, ticket_producers[64];
+    for (long task = 0; task < tasks; ++task) {
+        if (task == pause_at) nanosleep(&(struct timespec){pause_ms / 1000, pause_ms % 1000 * 1000000}, NULL);
+        pto_u32 count = 0;
+        for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
+            ticket_producers[count++] = (pto_u64)producers[task * fanin + i];
+        const pto_u32 slot = (pto_u32)(task % slots);
+        /* the slot's previous task must be done before its ticket is rewritten */
+        if (task >= (long)slots && pto_host_wait_done(&sched, slot, (pto_u64)(task - slots))) break;
+        slot_ticket[slot] = (pto_u64)task;
+        if (pto_host_submit(&sched, (pto_u64)task, &next_word, ticket_producers, count)) break;
+        submitted = task + 1;
+    }
+    pto_store_release32(sched.closed, 1);
+    int waited = 1;
+    for (long task = submitted > (long)slots ? submitted - slots : 0; task < submitted && waited; ++task)
+        waited = !pto_host_wait_done(&sched, (pto_u32)(task % slots), (pto_u64)task);
+    if (waited && pto_load_acquire64(&sched.counters[PTO_FINISHED]) != (pto_u64)submitted)
+        __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);  /* a done task not counted */
+    for (pto_u32 b = 0; b < blocks; ++b) pthread_join(threads[b], NULL);
+
+    if (pto_aborted(&sched) == PTO_STUCK) {
+        name_the_stuck(submitted);
+        return lose >= 0 ? 0 : 1;
+    }
+    unsigned twice = 0, never = 0;
+    for (long task = 0; task < submitted; ++task) {
+        twice += runs[task] > 1;
+        never += runs[task] == 0;
+    }
+    if (twice || never || violations || submitted != tasks || lose >= 0 || pto_aborted(&sched) != PTO_RUNNING) {
+        printf("FAILED: submitted %ld of %ld, ran twice %u, never %u, before a producer %u, lost %ld, abort %u\n",
+               submitted, tasks, twice, never, violations, lose, pto_aborted(&sched));
+        return 1;
+    }
+    printf("ok: %ld tasks, %u slots, %u blocks, %llu finished\n", tasks, slots, blocks,
+           (unsigned long long)sched.counters[PTO_FINISHED]);
+    return 0;
+}
