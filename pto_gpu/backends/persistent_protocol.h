@@ -201,6 +201,28 @@ PTO_FN pto_u64 pto_progress(const pto_sched *s) {
            pto_load_acquire64(&s->counters[PTO_FINISHED]);
 }
 
+/* Waiting on the blocks: how far they were and since when. */
+typedef struct {
+    pto_u64 seen, since;
+} pto_patience;
+
+PTO_FN pto_patience pto_patience_now(const pto_sched *s) {
+    const pto_patience patience = {pto_progress(s), pto_now_ns()};
+    return patience;
+}
+
+/* Whether the blocks have made no progress for PTO_PATIENCE_NS: renewed where they have, or
+ * where `owed_nothing` (every published task finished: they wait for the host). */
+PTO_FN int pto_out_of_patience(const pto_sched *s, pto_patience *patience, int owed_nothing) {
+    const pto_u64 progress = pto_progress(s), now = pto_now_ns();
+    if (progress != patience->seen || owed_nothing) {
+        patience->seen = progress;
+        patience->since = now;
+        return 0;
+    }
+    return now - patience->since > PTO_PATIENCE_NS;
+}
+
 /* --- the ready queue ------------------------------------------------------------------------- */
 /* Push `slot`: 0, or 1 where its cell stays taken for PTO_PATIENCE_NS (a protocol error). The
  * queue holds each slot at most once, but a cell is free only once the block that popped its
@@ -323,7 +345,7 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
  * PTO_ABORTED where the run was stopped (by the host, another block, or this one: a task left
  * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED). */
 PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
-    pto_u64 seen = pto_progress(s), since = pto_now_ns();
+    pto_patience patience = pto_patience_now(s);
     for (pto_u32 spins = 0;; ++spins) {
         if (pto_aborted(s) != PTO_RUNNING) return PTO_ABORTED;
         if (pto_wire_some(s, 64)) {
@@ -335,11 +357,7 @@ PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
         const int closed = pto_load_acquire32(s->closed) != 0;
         const pto_u64 finished = pto_load_acquire64(&s->counters[PTO_FINISHED]);
         if (closed && finished == published) return PTO_ALL_DONE;
-        const pto_u64 progress = pto_progress(s), now = pto_now_ns();
-        if (progress != seen || finished == published) {  /* moving, or waiting for the host */
-            seen = progress;
-            since = now;
-        } else if (now - since > PTO_PATIENCE_NS) {
+        if (pto_out_of_patience(s, &patience, finished == published)) {
             pto_store_release32(s->device_abort, PTO_STUCK);
             return PTO_ABORTED;
         }
@@ -365,21 +383,21 @@ PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
 
 /* --- the host's side: loads and stores only ----------------------------------------------------- */
 #ifndef __CUDACC__
-/* Wait until the task with `ticket` in `slot` is done: 0; or 1 where the run was stopped, or
- * where it stays unfinished while the blocks make no progress for PTO_PATIENCE_NS (the host
- * then stores PTO_STUCK in host_abort: a task has run that long, or waits for ever). */
+/* One turn of a host's wait on the blocks: 1 where it must stop, the run stopped, or the
+ * blocks out of patience (the host then stores PTO_STUCK in host_abort: a task has run that
+ * long, or waits for ever). */
+PTO_FN int pto_host_gives_up(pto_sched *s, pto_patience *patience) {
+    if (pto_aborted(s) != PTO_RUNNING) return 1;
+    if (!pto_out_of_patience(s, patience, 0)) return 0;
+    pto_store_release32(s->host_abort, PTO_STUCK);
+    return 1;
+}
+
+/* Wait until the task with `ticket` in `slot` is done: 0, or 1 where the host gave up. */
 PTO_FN int pto_host_wait_done(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
-    pto_u64 seen = pto_progress(s), since = pto_now_ns();
+    pto_patience patience = pto_patience_now(s);
     for (pto_u32 spins = 0; pto_load_acquire64(&s->done[slot]) != ticket; ++spins) {
-        if (pto_aborted(s) != PTO_RUNNING) return 1;
-        const pto_u64 progress = pto_progress(s), now = pto_now_ns();
-        if (progress != seen) {
-            seen = progress;
-            since = now;
-        } else if (now - since > PTO_PATIENCE_NS) {
-            pto_store_release32(s->host_abort, PTO_STUCK);
-            return 1;
-        }
+        if (pto_host_gives_up(s, &patience)) return 1;
         pto_pause(spins);
     }
     return 0;
@@ -393,18 +411,10 @@ PTO_FN int pto_host_submit(pto_sched *s, pto_u64 ticket, pto_u64 *next_word, con
     const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
     if (count > s->words) return 1;
     if (ticket >= s->slots && pto_host_wait_done(s, slot, ticket - s->slots)) return 1;
-    pto_u64 seen = pto_progress(s), since = pto_now_ns();
+    pto_patience patience = pto_patience_now(s);
     for (pto_u32 spins = 0; *next_word + count - pto_load_acquire64(&s->counters[PTO_WORDS_READ]) > s->words;
          ++spins) {
-        if (pto_aborted(s) != PTO_RUNNING) return 1;
-        const pto_u64 progress = pto_progress(s), now = pto_now_ns();
-        if (progress != seen) {
-            seen = progress;
-            since = now;
-        } else if (now - since > PTO_PATIENCE_NS) {
-            pto_store_release32(s->host_abort, PTO_STUCK);
-            return 1;
-        }
+        if (pto_host_gives_up(s, &patience)) return 1;
         pto_pause(spins);
     }
     for (pto_u32 i = 0; i < count; ++i) s->word[(*next_word + i) & (s->words - 1)] = producers[i];
