@@ -83,11 +83,10 @@ int main(int argc, char **argv) {
     if (argc > 7) lose = atol(argv[7]);
     const long pause_at = argc > 9 ? atol(argv[8]) : -1, pause_ms = argc > 9 ? atol(argv[9]) : 0;
 
-    /* the words of a few slots' producers; every live task's list: a first chunk, and one more
-     * for each PTO_CHUNK successors of at most `window` later tasks */
+    /* the words of a few slots' producers; the successor pool the header's bound asks for */
     pto_u32 words = 1;
     while (words < 4 * (pto_u32)fanin + 1) words *= 2;
-    const pto_u32 chunks = slots * (pto_u32)(2 + window / PTO_CHUNK);
+    const pto_u32 chunks = slots * (1 + ((slots - 1) * (pto_u32)fanin + PTO_CHUNK - 1) / PTO_CHUNK);
     sched = (pto_sched){.slots = slots, .words = words, .chunks = chunks};
     sched.submitted = zeroed(1, sizeof(pto_u64));
     sched.closed = zeroed(1, sizeof(pto_u32));

@@ -32,8 +32,16 @@
  * the counters move (tasks wired, popped, finished) for PTO_PATIENCE_NS stores PTO_STUCK in
  * `device_abort`: a task has run that long, or tasks wait for producers that will never
  * finish; the host names them (a DeadlockError). With every submitted task finished the blocks
- * wait for the host as long as it takes. The host's waits are bounded the same way, and it
- * stops the blocks with `host_abort`.
+ * wait for the host as long as it takes, so every way the host stops (an error, an exception)
+ * must store `host_abort`. The host's waits are bounded the same way; they measure the
+ * blocks' progress only, so the executor must also watch the kernel's stream (a kernel that
+ * starts late, or dies in a fault, looks like no progress).
+ *
+ * Sizes. The successor pool must hold slots x (1 + ceil((slots - 1) x P / PTO_CHUNK)) chunks
+ * for tasks of at most P producers (a producer's list holds the links of the tasks after it
+ * while its slot holds it; a repeated producer is a link each time); running out stops the
+ * run (PTO_FAULTED). Memory the host writes must be write-back (cudaHostAlloc without
+ * WriteCombined): the host's release stores are plain x86 stores, ordered by TSO.
  */
 #ifndef PTO_PERSISTENT_PROTOCOL_H
 #define PTO_PERSISTENT_PROTOCOL_H
@@ -353,8 +361,10 @@ PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
             return PTO_ABORTED;
         }
         if (pto_ready_pop(s, slot)) return PTO_GOT_TASK;
-        const pto_u64 published = pto_load_acquire64(s->submitted);
+        /* `closed` first: once it reads 1, `submitted` is the last task's (read the other way
+         * round, a task published between the two loads would be left unrun) */
         const int closed = pto_load_acquire32(s->closed) != 0;
+        const pto_u64 published = pto_load_acquire64(s->submitted);
         const pto_u64 finished = pto_load_acquire64(&s->counters[PTO_FINISHED]);
         if (closed && finished == published) return PTO_ALL_DONE;
         if (pto_out_of_patience(s, &patience, finished == published)) {
@@ -405,11 +415,17 @@ PTO_FN int pto_host_wait_done(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
 
 /* Publish task `ticket` (the next one) with its producers' tickets (each below `ticket`):
  * waits for its slot's previous task and for room in the ring of words. 0, or 1 where a wait
- * failed (pto_host_wait_done) or the ring cannot hold `count` words. */
+ * failed (pto_host_wait_done), or where the ring cannot hold `count` words or a producer is
+ * not an earlier task (both stop the run: PTO_FAULTED). */
 PTO_FN int pto_host_submit(pto_sched *s, pto_u64 ticket, pto_u64 *next_word, const pto_u64 *producers,
                            pto_u32 count) {
     const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
-    if (count > s->words) return 1;
+    int refused = count > s->words;
+    for (pto_u32 i = 0; i < count && !refused; ++i) refused = producers[i] >= ticket;
+    if (refused) {
+        pto_store_release32(s->host_abort, PTO_FAULTED);
+        return 1;
+    }
     if (ticket >= s->slots && pto_host_wait_done(s, slot, ticket - s->slots)) return 1;
     pto_patience patience = pto_patience_now(s);
     for (pto_u32 spins = 0; *next_word + count - pto_load_acquire64(&s->counters[PTO_WORDS_READ]) > s->words;
