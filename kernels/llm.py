@@ -145,9 +145,10 @@ CPU_KEY_BLOCK = 128
 def flash_attention_tile(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int,
                          local_memory: int | None) -> None:
     """out = softmax(q·kᵀ/√d)·v over the n keys of k and v, the keys after each query masked
-    when causal (query i is row q_start + i, key j row j; q_start >= 0, so a causal row sees
-    key 0 at least): a query tile's attention in one task, the online softmax over blocks of
-    keys in a loop inside it, which stops at the last key a causal tile sees. The CUDA code goes
+    when causal (query i is row q_start + i, key j row j; a row that sees no key, q_start + i
+    < 0, is NaN, as a softmax over nothing is): a query tile's attention in one task, the
+    online softmax over blocks of keys in a loop inside it, which stops at the last key a
+    causal tile sees. The CUDA code goes
     over the tile's rows in passes and d in chunks where its tiles would not fit a block whole
     (the first of `attention_sizes` that does)."""
     if local_memory is None:  # the CPU: the whole tile a pass, BLAS over CPU_KEY_BLOCK keys
@@ -196,8 +197,9 @@ def _attention(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int, rows
         f.for_loop("row", 0, "query_rows", rows)
         row = "row"
     f.scalar_add("first_query", "q_start", row).scalar_dim("stop", "k", 0)
-    f.if_then("causal", "ne", 0)  # no key past the pass's last query
-    f.scalar_add("last_key", "first_query", rows).scalar_min("stop", "stop", "last_key").end_if()
+    f.if_then("causal", "ne", 0)  # no key past the pass's last query, but one block at least
+    f.scalar_add("last_key", "first_query", rows).scalar_min("stop", "stop", "last_key")
+    f.scalar_max("stop", "stop", 1).end_if()
     if chunk == d:
         f.load("q_part", "q", row, 0)
     f.for_loop("key", 0, "stop", keys)

@@ -257,15 +257,17 @@ def first_fitting(f: FunctionBuilder, candidates: Sequence[T],
     which `write` writes a function whose CUDA code, after tile reuse, is laid out as first
     tried (cuda_codegen.fits): each written into a sibling of `f` (its name and precision).
     None fitting is an ISAError naming the function and the last candidate."""
+    name = "?"
     for candidate in candidates:
         trial = f.sibling()
         write(trial, candidate)
         module = Module("trial")
         module.add(function := trial.build())
-        if cuda_codegen.fits(optimize.optimize_module(module), function.name):
+        name = function.name
+        if cuda_codegen.fits(optimize.optimize_module(module), name):
             return candidate
-    raise ISAError(f"@{function.name}: no size of its tiles fits a CUDA block's shared memory and registers "
-                   f"(the smallest tried: {candidates[-1]})")
+    tried = f"the smallest tried: {candidates[-1]}" if candidates else "no size to try"
+    raise ISAError(f"@{name}: no size of its tiles fits a CUDA block's shared memory and registers ({tried})")
 
 
 def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, ...] = (),
