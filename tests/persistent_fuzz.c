@@ -10,8 +10,10 @@
  * with all of them finished. With LOSE = t (-1: none), the block that runs task t never
  * completes it: the run must then stop as stuck, and the host names the unfinished tasks and
  * what each waits for. With PAUSE_AT, the host sleeps PAUSE_MS before publishing that task
- * (a slow orchestration is not a deadlock). Prints "ok ..." or "stuck ..." and exits 0, or
- * prints what went wrong and exits 1.
+ * (a slow orchestration is not a deadlock). Built with -DFUZZ_STALL_US=n, a block stalls n
+ * microseconds between its loads of `closed` and `submitted` (PTO_BETWEEN_LOADS), where a task
+ * the host publishes and closes on meanwhile must not be missed. Prints "ok ..." or
+ * "stuck ..." and exits 0, or prints what went wrong and exits 1.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -19,7 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#ifdef FUZZ_STALL_US
+#define PTO_BETWEEN_LOADS() nanosleep(&(struct timespec){0, FUZZ_STALL_US * 1000}, NULL)
+#endif
 #include "persistent_protocol.h"
 
 static pto_sched sched;

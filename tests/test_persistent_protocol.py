@@ -85,6 +85,20 @@ def test_a_host_slower_than_the_patience_is_not_a_deadlock(impatient_fuzz):
     assert done.stdout.startswith("ok: 1000 tasks"), done.stdout
 
 
+def test_a_block_stalled_between_closed_and_submitted_misses_no_task(tmp_path):
+    """The one block stalls 2 ms between its loads of `closed` and `submitted` while the host,
+    after a 50 ms pause, publishes its last task and closes: the block must see that task (read
+    the other way round, a block could see the old count and the close, end the run, and leave
+    the task unrun)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc)")
+    stalling = _build(tmp_path, "-DPTO_PATIENCE_NS=2000000000", "-DFUZZ_STALL_US=2000")
+    for seed in (1, 2, 3):
+        done = _run(stalling, seed, 200, 8, 1, 3, 20, -1, 199, 50)
+        assert "ThreadSanitizer" not in done.stderr, done.stderr[-2000:]
+        assert done.returncode == 0 and done.stdout.startswith("ok: 200 tasks"), done.stdout
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_protocol_compiles_for_the_gpu(arch, tmp_path):

@@ -67,6 +67,9 @@ typedef int32_t pto_i32;
 #ifndef PTO_PATIENCE_NS
 #define PTO_PATIENCE_NS 10000000000ull /* no progress this long, with work left: stuck */
 #endif
+#ifndef PTO_BETWEEN_LOADS
+#define PTO_BETWEEN_LOADS() /* where the fuzz may stall a block (tests/persistent_fuzz.c) */
+#endif
 
 enum { PTO_RUNNING = 0, PTO_STUCK = 1, PTO_FAULTED = 2 }; /* an abort word */
 enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED };          /* what pto_next_task found */
@@ -364,6 +367,7 @@ PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
         /* `closed` first: once it reads 1, `submitted` is the last task's (read the other way
          * round, a task published between the two loads would be left unrun) */
         const int closed = pto_load_acquire32(s->closed) != 0;
+        PTO_BETWEEN_LOADS();
         const pto_u64 published = pto_load_acquire64(s->submitted);
         const pto_u64 finished = pto_load_acquire64(&s->counters[PTO_FINISHED]);
         if (closed && finished == published) return PTO_ALL_DONE;
