@@ -185,15 +185,15 @@ def _attention(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int, rows
     valid rows of the pass (a tile's last pass may be a tail) from the scores."""
     f.memref("q", dtype, (m, d)).memref("k", dtype, (n, d)).memref("v", dtype, (n, d))
     f.memref("out", dtype, (m, d)).scalar("q_start", pto.INT64).scalar("causal", pto.INT64)
-    for scalar in ("query_rows", "first_query", "last_key", "stop"):
+    for scalar in ("first_query", "last_key", "stop"):
         f.scalar_var(scalar, pto.INT64)
     f.tile("s", rows, keys, dtype).tile("q_part", rows, chunk, dtype).tile("k_part", keys, chunk, dtype)
     f.tile("k_t", chunk, keys, dtype).tile("vt", keys, d, dtype).tile("o", rows, d, dtype)
     for tile in ("running_max", "new_max", "factor", "total", "part"):
         f.tile(tile, rows, 1, dtype)
-    f.scalar_dim("query_rows", "q", 0)
     row: int | str = 0
     if rows < m:
+        f.scalar_var("query_rows", pto.INT64).scalar_dim("query_rows", "q", 0)
         f.for_loop("row", 0, "query_rows", rows)
         row = "row"
     f.scalar_add("first_query", "q_start", row).scalar_dim("stop", "k", 0)

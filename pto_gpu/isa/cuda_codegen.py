@@ -145,7 +145,7 @@ def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Genera
     generator = _Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
         generator = _Generator(module, function, split, tensor_cores=False)
-    if generator.register_words() > REGISTER_WORDS or generator.shared_bytes() > SHARED_LIMIT:
+    if not generator.within_budget():
         generator = _in_column_blocks(generator, split)
     generator.check_shared()
     return generator
@@ -156,8 +156,7 @@ def fits(module: Module, function: str) -> bool:
     tensor cores where their dtypes allow, its tiles within SHARED_LIMIT of shared memory and
     REGISTER_WORDS registers a lane (else cuda_code takes FMA or column blocks, or refuses):
     for a family trying sizes of its tiles."""
-    generator = _Generator(module, function, tensor_cores=True)
-    return generator.shared_bytes() <= SHARED_LIMIT and generator.register_words() <= REGISTER_WORDS
+    return _Generator(module, function, tensor_cores=True).within_budget()
 
 
 def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generator:
@@ -178,7 +177,7 @@ def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generat
         blocked = _Generator(module, function.name, split, tensor_cores=True)
         blocked.note = (f"columns in blocks of {block} (at {width}, its tiles would hold "
                         f"{generator.register_words()} registers a lane)")
-        if blocked.register_words() <= REGISTER_WORDS and blocked.shared_bytes() <= SHARED_LIMIT:
+        if blocked.within_budget():
             break
     if blocked is None:
         generator.note = f"not in column blocks ({generator.register_words()} registers a lane): {refusal}"
@@ -324,8 +323,9 @@ class _Generator:
         # source), "store" (TSTORE's), "scaled" (a ROW_EXPAND's a, in place), "other"
         self.reads: dict[str, set] = {}
         self.row_factors: dict[str, set[str]] = {}  # tile -> the b of each ROW_EXPAND of it in place
-        self.loads: dict[str, int] = {}  # tile -> its TLOADs
-        self.loads_transposed: dict[str, int] = {}  # tile -> its TLOADs a TTRANS of it follows at once
+        self.loads: collections.Counter[str] = collections.Counter()  # tile -> its TLOADs
+        # tile -> its TLOADs a TTRANS of it follows at once
+        self.loads_transposed: collections.Counter[str] = collections.Counter()
         self.activations = 0
         self.params = [s for s in function.scalars if s.param]
         self.split_param, self.split_rows = self._split(function, split)
@@ -510,6 +510,11 @@ class _Generator:
         return sum(rows(tile) * math.ceil(tile.cols / WARP)
                    for c_name, tile in self.tiles.items() if c_name not in elsewhere) + \
             sum(_Units.of(self.tiles[tile]).floats for tile in self.fragments)
+
+    def within_budget(self) -> bool:
+        """Whether its tiles fit a block: SHARED_LIMIT bytes of shared memory, REGISTER_WORDS
+        registers a lane."""
+        return self.shared_bytes() <= SHARED_LIMIT and self.register_words() <= REGISTER_WORDS
 
     def check_shared(self) -> None:
         size = self.shared_bytes()
@@ -790,7 +795,7 @@ class _Context:
             if isinstance(first, Op) and isinstance(second, Op) and OPCODES[first.opcode].form is Form.LOAD \
                     and OPCODES[second.opcode].form is Form.TRANSPOSE and second.srcs[0] == first.dst:
                 tile = self.names[first.dst]
-                self.g.loads_transposed[tile] = self.g.loads_transposed.get(tile, 0) + 1
+                self.g.loads_transposed[tile] += 1
         return [self.statement(s) for s in body]
 
     def statement(self, statement: Statement):
@@ -933,7 +938,7 @@ class _Context:
             dst = self.names[op.dst]
             if spec.form is Form.LOAD:
                 write = ("load", self.views[op.srcs[0]].param)
-                self.g.loads[dst] = self.g.loads.get(dst, 0) + 1
+                self.g.loads[dst] += 1
             elif scaled:
                 write = ("scaled", None)
                 self.g.row_factors.setdefault(dst, set()).add(self.names[op.srcs[1]])

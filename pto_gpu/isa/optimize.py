@@ -149,7 +149,7 @@ def _read_whole(function: Function) -> Names:
     TRANSPOSE's a), and in a tensor-core kernel a tensor-core product's a and dst, and the b of
     a ROW_EXPAND in place of such a dst: the CUDA code keeps these in shared memory, the others
     in registers."""
-    products = frozenset(_tensor_products(function))
+    products = _tensor_products(function)
     whole = set()
     for statement in walk(function.body):
         if isinstance(statement, Op):
@@ -165,13 +165,14 @@ def _read_whole(function: Function) -> Names:
                               and s.dst == s.srcs[0] and s.dst in results})
 
 
-def _tensor_products(function: Function) -> list[Op]:
+def _tensor_products(function: Function) -> frozenset[Op]:
     """The products of a tensor-core kernel that run on tensor cores."""
     if not tensor_core_kernel(function):
-        return []
+        return frozenset()
     dtypes, allowed = {t.name: t.dtype for t in function.tiles}, tensor_core_dtypes(function)
-    return [s for s in walk(function.body) if isinstance(s, Op) and OPCODES[s.opcode].form is Form.MATMUL
-            and tensor_core_product(s, dtypes.__getitem__, allowed)]
+    return frozenset(s for s in walk(function.body)
+                     if isinstance(s, Op) and OPCODES[s.opcode].form is Form.MATMUL
+                     and tensor_core_product(s, dtypes.__getitem__, allowed))
 
 
 def _roles(function: Function) -> dict[str, str]:
@@ -179,7 +180,7 @@ def _roles(function: Function) -> dict[str, str]:
     (only loaded, only read as a product's a or b), "source" (only loaded, only transposed),
     "transposed" (only a transpose's result, only read as a product's b). (TF32 operands stay
     float: no layout of theirs depends on a role.)"""
-    products = frozenset(_tensor_products(function))
+    products = _tensor_products(function)
     if not products:
         return {}
     writes: dict[str, set[str]] = {}
