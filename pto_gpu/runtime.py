@@ -30,6 +30,7 @@ from .executors import driver_streams
 from .executors.driver_streams import DriverStreamExecutor
 from .executors.native import Instances
 from .executors.parallel import ParallelExecutor
+from .executors.persistent import PersistentExecutor
 from .executors.serial import DryExecutor, SerialExecutor
 from .executors.sim import SimExecutor
 from .executors.streams import StreamExecutor
@@ -46,7 +47,7 @@ from .trace import rank_path, write_trace
 
 log = logging.getLogger("pto_gpu")
 
-EXECUTORS = ("auto", "parallel", "stream", "serial", "dry", "sim")
+EXECUTORS = ("auto", "parallel", "stream", "serial", "dry", "sim", "persistent")
 BACKENDS = ("auto", "cpu", "cuda", "cuda-emulated")
 
 _blas_libraries: tuple[int, ThreadpoolController] | None = None  # (len(sys.modules), their controller)
@@ -154,6 +155,9 @@ class Runtime:
         # transfers need its worker threads.
         if executor == "auto":
             executor = "stream" if self.backend.name != "cpu" and not self._distributed else "parallel"
+        if executor == "persistent" and self.backend.name == "cpu":
+            raise PTOError('executor="persistent" runs the tasks in one CUDA kernel: it needs backend="cuda" '
+                           'or "cuda-emulated", not "cpu"')
         self.executor = executor
         self.workers = self._workers(self.executor)
         # A distributed run (comm=, an mpi4py communicator): see pto_gpu/distributed.
@@ -354,6 +358,8 @@ class Runtime:
             if not capture and driver_streams.serves(self.backend, profile, self._scheduler):
                 return DriverStreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"))
             return StreamExecutor(self._scheduler, self.backend, profile, self._workers("stream"), capture)
+        if self.executor == "persistent":
+            return PersistentExecutor(self._scheduler, self.backend, profile)
         arrivals = None if self.placement is None else self.placement.inbox
         if self.executor == "serial":
             return SerialExecutor(self._scheduler, self.backend, profile, arrivals)

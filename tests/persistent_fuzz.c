@@ -89,37 +89,14 @@ int main(int argc, char **argv) {
     if (argc > 7) lose = atol(argv[7]);
     const long pause_at = argc > 9 ? atol(argv[8]) : -1, pause_ms = argc > 9 ? atol(argv[9]) : 0;
 
-    /* the words of a few slots' producers; the successor pool the header's bound asks for */
+    /* the words of a few slots' producers; the successor pool the header's bound asks for, at
+     * most `fanin` producers a task; both regions laid out and set as the executor's are */
     pto_u32 words = 1;
     while (words < 4 * (pto_u32)fanin + 1) words *= 2;
-    const pto_u32 chunks = slots * (1 + ((slots - 1) * (pto_u32)fanin + PTO_CHUNK - 1) / PTO_CHUNK);
-    sched = (pto_sched){.slots = slots, .words = words, .chunks = chunks};
-    sched.submitted = zeroed(1, sizeof(pto_u64));
-    sched.closed = zeroed(1, sizeof(pto_u32));
-    sched.host_abort = zeroed(1, sizeof(pto_u32));
-    sched.first_word = zeroed(slots, sizeof(pto_u64));
-    sched.producer_count = zeroed(slots, sizeof(pto_u32));
-    sched.word = zeroed(words, sizeof(pto_u64));
-    sched.done = zeroed(slots, sizeof(pto_u64));
-    sched.counters = zeroed(PTO_COUNTERS, sizeof(pto_u64));
-    sched.device_abort = zeroed(1, sizeof(pto_u32));
-    sched.wiring = zeroed(1, sizeof(pto_u32));
-    sched.state = zeroed(slots, sizeof(pto_u32));
-    sched.pending = zeroed(slots, sizeof(pto_i32));
-    sched.first_chunk = zeroed(slots, sizeof(pto_u32));
-    sched.chunk_next = zeroed(chunks, sizeof(pto_u32));
-    sched.chunk_entry = zeroed((size_t)chunks * PTO_CHUNK, sizeof(pto_u32));
-    sched.cell_sequence = zeroed(slots, sizeof(pto_u64));
-    sched.cell_slot = zeroed(slots, sizeof(pto_u32));
-    sched.successor_count = zeroed(slots, sizeof(pto_u32));
-    sched.last_chunk = zeroed(slots, sizeof(pto_u32));
-    sched.free_chunk_next = zeroed(chunks, sizeof(pto_u32));
-    sched.free_chunk_first = zeroed(1, sizeof(pto_u32));
-    for (pto_u32 i = 0; i < slots; ++i) {
-        sched.cell_sequence[i] = i;
-        sched.done[i] = (pto_u64)-1;  /* no task yet */
-    }
-    for (pto_u32 i = 0; i < chunks; ++i) sched.free_chunk_next[i] = i + 1 < chunks ? i + 1 : PTO_NO_CHUNK;
+    const pto_u32 chunks = slots + (slots * (pto_u32)fanin + PTO_CHUNK - 1) / PTO_CHUNK;
+    const pto_extent extent = pto_layout(&sched, slots, words, chunks, NULL, NULL);
+    pto_layout(&sched, slots, words, chunks, zeroed(extent.device_bytes, 1), zeroed(extent.mapped_bytes, 1));
+    pto_initial(&sched);
 
     producers = zeroed((size_t)tasks * fanin, sizeof(long));
     slot_ticket = zeroed(slots, sizeof(pto_u64));

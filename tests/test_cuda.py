@@ -210,7 +210,7 @@ def copied(value):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("executor", ["serial", "parallel", "stream"])
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream", "persistent"])
 @pytest.mark.parametrize("name", ["matmul", "matmul_panels", "softmax", "flash_attention",
                                   "flash_attention_fused", "llama", "llama_compiled"])
 def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, backend):
@@ -228,8 +228,10 @@ def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, ba
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("executor", ["stream", "persistent"])
 @pytest.mark.parametrize("orchestration", [flash_attention, flash_attention_fused], ids=["tasks", "fused"])
-def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(orchestration, backend):
+def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(orchestration, executor,
+                                                                                  backend):
     """llama.pto's flash attention over float16 arrays (its memrefs retyped): the scores and
     PV products are mma.sync kernels on CUDA. Both runs compute in float and round to float16
     (the CPU's interpretation at every instruction; the three-task form stores the scores,
@@ -239,7 +241,7 @@ def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor
     q, k, v = (rng.standard_normal((2, 100, 32)).astype(np.float16) for _ in range(3))
     want = np.zeros_like(q)
     pto.Runtime(backend="cpu", executor="serial").run(orchestration, q, k, v, want, tile=64, causal=True)
-    rt = pto.Runtime(backend=backend, executor="stream", workers={pto.CUBE: 2, pto.VECTOR: 2})
+    rt = pto.Runtime(backend=backend, executor=executor, workers={pto.CUBE: 2, pto.VECTOR: 2})
     device = [rt.backend.to_device(x) for x in (q, k, v, np.zeros_like(q))]
     rt.run(orchestration, *device, tile=64, causal=True)
     got = rt.backend.to_host(device[3]).astype(np.float64)
@@ -395,8 +397,10 @@ def random_buffers(seed: int) -> list[np.ndarray]:
     ("cpu", "stream"),
     pytest.param("cuda", "stream", marks=ON_GPU),
     pytest.param("cuda", "parallel", marks=ON_GPU),
+    pytest.param("cuda", "persistent", marks=ON_GPU),
     ("cuda-emulated", "stream"),
     ("cuda-emulated", "parallel"),
+    ("cuda-emulated", "persistent"),
 ])
 @pytest.mark.parametrize("seed", range(20))
 def test_random_kernel_graphs_match_the_serial_cpu_executor(backend, executor, seed):
@@ -541,11 +545,11 @@ def test_a_compiled_runs_new_instances_compile_side_by_side_before_its_first_lau
     calls = []
     build = emulated_device.host_build
 
-    def met(code, dtype):
-        calls.append(code.source.name)
+    def met(source, dtype):
+        calls.append(source.name)
         if len(calls) <= 2:
             meeting.wait()
-        return build(code, dtype)
+        return build(source, dtype)
 
     monkeypatch.setattr(emulated_device, "host_build", met)
     x = np.arange(128, dtype=np.float32).reshape(8, 16)

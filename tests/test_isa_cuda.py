@@ -308,9 +308,9 @@ def test_a_row_broadcast_is_each_warps_copy_only_where_every_copy_is_the_same():
         return cuda_source(m, "k")
 
     own = kernel("w")
-    assert "row layout" in own.splitlines()[0] and "__shared__" not in own.split("pto_k(")[1]
+    assert "row layout" in own.splitlines()[0] and "PTO_SHARED" not in own.split("pto_k(")[1]
     shared = kernel("y")
-    assert "block layout" in shared.splitlines()[0] and "__shared__ ACC t_w_[1][40];" in shared
+    assert "block layout" in shared.splitlines()[0] and "PTO_SHARED(ACC, t_w_, [1][40], " in shared
     # where the kernel is in the block layout anyway (a store whose offset moves: a hazard), or
     # its rows are split into bands, the row is one copy in shared memory, not one per warp
     m = Module("hazard")
@@ -321,19 +321,19 @@ def test_a_row_broadcast_is_each_warps_copy_only_where_every_copy_is_the_same():
                                         Op("TCOLEXPANDMUL", "x_", ("x_", "w_")),
                                         Op("TSTORE", "y", ("x_", 0, "i"))))]))
     hazard = cuda_source(m, "k")
-    assert "block layout" in hazard.splitlines()[0] and "__shared__ ACC t_w_[1][40];" in hazard
+    assert "block layout" in hazard.splitlines()[0] and "PTO_SHARED(ACC, t_w_, [1][40], " in hazard
     m = Module("bands")
     m.add(_incore("k", [MemRef("x", f, (R, C)), MemRef("w", f, (1, C)), MemRef("y", f, (R, C))],
                   [Tile("x_", R, C, f), Tile("w_", 1, C, f)],
                   [Op("TLOAD", "x_", ("x", 0, 0)), Op("TLOAD", "w_", ("w", 0, 0)),
                    Op("TCOLEXPANDMUL", "x_", ("x_", "w_")), Op("TSTORE", "y", ("x_", 0, 0))]))
-    assert "__shared__ ACC t_w_[1][40];" in cuda_source(m, "k", split=("x", "y"))
+    assert "PTO_SHARED(ACC, t_w_, [1][40], " in cuda_source(m, "k", split=("x", "y"))
 
 
 def test_block_layout_synchronises_around_whole_tile_reads():
     source = cuda_source(_module(pto.FLOAT32), "matmul")
     kernel = source[source.index("pto_matmul("):]
-    assert "__shared__ ACC t_b_[40][20];" in kernel and "__shared__ ACC t_a_" not in kernel
+    assert "PTO_SHARED(ACC, t_b_, [40][20], " in kernel and "PTO_SHARED(ACC, t_a_" not in kernel
     product = kernel.index("// TMATMUL %c_")
     assert kernel.rfind("__syncthreads();", 0, product) > kernel.index("// TLOAD %b_")
     assert "__syncthreads" not in cuda_source(_module(pto.FLOAT32), "softmax").split("pto_softmax(")[1]
@@ -740,8 +740,8 @@ def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, 
     source = code.source.read_text()
     loop = source.split("for (long long i_kk")[1].split("accumulators from registers")[0]
     assert "its products' accumulators in registers" in source and "t_c[r][c]" not in loop
-    assert f"__shared__ T t_ta[{m}][{packed_pitch(chunk)}];" in source
-    assert f"__shared__ T t_tb[{chunk}][{packed_pitch(n)}];" in source
+    assert f"PTO_SHARED_PACKED(T, t_ta, [{m}][{packed_pitch(chunk)}], " in source
+    assert f"PTO_SHARED_PACKED(T, t_tb, [{chunk}][{packed_pitch(n)}], " in source
     assert "pto_ldmatrix(fa" in loop and "pto_ldmatrix_trans(&fb" in loop
     _assert_chunked(out, a, b, acc, chunk, chunk if start is None else start)
 
@@ -829,7 +829,7 @@ def test_a_packed_load_meets_the_owners_of_its_elements(case, tmp_path):
     out = np.zeros((16, 16), np.float16)
     operands = [m.copy(), y, b, out]
     source = _run_host(_tensor_core_module(build), operands, np.float16, tmp_path, scalars=(1,))
-    assert "alignas(16) __shared__ T t_ta" in source
+    assert "PTO_SHARED_PACKED(T, t_ta," in source
     y16 = y[:, :16].astype(np.float64)
     a = {"store-then-load": 2 * y16, "load-then-store": m, "two-loads": m}[case]
     np.testing.assert_array_equal(out, a.astype(np.float64) @ b)
@@ -921,7 +921,7 @@ def test_a_product_result_scaled_by_row_factors_in_place_lives_in_registers(m, k
     module = _tensor_core_module(build)
     source = _run_host(module, [a, b, w, out], np.float16, tmp_path)
     assert "float pto_frag_t_c[" in source and "t_c[" not in source.replace("pto_frag_t_c[", "")
-    assert re.search(r"__shared__ ACC t_factor\[", source)
+    assert re.search(r"PTO_SHARED\(ACC, t_factor, \[", source)
     want = [a, b, w, np.zeros_like(out)]
     interpret.run(module, "k", *want)
     scale = np.abs(want[3].astype(np.float64)).max()
@@ -965,8 +965,8 @@ def test_an_operand_read_by_another_instruction_stays_float_in_shared_memory(tmp
     a, b = rng.uniform(-1, 1, (16, 32)).astype(np.float16), rng.uniform(-1, 1, (32, 16)).astype(np.float16)
     out, scaled = np.zeros((16, 16), np.float16), np.zeros((32, 16), np.float16)
     source = _run_host(_tensor_core_module(build), [a, b, out, scaled], np.float16, tmp_path)
-    assert f"__shared__ T t_ta[16][{packed_pitch(32)}];" in source
-    assert "__shared__ ACC t_tb[32][16];" in source
+    assert f"PTO_SHARED_PACKED(T, t_ta, [16][{packed_pitch(32)}], " in source
+    assert "PTO_SHARED(ACC, t_tb, [32][16], " in source
     np.testing.assert_array_equal(scaled, ((b.astype(np.float32) / np.float32(3)) * 3).astype(np.float16))
     want = a.astype(np.float64) @ b
     np.testing.assert_allclose(out, want, rtol=2.0**-10, atol=32 * 2.0**-21)

@@ -393,7 +393,7 @@ def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
                                                         np.dtype(np.float16), (0, 1))
         source = code.source.read_text()
         assert "pto_mma(acc" in source, (m, d)
-        assert "float pto_frag_t_o[" in source and "alignas(16) __shared__ T t_vt[" in source, (m, d)
+        assert "float pto_frag_t_o[" in source and "PTO_SHARED_PACKED(T, t_vt, [" in source, (m, d)
         assert re.search(r"pto_ldmatrix\(&fb\[4 \* p\], &t_k_part", source), (m, d)
 
 

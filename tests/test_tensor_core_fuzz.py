@@ -147,7 +147,8 @@ def test_the_programs_take_every_layout_the_generator_has(programs):
     _, _, codes, _ = programs
     sources = "".join(code.source.read_text() for code in codes.values())
     for feature in ("pto_ldmatrix(fa", "pto_ldmatrix_trans(", "pto_copy8(", "read as t_tbt, transposed",
-                    "float pto_frag_t_c[", "its products' accumulators in registers", "__shared__ ACC t_c["):
+                    "float pto_frag_t_c[", "its products' accumulators in registers",
+                    "PTO_SHARED(ACC, t_c, ["):
         assert feature in sources, feature
 
 

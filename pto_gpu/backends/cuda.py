@@ -107,6 +107,10 @@ class CudaBackend:
         self.heap_bytes = device.heap_bytes
         self.gpu_timeout = gpu_timeout
         self._templates: dict[tuple, Template] = {}
+        self._instances: dict[tuple, Instance] = {}  # the persistent kernel's, by template key
+        # The generated code of the instances persistent kernels have run, per element type, in
+        # the order first seen: a run's kernel holds all of them (executors/persistent.py).
+        self.persistent_codes: dict[np.dtype, list[CudaCode]] = {}
         self._making: dict[tuple, Future] = {}  # instances being compiled, by template key
         self._templates_lock = threading.Lock()  # guards both
         self._compilers: ThreadPoolExecutor | None = None  # prefetch's threads, made at its first use
@@ -177,6 +181,16 @@ class CudaBackend:
             for slot, integer in zip(launch.scalar_slots, launch.integer_scalars):
                 own[slot] = scalar_bits(own[slot], integer)
         return launch, np.array(own, np.int64)
+
+    def launch(self, function: int, blocks: int, params: tuple[int, ...], stream: int, event: int) -> None:
+        """Launch `function` over `blocks` blocks of THREADS_PER_BLOCK threads, its params the
+        8-byte words `params`, on `stream`, and record `event` behind it."""
+        self._enter()
+        words = np.array(params, np.uint64)
+        pointers = (ctypes.c_void_p * len(params))(*(words.ctypes.data + 8 * i for i in range(len(params))))
+        self._driver.call("cuLaunchKernel", function, blocks, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream,
+                          pointers, None)
+        self._driver.call("cuEventRecord", event, stream)
 
     def library(self, task, stream: int) -> None:
         """Run a task's library implementation on `stream` (no waits before, no event after)."""
@@ -278,15 +292,31 @@ class CudaBackend:
             del self._making[key]
         making.set_result(made)
 
+    def instance(self, task) -> tuple[Instance, np.ndarray]:
+        """A task as the persistent kernel runs it (executors/persistent.py): its kernel
+        instance, always its generated code (never a library call or a cuBLAS GEMM), and the
+        task's argument words."""
+        if task.kernel.cuda is None:
+            raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
+                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
+        key, own, scalars = _split(task)
+        made = self._instances.get(key)
+        if made is None:
+            call = _Call.of(task)
+            code = task.kernel.cuda.code_for(call.shapes, call.dtype, call.scalars, self.tf32)
+            integer = cuda_abi.scalar_kinds(code.integer_scalars, call.scalars)
+            made = self._instances[key] = Instance(code if code.items(call.shapes) else None, call.dtype,
+                                                   template(0, 0, 0, call.words, integer))
+        words = made.template.words.copy()
+        for slot, integer in zip(made.template.scalar_slots, made.template.integer_scalars):
+            own[slot] = scalar_bits(own[slot], integer)
+        words[made.template.task_words] = own
+        return made, words
+
     def _prepare(self, task) -> Template:
         kernel = task.kernel
-        tensors = [p.value for p in task.params if p.kind != ParamKind.SCALAR]
-        scalars = tuple(p.value for p in task.params if p.kind == ParamKind.SCALAR)
-        if not tensors:
-            raise PTOError(f"{kernel.name}: a CUDA kernel takes at least one tensor, to say its element type")
-        shapes = [t.shape for t in tensors]
-        params = [None if p.kind == ParamKind.SCALAR else p.value for p in task.params]  # None: a scalar
-        words = [None if t is None else (t.shape, t.byte_strides, t.dtype.itemsize) for t in params]
+        call = _Call.of(task)
+        shapes, scalars, params, words = call.shapes, call.scalars, call.params, call.words
         beta = getattr(kernel.cuda, "gemm", None)
         if beta is not None and all(math.prod(shape) for shape in shapes):  # before any code is made
             gemm = cublas.gemm_call([None if t is None else (t.shape, t.byte_strides, t.dtype.numpy)
@@ -294,7 +324,7 @@ class CudaBackend:
             if gemm is not None:  # a product of three tensors, no scalars; else its own code runs
                 self._blas()
                 return dataclasses.replace(template(0, 1, 1, words, ()), gemm=gemm)
-        code = kernel.cuda.code_for(shapes, tensors[0].dtype.numpy, scalars, self.tf32)
+        code = kernel.cuda.code_for(shapes, call.dtype, scalars, self.tf32)
         items = code.items(shapes)
         if items == 0:
             return NO_WORK
@@ -412,6 +442,39 @@ class CudaBackend:
 
 _SCALAR = ParamKind.SCALAR
 _NO_WAITS = np.zeros(0, np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """A kernel instance as the persistent kernel runs it: its generated code (None: it has no
+    work items), element type, and the template of its argument words (launches.template)."""
+
+    code: CudaCode | None
+    dtype: np.dtype
+    template: Template
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """What picks a task's kernel instance: its tensors' shapes and element type, its scalars,
+    and its params in order (a tensor, or None for a scalar) with each tensor's words' layout."""
+
+    shapes: list
+    dtype: np.dtype
+    scalars: tuple
+    params: list
+    words: list
+
+    @classmethod
+    def of(cls, task) -> _Call:
+        params = [None if p.kind == _SCALAR else p.value for p in task.params]
+        tensors = [t for t in params if t is not None]
+        if not tensors:
+            raise PTOError(f"{task.kernel.name}: a CUDA kernel takes at least one tensor, to say its element "
+                           "type")
+        return cls([t.shape for t in tensors], tensors[0].dtype.numpy,
+                   tuple(p.value for p in task.params if p.kind == _SCALAR), params,
+                   [None if t is None else (t.shape, t.byte_strides, t.dtype.itemsize) for t in params])
 
 
 def _split(task) -> tuple[tuple, list, list]:

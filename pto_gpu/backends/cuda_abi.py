@@ -17,6 +17,9 @@ from ..errors import PTOError
 
 MAX_DIMS = 3
 THREADS_PER_BLOCK = 256  # every launch's block: the generated kernels' warps and shared memory assume it
+SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
+# What every generated source pastes at its top, and the persistent kernel's module once.
+HEADER = Path(__file__).parent.parent / "isa" / "pto_isa.cuh"
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
 COMPILE_OPTIONS = {
     np.dtype(np.float32): ("-DPTO_T=float",),

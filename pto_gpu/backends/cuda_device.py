@@ -6,6 +6,7 @@ on their handles (cuda.py). External arrays are CuPy arrays or any array with
 from __future__ import annotations
 
 import ctypes
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +93,12 @@ class CupyDevice:
     # --- code, streams and events ------------------------------------------------------------
     def function(self, code: CudaCode, kernel, layout: list, scalars: tuple) -> int:
         dtype = next(param[1] for param in layout if param is not None)
-        key = (code.source, np.dtype(dtype), kernel.name)
+        return self.module_function(code.source, dtype, kernel.name, 0)
+
+    def module_function(self, source: Path, dtype, name: str, words: int) -> int:
+        """The CUfunction of `pto_<name>` in CUDA source `source` compiled for element type
+        `dtype` (its params are the kernel's own: `words` is the emulator's to know)."""
+        key = (source, np.dtype(dtype), name)
         function = self._functions.get(key)  # a dict read is atomic under the GIL
         if function is None:
             # CuPy compiles a module at its first get_function, NVRTC without the GIL, so modules
@@ -100,11 +106,38 @@ class CupyDevice:
             with self._compiling(key[:2]):
                 module = self._modules.get(key[:2])
                 if module is None:
-                    options = cuda_abi.nvrtc_options(code.source.parent, dtype, kernel.name)
-                    module = self._modules[key[:2]] = self._cupy.RawModule(
-                        code=code.source.read_text(), options=options)
-                function = self._functions[key] = module.get_function(cuda_abi.symbol(kernel.name))
+                    options = cuda_abi.nvrtc_options(source.parent, dtype, name)
+                    module = self._modules[key[:2]] = self._cupy.RawModule(code=source.read_text(),
+                                                                           options=options)
+                function = self._functions[key] = module.get_function(cuda_abi.symbol(name))
         return function.kernel.ptr  # a RawKernel's Function: the CUfunction, loaded on this device
+
+    def resident_blocks(self, function: int) -> int:
+        """Blocks of `function` (of THREADS_PER_BLOCK threads, no dynamic shared memory) the
+        GPU holds at once: its occupancy per SM times the SMs."""
+        driver = self._cupy.cuda.driver
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function, cuda_abi.THREADS_PER_BLOCK, 0)
+        return max(1, per_sm) * self._cupy.cuda.Device(self._device_id).attributes["MultiProcessorCount"]
+
+    # --- the persistent scheduler's memory (persistent_host.Memory) ------------------------
+    def mapped(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """Pinned, mapped host memory (write-back: the host's release stores are plain ones):
+        under unified addressing its device address is its host address."""
+        runtime = self._cupy.cuda.runtime
+        address = runtime.hostAlloc(nbytes, runtime.hostAllocMapped)
+        buffer = (ctypes.c_uint8 * nbytes).from_address(address)
+        weakref.finalize(buffer, runtime.freeHost, address)  # every view of it keeps it
+        array = np.frombuffer(buffer, np.uint8)
+        array[:] = 0
+        return array, address
+
+    def device_words(self, nbytes: int) -> tuple[object, int]:
+        memory = self._cupy.cuda.Memory(nbytes)
+        return memory, memory.ptr
+
+    def copy_in(self, address: int, data: np.ndarray) -> None:
+        runtime = self._cupy.cuda.runtime
+        runtime.memcpy(address, data.ctypes.data, data.nbytes, runtime.memcpyHostToDevice)
 
     def stream(self) -> int:
         stream = self._cupy.cuda.Stream(non_blocking=True)

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import threading
 import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -79,27 +80,51 @@ class EmulatedDevice:
         words = sum(1 if param is None else TENSOR_WORDS for param in layout)
         dtype = np.dtype(next(param[1] for param in layout if param is not None))  # the first tensor's
         if self.emulate == "gpu-code":
-            key = (code.source, dtype, kernel.name)
-        else:
-            key = (kernel.id, tuple(layout), instance_scalars(kernel, scalars))
+            return self.module_function(code.source, dtype, kernel.name, words)
+        key = (kernel.id, tuple(layout), instance_scalars(kernel, scalars))
         function = self._functions.get(key)  # a dict read is atomic under the GIL
         if function is None:  # built outside the lock: a run's new instances build side by side
-            entry, context = (self._gpu_code(code, kernel.name, dtype) if self.emulate == "gpu-code"
-                              else self._cpu_code(code, kernel, layout, dtype, scalars))
+            entry, context = self._cpu_code(code, kernel, layout, dtype, scalars)
             with self._lock:
                 function = self._functions.get(key)
                 if function is None:
                     function = self._functions[key] = emulator.function(entry, [WORD] * words, context)
         return function
 
-    def _gpu_code(self, code: CudaCode, name: str, dtype) -> tuple[int, int]:
-        library = ctypes.CDLL(host_build(code, dtype))
-        self._kept.append(library)
-        entry = getattr(library, f"pto_launch_{name}", None)
-        if entry is None:
-            raise PTOError(f"{name}: emulate='gpu-code' runs generated CUDA code (PTO programs), whose "
-                           f"pto_launch_{name} this source lacks; use emulate='cpu-code'")
-        return ctypes.cast(entry, ctypes.c_void_p).value, 0
+    def module_function(self, source: Path, dtype, name: str, words: int) -> int:
+        """The CUfunction of `pto_<name>` in CUDA source `source` compiled for element type
+        `dtype`, taking `words` 8-byte params: its host build's pto_launch_<name>."""
+        key = (source, np.dtype(dtype), name)
+        function = self._functions.get(key)
+        if function is None:
+            library = ctypes.CDLL(host_build(source, dtype))
+            entry = getattr(library, f"pto_launch_{name}", None)
+            if entry is None:
+                raise PTOError(f"{name}: emulate='gpu-code' runs generated CUDA code (PTO programs), whose "
+                               f"pto_launch_{name} this source lacks; use emulate='cpu-code'")
+            with self._lock:
+                self._kept.append(library)
+                function = self._functions.get(key)
+                if function is None:
+                    function = self._functions[key] = emulator.function(
+                        ctypes.cast(entry, ctypes.c_void_p).value, [WORD] * words)
+        return function
+
+    def resident_blocks(self, function: int) -> int:
+        """Blocks of `function` the device runs at once. The emulator runs a grid's blocks one
+        after another; two make a persistent kernel's later blocks find the work done."""
+        return 2
+
+    # --- the persistent scheduler's memory (persistent_host.Memory): host memory ----------
+    def mapped(self, nbytes: int) -> tuple[np.ndarray, int]:
+        array = np.zeros(nbytes, np.uint8)
+        return array, array.ctypes.data
+
+    def device_words(self, nbytes: int) -> tuple[object, int]:
+        return self.mapped(nbytes)
+
+    def copy_in(self, address: int, data: np.ndarray) -> None:
+        ctypes.memmove(address, data.ctypes.data, data.nbytes)
 
     def _cpu_code(self, code: CudaCode, kernel, layout: list, dtype, scalars: tuple) -> tuple[int, int]:
         shapes = tuple(param[0] for param in layout if param is not None)
@@ -143,26 +168,26 @@ def _free(driver, streams: list[int], events: list[int]) -> None:
 _building = KeyedLocks()  # per target: one g++ for a build, different builds side by side
 
 
-def host_build(code: CudaCode, dtype) -> str:
-    """A kernel's generated CUDA source built for the host by g++ (once: cached under the
-    source's digest and the element type's options)."""
+def host_build(source: Path, dtype) -> str:
+    """Generated CUDA source built for the host by g++ (once: cached under the source's
+    digest and the element type's options)."""
     compiler = shutil.which("g++")
     if compiler is None:
         raise PTOError("emulate='gpu-code' builds each kernel's CUDA source for the host with g++, which is "
                        "not installed; install it, or use emulate='cpu-code'")
-    options = cuda_abi.compile_options(dtype, code.source.stem)
-    text = code.source.read_text()
+    options = cuda_abi.compile_options(dtype, source.stem)
+    text = source.read_text()
     digest = hashlib.sha256("\0".join([text, *options]).encode()).hexdigest()[:24]
-    target = emulator.cache_dir() / f"{code.source.stem}-{digest}.so"
+    target = emulator.cache_dir() / f"{source.stem}-{digest}.so"
     with _building(target):
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             command = [compiler, "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", *options,
-                       str(code.source), "-o", str(partial)]
+                       str(source), "-o", str(partial)]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 partial.unlink(missing_ok=True)
-                raise PTOError(f"g++ could not build {code.source} for the CUDA emulator:\n{done.stderr}")
+                raise PTOError(f"g++ could not build {source} for the CUDA emulator:\n{done.stderr}")
             partial.replace(target)
     return str(target)

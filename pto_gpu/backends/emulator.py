@@ -38,16 +38,18 @@ def cache_dir() -> Path:
     return generated.cache_dir() / "emulator"
 
 
-def build(source: str, folder: Path) -> Path:
-    """The shared library of emulator source text `source` in `folder`, compiled unless a build
-    of the same text (named by its hash) is there already."""
-    stem = f"cuda_emulator-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+def build(source: str, folder: Path, name: str = "cuda_emulator",
+          user: str = 'backend="cuda-emulated"', what: str = "its CUDA driver emulator") -> Path:
+    """The shared library of C source text `source` (the emulator's, unless `name` says which)
+    in `folder`, compiled unless a build of the same text (named by its hash) is there already;
+    without a compiler, an error that says `user` needs one to build `what`."""
+    stem = f"{name}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
     path = folder / f"{stem}.so"
     if path.exists():
         return path
     if shutil.which(COMPILE[0]) is None:
-        raise PTOError(f'backend="cuda-emulated" needs a C compiler (`{COMPILE[0]}`) to build its CUDA '
-                       "driver emulator, and there is none on PATH")
+        raise PTOError(f"{user} needs a C compiler (`{COMPILE[0]}`) to build {what}, and there is none "
+                       "on PATH")
     folder.mkdir(parents=True, exist_ok=True)
     # Temporary names of this process and thread, then os.replace: two processes building at
     # once never load a half-written library, and the .c stays beside it to rebuild by hand.
@@ -60,7 +62,7 @@ def build(source: str, folder: Path) -> Path:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         partial_so.unlink(missing_ok=True)
-        raise PTOError(f"building the CUDA driver emulator failed: {' '.join(command)}\n{result.stderr}")
+        raise PTOError(f"building {name} failed: {' '.join(command)}\n{result.stderr}")
     os.replace(partial_so, path)
     return path
 

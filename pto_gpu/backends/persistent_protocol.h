@@ -37,11 +37,15 @@
  * blocks' progress only, so the executor must also watch the kernel's stream (a kernel that
  * starts late, or dies in a fault, looks like no progress).
  *
- * Sizes. The successor pool must hold slots x (1 + ceil((slots - 1) x P / PTO_CHUNK)) chunks
- * for tasks of at most P producers (a producer's list holds the links of the tasks after it
- * while its slot holds it; a repeated producer is a link each time); running out stops the
- * run (PTO_FAULTED). Memory the host writes must be write-back (cudaHostAlloc without
- * WriteCombined): the host's release stores are plain x86 stores, ordered by TSO.
+ * Sizes. A producer's successor list holds the links of the tasks after it while its slot
+ * holds it, and goes back to the pool when its slot is wired again, so every link alive is
+ * from one of the last `slots` tasks wired (a repeated producer is a link each time). Where
+ * any `slots` consecutive tasks name at most L producers in all, a pool of
+ * slots + ceil(L / PTO_CHUNK) chunks never runs out (each slot's list takes one chunk, and one
+ * more for every PTO_CHUNK links); for tasks of at most P producers each, L = slots x P.
+ * Running out stops the run (PTO_FAULTED). Memory the host writes must be write-back
+ * (cudaHostAlloc without WriteCombined): the host's release stores are plain x86 stores,
+ * ordered by TSO.
  */
 #ifndef PTO_PERSISTENT_PROTOCOL_H
 #define PTO_PERSISTENT_PROTOCOL_H
@@ -397,6 +401,61 @@ PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
 
 /* --- the host's side: loads and stores only ----------------------------------------------------- */
 #ifndef __CUDACC__
+/* Lay the arrays of a scheduler of these sizes out in two regions, and say how many bytes each
+ * takes: the blocks' own words in `device` memory, the words the host writes or reads in
+ * `mapped` memory (host memory the GPU reaches: cudaHostAllocMapped, write-back), each array
+ * at a multiple of 64 bytes from its region's base. With bases of 0, only the sizes. */
+typedef struct {
+    pto_u64 device_bytes, mapped_bytes;
+} pto_extent;
+
+PTO_FN void *pto_carve(char *base, pto_u64 *used, pto_u64 count, pto_u64 size) {
+    void *at = (void *)((uintptr_t)base + *used);
+    *used += (count * size + 63) / 64 * 64;
+    return at;
+}
+
+PTO_FN pto_extent pto_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32 chunks, char *device,
+                             char *mapped) {
+    pto_extent e = {0, 0};
+    s->slots = slots;
+    s->words = words;
+    s->chunks = chunks;
+    s->submitted = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u64));
+    s->closed = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u32));
+    s->host_abort = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u32));
+    s->first_word = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u64));
+    s->producer_count = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u32));
+    s->word = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, words, sizeof(pto_u64));
+    s->done = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u64));
+    s->counters = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, PTO_COUNTERS, sizeof(pto_u64));
+    s->device_abort = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u32));
+    s->wiring = (pto_u32 *)pto_carve(device, &e.device_bytes, 1, sizeof(pto_u32));
+    s->state = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
+    s->pending = (pto_i32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_i32));
+    s->first_chunk = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
+    s->chunk_next = (pto_u32 *)pto_carve(device, &e.device_bytes, chunks, sizeof(pto_u32));
+    s->chunk_entry = (pto_u32 *)pto_carve(device, &e.device_bytes, (pto_u64)chunks * PTO_CHUNK, sizeof(pto_u32));
+    s->cell_sequence = (pto_u64 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u64));
+    s->cell_slot = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
+    s->successor_count = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
+    s->last_chunk = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
+    s->free_chunk_next = (pto_u32 *)pto_carve(device, &e.device_bytes, chunks, sizeof(pto_u32));
+    s->free_chunk_first = (pto_u32 *)pto_carve(device, &e.device_bytes, 1, sizeof(pto_u32));
+    return e;
+}
+
+/* A run's first state, written through `s` into zeroed regions (the host's view of both: on a
+ * GPU, of a copy of the device region that the host then copies there): every cell of the
+ * ready queue free, no task done in any slot, every chunk in the pool. */
+PTO_FN void pto_initial(pto_sched *s) {
+    for (pto_u32 i = 0; i < s->slots; ++i) {
+        s->cell_sequence[i] = i;
+        s->done[i] = (pto_u64)-1;
+    }
+    for (pto_u32 i = 0; i < s->chunks; ++i) s->free_chunk_next[i] = i + 1 < s->chunks ? i + 1 : PTO_NO_CHUNK;
+}
+
 /* One turn of a host's wait on the blocks: 1 where it must stop, the run stopped, or the
  * blocks out of patience (the host then stores PTO_STUCK in host_abort: a task has run that
  * long, or waits for ever). */

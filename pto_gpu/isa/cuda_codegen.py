@@ -1,4 +1,6 @@
-"""CUDA code generation for InCore functions: one `extern "C" __global__ pto_<name>` per function.
+"""CUDA code generation for InCore functions: one `extern "C" __global__ pto_<name>` per function
+(`PTO_ENTRY`, which the persistent kernel's module makes a device function of each instance:
+pto_persistent.cuh).
 
 The kernel takes the runtime's descriptor ABI (backends/cuda_abi.py): each memref, in
 declaration order, as a pointer, three sizes and three element strides, then the scalar
@@ -67,7 +69,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backends.cuda_abi import THREADS_PER_BLOCK
+from ..backends.cuda_abi import HEADER, SHARED_LIMIT, THREADS_PER_BLOCK
 from ..dtypes import DataType
 from ..kernel import CudaCode
 from . import column_blocks
@@ -79,10 +81,8 @@ from .operands import Kind, signature
 from .ops import OPCODES, Form, OpSpec
 from .verify import verify_module
 
-HEADER = Path(__file__).with_name("pto_isa.cuh")
 WARP = 32
 WARPS = THREADS_PER_BLOCK // WARP
-SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
 # Registers a lane may hold tiles in before a function's widest tiles are walked in blocks of
 # columns (column_blocks.py), counting every tile in registers at once: the library's RMSNorm
 # at 32 x 4096 held 64 in the block layout (two tiles of 4 rows x 8 columns a lane); a 64 x 768
@@ -134,7 +134,7 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
         partial.replace(path)  # atomic: a concurrent compile never reads half a file
     return CudaCode(path, WorkItems(generator.items, generator.split_param, generator.split_rows),
                     integer_scalars=tuple(_integer(scalar.dtype) for scalar in generator.params),
-                    batches=True)
+                    batches=True, shared_bytes=generator.shared_offsets()[1])
 
 
 def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
@@ -500,6 +500,17 @@ class _Generator:
     def shared_bytes(self) -> int:
         return sum(self.tiles[t].rows * self.pitch(t) * self.element_bytes(t) for t in self.whole)
 
+    def shared_offsets(self) -> tuple[dict[str, int], int]:
+        """Where each tile read whole lies in the persistent kernel's shared memory, which the
+        instances of a run take turns in (pto_persistent.cuh), and the bytes they span: in
+        name order, each at a multiple of 16 bytes (a packed tile's rows are read 16 bytes at
+        a time)."""
+        offsets, end = {}, 0
+        for tile in sorted(self.whole):
+            offsets[tile] = end
+            end += -(-self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile) // 16) * 16
+        return offsets, end
+
     def register_words(self) -> int:
         """Registers a lane holds tiles in, all at once (an upper bound: some are never live
         together): per register tile, its rows this warp owns times its columns per lane, and
@@ -543,7 +554,7 @@ class _Generator:
         out.add("")
         # At least one block per SM: without it ptxas held some tile-in-register kernels to
         # 128 registers and spilled (flash_pv at 8 x 128 x 128: 196 bytes, with 234 needed).
-        out.add(f'extern "C" __global__ void __launch_bounds__(PTO_THREADS, 1) pto_{name}(')
+        out.add(f"PTO_ENTRY pto_{name}(")
         out.add("    " + ",\n    ".join(params) + ") {")
         out.indent += 1
         out.add("[[maybe_unused]] const int pto_lane = threadIdx.x % 32;")
@@ -560,12 +571,13 @@ class _Generator:
         out.add(f"const long long pto_batch = {batch};")
         if self.block:
             out.add("[[maybe_unused]] const int pto_warp = threadIdx.x / 32;")
+            offsets, _ = self.shared_offsets()
             for tile in sorted(self.whole):
                 shape = f"[{self.tiles[tile].rows}][{self.pitch(tile)}]"
                 # a packed tile's rows are read 16 bytes at a time (ldmatrix)
-                declared = f"alignas(16) __shared__ T {tile}" if tile in self.packed else \
-                    f"__shared__ {self.ctype(tile)} {tile}"
-                out.add(f"{declared}{shape};")
+                declare, ctype = ("PTO_SHARED_PACKED", "T") if tile in self.packed else ("PTO_SHARED",
+                                                                                        self.ctype(tile))
+                out.add(f"{declare}({ctype}, {tile}, {shape}, {offsets[tile]});")
             if self.split_param is None:
                 out.add("for (long long pto_b = blockIdx.x; pto_b < pto_batch; pto_b += gridDim.x) {"
                         "  // a block")
@@ -604,7 +616,16 @@ class _Generator:
         # refuse one past __launch_bounds__.
         types = [re.sub(r"\w+$", "", word).strip() for word in words]
         unpacked = ", ".join(f"*({ctype} *)pto_params[{i}]" for i, ctype in enumerate(types))
-        out.add("#ifndef __CUDACC__  // the host build: run a grid of blocks of threads (pto_isa.cuh)")
+        # The persistent kernel's call of this instance (pto_persistent.cuh): its words as
+        # the host wrote them for the task, each read as its param's type.
+        read = ", ".join(f"pto_word<{ctype}>(pto_words + {i})" for i, ctype in enumerate(types))
+        out.add("#ifdef PTO_PERSISTENT")
+        out.add("PTO_TASK(const long long *pto_words) {")
+        out.add(f"    pto_{name}({read});")
+        out.add("}")
+        out.add("#endif")
+        out.add("#if !defined(__CUDACC__) && !defined(PTO_PERSISTENT)  // the host build: run a grid of "
+                "blocks of threads (pto_isa.cuh)")
         out.add(f'extern "C" void pto_host_{name}(long long pto_blocks, {", ".join(params)}) {{')
         out.add(f"    pto_host_launch(pto_blocks, [&] {{ pto_{name}({args}); }});")
         out.add("}")

@@ -53,6 +53,16 @@
 #define PTO_THREADS (PTO_WARPS * 32)
 #define PTO_FULL 0xffffffffu
 
+// How a generated kernel is declared, and its tiles in shared memory (name, dims, and the
+// offset the generator gives it in the persistent kernel's shared memory): a kernel of its
+// own here; the persistent kernel's module defines PTO_PERSISTENT and these its own way
+// (pto_persistent.cuh).
+#ifndef PTO_PERSISTENT
+#define PTO_ENTRY extern "C" __global__ void __launch_bounds__(PTO_THREADS, 1)
+#define PTO_SHARED(type, name, dims, offset) __shared__ type name dims
+#define PTO_SHARED_PACKED(type, name, dims, offset) alignas(16) __shared__ type name dims
+#endif
+
 #ifdef __CUDACC__  // nvcc, or NVRTC through CuPy (which has no <cmath>)
 #ifdef PTO_HALF
 #include <cuda_fp16.h>

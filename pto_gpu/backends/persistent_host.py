@@ -1,0 +1,190 @@
+"""The persistent scheduler's state in a device's memory, and the host's side of its protocol
+(persistent_protocol.h, through persistent_host.c): what executors/persistent.py publishes
+tasks with and polls.
+
+The state is two regions (pto_layout): the blocks' own words in device memory, the words the
+host writes or reads in mapped memory (host memory the GPU reaches). After the protocol's
+mapped words come the task records the blocks read beside it, per slot: the instance to run
+(its index in the kernel's module), the ticket, and the argument words; then, per block, the
+ticket + 1 of the task it runs (0 between tasks); then the scheduler record the kernel takes,
+its pointers the device's. On the emulator both regions are host memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..errors import PTOError
+from . import emulator
+
+PROTOCOL = emulator.SOURCE.with_name("persistent_protocol.h")
+HOST = emulator.SOURCE.with_name("persistent_host.c")
+CHUNK = 14  # successors a chunk of a successor list holds: PTO_CHUNK
+NO_WORK = 0xFFFFFFFF  # the instance of a task with no work items: it completes unrun
+
+
+class Counter(enum.IntEnum):  # the blocks' counters (PTO_ENQUEUED ...)
+    ENQUEUED = 0
+    DEQUEUED = 1
+    FINISHED = 2
+    WIRED = 3
+    WORDS_READ = 4
+
+
+class Abort(enum.IntEnum):  # an abort word: PTO_RUNNING, or why the run stopped
+    RUNNING = 0
+    STUCK = 1
+    FAULTED = 2
+
+
+class Memory(Protocol):
+    """What a device gives the scheduler's state (cuda_device.py, emulated_device.py)."""
+
+    def mapped(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """Zeroed host memory the device reaches, kept as long as the array: the host's view
+        (uint8) and the device's address of it."""
+
+    def device_words(self, nbytes: int) -> tuple[object, int]:
+        """Device memory, kept as long as the first item: (it, its address)."""
+
+    def copy_in(self, address: int, data: np.ndarray) -> None:
+        """Copy host array `data` to device address `address`, and wait for it."""
+
+
+class Sizes(NamedTuple):
+    slots: int  # task slots: tasks published and not yet seen done (a power of two)
+    words: int  # the ring of producers' tickets (a power of two); also the most producers
+    #             any `slots` consecutive tasks may name in all (the pool's bound)
+    words_per_task: int  # argument words a task's record holds
+    blocks: int  # of the kernel
+
+    @property
+    def chunks(self) -> int:  # the successor pool, by the protocol's bound
+        return self.slots + -(-self.words // CHUNK)
+
+
+_library: ctypes.CDLL | None = None
+
+
+def library() -> ctypes.CDLL:
+    """persistent_host.c with the protocol pasted above it, built once per text."""
+    global _library
+    if _library is None:
+        source = PROTOCOL.read_text() + "\n" + HOST.read_text()
+        path = emulator.build(source, emulator.cache_dir(), "persistent_host", 'executor="persistent"',
+                              "the host's side of its scheduler")
+        loaded = ctypes.CDLL(str(path))
+        u32, u64, pointer = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
+        for name, result, arguments in (
+                ("pto_persistent_sched_bytes", u64, ()),
+                ("pto_persistent_layout", None, (pointer, u32, u32, u32, pointer, pointer, pointer)),
+                ("pto_persistent_initial", None, (pointer,)),
+                ("pto_persistent_publish", ctypes.c_int, (pointer, u64, pointer, pointer, u32)),
+                ("pto_persistent_close", None, (pointer,)),
+                ("pto_persistent_stop", None, (pointer, u32)),
+                ("pto_persistent_done", u64, (pointer, u32)),
+                ("pto_persistent_counter", u64, (pointer, u32)),
+                ("pto_persistent_device_abort", u32, (pointer,))):
+            function = getattr(loaded, name)
+            function.restype, function.argtypes = result, arguments
+        _library = loaded
+    return _library
+
+
+class State:
+    """One kernel's scheduler state: `reset` before each launch of the kernel."""
+
+    def __init__(self, memory: Memory, sizes: Sizes):
+        self.sizes = sizes
+        self._memory = memory
+        self._lib = lib = library()
+        record = int(lib.pto_persistent_sched_bytes())
+        extent = (ctypes.c_uint64 * 2)()
+        sizing = ctypes.create_string_buffer(record)
+        lib.pto_persistent_layout(sizing, sizes.slots, sizes.words, sizes.chunks, None, None, extent)
+        device_bytes, protocol_bytes = int(extent[0]), int(extent[1])
+        # The mapped region: the protocol's words, then the task records, each at 64 bytes.
+        offsets, end = {}, protocol_bytes
+        for name, count, dtype in (("kernel", sizes.slots, np.uint32), ("ticket", sizes.slots, np.uint64),
+                                   ("words", sizes.slots * sizes.words_per_task, np.int64),
+                                   ("running", sizes.blocks, np.uint64), ("sched", record, np.uint8)):
+            offsets[name] = end
+            end += -(-count * np.dtype(dtype).itemsize // 64) * 64
+        self._mapped, mapped_address = memory.mapped(end)
+        self._device, device_address = memory.device_words(max(device_bytes, 64))
+        self._staging = np.zeros(max(device_bytes, 64), np.uint8)  # the device region's first state
+        mapped = self._mapped
+        self.kernel = mapped[offsets["kernel"]:].view(np.uint32)[:sizes.slots]
+        self.ticket = mapped[offsets["ticket"]:].view(np.uint64)[:sizes.slots]
+        self.words = mapped[offsets["words"]:].view(np.int64)[:sizes.slots * sizes.words_per_task].reshape(
+            sizes.slots, sizes.words_per_task)
+        self.running = mapped[offsets["running"]:].view(np.uint64)[:sizes.blocks]
+        # The host's pto_sched (it touches the mapped words only), and the kernel's, in mapped
+        # memory: the same layout at the device's addresses.
+        self._host = ctypes.create_string_buffer(record)
+        lib.pto_persistent_layout(self._host, sizes.slots, sizes.words, sizes.chunks, device_address,
+                                  mapped.ctypes.data, extent)
+        device_record = ctypes.create_string_buffer(record)
+        lib.pto_persistent_layout(device_record, sizes.slots, sizes.words, sizes.chunks, device_address,
+                                  mapped_address, extent)
+        mapped[offsets["sched"]:offsets["sched"] + record] = np.frombuffer(device_record.raw, np.uint8)
+        self.kernel_args = (mapped_address + offsets["sched"], mapped_address + offsets["kernel"],
+                            mapped_address + offsets["ticket"], mapped_address + offsets["words"],
+                            sizes.words_per_task, mapped_address + offsets["running"])
+        self._protocol_bytes = protocol_bytes
+        self._device_address = device_address
+        self._next_word = ctypes.c_uint64(0)
+
+    def reset(self) -> None:
+        """The first state: no task published, every chunk free (the device region set through
+        a host copy of it, then copied there)."""
+        self._mapped[:self._protocol_bytes] = 0
+        self.running[:] = 0
+        self._staging[:] = 0
+        staged = ctypes.create_string_buffer(len(self._host))
+        extent = (ctypes.c_uint64 * 2)()
+        self._lib.pto_persistent_layout(staged, self.sizes.slots, self.sizes.words, self.sizes.chunks,
+                                        self._staging.ctypes.data, self._mapped.ctypes.data, extent)
+        self._lib.pto_persistent_initial(staged)
+        self._memory.copy_in(self._device_address, self._staging)
+        self._next_word.value = 0
+
+    # --- the host's side -------------------------------------------------------------------
+    def publish(self, ticket: int, producers: np.ndarray) -> None:
+        """Publish task `ticket` (its record written) after its producers' tickets. The slot
+        and the ring's room were waited for (`done`, `room`)."""
+        if self._lib.pto_persistent_publish(self._host, ticket, ctypes.byref(self._next_word),
+                                            producers.ctypes.data, len(producers)):
+            raise PTOError(f"the persistent scheduler refused task {ticket}: its producers "
+                           f"{producers.tolist()} are not all earlier tasks, or more than its ring "
+                           f"of {self.sizes.words} words holds")
+
+    def room(self, count: int) -> bool:
+        """Whether the ring of producers' words has room for `count` more."""
+        read = self._lib.pto_persistent_counter(self._host, Counter.WORDS_READ)
+        return self._next_word.value + count - read <= self.sizes.words
+
+    def done(self, ticket: int) -> bool:
+        return self._lib.pto_persistent_done(self._host, ticket & (self.sizes.slots - 1)) == ticket
+
+    def counter(self, which: Counter) -> int:
+        return int(self._lib.pto_persistent_counter(self._host, which))
+
+    def progress(self) -> int:
+        """A sum of the blocks' counters that only grow: it moves when they do anything."""
+        return sum(self.counter(c) for c in (Counter.WIRED, Counter.DEQUEUED, Counter.FINISHED))
+
+    def device_abort(self) -> Abort:
+        return Abort(self._lib.pto_persistent_device_abort(self._host))
+
+    def close(self) -> None:
+        """The last task is published: the blocks end once every task has finished."""
+        self._lib.pto_persistent_close(self._host)
+
+    def stop(self, why: Abort) -> None:
+        """Stop the blocks at their next look (a host error, or they are stuck)."""
+        self._lib.pto_persistent_stop(self._host, why)

@@ -1,0 +1,63 @@
+// The persistent kernel's module (executor="persistent"), the part before its instances. Its
+// blocks take the tasks the host streams in
+// and run each by calling the generated code of its kernel instance, until the host closes the
+// run. persistent_module.py writes the module around this text:
+//
+//   #define PTO_WARPS, PTO_PERSISTENT and PTO_TASK_SHARED_BYTES (the most any instance takes)
+//   pto_isa.cuh, persistent_protocol.h, then this file: how the instances are declared
+//   namespace pto_instance_<k> { <instance k's generated source> }   for each instance
+//   pto_run_task: a switch over the instances
+//   pto_persistent_kernel.cuh: the kernel, and its host build's entry
+//
+// Each generated source is pasted whole: its copy of pto_isa.cuh is skipped (include guard),
+// its kernel becomes a device function (PTO_ENTRY), its tiles in shared memory references into
+// pto_task_shared at the offsets the generator gave them (PTO_SHARED), so the instances take
+// turns in one block's shared memory instead of adding up, and PTO_TASK makes its
+// `pto_task(words)`, which reads the task's argument words as its params.
+//
+// A task runs on the one block that took it, with blockIdx.x = 0 and gridDim.x = 1 as its
+// code sees them (the macros below): the generated kernels loop over their work items, so one
+// block does what the grid of its stream launch would. A graph's parallelism is its tasks.
+//
+// Thread 0 of a block speaks for it in the protocol (persistent_protocol.h): it takes a task
+// (pto_next_task), the block's threads run it between two barriers, then thread 0 makes the
+// block's writes visible at system scope (__threadfence_system) and completes it. Per block,
+// `running[block]` is the ticket + 1 of the task it runs (0 between tasks): what the host
+// names when the kernel dies in a fault.
+#ifndef PTO_PERSISTENT_CUH
+#define PTO_PERSISTENT_CUH
+
+#ifndef __CUDACC__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __threadfence_system() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#endif
+
+#define PTO_ENTRY static __device__ __forceinline__ void
+#define PTO_SHARED(type, name, dims, offset) \
+    type(&name) dims = *reinterpret_cast<type(*) dims>(pto_task_shared + (offset))
+#define PTO_SHARED_PACKED PTO_SHARED
+#define PTO_TASK __device__ __noinline__ void pto_task
+
+// A task's argument word as its param's type, bit for bit (a pointer, a long long, a double).
+template <typename V>
+__device__ inline V pto_word(const long long *word) {
+    V value;
+    memcpy(&value, word, sizeof value);
+    return value;
+}
+
+// The instances' tiles in shared memory, one instance at a time; their offsets are multiples
+// of 16 (CudaCode.shared_bytes).
+alignas(16) __shared__ unsigned char pto_task_shared[PTO_TASK_SHARED_BYTES > 0 ? PTO_TASK_SHARED_BYTES : 16];
+
+// The block a task's code sees: the only one of its grid.
+struct PtoOnlyBlock {
+    unsigned x;
+};
+__device__ inline unsigned pto_block_index() { return blockIdx.x; }
+#define blockIdx (PtoOnlyBlock{0u})
+#define gridDim (PtoOnlyBlock{1u})
+
+#endif  // PTO_PERSISTENT_CUH
+

@@ -1,0 +1,297 @@
+"""The persistent executor (executor="persistent"): one kernel whose blocks run the run's
+tasks, taking them from queues in device memory, while the host keeps submitting (spec 001's
+scheduler and workers, on the GPU; docs/DESIGN.md, "GPU").
+
+The host's side stays the other executors': the orchestrator, the TensorMap and the rings
+decide dependencies and memory. Each submitted task becomes a record the blocks read (its
+kernel instance's index in the kernel's module, its argument words) in a slot of the
+scheduler's state (backends/persistent_host.py), published with the tickets of its producers
+still in flight; the blocks wire it to them, run it when they have finished, and say so in
+its slot, which the host polls: tasks retire (complete in the core, which reclaims their
+ring and heap space) in submission order as they are seen done, as on the stream executor.
+
+The kernel's module holds the generated code of the instances it may run. It is launched at
+the first wait (a slot or the ring of producers' words to free, a full task ring, the end of
+the run), over the instances seen so far; a task of an instance not in it ends the kernel (it
+finishes what it has) and the next one is launched over all the instances seen. A backend's
+instances carry over to its next runs, so a run like an earlier one launches one kernel.
+
+Every wait is bounded: a kernel whose blocks make no progress for `patience` seconds while a
+task is unfinished is stopped, and the run fails with a DeadlockError naming the tasks left;
+a kernel that faults fails the run with the task that was running named.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+import numpy as np
+
+from ..backends.cuda_abi import MAX_BLOCKS
+from ..backends.launches import MAX_WORDS
+from ..backends.persistent_host import NO_WORK, Abort, Counter, Sizes, State
+from ..backends.persistent_module import NAME, write
+from ..dtypes import WorkerType
+from ..errors import DeadlockError, PTOError, TaskError
+from ..first_calls import first_calls, preparing
+from ..profile import Profile
+from ..tasks import RINGS, Scheduler, Task
+
+PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wait gives up
+KERNEL_PARAMS = 6  # pto_persistent's (pto_persistent_kernel.cuh)
+# The states of kernels stopped before they were seen to end: they may still read them.
+_ABANDONED: list[State] = []
+WORDS_PER_SLOT = 16  # producers' words in the ring per task slot
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Flight:
+    """A task published to the kernel, not yet retired."""
+
+    task: Task
+    ticket: int
+    at: float  # perf_counter() when published
+    first_call: bool  # whether publishing it compiled its instance
+
+
+class PersistentExecutor:
+    runs_kernels = True
+    wants_producers = True
+
+    def __init__(self, scheduler: Scheduler, backend, profile: Profile):
+        if not hasattr(backend, "instance"):
+            raise PTOError(f'executor="persistent" runs tasks in a CUDA kernel: it needs backend="cuda" or '
+                           f'"cuda-emulated", not {backend.name!r}')
+        self._scheduler = scheduler
+        self._backend = backend
+        self._device = backend.device
+        self._profile = profile
+        self._lane = profile.lane("persistent-kernel", (WorkerType.CUBE, WorkerType.VECTOR))
+        self._patience = PATIENCE
+        slots = 1 << max(1, (scheduler.state.sizes.task_window - 1).bit_length())
+        self._slots = slots
+        self._state: State | None = None
+        self._launched: tuple | None = None  # the running kernel's instances' sources
+        self._stream = backend.stream(("persistent", 0))
+        self._ended = backend.take_event()  # recorded behind the kernel
+        self._in_flight: collections.deque[Flight] = collections.deque()
+        self._ticket_of: dict[int, int] = {}  # in-flight task id -> ticket
+        self._producers_named = np.zeros(slots, np.int64)  # per slot: producers its task named
+        self._named = 0  # ... in all, over the last `slots` tickets
+        self._next_ticket = 0
+        self._scratch = scheduler.ready_scratch()
+        self._dtype = None
+        self.kernels_launched = 0
+
+    # --- the orchestrator's side ---------------------------------------------------------
+    def submitted(self, task: Task, ready: bool, producers) -> None:
+        prepared = first_calls()
+        try:
+            instance, words = self._backend.instance(task)
+        except Exception as cause:
+            raise TaskError.of(task, cause) from cause
+        kernel = NO_WORK if instance.code is None else self._kernel_index(task, instance)
+        ticket = self._next_ticket
+        state = self._state_for_publishing()
+        slot = ticket & (self._slots - 1)
+        if ticket >= self._slots:
+            self._wait_done(ticket - self._slots, "its slot")
+        tickets = self._producer_tickets(producers)
+        self._named -= int(self._producers_named[slot])
+        while self._named + len(tickets) > state.sizes.words or not state.room(len(tickets)):
+            # the producers' words: named by too many recent tasks for the successor pool's
+            # bound, or the ring full; a producer seen done needs no word
+            self._wait_done(int(tickets[0]), "room for its producers' words")
+            tickets = tickets[1:]
+        self._producers_named[slot] = len(tickets)
+        self._named += len(tickets)
+        state.kernel[slot] = kernel
+        state.ticket[slot] = ticket
+        state.words[slot, :len(words)] = words
+        state.publish(ticket, tickets)
+        self._next_ticket += 1
+        self._in_flight.append(Flight(task, ticket, time.perf_counter(), first_calls() != prepared))
+        self._ticket_of[task.id] = ticket
+        self._profile.sample(self._scheduler, len(self._in_flight))
+        self._retire_done()
+
+    def make_room(self, status: int, unfreed) -> None:
+        if not self._in_flight:
+            raise self._scheduler.deadlock(status, unfreed())
+        started = time.perf_counter()
+        self._wait_done(self._in_flight[0].ticket, "room in a ring")
+        self._retire_done()
+        self._profile.stalled(RINGS[status].key, time.perf_counter() - started)
+
+    def finish(self) -> None:
+        if self._state is not None:
+            self._end_kernel()
+        self._backend.release(self._ended)
+
+    def abort(self) -> None:
+        """Stop the kernel and wait for it to end (the next run's buffers may take this run's
+        heap space), for `patience` at most: a kernel that has not started by then (its stream
+        held) stops at its first look at the state, which is kept for it. Its tasks are
+        dropped unretired, as on the other executors."""
+        if self._launched is not None:
+            self._state.stop(Abort.FAULTED)
+            deadline = time.perf_counter() + self._patience
+            try:
+                while not self._backend.done(self._ended) and time.perf_counter() < deadline:
+                    time.sleep(1e-4)
+                if not self._backend.done(self._ended):
+                    _ABANDONED.append(self._state)
+            except Exception:  # a fault's: the error being raised is the one to report
+                pass
+            self._launched = None
+        self._in_flight.clear()
+        self._ticket_of.clear()
+        self._backend.release(self._ended)
+
+    # --- the kernel ----------------------------------------------------------------------
+    def _kernel_index(self, task: Task, instance) -> int:
+        """The instance's index in the kernel's module; a new instance ends the kernel running
+        (it is launched again over every instance seen, at its next wait)."""
+        if self._dtype is None:
+            self._dtype = instance.dtype
+        elif instance.dtype != self._dtype:
+            raise TaskError.of(task, PTOError(
+                f'executor="persistent" runs one element type in a run (its kernel is compiled for one): '
+                f"{task.kernel.name} is {instance.dtype}, the run's tasks so far {self._dtype}"))
+        codes = self._codes()
+        sources = [code.source for code in codes]
+        if instance.code.source in sources:
+            k = sources.index(instance.code.source)
+        else:
+            k = len(codes)
+            codes.append(instance.code)
+        if self._launched is not None and k >= len(self._launched):
+            self._end_kernel()
+        return k
+
+    def _state_for_publishing(self) -> State:
+        if self._state is None:
+            self._state = State(self._device, Sizes(self._slots, self._slots * WORDS_PER_SLOT, MAX_WORDS,
+                                                    MAX_BLOCKS))
+            self._state.reset()
+        return self._state
+
+    def _launch(self) -> None:
+        """Launch the kernel over every instance seen (its module compiled once per set of
+        them), as many blocks as the device holds at once."""
+        codes = self._codes()
+        sources = tuple(code.source for code in codes)
+        with preparing():
+            function = self._device.module_function(write(codes), self._dtype, NAME, KERNEL_PARAMS)
+        blocks = min(MAX_BLOCKS, self._device.resident_blocks(function))
+        try:
+            self._backend.launch(function, blocks, self._state.kernel_args, self._stream, self._ended)
+        except Exception as cause:  # refused, or the device has faulted already
+            raise self._fault(cause) from cause
+        self._launched = sources
+        self.kernels_launched += 1
+
+    def _codes(self) -> list:
+        """The instances of the run's element type that the backend's runs have seen, in order."""
+        return self._backend.persistent_codes.setdefault(self._dtype, [])
+
+    def _end_kernel(self) -> None:
+        """Close the kernel's run: every published task finishes, then it ends; retire them
+        all, and start afresh (a new state at the next task)."""
+        if self._launched is None and self._next_ticket:
+            self._launch()
+        if self._launched is not None:
+            self._state.close()
+            if self._in_flight:
+                self._wait_done(self._in_flight[-1].ticket, "the end of the run")
+            self._retire_done()
+            self._wait_kernel_end()
+        self._launched = None
+        self._state.reset()
+        self._next_ticket = 0
+        self._producers_named[:] = 0
+        self._named = 0
+
+    # --- waits ---------------------------------------------------------------------------
+    def _wait_done(self, ticket: int, why: str) -> None:
+        """Wait until task `ticket` is done, launching the kernel first if need be."""
+        if self._launched is None:
+            self._launch()
+        state = self._state
+        seen, since, pause = state.progress(), time.perf_counter(), 0.0
+        while not state.done(ticket):
+            self._check_kernel(why)
+            progress = state.progress()
+            now = time.perf_counter()
+            if progress != seen:
+                seen, since, pause = progress, now, 0.0
+            elif now - since > self._patience:
+                state.stop(Abort.STUCK)
+                raise self._stuck(why)
+            time.sleep(pause)
+            pause = min(1e-3, pause * 2 or 1e-6)
+
+    def _wait_kernel_end(self) -> None:
+        try:
+            self._backend.synchronize(self._ended)
+        except Exception as cause:
+            raise self._fault(cause) from cause
+
+    def _check_kernel(self, why: str) -> None:
+        """Raise if the kernel has stopped: a fault, an abort, or an end with tasks unfinished."""
+        abort = self._state.device_abort()
+        if abort != Abort.RUNNING:
+            raise self._stuck(why) if abort == Abort.STUCK else PTOError(
+                "the persistent kernel stopped: its successor lists or ready queue overflowed "
+                f"(a protocol error; {self._counters()})")
+        try:
+            ended = self._backend.done(self._ended)
+        except Exception as cause:
+            raise self._fault(cause) from cause
+        if ended:
+            raise PTOError(f"the persistent kernel ended while waiting for {why}, with "
+                           f"{len(self._in_flight)} tasks unfinished ({self._counters()})")
+
+    def _stuck(self, why: str) -> DeadlockError:
+        left = [flight for flight in self._in_flight if not self._state.done(flight.ticket)]
+        running = [self._task_of(int(t) - 1) for t in self._state.running if t]
+        named = ", ".join(f"{flight.task.kernel.name} (task {flight.task.id})" for flight in left[:8])
+        return DeadlockError(
+            f"the persistent kernel made no progress for {self._patience:g} s while waiting for {why}: "
+            f"{len(left)} tasks unfinished ({named}{', ...' if len(left) > 8 else ''}); running: "
+            f"{', '.join(running) or 'none'} ({self._counters()})")
+
+    def _fault(self, cause: Exception) -> Exception:
+        running = [int(t) - 1 for t in self._state.running if t]
+        for flight in self._in_flight:
+            if flight.ticket in running:
+                return TaskError.of(flight.task, cause)
+        return PTOError(f"the persistent kernel failed with no task running: {cause}")
+
+    def _task_of(self, ticket: int) -> str:
+        for flight in self._in_flight:
+            if flight.ticket == ticket:
+                return f"{flight.task.kernel.name} (task {flight.task.id})"
+        return f"ticket {ticket}"
+
+    def _counters(self) -> str:
+        state = self._state
+        return (f"published {self._next_ticket}, wired {state.counter(Counter.WIRED)}, "
+                f"run {state.counter(Counter.DEQUEUED)}, finished {state.counter(Counter.FINISHED)}")
+
+    # --- retiring --------------------------------------------------------------------------
+    def _producer_tickets(self, producers) -> np.ndarray:
+        """The tickets of a task's producers still in flight, once each, oldest first."""
+        tickets = {self._ticket_of[p] for p in map(int, producers) if p in self._ticket_of}
+        return np.array(sorted(tickets), np.uint64)
+
+    def _retire_done(self) -> None:
+        """Retire, oldest first, the tasks seen done, up to the first that is not."""
+        state = self._state
+        while self._in_flight and state.done(self._in_flight[0].ticket):
+            flight = self._in_flight.popleft()
+            del self._ticket_of[flight.task.id]
+            self._lane.ran(flight.task, flight.at, time.perf_counter(), flight.first_call)
+            self._scheduler.retire(flight.task.id, self._scratch)
