@@ -71,7 +71,8 @@ def how_it_ran(benchmark, result) -> None:
     """What a stream run's last round did: tasks issued from the argument tables, launches
     (fewer than tasks where they were batched), event waits between streams."""
     benchmark.extra_info.update(native_tasks=float(result.native_tasks),
-                                launches=float(result.native_launches), cross_waits=float(result.cross_waits))
+                                launches=float(result.native_launches),
+                                cross_waits=float(result.cross_waits or 0))  # None: no streams (persistent)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +104,17 @@ def test_overhead_streams_compiled(benchmark, cupy, shape):
         assert bool((y == 2 * x).all())
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / COMPILED_TASKS * 1e6
     how_it_ran(benchmark, result)
+
+
+@pytest.mark.parametrize("chain", [True, False], ids=["chain", "independent"])
+def test_overhead_persistent(benchmark, cupy, chain):
+    """The same tasks run by one persistent kernel (executor="persistent"): each published by
+    Python, wired and run by the kernel's blocks, one block a task."""
+    rt = pto.Runtime(backend="cuda", executor="persistent", task_window=4096)
+    x = cupy.ones((128, 1), cupy.float32)
+    result = benchmark.pedantic(rt.run, (tiny_tasks, x, chain), rounds=ROUNDS, warmup_rounds=2)
+    assert result.num_tasks == TASKS and float(x.sum()) == 128
+    per_task(benchmark)
 
 
 @pytest.mark.parametrize("chain", [True, False], ids=["chain", "independent"])
@@ -138,10 +150,10 @@ def test_overhead_cupy_back_to_back(benchmark, cupy):
 
 
 # --- the demo's tiled matmul ------------------------------------------------------------------
-def tiled_matmul_rounds(benchmark, cupy, orchestration, tile: int):
+def tiled_matmul_rounds(benchmark, cupy, orchestration, tile: int, executor: str = "stream"):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((2048, 2048)).astype(np.float32) for _ in range(2))
-    rt = pto.Runtime(backend="cuda", executor="stream")
+    rt = pto.Runtime(backend="cuda", executor=executor)
     da, db, dc = cupy.asarray(a), cupy.asarray(b), cupy.zeros((2048, 2048), cupy.float32)
     result = benchmark.pedantic(rt.run, (orchestration, da, db, dc), {"tile": tile}, rounds=ROUNDS,
                                 warmup_rounds=2)
@@ -163,6 +175,12 @@ def test_tiled_matmul_2048(benchmark, cupy, orchestration):
 def test_tiled_matmul_2048_tiles(benchmark, cupy, tile):
     """The compiled orchestration in larger tiles: fewer, longer cuBLAS calls."""
     tiled_matmul_rounds(benchmark, cupy, tiled_matmul_compiled, tile)
+
+
+def test_tiled_matmul_2048_persistent(benchmark, cupy):
+    """The demo's 128 tiles in one persistent kernel: each tile product the generated kernel's
+    code on one block (issue 44's target: within 2x of one cupy.matmul)."""
+    tiled_matmul_rounds(benchmark, cupy, tiled_matmul, 128, "persistent")
 
 
 def test_tiled_matmul_2048_numpy(benchmark):

@@ -12,9 +12,10 @@ import subprocess
 import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import add
+from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 from pto_gpu.orchestration.flash_attention import flash_attention_fused
 from pto_gpu.orchestration.matmul import tiled_matmul
-from test_cuda import ON_GPU, random_buffers, random_kernel_program
+from test_cuda import ON_GPU, axpy_kernel, random_buffers, random_kernel_program
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi, emulator, persistent_module
@@ -139,3 +140,48 @@ def test_the_module_compiles_for_the_gpu(arch, tmp_path):
                str(path)]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def matmuls_then_a_new_instance(o, a, b, c, x, y, with_copy: bool) -> None:
+    """Tasks that finish out of order (adds beside three accumulating 128 x 128 products), then,
+    with `with_copy`, one of an instance the kernel has not got: the kernel ends with every
+    task before it finished and retired, and the next starts its tickets afresh."""
+    A, B, C, X, Y = (o.external(t) for t in (a, b, c, x, y))
+    for _ in range(4):
+        o.submit(add, pto.input(X), pto.input(X), pto.output(Y))
+    acc = o.alloc((128, 128), A.dtype)
+    o.submit(zero, pto.output(acc))
+    for _ in range(3):
+        o.submit(matmul_acc, pto.input(A), pto.input(B), pto.inout(acc))
+    o.submit(add, pto.input(X), pto.input(X), pto.output(Y))
+    if with_copy:
+        o.submit(copy, pto.input(acc), pto.output(C))
+    o.free(acc)
+
+
+@pytest.mark.parametrize("window", [8, 16])
+def test_a_kernel_ended_for_a_new_instance_retires_every_task_first(window):
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((128, 128)).astype(np.float32) for _ in range(2))
+    x, y, c = np.ones((4, 8), np.float32), np.zeros((4, 8), np.float32), np.zeros((128, 128), np.float32)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=window)
+    first = rt.run(matmuls_then_a_new_instance, a, b, c, x, y, False)
+    second = rt.run(matmuls_then_a_new_instance, a, b, c, x, y, True)
+    assert first.num_tasks == 9 and second.num_tasks == 10
+    want = 3 * (a.astype(np.float64) @ b)
+    np.testing.assert_allclose(c, want, atol=1e-4 * np.abs(want).max())
+    assert (y == 2).all()
+
+
+def test_a_kernel_it_cannot_run_is_refused_and_later_runs_are_not_spoilt(tmp_path):
+    axpy = axpy_kernel(tmp_path)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent")
+    x, y = np.ones((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    with pytest.raises(TaskError, match=r"axpy.*runs the generated CUDA code of PTO programs; .*axpy.cu is "
+                                        r"not generated code"):
+        rt.run(lambda o: o.submit(axpy, 2.0, pto.input(o.external(x)), 32, pto.output(o.external(y))))
+    for _ in range(2):
+        rt.run(lambda o: o.submit(add, pto.input(o.external(x)), pto.input(o.external(x)),
+                                  pto.output(o.external(y))))
+        assert (y == 2).all()
+        y[:] = 0

@@ -107,10 +107,6 @@ class CudaBackend:
         self.heap_bytes = device.heap_bytes
         self.gpu_timeout = gpu_timeout
         self._templates: dict[tuple, Template] = {}
-        self._instances: dict[tuple, Instance] = {}  # the persistent kernel's, by template key
-        # The generated code of the instances persistent kernels have run, per element type, in
-        # the order first seen: a run's kernel holds all of them (executors/persistent.py).
-        self.persistent_codes: dict[np.dtype, list[CudaCode]] = {}
         self._making: dict[tuple, Future] = {}  # instances being compiled, by template key
         self._templates_lock = threading.Lock()  # guards both
         self._compilers: ThreadPoolExecutor | None = None  # prefetch's threads, made at its first use
@@ -121,6 +117,13 @@ class CudaBackend:
         self._capturing = False
         self._issue = None  # launches.issue's compiled entry, once a launch has typed it
         self._blas_handles: cublas.Handles | None = None  # at the first GEMM
+        # The persistent executor's (executors/persistent.py; only the orchestrator's thread uses
+        # them): instances by template key; the generated code of those its kernels have run,
+        # per element type, in the order first seen (a run's kernel holds all of them); and the
+        # scheduler states of ended runs, by their sizes, for the next.
+        self._instances: dict[tuple, Instance] = {}
+        self.persistent_codes: dict[np.dtype, list[CudaCode]] = {}
+        self.persistent_states: dict = {}
 
     # --- memory: the device's ------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:

@@ -32,7 +32,7 @@ import numpy as np
 from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.launches import MAX_WORDS
 from ..backends.persistent_host import NO_WORK, Abort, Counter, Sizes, State
-from ..backends.persistent_module import NAME, write
+from ..backends.persistent_module import NAME, check, write
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, PTOError, TaskError
 from ..first_calls import first_calls, preparing
@@ -41,7 +41,8 @@ from ..tasks import RINGS, Scheduler, Task
 
 PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wait gives up
 KERNEL_PARAMS = 6  # pto_persistent's (pto_persistent_kernel.cuh)
-# The states of kernels stopped before they were seen to end: they may still read them.
+# The states of kernels stopped before they were seen to end (held from starting): they may
+# still read them, so they are kept for the process.
 _ABANDONED: list[State] = []
 WORDS_PER_SLOT = 16  # producers' words in the ring per task slot
 
@@ -83,6 +84,7 @@ class PersistentExecutor:
         self._next_ticket = 0
         self._scratch = scheduler.ready_scratch()
         self._dtype = None
+        self._compiled: int | None = None  # the backend's instances that have compiled in a module
         self.kernels_launched = 0
 
     # --- the orchestrator's side ---------------------------------------------------------
@@ -92,6 +94,7 @@ class PersistentExecutor:
             instance, words = self._backend.instance(task)
         except Exception as cause:
             raise TaskError.of(task, cause) from cause
+        self._check_dtype(task, instance.dtype)
         kernel = NO_WORK if instance.code is None else self._kernel_index(task, instance)
         ticket = self._next_ticket
         state = self._state_for_publishing()
@@ -128,6 +131,7 @@ class PersistentExecutor:
     def finish(self) -> None:
         if self._state is not None:
             self._end_kernel()
+            self._backend.persistent_states[self._state.sizes] = self._state
         self._backend.release(self._ended)
 
     def abort(self) -> None:
@@ -141,7 +145,9 @@ class PersistentExecutor:
             try:
                 while not self._backend.done(self._ended) and time.perf_counter() < deadline:
                     time.sleep(1e-4)
-                if not self._backend.done(self._ended):
+                if self._backend.done(self._ended):
+                    self._backend.persistent_states[self._state.sizes] = self._state
+                else:
                     _ABANDONED.append(self._state)
             except Exception:  # a fault's: the error being raised is the one to report
                 pass
@@ -151,20 +157,27 @@ class PersistentExecutor:
         self._backend.release(self._ended)
 
     # --- the kernel ----------------------------------------------------------------------
-    def _kernel_index(self, task: Task, instance) -> int:
-        """The instance's index in the kernel's module; a new instance ends the kernel running
-        (it is launched again over every instance seen, at its next wait)."""
+    def _check_dtype(self, task: Task, dtype) -> None:
         if self._dtype is None:
-            self._dtype = instance.dtype
-        elif instance.dtype != self._dtype:
+            self._dtype = dtype
+        elif dtype != self._dtype:
             raise TaskError.of(task, PTOError(
                 f'executor="persistent" runs one element type in a run (its kernel is compiled for one): '
-                f"{task.kernel.name} is {instance.dtype}, the run's tasks so far {self._dtype}"))
+                f"{task.kernel.name} is {dtype}, the run's tasks so far {self._dtype}"))
+
+    def _kernel_index(self, task: Task, instance) -> int:
+        """The instance's index in the kernel's module; a new instance (checked first: what
+        the backend keeps must compile) ends the kernel running (it is launched again over
+        every instance seen, at its next wait)."""
         codes = self._codes()
         sources = [code.source for code in codes]
         if instance.code.source in sources:
             k = sources.index(instance.code.source)
         else:
+            try:
+                check(instance.code)
+            except PTOError as cause:
+                raise TaskError.of(task, cause) from cause
             k = len(codes)
             codes.append(instance.code)
         if self._launched is not None and k >= len(self._launched):
@@ -172,9 +185,11 @@ class PersistentExecutor:
         return k
 
     def _state_for_publishing(self) -> State:
+        """The run's scheduler state: the backend's from an earlier run of these sizes (its
+        pinned and device memory are not allocated, and freed, a run), else a new one."""
         if self._state is None:
-            self._state = State(self._device, Sizes(self._slots, self._slots * WORDS_PER_SLOT, MAX_WORDS,
-                                                    MAX_BLOCKS))
+            sizes = Sizes(self._slots, self._slots * WORDS_PER_SLOT, MAX_WORDS, MAX_BLOCKS)
+            self._state = self._backend.persistent_states.pop(sizes, None) or State(self._device, sizes)
             self._state.reset()
         return self._state
 
@@ -183,8 +198,13 @@ class PersistentExecutor:
         them), as many blocks as the device holds at once."""
         codes = self._codes()
         sources = tuple(code.source for code in codes)
-        with preparing():
-            function = self._device.module_function(write(codes), self._dtype, NAME, KERNEL_PARAMS)
+        try:
+            with preparing():
+                function = self._device.module_function(write(codes), self._dtype, NAME, KERNEL_PARAMS)
+        except BaseException:  # what the backend keeps must compile: drop the instances not yet built
+            del codes[self._compiled:]
+            raise
+        self._compiled = len(codes)
         blocks = min(MAX_BLOCKS, self._device.resident_blocks(function))
         try:
             self._backend.launch(function, blocks, self._state.kernel_args, self._stream, self._ended)
@@ -195,7 +215,10 @@ class PersistentExecutor:
 
     def _codes(self) -> list:
         """The instances of the run's element type that the backend's runs have seen, in order."""
-        return self._backend.persistent_codes.setdefault(self._dtype, [])
+        codes = self._backend.persistent_codes.setdefault(self._dtype, [])
+        if self._compiled is None:  # those of earlier runs have compiled
+            self._compiled = len(codes)
+        return codes
 
     def _end_kernel(self) -> None:
         """Close the kernel's run: every published task finishes, then it ends; retire them
@@ -204,10 +227,13 @@ class PersistentExecutor:
             self._launch()
         if self._launched is not None:
             self._state.close()
-            if self._in_flight:
-                self._wait_done(self._in_flight[-1].ticket, "the end of the run")
+            for flight in self._in_flight:  # they finish in any order
+                self._wait_done(flight.ticket, "the end of the run")
             self._retire_done()
             self._wait_kernel_end()
+            if self._state.device_abort() != Abort.RUNNING or self._in_flight:  # never silently short
+                raise PTOError(f"the persistent kernel ended with {len(self._in_flight)} tasks unretired "
+                               f"and its abort word {self._state.device_abort().name} ({self._counters()})")
         self._launched = None
         self._state.reset()
         self._next_ticket = 0
@@ -244,8 +270,8 @@ class PersistentExecutor:
         abort = self._state.device_abort()
         if abort != Abort.RUNNING:
             raise self._stuck(why) if abort == Abort.STUCK else PTOError(
-                "the persistent kernel stopped: its successor lists or ready queue overflowed "
-                f"(a protocol error; {self._counters()})")
+                "the persistent kernel stopped: its pool of successor chunks ran out, or a ready "
+                f"queue cell stayed taken (a protocol error; {self._counters()})")
         try:
             ended = self._backend.done(self._ended)
         except Exception as cause:
