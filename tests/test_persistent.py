@@ -83,7 +83,7 @@ def test_a_kernel_that_makes_no_progress_is_a_deadlock_that_names_the_tasks_left
     hold_the_stream(rt)
     with pytest.raises(DeadlockError, match=r"no progress for 0.5 s while waiting for room in a ring: 4 "
                                             r"tasks unfinished \((add|scale|copy|zero) \(task 0\), .*"
-                                            r"running: none \(published 4, wired 0, run 0, finished 0\)"):
+                                            r"running: none \(published 4, wired 0, 0 of 4 in flight done\)"):
         rt.run(random_kernel_program, random_buffers(1), 1, 20)
 
 

@@ -1,6 +1,6 @@
 /* The host's side of the persistent scheduler (persistent_protocol.h), as C functions the
  * executor calls (persistent_host.py): the state's layout, publishing a task, closing and
- * stopping the run, and the acquire loads of the blocks' words. persistent_host.py builds it
+ * stopping the run, and the acquire loads of the words the blocks show it. persistent_host.py builds it
  * with the protocol's text pasted above, so the two are one translation unit and one hash. */
 
 unsigned long long pto_persistent_sched_bytes(void) { return sizeof(pto_sched); }
@@ -28,8 +28,6 @@ void pto_persistent_stop(pto_sched *s, pto_u32 why) { pto_store_release32(s->hos
 
 pto_u64 pto_persistent_done(const pto_sched *s, pto_u32 slot) { return pto_load_acquire64(&s->done[slot]); }
 
-pto_u64 pto_persistent_counter(const pto_sched *s, pto_u32 which) {
-    return pto_load_acquire64(&s->counters[which]);
-}
+pto_u64 pto_persistent_shown(const pto_sched *s, pto_u32 which) { return pto_load_acquire64(&s->shown[which]); }
 
 pto_u32 pto_persistent_device_abort(const pto_sched *s) { return pto_load_acquire32(s->device_abort); }

@@ -7,7 +7,8 @@ host writes or reads in mapped memory (host memory the GPU reaches). After the p
 mapped words come the task records the blocks read beside it, per slot: the instance to run
 (its index in the kernel's module), the ticket, and the argument words; then, per block, the
 ticket + 1 of the task it runs (0 between tasks); then the scheduler record the kernel takes,
-its pointers the device's. On the emulator both regions are host memory.
+its pointers the device's. Beside them in device memory, per block, the words of the task it runs,
+which its warp 0 copies there. On the emulator all of it is host memory.
 """
 
 from __future__ import annotations
@@ -27,12 +28,10 @@ CHUNK = 14  # successors a chunk of a successor list holds: PTO_CHUNK
 NO_WORK = 0xFFFFFFFF  # the instance of a task with no work items: it completes unrun
 
 
-class Counter(enum.IntEnum):  # the blocks' counters (PTO_ENQUEUED ...)
-    ENQUEUED = 0
-    DEQUEUED = 1
-    FINISHED = 2
-    WIRED = 3
-    WORDS_READ = 4
+class Shown(enum.IntEnum):  # what the blocks show the host (PTO_WIRED ...)
+    WIRED = 0  # records wired
+    WORDS_READ = 1  # producers' words read
+    LAST_DONE = 2  # the ticket + 1 of the task completed last
 
 
 class Abort(enum.IntEnum):  # an abort word: PTO_RUNNING, or why the run stopped
@@ -87,7 +86,7 @@ def library() -> ctypes.CDLL:
                 ("pto_persistent_close", None, (pointer,)),
                 ("pto_persistent_stop", None, (pointer, u32)),
                 ("pto_persistent_done", u64, (pointer, u32)),
-                ("pto_persistent_counter", u64, (pointer, u32)),
+                ("pto_persistent_shown", u64, (pointer, u32)),
                 ("pto_persistent_device_abort", u32, (pointer,))):
             function = getattr(loaded, name)
             function.restype, function.argtypes = result, arguments
@@ -116,6 +115,7 @@ class State:
             end += -(-count * np.dtype(dtype).itemsize // 64) * 64
         self._mapped, mapped_address = memory.mapped(end)
         self._device, device_address = memory.device_words(max(device_bytes, 64))
+        self._block_words, block_words = memory.device_words(sizes.blocks * sizes.words_per_task * 8)
         self._staging = np.zeros(max(device_bytes, 64), np.uint8)  # the device region's first state
         mapped = self._mapped
         self.kernel = mapped[offsets["kernel"]:].view(np.uint32)[:sizes.slots]
@@ -134,7 +134,7 @@ class State:
         mapped[offsets["sched"]:offsets["sched"] + record] = np.frombuffer(device_record.raw, np.uint8)
         self.kernel_args = (mapped_address + offsets["sched"], mapped_address + offsets["kernel"],
                             mapped_address + offsets["ticket"], mapped_address + offsets["words"],
-                            sizes.words_per_task, mapped_address + offsets["running"])
+                            sizes.words_per_task, mapped_address + offsets["running"], block_words)
         self._protocol_bytes = protocol_bytes
         self._device_address = device_address
         self._next_word = ctypes.c_uint64(0)
@@ -165,18 +165,19 @@ class State:
 
     def room(self, count: int) -> bool:
         """Whether the ring of producers' words has room for `count` more."""
-        read = self._lib.pto_persistent_counter(self._host, Counter.WORDS_READ)
+        read = self._lib.pto_persistent_shown(self._host, Shown.WORDS_READ)
         return self._next_word.value + count - read <= self.sizes.words
 
     def done(self, ticket: int) -> bool:
         return self._lib.pto_persistent_done(self._host, ticket & (self.sizes.slots - 1)) == ticket
 
-    def counter(self, which: Counter) -> int:
-        return int(self._lib.pto_persistent_counter(self._host, which))
+    def shown(self, which: Shown) -> int:
+        return int(self._lib.pto_persistent_shown(self._host, which))
 
-    def progress(self) -> int:
-        """A sum of the blocks' counters that only grow: it moves when they do anything."""
-        return sum(self.counter(c) for c in (Counter.WIRED, Counter.DEQUEUED, Counter.FINISHED))
+    def progress(self) -> tuple[int, int]:
+        """What moves when the blocks wire a task or complete one (the host cannot read their
+        counters: device memory)."""
+        return self.shown(Shown.WIRED), self.shown(Shown.LAST_DONE)
 
     def device_abort(self) -> Abort:
         return Abort(self._lib.pto_persistent_device_abort(self._host))

@@ -11,7 +11,8 @@
  * One writer a shared word. The host and the GPU only load and store each other's words: an
  * H200 has no host-native atomics (cudaDevAttrHostNativeAtomicSupported is 0), and a review
  * measured a host fetch_add and a GPU atom.add on one word of mapped memory losing 12,155 of
- * 40,000 increments with a single block. Every read-modify-write is the blocks' alone:
+ * 40,000 increments with a single block. Every read-modify-write is the blocks' alone, and on
+ * device memory; the host reads only words the blocks store (`shown`, `done`, `device_abort`):
  *   - the host writes task `ticket`'s record (its slot is ticket % slots; the producers' tickets
  *     go into a ring of words) once the slot's previous task is done, then publishes it with a
  *     release store of `submitted`;
@@ -33,9 +34,10 @@
  * `device_abort`: a task has run that long, or tasks wait for producers that will never
  * finish; the host names them (a DeadlockError). With every submitted task finished the blocks
  * wait for the host as long as it takes, so every way the host stops (an error, an exception)
- * must store `host_abort`. The host's waits are bounded the same way; they measure the
- * blocks' progress only, so the executor must also watch the kernel's stream (a kernel that
- * starts late, or dies in a fault, looks like no progress).
+ * must store `host_abort`. The host's waits are bounded the same way, watching what the blocks
+ * show (records wired, the last completion); they measure the blocks' progress only, so the
+ * executor must also watch the kernel's stream (a kernel that starts late, or dies in a fault,
+ * looks like no progress).
  *
  * Sizes. A producer's successor list holds the links of the tasks after it while its slot
  * holds it, and goes back to the pool when its slot is wired again, so every link alive is
@@ -78,14 +80,22 @@ typedef int32_t pto_i32;
 enum { PTO_RUNNING = 0, PTO_STUCK = 1, PTO_FAULTED = 2 }; /* an abort word */
 enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED };          /* what pto_next_task found */
 
-/* The blocks' counters (device words: only blocks write them; the host reads them). */
+/* The blocks' counters: device words that only blocks touch (read-modify-writes, which must
+ * not meet the host's accesses on one word, and are cheapest in device memory). */
 enum {
     PTO_ENQUEUED,  /* the ready queue's enqueue position */
     PTO_DEQUEUED,  /* ... and dequeue position: tasks popped */
     PTO_FINISHED,  /* tasks completed */
-    PTO_WIRED,     /* records wired (tickets below it) */
-    PTO_WORDS_READ,/* producer words the wirer has read (positions below it are free) */
     PTO_COUNTERS
+};
+/* What the blocks show the host: words they only store (the wirer, under the lock; a completing
+ * block), which the host reads. */
+enum {
+    PTO_WIRED,      /* records wired (tickets below it) */
+    PTO_WORDS_READ, /* producer words the wirer has read (positions below it are free) */
+    PTO_LAST_DONE,  /* the ticket + 1 of the task completed last, 0 before any (each is stored
+                       once: the word changes with every completion after the host read it) */
+    PTO_SHOWN
 };
 
 /* The scheduler's state: arrays in one allocation that the host and the blocks share. */
@@ -101,9 +111,10 @@ typedef struct {
     pto_u64 *word;                /* the ring of producers' tickets */
     /* written by the blocks, read by the host */
     pto_u64 *done;                /* per slot: the ticket of the task that last finished in it */
-    pto_u64 *counters;            /* PTO_ENQUEUED ... PTO_WORDS_READ */
+    pto_u64 *shown;               /* PTO_WIRED ... PTO_LAST_DONE */
     pto_u32 *device_abort;        /* PTO_RUNNING, or why a block stopped the run */
     /* the blocks' own */
+    pto_u64 *counters;            /* PTO_ENQUEUED ... PTO_FINISHED */
     pto_u32 *wiring;              /* the wiring lock: 1 while a block wires */
     pto_u32 *state;               /* per slot: PTO_COMPLETED | successors published */
     pto_i32 *pending;             /* per slot: unfinished producers, + 1 while it is wired */
@@ -210,9 +221,10 @@ PTO_FN pto_u32 pto_aborted(const pto_sched *s) {
     return host != PTO_RUNNING ? host : pto_load_acquire32(s->device_abort);
 }
 
-/* The blocks' progress: a sum of counters that only grow, so it moves when any of them does. */
+/* The blocks' progress, as a block sees it: a sum of counters that only grow, so it moves when
+ * any of them does. */
 PTO_FN pto_u64 pto_progress(const pto_sched *s) {
-    return pto_load_acquire64(&s->counters[PTO_WIRED]) + pto_load_acquire64(&s->counters[PTO_DEQUEUED]) +
+    return pto_load_acquire64(&s->shown[PTO_WIRED]) + pto_load_acquire64(&s->counters[PTO_DEQUEUED]) +
            pto_load_acquire64(&s->counters[PTO_FINISHED]);
 }
 
@@ -322,9 +334,9 @@ PTO_FN int pto_link(pto_sched *s, pto_u32 producer, pto_u32 slot) {
 /* Wire the published records after the last wired, at most `budget` of them, if no other block
  * is: 0, or 1 on an error (an empty chunk pool, a full queue), which stops the run. */
 PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
-    const pto_u64 wired = pto_load_acquire64(&s->counters[PTO_WIRED]);
+    const pto_u64 wired = pto_load_acquire64(&s->shown[PTO_WIRED]);
     if (wired == pto_load_acquire64(s->submitted) || !pto_cas32(s->wiring, 0, 1)) return 0;
-    pto_u64 ticket = pto_load_acquire64(&s->counters[PTO_WIRED]);  /* under the lock: current */
+    pto_u64 ticket = pto_load_acquire64(&s->shown[PTO_WIRED]);  /* under the lock: current */
     const pto_u64 published = pto_load_acquire64(s->submitted);
     int failed = 0;
     for (; ticket < published && budget > 0 && !failed; ++ticket, --budget) {
@@ -346,10 +358,10 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
             if (producer + s->slots > ticket)  /* its slot still holds it */
                 failed = pto_link(s, (pto_u32)(producer & (s->slots - 1)), slot);
         }
-        pto_store_release64(&s->counters[PTO_WORDS_READ], first + count);
+        pto_store_release64(&s->shown[PTO_WORDS_READ], first + count);
         if (!failed && pto_pending_add(s, slot, -1) == 1) failed = pto_ready_push(s, slot);
     }
-    pto_store_release64(&s->counters[PTO_WIRED], ticket);
+    pto_store_release64(&s->shown[PTO_WIRED], ticket);
     pto_store_release32(s->wiring, 0);
     return failed;
 }
@@ -394,7 +406,8 @@ PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
         const pto_u32 successor = s->chunk_entry[(pto_u64)chunk * PTO_CHUNK + i % PTO_CHUNK];
         if (pto_pending_add(s, successor, -1) == 1) full |= pto_ready_push(s, successor);
     }
-    pto_fetch_add64(&s->counters[PTO_FINISHED], 1);  /* first: a host that sees `done` sees it counted */
+    pto_fetch_add64(&s->counters[PTO_FINISHED], 1);
+    pto_store_release64(&s->shown[PTO_LAST_DONE], ticket + 1);
     pto_store_release64(&s->done[slot], ticket);
     return full;
 }
@@ -428,8 +441,9 @@ PTO_FN pto_extent pto_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32
     s->producer_count = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u32));
     s->word = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, words, sizeof(pto_u64));
     s->done = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u64));
-    s->counters = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, PTO_COUNTERS, sizeof(pto_u64));
+    s->shown = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, PTO_SHOWN, sizeof(pto_u64));
     s->device_abort = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u32));
+    s->counters = (pto_u64 *)pto_carve(device, &e.device_bytes, PTO_COUNTERS, sizeof(pto_u64));
     s->wiring = (pto_u32 *)pto_carve(device, &e.device_bytes, 1, sizeof(pto_u32));
     s->state = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
     s->pending = (pto_i32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_i32));
@@ -456,19 +470,36 @@ PTO_FN void pto_initial(pto_sched *s) {
     for (pto_u32 i = 0; i < s->chunks; ++i) s->free_chunk_next[i] = i + 1 < s->chunks ? i + 1 : PTO_NO_CHUNK;
 }
 
+/* The host's patience: it reads only the words the blocks show (their counters may be device
+ * memory), so the blocks' progress is their wiring and their completions. */
+typedef struct {
+    pto_u64 wired, last_done, since;
+} pto_host_patience;
+
+PTO_FN pto_host_patience pto_host_patience_now(const pto_sched *s) {
+    const pto_host_patience patience = {pto_load_acquire64(&s->shown[PTO_WIRED]),
+                                        pto_load_acquire64(&s->shown[PTO_LAST_DONE]), pto_now_ns()};
+    return patience;
+}
+
 /* One turn of a host's wait on the blocks: 1 where it must stop, the run stopped, or the
  * blocks out of patience (the host then stores PTO_STUCK in host_abort: a task has run that
  * long, or waits for ever). */
-PTO_FN int pto_host_gives_up(pto_sched *s, pto_patience *patience) {
+PTO_FN int pto_host_gives_up(pto_sched *s, pto_host_patience *patience) {
     if (pto_aborted(s) != PTO_RUNNING) return 1;
-    if (!pto_out_of_patience(s, patience, 0)) return 0;
+    const pto_host_patience now = pto_host_patience_now(s);
+    if (now.wired != patience->wired || now.last_done != patience->last_done) {
+        *patience = now;
+        return 0;
+    }
+    if (now.since - patience->since <= PTO_PATIENCE_NS) return 0;
     pto_store_release32(s->host_abort, PTO_STUCK);
     return 1;
 }
 
 /* Wait until the task with `ticket` in `slot` is done: 0, or 1 where the host gave up. */
 PTO_FN int pto_host_wait_done(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
-    pto_patience patience = pto_patience_now(s);
+    pto_host_patience patience = pto_host_patience_now(s);
     for (pto_u32 spins = 0; pto_load_acquire64(&s->done[slot]) != ticket; ++spins) {
         if (pto_host_gives_up(s, &patience)) return 1;
         pto_pause(spins);
@@ -490,8 +521,8 @@ PTO_FN int pto_host_submit(pto_sched *s, pto_u64 ticket, pto_u64 *next_word, con
         return 1;
     }
     if (ticket >= s->slots && pto_host_wait_done(s, slot, ticket - s->slots)) return 1;
-    pto_patience patience = pto_patience_now(s);
-    for (pto_u32 spins = 0; *next_word + count - pto_load_acquire64(&s->counters[PTO_WORDS_READ]) > s->words;
+    pto_host_patience patience = pto_host_patience_now(s);
+    for (pto_u32 spins = 0; *next_word + count - pto_load_acquire64(&s->shown[PTO_WORDS_READ]) > s->words;
          ++spins) {
         if (pto_host_gives_up(s, &patience)) return 1;
         pto_pause(spins);

@@ -20,8 +20,9 @@
 // block does what the grid of its stream launch would. A graph's parallelism is its tasks.
 //
 // Thread 0 of a block speaks for it in the protocol (persistent_protocol.h): it takes a task
-// (pto_next_task), the block's threads run it between two barriers, then thread 0 makes the
-// block's writes visible at system scope (__threadfence_system) and completes it. Per block,
+// (pto_next_task), warp 0 copies the task's words into the block's own device memory, the
+// block's threads run it, then thread 0 makes the block's writes visible at system scope
+// (__threadfence_system) and completes it; barriers between each step. Per block,
 // `running[block]` is the ticket + 1 of the task it runs (0 between tasks): what the host
 // names when the kernel dies in a fault.
 #ifndef PTO_PERSISTENT_CUH

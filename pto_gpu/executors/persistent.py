@@ -31,7 +31,7 @@ import numpy as np
 
 from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.launches import MAX_WORDS
-from ..backends.persistent_host import NO_WORK, Abort, Counter, Sizes, State
+from ..backends.persistent_host import NO_WORK, Abort, Shown, Sizes, State
 from ..backends.persistent_module import NAME, check, write
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, PTOError, TaskError
@@ -40,7 +40,7 @@ from ..profile import Profile
 from ..tasks import RINGS, Scheduler, Task
 
 PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wait gives up
-KERNEL_PARAMS = 6  # pto_persistent's (pto_persistent_kernel.cuh)
+KERNEL_PARAMS = 7  # pto_persistent's (pto_persistent_kernel.cuh)
 # The states of kernels stopped before they were seen to end (held from starting): they may
 # still read them, so they are kept for the process.
 _ABANDONED: list[State] = []
@@ -303,9 +303,9 @@ class PersistentExecutor:
         return f"ticket {ticket}"
 
     def _counters(self) -> str:
-        state = self._state
-        return (f"published {self._next_ticket}, wired {state.counter(Counter.WIRED)}, "
-                f"run {state.counter(Counter.DEQUEUED)}, finished {state.counter(Counter.FINISHED)}")
+        done = sum(self._state.done(flight.ticket) for flight in self._in_flight)
+        return (f"published {self._next_ticket}, wired {self._state.shown(Shown.WIRED)}, "
+                f"{done} of {len(self._in_flight)} in flight done")
 
     # --- retiring --------------------------------------------------------------------------
     def _producer_tickets(self, producers) -> np.ndarray:
