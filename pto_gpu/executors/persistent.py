@@ -19,6 +19,10 @@ instances carry over to its next runs, so a run like an earlier one launches one
 Every wait is bounded: a kernel whose blocks make no progress for `patience` seconds while a
 task is unfinished is stopped, and the run fails with a DeadlockError naming the tasks left;
 a kernel that faults fails the run with the task that was running named.
+
+While the kernel runs it holds the GPU until the run ends, its idle blocks waiting for the
+host: an orchestration must not wait for the device meanwhile (a synchronize, a copy back to
+the host, freeing device memory), which would wait for the kernel's end.
 """
 
 from __future__ import annotations
