@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from pto_gpu.kernels.tiles import matmul
+from pto_gpu.kernels.tiles import copy, matmul
 
 import pto_gpu as pto
 from pto_gpu import isa
@@ -144,6 +144,12 @@ def _pinned(o):
         o.free(t)
 
 
+def _two_element_types(o):
+    for dtype in (np.float32, np.float64):
+        x = o.external(np.ones((4, 8), dtype))
+        o.submit(copy, pto.input(x[:2]), pto.output(x[2:]))
+
+
 CASES = [
     Case("use after free", run(alloc_then(lambda o, t: o.submit(_noop, pto.input(freed(o, t))))),
          pto.UseAfterFreeError),
@@ -219,6 +225,10 @@ CASES = [
     Case("more streams than the stream executor on a CUDA driver takes", lambda made: pto.Runtime(
         backend="cuda-emulated", executor="stream", workers={pto.CUBE: 9, pto.VECTOR: 9}).run(lambda o: None),
          pto.UsageError),
+    Case("the persistent executor without CUDA",
+         lambda made: pto.Runtime(backend="cpu", executor="persistent"), pto.PTOError),
+    Case("a persistent run of two element types", lambda made: pto.Runtime(
+        backend="cuda-emulated", executor="persistent").run(_two_element_types), pto.TaskError),
     Case("a worker class with no workers", lambda made: runtime(made, workers={pto.CUBE: 0}), pto.PTOError),
     Case("workers= naming no worker class", lambda made: runtime(made, workers={"TENSOR": 2}), pto.PTOError),
     Case("negative threshold", lambda made: runtime(made).run(lambda o: None, threshold=-1), pto.PTOError),

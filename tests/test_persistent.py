@@ -6,8 +6,10 @@ its instances are known, the errors, and the module's GPU build."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -185,3 +187,22 @@ def test_a_kernel_it_cannot_run_is_refused_and_later_runs_are_not_spoilt(tmp_pat
                                   pto.output(o.external(y))))
         assert (y == 2).all()
         y[:] = 0
+
+
+def test_the_trace_draws_each_task_on_the_block_that_ran_it_after_its_producers(tmp_path):
+    """trace= draws the kernel's tasks on a lane per block, from the times the blocks wrote (the
+    device's clock, read as the host's): every task once, inside the run, none before the
+    producers it waited for had ended."""
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=8)
+    path = tmp_path / "trace.json"
+    started = time.perf_counter()
+    result = rt.run(random_kernel_program, random_buffers(4), 4, 60, trace=path)
+    took = (time.perf_counter() - started) * 1e6
+    events = json.loads(path.read_text())["traceEvents"]
+    lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans = {e["args"]["task"]: e for e in events if e["ph"] == "X"}
+    assert len(spans) == result.num_tasks > 50 and result.num_edges > 20
+    assert {lanes[e["tid"]] for e in spans.values()} <= {"persistent-block-0", "persistent-block-1"}
+    assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= took for e in spans.values())
+    for producer, consumer in result.graph.edges:
+        assert spans[consumer]["ts"] >= spans[producer]["ts"] + spans[producer]["dur"] - 0.002

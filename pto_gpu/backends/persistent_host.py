@@ -5,9 +5,10 @@ tasks with and polls.
 The state is two regions (pto_layout): the blocks' own words in device memory, the words the
 host writes or reads in mapped memory (host memory the GPU reaches). After the protocol's
 mapped words come the task records the blocks read beside it, per slot: the instance to run
-(its index in the kernel's module), the ticket, and the argument words; then, per block, the
-ticket + 1 of the task it runs (0 between tasks); then the scheduler record the kernel takes,
-its pointers the device's. Beside them in device memory, per block, the words of the task it runs,
+(its index in the kernel's module), the ticket, and the argument words, and, written back,
+when and on which block it ran; then, per block, the ticket + 1 of the task it runs (0 between
+tasks); then the scheduler record and the records' record (PtoRecords) the kernel takes, their
+pointers the device's. Beside them in device memory, per block, the words of the task it runs,
 which its warp 0 copies there. On the emulator all of it is host memory.
 """
 
@@ -52,6 +53,12 @@ class Memory(Protocol):
 
     def copy_in(self, address: int, data: np.ndarray) -> None:
         """Copy host array `data` to device address `address`, and wait for it."""
+
+
+# The kernel's PtoRecords (pto_persistent_kernel.cuh): where the task records are, at the
+# device's addresses, in its field order.
+RECORDS = np.dtype([(name, np.uint64) for name in ("kernel", "ticket", "words", "words_per_task", "began",
+                                                   "ended", "ran_on", "running", "block_words")])
 
 
 class Sizes(NamedTuple):
@@ -110,7 +117,9 @@ class State:
         offsets, end = {}, protocol_bytes
         for name, count, dtype in (("kernel", sizes.slots, np.uint32), ("ticket", sizes.slots, np.uint64),
                                    ("words", sizes.slots * sizes.words_per_task, np.int64),
-                                   ("running", sizes.blocks, np.uint64), ("sched", record, np.uint8)):
+                                   ("began", sizes.slots, np.uint64), ("ended", sizes.slots, np.uint64),
+                                   ("ran_on", sizes.slots, np.uint64), ("running", sizes.blocks, np.uint64),
+                                   ("sched", record, np.uint8), ("records", 1, RECORDS)):
             offsets[name] = end
             end += -(-count * np.dtype(dtype).itemsize // 64) * 64
         self._mapped, mapped_address = memory.mapped(end)
@@ -123,6 +132,9 @@ class State:
         self.words = mapped[offsets["words"]:].view(np.int64)[:sizes.slots * sizes.words_per_task].reshape(
             sizes.slots, sizes.words_per_task)
         self.running = mapped[offsets["running"]:].view(np.uint64)[:sizes.blocks]
+        # when and where each slot's task ran: pto_now_ns() (the device's clock) and the block
+        self.began, self.ended, self.ran_on = (mapped[offsets[name]:].view(np.uint64)[:sizes.slots]
+                                               for name in ("began", "ended", "ran_on"))
         # The host's pto_sched (it touches the mapped words only), and the kernel's, in mapped
         # memory: the same layout at the device's addresses.
         self._host = ctypes.create_string_buffer(record)
@@ -132,9 +144,11 @@ class State:
         lib.pto_persistent_layout(device_record, sizes.slots, sizes.words, sizes.chunks, device_address,
                                   mapped_address, extent)
         mapped[offsets["sched"]:offsets["sched"] + record] = np.frombuffer(device_record.raw, np.uint8)
-        self.kernel_args = (mapped_address + offsets["sched"], mapped_address + offsets["kernel"],
-                            mapped_address + offsets["ticket"], mapped_address + offsets["words"],
-                            sizes.words_per_task, mapped_address + offsets["running"], block_words)
+        records = mapped[offsets["records"]:offsets["records"] + RECORDS.itemsize].view(RECORDS)
+        for name in RECORDS.names:
+            records[name] = (sizes.words_per_task if name == "words_per_task" else
+                             block_words if name == "block_words" else mapped_address + offsets[name])
+        self.kernel_args = (mapped_address + offsets["sched"], mapped_address + offsets["records"])
         self._protocol_bytes = protocol_bytes
         self._device_address = device_address
         self._next_word = ctypes.c_uint64(0)

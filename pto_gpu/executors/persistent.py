@@ -16,6 +16,9 @@ the run), over the instances seen so far; a task of an instance not in it ends t
 finishes what it has) and the next one is launched over all the instances seen. A backend's
 instances carry over to its next runs, so a run like an earlier one launches one kernel.
 
+Each task's slot says when its block took it and had run it (the device's clock) and which
+block: trace= draws the tasks on a lane per block.
+
 Every wait is bounded: a kernel whose blocks make no progress for `patience` seconds while a
 task is unfinished is stopped, and the run fails with a DeadlockError naming the tasks left;
 a kernel that faults fails the run with the task that was running named.
@@ -40,11 +43,11 @@ from ..backends.persistent_module import NAME, check, write
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, PTOError, TaskError
 from ..first_calls import first_calls, preparing
-from ..profile import Profile
+from ..profile import Lane, Profile
 from ..tasks import RINGS, Scheduler, Task
 
 PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wait gives up
-KERNEL_PARAMS = 7  # pto_persistent's (pto_persistent_kernel.cuh)
+KERNEL_PARAMS = 2  # pto_persistent's (pto_persistent_kernel.cuh)
 # The states of kernels stopped before they were seen to end (held from starting): they may
 # still read them, so they are kept for the process.
 _ABANDONED: list[State] = []
@@ -57,7 +60,6 @@ class Flight:
 
     task: Task
     ticket: int
-    at: float  # perf_counter() when published
     first_call: bool  # whether publishing it compiled its instance
 
 
@@ -73,7 +75,8 @@ class PersistentExecutor:
         self._backend = backend
         self._device = backend.device
         self._profile = profile
-        self._lane = profile.lane("persistent-kernel", (WorkerType.CUBE, WorkerType.VECTOR))
+        self._lanes: dict[int, Lane] = {}  # per block that ran tasks
+        self._ran: list[tuple] = []  # the kernel's retired tasks, to draw on their blocks' lanes
         self._patience = PATIENCE
         slots = 1 << max(1, (scheduler.state.sizes.task_window - 1).bit_length())
         self._slots = slots
@@ -103,8 +106,9 @@ class PersistentExecutor:
         ticket = self._next_ticket
         state = self._state_for_publishing()
         slot = ticket & (self._slots - 1)
-        if ticket >= self._slots:
+        if ticket >= self._slots:  # the slot's task done, and retired: its record is read first
             self._wait_done(ticket - self._slots, "its slot")
+            self._retire_done()
         tickets = self._producer_tickets(producers)
         self._named -= int(self._producers_named[slot])
         while self._named + len(tickets) > state.sizes.words or not state.room(len(tickets)):
@@ -119,7 +123,7 @@ class PersistentExecutor:
         state.words[slot, :len(words)] = words
         state.publish(ticket, tickets)
         self._next_ticket += 1
-        self._in_flight.append(Flight(task, ticket, time.perf_counter(), first_calls() != prepared))
+        self._in_flight.append(Flight(task, ticket, first_calls() != prepared))
         self._ticket_of[task.id] = ticket
         self._profile.sample(self._scheduler, len(self._in_flight))
         self._retire_done()
@@ -235,6 +239,7 @@ class PersistentExecutor:
                 self._wait_done(flight.ticket, "the end of the run")
             self._retire_done()
             self._wait_kernel_end()
+            self._draw()
             if self._state.device_abort() != Abort.RUNNING or self._in_flight:  # never silently short
                 raise PTOError(f"the persistent kernel ended with {len(self._in_flight)} tasks unretired "
                                f"and its abort word {self._state.device_abort().name} ({self._counters()})")
@@ -318,10 +323,28 @@ class PersistentExecutor:
         return np.array(sorted(tickets), np.uint64)
 
     def _retire_done(self) -> None:
-        """Retire, oldest first, the tasks seen done, up to the first that is not."""
+        """Retire, oldest first, the tasks seen done, up to the first that is not, noting when
+        and on which block each ran (its slot says: the device's clock) and when it was seen."""
         state = self._state
         while self._in_flight and state.done(self._in_flight[0].ticket):
             flight = self._in_flight.popleft()
+            slot = flight.ticket & (self._slots - 1)
+            self._ran.append((flight.task, int(state.ran_on[slot]), int(state.began[slot]),
+                              int(state.ended[slot]), flight.first_call, time.perf_counter()))
             del self._ticket_of[flight.task.id]
-            self._lane.ran(flight.task, flight.at, time.perf_counter(), flight.first_call)
             self._scheduler.retire(flight.task.id, self._scratch)
+
+    def _draw(self) -> None:
+        """Put the kernel's tasks on their blocks' lanes, the device's clock read as the host's
+        by the least lag seen between a task's end and its retirement (the tightest bound on
+        the clocks' offset)."""
+        if not self._ran:
+            return
+        offset = min(seen - ended * 1e-9 for _, _, _, ended, _, seen in self._ran)
+        for task, block, began, ended, first_call, _ in self._ran:
+            lane = self._lanes.get(block)
+            if lane is None:
+                lane = self._lanes[block] = self._profile.lane(f"persistent-block-{block}",
+                                                               (WorkerType.CUBE, WorkerType.VECTOR))
+            lane.ran(task, began * 1e-9 + offset, ended * 1e-9 + offset, first_call)
+        self._ran.clear()
