@@ -12,6 +12,7 @@ emulate="cpu-code"), so it runs on any machine; the same code issues to a GPU's 
   and retirement: the run's time less the same orchestration's on the dry executor, which
   submits and completes the same tasks without issuing them).
   extra_info["us_per_task"]. Targets: at most 5 us from Python, at most 1 us from compiled code.
+- The same 20,000 tasks through the persistent executor (its kernel's host build runs them).
 - Python submits that no batch takes (a chain; factors that differ): extra_info["us_per_task"].
 - A compiled orchestration's first run with six new kernel instances (emulate="gpu-code": g++
   builds their CUDA), compiled side by side before the first launch against one by one.
@@ -41,6 +42,19 @@ def test_stream_executor_on_the_emulator(benchmark, orchestration):
     rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=4096)
     x, y = (rt.backend.to_device(a) for a in rows())
     result = benchmark.pedantic(rt.run, (orchestration, x, y, "independent"), rounds=5, warmup_rounds=1)
+    assert result.num_tasks == TASKS and np.array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
+    benchmark.extra_info["tasks_per_s"] = TASKS / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("orchestration", [generated, generated_python], ids=["compiled", "python"])
+def test_persistent_executor_on_the_emulator(benchmark, orchestration):
+    """The same tasks through executor="persistent": each published by Python (a compiled
+    orchestration's too, from the records the orchestrator makes of its log) and run by the
+    kernel's host build (a block's threads as fibers), so this is the host's cost a task plus
+    the emulated block's."""
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=4096)
+    x, y = (rt.backend.to_device(a) for a in rows())
+    result = benchmark.pedantic(rt.run, (orchestration, x, y, "independent"), rounds=3, warmup_rounds=1)
     assert result.num_tasks == TASKS and np.array_equal(rt.backend.to_host(y), 2 * rt.backend.to_host(x))
     benchmark.extra_info["tasks_per_s"] = TASKS / benchmark.stats.stats.median
 

@@ -112,6 +112,14 @@ int main(int argc, char **argv) {
     if (blocks > 64) return 2;
     for (pto_u32 b = 0; b < blocks; ++b) pthread_create(&threads[b], NULL, block, NULL);
 
+    /* The host's view: the blocks' own words (device memory on a GPU, which the host cannot
+     * read) are not there, so a host function that touched one would crash the fuzz. */
+    pto_sched host = sched;
+    host.counters = NULL;
+    host.wiring = host.state = host.first_chunk = host.chunk_next = host.chunk_entry = host.cell_slot = NULL;
+    host.successor_count = host.last_chunk = host.free_chunk_next = host.free_chunk_first = NULL;
+    host.pending = NULL;
+    host.cell_sequence = NULL;
     long submitted = 0;
     pto_u64 next_word = 0, ticket_producers[64];
     for (long task = 0; task < tasks; ++task) {
@@ -121,15 +129,15 @@ int main(int argc, char **argv) {
             ticket_producers[count++] = (pto_u64)producers[task * fanin + i];
         const pto_u32 slot = (pto_u32)(task % slots);
         /* the slot's previous task must be done before its ticket is rewritten */
-        if (task >= (long)slots && pto_host_wait_done(&sched, slot, (pto_u64)(task - slots))) break;
+        if (task >= (long)slots && pto_host_wait_done(&host, slot, (pto_u64)(task - slots))) break;
         slot_ticket[slot] = (pto_u64)task;
-        if (pto_host_submit(&sched, (pto_u64)task, &next_word, ticket_producers, count)) break;
+        if (pto_host_submit(&host, (pto_u64)task, &next_word, ticket_producers, count)) break;
         submitted = task + 1;
     }
-    pto_store_release32(sched.closed, 1);
+    pto_store_release32(host.closed, 1);
     int waited = 1;
     for (long task = submitted > (long)slots ? submitted - slots : 0; task < submitted && waited; ++task)
-        waited = !pto_host_wait_done(&sched, (pto_u32)(task % slots), (pto_u64)task);
+        waited = !pto_host_wait_done(&host, (pto_u32)(task % slots), (pto_u64)task);
     if (waited && pto_load_acquire64(&sched.counters[PTO_FINISHED]) != (pto_u64)submitted)
         __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);  /* a done task not counted */
     for (pto_u32 b = 0; b < blocks; ++b) pthread_join(threads[b], NULL);

@@ -9,7 +9,7 @@ mapped words come the task records the blocks read beside it, per slot: the inst
 when and on which block it ran; then, per block, the ticket + 1 of the task it runs (0 between
 tasks); then the scheduler record and the records' record (PtoRecords) the kernel takes, their
 pointers the device's. Beside them in device memory, per block, the words of the task it runs,
-which its warp 0 copies there. On the emulator all of it is host memory.
+which the block copies there. On the emulator all of it is host memory.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@
 // block does what the grid of its stream launch would. A graph's parallelism is its tasks.
 //
 // Thread 0 of a block speaks for it in the protocol (persistent_protocol.h): it takes a task
-// (pto_next_task), warp 0 copies the task's words into the block's own device memory, the
+// (pto_next_task), the block copies the task's words into its own device memory, the
 // block's threads run it, then thread 0 makes the block's writes visible at system scope
 // (__threadfence_system) and completes it; barriers between each step. Per block,
 // `running[block]` is the ticket + 1 of the task it runs (0 between tasks): what the host

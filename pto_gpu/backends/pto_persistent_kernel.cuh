@@ -29,8 +29,8 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
     pto_sched s = *pto_scheduler;
     const PtoRecords r = *pto_records;
     const unsigned block = pto_block_index();
-    // The task's words, copied by warp 0 from the host's memory into the block's own device
-    // memory, where its threads read them through the GPU's caches.
+    // The task's words, copied by the block from the host's memory into its own device memory,
+    // where its threads read them through the GPU's caches.
     long long *const words = r.block_words + block * r.words_per_task;
     for (;;) {
         if (threadIdx.x == 0) {
@@ -43,8 +43,8 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
         }
         __syncthreads();
         const pto_u32 found = said[0], taken = said[1], kernel = said[2];
-        if (found == PTO_GOT_TASK && threadIdx.x < 32)
-            for (unsigned long long i = threadIdx.x; i < r.words_per_task; i += 32)
+        if (found == PTO_GOT_TASK)  // in one pass: a task has fewer words than the block threads
+            for (unsigned long long i = threadIdx.x; i < r.words_per_task; i += PTO_THREADS)
                 words[i] = r.words[taken * r.words_per_task + i];
         __syncthreads();
         if (found != PTO_GOT_TASK) return;

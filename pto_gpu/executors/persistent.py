@@ -41,7 +41,7 @@ from ..backends.launches import MAX_WORDS
 from ..backends.persistent_host import NO_WORK, Abort, Shown, Sizes, State
 from ..backends.persistent_module import NAME, check, write
 from ..dtypes import WorkerType
-from ..errors import DeadlockError, PTOError, TaskError
+from ..errors import DeadlockError, InvariantError, PTOError, TaskError
 from ..first_calls import first_calls, preparing
 from ..profile import Lane, Profile
 from ..tasks import RINGS, Scheduler, Task
@@ -76,7 +76,7 @@ class PersistentExecutor:
         self._device = backend.device
         self._profile = profile
         self._lanes: dict[int, Lane] = {}  # per block that ran tasks
-        self._ran: list[tuple] = []  # the kernel's retired tasks, to draw on their blocks' lanes
+        self._ran: list[tuple] = []  # tracing: the kernel's retired tasks, to draw at its end
         self._patience = PATIENCE
         slots = 1 << max(1, (scheduler.state.sizes.task_window - 1).bit_length())
         self._slots = slots
@@ -106,9 +106,10 @@ class PersistentExecutor:
         ticket = self._next_ticket
         state = self._state_for_publishing()
         slot = ticket & (self._slots - 1)
-        if ticket >= self._slots:  # the slot's task done, and retired: its record is read first
-            self._wait_done(ticket - self._slots, "its slot")
-            self._retire_done()
+        if self._in_flight and self._in_flight[0].ticket <= ticket - self._slots:
+            # the task window (at most `slots`) keeps the slot's last task retired, its record read
+            raise InvariantError(f"task {task.id}: the slot of ticket {ticket} holds ticket "
+                                 f"{self._in_flight[0].ticket}, in flight")
         tickets = self._producer_tickets(producers)
         self._named -= int(self._producers_named[slot])
         while self._named + len(tickets) > state.sizes.words or not state.room(len(tickets)):
@@ -323,28 +324,38 @@ class PersistentExecutor:
         return np.array(sorted(tickets), np.uint64)
 
     def _retire_done(self) -> None:
-        """Retire, oldest first, the tasks seen done, up to the first that is not, noting when
-        and on which block each ran (its slot says: the device's clock) and when it was seen."""
+        """Retire, oldest first, the tasks seen done, up to the first that is not, noting how
+        long each ran on which block (its slot says, in the device's clock); when tracing, when,
+        and when it was seen done, to draw at the kernel's end."""
         state = self._state
         while self._in_flight and state.done(self._in_flight[0].ticket):
             flight = self._in_flight.popleft()
             slot = flight.ticket & (self._slots - 1)
-            self._ran.append((flight.task, int(state.ran_on[slot]), int(state.began[slot]),
-                              int(state.ended[slot]), flight.first_call, time.perf_counter()))
+            block, began, ended = int(state.ran_on[slot]), int(state.began[slot]), int(state.ended[slot])
+            if self._profile.tracing:
+                self._ran.append((flight.task, block, began, ended, flight.first_call, time.perf_counter()))
+            else:  # the lane keeps the time only
+                self._lane(block).ran(flight.task, 0.0, (ended - began) * 1e-9, flight.first_call)
             del self._ticket_of[flight.task.id]
             self._scheduler.retire(flight.task.id, self._scratch)
 
     def _draw(self) -> None:
         """Put the kernel's tasks on their blocks' lanes, the device's clock read as the host's
         by the least lag seen between a task's end and its retirement (the tightest bound on
-        the clocks' offset)."""
+        the clocks' offset); in ns from the earliest start first, which a float holds exactly
+        (a GPU's clock counts from 1970)."""
         if not self._ran:
             return
-        offset = min(seen - ended * 1e-9 for _, _, _, ended, _, seen in self._ran)
+        base = min(began for _, _, began, _, _, _ in self._ran)
+        offset = min(seen - (ended - base) * 1e-9 for _, _, _, ended, _, seen in self._ran)
         for task, block, began, ended, first_call, _ in self._ran:
-            lane = self._lanes.get(block)
-            if lane is None:
-                lane = self._lanes[block] = self._profile.lane(f"persistent-block-{block}",
-                                                               (WorkerType.CUBE, WorkerType.VECTOR))
-            lane.ran(task, began * 1e-9 + offset, ended * 1e-9 + offset, first_call)
+            self._lane(block).ran(task, (began - base) * 1e-9 + offset, (ended - base) * 1e-9 + offset,
+                                  first_call)
         self._ran.clear()
+
+    def _lane(self, block: int) -> Lane:
+        lane = self._lanes.get(block)
+        if lane is None:
+            lane = self._lanes[block] = self._profile.lane(f"persistent-block-{block}",
+                                                           (WorkerType.CUBE, WorkerType.VECTOR))
+        return lane
