@@ -20,7 +20,7 @@ from pto_gpu.orchestration.matmul import tiled_matmul
 from test_cuda import ON_GPU, axpy_kernel, random_buffers, random_kernel_program
 
 import pto_gpu as pto
-from pto_gpu.backends import cuda_abi, emulator, persistent_module
+from pto_gpu.backends import cuda_abi, emulated_device, emulator, persistent_module
 from pto_gpu.errors import DeadlockError, PTOError, TaskError
 from pto_gpu.executors import persistent
 
@@ -192,7 +192,8 @@ def test_a_kernel_it_cannot_run_is_refused_and_later_runs_are_not_spoilt(tmp_pat
 def test_the_trace_draws_each_task_on_the_block_that_ran_it_after_its_producers(tmp_path):
     """trace= draws the kernel's tasks on a lane per block, from the times the blocks wrote (the
     device's clock, read as the host's): every task once, inside the run, none before the
-    producers it waited for had ended."""
+    producers it waited for had ended, a block's one after another (the emulator's blocks run
+    side by side, each on a thread)."""
     rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=8)
     path = tmp_path / "trace.json"
     started = time.perf_counter()
@@ -202,7 +203,11 @@ def test_the_trace_draws_each_task_on_the_block_that_ran_it_after_its_producers(
     lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     spans = {e["args"]["task"]: e for e in events if e["ph"] == "X"}
     assert len(spans) == result.num_tasks > 50 and result.num_edges > 20
-    assert {lanes[e["tid"]] for e in spans.values()} <= {"persistent-block-0", "persistent-block-1"}
+    blocks = {f"persistent-block-{b}" for b in range(emulated_device.PERSISTENT_BLOCKS)}
+    assert {lanes[e["tid"]] for e in spans.values()} <= blocks
     assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= took for e in spans.values())
+    for tid in lanes:  # a block runs one task at a time
+        on_it = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans.values() if e["tid"] == tid)
+        assert all(end <= start + 0.002 for (_, end), (start, _) in zip(on_it, on_it[1:]))
     for producer, consumer in result.graph.edges:
         assert spans[consumer]["ts"] >= spans[producer]["ts"] + spans[producer]["dur"] - 0.002

@@ -36,6 +36,7 @@ from .launches import TENSOR_WORDS, cpu_code, cpu_code_context, instance_scalars
 
 EMULATE = ("gpu-code", "cpu-code")
 WORD = 8  # every argument of the generated kernels is one 8-byte word (cuda_abi)
+PERSISTENT_BLOCKS = 4
 
 
 class EmulatedDevice:
@@ -111,9 +112,10 @@ class EmulatedDevice:
         return function
 
     def resident_blocks(self, function: int) -> int:
-        """Blocks of `function` the device runs at once. The emulator runs a grid's blocks one
-        after another; two make a persistent kernel's later blocks find the work done."""
-        return 2
+        """Blocks of `function` the device runs at once: for the persistent kernel, whose host
+        build runs its blocks side by side, each on a thread (PTO_HOST_THREADS), as many as
+        make the blocks race for tasks, the wiring lock and the queue on any machine."""
+        return PERSISTENT_BLOCKS
 
     # --- the persistent scheduler's memory (persistent_host.Memory): host memory ----------
     def mapped(self, nbytes: int) -> tuple[np.ndarray, int]:

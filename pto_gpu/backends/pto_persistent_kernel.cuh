@@ -60,8 +60,9 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
     }
 }
 
-#ifndef __CUDACC__  // the host build (the CUDA emulator): its blocks one after another (pto_isa.cuh)
-extern "C" int pto_launch_persistent(const unsigned *pto_grid, const unsigned *pto_block, unsigned,
+#ifndef __CUDACC__  // the host build (the CUDA emulator): its blocks side by side, each on a thread
+// (PTO_HOST_THREADS, pto_isa.cuh), its one symbol the others hide
+extern "C" __attribute__((visibility("default"))) int pto_launch_persistent(const unsigned *pto_grid, const unsigned *pto_block, unsigned,
                                      void **pto_params, void *) {
     if (pto_block[0] != PTO_THREADS || pto_block[1] != 1 || pto_block[2] != 1 || pto_grid[1] != 1 ||
         pto_grid[2] != 1)

@@ -31,7 +31,8 @@
 // a bug too: the runner names the threads and what they wait at on stderr and aborts, at once.
 // threadIdx and blockIdx are plain globals that the runner sets on every switch; __shared__
 // arrays are function statics (one block runs at a time); pto_host_launch runs the blocks of a
-// grid one after another and one grid at a time in the process. The fibers' stacks are mapped
+// grid one after another and one grid at a time in the process (a build with PTO_HOST_THREADS
+// runs them side by side, each on a thread: see pto_host_launch). The fibers' stacks are mapped
 // once per process and reused: PTO_HOST_STACK bytes each (64 KiB; the generated kernels use
 // about 1 KiB), each above a PROT_NONE guard page, so that an overflow faults rather than
 // corrupts memory. On x86-64 ELF a fiber switch is the few instructions below; elsewhere, or
@@ -87,6 +88,10 @@ __device__ inline float fmin(float a, double b) { return fminf(a, (float)b); }
 #include <mutex>
 #include <sys/mman.h>
 #include <unistd.h>
+#ifdef PTO_HOST_THREADS
+#include <thread>
+#include <vector>
+#endif
 #if !defined(__x86_64__) || !defined(__ELF__)
 #define PTO_HOST_UCONTEXT  // where the switch below is not written: POSIX ucontext
 #endif
@@ -95,7 +100,11 @@ __device__ inline float fmin(float a, double b) { return fminf(a, (float)b); }
 #endif
 #define __global__
 #define __device__
+#ifdef PTO_HOST_THREADS  // (below: blocks side by side)
+#define __shared__ static thread_local
+#else
 #define __shared__ static
+#endif
 #define __launch_bounds__(...)
 #define PTO_INF INFINITY
 #define PTO_UNROLL
@@ -115,10 +124,21 @@ using std::sqrt;
 template <typename V>
 inline V rsqrt(V x) { return V(1) / std::sqrt(x); }
 
-// Plain globals, not thread_local: every fiber of a grid runs on the OS thread that launched it,
-// under pto_host_grid, and the runner sets threadIdx on every switch.
+// Where the runner's state lives (threadIdx and the rest, the stacks, the launch): plain globals,
+// not thread_local: every fiber of a grid runs on the OS thread that launched it, under
+// pto_host_grid, and the runner sets threadIdx on every switch. A build whose blocks run side by
+// side, each on an OS thread of its own (PTO_HOST_THREADS: the persistent kernel's module, whose
+// blocks wait on one another's progress as a GPU's resident blocks do), keeps it, and its
+// __shared__ memory, per thread, and its own: its symbols hidden, not the one state of the other
+// libraries of generated code.
+#ifdef PTO_HOST_THREADS
+#pragma GCC visibility push(hidden)
+#define PTO_HOST_STATE inline thread_local
+#else
+#define PTO_HOST_STATE inline
+#endif
 struct PtoDim3 { unsigned x; };
-inline PtoDim3 threadIdx, blockIdx, blockDim, gridDim;
+PTO_HOST_STATE PtoDim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #ifdef PTO_HOST_UCONTEXT
 struct PtoHostContext { ucontext_t context; };
@@ -200,7 +220,7 @@ struct PtoHostStacks {
     int count;
     size_t size, guard;
 };
-inline PtoHostStacks pto_host_stacks;
+PTO_HOST_STATE PtoHostStacks pto_host_stacks;
 
 // Stacks 0..count-1 mapped, each at least PTO_HOST_STACK bytes.
 inline void pto_host_stacks_ready(int count) {
@@ -226,6 +246,14 @@ inline void pto_host_stacks_ready(int count) {
         }
         stacks.bases[stacks.count] = (unsigned char *)base;
     }
+}
+
+// The stacks unmapped (a thread of blocks side by side, at its end).
+inline void pto_host_stacks_release() {
+    PtoHostStacks &stacks = pto_host_stacks;
+    for (int i = 0; i < stacks.count; ++i) munmap(stacks.bases[i], stacks.guard + stacks.size);
+    std::free(stacks.bases);
+    stacks = PtoHostStacks{};
 }
 
 inline unsigned char *pto_host_stack_top(int index) {  // page aligned
@@ -257,7 +285,7 @@ struct PtoHostRun {
     int finished;
     bool released;  // the block barrier has just released: a phase starts
 };
-inline PtoHostRun *pto_host_run;
+PTO_HOST_STATE PtoHostRun *pto_host_run;
 
 // The fiber at the runner's position: warps in ascending order when the phase's number plus the
 // block's index is even, descending when odd; a warp's lanes in the same order in its first
@@ -558,10 +586,10 @@ inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], c
 // one mutex covers them all, as pto_host_run is one pointer for them all.
 inline std::mutex pto_host_grid;
 
-// Run `kernel` (a call of the __global__ function) over `blocks` blocks of PTO_THREADS fibers.
+// Run blocks first..last-1 of `kernel`'s grid of `blocks` (a call of the __global__ function),
+// each of PTO_THREADS fibers, one after another on this thread.
 template <typename F>
-inline void pto_host_launch(long long blocks, F kernel) {
-    std::lock_guard<std::mutex> hold(pto_host_grid);
+inline void pto_host_run_blocks(long long first, long long last, long long blocks, F &kernel) {
     std::unique_ptr<PtoHostRun> run(new PtoHostRun());
     run->block.count = PTO_THREADS;
     for (PtoBarrier &warp : run->warps) warp.count = 32;
@@ -571,7 +599,7 @@ inline void pto_host_launch(long long blocks, F kernel) {
     pto_host_run = run.get();
     gridDim.x = (unsigned)blocks;
     blockDim.x = PTO_THREADS;
-    for (long long b = 0; b < blocks; ++b) {
+    for (long long b = first; b < last; ++b) {
         blockIdx.x = (unsigned)b;
         run->block_index = b;
         run->phase = 0;
@@ -607,6 +635,24 @@ inline void pto_host_launch(long long blocks, F kernel) {
         pto_host_switch(run->launcher, run->fibers[first].context);
     }
     pto_host_run = nullptr;
+}
+
+// Run `kernel` over `blocks` blocks: one after another, or, built with PTO_HOST_THREADS, side
+// by side, each on a thread of its own.
+template <typename F>
+inline void pto_host_launch(long long blocks, F kernel) {
+#ifdef PTO_HOST_THREADS
+    std::vector<std::thread> threads;
+    for (long long b = 0; b < blocks; ++b)
+        threads.emplace_back([&kernel, b, blocks] {
+            pto_host_run_blocks(b, b + 1, blocks, kernel);
+            pto_host_stacks_release();
+        });
+    for (std::thread &thread : threads) thread.join();
+#else
+    std::lock_guard<std::mutex> hold(pto_host_grid);
+    pto_host_run_blocks(0, blocks, blocks, kernel);
+#endif
 }
 #endif
 
