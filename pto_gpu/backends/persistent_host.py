@@ -80,7 +80,7 @@ def library() -> ctypes.CDLL:
     """persistent_host.c with the protocol pasted above it, built once per text."""
     global _library
     if _library is None:
-        source = PROTOCOL.read_text() + "\n" + HOST.read_text()
+        source = "#define _POSIX_C_SOURCE 200809L\n" + PROTOCOL.read_text() + "\n" + HOST.read_text()
         path = emulator.build(source, emulator.cache_dir(), "persistent_host", 'executor="persistent"',
                               "the host's side of its scheduler")
         loaded = ctypes.CDLL(str(path))

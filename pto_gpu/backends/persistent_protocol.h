@@ -206,8 +206,13 @@ PTO_FN pto_u64 pto_now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (pto_u64)t.tv_sec * 1000000000ull + (pto_u64)t.tv_nsec;
 }
-PTO_FN void pto_pause(pto_u32 spins) {
-    if (spins >= 64) sched_yield();
+PTO_FN void pto_pause(pto_u32 spins) {  /* a CPU's threads: yield, then sleep, not spin */
+    if (spins >= 4096) {
+        const struct timespec nap = {0, 20000};
+        nanosleep(&nap, NULL);
+    } else if (spins >= 64) {
+        sched_yield();
+    }
 }
 #endif
 

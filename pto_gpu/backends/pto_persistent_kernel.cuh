@@ -61,11 +61,13 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
 }
 
 #ifndef __CUDACC__  // the host build (the CUDA emulator): its blocks side by side, each on a thread
-// (PTO_HOST_THREADS, pto_isa.cuh), its one symbol the others hide
+// (PTO_HOST_THREADS, pto_isa.cuh), at most PTO_HOST_BLOCKS of them; its one symbol the others
+// hide
+#define PTO_HOST_BLOCKS 64
 extern "C" __attribute__((visibility("default"))) int pto_launch_persistent(const unsigned *pto_grid, const unsigned *pto_block, unsigned,
                                      void **pto_params, void *) {
     if (pto_block[0] != PTO_THREADS || pto_block[1] != 1 || pto_block[2] != 1 || pto_grid[1] != 1 ||
-        pto_grid[2] != 1)
+        pto_grid[2] != 1 || pto_grid[0] > PTO_HOST_BLOCKS)
         return 1;
     pto_host_launch(pto_grid[0], [&] {
         pto_persistent(*(const pto_sched **)pto_params[0], *(const PtoRecords **)pto_params[1]);

@@ -32,7 +32,7 @@
 // threadIdx and blockIdx are plain globals that the runner sets on every switch; __shared__
 // arrays are function statics (one block runs at a time); pto_host_launch runs the blocks of a
 // grid one after another and one grid at a time in the process (a build with PTO_HOST_THREADS
-// runs them side by side, each on a thread: see pto_host_launch). The fibers' stacks are mapped
+// runs them side by side, each on a thread, all of these per thread: see pto_host_launch). The fibers' stacks are mapped
 // once per process and reused: PTO_HOST_STACK bytes each (64 KiB; the generated kernels use
 // about 1 KiB), each above a PROT_NONE guard page, so that an overflow faults rather than
 // corrupts memory. On x86-64 ELF a fiber switch is the few instructions below; elsewhere, or
@@ -89,7 +89,13 @@ __device__ inline float fmin(float a, double b) { return fminf(a, (float)b); }
 #include <sys/mman.h>
 #include <unistd.h>
 #ifdef PTO_HOST_THREADS
+// Every header the build needs, before its symbols are hidden (below): a C header first read
+// after that would declare the C library's functions hidden, and the link would fail.
+#include <sched.h>
+#include <stdint.h>
+#include <system_error>
 #include <thread>
+#include <time.h>
 #include <vector>
 #endif
 #if !defined(__x86_64__) || !defined(__ELF__)
@@ -214,7 +220,8 @@ struct PtoFiber {
 // The fibers' stacks: mapped once per process (grown when a launch needs more or bigger ones)
 // and reused by every launch and every library of generated code (an inline variable is one
 // symbol for them all, so its layout is that of every build of this header loaded; it is only
-// touched under pto_host_grid).
+// touched under pto_host_grid). Built with PTO_HOST_THREADS: each block thread's own, taken
+// from and given back to the library's spares (pto_host_stacks_take, _release).
 struct PtoHostStacks {
     unsigned char **bases;  // each: a guard page, then `size` bytes
     int count;
@@ -248,13 +255,29 @@ inline void pto_host_stacks_ready(int count) {
     }
 }
 
-// The stacks unmapped (a thread of blocks side by side, at its end).
-inline void pto_host_stacks_release() {
-    PtoHostStacks &stacks = pto_host_stacks;
-    for (int i = 0; i < stacks.count; ++i) munmap(stacks.bases[i], stacks.guard + stacks.size);
-    std::free(stacks.bases);
-    stacks = PtoHostStacks{};
+#ifdef PTO_HOST_THREADS
+// The stacks of block threads that have ended, for the next ones: mapping and unmapping a
+// block's 256 stacks took ~10 ms a launch. One pool for every such build loaded (these two,
+// unlike the rest of its state, are not hidden, so g++ makes them one symbol, as it does the
+// other builds' state): kept per library, the spares of a run's modules passed the process's
+// limit of memory mappings.
+inline std::mutex pto_host_spare_lock __attribute__((visibility("default")));
+inline std::vector<PtoHostStacks> pto_host_spare_stacks __attribute__((visibility("default")));
+
+inline void pto_host_stacks_take() {
+    std::lock_guard<std::mutex> hold(pto_host_spare_lock);
+    if (pto_host_stacks.count == 0 && !pto_host_spare_stacks.empty()) {
+        pto_host_stacks = pto_host_spare_stacks.back();
+        pto_host_spare_stacks.pop_back();
+    }
 }
+
+inline void pto_host_stacks_release() {  // at a block thread's end
+    std::lock_guard<std::mutex> hold(pto_host_spare_lock);
+    pto_host_spare_stacks.push_back(pto_host_stacks);
+    pto_host_stacks = PtoHostStacks{};
+}
+#endif
 
 inline unsigned char *pto_host_stack_top(int index) {  // page aligned
     return pto_host_stacks.bases[index] + pto_host_stacks.guard + pto_host_stacks.size;
@@ -583,13 +606,14 @@ inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], c
 // One grid at a time in the process: the launch state, threadIdx and the rest, the stacks and the
 // __shared__ statics are globals, and the CUDA emulator's streams launch from several threads.
 // Inline variables are unique symbols, one for every library of generated code loaded, so this
-// one mutex covers them all, as pto_host_run is one pointer for them all.
+// one mutex covers them all, as pto_host_run is one pointer for them all. (A build with
+// PTO_HOST_THREADS has its own state, per block thread, and does not take it.)
 inline std::mutex pto_host_grid;
 
-// Run blocks first..last-1 of `kernel`'s grid of `blocks` (a call of the __global__ function),
+// Run blocks from..to-1 of `kernel`'s grid of `blocks` (a call of the __global__ function),
 // each of PTO_THREADS fibers, one after another on this thread.
 template <typename F>
-inline void pto_host_run_blocks(long long first, long long last, long long blocks, F &kernel) {
+inline void pto_host_run_blocks(long long from, long long to, long long blocks, F &kernel) {
     std::unique_ptr<PtoHostRun> run(new PtoHostRun());
     run->block.count = PTO_THREADS;
     for (PtoBarrier &warp : run->warps) warp.count = 32;
@@ -599,7 +623,7 @@ inline void pto_host_run_blocks(long long first, long long last, long long block
     pto_host_run = run.get();
     gridDim.x = (unsigned)blocks;
     blockDim.x = PTO_THREADS;
-    for (long long b = first; b < last; ++b) {
+    for (long long b = from; b < to; ++b) {
         blockIdx.x = (unsigned)b;
         run->block_index = b;
         run->phase = 0;
@@ -638,16 +662,22 @@ inline void pto_host_run_blocks(long long first, long long last, long long block
 }
 
 // Run `kernel` over `blocks` blocks: one after another, or, built with PTO_HOST_THREADS, side
-// by side, each on a thread of its own.
+// by side, each on a thread of its own (as many as start: a block that cannot leaves its share
+// of the grid's work to the others, which a persistent kernel's blocks take from one queue).
 template <typename F>
 inline void pto_host_launch(long long blocks, F kernel) {
 #ifdef PTO_HOST_THREADS
     std::vector<std::thread> threads;
-    for (long long b = 0; b < blocks; ++b)
-        threads.emplace_back([&kernel, b, blocks] {
-            pto_host_run_blocks(b, b + 1, blocks, kernel);
-            pto_host_stacks_release();
-        });
+    try {
+        for (long long b = 0; b < blocks; ++b)
+            threads.emplace_back([&kernel, b, blocks] {
+                pto_host_stacks_take();
+                pto_host_run_blocks(b, b + 1, blocks, kernel);
+                pto_host_stacks_release();
+            });
+    } catch (const std::system_error &) {
+        if (threads.empty()) std::abort();  // not one block: nothing would run the grid
+    }
     for (std::thread &thread : threads) thread.join();
 #else
     std::lock_guard<std::mutex> hold(pto_host_grid);
