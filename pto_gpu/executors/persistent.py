@@ -48,10 +48,10 @@ from ..tasks import RINGS, Scheduler, Task
 
 PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wait gives up
 KERNEL_PARAMS = 2  # pto_persistent's (pto_persistent_kernel.cuh)
+WORDS_PER_SLOT = 16  # producers' words in the ring per task slot
 # The states of kernels stopped before they were seen to end (held from starting): they may
 # still read them, so they are kept for the process.
 _ABANDONED: list[State] = []
-WORDS_PER_SLOT = 16  # producers' words in the ring per task slot
 
 
 @dataclasses.dataclass(slots=True, eq=False)
