@@ -8,6 +8,10 @@
 - The 2048² float32 tiled matmul in 128-row tiles (the demo's, 4,608 tasks) on the stream
   executor, from Python and compiled, each product one cuBLAS call, against numpy's time on the
   host's cores. Target (issue 40): at most 15 ms.
+- The persistent executor (issue 44): the per-task overhead's tasks and the 2048² matmul in one
+  persistent kernel (targets: at most 0.5 us a task per SM independent, 2 us a chain; within
+  2x of one cupy.matmul), and the compiled LLaMA layer at seq 1024 on it and on the stream
+  executor side by side (target: faster).
 - GEMM 8192x8192 float16 as 4x4 output tiles through the runtime (a cuBLAS call per tile) against one
   cupy.matmul. extra_info["tflops"]. Target: at least 70% of cuBLAS.
 - The same GEMM as 1024x128 output tiles of the generated tile kernel (mma.sync on tensor
@@ -35,7 +39,9 @@ from pto_gpu.orchestration.flash_attention import (
     flash_attention_compiled,
     flash_attention_fused_compiled,
 )
+from pto_gpu.orchestration.llama import llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
+from pto_gpu.orchestration.workloads import to_backend
 from test_gpu_code import matmul_in_bands
 from tiny_tasks import TASKS as COMPILED_TASKS
 from tiny_tasks import generated, rows
@@ -183,10 +189,35 @@ def test_tiled_matmul_2048_persistent(benchmark, cupy):
     tiled_matmul_rounds(benchmark, cupy, tiled_matmul, 128, "persistent")
 
 
+def test_tiled_matmul_2048_cupy(benchmark, cupy):
+    """One cupy.matmul of the same operands: what the persistent kernel's 4,608 tasks are
+    measured against (issue 44: within 2x)."""
+    rng = np.random.default_rng(0)
+    a, b = (cupy.asarray(rng.standard_normal((2048, 2048)).astype(np.float32)) for _ in range(2))
+
+    def product():
+        cupy.matmul(a, b)
+        cupy.cuda.get_current_stream().synchronize()
+
+    benchmark.pedantic(product, rounds=ROUNDS, warmup_rounds=2)
+
+
 def test_tiled_matmul_2048_numpy(benchmark):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((2048, 2048)).astype(np.float32) for _ in range(2))
     benchmark.pedantic(np.matmul, (a, b), rounds=ROUNDS, warmup_rounds=2)
+
+
+# --- the LLaMA layer ---------------------------------------------------------------------------
+@pytest.mark.parametrize("executor", ["stream", "persistent"])
+def test_llama_layer_compiled(benchmark, cupy, executor):
+    """The compiled LLaMA-7B layer at seq 1024, float32, on the stream executor (native issue,
+    its tile products cuBLAS calls) and in one persistent kernel (every task the generated
+    code on one block), side by side (issue 44: the persistent one faster)."""
+    rt = pto.Runtime(backend="cuda", executor=executor, heap_bytes=1 << 30)
+    inputs = to_backend(rt.backend, llama_layer_inputs(1024))
+    result = benchmark.pedantic(rt.run, (llama_layer_compiled, inputs), rounds=3, warmup_rounds=1)
+    benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / result.num_tasks * 1e6
 
 
 # --- GEMM --------------------------------------------------------------------------------
