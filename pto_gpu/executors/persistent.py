@@ -92,6 +92,7 @@ class PersistentExecutor:
         self._scratch = scheduler.ready_scratch()
         self._dtype = None
         self._compiled: int | None = None  # the backend's instances that have compiled in a module
+        self._index: dict = {}  # their index by source
         self.kernels_launched = 0
 
     # --- the orchestrator's side ---------------------------------------------------------
@@ -179,15 +180,13 @@ class PersistentExecutor:
         the backend keeps must compile) ends the kernel running (it is launched again over
         every instance seen, at its next wait)."""
         codes = self._codes()
-        sources = [code.source for code in codes]
-        if instance.code.source in sources:
-            k = sources.index(instance.code.source)
-        else:
+        k = self._index.get(instance.code.source)
+        if k is None:
             try:
                 check(instance.code)
             except PTOError as cause:
                 raise TaskError.of(task, cause) from cause
-            k = len(codes)
+            k = self._index[instance.code.source] = len(codes)
             codes.append(instance.code)
         if self._launched is not None and k >= len(self._launched):
             self._end_kernel()
@@ -212,6 +211,7 @@ class PersistentExecutor:
                 function = self._device.module_function(write(codes), self._dtype, NAME, KERNEL_PARAMS)
         except BaseException:  # what the backend keeps must compile: drop the instances not yet built
             del codes[self._compiled:]
+            self._index = {code.source: k for k, code in enumerate(codes)}
             raise
         self._compiled = len(codes)
         blocks = min(MAX_BLOCKS, self._device.resident_blocks(function))
@@ -227,6 +227,7 @@ class PersistentExecutor:
         codes = self._backend.persistent_codes.setdefault(self._dtype, [])
         if self._compiled is None:  # those of earlier runs have compiled
             self._compiled = len(codes)
+            self._index = {code.source: k for k, code in enumerate(codes)}
         return codes
 
     def _end_kernel(self) -> None:
