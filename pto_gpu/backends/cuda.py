@@ -29,6 +29,7 @@ import os
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -80,6 +81,15 @@ class Device(Protocol):
         """The CUfunction of the code's kernel (and, where the device runs CPU code for it, of
         the call's instance): `layout` is the call's params in order, (shape, numpy dtype) for
         a tensor and None for a scalar; `scalars` their values."""
+
+    def module_function(self, source: Path, dtype, name: str, words: int) -> int:
+        """The CUfunction of `pto_<name>` in CUDA source `source` compiled for element type
+        `dtype`, taking `words` 8-byte params (the persistent kernel's module, and `function`'s
+        generated code)."""
+
+    def resident_blocks(self, function: int) -> int:
+        """Blocks of `function` the device runs at once (the persistent kernel's grid). The
+        device is also the persistent scheduler's memory: persistent_host.Memory."""
 
     def stream(self) -> int:
         """A new non-blocking stream's handle, freed with the device."""
