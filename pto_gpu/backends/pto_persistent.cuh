@@ -3,7 +3,8 @@
 // and run each by calling the generated code of its kernel instance, until the host closes the
 // run. persistent_module.py writes the module around this text:
 //
-//   #define PTO_WARPS, PTO_PERSISTENT and PTO_TASK_SHARED_BYTES (the most any instance takes)
+//   #define PTO_WARPS, PTO_PERSISTENT, PTO_HOST_THREADS (the host build's blocks side by side,
+//   pto_isa.cuh) and PTO_TASK_SHARED_BYTES (the most any instance takes)
 //   pto_isa.cuh, persistent_protocol.h, then this file: how the instances are declared
 //   namespace pto_instance_<k> { <instance k's generated source> }   for each instance
 //   pto_run_task: a switch over the instances
