@@ -399,9 +399,10 @@ class CudaBackend:
         self._enter()
         return self._driver.reached(event)
 
-    def synchronize(self, event: int) -> None:
+    def synchronize(self, event: int, timeout: float | None = None) -> None:
+        """Wait for `event`; DeadlockError after `timeout` seconds (gpu_timeout unless given)."""
         self._enter()
-        self._driver.wait_until_reached(event, self.gpu_timeout)
+        self._driver.wait_until_reached(event, self.gpu_timeout if timeout is None else timeout)
 
     def release(self, event: int) -> None:
         self._events.append(event)

@@ -110,8 +110,14 @@ class State:
         self._lib = lib = library()
         record = int(lib.pto_persistent_sched_bytes())
         extent = (ctypes.c_uint64 * 2)()
-        sizing = ctypes.create_string_buffer(record)
-        lib.pto_persistent_layout(sizing, sizes.slots, sizes.words, sizes.chunks, None, None, extent)
+
+        def laid_out(device: int | None, mapped: int | None) -> ctypes.Array:
+            """A pto_sched over regions at these addresses (None: sizes only, in `extent`)."""
+            sched = ctypes.create_string_buffer(record)
+            lib.pto_persistent_layout(sched, sizes.slots, sizes.words, sizes.chunks, device, mapped, extent)
+            return sched
+
+        laid_out(None, None)
         device_bytes, protocol_bytes = int(extent[0]), int(extent[1])
         # The mapped region: the protocol's words, then the task records, each at 64 bytes.
         offsets, end = {}, protocol_bytes
@@ -135,15 +141,13 @@ class State:
         # when and where each slot's task ran: pto_now_ns() (the device's clock) and the block
         self.began, self.ended, self.ran_on = (mapped[offsets[name]:].view(np.uint64)[:sizes.slots]
                                                for name in ("began", "ended", "ran_on"))
-        # The host's pto_sched (it touches the mapped words only), and the kernel's, in mapped
+        # The host's pto_sched (it touches the mapped words only); one over the host's copy of
+        # the device region, which `reset` sets and copies in; and the kernel's, in mapped
         # memory: the same layout at the device's addresses.
-        self._host = ctypes.create_string_buffer(record)
-        lib.pto_persistent_layout(self._host, sizes.slots, sizes.words, sizes.chunks, device_address,
-                                  mapped.ctypes.data, extent)
-        device_record = ctypes.create_string_buffer(record)
-        lib.pto_persistent_layout(device_record, sizes.slots, sizes.words, sizes.chunks, device_address,
-                                  mapped_address, extent)
-        mapped[offsets["sched"]:offsets["sched"] + record] = np.frombuffer(device_record.raw, np.uint8)
+        self._host = laid_out(device_address, mapped.ctypes.data)
+        self._staged = laid_out(self._staging.ctypes.data, mapped.ctypes.data)
+        mapped[offsets["sched"]:offsets["sched"] + record] = np.frombuffer(
+            laid_out(device_address, mapped_address).raw, np.uint8)
         records = mapped[offsets["records"]:offsets["records"] + RECORDS.itemsize].view(RECORDS)
         for name in RECORDS.names:
             records[name] = (sizes.words_per_task if name == "words_per_task" else
@@ -159,11 +163,7 @@ class State:
         self._mapped[:self._protocol_bytes] = 0
         self.running[:] = 0
         self._staging[:] = 0
-        staged = ctypes.create_string_buffer(len(self._host))
-        extent = (ctypes.c_uint64 * 2)()
-        self._lib.pto_persistent_layout(staged, self.sizes.slots, self.sizes.words, self.sizes.chunks,
-                                        self._staging.ctypes.data, self._mapped.ctypes.data, extent)
-        self._lib.pto_persistent_initial(staged)
+        self._lib.pto_persistent_initial(self._staged)
         self._memory.copy_in(self._device_address, self._staging)
         self._next_word.value = 0
 

@@ -151,14 +151,11 @@ class PersistentExecutor:
         dropped unretired, as on the other executors."""
         if self._launched is not None:
             self._state.stop(Abort.FAULTED)
-            deadline = time.perf_counter() + self._patience
             try:
-                while not self._backend.done(self._ended) and time.perf_counter() < deadline:
-                    time.sleep(1e-4)
-                if self._backend.done(self._ended):
-                    self._backend.persistent_states[self._state.sizes] = self._state
-                else:
-                    _ABANDONED.append(self._state)
+                self._backend.synchronize(self._ended, self._patience)
+                self._backend.persistent_states[self._state.sizes] = self._state
+            except DeadlockError:  # not ended in time
+                _ABANDONED.append(self._state)
             except Exception:  # a fault's: the error being raised is the one to report
                 pass
             self._launched = None

@@ -497,8 +497,12 @@ class _Generator:
         cols = self.tiles[tile].cols
         return packed_pitch(cols) if tile in self.packed else cols
 
+    def tile_bytes(self, tile: str) -> int:
+        """The shared memory tile `tile` takes, read whole."""
+        return self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile)
+
     def shared_bytes(self) -> int:
-        return sum(self.tiles[t].rows * self.pitch(t) * self.element_bytes(t) for t in self.whole)
+        return sum(map(self.tile_bytes, self.whole))
 
     def shared_offsets(self) -> tuple[dict[str, int], int]:
         """Where each tile read whole lies in the persistent kernel's shared memory, which the
@@ -508,7 +512,7 @@ class _Generator:
         offsets, end = {}, 0
         for tile in sorted(self.whole):
             offsets[tile] = end
-            end += -(-self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile) // 16) * 16
+            end += -(-self.tile_bytes(tile) // 16) * 16
         return offsets, end
 
     def register_words(self) -> int:
