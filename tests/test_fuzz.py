@@ -104,14 +104,15 @@ def test_native_workers_match_serial(seed, rows, window_log2, heap_tiles, worker
           derandomize="FUZZ_SEED" not in os.environ, print_blob=True)
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 200), window_log2=st.integers(1, 10),
        heap_tiles=st.integers(1, 8), streams=st.integers(1, 3), compiled=st.booleans(),
-       executor=st.sampled_from(["stream", "parallel", "serial"]), emulate=st.sampled_from(["cpu-code",
-                                                                                            "gpu-code"]))
+       executor=st.sampled_from(["stream", "parallel", "serial", "persistent"]),
+       emulate=st.sampled_from(["cpu-code", "gpu-code"]))
 def test_the_cuda_emulator_matches_serial(seed, rows, window_log2, heap_tiles, streams, compiled, executor,
                                           emulate):
     """The same programs through the CUDA backend on the emulator: its launch records, issue
-    path, streams and events. Running each instance's CPU code (cpu-code), bitwise the serial
-    CPU executor's bytes; running its GPU code built for the host, within float32 rounding of
-    the few ops the two codes compute in another order (swiglu's exp and division)."""
+    path, streams and events, and the persistent kernel. Running each instance's CPU code
+    (cpu-code), bitwise the serial CPU executor's bytes; running its GPU code built for the host
+    (gpu-code, and always in the persistent kernel), within float32 rounding of the few ops the
+    two codes compute in another order (swiglu's exp and division)."""
     plan, start, orchestration, (a, b), reference = planned_case(seed, rows, compiled)
     runtime = pto.Runtime(backend="cuda-emulated", emulate=emulate, executor=executor,
                           task_window=1 << window_log2, heap_bytes=heap_tiles * HEAP_TILE,
@@ -121,7 +122,7 @@ def test_the_cuda_emulator_matches_serial(seed, rows, window_log2, heap_tiles, s
     result = runtime.run(orchestration, *got, plan)
     assert result.num_tasks == reference.num_tasks, program
     for want, array in zip((a, b), got):
-        if emulate == "cpu-code":
+        if emulate == "cpu-code" and executor != "persistent":
             assert runtime.backend.to_host(array).tobytes() == want.tobytes(), program
         else:
             np.testing.assert_allclose(runtime.backend.to_host(array), want, rtol=1e-5, atol=1e-6,

@@ -11,15 +11,18 @@ import shutil
 import subprocess
 import time
 
+import numba
 import numpy as np
 import pytest
-from pto_gpu.kernels.elementwise import add
+from fuzzing import PLAN_SHAPE, compiled_plan, native_plan, python_plan
+from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 from pto_gpu.orchestration.flash_attention import flash_attention_fused
 from pto_gpu.orchestration.matmul import tiled_matmul
 from test_cuda import ON_GPU, axpy_kernel, random_buffers, random_kernel_program
 
 import pto_gpu as pto
+from pto_gpu import jit as pj
 from pto_gpu.backends import cuda_abi, emulated_device, emulator, persistent_module
 from pto_gpu.errors import DeadlockError, PTOError, TaskError
 from pto_gpu.executors import persistent
@@ -57,6 +60,98 @@ def test_a_graph_larger_than_the_rings_runs_and_a_later_run_launches_one_kernel(
             assert rt.backend.to_host(array).tobytes() == want.tobytes(), f"run {run}"
         if backend == "cuda-emulated" and run == 1:
             assert emulator.launches() - launched == 1
+
+
+def planned(seed: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A plan of scale, add and swiglu tasks over two arrays (tests/fuzzing.py), its start,
+    and the serial CPU executor's end."""
+    rng = np.random.default_rng(seed)
+    plan = native_plan(rng, rows)
+    start = rng.uniform(-1, 1, (2, *PLAN_SHAPE)).astype(np.float32)
+    want = start.copy()
+    pto.Runtime(backend="cpu", executor="serial").run(compiled_plan, want[0], want[1], plan)
+    return plan, start, want
+
+
+def instances(plan: np.ndarray) -> int:
+    """The plan's kernel instances: a kernel and a tile shape (op 3 is a scale and an add)."""
+    kernels = {0: ("scale",), 1: ("add",), 2: ("swiglu",), 3: ("scale", "add")}
+    return len({(kernel, h, w) for op, _, _, _, h, w, _, _ in plan.tolist() for kernel in kernels[op]})
+
+
+@pytest.mark.parametrize("orchestration", [compiled_plan, python_plan], ids=["compiled", "python"])
+@pytest.mark.parametrize("window", [2, 4, 64])
+def test_tasks_whose_instance_is_learnt_are_published_from_the_argument_tables(window, orchestration):
+    """A compiled orchestration's log, and Python submits whose arguments the orchestrator wrote
+    to the tables, are published by numba once each instance's first task has gone the Python
+    way (the run's first task too, which sets its element type): in a second run, all of them.
+    Through rings of 2 to 64 task slots; equal to the serial CPU executor within float32
+    rounding of swiglu's exp and division, which the GPU code computes in another order."""
+    plan, start, want = planned(3, 150)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=window)
+    for run in range(2):
+        got = start.copy()
+        result = rt.run(orchestration, got[0], got[1], plan)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"run {run}")
+        assert result.native_tasks >= result.num_tasks - instances(plan) - 1
+    assert result.native_tasks == result.num_tasks
+
+
+def test_a_task_whose_producers_words_have_no_room_waits_for_its_oldest_producer(monkeypatch):
+    """A ring of one producer's word a slot (not 16): tasks that name more in-flight producers
+    than the last slots' share leaves wait for their oldest producer to finish, the Python
+    way, and are published once it has."""
+    waits = []
+    wait_done = persistent.PersistentExecutor._wait_done
+
+    def noted(self, ticket, why):
+        waits.append(why)
+        return wait_done(self, ticket, why)
+
+    monkeypatch.setattr(persistent, "WORDS_PER_SLOT", 1)
+    monkeypatch.setattr(persistent.PersistentExecutor, "_wait_done", noted)
+    plan, start, want = planned(4, 300)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=4)
+    for orchestration in (compiled_plan, python_plan):
+        got = start.copy()
+        rt.run(orchestration, got[0], got[1], plan)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert "room for its producers' words" in waits
+
+
+@numba.njit(cache=True)
+def _scales_then_adds(o, x, y, n, scale_id, add_id):
+    """n scales of x's rows into y's, then n adds of y's rows into x's: the adds' instance
+    comes after the kernel is running (a ring of a few slots launches it at the first wait)."""
+    rows = pj.shape(x, 0)
+    for i in range(n):
+        r = i % rows
+        pj.submit(o, scale_id, (pj.input(pj.narrow(x, 0, r, r + 1)), pj.output(pj.narrow(y, 0, r, r + 1))),
+                  (2.0,))
+    for i in range(n):
+        r = i % rows
+        row = pj.narrow(y, 0, r, r + 1)
+        pj.submit(o, add_id, (pj.input(row), pj.input(row), pj.output(pj.narrow(x, 0, r, r + 1))))
+
+
+def scales_then_adds(o, x, y, n):
+    o.compiled(_scales_then_adds, o.external(x), o.external(y), n, scale.id, add.id)
+
+
+def test_a_new_instance_in_a_compiled_log_ends_the_kernel_and_the_log_goes_on():
+    """The adds' first task is in a flushed log while the kernel runs without its instance: the
+    kernel ends with every task before it retired, and the rest of the log (its producers
+    published to the kernel that ended, retired) goes to the next. A second run is one kernel,
+    every task from the tables."""
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=4)
+    for run in range(2):
+        got, y = x.copy(), np.zeros_like(x)
+        launched = emulator.launches()
+        result = rt.run(scales_then_adds, got, y, 40)
+        assert emulator.launches() - launched == (2 if run == 0 else 1)
+        assert np.array_equal(y, 2 * x) and np.array_equal(got, 4 * x)
+    assert result.native_tasks == result.num_tasks == 80
 
 
 def test_a_heap_of_two_tiles_stalls_the_orchestrator_until_the_kernel_frees_one():

@@ -131,6 +131,33 @@ def instance_scalars(kernel: Kernel, scalars: tuple) -> tuple:
     return (*kinds, *picked)
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def task_words(words, args, slot, integer, double, bits):
+    """A task's launch argument words from its arguments in the run's tables (slot `slot` of
+    `args`), into `words`: per tensor its pointer, three sizes and three element strides
+    (leading dims padded, as `template` pads them), then each scalar as its kernel takes it
+    (`integer[k]`: long long, else double). `double` is one float64 whose int64 view is `bits`."""
+    w = 0
+    for p in range(args.count[slot, 0]):
+        ndim = args.desc[slot, p, D_NDIM]
+        pad = 3 - ndim
+        words[w] = args.desc[slot, p, D_BASE] + args.desc[slot, p, D_OFFSET]
+        for k in range(3):
+            words[w + 1 + k] = 1 if k < pad else args.desc[slot, p, D_SHAPE + k - pad]
+            words[w + 4 + k] = 0 if k < pad else args.desc[slot, p, D_STRIDE + k - pad]
+        w += TENSOR_WORDS
+    for k in range(args.count[slot, 1]):
+        is_int = args.scalar_kind[slot, k] == S_INT
+        if integer[k]:
+            words[w] = args.int[slot, k] if is_int else np.int64(args.float[slot, k])
+        elif is_int:
+            double[0] = np.float64(args.int[slot, k])
+            words[w] = bits[0]
+        else:
+            words[w] = args.float_bits[slot, k]
+        w += 1
+
+
 class Scratch:
     """An issuing thread's argument row and its kernelParams (the row's word addresses):
     the driver copies the words at the launch, so one row serves every launch of a thread."""

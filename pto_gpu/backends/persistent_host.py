@@ -10,6 +10,9 @@ when and on which block it ran; then, per block, the ticket + 1 of the task it r
 tasks); then the scheduler record and the records' record (PtoRecords) the kernel takes, their
 pointers the device's. Beside them in device memory, per block, the words of the task it runs,
 which the block copies there. On the emulator all of it is host memory.
+
+The executor publishes tasks from nogil numba (executors/persistent_issue.py), which calls the
+host's side by address (`HOST_CALLS`, `publish_at`, `look_at`).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import enum
 from typing import NamedTuple, Protocol
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
-from ..errors import PTOError
 from . import emulator
 
 PROTOCOL = emulator.SOURCE.with_name("persistent_protocol.h")
@@ -71,6 +76,42 @@ class Sizes(NamedTuple):
     @property
     def chunks(self) -> int:  # the successor pool, by the protocol's bound
         return self.slots + -(-self.words // CHUNK)
+
+
+# What numba code calls (executors/persistent_issue.py): the host's pto_sched, and the
+# addresses of its functions.
+HOST_CALLS = np.dtype([(name, np.int64) for name in ("sched", "publish", "done", "shown")], align=True)
+
+
+def _pointer(builder, value):
+    return builder.inttoptr(value, ir.IntType(8).as_pointer())
+
+
+@intrinsic
+def publish_at(typingctx, address, sched, ticket, next_word, producers, count):
+    """pto_persistent_publish(sched, ticket, next_word, producers, count): 0, or 1 (refused:
+    its producers are not all earlier tasks, or more than the ring of words holds)."""
+    def codegen(context, builder, signature, args):
+        i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+        fnty = ir.FunctionType(i32, [i8p, i64, i8p, i8p, i32])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(callee, [_pointer(builder, args[1]), args[2], _pointer(builder, args[3]),
+                                     _pointer(builder, args[4]), builder.trunc(args[5], i32)])
+
+    return types.int32(*[types.int64] * 6), codegen
+
+
+@intrinsic
+def look_at(typingctx, address, sched, which):
+    """pto_persistent_done(sched, slot) or pto_persistent_shown(sched, which): an acquire load
+    of a word the blocks store."""
+    def codegen(context, builder, signature, args):
+        i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+        fnty = ir.FunctionType(i64, [i8p, i32])
+        callee = builder.inttoptr(args[0], fnty.as_pointer())
+        return builder.call(callee, [_pointer(builder, args[1]), builder.trunc(args[2], i32)])
+
+    return types.int64(types.int64, types.int64, types.int64), codegen
 
 
 _library: ctypes.CDLL | None = None
@@ -155,7 +196,10 @@ class State:
         self.kernel_args = (mapped_address + offsets["sched"], mapped_address + offsets["records"])
         self._protocol_bytes = protocol_bytes
         self._device_address = device_address
-        self._next_word = ctypes.c_uint64(0)
+        self.calls = np.zeros(1, HOST_CALLS)
+        self.calls[0] = (ctypes.addressof(self._host), *(
+            ctypes.cast(getattr(lib, f"pto_persistent_{name}"), ctypes.c_void_p).value
+            for name in HOST_CALLS.names[1:]))
 
     def reset(self) -> None:
         """The first state: no task published, every chunk free (the device region set through
@@ -165,23 +209,8 @@ class State:
         self._staging[:] = 0
         self._lib.pto_persistent_initial(self._staged)
         self._memory.copy_in(self._device_address, self._staging)
-        self._next_word.value = 0
 
     # --- the host's side -------------------------------------------------------------------
-    def publish(self, ticket: int, producers: np.ndarray) -> None:
-        """Publish task `ticket` (its record written) after its producers' tickets. The slot
-        and the ring's room were waited for (`done`, `room`)."""
-        if self._lib.pto_persistent_publish(self._host, ticket, ctypes.byref(self._next_word),
-                                            producers.ctypes.data, len(producers)):
-            raise PTOError(f"the persistent scheduler refused task {ticket}: its producers "
-                           f"{producers.tolist()} are not all earlier tasks, or more than its ring "
-                           f"of {self.sizes.words} words holds")
-
-    def room(self, count: int) -> bool:
-        """Whether the ring of producers' words has room for `count` more."""
-        read = self._lib.pto_persistent_shown(self._host, Shown.WORDS_READ)
-        return self._next_word.value + count - read <= self.sizes.words
-
     def done(self, ticket: int) -> bool:
         return self._lib.pto_persistent_done(self._host, ticket & (self.sizes.slots - 1)) == ticket
 

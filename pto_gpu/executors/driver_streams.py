@@ -59,6 +59,7 @@ from ..backends.launches import (
     query_event,
     record_event,
     start,
+    task_words,
     wait_event,
 )
 from ..core.complete import complete
@@ -66,13 +67,13 @@ from ..core.lock import monotonic_ns
 from ..core.state import MAX_PARAMS
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, InvariantError, TaskError, UsageError
-from ..jit.context import LOG_CAPACITY, MAX_SCALARS, S_INT, ArgTables
-from ..jit.descriptor import D_BASE, D_ITEMSIZE, D_NDIM, D_OFFSET, D_SHAPE, D_STRIDE
+from ..jit.context import LOG_CAPACITY, MAX_SCALARS, ArgTables
+from ..jit.descriptor import D_ITEMSIZE, D_NDIM
 from ..kernel import registered
 from ..native_call import compiled_entry
 from ..profile import Profile
 from ..tasks import RINGS, Scheduler, Task
-from .instance_keys import ANY_SCALARS, INSTANCES, KERNEL_INFO, KEY_WIDTH, find, instance_key
+from .instance_keys import INSTANCES, KEY_WIDTH, cuda_kernel_info, find, instance_key
 
 CLASSES = len(WorkerType)
 _NOTED = np.zeros(0, np.int64)  # producers already in the pending table
@@ -449,32 +450,6 @@ def issue_prepared(t, driver, header, tasks, buffers, deps, task, kernel, worker
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _words(t, words, args, slot, launch):
-    """The launch's argument words from the task's arguments, into `words` (backends/cuda_abi.py):
-    per tensor its pointer, three sizes and three element strides (leading dims padded), then
-    each scalar as its kernel takes it."""
-    w = 0
-    for p in range(args.count[slot, 0]):
-        ndim = args.desc[slot, p, D_NDIM]
-        pad = 3 - ndim
-        words[w] = args.desc[slot, p, D_BASE] + args.desc[slot, p, D_OFFSET]
-        for k in range(3):
-            words[w + 1 + k] = 1 if k < pad else args.desc[slot, p, D_SHAPE + k - pad]
-            words[w + 4 + k] = 0 if k < pad else args.desc[slot, p, D_STRIDE + k - pad]
-        w += TENSOR_WORDS
-    for k in range(args.count[slot, 1]):
-        integer = args.scalar_kind[slot, k] == S_INT
-        if launch.integer[k]:
-            words[w] = args.int[slot, k] if integer else np.int64(args.float[slot, k])
-        elif integer:
-            t.double[0] = np.float64(args.int[slot, k])
-            words[w] = t.bits[0]
-        else:
-            words[w] = args.float_bits[slot, k]
-        w += 1
-
-
-@njit(cache=True, _nrt=False, inline="always")
 def _word_count(args, slot):
     return args.count[slot, 0] * TENSOR_WORDS + args.count[slot, 1]
 
@@ -534,7 +509,7 @@ def _joins(t, tasks, args, leader, key, words, strides, n, task_id, launch, gemm
     if not instance_key(tasks, t.kernel_info, args, window, task_id, t.other_key) or \
             not _same_key(t.other_key, key):
         return False
-    _words(t, t.other_words, args, other, launch)
+    task_words(t.other_words, args, other, launch.integer, t.double, t.bits)
     tensors = args.count[leader, 0]
     same = True
     for w in range(_word_count(args, leader)):
@@ -660,7 +635,7 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
         gemm = t.gemm[0]
         n = 1
         if launch.grid != 0:
-            _words(t, t.words, args, slot, launch)
+            task_words(t.words, args, slot, launch.integer, t.double, t.bits)
             if gemm.batch != 0 and not _gemm_takes(gemm, t.words):
                 return i  # learnt from tiles of these shapes but other strides: the Python way's
             n = _batch(t, tasks, args, log, i, logged, edges, launch, gemm)
@@ -742,7 +717,7 @@ def submit_python(t, driver, header, tasks, buffers, deps, args, task_id, produc
     launch = t.launches[found]
     gemm = t.gemms[found]
     if launch.grid != 0 and gemm.batch != 0:
-        _words(t, t.words, args, slot, launch)
+        task_words(t.words, args, slot, launch.integer, t.double, t.bits)
         if not _gemm_takes(gemm, t.words):
             return PYTHON_WAY  # learnt from tiles of these shapes but other strides
     if h.edges + len(producers) > len(t.held_edges):
@@ -765,7 +740,7 @@ def submit_python(t, driver, header, tasks, buffers, deps, args, task_id, produc
     _hold(t, task_id, producers)
     if holds:
         h.instance = found
-        _words(t, t.held_words, args, slot, launch)
+        task_words(t.held_words, args, slot, launch.integer, t.double, t.bits)
         for w in range(len(t.key)):
             t.held_key[w] = t.key[w]
     else:
@@ -929,9 +904,9 @@ class DriverStreamExecutor:
             tails=np.full(len(handles), -1, np.int64), tail_events=np.full(len(handles), -1, np.int64),
             blas=np.zeros(len(handles), np.int64), stream_end=np.zeros(len(handles), np.int64),
             stats=np.zeros((len(handles), len(kernels), 2), np.int64),
-            kernel_info=self._kernel_info(kernels), keys=instances.keys, filled=instances.filled,
-            launches=instances.launches, gemms=instances.gemms, key=np.zeros(KEY_WIDTH, np.int64),
-            other_key=np.zeros(KEY_WIDTH, np.int64), words=scratch.words,
+            kernel_info=cuda_kernel_info(kernels, backend.runs_library), keys=instances.keys,
+            filled=instances.filled, launches=instances.launches, gemms=instances.gemms,
+            key=np.zeros(KEY_WIDTH, np.int64), other_key=np.zeros(KEY_WIDTH, np.int64), words=scratch.words,
             other_words=np.zeros_like(scratch.words), strides=np.zeros(MAX_PARAMS, np.int64),
             tensors=np.zeros((MAX_PARAMS, 2), np.int64),
             gemm=np.zeros(1, GEMM_CALL), params=scratch.params, double=double, bits=double.view(np.int64),
@@ -961,24 +936,6 @@ class DriverStreamExecutor:
         self._submit_python = self._release_python = None
         self._one = np.zeros(1, np.int64)  # a task issued the Python way: its id
         self._released = False  # held submits were issued since make_room last looked
-
-    def _kernel_info(self, kernels: list) -> np.ndarray:
-        """The kernels whose logged tasks issue here: those with CUDA code that is not a
-        library call (CuPy's, on a GPU). Their scalar counts are the code's to check."""
-        info = np.zeros(max(1, len(kernels)), KERNEL_INFO)
-        info["scalars"] = ANY_SCALARS
-        for kernel in kernels:
-            cuda = kernel.cuda
-            if cuda is None or self._backend.runs_library(kernel):
-                continue
-            info[kernel.id]["native"] = 1
-            info[kernel.id]["batches"] = cuda.batches
-            structural = getattr(cuda, "structural", ())  # CudaInstances: None is every scalar
-            if structural is None:
-                info[kernel.id]["structural"][:] = 1
-            else:
-                info[kernel.id]["structural"][list(structural)] = 1
-        return info
 
     @property
     def native_tasks(self) -> int:

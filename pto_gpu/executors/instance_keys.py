@@ -9,6 +9,8 @@ to its launch. Both read a task's key from the run's argument tables (jit/contex
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit
 
@@ -31,6 +33,26 @@ KERNEL_INFO = np.dtype([
     ("structural", np.int64, (MAX_SCALARS,)),
     ("transfer", np.int64),  # kernel.SEND or RECEIVE: posted through MPI (native.py), not called
 ], align=True)
+
+
+def cuda_kernel_info(kernels: list, runs_library: Callable[[object], bool]) -> np.ndarray:
+    """KERNEL_INFO of the kernels whose tasks a CUDA driver's executors issue from the argument
+    tables: those with CUDA code that is not a library call (`runs_library`: CuPy's, on a GPU).
+    Their scalar counts are the code's to check."""
+    info = np.zeros(max(1, len(kernels)), KERNEL_INFO)
+    info["scalars"] = ANY_SCALARS
+    for kernel in kernels:
+        cuda = kernel.cuda
+        if cuda is None or runs_library(kernel):
+            continue
+        info[kernel.id]["native"] = 1
+        info[kernel.id]["batches"] = cuda.batches
+        structural = getattr(cuda, "structural", ())  # CudaInstances: None is every scalar
+        if structural is None:
+            info[kernel.id]["structural"][:] = 1
+        else:
+            info[kernel.id]["structural"][list(structural)] = 1
+    return info
 
 
 @njit(cache=True, _nrt=False, inline="always")

@@ -9,6 +9,10 @@ scheduler's state (backends/persistent_host.py), published with the tickets of i
 still in flight; the blocks wire it to them, run it when they have finished, and say so in
 its slot, which the host polls: tasks retire (complete in the core, which reclaims their
 ring and heap space) in submission order as they are seen done, as on the stream executor.
+That work per task is nogil numba (executors/persistent_issue.py): a compiled orchestration's
+flushed log is published whole from the argument tables, and so is a Python submit whose
+arguments the orchestrator wrote there, once its instance is learnt; an instance's first task
+goes the Python way (its code generated and checked), and so do waits.
 
 The kernel's module holds the generated code of the instances it may run. It is launched at
 the first wait (a slot or the ring of producers' words to free, a full task ring, the end of
@@ -30,9 +34,8 @@ the host, freeing device memory), which would wait for the kernel's end.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import time
+import weakref
 
 import numpy as np
 
@@ -40,32 +43,48 @@ from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.launches import MAX_WORDS
 from ..backends.persistent_host import NO_WORK, Abort, Shown, Sizes, State
 from ..backends.persistent_module import NAME, check, write
-from ..dtypes import WorkerType
+from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import DeadlockError, InvariantError, PTOError, TaskError
 from ..first_calls import first_calls, preparing
+from ..jit.context import MAX_SCALARS, ArgTables
+from ..kernel import registered
+from ..native_call import compiled_entry
 from ..profile import Lane, Profile
 from ..tasks import RINGS, Scheduler, Task
+from .instance_keys import cuda_kernel_info
+from .persistent_issue import (
+    FLIGHT,
+    NEEDS_PYTHON,
+    NEEDS_WAIT,
+    REFUSED,
+    RETIRED,
+    RUN,
+    TICKET,
+    Learnt,
+    Tables,
+    gather,
+    learn,
+    publish,
+    publish_logged,
+    retire_done,
+    submit_python,
+)
 
 PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wait gives up
 KERNEL_PARAMS = 2  # pto_persistent's (pto_persistent_kernel.cuh)
 WORDS_PER_SLOT = 16  # producers' words in the ring per task slot
+_NO_EDGES = np.zeros((0, 2), np.int64)
 # The states of kernels stopped before they were seen to end (held from starting): they may
 # still read them, so they are kept for the process.
 _ABANDONED: list[State] = []
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class Flight:
-    """A task published to the kernel, not yet retired."""
-
-    task: Task
-    ticket: int
-    first_call: bool  # whether publishing it compiled its instance
+_LEARNT: weakref.WeakKeyDictionary[object, Learnt] = weakref.WeakKeyDictionary()  # by backend
 
 
 class PersistentExecutor:
     runs_kernels = True
     wants_producers = True
+    # The lanes protocol of compiled sessions (jit/host.py): this executor is its own lanes.
+    takes_edges = True
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile):
         if not hasattr(backend, "instance"):
@@ -75,73 +94,142 @@ class PersistentExecutor:
         self._backend = backend
         self._device = backend.device
         self._profile = profile
+        state = scheduler.state
+        self._core = (state.header, state.tasks, state.buffers, state.deps)
+        # A row a retired task, to the lanes: each task's when tracing or measuring, else counts.
+        self._recording = profile.tracing or profile.measuring
         self._lanes: dict[int, Lane] = {}  # per block that ran tasks
         self._ran: list[tuple] = []  # tracing: the kernel's retired tasks, to draw at its end
+        self._tallies: dict[tuple[int, int, int], list] = {}  # (block, kernel, worker): [tasks, ns]
         self._patience = PATIENCE
-        slots = 1 << max(1, (scheduler.state.sizes.task_window - 1).bit_length())
+        window = state.sizes.task_window
+        slots = 1 << max(1, (window - 1).bit_length())
         self._slots = slots
+        self._run = np.zeros(1, RUN)
+        self._run[0] = 0
+        for field in ("launched", "dtype", "gathered"):
+            self._run[field] = -1
+        self._run["ring"] = slots * WORDS_PER_SLOT
         self._state: State | None = None
-        self._launched: tuple | None = None  # the running kernel's instances' sources
+        self._t: Tables | None = None
         self._stream = backend.stream(("persistent", 0))
         self._ended = backend.take_event()  # recorded behind the kernel
-        self._in_flight: collections.deque[Flight] = collections.deque()
-        self._ticket_of: dict[int, int] = {}  # in-flight task id -> ticket
-        self._producers_named = np.zeros(slots, np.int64)  # per slot: producers its task named
-        self._named = 0  # ... in all, over the last `slots` tickets
-        self._next_ticket = 0
-        self._scratch = scheduler.ready_scratch()
-        self._dtype = None
+        self._kernel_info = cuda_kernel_info(list(registered()), _no_library)
+        learnt = _LEARNT.get(backend)
+        if learnt is None:
+            learnt = _LEARNT[backend] = Learnt.allocate()
+        self._learnt = learnt
+        self._args: ArgTables | None = None
+        self._edges = _NO_EDGES  # the flush's edge log (`edges`)
         self._compiled: int | None = None  # the backend's instances that have compiled in a module
         self._index: dict = {}  # their index by source
+        # Calls from Python by their compiled entries: numba's dispatch types each of the tables
+        # at every call (µs)
+        self._submit_python = self._retire_done = None
+        self._one = np.zeros(1, np.int64)  # a Python submit without producers
+        self._retired_some = False  # tasks retired since make_room last looked
         self.kernels_launched = 0
+
+    @property
+    def kernel_ids(self) -> frozenset[int]:
+        """The kernels whose Python submits may be published from the argument tables: those
+        with CUDA code (which the orchestrator then writes there)."""
+        return frozenset(int(k) for k in np.flatnonzero(self._kernel_info["native"]))
+
+    @property
+    def native_tasks(self) -> int:
+        """Tasks published from the argument tables (compiled orchestrations' and Python
+        submits') without Python making their record."""
+        return int(self._run[0]["native"])
+
+    # --- compiled sessions (jit/host.py) ------------------------------------------------
+    def native_lanes(self, args: ArgTables, kernels: list) -> PersistentExecutor:
+        self._args = args
+        self._kernel_info = cuda_kernel_info(kernels, _no_library)
+        if self._t is not None:
+            self._t = self._t._replace(kernel_info=self._kernel_info)
+        return self
+
+    def edges(self, edge_log: np.ndarray) -> None:
+        """A flush's edge log, which the next `admit` reads."""
+        self._edges = edge_log
+        self._run[0]["edge"] = 0
+
+    def admit(self, log: np.ndarray, logged: int) -> int:
+        """Publish a flushed log's tasks, in order; none is left for the session to submit."""
+        t = self._tables()
+        run = self._run[0]
+        i = 0
+        while i < logged:
+            i, status = publish_logged(t, *self._core, self._args, log, i, logged, self._edges)
+            if status == NEEDS_WAIT:
+                self._wait_done(int(run["wait"]), "room for its producers' words")
+            elif status == NEEDS_PYTHON:
+                self._publish_python(self._scheduler.task(int(log[i, 0])))
+                i += 1
+            elif status:
+                self._refused(self._scheduler.task(int(log[i, 0])), status)
+        self._carry(log, logged)
+        self._retire()
+        return 0
+
+    def _carry(self, log: np.ndarray, logged: int) -> None:
+        """Keep the edges of consumers the flush did not bring (a later one does) for `admit`."""
+        t = self._t
+        run = self._run[0]
+        last = int(log[logged - 1, 0]) if logged else -1
+        old = t.carried[:int(run["carried"])]
+        if not len(old) and run["edge"] == len(self._edges):
+            self._edges = _NO_EDGES
+            return
+        kept = np.concatenate([old[old[:, 1] > last], self._edges[int(run["edge"]):]])
+        if len(kept) > len(t.carried):
+            self._t = t._replace(carried=np.zeros((2 * len(kept), 2), np.int64))
+        self._t.carried[:len(kept)] = kept
+        run["carried"] = len(kept)
+        self._edges = _NO_EDGES
+        run["edge"] = 0
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
-        prepared = first_calls()
-        try:
-            instance, words = self._backend.instance(task)
-        except Exception as cause:
-            raise TaskError.of(task, cause) from cause
-        self._check_dtype(task, instance.dtype)
-        kernel = NO_WORK if instance.code is None else self._kernel_index(task, instance)
-        ticket = self._next_ticket
-        state = self._state_for_publishing()
-        slot = ticket & (self._slots - 1)
-        if self._in_flight and self._in_flight[0].ticket <= ticket - self._slots:
-            # the task window (at most `slots`) keeps the slot's last task retired, its record read
-            raise InvariantError(f"task {task.id}: the slot of ticket {ticket} holds ticket "
-                                 f"{self._in_flight[0].ticket}, in flight")
-        tickets = self._producer_tickets(producers)
-        self._named -= int(self._producers_named[slot])
-        while self._named + len(tickets) > state.sizes.words or not state.room(len(tickets)):
-            # the producers' words: named by too many recent tasks for the successor pool's
-            # bound, or the ring full; a producer seen done needs no word
-            self._wait_done(int(tickets[0]), "room for its producers' words")
-            tickets = tickets[1:]
-        self._producers_named[slot] = len(tickets)
-        self._named += len(tickets)
-        state.kernel[slot] = kernel
-        state.ticket[slot] = ticket
-        state.words[slot, :len(words)] = words
-        state.publish(ticket, tickets)
-        self._next_ticket += 1
-        self._in_flight.append(Flight(task, ticket, first_calls() != prepared))
-        self._ticket_of[task.id] = ticket
-        self._profile.sample(self._scheduler, len(self._in_flight))
-        self._retire_done()
+        t = self._tables()
+        producers = np.ascontiguousarray(producers, np.int64) if len(producers) else self._one[:0]
+        if task.native:  # its arguments are in the tables
+            if self._submit_python is None:
+                self._submit_python = compiled_entry(submit_python, t, *self._core, self._args, 0, self._one)
+            status = self._submit_python(t, *self._core, self._args, task.id, producers)
+        else:
+            gather(t, task.id, producers)
+            status = NEEDS_PYTHON
+        while status == NEEDS_WAIT:
+            self._wait_done(int(self._run[0]["wait"]), "room for its producers' words")
+            status = self._submit_python(t, *self._core, self._args, task.id, producers)
+        if status == NEEDS_PYTHON:
+            self._publish_python(task)
+        elif status:
+            self._refused(task, status)
+        run = self._run[0]
+        self._profile.sample(self._scheduler, int(run["next"] - run["head"]))
+        self._retire()
 
     def make_room(self, status: int, unfreed) -> None:
-        if not self._in_flight:
+        """Wait for a batch of the oldest tasks, not one (streams.py's make_room says why)."""
+        run = self._run[0]
+        retired, self._retired_some = self._retired_some, False
+        if run["head"] == run["next"]:
+            if retired:  # since the ring was seen full (a compiled session's flush retires too)
+                return
             raise self._scheduler.deadlock(status, unfreed())
         started = time.perf_counter()
-        self._wait_done(self._in_flight[0].ticket, "room in a ring")
-        self._retire_done()
+        batch = max(1, self._slots // 8)
+        self._retire_until(min(int(run["next"]), int(run["head"]) + batch), "room in a ring")
         self._profile.stalled(RINGS[status].key, time.perf_counter() - started)
 
     def finish(self) -> None:
         if self._state is not None:
             self._end_kernel()
             self._backend.persistent_states[self._state.sizes] = self._state
+        self._report()
         self._backend.release(self._ended)
 
     def abort(self) -> None:
@@ -149,7 +237,8 @@ class PersistentExecutor:
         heap space), for `patience` at most: a kernel that has not started by then (its stream
         held) stops at its first look at the state, which is kept for it. Its tasks are
         dropped unretired, as on the other executors."""
-        if self._launched is not None:
+        run = self._run[0]
+        if run["launched"] >= 0:
             self._state.stop(Abort.FAULTED)
             try:
                 self._backend.synchronize(self._ended, self._patience)
@@ -158,16 +247,56 @@ class PersistentExecutor:
                 _ABANDONED.append(self._state)
             except Exception:  # a fault's: the error being raised is the one to report
                 pass
-            self._launched = None
-        self._in_flight.clear()
-        self._ticket_of.clear()
+            run["launched"] = -1
+        run["head"] = run["next"]
         self._backend.release(self._ended)
+        self._scheduler.release_records()
+
+    # --- the Python way ------------------------------------------------------------------
+    def _publish_python(self, task: Task) -> None:
+        """Publish a task whose producers are gathered by its instance as the backend makes it
+        (its code generated at its first task), and learn the instance for the tables' later
+        tasks of it."""
+        prepared = first_calls()
+        try:
+            instance, words = self._backend.instance(task)
+        except Exception as cause:
+            raise TaskError.of(task, cause) from cause
+        self._check_dtype(task, instance.dtype)
+        index = NO_WORK if instance.code is None else self._kernel_index(task, instance)
+        first_call = first_calls() != prepared
+        t = self._t
+        run = self._run[0]
+        t.words[int(run["next"]) & (self._slots - 1), :len(words)] = words
+        if self._args is not None:
+            integer = np.zeros(MAX_SCALARS, np.int64)
+            integer[:len(instance.template.integer_scalars)] = instance.template.integer_scalars
+            learn(t, self._core[1], self._args, task.id, index, int(run["dtype"]), integer)
+        while (status := publish(t, task.id, task.kernel.id, index, first_call)) == NEEDS_WAIT:
+            self._wait_done(int(run["wait"]), "room for its producers' words")
+        if status:
+            self._refused(task, status)
+
+    def _refused(self, task: Task, status: int) -> None:
+        run = self._run[0]
+        if status == REFUSED:
+            raise PTOError(f"the persistent scheduler refused task {task.id}: its producers are not all "
+                           f"earlier tasks, or more than its ring of {int(run['ring'])} words holds")
+        raise InvariantError(f"task {task.id}: the slot of ticket {int(run['next'])} holds ticket "
+                             f"{int(run['head'])}, in flight")
 
     # --- the kernel ----------------------------------------------------------------------
+    @property
+    def _dtype(self) -> np.dtype | None:
+        """The run's element type: its first task's."""
+        code = int(self._run[0]["dtype"])
+        return None if code < 0 else DataType(code).numpy
+
     def _check_dtype(self, task: Task, dtype) -> None:
-        if self._dtype is None:
-            self._dtype = dtype
-        elif dtype != self._dtype:
+        code = int(as_dtype(dtype))
+        if self._run[0]["dtype"] < 0:
+            self._run[0]["dtype"] = code
+        elif code != self._run[0]["dtype"]:
             raise TaskError.of(task, PTOError(
                 f'executor="persistent" runs one element type in a run (its kernel is compiled for one): '
                 f"{task.kernel.name} is {dtype}, the run's tasks so far {self._dtype}"))
@@ -185,30 +314,43 @@ class PersistentExecutor:
                 raise TaskError.of(task, cause) from cause
             k = self._index[instance.code.source] = len(codes)
             codes.append(instance.code)
-        if self._launched is not None and k >= len(self._launched):
+        if 0 <= self._run[0]["launched"] <= k:
             self._end_kernel()
         return k
 
-    def _state_for_publishing(self) -> State:
-        """The run's scheduler state: the backend's from an earlier run of these sizes (its
-        pinned and device memory are not allocated, and freed, a run), else a new one."""
-        if self._state is None:
+    def _tables(self) -> Tables:
+        """The run's tables over its scheduler state: the backend's from an earlier run of these
+        sizes (its pinned and device memory are not allocated, and freed, a run), else a new one."""
+        if self._t is None:
             sizes = Sizes(self._slots, self._slots * WORDS_PER_SLOT, MAX_WORDS, MAX_BLOCKS)
-            self._state = self._backend.persistent_states.pop(sizes, None) or State(self._device, sizes)
-            self._state.reset()
-        return self._state
+            state = self._backend.persistent_states.pop(sizes, None) or State(self._device, sizes)
+            state.reset()
+            self._state = state
+            ticket_of = np.zeros(len(self._scheduler.state.tasks), TICKET)
+            ticket_of["task"] = -1
+            double = np.zeros(1, np.float64)
+            self._t = Tables(
+                run=self._run, flights=np.zeros(self._slots, FLIGHT), ticket_of=ticket_of,
+                tickets=np.zeros(self._slots, np.int64), carried=np.zeros((0, 2), np.int64),
+                retired=np.zeros(self._slots, RETIRED), keys=self._learnt.keys, filled=self._learnt.filled,
+                learnt=self._learnt.entries, kernel_info=self._kernel_info,
+                key=np.zeros_like(self._learnt.keys[0]), double=double, bits=double.view(np.int64),
+                ready=self._scheduler.ready_scratch(), calls=state.calls, kernel=state.kernel,
+                ticket=state.ticket, words=state.words, began=state.began, ended=state.ended,
+                ran_on=state.ran_on)
+        return self._t
 
     def _launch(self) -> None:
         """Launch the kernel over every instance seen (its module compiled once per set of
         them), as many blocks as the device holds at once."""
         codes = self._codes()
-        sources = tuple(code.source for code in codes)
         try:
             with preparing():
                 function = self._device.module_function(write(codes), self._dtype, NAME, KERNEL_PARAMS)
         except BaseException:  # what the backend keeps must compile: drop the instances not yet built
             del codes[self._compiled:]
             self._index = {code.source: k for k, code in enumerate(codes)}
+            self._learnt.filled[:] = 0  # (some may be of those dropped)
             raise
         self._compiled = len(codes)
         blocks = min(MAX_BLOCKS, self._device.resident_blocks(function))
@@ -216,7 +358,7 @@ class PersistentExecutor:
             self._backend.launch(function, blocks, self._state.kernel_args, self._stream, self._ended)
         except Exception as cause:  # refused, or the device has faulted already
             raise self._fault(cause) from cause
-        self._launched = sources
+        self._run[0]["launched"] = len(codes)
         self.kernels_launched += 1
 
     def _codes(self) -> list:
@@ -229,31 +371,43 @@ class PersistentExecutor:
 
     def _end_kernel(self) -> None:
         """Close the kernel's run: every published task finishes, then it ends; retire them
-        all, and start afresh (a new state at the next task)."""
-        if self._launched is None and self._next_ticket:
+        all, and start afresh (tickets from 0, the producers gathered all retired)."""
+        run = self._run[0]
+        if run["launched"] < 0 and run["next"]:
             self._launch()
-        if self._launched is not None:
+        if run["launched"] >= 0:
             self._state.close()
-            for flight in self._in_flight:  # they finish in any order
-                self._wait_done(flight.ticket, "the end of the run")
-            self._retire_done()
+            self._retire_until(int(run["next"]), "the end of the run")
             self._wait_kernel_end()
             self._draw()
-            if self._state.device_abort() != Abort.RUNNING or self._in_flight:  # never silently short
-                raise PTOError(f"the persistent kernel ended with {len(self._in_flight)} tasks unretired "
-                               f"and its abort word {self._state.device_abort().name} ({self._counters()})")
-        self._launched = None
+            # never silently short
+            if self._state.device_abort() != Abort.RUNNING or run["head"] != run["next"]:
+                raise PTOError(f"the persistent kernel ended with {int(run['next'] - run['head'])} tasks "
+                               f"unretired and its abort word {self._state.device_abort().name} "
+                               f"({self._counters()})")
+        run["launched"] = -1
         self._state.reset()
-        self._next_ticket = 0
-        self._producers_named[:] = 0
-        self._named = 0
+        run["base"] += run["next"]
+        for field in ("head", "next", "next_word", "named", "count"):
+            run[field] = 0
+        self._t.flights["named"] = 0
 
     # --- waits ---------------------------------------------------------------------------
+    def _retire_until(self, ticket: int, why: str) -> None:
+        """Retire every task before `ticket`: wait for the oldest, retire what is done (tasks
+        finish in any order), again."""
+        run = self._run[0]
+        while run["head"] < ticket:
+            self._wait_done(int(run["head"]), why)
+            self._retire()
+
     def _wait_done(self, ticket: int, why: str) -> None:
         """Wait until task `ticket` is done, launching the kernel first if need be."""
-        if self._launched is None:
+        if self._run[0]["launched"] < 0:
             self._launch()
         state = self._state
+        if state.done(ticket):
+            return
         seen, since, pause = state.progress(), time.perf_counter(), 0.0
         while not state.done(ticket):
             self._check_kernel(why)
@@ -286,56 +440,95 @@ class PersistentExecutor:
             raise self._fault(cause) from cause
         if ended:
             raise PTOError(f"the persistent kernel ended while waiting for {why}, with "
-                           f"{len(self._in_flight)} tasks unfinished ({self._counters()})")
+                           f"{self._unfinished()} tasks unfinished ({self._counters()})")
+
+    def _in_flight(self) -> range:
+        run = self._run[0]
+        return range(int(run["head"]), int(run["next"]))
+
+    def _unfinished(self) -> int:
+        return sum(not self._state.done(ticket) for ticket in self._in_flight())
 
     def _stuck(self, why: str) -> DeadlockError:
-        left = [flight for flight in self._in_flight if not self._state.done(flight.ticket)]
+        left = [ticket for ticket in self._in_flight() if not self._state.done(ticket)]
         running = [self._task_of(int(t) - 1) for t in self._state.running if t]
-        named = ", ".join(f"{flight.task.kernel.name} (task {flight.task.id})" for flight in left[:8])
+        named = ", ".join(self._task_of(ticket) for ticket in left[:8])
         return DeadlockError(
             f"the persistent kernel made no progress for {self._patience:g} s while waiting for {why}: "
             f"{len(left)} tasks unfinished ({named}{', ...' if len(left) > 8 else ''}); running: "
             f"{', '.join(running) or 'none'} ({self._counters()})")
 
     def _fault(self, cause: Exception) -> Exception:
-        running = [int(t) - 1 for t in self._state.running if t]
-        for flight in self._in_flight:
-            if flight.ticket in running:
-                return TaskError.of(flight.task, cause)
+        for ticket in (int(t) - 1 for t in self._state.running if t):
+            if ticket in self._in_flight():
+                return TaskError.of(self._task(ticket), cause)
         return PTOError(f"the persistent kernel failed with no task running: {cause}")
 
+    def _task(self, ticket: int) -> Task:
+        return self._scheduler.task(int(self._t.flights[ticket & (self._slots - 1)]["task"]))
+
     def _task_of(self, ticket: int) -> str:
-        for flight in self._in_flight:
-            if flight.ticket == ticket:
-                return f"{flight.task.kernel.name} (task {flight.task.id})"
+        if ticket in self._in_flight():
+            task = self._task(ticket)
+            return f"{task.kernel.name} (task {task.id})"
         return f"ticket {ticket}"
 
     def _counters(self) -> str:
-        done = sum(self._state.done(flight.ticket) for flight in self._in_flight)
-        return (f"published {self._next_ticket}, wired {self._state.shown(Shown.WIRED)}, "
-                f"{done} of {len(self._in_flight)} in flight done")
+        flights = self._in_flight()
+        return (f"published {flights.stop}, wired {self._state.shown(Shown.WIRED)}, "
+                f"{len(flights) - self._unfinished()} of {len(flights)} in flight done")
 
     # --- retiring --------------------------------------------------------------------------
-    def _producer_tickets(self, producers) -> np.ndarray:
-        """The tickets of a task's producers still in flight, once each, oldest first."""
-        tickets = {self._ticket_of[p] for p in map(int, producers) if p in self._ticket_of}
-        return np.array(sorted(tickets), np.uint64)
+    def _retire(self) -> None:
+        """Retire, oldest first, the tasks seen done, up to the first that is not; their rows
+        go to the lanes when each task's is wanted (its record must be read before the
+        orchestrator may reuse its slot: before returning to it), else when the rows fill."""
+        if self._t is None:
+            return
+        run = self._run[0]
+        if self._retire_done is None:
+            self._retire_done = compiled_entry(retire_done, self._t, *self._core)
+        while True:
+            if self._retire_done(self._t, *self._core):
+                self._retired_some = True
+            full = run["rows"] == len(self._t.retired)
+            if full or self._recording:
+                self._drain()
+            if not full:
+                return
 
-    def _retire_done(self) -> None:
-        """Retire, oldest first, the tasks seen done, up to the first that is not, noting how
-        long each ran on which block (its slot says, in the device's clock); when tracing, when,
-        and when it was seen done, to draw at the kernel's end."""
-        state = self._state
-        while self._in_flight and state.done(self._in_flight[0].ticket):
-            flight = self._in_flight.popleft()
-            slot = flight.ticket & (self._slots - 1)
-            block, began, ended = int(state.ran_on[slot]), int(state.began[slot]), int(state.ended[slot])
-            if self._profile.tracing:
-                self._ran.append((flight.task, block, began, ended, flight.first_call, time.perf_counter()))
-            else:  # the lane keeps the time only
-                self._lane(block).ran(flight.task, 0.0, (ended - began) * 1e-9, flight.first_call)
-            del self._ticket_of[flight.task.id]
-            self._scheduler.retire(flight.task.id, self._scratch)
+    def _drain(self) -> None:
+        """The retired tasks' rows to the lanes: each task's when tracing (drawn at the kernel's
+        end) or measuring, else counts and time per block, kernel and worker class."""
+        run = self._run[0]
+        rows = self._t.retired[:int(run["rows"])]
+        run["rows"] = 0
+        if not len(rows):
+            return
+        if self._recording:
+            for task_id, _, _, block, began, ended, first_call, seen in rows.tolist():
+                task = self._scheduler.task(task_id)
+                if self._profile.tracing:
+                    self._ran.append((task, block, began, ended, bool(first_call), seen * 1e-9))
+                else:
+                    self._lane(block).ran(task, 0.0, (ended - began) * 1e-9, bool(first_call))
+            return
+        keys = (rows["block"] << 32) | (rows["kernel"] << 8) | rows["worker"]  # (a 1-D sort: fast)
+        groups, at, counts = np.unique(keys, return_inverse=True, return_counts=True)
+        ns = np.bincount(at, weights=rows["ended"] - rows["began"], minlength=len(counts))
+        for key, count, spent in zip(groups.tolist(), counts.tolist(), ns.tolist()):
+            tally = self._tallies.setdefault((key >> 32, (key >> 8) & 0xFFFFFF, key & 0xFF), [0, 0.0])
+            tally[0] += count
+            tally[1] += spent
+
+    def _report(self) -> None:
+        """The counted runs into the lanes, and the records compiled code's tasks left back."""
+        self._drain() if self._t is not None else None
+        kernels = registered()
+        for (block, kernel, worker), (count, ns) in sorted(self._tallies.items()):
+            self._lane(block).ran_natively(kernels[kernel].name, WorkerType(worker), count, ns * 1e-9)
+        self._tallies.clear()
+        self._scheduler.release_records()
 
     def _draw(self) -> None:
         """Put the kernel's tasks on their blocks' lanes, the device's clock read as the host's
@@ -357,3 +550,8 @@ class PersistentExecutor:
             lane = self._lanes[block] = self._profile.lane(f"persistent-block-{block}",
                                                            (WorkerType.CUBE, WorkerType.VECTOR))
         return lane
+
+
+def _no_library(kernel) -> bool:
+    """The persistent kernel runs every kernel's generated code, never a library call."""
+    return False
