@@ -7,12 +7,14 @@ its instances are known, the errors, and the module's GPU build."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
 
 import numba
 import numpy as np
+import nvrtc
 import pytest
 from fuzzing import PLAN_SHAPE, compiled_plan, native_plan, python_plan
 from pto_gpu.kernels.elementwise import add, scale
@@ -218,12 +220,10 @@ def test_what_the_persistent_executor_cannot_run_is_named():
         rt.run(mixed, np.ones((4, 8), np.float32), np.ones((4, 8), np.float64))
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_the_module_compiles_for_the_gpu(arch, tmp_path):
+@pytest.fixture(scope="module")
+def attention_module():
     """The module a float16 fused attention run makes (tensor-core instances whose tiles are
-    shared memory references, with a row-layout one beside them), built by nvcc as the GPU
-    would load it, with every warning an error."""
+    shared memory references), with a row-layout instance (add) beside them: its source."""
     rt = pto.Runtime(backend="cuda-emulated", executor="persistent")
     q = np.random.default_rng(0).standard_normal((2, 100, 32)).astype(np.float16)
     rt.run(flash_attention_fused, q, q, q, np.zeros_like(q), tile=64, causal=True)
@@ -231,12 +231,34 @@ def test_the_module_compiles_for_the_gpu(arch, tmp_path):
                                  pto.output(o.external(x))), np.ones((4, 8), np.float16))
     codes = rt.backend.persistent_codes[np.dtype(np.float16)]
     assert len(codes) >= 2 and max(code.shared_bytes for code in codes) > 0
-    path = persistent_module.write(codes)
+    return persistent_module.write(codes)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_module_compiles_for_the_gpu(attention_module, arch, tmp_path):
+    """The module built by nvcc, with every warning an error."""
     command = ["nvcc", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", "-c", "-o",
                str(tmp_path / "module.o"), *cuda_abi.compile_options(np.float16, "persistent"), "-x", "cu",
-               str(path)]
+               str(attention_module)]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_module_compiles_under_nvrtc_as_cupy_loads_it(attention_module, arch):
+    """What a GPU loads: CuPy's RawModule hands the module to NVRTC with the backend's options
+    (CudaDevice.module_function) and its own. It compiles with nothing in the log but ptxas'
+    report, whose one entry is the kernel's."""
+    nvrtc.library_or_skip()
+    options = (*nvrtc.cupy_options(cuda_abi.nvrtc_options(attention_module.parent, np.float16,
+                                                          persistent_module.NAME), arch),
+               "--ptxas-options=-v")
+    ok, log = nvrtc.compile_cubin(attention_module.read_text(), options, attention_module.name)
+    assert ok, log
+    assert not [line for line in log.splitlines() if line.strip() and not line.startswith("ptxas")], log
+    entries = re.findall(r"Compiling entry function '(\w+)'", log)
+    assert entries == [cuda_abi.symbol(persistent_module.NAME)], log
 
 
 def matmuls_then_a_new_instance(o, a, b, c, x, y, with_copy: bool) -> None:
