@@ -24,6 +24,7 @@ from pto_gpu.orchestration.matmul import tiled_matmul
 from test_cuda import ON_GPU, axpy_kernel, random_buffers, random_kernel_program
 
 import pto_gpu as pto
+import pto_gpu.tasks
 from pto_gpu import jit as pj
 from pto_gpu.backends import cuda_abi, emulated_device, emulator, persistent_module
 from pto_gpu.errors import DeadlockError, PTOError, TaskError
@@ -97,6 +98,26 @@ def test_tasks_whose_instance_is_learnt_are_published_from_the_argument_tables(w
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"run {run}")
         assert result.native_tasks >= result.num_tasks - instances(plan) - 1
     assert result.native_tasks == result.num_tasks
+
+
+def test_a_validating_run_checks_the_core_after_every_completion(monkeypatch):
+    """validate=True: a compiled orchestration's tasks go the Python way and retire one by one,
+    the scheduler's invariants checked after each completion, as on the other executors."""
+    checked = []
+    check = pto_gpu.tasks.Scheduler.check_invariants
+
+    def noted(self, after):
+        checked.append(after)
+        return check(self, after)
+
+    monkeypatch.setattr(pto_gpu.tasks.Scheduler, "check_invariants", noted)
+    plan, start, want = planned(5, 60)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=8, validate=True)
+    got = start.copy()
+    result = rt.run(compiled_plan, got[0], got[1], plan)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    completed = {int(after.split()[-1]) for after in checked if after.startswith("completing task ")}
+    assert completed == set(range(result.num_tasks)) and result.native_tasks == 0
 
 
 def test_a_task_whose_producers_words_have_no_room_waits_for_its_oldest_producer(monkeypatch):

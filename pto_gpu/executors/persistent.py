@@ -133,7 +133,9 @@ class PersistentExecutor:
     @property
     def kernel_ids(self) -> frozenset[int]:
         """The kernels whose Python submits may be published from the argument tables: those
-        with CUDA code (which the orchestrator then writes there)."""
+        with CUDA code (which the orchestrator then writes there); none in a validating run."""
+        if self._scheduler.validate:
+            return frozenset()
         return frozenset(int(k) for k in np.flatnonzero(self._kernel_info["native"]))
 
     @property
@@ -143,7 +145,11 @@ class PersistentExecutor:
         return int(self._run[0]["native"])
 
     # --- compiled sessions (jit/host.py) ------------------------------------------------
-    def native_lanes(self, args: ArgTables, kernels: list) -> PersistentExecutor:
+    def native_lanes(self, args: ArgTables, kernels: list) -> PersistentExecutor | None:
+        """This executor, over the run's argument tables; None in a validating run, which checks
+        the core after each completion: its tasks go the Python way, and retire one by one."""
+        if self._scheduler.validate:
+            return None
         self._args = args
         self._kernel_info = cuda_kernel_info(kernels, _no_library)
         if self._t is not None:
@@ -480,21 +486,27 @@ class PersistentExecutor:
 
     # --- retiring --------------------------------------------------------------------------
     def _retire(self) -> None:
-        """Retire, oldest first, the tasks seen done, up to the first that is not; their rows
-        go to the lanes when each task's is wanted (its record must be read before the
-        orchestrator may reuse its slot: before returning to it), else when the rows fill."""
+        """Retire, oldest first, the tasks seen done, up to the first that is not (one at a time
+        in a validating run, the core checked after each); their rows go to the lanes when each
+        task's is wanted (its record must be read before the orchestrator may reuse its slot:
+        before returning to it), else when the rows fill."""
         if self._t is None:
             return
         run = self._run[0]
+        limit = 1 if self._scheduler.validate else len(self._t.retired)
         if self._retire_done is None:
-            self._retire_done = compiled_entry(retire_done, self._t, *self._core)
+            self._retire_done = compiled_entry(retire_done, self._t, *self._core, limit)
         while True:
-            if self._retire_done(self._t, *self._core):
+            retired = self._retire_done(self._t, *self._core, limit)
+            if retired:
                 self._retired_some = True
-            full = run["rows"] == len(self._t.retired)
-            if full or self._recording:
+                if self._scheduler.validate:
+                    last = int(self._t.retired[run["rows"] - 1]["task"])
+                    self._scheduler.check_invariants(f"completing task {last}")
+            stopped_short = run["rows"] == len(self._t.retired) or retired == limit  # more may be done
+            if stopped_short or self._recording:
                 self._drain()
-            if not full:
+            if not stopped_short:
                 return
 
     def _drain(self) -> None:

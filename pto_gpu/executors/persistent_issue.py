@@ -246,15 +246,15 @@ def publish(t, task_id, kernel, index, first_call):
 
 
 @njit(cache=True, _nrt=False, nogil=True)
-def retire_done(t, header, tasks, buffers, deps):
-    """Retire, oldest first, the tasks seen done, up to the first that is not or until
-    `retired` is full, each leaving its row there; how many retired."""
+def retire_done(t, header, tasks, buffers, deps, limit):
+    """Retire, oldest first, up to `limit` tasks seen done, up to the first that is not or
+    until `retired` is full, each leaving its row there; how many retired."""
     r = t.run[0]
     c = t.calls[0]
     mask = len(t.flights) - 1
     window = len(t.ticket_of)
     retired = 0
-    while r.head < r.next and r.rows < len(t.retired):
+    while r.head < r.next and r.rows < len(t.retired) and retired < limit:
         slot = r.head & mask
         if look_at(c.done, c.sched, slot) != r.head:
             break
@@ -321,7 +321,7 @@ def publish_logged(t, header, tasks, buffers, deps, args, log, first, logged, ed
         if status != 0:
             return i, status
         r.native += 1
-        retire_done(t, header, tasks, buffers, deps)
+        retire_done(t, header, tasks, buffers, deps, len(t.retired))
         i += 1
     return logged, 0
 
@@ -335,7 +335,7 @@ def submit_python(t, header, tasks, buffers, deps, args, task_id, producers):
     if status == 0:
         r = t.run[0]
         r.native += 1
-        retire_done(t, header, tasks, buffers, deps)
+        retire_done(t, header, tasks, buffers, deps, len(t.retired))
     return status
 
 
