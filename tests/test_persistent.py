@@ -177,6 +177,34 @@ def test_a_new_instance_in_a_compiled_log_ends_the_kernel_and_the_log_goes_on():
     assert result.native_tasks == result.num_tasks == 80
 
 
+def wide_adds(o, x, y, z):
+    """Eight independent adds over 256 x 512 tiles (a launch of 64 blocks each: 64 pieces), then
+    a scale of each, which reads the whole of its add's output."""
+    X, Y, Z = (o.external(a) for a in (x, y, z))
+    for i in range(len(x)):
+        o.submit(add, pto.input(X[i]), pto.input(Y[i]), pto.output(Z[i]))
+    for i in range(len(x)):
+        o.submit(scale, pto.input(Z[i]), pto.output(Y[i]), 0.5)
+
+
+@pytest.mark.parametrize("board", [64, 1])
+def test_a_task_runs_as_the_pieces_its_launch_has_blocks(monkeypatch, board):
+    """A task of 64 pieces: blocks waiting for a task take its pieces from the board, each with
+    its blockIdx as its code sees it, and the last to finish completes it, so its consumer
+    starts after every piece. With a board of one entry most of the adds find it taken and run
+    their pieces one after another on one block."""
+    monkeypatch.setattr(persistent, "BOARD", board)
+    rng = np.random.default_rng(2)
+    x, y = (rng.standard_normal((8, 256, 512)).astype(np.float32) for _ in range(2))
+    z = np.zeros_like(x)
+    want = 0.5 * (x + y)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent")
+    for _ in range(2):
+        got = y.copy()
+        rt.run(wide_adds, x, got, z)
+        assert np.array_equal(got, want)
+
+
 def test_a_heap_of_two_tiles_stalls_the_orchestrator_until_the_kernel_frees_one():
     rng = np.random.default_rng(6)
     a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))

@@ -318,8 +318,9 @@ class CudaBackend:
             call = _Call.of(task)
             code = task.kernel.cuda.code_for(call.shapes, call.dtype, call.scalars, self.tf32)
             integer = cuda_abi.scalar_kinds(code.integer_scalars, call.scalars)
-            made = self._instances[key] = Instance(code if code.items(call.shapes) else None, call.dtype,
-                                                   template(0, 0, 0, call.words, integer))
+            items = code.items(call.shapes)
+            launch = template(0, _grid(items), THREADS_PER_BLOCK, call.words, integer)
+            made = self._instances[key] = Instance(code if items else None, call.dtype, launch)
         words = made.template.words.copy()
         for slot, integer in zip(made.template.scalar_slots, made.template.integer_scalars):
             own[slot] = scalar_bits(own[slot], integer)
@@ -344,8 +345,7 @@ class CudaBackend:
         integer_scalars = cuda_abi.scalar_kinds(code.integer_scalars, scalars)
         layout = [None if t is None else (t.shape, t.dtype.numpy) for t in params]
         function = self.device.function(code, kernel, layout, scalars)
-        blocks = min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
-        return template(function, blocks, THREADS_PER_BLOCK, words, integer_scalars)
+        return template(function, _grid(items), THREADS_PER_BLOCK, words, integer_scalars)
 
     def _blas(self) -> cublas.Handles:
         """The device's cuBLAS, loaded at the first GEMM, its GEMM entered in the driver's table."""
@@ -458,10 +458,17 @@ _SCALAR = ParamKind.SCALAR
 _NO_WAITS = np.zeros(0, np.int64)
 
 
+def _grid(items: int) -> int:
+    """The blocks of a launch over `items` work items (a generated kernel's grid-stride loops
+    take any grid; more blocks than fill a GPU only add launch cost)."""
+    return min(MAX_BLOCKS, math.ceil(items / THREADS_PER_BLOCK))
+
+
 @dataclasses.dataclass(frozen=True)
 class Instance:
     """A kernel instance as the persistent kernel runs it: its generated code (None: it has no
-    work items), element type, and the template of its argument words (launches.template)."""
+    work items), element type, and the template of its argument words (launches.template),
+    whose grid is the pieces a task of it runs as."""
 
     code: CudaCode | None
     dtype: np.dtype

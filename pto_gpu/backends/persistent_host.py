@@ -5,11 +5,12 @@ tasks with and polls.
 The state is two regions (pto_layout): the blocks' own words in device memory, the words the
 host writes or reads in mapped memory (host memory the GPU reaches). After the protocol's
 mapped words come the task records the blocks read beside it, per slot: the instance to run
-(its index in the kernel's module), the ticket, and the argument words, and, written back,
-when and on which block it ran; then, per block, the ticket + 1 of the task it runs (0 between
-tasks); then the scheduler record and the records' record (PtoRecords) the kernel takes, their
-pointers the device's. Beside them in device memory, per block, the words of the task it runs,
-which the block copies there. On the emulator all of it is host memory.
+(its index in the kernel's module), the pieces it runs as, the ticket, and the argument words,
+and, written back, when and on which block it ran; then, per block, the ticket + 1 of the task
+it runs (0 between tasks); then the scheduler record and the records' record (PtoRecords) the
+kernel takes, their pointers the device's. Beside them in device memory, per block, the words
+of the task it runs, which the block copies there, and the board of tasks run as several
+pieces. On the emulator all of it is host memory.
 
 The executor publishes tasks from nogil numba (executors/persistent_issue.py), which calls the
 host's side by address (`HOST_CALLS`, `publish_at`, `look_at`).
@@ -63,7 +64,8 @@ class Memory(Protocol):
 # The kernel's PtoRecords (pto_persistent_kernel.cuh): where the task records are, at the
 # device's addresses, in its field order.
 RECORDS = np.dtype([(name, np.uint64) for name in ("kernel", "ticket", "words", "words_per_task", "began",
-                                                   "ended", "ran_on", "running", "block_words")])
+                                                   "ended", "ran_on", "running", "block_words", "pieces",
+                                                   "pieces_run", "board", "board_entries", "open")])
 
 
 class Sizes(NamedTuple):
@@ -72,6 +74,7 @@ class Sizes(NamedTuple):
     #             any `slots` consecutive tasks may name in all (the pool's bound)
     words_per_task: int  # argument words a task's record holds
     blocks: int  # of the kernel
+    board: int  # entries of its board of tasks whose pieces blocks share
 
     @property
     def chunks(self) -> int:  # the successor pool, by the protocol's bound
@@ -162,7 +165,8 @@ class State:
         device_bytes, protocol_bytes = int(extent[0]), int(extent[1])
         # The mapped region: the protocol's words, then the task records, each at 64 bytes.
         offsets, end = {}, protocol_bytes
-        for name, count, dtype in (("kernel", sizes.slots, np.uint32), ("ticket", sizes.slots, np.uint64),
+        for name, count, dtype in (("kernel", sizes.slots, np.uint32), ("pieces", sizes.slots, np.uint32),
+                                   ("ticket", sizes.slots, np.uint64),
                                    ("words", sizes.slots * sizes.words_per_task, np.int64),
                                    ("began", sizes.slots, np.uint64), ("ended", sizes.slots, np.uint64),
                                    ("ran_on", sizes.slots, np.uint64), ("running", sizes.blocks, np.uint64),
@@ -172,9 +176,18 @@ class State:
         self._mapped, mapped_address = memory.mapped(end)
         self._device, device_address = memory.device_words(max(device_bytes, 64))
         self._block_words, block_words = memory.device_words(sizes.blocks * sizes.words_per_task * 8)
+        # The board of tasks whose pieces blocks share (pto_persistent_kernel.cuh), the count of
+        # its open entries, and per slot the pieces run: zeros at each reset.
+        pieces_run_bytes = -(-sizes.slots * 4 // 64) * 64
+        self._shared_zeros = np.zeros(pieces_run_bytes + sizes.board * 8 + 64, np.uint8)
+        self._pieces_memory, pieces_address = memory.device_words(len(self._shared_zeros))
+        device_records = {"block_words": block_words, "pieces_run": pieces_address,
+                          "board": pieces_address + pieces_run_bytes, "board_entries": sizes.board,
+                          "open": pieces_address + pieces_run_bytes + sizes.board * 8}
         self._staging = np.zeros(max(device_bytes, 64), np.uint8)  # the device region's first state
         mapped = self._mapped
         self.kernel = mapped[offsets["kernel"]:].view(np.uint32)[:sizes.slots]
+        self.pieces = mapped[offsets["pieces"]:].view(np.uint32)[:sizes.slots]
         self.ticket = mapped[offsets["ticket"]:].view(np.uint64)[:sizes.slots]
         self.words = mapped[offsets["words"]:].view(np.int64)[:sizes.slots * sizes.words_per_task].reshape(
             sizes.slots, sizes.words_per_task)
@@ -190,9 +203,10 @@ class State:
         mapped[offsets["sched"]:offsets["sched"] + record] = np.frombuffer(
             laid_out(device_address, mapped_address).raw, np.uint8)
         records = mapped[offsets["records"]:offsets["records"] + RECORDS.itemsize].view(RECORDS)
+        device_records["words_per_task"] = sizes.words_per_task
         for name in RECORDS.names:
-            records[name] = (sizes.words_per_task if name == "words_per_task" else
-                             block_words if name == "block_words" else mapped_address + offsets[name])
+            records[name] = device_records[name] if name in device_records else mapped_address + offsets[name]
+        self._pieces_address = pieces_address
         self.kernel_args = (mapped_address + offsets["sched"], mapped_address + offsets["records"])
         self._protocol_bytes = protocol_bytes
         self._device_address = device_address
@@ -209,6 +223,7 @@ class State:
         self._staging[:] = 0
         self._lib.pto_persistent_initial(self._staged)
         self._memory.copy_in(self._device_address, self._staging)
+        self._memory.copy_in(self._pieces_address, self._shared_zeros)
 
     # --- the host's side -------------------------------------------------------------------
     def done(self, ticket: int) -> bool:

@@ -78,7 +78,7 @@ typedef int32_t pto_i32;
 #endif
 
 enum { PTO_RUNNING = 0, PTO_STUCK = 1, PTO_FAULTED = 2 }; /* an abort word */
-enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED };          /* what pto_next_task found */
+enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED, PTO_OTHER_WORK }; /* what pto_next_task found */
 
 /* The blocks' counters: device words that only blocks touch (read-modify-writes, which must
  * not meet the host's accesses on one word, and are cheapest in device memory). */
@@ -375,7 +375,9 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
 /* Wait for a ready task, wiring what the host has published meanwhile: PTO_GOT_TASK (in *slot),
  * PTO_ALL_DONE once the host has closed and every task it published has finished, or
  * PTO_ABORTED where the run was stopped (by the host, another block, or this one: a task left
- * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED). */
+ * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED). A caller
+ * with work of its own beside the queue defines PTO_OTHER_WORK_READY() (nonzero while there is
+ * some): a turn that finds no ready task then answers PTO_OTHER_WORK. */
 PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
     pto_patience patience = pto_patience_now(s);
     for (pto_u32 spins = 0;; ++spins) {
@@ -396,6 +398,9 @@ PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
             pto_store_release32(s->device_abort, PTO_STUCK);
             return PTO_ABORTED;
         }
+#ifdef PTO_OTHER_WORK_READY
+        if (PTO_OTHER_WORK_READY()) return PTO_OTHER_WORK;
+#endif
         pto_pause(spins);
     }
 }

@@ -5,7 +5,8 @@
 //
 //   #define PTO_WARPS, PTO_PERSISTENT, PTO_HOST_THREADS (the host build's blocks side by side,
 //   pto_isa.cuh) and PTO_TASK_SHARED_BYTES (the most any instance takes)
-//   pto_isa.cuh, persistent_protocol.h, then this file: how the instances are declared
+//   pto_isa.cuh, this file (how the instances are declared, and the protocol's hook), then
+//   persistent_protocol.h
 //   namespace pto_instance_<k> { <instance k's generated source> }   for each instance
 //   pto_run_task: a switch over the instances
 //   pto_persistent_kernel.cuh: the kernel, and its host build's entry
@@ -16,9 +17,10 @@
 // turns in one block's shared memory instead of adding up, and PTO_TASK makes its
 // `pto_task(words)`, which reads the task's argument words as its params.
 //
-// A task runs on the one block that took it, with blockIdx.x = 0 and gridDim.x = 1 as its
-// code sees them (the macros below): the generated kernels loop over their work items, so one
-// block does what the grid of its stream launch would. A graph's parallelism is its tasks.
+// A task runs as the pieces its stream launch's grid would have been blocks: piece p on a
+// block with blockIdx.x = p and gridDim.x = pieces as its code sees them (the macros below;
+// the generated kernels loop over their work items by grid strides). Pieces of one task may run
+// on several blocks side by side, or one after another on one (pto_persistent_kernel.cuh).
 //
 // Thread 0 of a block speaks for it in the protocol (persistent_protocol.h): it takes a task
 // (pto_next_task), the block copies the task's words into its own device memory, the
@@ -50,16 +52,23 @@ __device__ inline V pto_word(const long long *word) {
 }
 
 // The instances' tiles in shared memory, one instance at a time; their offsets are multiples
-// of 16 (CudaCode.shared_bytes).
-alignas(16) __shared__ unsigned char pto_task_shared[PTO_TASK_SHARED_BYTES > 0 ? PTO_TASK_SHARED_BYTES : 16];
+// of 16 (CudaCode.shared_bytes). Between tasks, thread 0's words to the block.
+alignas(16) __shared__ unsigned char pto_task_shared[PTO_TASK_SHARED_BYTES > 32 ? PTO_TASK_SHARED_BYTES : 32];
 
-// The block a task's code sees: the only one of its grid.
-struct PtoOnlyBlock {
+// The block and grid a task's code sees: the piece of the task the block runs, of how many
+// (pto_persistent_kernel.cuh).
+struct PtoPiece {
     unsigned x;
 };
+__shared__ PtoPiece pto_piece_index, pto_piece_count;
 __device__ inline unsigned pto_block_index() { return blockIdx.x; }
-#define blockIdx (PtoOnlyBlock{0u})
-#define gridDim (PtoOnlyBlock{1u})
+#define blockIdx pto_piece_index
+#define gridDim pto_piece_count
+
+// A block waiting for a task takes a piece of one on the board while any is open (the
+// protocol's wait asks, through this hook, and answers PTO_OTHER_WORK).
+__shared__ unsigned *pto_open_pieces;  // (the protocol's pto_u32 is unsigned on both builds)
+#define PTO_OTHER_WORK_READY() (pto_load_acquire32(pto_open_pieces) != 0)
 
 #endif  // PTO_PERSISTENT_CUH
 

@@ -73,6 +73,7 @@ from .persistent_issue import (
 PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wait gives up
 KERNEL_PARAMS = 2  # pto_persistent's (pto_persistent_kernel.cuh)
 WORDS_PER_SLOT = 16  # producers' words in the ring per task slot
+BOARD = 64  # entries of the kernel's board of tasks whose pieces blocks share (pto_persistent_kernel.cuh)
 _NO_EDGES = np.zeros((0, 2), np.int64)
 # The states of kernels stopped before they were seen to end (held from starting): they may
 # still read them, so they are kept for the process.
@@ -270,6 +271,7 @@ class PersistentExecutor:
             raise TaskError.of(task, cause) from cause
         self._check_dtype(task, instance.dtype)
         index = NO_WORK if instance.code is None else self._kernel_index(task, instance)
+        pieces = max(1, instance.template.grid)
         first_call = first_calls() != prepared
         t = self._t
         run = self._run[0]
@@ -277,8 +279,8 @@ class PersistentExecutor:
         if self._args is not None:
             integer = np.zeros(MAX_SCALARS, np.int64)
             integer[:len(instance.template.integer_scalars)] = instance.template.integer_scalars
-            learn(t, self._core[1], self._args, task.id, index, int(run["dtype"]), integer)
-        while (status := publish(t, task.id, task.kernel.id, index, first_call)) == NEEDS_WAIT:
+            learn(t, self._core[1], self._args, task.id, index, pieces, int(run["dtype"]), integer)
+        while (status := publish(t, task.id, task.kernel.id, index, pieces, first_call)) == NEEDS_WAIT:
             self._wait_done(int(run["wait"]), "room for its producers' words")
         if status:
             self._refused(task, status)
@@ -328,7 +330,7 @@ class PersistentExecutor:
         """The run's tables over its scheduler state: the backend's from an earlier run of these
         sizes (its pinned and device memory are not allocated, and freed, a run), else a new one."""
         if self._t is None:
-            sizes = Sizes(self._slots, self._slots * WORDS_PER_SLOT, MAX_WORDS, MAX_BLOCKS)
+            sizes = Sizes(self._slots, self._slots * WORDS_PER_SLOT, MAX_WORDS, MAX_BLOCKS, BOARD)
             state = self._backend.persistent_states.pop(sizes, None) or State(self._device, sizes)
             state.reset()
             self._state = state
@@ -342,8 +344,8 @@ class PersistentExecutor:
                 learnt=self._learnt.entries, kernel_info=self._kernel_info,
                 key=np.zeros_like(self._learnt.keys[0]), double=double, bits=double.view(np.int64),
                 ready=self._scheduler.ready_scratch(), calls=state.calls, kernel=state.kernel,
-                ticket=state.ticket, words=state.words, began=state.began, ended=state.ended,
-                ran_on=state.ran_on)
+                pieces=state.pieces, ticket=state.ticket, words=state.words, began=state.began,
+                ended=state.ended, ran_on=state.ran_on)
         return self._t
 
     def _launch(self) -> None:

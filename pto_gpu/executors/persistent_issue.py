@@ -66,6 +66,7 @@ TICKET = np.dtype([("task", np.int64), ("sequence", np.int64)], align=True)  # p
 
 LEARNT = np.dtype([  # per instance table slot
     ("index", np.int64),  # the instance's in the module of its element type; NO_WORK: it has no work
+    ("pieces", np.int64),  # the pieces a task of it runs as: its stream launch's grid
     ("dtype", np.int64),  # its element type (a DataType)
     ("integer", np.int64, (MAX_SCALARS,)),  # each scalar's word: long long (1) or double
 ], align=True)
@@ -114,6 +115,7 @@ class Tables(NamedTuple):
     ready: np.ndarray  # the core's completion scratch
     calls: np.ndarray  # the state's HOST_CALLS
     kernel: np.ndarray  # the state's task records, per slot: the instance's index
+    pieces: np.ndarray  # ... the pieces it runs as
     ticket: np.ndarray
     words: np.ndarray  # (slots, words a task)
     began: np.ndarray  # what the blocks write back
@@ -198,10 +200,10 @@ def _drop_done(t):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _publish(t, task_id, kernel, index, first_call):
-    """Publish the task (of kernel id `kernel`; the module's instance `index`; its words in its
-    slot's record) behind the gathered tickets: 0, NEEDS_WAIT (run.wait: the producer whose end
-    makes room for the words they take), REFUSED or SLOT_TAKEN."""
+def _publish(t, task_id, kernel, index, pieces, first_call):
+    """Publish the task (of kernel id `kernel`; the module's instance `index`, run as `pieces`;
+    its words in its slot's record) behind the gathered tickets: 0, NEEDS_WAIT (run.wait: the
+    producer whose end makes room for the words they take), REFUSED or SLOT_TAKEN."""
     r = t.run[0]
     c = t.calls[0]
     slots = len(t.flights)
@@ -218,6 +220,7 @@ def _publish(t, task_id, kernel, index, first_call):
         r.wait = np.int64(t.tickets[0])
         return NEEDS_WAIT
     t.kernel[slot] = index
+    t.pieces[slot] = pieces
     t.ticket[slot] = ticket
     if publish_at(c.publish, c.sched, ticket, t.run.ctypes.data + _NEXT_WORD, t.tickets.ctypes.data, r.count):
         return REFUSED
@@ -240,9 +243,9 @@ _NEXT_WORD = RUN.fields["next_word"][1]  # the field's offset: the protocol adva
 
 
 @njit(cache=True, _nrt=False)
-def publish(t, task_id, kernel, index, first_call):
+def publish(t, task_id, kernel, index, pieces, first_call):
     """`_publish` from Python: the task's producers gathered, its words written."""
-    return _publish(t, task_id, kernel, index, first_call)
+    return _publish(t, task_id, kernel, index, pieces, first_call)
 
 
 @njit(cache=True, _nrt=False, nogil=True)
@@ -302,7 +305,7 @@ def _from_tables(t, tasks, args, task_id):
         if 0 <= r.launched <= entry.index:
             return NEEDS_PYTHON
         task_words(t.words[r.next & (len(t.flights) - 1)], args, slot, entry.integer, t.double, t.bits)
-    return _publish(t, task_id, kernel, entry.index, 0)
+    return _publish(t, task_id, kernel, entry.index, entry.pieces, 0)
 
 
 @njit(cache=True, _nrt=False, nogil=True)
@@ -340,9 +343,9 @@ def submit_python(t, header, tasks, buffers, deps, args, task_id, producers):
 
 
 @njit(cache=True, _nrt=False)
-def learn(t, tasks, args, task_id, index, dtype, integer):
+def learn(t, tasks, args, task_id, index, pieces, dtype, integer):
     """Enter the instance of a task whose arguments are in the tables (its index in the module,
-    element type and scalars' word types), for its instance's later tasks."""
+    pieces, element type and scalars' word types), for its instance's later tasks."""
     window = len(t.ticket_of)
     slot = task_id & (window - 1)
     kernel = tasks[slot].kernel
@@ -362,6 +365,7 @@ def learn(t, tasks, args, task_id, index, dtype, integer):
         t.keys[found, i] = t.key[i]
     entry = t.learnt[found]
     entry.index = index
+    entry.pieces = pieces
     entry.dtype = dtype
     for k in range(MAX_SCALARS):
         entry.integer[k] = integer[k]
