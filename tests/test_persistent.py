@@ -178,7 +178,7 @@ def test_a_new_instance_in_a_compiled_log_ends_the_kernel_and_the_log_goes_on():
 
 
 def wide_adds(o, x, y, z):
-    """Eight independent adds over 256 x 512 tiles (a launch of 64 blocks each: 64 pieces), then
+    """Eight independent adds over 256 x 512 tiles (a launch of 32 blocks each: 32 pieces), then
     a scale of each, which reads the whole of its add's output."""
     X, Y, Z = (o.external(a) for a in (x, y, z))
     for i in range(len(x)):
@@ -189,7 +189,7 @@ def wide_adds(o, x, y, z):
 
 @pytest.mark.parametrize("board", [64, 1])
 def test_a_task_runs_as_the_pieces_its_launch_has_blocks(monkeypatch, board):
-    """A task of 64 pieces: blocks waiting for a task take its pieces from the board, each with
+    """Tasks of 32 pieces: blocks waiting for a task take its pieces from the board, each with
     its blockIdx as its code sees it, and the last to finish completes it, so its consumer
     starts after every piece. With a board of one entry most of the adds find it taken and run
     their pieces one after another on one block."""
@@ -203,6 +203,8 @@ def test_a_task_runs_as_the_pieces_its_launch_has_blocks(monkeypatch, board):
         got = y.copy()
         rt.run(wide_adds, x, got, z)
         assert np.array_equal(got, want)
+    (state,) = rt.backend.persistent_states.values()
+    assert (state.pieces[:16] == 32).all()  # the 16 tasks' slots: each published as 32 pieces
 
 
 def test_a_heap_of_two_tiles_stalls_the_orchestrator_until_the_kernel_frees_one():
