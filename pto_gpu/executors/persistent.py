@@ -20,8 +20,10 @@ the run), over the instances seen so far; a task of an instance not in it ends t
 finishes what it has) and the next one is launched over all the instances seen. A backend's
 instances carry over to its next runs, so a run like an earlier one launches one kernel.
 
-Each task's slot says when its block took it and had run it (the device's clock) and which
-block: trace= draws the tasks on a lane per block.
+A task runs as the pieces its stream launch would have had blocks, on one block or several
+(pto_persistent_kernel.cuh). Each task's slot says when a block took it and when its last piece
+had run (the device's clock), and which block ran that: trace= draws the tasks on a lane per
+block.
 
 Every wait is bounded: a kernel whose blocks make no progress for `patience` seconds while a
 task is unfinished is stopped, and the run fails with a DeadlockError naming the tasks left;
