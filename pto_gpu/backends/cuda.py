@@ -129,10 +129,12 @@ class CudaBackend:
         self._blas_handles: cublas.Handles | None = None  # at the first GEMM
         # The persistent executor's (executors/persistent.py; only the orchestrator's thread uses
         # them): instances by template key; the generated code of those its kernels have run,
-        # per element type, in the order first seen (a run's kernel holds all of them); and the
+        # per element type, in the order first seen (a run's kernel holds all of them), and how
+        # many of them have compiled in a module (the rest are dropped when one fails); and the
         # scheduler states of ended runs, by their sizes, for the next.
         self._instances: dict[tuple, Instance] = {}
         self.persistent_codes: dict[np.dtype, list[CudaCode]] = {}
+        self.persistent_compiled: dict[np.dtype, int] = {}
         self.persistent_states: dict = {}
 
     # --- memory: the device's ------------------------------------------------------------

@@ -377,9 +377,9 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
  * PTO_ABORTED where the run was stopped (by the host, another block, or this one: a task left
  * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED). A caller
  * with work of its own beside the queue defines PTO_OTHER_WORK_READY() (nonzero while there is
- * some): a turn that finds no ready task then answers PTO_OTHER_WORK. */
-PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
-    pto_patience patience = pto_patience_now(s);
+ * some): a turn that finds no ready task then answers PTO_OTHER_WORK, and the caller, calling
+ * again, passes the same `patience` (pto_next_task_patiently), so its wait stays bounded. */
+PTO_FN int pto_next_task_patiently(pto_sched *s, pto_u32 *slot, pto_patience *patience) {
     for (pto_u32 spins = 0;; ++spins) {
         if (pto_aborted(s) != PTO_RUNNING) return PTO_ABORTED;
         if (pto_wire_some(s, 64)) {
@@ -394,7 +394,7 @@ PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
         const pto_u64 published = pto_load_acquire64(s->submitted);
         const pto_u64 finished = pto_load_acquire64(&s->counters[PTO_FINISHED]);
         if (closed && finished == published) return PTO_ALL_DONE;
-        if (pto_out_of_patience(s, &patience, finished == published)) {
+        if (pto_out_of_patience(s, patience, finished == published)) {
             pto_store_release32(s->device_abort, PTO_STUCK);
             return PTO_ABORTED;
         }
@@ -404,6 +404,13 @@ PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
         pto_pause(spins);
     }
 }
+
+#ifndef PTO_OTHER_WORK_READY  /* (a caller with other work waits with its own patience) */
+PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
+    pto_patience patience = pto_patience_now(s);
+    return pto_next_task_patiently(s, slot, &patience);
+}
+#endif
 
 /* The task in `slot` (ticket `ticket`) has run: its successors published so far lose a pending
  * producer (those that reach 0 are pushed), its slot says it is done. 0, or 1 on a full queue. */

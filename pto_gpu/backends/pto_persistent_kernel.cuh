@@ -23,10 +23,16 @@ struct PtoRecords {
     const pto_u32 *pieces;              // per slot: the pieces its task is run as (its launch's grid)
     pto_u32 *pieces_run;                // per slot, device memory: how many have run
     pto_u64 *board;                     // device memory, board_entries of them: a task whose pieces
-                                        // blocks take, (ticket + 1) << 32 | pieces taken; 0: free
+                                        // blocks take (pto_board_word); 0: free
     unsigned long long board_entries;
     pto_u32 *open;                      // device memory: entries with a piece not taken
 };
+
+// A board entry: the task's ticket + 1 (its low 32 bits: a run of 2^32 tasks would wrap), its
+// pieces (at most 4096: MAX_BLOCKS) and how many are taken.
+__device__ inline pto_u64 pto_board_word(pto_u64 ticket, pto_u32 pieces, pto_u32 taken) {
+    return (ticket + 1) << 32 | (pto_u64)pieces << 16 | taken;
+}
 
 // A task of several pieces: piece p runs its code with blockIdx.x = p and gridDim.x = pieces,
 // as block p of its stream launch's grid would, so its grid-stride loops share the work. The
@@ -36,15 +42,15 @@ struct PtoRecords {
 
 // Take a piece of a task on the board: 1, its slot and piece in *slot, *piece; 0 where there
 // is none. An entry's task is not complete while it has a piece not taken, so its slot holds
-// it: the slot and its piece count read beside a stale word are only used if the swap succeeds.
+// it where the swap succeeds.
 __device__ int pto_take_piece(const pto_sched *s, const PtoRecords *r, pto_u32 *slot, pto_u32 *piece) {
     if (pto_load_acquire32(r->open) == 0) return 0;
     for (unsigned long long e = 0; e < r->board_entries; ++e) {
         for (;;) {
             const pto_u64 word = pto_load_acquire64(&r->board[e]);
             if (word == 0) break;
-            const pto_u32 at = (pto_u32)((word >> 32) - 1) & (s->slots - 1), taken = (pto_u32)word;
-            const pto_u32 pieces = r->pieces[at];
+            const pto_u32 at = (pto_u32)((word >> 32) - 1) & (s->slots - 1);
+            const pto_u32 pieces = (pto_u32)(word >> 16) & 0xFFFFu, taken = (pto_u32)word & 0xFFFFu;
             if (taken >= pieces) break;  // the last taker frees the entry
             if (pto_cas64(&r->board[e], word, word + 1)) {
                 if (taken + 1 == pieces) {
@@ -60,12 +66,12 @@ __device__ int pto_take_piece(const pto_sched *s, const PtoRecords *r, pto_u32 *
     return 0;
 }
 
-// Put the task in `slot` (ticket `ticket`; its piece 0 the caller's) on the board: 1, or 0
-// where the board is full.
-__device__ int pto_post_pieces(const PtoRecords *r, pto_u32 slot, pto_u64 ticket) {
+// Put the task in `slot` (ticket `ticket`, of `pieces`; its piece 0 the caller's) on the
+// board: 1, or 0 where the board is full.
+__device__ int pto_post_pieces(const PtoRecords *r, pto_u32 slot, pto_u64 ticket, pto_u32 pieces) {
     r->pieces_run[slot] = 0;  // published with the entry
     for (unsigned long long e = 0; e < r->board_entries; ++e)
-        if (pto_cas64(&r->board[e], 0, (ticket + 1) << 32 | 1)) {
+        if (pto_cas64(&r->board[e], 0, pto_board_word(ticket, pieces, 1))) {
             pto_fetch_add32(r->open, 1);
             return 1;
         }
@@ -89,19 +95,26 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
         if (threadIdx.x == 0) {
             pto_u32 slot = 0, first = 0;
             int found = PTO_GOT_TASK;
-            for (pto_u32 spins = 0; !pto_take_piece(&s, &r, &slot, &first); ++spins) {
-                found = pto_next_task(&s, &slot);
+            // one wait, however many turns find a piece on the board and another block takes it
+            pto_patience patience = pto_patience_now(&s);
+            for (pto_u32 spins = 0;; ++spins) {
+                if (pto_aborted(&s) != PTO_RUNNING) {
+                    found = PTO_ABORTED;
+                    break;
+                }
+                if (pto_take_piece(&s, &r, &slot, &first)) break;
+                found = pto_next_task_patiently(&s, &slot, &patience);
                 if (found != PTO_OTHER_WORK) break;
                 found = PTO_GOT_TASK;
                 pto_pause(spins);  // another block took the piece first
             }
             said[0] = found;
             if (found == PTO_GOT_TASK) {
-                const pto_u32 pieces = r.pieces[slot];
+                const pto_u32 listed = r.pieces[slot], pieces = listed > 0 ? listed : 1;
                 const bool popped = first == 0;  // else a piece from the board
                 if (popped) r.began[slot] = pto_now_ns();  // before the board shows the task
                 // a task popped: its piece 0 here and the others on the board; or, that full, all here
-                const bool alone = popped && pieces > 1 && !pto_post_pieces(&r, slot, r.ticket[slot]);
+                const bool alone = popped && pieces > 1 && !pto_post_pieces(&r, slot, r.ticket[slot], pieces);
                 said[1] = slot;
                 said[2] = r.kernel[slot];
                 said[3] = first;

@@ -61,6 +61,7 @@ from .persistent_issue import (
     REFUSED,
     RETIRED,
     RUN,
+    SLOT_TAKEN,
     TICKET,
     Learnt,
     Tables,
@@ -69,6 +70,7 @@ from .persistent_issue import (
     publish,
     publish_logged,
     retire_done,
+    slot_free,
     submit_python,
 )
 
@@ -124,8 +126,7 @@ class PersistentExecutor:
         self._learnt = learnt
         self._args: ArgTables | None = None
         self._edges = _NO_EDGES  # the flush's edge log (`edges`)
-        self._compiled: int | None = None  # the backend's instances that have compiled in a module
-        self._index: dict = {}  # their index by source
+        self._index: dict | None = None  # the backend's instances' index in their list, by source
         # Calls from Python by their compiled entries: numba's dispatch types each of the tables
         # at every call (µs)
         self._submit_python = self._retire_done = None
@@ -277,6 +278,8 @@ class PersistentExecutor:
         first_call = first_calls() != prepared
         t = self._t
         run = self._run[0]
+        if not slot_free(t):
+            self._refused(task, SLOT_TAKEN)
         t.words[int(run["next"]) & (self._slots - 1), :len(words)] = words
         if self._args is not None:
             integer = np.zeros(MAX_SCALARS, np.int64)
@@ -293,7 +296,7 @@ class PersistentExecutor:
             raise PTOError(f"the persistent scheduler refused task {task.id}: its producers are not all "
                            f"earlier tasks, or more than its ring of {int(run['ring'])} words holds")
         raise InvariantError(f"task {task.id}: the slot of ticket {int(run['next'])} holds ticket "
-                             f"{int(run['head'])}, in flight")
+                             f"{int(run['next']) - self._slots}, in flight")
 
     # --- the kernel ----------------------------------------------------------------------
     @property
@@ -358,11 +361,11 @@ class PersistentExecutor:
             with preparing():
                 function = self._device.module_function(write(codes), self._dtype, NAME, KERNEL_PARAMS)
         except BaseException:  # what the backend keeps must compile: drop the instances not yet built
-            del codes[self._compiled:]
+            del codes[self._backend.persistent_compiled.get(self._dtype, 0):]
             self._index = {code.source: k for k, code in enumerate(codes)}
             self._learnt.filled[:] = 0  # (some may be of those dropped)
             raise
-        self._compiled = len(codes)
+        self._backend.persistent_compiled[self._dtype] = len(codes)
         blocks = min(MAX_BLOCKS, self._device.resident_blocks(function))
         try:
             self._backend.launch(function, blocks, self._state.kernel_args, self._stream, self._ended)
@@ -374,8 +377,7 @@ class PersistentExecutor:
     def _codes(self) -> list:
         """The instances of the run's element type that the backend's runs have seen, in order."""
         codes = self._backend.persistent_codes.setdefault(self._dtype, [])
-        if self._compiled is None:  # those of earlier runs have compiled
-            self._compiled = len(codes)
+        if self._index is None:
             self._index = {code.source: k for k, code in enumerate(codes)}
         return codes
 
@@ -420,7 +422,7 @@ class PersistentExecutor:
             return
         seen, since, pause = state.progress(), time.perf_counter(), 0.0
         while not state.done(ticket):
-            self._check_kernel(why)
+            self._check_kernel(why, ticket)
             progress = state.progress()
             now = time.perf_counter()
             if progress != seen:
@@ -437,8 +439,10 @@ class PersistentExecutor:
         except Exception as cause:
             raise self._fault(cause) from cause
 
-    def _check_kernel(self, why: str) -> None:
-        """Raise if the kernel has stopped: a fault, an abort, or an end with tasks unfinished."""
+    def _check_kernel(self, why: str, ticket: int) -> None:
+        """Raise if the kernel has stopped: a fault, an abort, or an end with task `ticket`
+        unfinished (a closed kernel may have finished it, and every other, and ended since the
+        caller looked: its end makes its slots' words visible, so it is looked at again)."""
         abort = self._state.device_abort()
         if abort != Abort.RUNNING:
             raise self._stuck(why) if abort == Abort.STUCK else PTOError(
@@ -448,7 +452,7 @@ class PersistentExecutor:
             ended = self._backend.done(self._ended)
         except Exception as cause:
             raise self._fault(cause) from cause
-        if ended:
+        if ended and not self._state.done(ticket):
             raise PTOError(f"the persistent kernel ended while waiting for {why}, with "
                            f"{self._unfinished()} tasks unfinished ({self._counters()})")
 
@@ -461,7 +465,7 @@ class PersistentExecutor:
 
     def _stuck(self, why: str) -> DeadlockError:
         left = [ticket for ticket in self._in_flight() if not self._state.done(ticket)]
-        running = [self._task_of(int(t) - 1) for t in self._state.running if t]
+        running = [self._task_of(t - 1) for t in dict.fromkeys(int(t) for t in self._state.running if t)]
         named = ", ".join(self._task_of(ticket) for ticket in left[:8])
         return DeadlockError(
             f"the persistent kernel made no progress for {self._patience:g} s while waiting for {why}: "

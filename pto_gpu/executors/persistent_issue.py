@@ -200,6 +200,14 @@ def _drop_done(t):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def slot_free(t):
+    """Whether the next ticket's slot holds no task in flight (the task window keeps it so:
+    checked before its record is written)."""
+    r = t.run[0]
+    return r.head > r.next - len(t.flights)
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def _publish(t, task_id, kernel, index, pieces, first_call):
     """Publish the task (of kernel id `kernel`; the module's instance `index`, run as `pieces`;
     its words in its slot's record) behind the gathered tickets: 0, NEEDS_WAIT (run.wait: the
@@ -209,7 +217,7 @@ def _publish(t, task_id, kernel, index, pieces, first_call):
     slots = len(t.flights)
     ticket = r.next
     slot = ticket & (slots - 1)
-    if r.head <= ticket - slots:
+    if not slot_free(t):
         return SLOT_TAKEN
     _drop_done(t)
     # The words the last `slots` tickets name, without those of the slot's last task, which
@@ -240,6 +248,7 @@ def _publish(t, task_id, kernel, index, pieces, first_call):
 
 
 _NEXT_WORD = RUN.fields["next_word"][1]  # the field's offset: the protocol advances it
+
 
 
 @njit(cache=True, _nrt=False)
@@ -301,6 +310,8 @@ def _from_tables(t, tasks, args, task_id):
         r.dtype = entry.dtype
     elif entry.dtype != r.dtype:
         return NEEDS_PYTHON
+    if not slot_free(t):
+        return SLOT_TAKEN
     if entry.index != NO_WORK:
         if 0 <= r.launched <= entry.index:
             return NEEDS_PYTHON
