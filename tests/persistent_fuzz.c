@@ -6,8 +6,11 @@
  *
  *   persistent_fuzz SEED TASKS SLOTS BLOCKS FANIN WINDOW [LOSE [PAUSE_AT PAUSE_MS]]
  *
- * Checks: every task runs once, after every one of its producers has finished; the run ends
- * with all of them finished. With LOSE = t (-1: none), the block that runs task t never
+ * Built with -DFUZZ_MAX_PIECES=n (default 1), each task runs as 1..n pieces (random), which the
+ * blocks share through a board of FUZZ_BOARD entries (default 4; the protocol's pto_board).
+ *
+ * Checks: every piece of every task runs once, after every one of the task's producers has
+ * finished; the run ends with all of them finished. With LOSE = t (-1: none), the block that runs task t never
  * completes it: the run must then stop as stuck, and the host names the unfinished tasks and
  * what each waits for. With PAUSE_AT, the host sleeps PAUSE_MS before publishing that task
  * (a slow orchestration is not a deadlock). Built with -DFUZZ_STALL_US=n, a block stalls n
@@ -28,26 +31,42 @@
 #endif
 #include "persistent_protocol.h"
 
+#ifndef FUZZ_MAX_PIECES
+#define FUZZ_MAX_PIECES 1
+#endif
+#ifndef FUZZ_BOARD
+#define FUZZ_BOARD 4
+#endif
+
 static pto_sched sched;
+static pto_board board;
 static long tasks, fanin, window, lose = -1;
 static long *producers;          /* tasks x fanin: each task's producers, -1 past its last */
 static pto_u64 *slot_ticket;     /* per slot: the task in it (the host's, published with it) */
+static pto_u32 *slot_pieces;     /* per slot: its task's pieces (the host's, published with it) */
+static long *task_pieces;        /* per task: its pieces */
 static unsigned *finished_flag;  /* per task: 1 once it ran (release) */
-static unsigned *runs;           /* per task: times it ran */
+static unsigned *runs;           /* per task x FUZZ_MAX_PIECES: times the piece ran */
 static unsigned violations;
 
 static void *block(void *unused) {
     (void)unused;
-    pto_u32 slot;
-    while (pto_next_task(&sched, &slot) == PTO_GOT_TASK) {
-        const pto_u64 task = slot_ticket[slot];
-        for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
-            if (!__atomic_load_n(&finished_flag[producers[task * fanin + i]], __ATOMIC_ACQUIRE))
-                __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&runs[task], 1, __ATOMIC_RELAXED);
+    pto_work work;
+    while (pto_next_work(&sched, &board, &work) == PTO_GOT_TASK) {
+        const pto_u64 task = slot_ticket[work.slot];
+        if (work.pieces != (pto_u32)task_pieces[task] || work.last > work.pieces)
+            __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
+        for (pto_u32 piece = work.first; piece < work.last && piece < FUZZ_MAX_PIECES; ++piece) {
+            for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
+                if (!__atomic_load_n(&finished_flag[producers[task * fanin + i]], __ATOMIC_ACQUIRE))
+                    __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&runs[task * FUZZ_MAX_PIECES + piece], 1, __ATOMIC_RELAXED);
+        }
         if ((long)task == lose) continue;  /* the lost completion */
-        __atomic_store_n(&finished_flag[task], 1, __ATOMIC_RELEASE);
-        if (pto_complete(&sched, slot, task)) __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
+        if (pto_pieces_ran(&board, &work)) {
+            __atomic_store_n(&finished_flag[task], 1, __ATOMIC_RELEASE);
+            if (pto_complete(&sched, work.slot, task)) __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
+        }
     }
     return NULL;
 }
@@ -56,7 +75,8 @@ static void *block(void *unused) {
 static void name_the_stuck(long submitted) {
     printf("stuck: %llu of %ld tasks finished;", (unsigned long long)sched.counters[PTO_FINISHED], submitted);
     for (long task = 0; task < submitted; ++task) {
-        if (__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE) || __atomic_load_n(&runs[task], __ATOMIC_RELAXED))
+        if (__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&runs[task * FUZZ_MAX_PIECES], __ATOMIC_RELAXED))
             continue;
         printf(" task %ld waits for", task);
         for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
@@ -65,7 +85,8 @@ static void name_the_stuck(long submitted) {
         printf(";");
     }
     for (long task = 0; task < submitted; ++task)
-        if (__atomic_load_n(&runs[task], __ATOMIC_RELAXED) && !__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE))
+        if (__atomic_load_n(&runs[task * FUZZ_MAX_PIECES], __ATOMIC_RELAXED) &&
+            !__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE))
             printf(" task %ld ran and did not complete;", task);
     printf("\n");
 }
@@ -100,13 +121,19 @@ int main(int argc, char **argv) {
 
     producers = zeroed((size_t)tasks * fanin, sizeof(long));
     slot_ticket = zeroed(slots, sizeof(pto_u64));
+    slot_pieces = zeroed(slots, sizeof(pto_u32));
+    task_pieces = zeroed(tasks, sizeof(long));
     finished_flag = zeroed(tasks, sizeof(unsigned));
-    runs = zeroed(tasks, sizeof(unsigned));
+    runs = zeroed((size_t)tasks * FUZZ_MAX_PIECES, sizeof(unsigned));
     for (long task = 0; task < tasks; ++task) {
         const long count = task ? rand() % (fanin + 1) : 0;
         for (long i = 0; i < fanin; ++i)
             producers[task * fanin + i] = i < count ? task - 1 - rand() % (task < window ? task : window) : -1;
+        task_pieces[task] = 1 + rand() % FUZZ_MAX_PIECES;
     }
+    /* the board in the blocks' memory, as the kernel's is in device memory */
+    board = (pto_board){slot_ticket, slot_pieces, zeroed(slots, sizeof(pto_u64)), zeroed(slots, sizeof(pto_u32)),
+                        zeroed(FUZZ_BOARD, sizeof(pto_u64)), FUZZ_BOARD, zeroed(1, sizeof(pto_u32))};
 
     pthread_t threads[64];
     if (blocks > 64) return 2;
@@ -131,6 +158,7 @@ int main(int argc, char **argv) {
         /* the slot's previous task must be done before its ticket is rewritten */
         if (task >= (long)slots && pto_host_wait_done(&host, slot, (pto_u64)(task - slots))) break;
         slot_ticket[slot] = (pto_u64)task;
+        slot_pieces[slot] = (pto_u32)task_pieces[task];
         if (pto_host_submit(&host, (pto_u64)task, &next_word, ticket_producers, count)) break;
         submitted = task + 1;
     }
@@ -147,10 +175,15 @@ int main(int argc, char **argv) {
         return lose >= 0 ? 0 : 1;
     }
     unsigned twice = 0, never = 0;
-    for (long task = 0; task < submitted; ++task) {
-        twice += runs[task] > 1;
-        never += runs[task] == 0;
-    }
+    for (long task = 0; task < submitted; ++task)
+        for (long piece = 0; piece < FUZZ_MAX_PIECES; ++piece) {
+            const unsigned ran = runs[task * FUZZ_MAX_PIECES + piece], wanted = piece < task_pieces[task];
+            twice += ran > wanted;
+            never += ran < wanted;
+        }
+    unsigned left = *board.open != 0;  /* the board empty at the end */
+    for (long e = 0; e < FUZZ_BOARD; ++e) left += board.board[e] != 0;
+    violations += left;
     if (twice || never || violations || submitted != tasks || lose >= 0 || pto_aborted(&sched) != PTO_RUNNING) {
         printf("FAILED: submitted %ld of %ld, ran twice %u, never %u, before a producer %u, lost %ld, abort %u\n",
                submitted, tasks, twice, never, violations, lose, pto_aborted(&sched));

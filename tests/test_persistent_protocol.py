@@ -1,7 +1,8 @@
 """The persistent scheduler's protocol (pto_gpu/backends/persistent_protocol.h, issue 44) on host
 threads under ThreadSanitizer (tests/persistent_fuzz.c): random graphs published into rings of
-task slots while blocks (threads) wire, pull, run and complete their tasks; every task runs
-once, after all of its producers, with no data race. A completion lost on purpose is reported
+task slots while blocks (threads) wire, pull, run and complete their tasks, and share the
+pieces of tasks of several; every piece runs once, after all of its task's producers, with no
+data race. A completion lost on purpose is reported
 as a deadlock that names what waits for it, not a hang; a slow host is not one. The same
 header compiles for the GPU."""
 
@@ -66,6 +67,31 @@ def test_random_graphs_run_every_task_once_after_its_producers_with_no_race(fuzz
     assert done.stdout.startswith(f"ok: {graph[1]} tasks"), done.stdout
 
 
+@pytest.fixture(scope="module")
+def pieces_fuzz(tmp_path_factory):
+    """The fuzz with tasks of 1 to 6 pieces shared through a board of 2 entries (so that some
+    find it full and run all their pieces on one block)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc)")
+    return _build(tmp_path_factory.mktemp("pieces"), "-DFUZZ_MAX_PIECES=6", "-DFUZZ_BOARD=2")
+
+
+PIECES_GRAPHS = [(1, 4000, 8, 4, 3, 20), (5, 6000, 4, 6, 4, 6), (8, 1500, 16, 3, 30, 30),
+                 (12, 3000, 32, 5, 2, 64)]
+
+
+@pytest.mark.parametrize("graph", PIECES_GRAPHS, ids=[NAME.format(*g) for g in PIECES_GRAPHS])
+def test_tasks_of_several_pieces_run_each_piece_once_after_the_producers(pieces_fuzz, graph):
+    """Blocks take pieces from the board while waiting for a ready task and between tasks; the
+    last piece to finish completes its task; the board is empty at the end. (Dropping the
+    reset of a slot's count of pieces run, or freeing an entry one piece early, leaves tasks
+    stuck here.)"""
+    done = _run(pieces_fuzz, *graph)
+    assert "ThreadSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert done.stdout.startswith(f"ok: {graph[1]} tasks"), done.stdout
+
+
 @pytest.mark.parametrize("lost", [1500, 2990])
 def test_a_lost_completion_is_a_deadlock_that_names_what_waits(impatient_fuzz, lost):
     """Task `lost` runs but never completes: its successors never become ready, and nothing
@@ -102,25 +128,27 @@ def test_a_block_stalled_between_closed_and_submitted_misses_no_task(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_protocol_compiles_for_the_gpu(arch, tmp_path):
-    """A persistent worker over the header: thread 0 of a block wires and pulls a task and
-    completes it (PTX acquire/release atomics, %globaltimer), the block runs it between
-    barriers."""
+    """A persistent worker over the header: thread 0 of a block wires and pulls work (a task,
+    or a piece of one from the board) and completes the task after its last piece (PTX
+    acquire/release atomics, %globaltimer), the block runs it between barriers."""
     unit = tmp_path / "worker.cu"
     unit.write_text('''#include "persistent_protocol.h"
-__global__ void worker(pto_sched sched, const unsigned long long *tickets, float *out) {
-    __shared__ unsigned slot;
+__global__ void worker(pto_sched sched, pto_board board, float *out) {
+    __shared__ pto_work work;
     __shared__ int outcome;
     for (;;) {
-        if (threadIdx.x == 0) outcome = pto_next_task(&sched, &slot);
+        if (threadIdx.x == 0) outcome = pto_next_work(&sched, &board, &work);
         __syncthreads();
         if (outcome != PTO_GOT_TASK) return;
-        out[slot * blockDim.x + threadIdx.x] += 1.0f;  /* the task */
+        for (unsigned piece = work.first; piece < work.last; ++piece)  /* the task's pieces */
+            out[(work.slot * work.pieces + piece) * blockDim.x + threadIdx.x] += 1.0f;
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence_system();
-            if (pto_complete(&sched, slot, tickets[slot]))
+            if (pto_pieces_ran(&board, &work) && pto_complete(&sched, work.slot, board.ticket[work.slot]))
                 pto_store_release32(sched.device_abort, PTO_FAULTED);
         }
+        __syncthreads();
     }
 }
 ''')

@@ -46,7 +46,7 @@ def source(codes: Sequence[CudaCode]) -> str:
              f"#define PTO_WARPS {THREADS_PER_BLOCK // 32}", "#define PTO_PERSISTENT",
              "#define PTO_HOST_THREADS  // the host build's blocks side by side, as resident blocks",
              f"#define PTO_TASK_SHARED_BYTES {shared}",
-             HEADER.read_text(), SUPPORT.read_text(), PROTOCOL.read_text()]
+             HEADER.read_text(), PROTOCOL.read_text(), SUPPORT.read_text()]
     for k, (path, text) in enumerate(zip(sources, texts)):
         lines += [f"namespace pto_instance_{k} {{  // {path.name}", text, f"}}  // pto_instance_{k}"]
     lines += ["__device__ void pto_run_task(unsigned kernel, const long long *words) {",

@@ -78,7 +78,7 @@ typedef int32_t pto_i32;
 #endif
 
 enum { PTO_RUNNING = 0, PTO_STUCK = 1, PTO_FAULTED = 2 }; /* an abort word */
-enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED, PTO_OTHER_WORK }; /* what pto_next_task found */
+enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED, PTO_OTHER_WORK }; /* what a block's wait found */
 
 /* The blocks' counters: device words that only blocks touch (read-modify-writes, which must
  * not meet the host's accesses on one word, and are cheapest in device memory). */
@@ -372,14 +372,77 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
 }
 
 /* --- a block's side -------------------------------------------------------------------------- */
-/* Wait for a ready task, wiring what the host has published meanwhile: PTO_GOT_TASK (in *slot),
- * PTO_ALL_DONE once the host has closed and every task it published has finished, or
+/* Pieces. A task runs as `pieces[slot]` pieces (the blocks of its stream launch's grid: piece p
+ * runs its code as block p of that many), each on one block. The block that pops a task of
+ * several runs piece 0 and puts the task on the board, where blocks waiting for work take its
+ * other pieces one at a time; where the board is full, the popper runs them all. The block
+ * whose pieces bring the count run to the total completes the task (pto_pieces_ran). A board
+ * entry is the task's ticket + 1 (its low 32 bits: a run of 2^32 tasks would wrap), its pieces
+ * (at most 0xFFFF) and how many are taken; 0 is free, and `open` counts the entries with a
+ * piece not taken. An entry's task cannot complete while it has a piece not taken, so its slot
+ * holds it wherever a block's swap of the entry succeeds. */
+typedef struct {
+    const pto_u64 *ticket;  /* per slot: its task's (host-written with the record) */
+    const pto_u32 *pieces;  /* per slot: the pieces its task runs as (host-written) */
+    pto_u64 *began;         /* per slot: pto_now_ns() when a block popped its task */
+    pto_u32 *pieces_run;    /* per slot: pieces of its task run so far */
+    pto_u64 *board;         /* `entries` of them */
+    pto_u64 entries;
+    pto_u32 *open;          /* entries with a piece not taken */
+} pto_board;
+
+/* What a block runs next: pieces first..last-1 of the `pieces` of the task in `slot`. */
+typedef struct {
+    pto_u32 slot, first, last, pieces;
+} pto_work;
+
+PTO_FN pto_u64 pto_board_word(pto_u64 ticket, pto_u32 pieces, pto_u32 taken) {
+    return (ticket + 1) << 32 | (pto_u64)pieces << 16 | taken;
+}
+
+/* Take a piece of a task on the board into *w: 1, or 0 where there is none. */
+PTO_FN int pto_take_piece(const pto_sched *s, const pto_board *b, pto_work *w) {
+    if (pto_load_acquire32(b->open) == 0) return 0;
+    for (pto_u64 e = 0; e < b->entries; ++e) {
+        for (;;) {
+            const pto_u64 word = pto_load_acquire64(&b->board[e]);
+            if (word == 0) break;
+            const pto_u32 pieces = (pto_u32)(word >> 16) & 0xFFFFu, taken = (pto_u32)word & 0xFFFFu;
+            if (taken >= pieces) break; /* the last taker frees the entry */
+            if (pto_cas64(&b->board[e], word, word + 1)) {
+                if (taken + 1 == pieces) {
+                    pto_store_release64(&b->board[e], 0);
+                    pto_fetch_add32(b->open, (pto_u32)-1);
+                }
+                w->slot = (pto_u32)((word >> 32) - 1) & (s->slots - 1);
+                w->first = taken;
+                w->last = taken + 1;
+                w->pieces = pieces;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Put the popped task in `slot` (ticket `ticket`, of `pieces`; its piece 0 the caller's) on
+ * the board: 1, or 0 where the board is full. */
+PTO_FN int pto_post_pieces(const pto_board *b, pto_u32 slot, pto_u64 ticket, pto_u32 pieces) {
+    b->pieces_run[slot] = 0; /* published with the entry */
+    for (pto_u64 e = 0; e < b->entries; ++e)
+        if (pto_cas64(&b->board[e], 0, pto_board_word(ticket, pieces, 1))) {
+            pto_fetch_add32(b->open, 1);
+            return 1;
+        }
+    return 0;
+}
+
+/* One wait for a ready task, wiring what the host has published meanwhile: PTO_GOT_TASK (in
+ * *slot), PTO_ALL_DONE once the host has closed and every task it published has finished,
  * PTO_ABORTED where the run was stopped (by the host, another block, or this one: a task left
- * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED). A caller
- * with work of its own beside the queue defines PTO_OTHER_WORK_READY() (nonzero while there is
- * some): a turn that finds no ready task then answers PTO_OTHER_WORK, and the caller, calling
- * again, passes the same `patience` (pto_next_task_patiently), so its wait stays bounded. */
-PTO_FN int pto_next_task_patiently(pto_sched *s, pto_u32 *slot, pto_patience *patience) {
+ * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED), or
+ * PTO_OTHER_WORK where a turn found no ready task and a piece open on the board. */
+PTO_FN int pto_wait_ready(pto_sched *s, const pto_board *b, pto_u32 *slot, pto_patience *patience) {
     for (pto_u32 spins = 0;; ++spins) {
         if (pto_aborted(s) != PTO_RUNNING) return PTO_ABORTED;
         if (pto_wire_some(s, 64)) {
@@ -398,19 +461,40 @@ PTO_FN int pto_next_task_patiently(pto_sched *s, pto_u32 *slot, pto_patience *pa
             pto_store_release32(s->device_abort, PTO_STUCK);
             return PTO_ABORTED;
         }
-#ifdef PTO_OTHER_WORK_READY
-        if (PTO_OTHER_WORK_READY()) return PTO_OTHER_WORK;
-#endif
+        if (pto_load_acquire32(b->open) != 0) return PTO_OTHER_WORK;
         pto_pause(spins);
     }
 }
 
-#ifndef PTO_OTHER_WORK_READY  /* (a caller with other work waits with its own patience) */
-PTO_FN int pto_next_task(pto_sched *s, pto_u32 *slot) {
+/* Wait for work: a piece of a task on the board, else a ready task (its piece 0, the task put
+ * on the board if it has more; all its pieces where the board is full). PTO_GOT_TASK (in *w),
+ * PTO_ALL_DONE or PTO_ABORTED as pto_wait_ready says, over one patience however many turns
+ * find a piece open and another block takes it first. */
+PTO_FN int pto_next_work(pto_sched *s, const pto_board *b, pto_work *w) {
     pto_patience patience = pto_patience_now(s);
-    return pto_next_task_patiently(s, slot, &patience);
+    for (pto_u32 spins = 0;; ++spins) {
+        if (pto_aborted(s) != PTO_RUNNING) return PTO_ABORTED;
+        if (pto_take_piece(s, b, w)) return PTO_GOT_TASK;
+        const int found = pto_wait_ready(s, b, &w->slot, &patience);
+        if (found == PTO_GOT_TASK) {
+            const pto_u32 listed = b->pieces[w->slot], pieces = listed > 0 ? listed : 1;
+            b->began[w->slot] = pto_now_ns(); /* before the board shows the task */
+            w->first = 0;
+            w->last = pieces > 1 && pto_post_pieces(b, w->slot, b->ticket[w->slot], pieces) ? 1 : pieces;
+            w->pieces = pieces;
+            return PTO_GOT_TASK;
+        }
+        if (found != PTO_OTHER_WORK) return found;
+        pto_pause(spins);
+    }
 }
-#endif
+
+/* The block has run w's pieces (its writes fenced at system scope): 1 where they were the
+ * task's last to finish, and the caller completes it. */
+PTO_FN int pto_pieces_ran(const pto_board *b, const pto_work *w) {
+    const pto_u32 ran = w->last - w->first;
+    return ran == w->pieces || pto_fetch_add32(&b->pieces_run[w->slot], ran) + ran == w->pieces;
+}
 
 /* The task in `slot` (ticket `ticket`) has run: its successors published so far lose a pending
  * producer (those that reach 0 are pushed), its slot says it is done. 0, or 1 on a full queue. */

@@ -5,8 +5,7 @@
 //
 //   #define PTO_WARPS, PTO_PERSISTENT, PTO_HOST_THREADS (the host build's blocks side by side,
 //   pto_isa.cuh) and PTO_TASK_SHARED_BYTES (the most any instance takes)
-//   pto_isa.cuh, this file (how the instances are declared, and the protocol's hook), then
-//   persistent_protocol.h
+//   pto_isa.cuh, persistent_protocol.h, then this file: how the instances are declared
 //   namespace pto_instance_<k> { <instance k's generated source> }   for each instance
 //   pto_run_task: a switch over the instances
 //   pto_persistent_kernel.cuh: the kernel, and its host build's entry
@@ -20,12 +19,13 @@
 // A task runs as the pieces its stream launch's grid would have been blocks: piece p on a
 // block with blockIdx.x = p and gridDim.x = pieces as its code sees them (the macros below;
 // the generated kernels loop over their work items by grid strides). Pieces of one task may run
-// on several blocks side by side, or one after another on one (pto_persistent_kernel.cuh).
+// on several blocks side by side, or one after another on one (the protocol's board).
 //
-// Thread 0 of a block speaks for it in the protocol (persistent_protocol.h): it takes a task
-// (pto_next_task), the block copies the task's words into its own device memory, the
-// block's threads run it, then thread 0 makes the block's writes visible at system scope
-// (__threadfence_system) and completes it; barriers between each step. Per block,
+// Thread 0 of a block speaks for it in the protocol (persistent_protocol.h): it takes work (a
+// task, or a piece of one: pto_next_work), the block copies the task's words into its own
+// device memory, the block's threads run it, then thread 0 makes the block's writes visible at
+// system scope (__threadfence_system) and, for the task's last piece, completes it; barriers
+// between each step. Per block,
 // `running[block]` is the ticket + 1 of the task it runs (0 between tasks): what the host
 // names when the kernel dies in a fault.
 #ifndef PTO_PERSISTENT_CUH
@@ -64,11 +64,6 @@ __shared__ PtoPiece pto_piece_index, pto_piece_count;
 __device__ inline unsigned pto_block_index() { return blockIdx.x; }
 #define blockIdx pto_piece_index
 #define gridDim pto_piece_count
-
-// A block waiting for a task takes a piece of one on the board while any is open (the
-// protocol's wait asks, through this hook, and answers PTO_OTHER_WORK).
-__shared__ unsigned *pto_open_pieces;  // (the protocol's pto_u32 is unsigned on both builds)
-#define PTO_OTHER_WORK_READY() (pto_load_acquire32(pto_open_pieces) != 0)
 
 #endif  // PTO_PERSISTENT_CUH
 
