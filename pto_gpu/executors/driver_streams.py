@@ -73,7 +73,7 @@ from ..kernel import registered
 from ..native_call import compiled_entry
 from ..profile import Profile
 from ..tasks import RINGS, Scheduler, Task
-from .instance_keys import INSTANCES, KEY_WIDTH, cuda_kernel_info, find, instance_key
+from .instance_keys import INSTANCES, KEY_WIDTH, cuda_kernel_info, find, instance_key, tables_key, takes_more
 
 CLASSES = len(WorkerType)
 _NOTED = np.zeros(0, np.int64)  # producers already in the pending table
@@ -790,11 +790,7 @@ def unlearnt(t, tasks, args, log, first, logged, seen, seen_filled, ids):
     n = 0
     for i in range(first, logged):
         task_id = log[i, 0]
-        slot = task_id & (window - 1)
-        kernel = tasks[slot].kernel
-        if args.task[slot] != task_id or kernel >= len(t.kernel_info) or not t.kernel_info[kernel].native:
-            continue
-        if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+        if not tables_key(tasks, t.kernel_info, args, window, task_id, t.key):
             continue
         if t.filled[find(t.keys, t.filled, t.key)] != 0:
             continue
@@ -815,20 +811,12 @@ def unlearnt(t, tasks, args, log, first, logged, seen, seen_filled, ids):
 def learn(t, tasks, args, task_id, function, grid, block, shared, gemm, integer):
     """Enter the launch of a logged task's instance, made the Python way, for its later tasks;
     whether the instance is learnt (here or before)."""
-    window = len(t.slots)
-    kernel = tasks[task_id & (window - 1)].kernel
-    if args.task[task_id & (window - 1)] != task_id or kernel >= len(t.kernel_info) \
-            or not t.kernel_info[kernel].native:
-        return False
-    if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+    if not tables_key(tasks, t.kernel_info, args, len(t.slots), task_id, t.key):
         return False
     found = find(t.keys, t.filled, t.key)
     if t.filled[found] != 0:
         return True
-    filled = 0
-    for i in range(len(t.filled)):
-        filled += t.filled[i] != 0
-    if 2 * filled >= len(t.filled):  # at most half full: probes stay short
+    if not takes_more(t.filled):
         return False
     for i in range(len(t.key)):
         t.keys[found, i] = t.key[i]

@@ -89,6 +89,27 @@ def instance_key(tasks, kernel_info, args, window, task_id, key):
 
 
 @njit(cache=True, _nrt=False, inline="always")
+def tables_key(tasks, kernel_info, args, window, task_id, key):
+    """Whether a task's arguments are in the run's tables `args` and its kernel's tasks are
+    issued from them (kernel_info's `native`), its instance key written to `key` (False where
+    it has none)."""
+    slot = task_id & (window - 1)
+    kernel = tasks[slot].kernel
+    if args.task[slot] != task_id or kernel >= len(kernel_info) or not kernel_info[kernel].native:
+        return False
+    return instance_key(tasks, kernel_info, args, window, task_id, key)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def takes_more(filled):
+    """Whether an instance table may take another key: at most half full, so probes stay short."""
+    count = 0
+    for i in range(len(filled)):
+        count += filled[i] != 0
+    return 2 * count < len(filled)
+
+
+@njit(cache=True, _nrt=False, inline="always")
 def find(keys, filled, key):
     """The table slot holding `key`, or the empty slot where it would go (`filled[slot]` is 0
     where a slot is empty). Only the words in use (key[1]) are hashed and compared: a matmul

@@ -31,7 +31,7 @@ from ..backends.persistent_host import NO_WORK, Shown, look_at, publish_at
 from ..core.complete import complete
 from ..core.lock import monotonic_ns
 from ..jit.context import MAX_SCALARS
-from .instance_keys import INSTANCES, KEY_WIDTH, find, instance_key
+from .instance_keys import INSTANCES, KEY_WIDTH, find, tables_key, takes_more
 
 # What a call answers, besides 0: the task needs Python (its instance), a wait (for run.wait),
 # the protocol refused it, or its slot holds a task in flight (an invariant broken).
@@ -297,10 +297,7 @@ def _from_tables(t, tasks, args, task_id):
     r = t.run[0]
     window = len(t.ticket_of)
     slot = task_id & (window - 1)
-    kernel = tasks[slot].kernel
-    if args.task[slot] != task_id or kernel >= len(t.kernel_info) or not t.kernel_info[kernel].native:
-        return NEEDS_PYTHON
-    if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+    if not tables_key(tasks, t.kernel_info, args, window, task_id, t.key):
         return NEEDS_PYTHON
     found = find(t.keys, t.filled, t.key)
     if t.filled[found] == 0:
@@ -316,7 +313,7 @@ def _from_tables(t, tasks, args, task_id):
         if 0 <= r.launched <= entry.index:
             return NEEDS_PYTHON
         task_words(t.words[r.next & (len(t.flights) - 1)], args, slot, entry.integer, t.double, t.bits)
-    return _publish(t, task_id, kernel, entry.index, entry.pieces, 0)
+    return _publish(t, task_id, tasks[slot].kernel, entry.index, entry.pieces, 0)
 
 
 @njit(cache=True, _nrt=False, nogil=True)
@@ -357,20 +354,10 @@ def submit_python(t, header, tasks, buffers, deps, args, task_id, producers):
 def learn(t, tasks, args, task_id, index, pieces, dtype, integer):
     """Enter the instance of a task whose arguments are in the tables (its index in the module,
     pieces, element type and scalars' word types), for its instance's later tasks."""
-    window = len(t.ticket_of)
-    slot = task_id & (window - 1)
-    kernel = tasks[slot].kernel
-    if args.task[slot] != task_id or kernel >= len(t.kernel_info) or not t.kernel_info[kernel].native:
-        return
-    if not instance_key(tasks, t.kernel_info, args, window, task_id, t.key):
+    if not tables_key(tasks, t.kernel_info, args, len(t.ticket_of), task_id, t.key):
         return
     found = find(t.keys, t.filled, t.key)
-    if t.filled[found] != 0:
-        return
-    filled = 0
-    for i in range(len(t.filled)):
-        filled += t.filled[i] != 0
-    if 2 * filled >= len(t.filled):  # at most half full: probes stay short
+    if t.filled[found] != 0 or not takes_more(t.filled):
         return
     for i in range(len(t.key)):
         t.keys[found, i] = t.key[i]
