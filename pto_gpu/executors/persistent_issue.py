@@ -320,8 +320,8 @@ def _from_tables(t, tasks, args, task_id):
 def publish_logged(t, header, tasks, buffers, deps, args, log, first, logged, edges):
     """Publish the logged tasks log[first:logged] in order, behind their producers in the
     carried edges and `edges` (the flush's edge log), retiring what is done on the way, until
-    one answers other than 0 (its producers stay gathered); the index of the first not
-    published (and what it answered in run.wait's NEEDS_WAIT, or the returned status's)."""
+    one answers other than 0 (its producers stay gathered): the index of the first not
+    published and what it answered (logged and 0 once all are)."""
     r = t.run[0]
     i = first
     while i < logged:
