@@ -61,12 +61,17 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
         if (found == PTO_GOT_TASK)  // in one pass: a task has fewer words than the block threads
             for (unsigned long long i = threadIdx.x; i < r.words_per_task; i += PTO_THREADS)
                 words[i] = r.words[work.slot * r.words_per_task + i];
-        if (threadIdx.x == 0) pto_piece_count.x = work.pieces;
+        if (threadIdx.x == 0) {
+            pto_piece_count.x = work.pieces;
+            pto_piece_index.x = work.first;
+        }
         __syncthreads();
         if (found != PTO_GOT_TASK) return;
         for (pto_u32 piece = work.first; piece < work.last; ++piece) {
-            if (threadIdx.x == 0) pto_piece_index.x = piece;
-            __syncthreads();
+            if (piece > work.first) {  // the next of pieces this block runs one after another
+                if (threadIdx.x == 0) pto_piece_index.x = piece;
+                __syncthreads();
+            }
             pto_run_task(kernel, words);
             __syncthreads();
         }
