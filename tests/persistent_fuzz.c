@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
      * most `fanin` producers a task; both regions laid out and set as the executor's are */
     pto_u32 words = 1;
     while (words < 4 * (pto_u32)fanin + 1) words *= 2;
-    const pto_u32 chunks = slots + (slots * (pto_u32)fanin + PTO_CHUNK - 1) / PTO_CHUNK;
+    const pto_u32 chunks = pto_pool_chunks(slots, (pto_u64)slots * (pto_u64)fanin);
     const pto_extent extent = pto_layout(&sched, slots, words, chunks, NULL, NULL);
     pto_layout(&sched, slots, words, chunks, zeroed(extent.device_bytes, 1), zeroed(extent.mapped_bytes, 1));
     pto_initial(&sched);

@@ -182,20 +182,14 @@ class CudaBackend:
         """A task's launch: its instance's template and the task's own words (in param order,
         as `launches.issue` takes them); None where its kernel's library implementation runs
         instead (`library`)."""
-        cuda = task.kernel.cuda
-        if cuda is None:
-            raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
-                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
+        _check_cuda(task)
         if self.runs_library(task.kernel):
             return None
         key, own, scalars = _split(task)
         launch = self._templates.get(key)  # a dict read is atomic under the GIL
         if launch is None:
             launch = self._template(key, task)
-        if scalars:
-            for slot, integer in zip(launch.scalar_slots, launch.integer_scalars):
-                own[slot] = scalar_bits(own[slot], integer)
-        return launch, np.array(own, np.int64)
+        return launch, _own_words(launch, own, scalars)
 
     def launch(self, function: int, blocks: int, params: tuple[int, ...], stream: int, event: int) -> None:
         """Launch `function` over `blocks` blocks of THREADS_PER_BLOCK threads, its params the
@@ -311,22 +305,16 @@ class CudaBackend:
         """A task as the persistent kernel runs it (executors/persistent.py): its kernel
         instance, always its generated code (never a library call or a cuBLAS GEMM), and the
         task's argument words."""
-        if task.kernel.cuda is None:
-            raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
-                           "@pto.kernel(..., cuda=pto.CudaCode(...))")
+        _check_cuda(task)
         key, own, scalars = _split(task)
         made = self._instances.get(key)
         if made is None:
             call = _Call.of(task)
-            code = task.kernel.cuda.code_for(call.shapes, call.dtype, call.scalars, self.tf32)
-            integer = cuda_abi.scalar_kinds(code.integer_scalars, call.scalars)
-            items = code.items(call.shapes)
+            code, items, integer = self._generated(task.kernel, call)
             launch = template(0, _grid(items), THREADS_PER_BLOCK, call.words, integer)
             made = self._instances[key] = Instance(code if items else None, call.dtype, launch)
         words = made.template.words.copy()
-        for slot, integer in zip(made.template.scalar_slots, made.template.integer_scalars):
-            own[slot] = scalar_bits(own[slot], integer)
-        words[made.template.task_words] = own
+        words[made.template.task_words] = _own_words(made.template, own, scalars)
         return made, words
 
     def _prepare(self, task) -> Template:
@@ -340,14 +328,17 @@ class CudaBackend:
             if gemm is not None:  # a product of three tensors, no scalars; else its own code runs
                 self._blas()
                 return dataclasses.replace(template(0, 1, 1, words, ()), gemm=gemm)
-        code = kernel.cuda.code_for(shapes, call.dtype, scalars, self.tf32)
-        items = code.items(shapes)
+        code, items, integer_scalars = self._generated(kernel, call)
         if items == 0:
             return NO_WORK
-        integer_scalars = cuda_abi.scalar_kinds(code.integer_scalars, scalars)
         layout = [None if t is None else (t.shape, t.dtype.numpy) for t in params]
         function = self.device.function(code, kernel, layout, scalars)
         return template(function, _grid(items), THREADS_PER_BLOCK, words, integer_scalars)
+
+    def _generated(self, kernel, call: _Call) -> tuple[CudaCode, int, tuple[bool, ...]]:
+        """The generated code of a call's instance, its work items, and each scalar's word type."""
+        code = kernel.cuda.code_for(call.shapes, call.dtype, call.scalars, self.tf32)
+        return code, code.items(call.shapes), cuda_abi.scalar_kinds(code.integer_scalars, call.scalars)
 
     def _blas(self) -> cublas.Handles:
         """The device's cuBLAS, loaded at the first GEMM, its GEMM entered in the driver's table."""
@@ -458,6 +449,20 @@ class CudaBackend:
 
 _SCALAR = ParamKind.SCALAR
 _NO_WAITS = np.zeros(0, np.int64)
+
+
+def _check_cuda(task) -> None:
+    if task.kernel.cuda is None:
+        raise PTOError(f"{task.kernel.name} has no CUDA implementation: declare it with "
+                       "@pto.kernel(..., cuda=pto.CudaCode(...))")
+
+
+def _own_words(launch: Template, own: list, scalars: list) -> np.ndarray:
+    """A task's own words (from `_split`), its scalars made words of the types `launch` says."""
+    if scalars:
+        for slot, integer in zip(launch.scalar_slots, launch.integer_scalars):
+            own[slot] = scalar_bits(own[slot], integer)
+    return np.array(own, np.int64)
 
 
 def _grid(items: int) -> int:

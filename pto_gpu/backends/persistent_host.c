@@ -1,14 +1,17 @@
 /* The host's side of the persistent scheduler (persistent_protocol.h), as C functions the
  * executor calls (persistent_host.py): the state's layout, publishing a task, closing and
- * stopping the run, and the acquire loads of the words the blocks show it. persistent_host.py builds it
- * with the protocol's text pasted above, so the two are one translation unit and one hash. */
+ * stopping the run, and the acquire loads of the words the blocks show it. persistent_host.py
+ * builds it with the protocol's text pasted above, so the two are one translation unit and one
+ * hash. */
 
 unsigned long long pto_persistent_sched_bytes(void) { return sizeof(pto_sched); }
 
-/* Lay out a scheduler in the two regions (pto_layout); bytes[0], bytes[1]: their sizes. */
-void pto_persistent_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32 chunks, char *device, char *mapped,
+/* Lay out a scheduler in the two regions (pto_layout); bytes[0], bytes[1]: their sizes. The
+ * executor keeps the producers the last `slots` tasks name within the ring of `words`: the
+ * successor pool is sized by that bound. */
+void pto_persistent_layout(pto_sched *s, pto_u32 slots, pto_u32 words, char *device, char *mapped,
                            pto_u64 bytes[2]) {
-    const pto_extent extent = pto_layout(s, slots, words, chunks, device, mapped);
+    const pto_extent extent = pto_layout(s, slots, words, pto_pool_chunks(slots, words), device, mapped);
     bytes[0] = extent.device_bytes;
     bytes[1] = extent.mapped_bytes;
 }

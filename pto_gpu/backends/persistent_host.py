@@ -31,7 +31,6 @@ from . import emulator
 
 PROTOCOL = emulator.SOURCE.with_name("persistent_protocol.h")
 HOST = emulator.SOURCE.with_name("persistent_host.c")
-CHUNK = 14  # successors a chunk of a successor list holds: PTO_CHUNK
 NO_WORK = 0xFFFFFFFF  # the instance of a task with no work items: it completes unrun
 
 
@@ -75,10 +74,6 @@ class Sizes(NamedTuple):
     words_per_task: int  # argument words a task's record holds
     blocks: int  # of the kernel
     board: int  # entries of its board of tasks whose pieces blocks share
-
-    @property
-    def chunks(self) -> int:  # the successor pool, by the protocol's bound
-        return self.slots + -(-self.words // CHUNK)
 
 
 # What numba code calls (executors/persistent_issue.py): the host's pto_sched, and the
@@ -131,9 +126,8 @@ def library() -> ctypes.CDLL:
         u32, u64, pointer = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
         for name, result, arguments in (
                 ("pto_persistent_sched_bytes", u64, ()),
-                ("pto_persistent_layout", None, (pointer, u32, u32, u32, pointer, pointer, pointer)),
+                ("pto_persistent_layout", None, (pointer, u32, u32, pointer, pointer, pointer)),
                 ("pto_persistent_initial", None, (pointer,)),
-                ("pto_persistent_publish", ctypes.c_int, (pointer, u64, pointer, pointer, u32)),
                 ("pto_persistent_close", None, (pointer,)),
                 ("pto_persistent_stop", None, (pointer, u32)),
                 ("pto_persistent_done", u64, (pointer, u32)),
@@ -158,7 +152,7 @@ class State:
         def laid_out(device: int | None, mapped: int | None) -> ctypes.Array:
             """A pto_sched over regions at these addresses (None: sizes only, in `extent`)."""
             sched = ctypes.create_string_buffer(record)
-            lib.pto_persistent_layout(sched, sizes.slots, sizes.words, sizes.chunks, device, mapped, extent)
+            lib.pto_persistent_layout(sched, sizes.slots, sizes.words, device, mapped, extent)
             return sched
 
         laid_out(None, None)

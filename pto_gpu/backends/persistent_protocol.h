@@ -523,6 +523,12 @@ typedef struct {
     pto_u64 device_bytes, mapped_bytes;
 } pto_extent;
 
+/* The successor pool the header's bound asks for: where any `slots` consecutive tasks name at
+ * most `named` producers in all, slots + ceil(named / PTO_CHUNK) chunks. */
+PTO_FN pto_u32 pto_pool_chunks(pto_u32 slots, pto_u64 named) {
+    return slots + (pto_u32)((named + PTO_CHUNK - 1) / PTO_CHUNK);
+}
+
 PTO_FN void *pto_carve(char *base, pto_u64 *used, pto_u64 count, pto_u64 size) {
     void *at = (void *)((uintptr_t)base + *used);
     *used += (count * size + 63) / 64 * 64;

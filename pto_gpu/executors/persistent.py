@@ -92,9 +92,7 @@ class PersistentExecutor:
     takes_edges = True
 
     def __init__(self, scheduler: Scheduler, backend, profile: Profile):
-        if not hasattr(backend, "instance"):
-            raise PTOError(f'executor="persistent" runs tasks in a CUDA kernel: it needs backend="cuda" or '
-                           f'"cuda-emulated", not {backend.name!r}')
+        """On a CUDA backend (Runtime refuses the executor on the CPU's)."""
         self._scheduler = scheduler
         self._backend = backend
         self._device = backend.device

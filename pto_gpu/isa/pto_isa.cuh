@@ -32,8 +32,8 @@
 // threadIdx and blockIdx are plain globals that the runner sets on every switch; __shared__
 // arrays are function statics (one block runs at a time); pto_host_launch runs the blocks of a
 // grid one after another and one grid at a time in the process (a build with PTO_HOST_THREADS
-// runs them side by side, each on a thread, all of these per thread: see pto_host_launch). The fibers' stacks are mapped
-// once per process and reused: PTO_HOST_STACK bytes each (64 KiB; the generated kernels use
+// runs them side by side, each on a thread, all of these per thread: see pto_host_launch). The
+// fibers' stacks are mapped once per process and reused: PTO_HOST_STACK bytes each (64 KiB; the generated kernels use
 // about 1 KiB), each above a PROT_NONE guard page, so that an overflow faults rather than
 // corrupts memory. On x86-64 ELF a fiber switch is the few instructions below; elsewhere, or
 // with -DPTO_HOST_UCONTEXT, it is POSIX swapcontext (a system call per switch: a launch takes
