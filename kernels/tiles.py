@@ -85,25 +85,33 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     return f
 
 
+# The narrowest chunk of k worth two buffers: a chunk is a barrier's worth of products (CUTLASS's
+# float16 tiles on sm_80 take 32 of k a stage).
+PIPELINED_K = 32
+
+
 def _chunk(dtype: DataType, m: int, k: int, n: int, b_transposed: bool, local_memory: int,
            result_in_registers: bool) -> int:
     """The chunk of k a CUDA product takes at a time. On tensor cores (float16, bfloat16) the
     result is in shared memory as float (unless it is in registers) and the chunks of the
     operands as T in padded rows (cuda_codegen's packed tiles; a transposed b is read from its
-    load, n x kc): the widest chunk of whole steps of the instruction's k that fits beside the
-    result (else the product runs on FMA, and the chunk is as there: b's kc x n, as float64,
-    fills the budget)."""
+    load, n x kc): all of k where that fits beside the result, else the widest chunk of whole
+    steps of the instruction's k whose operands fit twice (a chunk's copies then run while the
+    chunk before is multiplied: cuda_codegen's prefetched loads) if one of PIPELINED_K or more
+    does, else the widest that fits once (else the product runs on FMA, and the chunk is as
+    there: b's kc x n, as float64, fills the budget)."""
     if dtype in TENSOR_CORE_DTYPES:
         size = dtype.numpy.itemsize
         result = 0 if result_in_registers else TENSOR_CORE_BYTES * m * n
 
-        def need(kc: int) -> int:
+        def need(kc: int, buffers: int = 1) -> int:
             right = size * n * packed_pitch(kc) if b_transposed else size * kc * packed_pitch(n)
-            return result + size * m * packed_pitch(kc) + right
+            return result + buffers * (size * m * packed_pitch(kc) + right)
 
         if need(k) <= local_memory:
             return k
-        fitting = [kc for kc in range(MMA_K, k, MMA_K) if need(kc) <= local_memory]
+        pipelined = [kc for kc in range(PIPELINED_K, k, MMA_K) if need(kc, 2) <= local_memory]
+        fitting = pipelined or [kc for kc in range(MMA_K, k, MMA_K) if need(kc) <= local_memory]
         if fitting:
             return fitting[-1]
     whole = 2 if b_transposed else 1  # tiles of kc x n read whole: b's, and its transpose's source
@@ -172,7 +180,7 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
     band's rows (TENSOR_BAND: the families split m) in registers, at most half a lane's
     accumulators (REGISTER_ACCUMULATORS // 2), which leaves registers for the loads in flight:
     for the LLaMA MLP's matmul_acc (64 x 11008 in column blocks) a 64 x 256 block took 254
-    registers a thread when it was allowed, 64 x 128 takes 181 (bench/test_gpu_code.py -k ptxas)."""
+    registers a thread when it was allowed, 64 x 128 takes 160 (bench/test_gpu_code.py -k ptxas)."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
         cols = min(n, COLUMN_BLOCK)
         while cols > WARP and accumulator_floats(m, cols) > REGISTER_ACCUMULATORS // 2:

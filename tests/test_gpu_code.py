@@ -68,6 +68,16 @@ def test_16_bit_products_run_on_tensor_cores(kernel, shapes, scalars, dtype, arc
     assert "mma." not in isa.gpu_code(kernel, shapes, np.float32, scalars, arch=arch)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_a_products_chunks_of_k_copy_an_iteration_ahead(arch):
+    """A 16-bit product summed over chunks of k copies each next chunk's operands while this
+    one's are multiplied: cp.async into shared memory, one commit group an iteration, each
+    iteration waiting for all but the newest."""
+    ptx = isa.gpu_code(matmul, [(64, 1024), (1024, 128), (64, 128)], np.float16, arch=arch)
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.commit_group" in ptx
+    assert "cp.async.wait_group 1" in ptx
+
+
 def test_16_bit_kernels_build_for_older_gpus_unless_they_need_tensor_cores():
     """sm_75 has no mma.sync.m16n8k16: a float16 kernel without products builds for it, one
     with a product is refused by the compiler with the reason."""

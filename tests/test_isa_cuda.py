@@ -723,7 +723,9 @@ def _assert_chunked(out, a, b, acc, chunk, start, scale=1.0):
     (48, 96, 96, 32, None),  # 9 units of 16 x 32: two turns for warp 0
     (20, 37, 27, 16, None),  # tails: m, n not whole units, the last chunk 5 of k (odd: no pairs)
     (32, 64, 40, 32, 64),  # the loop runs no iteration: the accumulators go out as they came in
-], ids=["turns", "tails", "no-iteration"])
+    (80, 96, 64, 16, None),  # 10 units of 16 x 32, warp w's of columns 32 (w % 2): b's fragments shared
+    (72, 37, 60, 16, None),  # the same in tails
+], ids=["turns", "tails", "no-iteration", "turns-sharing-b", "turns-sharing-b-tails"])
 def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, n, chunk, start, tmp_path):
     """Across the FOR the result's accumulators stay in each warp's registers (read from shared
     memory before it, written after it); the operands are in shared memory as float16, in rows
@@ -740,10 +742,77 @@ def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, 
     source = code.source.read_text()
     loop = source.split("for (long long i_kk")[1].split("accumulators from registers")[0]
     assert "its products' accumulators in registers" in source and "t_c[r][c]" not in loop
-    assert f"PTO_SHARED_PACKED(T, t_ta, [{m}][{packed_pitch(chunk)}], " in source
-    assert f"PTO_SHARED_PACKED(T, t_tb, [{chunk}][{packed_pitch(n)}], " in source
+    # in two buffers where those fit beside the float tiles (test_loads_copy_an_iteration_ahead...)
+    doubled = "pto_buf_t_ta" in source
+    a_tile, b_tile = ("pto_buf_t_ta, [2]", "pto_buf_t_tb, [2]") if doubled else ("t_ta, ", "t_tb, ")
+    assert f"PTO_SHARED_PACKED(T, {a_tile}[{m}][{packed_pitch(chunk)}], " in source
+    assert f"PTO_SHARED_PACKED(T, {b_tile}[{chunk}][{packed_pitch(n)}], " in source
     assert "pto_ldmatrix(fa" in loop and "pto_ldmatrix_trans(&fb" in loop
+    # a warp's turns, where they are of the same columns, take b's fragments once a step of k
+    shares = m > 64 and n <= 64
+    assert ("const long long c0 = 32 * (pto_warp % 2);" in loop) == shares
     _assert_chunked(out, a, b, acc, chunk, chunk if start is None else start)
+
+
+def _moving_by_a_scalar(f):
+    """A FOR whose b window moves by a scalar its body changes, a's by the loop variable."""
+    f.memref("a", F16, (32, 64)).memref("b", F16, (64, 32)).memref("out", F16, (32, 32))
+    f.scalar_var("row", INT).tile("ta", 32, 16, F16).tile("tb", 16, 32, F16).tile("c", 32, 32, F16)
+    f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb")
+    f.for_loop("kk", 16, 64, 16).scalar_add("row", "kk", 0)
+    f.load("ta", "a", 0, "kk").load("tb", "b", "row", 0).matmul_acc("c", "ta", "tb").end_for()
+    f.store("out", "c")
+
+
+def _transpose_of_the_iteration_before(f):
+    """A FOR whose product reads, in place, the transpose of b's chunk loaded in the iteration
+    before (a loop pipelined by hand): b's load is not the first to touch its tile."""
+    f.memref("a", F16, (32, 64)).memref("b", F16, (32, 64)).memref("out", F16, (32, 32))
+    f.tile("ta", 32, 16, F16).tile("tbt", 32, 16, F16).tile("tb", 16, 32, F16).tile("c", 32, 32, F16)
+    f.load("ta", "a").load("tbt", "b").trans("tb", "tbt").matmul("c", "ta", "tb")
+    f.for_loop("kk", 16, 64, 16).load("ta", "a", 0, "kk").matmul_acc("c", "ta", "tb")
+    f.load("tbt", "b", 0, "kk").trans("tb", "tbt").end_for()
+    f.store("out", "c")
+
+
+HAND_WRITTEN = {"moving by a scalar": (_moving_by_a_scalar, (64, 32)),
+                "transpose read before": (_transpose_of_the_iteration_before, (32, 64))}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("case, ahead", [
+    ("fits", {"t_ta", "t_tb"}),  # beside a 20 x 27 result in registers and one in shared memory
+    ("no room", set()),  # 48 x 96 x 32: the second buffers would pass SHARED_LIMIT
+    ("returns", set()),  # a RETURN may leave the loop with copies in flight
+    ("moving by a scalar", {"t_ta"}),  # b's next window is not known an iteration before
+    ("transpose read before", {"t_ta"}),  # b's tile is read (transposed) before its load
+])
+def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, tmp_path):
+    """A FOR's TLOADs into packed operands copy the next iteration's window at the top of this
+    one (cp.async into the tile's other buffer) where the loop, the window and shared memory
+    allow, and the results are the same: the host build lands each thread's copies at once and at
+    its wait in turn, so a copy read before its wait, or one into a buffer still read, is wrong."""
+    if case in HAND_WRITTEN:
+        build, b_shape = HAND_WRITTEN[case]
+        module, scalars = _tensor_core_module(build), ()
+        rng = np.random.default_rng(5)
+        arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((32, 64), b_shape)]
+        arrays.append(np.zeros((32, 32), np.float16))
+    else:
+        m, k, n, chunk = (48, 96, 96, 32) if case == "no room" else (20, 37, 27, 16)
+        module = _chunked_product(m, k, n, chunk, returns=case == "returns")
+        rng = np.random.default_rng(6)
+        arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((m, k), (k, n), (m, n))]
+        arrays.append(np.full((m, n), np.nan, np.float16))
+        scalars = (k,)
+    expected = [x.copy() for x in arrays]
+    interpret.run(module, "k", *expected, *scalars)
+    source = _run_host(module, arrays, np.float16, tmp_path, scalars)
+    copied = set(re.findall(r"pto_copy8_async\(&pto_next_(\w+)\[", source))
+    assert copied == ahead
+    assert all(f"PTO_SHARED_PACKED(T, pto_buf_{tile}, [2]" in source for tile in ahead)
+    for have, want in zip(arrays, expected):  # small integers: exact
+        np.testing.assert_array_equal(have, want)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
@@ -763,7 +832,10 @@ def test_packed_operands_load_8_elements_at_a_time_only_where_their_rows_allow(l
     acc, out = rng.uniform(-1, 1, (m, n)).astype(np.float16), np.full((m, n), np.nan, np.float16)
     code = cuda_code(_chunked_product(m, k, n, chunk), "k", tmp_path)
     host_cuda.call(host_cuda.build(code, np.float16, tmp_path), "k", code, [a, b, acc, out], (k,))
-    assert code.source.read_text().count("pto_copy8(&t_t") == 4  # a and b, before the loop and in it
+    source = code.source.read_text()
+    # a and b: before the loop; in it, copied an iteration ahead, the first before it
+    assert source.count("pto_copy8(&t_t") == 2 and source.count("pto_copy8_async(&t_t") == 2
+    assert source.count("pto_copy8_async(&pto_next_t_t") == 2
     _assert_chunked(out, a, b, acc, chunk, chunk)
 
 

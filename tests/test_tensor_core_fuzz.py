@@ -17,6 +17,7 @@ interpreter (which rounds every instruction) must agree exactly, not within a to
 """
 
 import random
+import re
 import shutil
 
 import host_cuda
@@ -35,7 +36,7 @@ PROGRAMS = 64
 
 def _program(module: Module, name: str, rng: random.Random) -> dict:
     """A random program @name in `module`; what calling it needs (shapes, views, scalars)."""
-    m, n = rng.choice([16, 20, 32, 48]), rng.choice([8, 16, 24, 40, 64])
+    m, n = rng.choice([16, 20, 32, 48, 80]), rng.choice([8, 16, 24, 40, 64])
     k, chunk = rng.choice([16, 24, 37, 48]), rng.choice([8, 16, 32])
     chunk = min(chunk, k)
     transposed = rng.random() < 0.4  # b loaded as its transpose (n x k), then TTRANS
@@ -143,13 +144,52 @@ def programs(tmp_path_factory):
 def test_the_programs_take_every_layout_the_generator_has(programs):
     """The sample is worth its time: between them the programs have packed operands read by
     ldmatrix and loaded 16 bytes at a time, a transpose read in place, results in registers
-    throughout and across a loop only, and results in shared memory."""
+    throughout and across a loop only, results in shared memory, a loop's loads copied an
+    iteration ahead (b's and its transpose's source) and not (a's where a is rewritten), and a
+    warp's turns sharing b's fragments."""
     _, _, codes, _ = programs
     sources = "".join(code.source.read_text() for code in codes.values())
     for feature in ("pto_ldmatrix(fa", "pto_ldmatrix_trans(", "pto_copy8(", "read as t_tbt, transposed",
                     "float pto_frag_t_c[", "its products' accumulators in registers",
-                    "PTO_SHARED(ACC, t_c, ["):
+                    "PTO_SHARED(ACC, t_c, [", "pto_copy8_async(&pto_next_t_tb[",
+                    "pto_copy8_async(&pto_next_t_tbt[", "TLOAD %ta, %a, 0, %kk\n",
+                    "const long long c0 = 32 * (pto_warp % 2);"):
         assert feature in sources, feature
+
+
+# Copies an iteration ahead done wrong, as the generated code would have them: the wait for an
+# iteration's copies after its products rather than before, or no barrier between a buffer's
+# last products and the copies into it that follow. The host build lands a thread's copies at
+# once and at its wait in turn, so each gives some program a wrong result.
+MUTANTS = {
+    "the wait after the products": [
+        (r"\n\s*pto_async_wait_one\(\);[^\n]*", ""),
+        (r"(\n\s*)(if \(pto_ahead_\w+\) \{\n\s*\{  // \w+'s buffers swap)", r"\1pto_async_wait_one();\1\2")],
+    "no barrier before a swap": [
+        (r"__syncthreads\(\);\n(\s*if \(pto_ahead_\w+\) \{\n\s*\{  // \w+'s buffers swap)", r"\1")],
+}
+MUTATED = 16  # programs a mutant's library holds
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_the_host_build_catches_copies_ahead_out_of_order(programs, tmp_path, mutant):
+    module, cases, codes, _ = programs
+    names = [f"p{i}" for i in range(MUTATED)]
+    source = "".join(codes[name].source.read_text() for name in names)
+    for pattern, replacement in MUTANTS[mutant]:
+        source, count = re.subn(pattern, replacement, source)
+        assert count > 0, pattern
+    (tmp_path / "mutant.cpp").write_text(source)
+    library = host_cuda.compile_source(tmp_path / "mutant.cpp", np.float16, tmp_path / "mutant.so")
+    wrong = []
+    for index, name in enumerate(names):
+        expected = _inputs(cases[name], index)
+        got = [a.copy() for a in expected]
+        interpret.run(module, name, *expected, cases[name]["flag"])
+        host_cuda.call(library, name, codes[name], got, (cases[name]["flag"],))
+        if any(not np.array_equal(have, want) for have, want in zip(got, expected)):
+            wrong.append(name)
+    assert wrong, f"{mutant}: every program still equals the interpreter"
 
 
 @pytest.mark.parametrize("index", range(PROGRAMS))

@@ -47,9 +47,12 @@ result of 16 rows x 32 columns, summing over k in steps of 16 with the accumulat
 registers. An operand only loaded and only read by such products is packed
 (_Generator._packed): kept as the element type in padded rows, its fragments read by
 ldmatrix. A product accumulated over a loop keeps its accumulators in registers across it
-(_Context.accumulated). In a kernel of float32 memrefs whose function says `tf32`, its float32
-products are the same units of mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32,
-pto_tf32), in steps of 8.
+(_Context.accumulated), and the loop's loads of its packed operands copy the next iteration's
+chunk while this one's is multiplied (cp.async into a second buffer: _Context.early_loads,
+_Generator._prefetched, _Generator._emit_prefetching). A warp whose units are all of the same
+columns loads b's fragments once a step of k for all of them (_Units.each_step). In a kernel of
+float32 memrefs whose function says `tf32`, its float32 products are the same units of
+mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps of 8.
 Where the shared memory that takes is over the limit, every product of the kernel is FMA
 instead (_generator). Other float32 products, and float64 ones, stay FMA, exact.
 
@@ -327,6 +330,7 @@ class _Generator:
         # tile -> its TLOADs a TTRANS of it follows at once
         self.loads_transposed: collections.Counter[str] = collections.Counter()
         self.activations = 0
+        self.prefetches: list[_Prefetch] = []  # TLOADs a FOR's earlier iteration may start (_Context.loop)
         self.params = [s for s in function.scalars if s.param]
         self.split_param, self.split_rows = self._split(function, split)
         self.directions = directions(function, module)
@@ -349,6 +353,8 @@ class _Generator:
         # a row's factor is read by the lanes that hold the row's elements in the units layout
         self.whole |= {b for tile in self.fragments for b in self.row_factors.get(tile, ())}
         self.packed = self._packed()
+        self.doubled: set[str] = set()  # tiles in two buffers: one read, one being copied into
+        self.prefetched = self._prefetched()
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
             raise ISAError(f"@{name}: its rows cannot be split over blocks: it is in the row layout, whose "
@@ -460,6 +466,24 @@ class _Generator:
                 if self.tiles[tile].dtype in TENSOR_CORE_DTYPES and self.reads.get(tile) and operand(tile)
                 and self.writes.get(tile) and all(kind == "load" for kind, _ in self.writes[tile])}
 
+    def _prefetched(self) -> set[_Prefetch]:
+        """The TLOADs whose copy for a FOR's next iteration starts at the top of this one
+        (cp.async into the tile's other buffer, _Generator._emit_prefetching), so the copy runs
+        while this iteration's products do: each into a packed tile (read only by products,
+        whose barriers fence the buffers) from a memref the kernel never stores (so the copy
+        may run early), in the loops' order while the second buffers fit SHARED_LIMIT as the
+        tiles are laid out (shared_offsets: a packed tile's bytes are a multiple of 16)."""
+        chosen, room = set(), SHARED_LIMIT - self.shared_offsets()[1]
+        for prefetch in self.prefetches:
+            if prefetch.tile not in self.packed or prefetch.param in self.stored:
+                continue
+            extra = 0 if prefetch.tile in self.doubled else self.tile_bytes(prefetch.tile)
+            if extra <= room:
+                room -= extra
+                self.doubled.add(prefetch.tile)
+                chosen.add(prefetch)
+        return chosen
+
     def _hazards(self) -> set[str]:
         """Memrefs written where an element one thread writes may be one another thread
         accesses (at an offset that moves, or a window that overlaps another differently)."""
@@ -498,8 +522,9 @@ class _Generator:
         return packed_pitch(cols) if tile in self.packed else cols
 
     def tile_bytes(self, tile: str) -> int:
-        """The shared memory tile `tile` takes, read whole."""
-        return self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile)
+        """The shared memory tile `tile` takes, read whole (both buffers of one prefetched)."""
+        buffers = 2 if tile in self.doubled else 1
+        return buffers * self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile)
 
     def shared_bytes(self) -> int:
         return sum(map(self.tile_bytes, self.whole))
@@ -581,7 +606,11 @@ class _Generator:
                 # a packed tile's rows are read 16 bytes at a time (ldmatrix)
                 declare, ctype = ("PTO_SHARED_PACKED", "T") if tile in self.packed else ("PTO_SHARED",
                                                                                         self.ctype(tile))
-                out.add(f"{declare}({ctype}, {tile}, {shape}, {offsets[tile]});")
+                if tile in self.doubled:  # the tile is the buffer read now, the other is copied into
+                    out.add(f"{declare}({ctype}, pto_buf_{tile}, [2]{shape}, {offsets[tile]});")
+                    out.add(f"{ctype} (*{tile})[{self.pitch(tile)}] = pto_buf_{tile}[0];")
+                else:
+                    out.add(f"{declare}({ctype}, {tile}, {shape}, {offsets[tile]});")
             if self.split_param is None:
                 out.add("for (long long pto_b = blockIdx.x; pto_b < pto_batch; pto_b += gridDim.x) {"
                         "  // a block")
@@ -683,6 +712,9 @@ class _Generator:
             self._emit_body(out, statement.body, statement.returns, statement.label)
             out.indent -= 1
             out.add("}")
+        elif isinstance(statement, _Loop) and statement.ahead and \
+                (early := [load for load in statement.ahead.loads if load in self.prefetched]):
+            self._emit_prefetching(out, statement, early)
         elif isinstance(statement, _Loop):
             out.add(statement.head + " {")
             out.indent += 1
@@ -704,6 +736,56 @@ class _Generator:
             out.extend(statement.lines(self))
             if barrier:
                 out.barrier()
+
+
+    def _emit_prefetching(self, out: _Lines, loop: _Loop, early: list[_Prefetch]) -> None:
+        """A FOR whose `early` loads copy an iteration ahead: the first iteration's before the
+        loop, each next one's at the top of the one before, into the tile's other buffer, one
+        commit group an iteration (empty in the last); an iteration waits for its own group,
+        and the buffers swap at its end. The load's place in the body keeps its valid region,
+        and the products' barriers order the buffers: the copy into a buffer starts after the
+        products of the iteration before the last have read it, and it lands before any
+        product of its own iteration reads it."""
+        ahead = loop.ahead
+        out.add(f"{{  // {', '.join(load.tile for load in early)} loaded an iteration ahead (cp.async)")
+        out.indent += 1
+        for load in early:
+            pitch = self.pitch(load.tile)
+            out.add(f"T (*pto_next_{load.tile})[{pitch}] = {load.tile} == pto_buf_{load.tile}[0] ? "
+                    f"pto_buf_{load.tile}[1] : pto_buf_{load.tile}[0];")
+        out.add("{  // the first iteration's, into the buffers it reads")
+        out.add(f"    const long long {ahead.next} = {ahead.start};")
+        out.add(f"    if ({ahead.runs}) {{")
+        for load in early:
+            out.extend(_indent(load.copy(self, load.tile), 2))
+        out.add("    }")
+        out.add("}")
+        out.add("pto_async_commit();")
+        out.add(loop.head + " {")
+        out.indent += 1
+        more = f"pto_ahead_{ahead.var}"
+        out.add(f"const long long {ahead.next} = {ahead.advanced};")
+        out.add(f"const bool {more} = {ahead.runs};")
+        out.add(f"if ({more}) {{  // the next iteration's, into the other buffers")
+        for load in early:
+            out.extend(_indent(load.copy(self, f"pto_next_{load.tile}")))
+        out.add("}")
+        out.add("pto_async_commit();")
+        out.add("pto_async_wait_one();  // this thread's copies for this iteration have landed")
+        for inner in loop.body:
+            self._emit(out, inner)
+        out.add(f"if ({more}) {{")
+        for load in early:
+            out.add(f"    {{  // {load.tile}'s buffers swap")
+            out.add(f"        T (*pto_read)[{self.pitch(load.tile)}] = {load.tile};")
+            out.add(f"        {load.tile} = pto_next_{load.tile};")
+            out.add(f"        pto_next_{load.tile} = pto_read;")
+            out.add("    }")
+        out.add("}")
+        out.indent -= 1
+        out.add("}")
+        out.indent -= 1
+        out.add("}")
 
 
 class _Lines:
@@ -728,11 +810,37 @@ class _Lines:
 
 @dataclasses.dataclass
 class _Loop:
-    """A FOR or IF: its C head and bodies."""
+    """A FOR or IF: its C head and bodies; a FOR whose loads may copy an iteration ahead, how."""
 
     head: str
     body: list
     orelse: list | None = None
+    ahead: _Ahead | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class _Prefetch:
+    """A TLOAD of a FOR's own body whose copy for the next iteration may start in this one
+    (_Context.early_loads): its tile, its memref's parameter, and `copy(generator, buffer)`, the
+    lines copying its window at the FOR's next value (_Ahead.next) into `buffer` (C: rows of T)."""
+
+    tile: str
+    param: str
+    copy: Callable[[_Generator, str], list[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """A FOR's variable, its first value, its next value (`advanced`, as C) and the test that the
+    loop runs at `next` (C, the name the prefetches' copies read the variable by), and its
+    TLOADs that may copy an iteration ahead (_Generator._emit_prefetching)."""
+
+    var: str
+    next: str
+    start: str
+    advanced: str
+    runs: str
+    loads: tuple[_Prefetch, ...]
 
 
 @dataclasses.dataclass
@@ -774,6 +882,9 @@ def _literal(value: int | float) -> str:
     return repr(float(value))
 
 
+_SCALAR_FORMS = (Form.SCALAR, Form.COMPARE, Form.DIM)  # instructions that write a scalar
+
+
 class _Context:
     """Turns one activation's statements into the generator's tree, with C names."""
 
@@ -785,6 +896,10 @@ class _Context:
         self.symbols: dict[str, str] = {}  # loop variable -> the symbol of its (innermost current) loop
         # tile -> the registers its accumulators are in, inside a loop that keeps them there
         self.registers: dict[str, str] = {}
+        # a TLOAD (by id) that may copy an iteration ahead -> (its FOR's variable, the C name of
+        # the FOR's next value); then its _Prefetch, once made (early_loads, _transfer)
+        self.early: dict[int, tuple[str, str]] = {}
+        self.prefetches: dict[int, _Prefetch] = {}
 
     def fail(self, where: str, message: str) -> ISAError:
         return ISAError(f"@{self.function.name}: {where}: {message}")
@@ -859,7 +974,16 @@ class _Context:
             condition = f"({step} > 0 ? {var} < {stop} : {var} > {stop})"
         kept = self.accumulated(loop)
         self.registers.update((tile, f"pto_acc_{tile}") for tile in kept)
-        built = _Loop(f"for (long long {var} = {start}; {condition}; {var} += {step})", self.block(loop.body))
+        following = f"pto_next_{var}"
+        early = self.early_loads(loop)
+        self.early.update((id(load), (loop.var, following)) for load in early)
+        body = self.block(loop.body)
+        loads = tuple(self.prefetches.pop(id(load)) for load in early if id(load) in self.prefetches)
+        ahead = None
+        if loads:
+            runs = f"{following} {'<' if loop.step > 0 else '>'} {stop}"
+            ahead = _Ahead(var, following, start, f"{var} + {step}", runs, loads)
+        built = _Loop(f"for (long long {var} = {start}; {condition}; {var} += {step})", body, ahead=ahead)
         if not kept:
             return built
         for tile in kept:
@@ -875,6 +999,45 @@ class _Context:
 
         return _Inlined(f"FOR %{loop.var}, its products' accumulators in registers",
                         [*(declared(tile) for tile in kept), *moved(True), built, *moved(False)], False, "")
+
+    def early_loads(self, loop: For) -> list[Op]:
+        """The TLOADs of `loop`'s own body whose copy for the next iteration may start in this
+        one: in a tensor-core kernel, a loop of a constant step to a stop its body does not
+        change, which no RETURN leaves; each load the only one of its tile in the loop and the
+        first statement of the body to touch the tile (a TTRANS's source and result count as
+        one: a product may read the result in place, _Generator._transposed), its window
+        moving only with the loop's variable (its other offsets constants, parameters or
+        scalars the body does not change). Whether one does is the layout's to say
+        (_Generator._prefetched)."""
+        statements = list(walk(loop.body))
+        if not self.g.tensor_cores or not isinstance(loop.step, int) or \
+                any(isinstance(s, Return) for s in statements):
+            return []
+        changed = {s.var for s in statements if isinstance(s, For)} | \
+            {s.dst for s in statements if isinstance(s, Op) and OPCODES[s.opcode].form in _SCALAR_FORMS}
+        if isinstance(loop.stop, str) and loop.stop in changed:
+            return []
+        loads = collections.Counter(s.dst for s in statements
+                                    if isinstance(s, Op) and OPCODES[s.opcode].form is Form.LOAD)
+        transposes = [(s.dst, s.srcs[0]) for s in statements
+                      if isinstance(s, Op) and OPCODES[s.opcode].form is Form.TRANSPOSE]
+        aliases = {name: {name} for pair in transposes for name in pair}
+        for result, source in transposes:
+            aliases[result].add(source)
+            aliases[source].add(result)
+        early, touched = [], set()
+        for statement in loop.body:
+            if isinstance(statement, Op) and OPCODES[statement.opcode].form is Form.LOAD and \
+                    loads[statement.dst] == 1 and statement.dst not in touched and \
+                    all(not isinstance(v, str) or v == loop.var or v not in changed
+                        for v in statement.srcs[1:3]):
+                early.append(statement)
+            for inner in walk((statement,)):
+                if isinstance(inner, Op):
+                    for name in (inner.dst, *inner.srcs):
+                        if isinstance(name, str):
+                            touched |= aliases.get(name, {name})
+        return early
 
     def accumulated(self, loop: For) -> list[str]:
         """The tiles (C names) whose accumulators stay in registers across `loop`: each the
@@ -939,7 +1102,7 @@ class _Context:
     def op(self, op: Op):
         spec = OPCODES[op.opcode]
         where = describe(op)
-        if spec.form in (Form.SCALAR, Form.COMPARE, Form.DIM):
+        if spec.form in _SCALAR_FORMS:
             return self.scalar_op(op, spec, where)
         self.note_uses(op, spec)
         rule = _TILE_RULES[spec.form]
@@ -1217,10 +1380,32 @@ class _Units:
                 f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
                 "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
                 f"    if (pto_u >= {self.count}) break;",
-                f"    const long long r0 = 16 * (pto_u / {self.slices}), "
+                f"    [[maybe_unused]] const long long r0 = 16 * (pto_u / {self.slices}), "
                 f"c0 = {8 * self.blocks} * (pto_u % {self.slices});",
                 "    [[maybe_unused]] const long long g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
                 *_indent(body), "}"]
+
+    @property
+    def shares_columns(self) -> bool:
+        """Whether a warp takes more than one unit, all of the same columns (PTO_WARPS a multiple
+        of the slices): its turns may share b's fragments (each_step)."""
+        return self.turns > 1 and WARPS % self.slices == 0
+
+    def each_step(self, step: int, shared: list[str], body: list[str]) -> list[str]:
+        """For each step of k from k0 (< kn), `shared` (the fragments of b, c0 the columns of all
+        this warp's units: shares_columns), then `body` for each unit this warp takes, unrolled
+        (pto_ui its turn, r0 its first row): b's fragments loaded once a step for every turn, and
+        each turn's products of the step beside the others' (the turns' accumulators are not one
+        chain). Each unit still sums its steps in order: the same bits as a turn at a time."""
+        return [f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{",
+                f"    const long long c0 = {8 * self.blocks} * (pto_warp % {self.slices});",
+                "    [[maybe_unused]] const long long g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
+                *_indent(shared), "    PTO_UNROLL",
+                f"    for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
+                "        const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
+                f"        if (pto_u >= {self.count}) break;",
+                f"        const long long r0 = 16 * (pto_u / {self.slices});",
+                *_indent(body, 2), "    }", "}"]
 
     def moved(self, statement: str) -> list[str]:
         """`statement` for each accumulator acc[n][e] of the unit and its element (r, c) of the
@@ -1266,16 +1451,20 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
 
     def lines(g: _Generator) -> list[str]:
-        step, product, loads = _fragment_loads(g, a, b, units.blocks)
-        k_loop = [f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{", *_indent(loads), "    PTO_UNROLL",
-                  f"    for (int n = 0; n < {units.blocks}; ++n) {product}(acc[n], fa, &fb[2 * n], acc[n]);",
+        step, product, a_loads, b_loads = _fragment_loads(g, a, b, units.blocks)
+        products = ["PTO_UNROLL",
+                    f"for (int n = 0; n < {units.blocks}; ++n) {product}(acc[n], fa, &fb[2 * n], acc[n]);"]
+        k_loop = [f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{", *_indent(a_loads + b_loads + products),
                   "}"]
-        if dst in g.fragments:
-            zero = [] if spec.accumulate else ["PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) "
-                                               "acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;"]
-            body = units.each([units.bound(f"pto_frag_{dst}"), *zero, *k_loop], unrolled=True)
-        elif looped is not None:
-            body = units.each([units.bound(looped), *k_loop], unrolled=True)
+        registers = f"pto_frag_{dst}" if dst in g.fragments else looped
+        zero = [] if spec.accumulate or dst not in g.fragments else \
+            ["PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) "
+             "acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;"]
+        if registers is not None and units.shares_columns:
+            body = [*(units.each([units.bound(registers), *zero], unrolled=True) if zero else []),
+                    *units.each_step(step, b_loads, [units.bound(registers), *a_loads, *products])]
+        elif registers is not None:
+            body = units.each([units.bound(registers), *zero, *k_loop], unrolled=True)
         else:
             body = units.each([f"float acc[{units.blocks}][4] = {{}};",
                                *(units.moved(f"acc[n][e] = {dst}[r][c];") if spec.accumulate else []),
@@ -1291,11 +1480,12 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 _MATRIX_ROW, _MATRIX_COL, _MATRIX_LANE_ROW = "8 * (pto_lane / 8 % 2)", "8 * (pto_lane / 16)", "pto_lane % 8"
 
 
-def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, str, list[str]]:
-    """(the step of k, the product function, the lines that fill a's fragment fa and b's, for
-    each block n of 8 columns, fb[2n], fb[2n + 1], at the step from k0), zero outside the valid
-    regions. A packed operand's elements are read as they are: a whole 16 x 16 block of it by
-    one ldmatrix (b's transposed, two blocks of columns), else a pair of elements at a time."""
+def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, str, list[str], list[str]]:
+    """(the step of k, the product function, the lines that fill a's fragment fa, and those that
+    fill b's, for each block n of 8 columns, fb[2n], fb[2n + 1], at the step from k0), zero
+    outside the valid regions. A packed operand's elements are read as they are: a whole 16 x 16
+    block of it by one ldmatrix (b's transposed, two blocks of columns), else a pair of elements
+    at a time."""
     source = g.transposed.get(b)  # b is this loaded tile, transposed: b(k, c) is source(c, k)
 
     def at(operand: str, row: str, col: str) -> str:
@@ -1356,7 +1546,7 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
     if 2 * pairs < blocks:
         b_lines += b_blocks(2 * pairs, blocks)
     b_declared = f"unsigned fb[{2 * blocks}];  // block n's, of columns c = c0 + 8 n + g: {fragments[1]}"
-    return step, product, [f"unsigned fa[4];  // {fragments[0]}", *a_lines, b_declared, *b_lines]
+    return step, product, [f"unsigned fa[4];  // {fragments[0]}", *a_lines], [b_declared, *b_lines]
 
 
 def _accumulators_moved(tile: str, registers: str, units: _Units, into_registers: bool) -> _Code:
@@ -1393,7 +1583,24 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     rows, cols = (declared.rows, declared.cols) if load else (f"vr_{tile}", f"vc_{tile}")
     region = (f"pto_clip({rows}, {view.rows} - {row})", f"pto_clip({cols}, {view.cols} - {col})")
 
+    prefetch = None
+    if op_ahead := ctx.early.get(id(op)):  # also a copy of the window at the loop's next value
+        var, following = op_ahead
+        row_next, col_next = (following if v == var else ctx.operand(v) for v in op.srcs[1:3])
+        window_next = f"{p}_p + ({view.row0} + {row_next}) * {p}_s1 + ({view.col0} + {col_next}) * {p}_s2"
+        region_next = (f"pto_clip({rows}, {view.rows} - {row_next})",
+                       f"pto_clip({cols}, {view.cols} - {col_next})")
+
+        def copy(g: _Generator, buffer: str) -> list[str]:
+            body = _packed_load(buffer, declared, window_next, p, "pto_copy8_async")
+            return _op_block(f"{where}, at the next iteration", *region_next, body, None)
+
+        prefetch = ctx.prefetches[id(op)] = _Prefetch(tile, p, copy)
+        ctx.g.prefetches.append(prefetch)
+
     def lines(g: _Generator) -> list[str]:
+        if prefetch in g.prefetched:  # copied an iteration before: only its valid region is set here
+            return _op_block(f"{where}: copied an iteration ahead", *region, [], tile)
         if load:
             copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
         else:
@@ -1428,13 +1635,16 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     return _Code(lines, memref=p, whole=whole)
 
 
-def _packed_load(tile: str, declared: Tile, window: str, param: str) -> list[str]:
+def _packed_load(tile: str, declared: Tile, window: str, param: str, copy: str = "pto_copy8") -> list[str]:
     """A TLOAD into a packed tile (read only by products, after a barrier: any thread may write
     any element) in groups of 8 columns, group e of the tile's (rows x ceil(cols / 8)) to thread
     e % PTO_THREADS whatever the path, so two loads of the tile write each element from one
     thread: a group in one 16-byte copy where the memref's rows are contiguous and 16-byte
     aligned and the valid columns whole groups, else element by element (the rare case: a loop
-    kept short, where the unrolled loads of the tile's own layout doubled the compile time)."""
+    kept short, where the unrolled loads of the tile's own layout doubled the compile time).
+    `copy` makes a 16-byte copy: pto_copy8, or pto_copy8_async for a copy an iteration ahead
+    (element by element, the rare case stays synchronous: the buffer is not read before the
+    barrier after the wait)."""
     groups = math.ceil(declared.cols / 8)  # of 8 columns in a row
     turns = math.ceil(declared.rows * groups / THREADS_PER_BLOCK)
     each_group = [f"for (int pto_n = 0; pto_n < {turns}; ++pto_n) {{",
@@ -1444,7 +1654,7 @@ def _packed_load(tile: str, declared: Tile, window: str, param: str) -> list[str
             f"if ({param}_s2 == 1 && {param}_s1 % 8 == 0 && (unsigned long long)pto_window % 16 == 0 "
             "&& vc % 8 == 0) {",
             "    PTO_UNROLL", *_indent(each_group),
-            f"        if (r < vr && c < vc) pto_copy8(&{tile}[r][c], pto_window + r * {param}_s1 + c);",
+            f"        if (r < vr && c < vc) {copy}(&{tile}[r][c], pto_window + r * {param}_s1 + c);",
             "    }", "} else {", *_indent(each_group),
             f"        for (long long e = c; r < vr && e < c + 8 && e < vc; ++e) "
             f"{tile}[r][e] = pto_window[r * {param}_s1 + e * {param}_s2];", "    }", "}"]

@@ -87,6 +87,7 @@ __device__ inline float fmin(float a, double b) { return fminf(a, (float)b); }
 #include <memory>
 #include <mutex>
 #include <sys/mman.h>
+#include <vector>
 #include <unistd.h>
 #ifdef PTO_HOST_THREADS
 // Every header the build needs, before its symbols are hidden (below): a C header first read
@@ -96,7 +97,6 @@ __device__ inline float fmin(float a, double b) { return fminf(a, (float)b); }
 #include <system_error>
 #include <thread>
 #include <time.h>
-#include <vector>
 #endif
 #if !defined(__x86_64__) || !defined(__ELF__)
 #define PTO_HOST_UCONTEXT  // where the switch below is not written: POSIX ucontext
@@ -290,12 +290,27 @@ struct PtoMmaOffer {
     float c[4];
 };
 
+// cp.async as the host build runs it (pto_copy8_async, pto_async_commit, pto_async_wait_one):
+// a thread's copies land, in turn, at once or only when a wait needs their group (the earliest
+// a GPU may make them visible and the latest), so code that reads a buffer before its wait, or
+// copies into one that others still read, gets a wrong result here.
+struct PtoAsyncCopy {
+    void *to;
+    const void *from;
+    long long group;  // the thread's commits before it: its group
+};
+struct PtoAsyncThread {
+    std::vector<PtoAsyncCopy> pending;  // not landed yet, in issue order
+    long long committed = 0, issued = 0;
+};
+
 // One launch: a block's fibers, its barriers, and where the runner is.
 struct PtoHostRun {
     PtoBarrier block, warps[PTO_WARPS];
     alignas(8) unsigned char lanes[2][PTO_THREADS][8];  // what each lane offers to a shuffle
     PtoMmaOffer mma[2][PTO_THREADS];                    // ... and to a product
     PtoFiber fibers[PTO_THREADS];
+    PtoAsyncThread async[PTO_THREADS];
     PtoHostContext launcher;
     void (*body)(void *);  // calls the kernel
     void *kernel;
@@ -427,6 +442,12 @@ inline void pto_host_wait(PtoBarrier &barrier, int kind) {
 [[noreturn]] inline void pto_host_fiber_main() {
     PtoHostRun &run = *pto_host_run;
     run.body(run.kernel);
+    if (!run.async[threadIdx.x].pending.empty()) {  // copies into memory nothing reads after
+        std::fprintf(stderr, "pto_isa.cuh host build: block %lld: thread %u ended with %zu cp.async copies it "
+                             "never waited for (cp.async.wait_group)\n",
+                     run.block_index, threadIdx.x, run.async[threadIdx.x].pending.size());
+        std::abort();
+    }
     run.fibers[threadIdx.x].done = true;
     if (++run.finished == PTO_THREADS) {
         PtoHostContext finished;
@@ -637,6 +658,7 @@ inline void pto_host_run_blocks(long long from, long long to, long long blocks, 
             PtoFiber &fiber = run->fibers[t];
             fiber.barrier = nullptr;
             fiber.done = false;
+            run->async[t] = PtoAsyncThread{};
             unsigned char *top = pto_host_stack_top(t);
 #ifdef PTO_HOST_UCONTEXT
             pto_host_getcontext(&fiber.context.context);
@@ -766,6 +788,66 @@ __device__ inline void pto_copy8(T *to, const T *from) {
     std::memcpy(to, from, 8 * sizeof(T));
 #endif
 }
+
+// cp.async.cg.shared.global of 16 bytes (8 elements, both addresses 16-byte aligned): the copy
+// runs while the thread goes on, and lands by the thread's wait for its group. A thread's copies
+// since its last commit are one group (pto_async_commit); pto_async_wait_one waits until at most
+// the newest group of its own is in flight. Other threads see what landed after a barrier.
+#ifdef __CUDACC__
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_copy8_async(T *, const T *) {
+    static_assert(Arch >= 800, "copies that overlap tensor-core products (cp.async): sm_80 or newer");
+}
+#else
+__device__ inline void pto_copy8_async(T *to, const T *from) {
+#ifdef __CUDA_ARCH__
+    asm volatile("{ .reg .u64 g, d; .reg .u32 s; cvta.to.shared.u64 d, %0; cvt.u32.u64 s, d;\n\t"
+                 "cvta.to.global.u64 g, %1; cp.async.cg.shared.global [s], [g], 16; }"
+                 :
+                 : "l"(to), "l"(from)
+                 : "memory");
+#endif
+}
+#endif
+__device__ inline void pto_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ inline void pto_async_wait_one() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+#else
+inline void pto_copy8_async(T *to, const T *from) {
+    PtoAsyncThread &mine = pto_host_run->async[threadIdx.x];
+    if ((uintptr_t)to % 16 != 0 || (uintptr_t)from % 16 != 0) {  // a GPU faults on it
+        std::fprintf(stderr, "pto_isa.cuh host build: cp.async of 16 bytes from %p to %p: not 16-byte aligned\n",
+                     (const void *)from, (void *)to);
+        std::abort();
+    }
+    // in turn by the thread's copies, its groups and its index: each tile's copies of an
+    // iteration land some at once and some late, whatever a thread's share of them
+    if ((mine.issued++ + mine.committed + threadIdx.x) % 2 == 0)
+        std::memcpy(to, from, 8 * sizeof(T));
+    else
+        mine.pending.push_back({to, from, mine.committed});
+}
+inline void pto_async_commit() { ++pto_host_run->async[threadIdx.x].committed; }
+inline void pto_async_wait_one() {
+    PtoAsyncThread &mine = pto_host_run->async[threadIdx.x];
+    size_t kept = 0;
+    for (const PtoAsyncCopy &copy : mine.pending) {
+        if (copy.group < mine.committed - 1)
+            std::memcpy(copy.to, copy.from, 8 * sizeof(T));
+        else
+            mine.pending[kept++] = copy;
+    }
+    mine.pending.resize(kept);
+}
+#endif
 
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8 x 8 matrices of T in shared memory
 // into fragment registers. Lane l gives `row`, the address (16-byte aligned) of row l % 8 of
