@@ -180,7 +180,7 @@ def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: i
     band's rows (TENSOR_BAND: the families split m) in registers, at most half a lane's
     accumulators (REGISTER_ACCUMULATORS // 2), which leaves registers for the loads in flight:
     for the LLaMA MLP's matmul_acc (64 x 11008 in column blocks) a 64 x 256 block took 254
-    registers a thread when it was allowed, 64 x 128 takes 160 (bench/test_gpu_code.py -k ptxas)."""
+    registers a thread when it was allowed, 64 x 128 takes 128 (bench/test_gpu_code.py -k ptxas)."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
         cols = min(n, COLUMN_BLOCK)
         while cols > WARP and accumulator_floats(m, cols) > REGISTER_ACCUMULATORS // 2:

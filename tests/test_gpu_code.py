@@ -78,6 +78,19 @@ def test_a_products_chunks_of_k_copy_an_iteration_ahead(arch):
     assert "cp.async.wait_group 1" in ptx
 
 
+def test_small_tensor_core_kernels_are_fitted_to_two_blocks_an_sm():
+    """A tensor-core kernel with few tiles in registers asks ptxas for two blocks an SM (a matmul
+    band); one with more (the fused attention), or without tensor cores, for one."""
+    def blocks(kernel, shapes, dtype, scalars=()):
+        ptx = isa.gpu_code(kernel, shapes, dtype, scalars, arch="sm_90")
+        return int(re.search(r"\.minnctapersm (\d+)", ptx).group(1))
+
+    band = [(64, 1024), (1024, 128), (64, 128)]
+    assert blocks(matmul, band, np.float16) == 2 and blocks(matmul, band, np.float32) == 1
+    attention = [(8, 64, 128), (8, 512, 128), (8, 512, 128), (8, 64, 128)]
+    assert blocks(llm.flash_attention_tile, attention, np.float16, (0, 1)) == 1
+
+
 def test_16_bit_kernels_build_for_older_gpus_unless_they_need_tensor_cores():
     """sm_75 has no mma.sync.m16n8k16: a float16 kernel without products builds for it, one
     with a product is refused by the compiler with the reason."""

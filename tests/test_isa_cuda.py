@@ -550,7 +550,8 @@ def test_a_product_written_over_its_left_operand_beside_tensor_core_products(tmp
     x, w1, w2 = rng.standard_normal((16, 32)), rng.standard_normal((32, 32)), rng.standard_normal((32, 32))
     arrays = [a.astype(np.float16) for a in (x, w1 / 6, w2 / 6)] + [np.zeros((16, 32), np.float16)]
     source = _run_host(_tensor_core_module(build), arrays, np.float16, tmp_path)
-    assert source.count("pto_mma(acc") == 1  # the first product; the in-place one is FMA
+    first, in_place = source.split("TMATMUL %h, %h, %wb")  # the first product on tensor cores, the other FMA
+    assert "pto_mma(acc" in first and "pto_mma(" not in in_place
     want = arrays[0].astype(np.float64) @ arrays[1] @ arrays[2]
     np.testing.assert_allclose(arrays[3], want, rtol=0, atol=4e-3 * np.abs(want).max())
 
@@ -747,10 +748,12 @@ def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, 
     a_tile, b_tile = ("pto_buf_t_ta, [2]", "pto_buf_t_tb, [2]") if doubled else ("t_ta, ", "t_tb, ")
     assert f"PTO_SHARED_PACKED(T, {a_tile}[{m}][{packed_pitch(chunk)}], " in source
     assert f"PTO_SHARED_PACKED(T, {b_tile}[{chunk}][{packed_pitch(n)}], " in source
-    assert "pto_ldmatrix(fa" in loop and "pto_ldmatrix_trans(&fb" in loop
+    assert "pto_ldmatrix(fa" in loop and "pto_ldmatrix_trans(&fb" in loop  # the steps with tests
+    # whole steps of whole units: from addresses taken before the loop over k, stepped by bytes
+    assert "pto_ldmatrix_at(fa, pto_a_row + 2 * k0);" in loop and "pto_ldmatrix_trans_at(&fb[4 * p]" in loop
     # a warp's turns, where they are of the same columns, take b's fragments once a step of k
     shares = m > 64 and n <= 64
-    assert ("const long long c0 = 32 * (pto_warp % 2);" in loop) == shares
+    assert ("const int c0 = 32 * (pto_warp % 2);" in loop) == shares
     _assert_chunked(out, a, b, acc, chunk, chunk if start is None else start)
 
 

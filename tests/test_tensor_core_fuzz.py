@@ -145,15 +145,18 @@ def test_the_programs_take_every_layout_the_generator_has(programs):
     """The sample is worth its time: between them the programs have packed operands read by
     ldmatrix and loaded 16 bytes at a time, a transpose read in place, results in registers
     throughout and across a loop only, results in shared memory, a loop's loads copied an
-    iteration ahead (b's and its transpose's source) and not (a's where a is rewritten), and a
-    warp's turns sharing b's fragments."""
+    iteration ahead (b's and its transpose's source) and not (a's where a is rewritten), a
+    warp's turns sharing b's fragments, and fragments by whole blocks from addresses taken
+    before the loop over k (b's transposed or its source's as they are)."""
     _, _, codes, _ = programs
     sources = "".join(code.source.read_text() for code in codes.values())
     for feature in ("pto_ldmatrix(fa", "pto_ldmatrix_trans(", "pto_copy8(", "read as t_tbt, transposed",
                     "float pto_frag_t_c[", "its products' accumulators in registers",
                     "PTO_SHARED(ACC, t_c, [", "pto_copy8_async(&pto_next_t_tb[",
                     "pto_copy8_async(&pto_next_t_tbt[", "TLOAD %ta, %a, 0, %kk\n",
-                    "const long long c0 = 32 * (pto_warp % 2);"):
+                    "const int c0 = 32 * (pto_warp % 2);", "pto_ldmatrix_at(fa, pto_a_row",
+                    "pto_ldmatrix_trans_at(&fb[4 * p], pto_b_row", "pto_ldmatrix_at(&fb[4 * p], pto_b_row",
+                    "pto_a_row0 + "):
         assert feature in sources, feature
 
 

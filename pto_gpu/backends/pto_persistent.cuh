@@ -37,7 +37,7 @@
 #define __threadfence_system() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #endif
 
-#define PTO_ENTRY static __device__ __forceinline__ void
+#define PTO_ENTRY(blocks) static __device__ __forceinline__ void
 #define PTO_SHARED(type, name, dims, offset) \
     type(&name) dims = *reinterpret_cast<type(*) dims>(pto_task_shared + (offset))
 #define PTO_SHARED_PACKED PTO_SHARED

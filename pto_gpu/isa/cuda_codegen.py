@@ -50,9 +50,11 @@ ldmatrix. A product accumulated over a loop keeps its accumulators in registers 
 (_Context.accumulated), and the loop's loads of its packed operands copy the next iteration's
 chunk while this one's is multiplied (cp.async into a second buffer: _Context.early_loads,
 _Generator._prefetched, _Generator._emit_prefetching). A warp whose units are all of the same
-columns loads b's fragments once a step of k for all of them (_Units.each_step). In a kernel of
-float32 memrefs whose function says `tf32`, its float32 products are the same units of
-mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps of 8.
+columns loads b's fragments once a step of k for all of them (_Units.each_turn), and whole
+16 x 16 blocks come by ldmatrix from addresses taken before the loop over k (_lean_fragments).
+In a kernel of float32 memrefs whose function says `tf32`, its float32 products are the same
+units of mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps
+of 8.
 Where the shared memory that takes is over the limit, every product of the kernel is FMA
 instead (_generator). Other float32 products, and float64 ones, stay FMA, exact.
 
@@ -113,6 +115,11 @@ MMA_K, TF32_MMA_K = 16, 8  # k of one instruction: 16-bit operands, TF32 ones
 # result over 8 warps): for the results kept there throughout (_Generator._fragments), and as
 # many again for those a loop keeps there (_Context.accumulated). Beyond it, shared memory.
 REGISTER_ACCUMULATORS = 64
+# The registers a lane may hold tiles in for a tensor-core kernel to be fitted to two blocks an
+# SM (_Generator.resident_blocks): the matmul bands and the MLP's matmul_acc (32), flash_pv and
+# flash_scores (16, 0) fit 128 registers with no spill; the fused attention (40 at d 64, 56 at
+# d 128) is left its own count.
+TWO_BLOCK_WORDS = 32
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 
@@ -551,6 +558,16 @@ class _Generator:
                    for c_name, tile in self.tiles.items() if c_name not in elsewhere) + \
             sum(_Units.of(self.tiles[tile]).floats for tile in self.fragments)
 
+    def resident_blocks(self) -> int:
+        """The blocks an SM should hold at once, which ptxas fits the registers to
+        (__launch_bounds__): 2 for a tensor-core kernel whose tiles in registers are at most
+        TWO_BLOCK_WORDS a lane, whose barriers then stall one block while the other multiplies
+        (the 64 x 128 matmul band took 136 registers, one block an SM; held to two, 108 and no
+        spill); 1 otherwise, where holding to 128 spilled (flash_pv at 8 x 128 x 128 once: 196
+        bytes, with 234 needed; the fused attention at d 128: 192)."""
+        small = self.tensor_products and self.register_words() <= TWO_BLOCK_WORDS
+        return 2 if small else 1
+
     def within_budget(self) -> bool:
         """Whether its tiles fit a block: SHARED_LIMIT bytes of shared memory, REGISTER_WORDS
         registers a lane."""
@@ -581,9 +598,7 @@ class _Generator:
         out.add(f"#define PTO_WARPS {WARPS}")
         out.extend(HEADER.read_text().splitlines())
         out.add("")
-        # At least one block per SM: without it ptxas held some tile-in-register kernels to
-        # 128 registers and spilled (flash_pv at 8 x 128 x 128: 196 bytes, with 234 needed).
-        out.add(f"PTO_ENTRY pto_{name}(")
+        out.add(f"PTO_ENTRY({self.resident_blocks()}) pto_{name}(")
         out.add("    " + ",\n    ".join(params) + ") {")
         out.indent += 1
         out.add("[[maybe_unused]] const int pto_lane = threadIdx.x % 32;")
@@ -1380,32 +1395,33 @@ class _Units:
                 f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
                 "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
                 f"    if (pto_u >= {self.count}) break;",
-                f"    [[maybe_unused]] const long long r0 = 16 * (pto_u / {self.slices}), "
+                f"    [[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices}), "
                 f"c0 = {8 * self.blocks} * (pto_u % {self.slices});",
-                "    [[maybe_unused]] const long long g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
+                "    [[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
                 *_indent(body), "}"]
 
     @property
     def shares_columns(self) -> bool:
         """Whether a warp takes more than one unit, all of the same columns (PTO_WARPS a multiple
-        of the slices): its turns may share b's fragments (each_step)."""
+        of the slices): its turns may share b's fragments (each_turn)."""
         return self.turns > 1 and WARPS % self.slices == 0
 
-    def each_step(self, step: int, shared: list[str], body: list[str]) -> list[str]:
-        """For each step of k from k0 (< kn), `shared` (the fragments of b, c0 the columns of all
-        this warp's units: shares_columns), then `body` for each unit this warp takes, unrolled
-        (pto_ui its turn, r0 its first row): b's fragments loaded once a step for every turn, and
-        each turn's products of the step beside the others' (the turns' accumulators are not one
-        chain). Each unit still sums its steps in order: the same bits as a turn at a time."""
-        return [f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{",
-                f"    const long long c0 = {8 * self.blocks} * (pto_warp % {self.slices});",
-                "    [[maybe_unused]] const long long g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
-                *_indent(shared), "    PTO_UNROLL",
-                f"    for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
-                "        const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
-                f"        if (pto_u >= {self.count}) break;",
-                f"        const long long r0 = 16 * (pto_u / {self.slices});",
-                *_indent(body, 2), "    }", "}"]
+    def warp_columns(self) -> list[str]:
+        """c0, the first column of every unit of this warp (shares_columns), and the lane's g, t
+        and t2, as `each` names them."""
+        return [f"const int c0 = {8 * self.blocks} * (pto_warp % {self.slices});",
+                "[[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;"]
+
+    def each_turn(self, body: list[str]) -> list[str]:
+        """`body` for each unit this warp takes, unrolled (pto_ui its turn, r0 its first row), in
+        the columns of warp_columns: so a step of k loads b's fragments once for every turn, and
+        the turns' products of the step go side by side (their accumulators are not one chain).
+        Each unit still sums its steps in order: the same bits as a turn at a time."""
+        return ["PTO_UNROLL", f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
+                "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
+                f"    if (pto_u >= {self.count}) break;",
+                f"    [[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices});",
+                *_indent(body), "}"]
 
     def moved(self, statement: str) -> list[str]:
         """`statement` for each accumulator acc[n][e] of the unit and its element (r, c) of the
@@ -1452,26 +1468,97 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
     def lines(g: _Generator) -> list[str]:
         step, product, a_loads, b_loads = _fragment_loads(g, a, b, units.blocks)
+        lean = _lean_fragments(g, a, b, units.blocks)
         products = ["PTO_UNROLL",
                     f"for (int n = 0; n < {units.blocks}; ++n) {product}(acc[n], fa, &fb[2 * n], acc[n]);"]
-        k_loop = [f"for (long long k0 = 0; k0 < kn; k0 += {step}) {{", *_indent(a_loads + b_loads + products),
-                  "}"]
+
+        def steps(body: list[str], first: str = "0") -> list[str]:
+            return [f"for (int k0 = {first}; k0 < pto_kn; k0 += {step}) {{", *_indent(body), "}"]
+
+        def lean_steps(whole_rows: str, setup: list[str], body: list[str]) -> list[str]:
+            """The whole steps of k where the rows of a and columns of b are whole (`whole_rows`):
+            after them the loop with tests (steps(first="pto_k0")) takes what is left."""
+            if lean is None:
+                return []
+            return ["int pto_k0 = 0;  // the first step of k the loop with tests takes",
+                    f"if ({whole_rows} && {lean.b_whole}) {{", *_indent(setup),
+                    f"    for (int k0 = 0; k0 + {step} <= pto_kn; k0 += {step}) {{", *_indent(body, 2),
+                    "    }", f"    pto_k0 = pto_kn - pto_kn % {step};", "}"]
+
+        first = "0" if lean is None else "pto_k0"
         registers = f"pto_frag_{dst}" if dst in g.fragments else looped
         zero = [] if spec.accumulate or dst not in g.fragments else \
             ["PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) "
              "acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;"]
         if registers is not None and units.shares_columns:
+            turns = units.each_turn
+            # the warp's last unit has its greatest rows; a turn's unit is 16 (PTO_WARPS / slices)
+            # rows below the turn before's, so its row of a is a constant step from the first's
+            last = f"pto_warp + PTO_WARPS * (({units.count} - 1 - pto_warp) / PTO_WARPS)"
+            turn_bytes = 16 * (WARPS // units.slices) * (0 if lean is None else lean.a_row_bytes)
+            lean_rows = [] if lean is None else [
+                f"const int r0 = 16 * (pto_warp / {units.slices});  // the first turn's",
+                f"const pto_shared_t pto_b_row = {lean.b_row}, pto_a_row0 = {lean.a_row};"]
+            lean_body = [] if lean is None else [*lean.b_loads, *turns([
+                units.bound(registers), f"const pto_shared_t pto_a_row = pto_a_row0 + {turn_bytes} * pto_ui;",
+                *lean.a_loads, *products])]
+            whole_rows = f"16 * (({last}) / {units.slices}) + 16 <= vr_{a}"
             body = [*(units.each([units.bound(registers), *zero], unrolled=True) if zero else []),
-                    *units.each_step(step, b_loads, [units.bound(registers), *a_loads, *products])]
-        elif registers is not None:
-            body = units.each([units.bound(registers), *zero, *k_loop], unrolled=True)
+                    *units.warp_columns(), *lean_steps(whole_rows, lean_rows, lean_body),
+                    *steps([*b_loads, *turns([units.bound(registers), *a_loads, *products])], first)]
         else:
-            body = units.each([f"float acc[{units.blocks}][4] = {{}};",
-                               *(units.moved(f"acc[n][e] = {dst}[r][c];") if spec.accumulate else []),
-                               *k_loop, *units.moved(f"{dst}[r][c] = acc[n][e];")])
-        return _op_block(where, *region, [f"const long long kn = vc_{a};", *body], dst)
+            unit_rows = f"r0 + 16 <= vr_{a}"
+            lean_rows = [] if lean is None else \
+                [f"const pto_shared_t pto_a_row = {lean.a_row}, pto_b_row = {lean.b_row};"]
+            lean_body = [] if lean is None else [*lean.a_loads, *lean.b_loads, *products]
+            k_loops = [*lean_steps(unit_rows, lean_rows, lean_body),
+                       *steps(a_loads + b_loads + products, first)]
+            if registers is not None:
+                body = units.each([units.bound(registers), *zero, *k_loops], unrolled=True)
+            else:
+                body = units.each([f"float acc[{units.blocks}][4] = {{}};",
+                                   *(units.moved(f"acc[n][e] = {dst}[r][c];") if spec.accumulate else []),
+                                   *k_loops, *units.moved(f"{dst}[r][c] = acc[n][e];")])
+        return _op_block(where, *region, [f"const int pto_kn = (int)vc_{a};", *body], dst)
 
     return _Code(lines, whole=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lean:
+    """A tensor-core product's fragments by whole 16 x 16 blocks only (_lean_fragments): the
+    C of this lane's ldmatrix row in a at (r0, 0) and in b at (0, c0) as shared addresses
+    (pto_a_row, pto_b_row once taken), the lines that fill fa and fb at the step from k0 from
+    them, the test that the unit's columns of b are whole, and a's row pitch in bytes."""
+
+    a_row: str
+    b_row: str
+    a_loads: list[str]
+    b_loads: list[str]
+    b_whole: str
+    a_row_bytes: int  # from a row of a to the next
+
+
+def _lean_fragments(g: _Generator, a: str, b: str, blocks: int) -> _Lean | None:
+    """The lean form of a product's fragments, where a and b (or b's transposed source) are
+    packed and b's columns of a unit are whole pairs of 8-column blocks: each an ldmatrix at an
+    address stepped by bytes from one taken before the loop over k, with no test of the valid
+    region a step (the unit's rows and columns are tested once, whole steps of k are the loop's).
+    None where the product's fragments need the tests (_fragment_loads)."""
+    source = g.transposed.get(b)
+    if a not in g.packed or not (b in g.packed or source) or blocks % 2 != 0:
+        return None
+    size = g.tiles[a].dtype.numpy.itemsize
+    a_row = f"pto_shared_address(&{a}[r0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}][{_MATRIX_COL}])"
+    if source:  # b's block of k0.. x c0 + 16p.. is the source's across: its matrices as they are
+        b_row = f"pto_shared_address(&{source}[c0 + {_MATRIX_COL} + {_MATRIX_LANE_ROW}][{_MATRIX_ROW}])"
+        pair = f"pto_ldmatrix_at(&fb[4 * p], pto_b_row + {size} * (k0 + {16 * g.pitch(source)} * p));"
+    else:
+        b_row = f"pto_shared_address(&{b}[{_MATRIX_ROW} + {_MATRIX_LANE_ROW}][c0 + {_MATRIX_COL}])"
+        pair = f"pto_ldmatrix_trans_at(&fb[4 * p], pto_b_row + {size} * ({g.pitch(b)} * k0 + 16 * p));"
+    b_loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int p = 0; p < {blocks // 2}; ++p) {pair}"]
+    return _Lean(a_row, b_row, ["unsigned fa[4];", f"pto_ldmatrix_at(fa, pto_a_row + {size} * k0);"], b_loads,
+                 f"c0 + {8 * blocks} <= vc_{b}", size * g.pitch(a))
 
 
 # The row a lane gives ldmatrix.x4 of a 16 x 16 block, as the offsets of its 8 x 8 matrix
@@ -1504,7 +1591,7 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
         return f"{'pto_pair' if packed else 'pto_pack_pair'}({element(operand, row, col, valid)}, " \
             f"{element(operand, row2, col2, valid)})"
 
-    a_valid, b_valid = f"r < vr_{a} && {{1}} < kn", f"c < vc_{b} && {{0}} < kn"
+    a_valid, b_valid = f"r < vr_{a} && {{1}} < pto_kn", f"c < vc_{b} && {{0}} < pto_kn"
     if g.tiles[a].dtype == DataType.FLOAT32:  # TF32: an element a register, rounded
         step, a_k, b_k, product = TF32_MMA_K, "k0 + t + 4 * (q / 2)", "k0 + t + 4 * q", "pto_mma_tf32"
         a_register = f"pto_tf32({element(a, 'r', 'k', a_valid)})"
@@ -1517,9 +1604,9 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
         fragments = ("A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..)",
                      "B(t2.., c), B(t2 + 8.., c)")
     a_lines = ["PTO_UNROLL", "for (int q = 0; q < 4; ++q) {",
-               f"    const long long r = r0 + g + 8 * (q % 2), k = {a_k};", f"    fa[q] = {a_register};", "}"]
+               f"    const int r = r0 + g + 8 * (q % 2), k = {a_k};", f"    fa[q] = {a_register};", "}"]
     if a in g.packed:
-        a_lines = [f"if (r0 + 16 <= vr_{a} && k0 + 16 <= kn) {{",
+        a_lines = [f"if (r0 + 16 <= vr_{a} && k0 + 16 <= pto_kn) {{",
                    f"    pto_ldmatrix(fa, &{a}[r0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}]"
                    f"[k0 + {_MATRIX_COL}]);",
                    "} else {", *_indent(a_lines), "}"]
@@ -1527,7 +1614,7 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
     def b_blocks(first: int | str, stop: int | str) -> list[str]:
         return ["PTO_UNROLL", f"for (int n = {first}; n < {stop}; ++n) {{", "    PTO_UNROLL",
                 "    for (int q = 0; q < 2; ++q) {",
-                f"        const long long c = c0 + 8 * n + g, k = {b_k};",
+                f"        const int c = c0 + 8 * n + g, k = {b_k};",
                 f"        fb[2 * n + q] = {b_register};", "    }", "}"]
 
     pairs = blocks // 2 if b in g.packed or source else 0
@@ -1541,7 +1628,7 @@ def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, st
             f"[c0 + 16 * p + {_MATRIX_COL}]);"
     b_lines = [] if not pairs else [
         "PTO_UNROLL", f"for (int p = 0; p < {pairs}; ++p) {{",
-        f"    if (k0 + 16 <= kn && c0 + 16 * (p + 1) <= vc_{b}) {{", f"        {whole_block}",
+        f"    if (k0 + 16 <= pto_kn && c0 + 16 * (p + 1) <= vc_{b}) {{", f"        {whole_block}",
         "    } else {", *_indent(b_blocks("2 * p", "2 * p + 2"), 2), "    }", "}"]
     if 2 * pairs < blocks:
         b_lines += b_blocks(2 * pairs, blocks)

@@ -54,12 +54,12 @@
 #define PTO_THREADS (PTO_WARPS * 32)
 #define PTO_FULL 0xffffffffu
 
-// How a generated kernel is declared, and its tiles in shared memory (name, dims, and the
-// offset the generator gives it in the persistent kernel's shared memory): a kernel of its
-// own here; the persistent kernel's module defines PTO_PERSISTENT and these its own way
-// (pto_persistent.cuh).
+// How a generated kernel is declared (with the blocks an SM ptxas fits its registers to), and
+// its tiles in shared memory (name, dims, and the offset the generator gives it in the
+// persistent kernel's shared memory): a kernel of its own here; the persistent kernel's module
+// defines PTO_PERSISTENT and these its own way (pto_persistent.cuh).
 #ifndef PTO_PERSISTENT
-#define PTO_ENTRY extern "C" __global__ void __launch_bounds__(PTO_THREADS, 1)
+#define PTO_ENTRY(blocks) extern "C" __global__ void __launch_bounds__(PTO_THREADS, blocks)
 #define PTO_SHARED(type, name, dims, offset) __shared__ type name dims
 #define PTO_SHARED_PACKED(type, name, dims, offset) alignas(16) __shared__ type name dims
 #endif
@@ -899,6 +899,49 @@ inline void pto_ldmatrix_trans(unsigned r[4], const T *row) {
         const T *high = (const T *)rows[8 * q + 2 * (lane % 4) + 1];
         r[q] = pto_pair(low[lane / 4], high[lane / 4]);
     }
+}
+#endif
+
+// A lane's row for ldmatrix as an address in shared memory, taken once (pto_shared_address)
+// and stepped by bytes in a product's loop over k: 32-bit adds on a GPU, where a generic row
+// address cost a 64-bit multiply and add and a conversion for each ldmatrix. On the host, the
+// row's pointer.
+#ifdef __CUDACC__
+typedef unsigned pto_shared_t;
+__device__ inline pto_shared_t pto_shared_address(const T *row) {
+    return (pto_shared_t)__cvta_generic_to_shared(row);
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_ldmatrix_at(unsigned[4], pto_shared_t) {
+    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
+}
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_ldmatrix_trans_at(unsigned[4], pto_shared_t) {
+    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
+}
+#else
+#define PTO_LDMATRIX_AT_ASM(instruction, r, address)                              \
+    asm volatile(instruction " {%0, %1, %2, %3}, [%4];"                           \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                 \
+                 : "r"(address))
+__device__ inline void pto_ldmatrix_at(unsigned r[4], pto_shared_t address) {
+#ifdef __CUDA_ARCH__
+    PTO_LDMATRIX_AT_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16", r, address);
+#endif
+}
+__device__ inline void pto_ldmatrix_trans_at(unsigned r[4], pto_shared_t address) {
+#ifdef __CUDA_ARCH__
+    PTO_LDMATRIX_AT_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", r, address);
+#endif
+}
+#endif
+#else
+typedef const unsigned char *pto_shared_t;
+inline pto_shared_t pto_shared_address(const T *row) { return (pto_shared_t)row; }
+inline void pto_ldmatrix_at(unsigned r[4], pto_shared_t address) { pto_ldmatrix(r, (const T *)address); }
+inline void pto_ldmatrix_trans_at(unsigned r[4], pto_shared_t address) {
+    pto_ldmatrix_trans(r, (const T *)address);
 }
 #endif
 #endif
