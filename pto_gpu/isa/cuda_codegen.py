@@ -752,7 +752,6 @@ class _Generator:
             if barrier:
                 out.barrier()
 
-
     def _emit_prefetching(self, out: _Lines, loop: _Loop, early: list[_Prefetch]) -> None:
         """A FOR whose `early` loads copy an iteration ahead: the first iteration's before the
         loop, each next one's at the top of the one before, into the tile's other buffer, one
