@@ -621,7 +621,8 @@ def test_a_tf32_function_multiplies_float32_tiles_on_tensor_cores_and_an_exact_o
     """With `tf32` a float32 product is mma.sync.m16n8k8 over operands rounded to TF32: it is
     the float64 product of the rounded operands to float32's accumulation (k x 2^-24 of the
     sum of |a||b|), and TF32's rounding (up to 2^-10 of it) away from the exact product; without
-    it, the exact product. Tails of every dim, and an accumulating product."""
+    it, the exact product. Tails of every dim, and an accumulating product; whole units the lean
+    way (32 x 64 x 48: the first 32 columns), tails with tests."""
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     c = rng.standard_normal((m, n)).astype(np.float32) if accumulate else np.zeros((m, n), np.float32)
@@ -643,6 +644,8 @@ def test_a_tf32_function_multiplies_float32_tiles_on_tensor_cores_and_an_exact_o
         out = c.copy()
         source = _run_host(_tensor_core_module(build), [a, b, out], np.float32, tmp_path / str(tf32))
         assert ("pto_mma_tf32(acc" in source) == tf32
+        # whole units' whole steps read their elements at offsets from places taken once
+        assert ("pto_tf32(pto_a_row[" in source) == tf32
         accumulation = (k + 2) * 2.0**-24 * magnitude
         want = tf32_rounded(a) @ tf32_rounded(b) + c if tf32 else exact
         assert np.all(np.abs(out - want) <= accumulation), (tf32, np.abs(out - want).max())

@@ -51,7 +51,8 @@ ldmatrix. A product accumulated over a loop keeps its accumulators in registers 
 chunk while this one's is multiplied (cp.async into a second buffer: _Context.early_loads,
 _Generator._prefetched, _Generator._emit_prefetching). A warp whose units are all of the same
 columns loads b's fragments once a step of k for all of them (_Units.each_turn), and whole
-16 x 16 blocks come by ldmatrix from addresses taken before the loop over k (_lean_fragments).
+16 x 16 blocks come by ldmatrix from addresses taken before the loop over k (_lean_fragments;
+TF32 ones at offsets from places taken so).
 In a kernel of float32 memrefs whose function says `tf32`, its float32 products are the same
 units of mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps
 of 8.
@@ -1491,26 +1492,28 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
              "acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;"]
         if registers is not None and units.shares_columns:
             turns = units.each_turn
-            # the warp's last unit has its greatest rows; a turn's unit is 16 (PTO_WARPS / slices)
-            # rows below the turn before's, so its row of a is a constant step from the first's
-            last = f"pto_warp + PTO_WARPS * (({units.count} - 1 - pto_warp) / PTO_WARPS)"
-            turn_bytes = 16 * (WARPS // units.slices) * (0 if lean is None else lean.a_row_bytes)
-            lean_rows = [] if lean is None else [
-                f"const int r0 = 16 * (pto_warp / {units.slices});  // the first turn's",
-                f"const pto_shared_t pto_b_row = {lean.b_row}, pto_a_row0 = {lean.a_row};"]
-            lean_body = [] if lean is None else [*lean.b_loads, *turns([
-                units.bound(registers), f"const pto_shared_t pto_a_row = pto_a_row0 + {turn_bytes} * pto_ui;",
-                *lean.a_loads, *products])]
+            lean_rows, lean_body = [], []
+            if lean is not None:
+                # a turn's unit is 16 (PTO_WARPS / slices) rows below the turn before's: its place
+                # in a a constant step from the first's
+                turn_step = 16 * (WARPS // units.slices) * lean.a_row_step
+                lean_rows = [f"const int r0 = 16 * (pto_warp / {units.slices});  // the first turn's",
+                             f"const {lean.pointer} pto_b_row = {lean.b_row};",
+                             f"const {lean.pointer} pto_a_row0 = {lean.a_row};"]
+                a_row = f"const {lean.pointer} pto_a_row = pto_a_row0 + {turn_step} * pto_ui;"
+                lean_body = [*lean.b_loads, *turns([units.bound(registers), a_row, *lean.a_loads, *products])]
+            last = f"pto_warp + PTO_WARPS * (({units.count} - 1 - pto_warp) / PTO_WARPS)"  # greatest rows
             whole_rows = f"16 * (({last}) / {units.slices}) + 16 <= vr_{a}"
             body = [*(units.each([units.bound(registers), *zero], unrolled=True) if zero else []),
                     *units.warp_columns(), *lean_steps(whole_rows, lean_rows, lean_body),
                     *steps([*b_loads, *turns([units.bound(registers), *a_loads, *products])], first)]
         else:
-            unit_rows = f"r0 + 16 <= vr_{a}"
-            lean_rows = [] if lean is None else \
-                [f"const pto_shared_t pto_a_row = {lean.a_row}, pto_b_row = {lean.b_row};"]
-            lean_body = [] if lean is None else [*lean.a_loads, *lean.b_loads, *products]
-            k_loops = [*lean_steps(unit_rows, lean_rows, lean_body),
+            lean_rows, lean_body = [], []
+            if lean is not None:
+                lean_rows = [f"const {lean.pointer} pto_a_row = {lean.a_row};",
+                             f"const {lean.pointer} pto_b_row = {lean.b_row};"]
+                lean_body = [*lean.a_loads, *lean.b_loads, *products]
+            k_loops = [*lean_steps(f"r0 + 16 <= vr_{a}", lean_rows, lean_body),
                        *steps(a_loads + b_loads + products, first)]
             if registers is not None:
                 body = units.each([units.bound(registers), *zero, *k_loops], unrolled=True)
@@ -1525,25 +1528,31 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
 @dataclasses.dataclass(frozen=True)
 class _Lean:
-    """A tensor-core product's fragments by whole 16 x 16 blocks only (_lean_fragments): the
-    C of this lane's ldmatrix row in a at (r0, 0) and in b at (0, c0) as shared addresses
-    (pto_a_row, pto_b_row once taken), the lines that fill fa and fb at the step from k0 from
-    them, the test that the unit's columns of b are whole, and a's row pitch in bytes."""
+    """A tensor-core product's fragments by whole blocks only (_lean_fragments): the C type
+    of a lane's place in an operand (`pointer`: a shared address for ldmatrix, else a pointer
+    to ACC), this lane's place in a at (r0, 0) and in b at (0, c0) (pto_a_row, pto_b_row once
+    taken), the lines that fill fa and fb at the step from k0 from them, the test that the
+    unit's columns of b are whole, and how far a's place moves from a row to the next."""
 
+    pointer: str
     a_row: str
     b_row: str
     a_loads: list[str]
     b_loads: list[str]
     b_whole: str
-    a_row_bytes: int  # from a row of a to the next
+    a_row_step: int
 
 
 def _lean_fragments(g: _Generator, a: str, b: str, blocks: int) -> _Lean | None:
-    """The lean form of a product's fragments, where a and b (or b's transposed source) are
-    packed and b's columns of a unit are whole pairs of 8-column blocks: each an ldmatrix at an
-    address stepped by bytes from one taken before the loop over k, with no test of the valid
-    region a step (the unit's rows and columns are tested once, whole steps of k are the loop's).
-    None where the product's fragments need the tests (_fragment_loads)."""
+    """The lean form of a product's fragments, with no test of the valid region a step (the
+    unit's rows and columns are tested once, whole steps of k are the loop's): where a and b (or
+    b's transposed source) are packed and b's columns of a unit are whole pairs of 8-column
+    blocks, each an ldmatrix at an address stepped by bytes from one taken before the loop over
+    k; for TF32 products, each element read at a constant offset from the lane's place in the
+    float operand, taken before the loop. None where the fragments need the tests
+    (_fragment_loads)."""
+    if g.tiles[a].dtype == DataType.FLOAT32:
+        return _lean_tf32_fragments(g, a, b, blocks)
     source = g.transposed.get(b)
     if a not in g.packed or not (b in g.packed or source) or blocks % 2 != 0:
         return None
@@ -1556,8 +1565,24 @@ def _lean_fragments(g: _Generator, a: str, b: str, blocks: int) -> _Lean | None:
         b_row = f"pto_shared_address(&{b}[{_MATRIX_ROW} + {_MATRIX_LANE_ROW}][c0 + {_MATRIX_COL}])"
         pair = f"pto_ldmatrix_trans_at(&fb[4 * p], pto_b_row + {size} * ({g.pitch(b)} * k0 + 16 * p));"
     b_loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int p = 0; p < {blocks // 2}; ++p) {pair}"]
-    return _Lean(a_row, b_row, ["unsigned fa[4];", f"pto_ldmatrix_at(fa, pto_a_row + {size} * k0);"], b_loads,
-                 f"c0 + {8 * blocks} <= vc_{b}", size * g.pitch(a))
+    a_loads = ["unsigned fa[4];", f"pto_ldmatrix_at(fa, pto_a_row + {size} * k0);"]
+    whole = f"c0 + {8 * blocks} <= vc_{b}"
+    return _Lean("pto_shared_t", a_row, b_row, a_loads, b_loads, whole, size * g.pitch(a))
+
+
+def _lean_tf32_fragments(g: _Generator, a: str, b: str, blocks: int) -> _Lean:
+    """A TF32 product's fragments from its float operands in shared memory: lane 4g + t's
+    A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4) at constant offsets from a's (r0 + g, t),
+    and B(t, c), B(t + 4, c) of each block's column c = c0 + 8n + g from b's (t, c0 + g); each
+    rounded to TF32 (pto_tf32)."""
+    a_pitch, b_pitch = g.pitch(a), g.pitch(b)
+    a_loads = ["unsigned fa[4];", "PTO_UNROLL", "for (int q = 0; q < 4; ++q) "
+               f"fa[q] = pto_tf32(pto_a_row[k0 + {8 * a_pitch} * (q % 2) + 4 * (q / 2)]);"]
+    b_loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
+               "    PTO_UNROLL", f"    for (int q = 0; q < 2; ++q) fb[2 * n + q] = "
+               f"pto_tf32(pto_b_row[(k0 + 4 * q) * {b_pitch} + 8 * n]);", "}"]
+    return _Lean("ACC *", f"&{a}[r0 + g][t]", f"&{b}[t][c0 + g]", a_loads, b_loads,
+                 f"c0 + {8 * blocks} <= vc_{b}", a_pitch)
 
 
 # The row a lane gives ldmatrix.x4 of a 16 x 16 block, as the offsets of its 8 x 8 matrix
