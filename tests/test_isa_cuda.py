@@ -822,6 +822,28 @@ def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("rows", [48, 40])  # whole units; a tail unit of 8 rows the way with tests
+def test_an_operand_computed_in_shared_memory_is_read_the_lean_way_too(rows, tmp_path):
+    """A product's a written by another instruction (attention's probabilities) stays float in
+    shared memory: a whole unit's whole steps read its pairs at constant offsets from the
+    lane's place, rounded to float16 as they are paired; b, loaded only, by ldmatrix."""
+    def build(f):
+        f.memref("a", F16, (rows, 40)).memref("b", F16, (40, 64)).memref("out", F16, (rows, 64))
+        f.tile("ta", rows, 40, F16).tile("tb", 40, 64, F16).tile("c", rows, 64, F16)
+        f.load("ta", "a").muls("ta", "ta", 2.0).load("tb", "b").matmul("c", "ta", "tb").store("out", "c")
+
+    rng = np.random.default_rng(rows)
+    arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((rows, 40), (40, 64))]
+    arrays.append(np.zeros((rows, 64), np.float16))
+    expected = [x.copy() for x in arrays]
+    module = _tensor_core_module(build)
+    interpret.run(module, "k", *expected)
+    source = _run_host(module, arrays, np.float16, tmp_path)
+    assert "fa[q] = pto_pack_pair(pto_a_row[" in source and "pto_ldmatrix_trans_at(&fb" in source
+    np.testing.assert_array_equal(arrays[2], expected[2])  # small integers: exact
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("layout", ["ragged", "misaligned", "strided"])
 def test_packed_operands_load_8_elements_at_a_time_only_where_their_rows_allow(layout, tmp_path):
     """A packed operand's TLOAD copies 16 bytes at a time where the memref's rows are contiguous

@@ -52,7 +52,7 @@ chunk while this one's is multiplied (cp.async into a second buffer: _Context.ea
 _Generator._prefetched, _Generator._emit_prefetching). A warp whose units are all of the same
 columns loads b's fragments once a step of k for all of them (_Units.each_turn), and whole
 16 x 16 blocks come by ldmatrix from addresses taken before the loop over k (_lean_fragments;
-TF32 ones at offsets from places taken so).
+float operands' elements at offsets from places taken so).
 In a kernel of float32 memrefs whose function says `tf32`, its float32 products are the same
 units of mma.sync.m16n8k8 over operands rounded to TF32 (pto_mma_tf32, pto_tf32), in steps
 of 8.
@@ -1496,12 +1496,12 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             if lean is not None:
                 # a turn's unit is 16 (PTO_WARPS / slices) rows below the turn before's: its place
                 # in a a constant step from the first's
-                turn_step = 16 * (WARPS // units.slices) * lean.a_row_step
+                turn_step = 16 * (WARPS // units.slices) * lean.a.row_step
                 lean_rows = [f"const int r0 = 16 * (pto_warp / {units.slices});  // the first turn's",
-                             f"const {lean.pointer} pto_b_row = {lean.b_row};",
-                             f"const {lean.pointer} pto_a_row0 = {lean.a_row};"]
-                a_row = f"const {lean.pointer} pto_a_row = pto_a_row0 + {turn_step} * pto_ui;"
-                lean_body = [*lean.b_loads, *turns([units.bound(registers), a_row, *lean.a_loads, *products])]
+                             f"const {lean.b.pointer} pto_b_row = {lean.b.place};",
+                             f"const {lean.a.pointer} pto_a_row0 = {lean.a.place};"]
+                a_row = f"const {lean.a.pointer} pto_a_row = pto_a_row0 + {turn_step} * pto_ui;"
+                lean_body = [*lean.b.loads, *turns([units.bound(registers), a_row, *lean.a.loads, *products])]
             last = f"pto_warp + PTO_WARPS * (({units.count} - 1 - pto_warp) / PTO_WARPS)"  # greatest rows
             whole_rows = f"16 * (({last}) / {units.slices}) + 16 <= vr_{a}"
             body = [*(units.each([units.bound(registers), *zero], unrolled=True) if zero else []),
@@ -1510,9 +1510,9 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         else:
             lean_rows, lean_body = [], []
             if lean is not None:
-                lean_rows = [f"const {lean.pointer} pto_a_row = {lean.a_row};",
-                             f"const {lean.pointer} pto_b_row = {lean.b_row};"]
-                lean_body = [*lean.a_loads, *lean.b_loads, *products]
+                lean_rows = [f"const {lean.a.pointer} pto_a_row = {lean.a.place};",
+                             f"const {lean.b.pointer} pto_b_row = {lean.b.place};"]
+                lean_body = [*lean.a.loads, *lean.b.loads, *products]
             k_loops = [*lean_steps(f"r0 + 16 <= vr_{a}", lean_rows, lean_body),
                        *steps(a_loads + b_loads + products, first)]
             if registers is not None:
@@ -1527,62 +1527,105 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Lean:
-    """A tensor-core product's fragments by whole blocks only (_lean_fragments): the C type
-    of a lane's place in an operand (`pointer`: a shared address for ldmatrix, else a pointer
-    to ACC), this lane's place in a at (r0, 0) and in b at (0, c0) (pto_a_row, pto_b_row once
-    taken), the lines that fill fa and fb at the step from k0 from them, the test that the
-    unit's columns of b are whole, and how far a's place moves from a row to the next."""
+class _LeanOperand:
+    """How a lane reads one operand's fragments by whole blocks (_lean_fragments): the C type of
+    its place in the operand (a shared address for ldmatrix, else a pointer to ACC), that place
+    (in a at (r0, 0), in b at (0, c0)), the lines that fill the fragment (fa, fb) at the step
+    from k0 from the place once taken (pto_a_row, pto_b_row), and how far the place moves from
+    a row of the operand to the next."""
 
     pointer: str
-    a_row: str
-    b_row: str
-    a_loads: list[str]
-    b_loads: list[str]
+    place: str
+    loads: list[str]
+    row_step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lean:
+    """A tensor-core product's fragments by whole blocks only: a's and b's, and the test that
+    a unit's columns of b are whole."""
+
+    a: _LeanOperand
+    b: _LeanOperand
     b_whole: str
-    a_row_step: int
 
 
 def _lean_fragments(g: _Generator, a: str, b: str, blocks: int) -> _Lean | None:
     """The lean form of a product's fragments, with no test of the valid region a step (the
-    unit's rows and columns are tested once, whole steps of k are the loop's): where a and b (or
-    b's transposed source) are packed and b's columns of a unit are whole pairs of 8-column
-    blocks, each an ldmatrix at an address stepped by bytes from one taken before the loop over
-    k; for TF32 products, each element read at a constant offset from the lane's place in the
-    float operand, taken before the loop. None where the fragments need the tests
-    (_fragment_loads)."""
+    unit's rows and columns are tested once, whole steps of k are the loop's), each read from a
+    place in its operand taken before the loop over k: a packed operand's (or b's transposed
+    source's) by ldmatrix at an address stepped by bytes (b's where a unit's columns are whole
+    pairs of 8-column blocks), a float one's (a 16-bit product's operand computed in shared
+    memory, as attention's probabilities; a TF32 product's) element by element at constant
+    offsets. None where the fragments need the tests (_fragment_loads)."""
     if g.tiles[a].dtype == DataType.FLOAT32:
-        return _lean_tf32_fragments(g, a, b, blocks)
-    source = g.transposed.get(b)
-    if a not in g.packed or not (b in g.packed or source) or blocks % 2 != 0:
+        return _Lean(_lean_tf32_a(g, a), _lean_tf32_b(g, b, blocks), f"c0 + {8 * blocks} <= vc_{b}")
+    lean_b = _lean_16_bit_b(g, b, blocks)
+    if lean_b is None:
         return None
-    size = g.tiles[a].dtype.numpy.itemsize
-    a_row = f"pto_shared_address(&{a}[r0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}][{_MATRIX_COL}])"
-    if source:  # b's block of k0.. x c0 + 16p.. is the source's across: its matrices as they are
-        b_row = f"pto_shared_address(&{source}[c0 + {_MATRIX_COL} + {_MATRIX_LANE_ROW}][{_MATRIX_ROW}])"
-        pair = f"pto_ldmatrix_at(&fb[4 * p], pto_b_row + {size} * (k0 + {16 * g.pitch(source)} * p));"
-    else:
-        b_row = f"pto_shared_address(&{b}[{_MATRIX_ROW} + {_MATRIX_LANE_ROW}][c0 + {_MATRIX_COL}])"
-        pair = f"pto_ldmatrix_trans_at(&fb[4 * p], pto_b_row + {size} * ({g.pitch(b)} * k0 + 16 * p));"
-    b_loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int p = 0; p < {blocks // 2}; ++p) {pair}"]
-    a_loads = ["unsigned fa[4];", f"pto_ldmatrix_at(fa, pto_a_row + {size} * k0);"]
-    whole = f"c0 + {8 * blocks} <= vc_{b}"
-    return _Lean("pto_shared_t", a_row, b_row, a_loads, b_loads, whole, size * g.pitch(a))
+    return _Lean(_lean_16_bit_a(g, a), lean_b, f"c0 + {8 * blocks} <= vc_{b}")
 
 
-def _lean_tf32_fragments(g: _Generator, a: str, b: str, blocks: int) -> _Lean:
-    """A TF32 product's fragments from its float operands in shared memory: lane 4g + t's
-    A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4) at constant offsets from a's (r0 + g, t),
-    and B(t, c), B(t + 4, c) of each block's column c = c0 + 8n + g from b's (t, c0 + g); each
-    rounded to TF32 (pto_tf32)."""
-    a_pitch, b_pitch = g.pitch(a), g.pitch(b)
-    a_loads = ["unsigned fa[4];", "PTO_UNROLL", "for (int q = 0; q < 4; ++q) "
-               f"fa[q] = pto_tf32(pto_a_row[k0 + {8 * a_pitch} * (q % 2) + 4 * (q / 2)]);"]
-    b_loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
-               "    PTO_UNROLL", f"    for (int q = 0; q < 2; ++q) fb[2 * n + q] = "
-               f"pto_tf32(pto_b_row[(k0 + 4 * q) * {b_pitch} + 8 * n]);", "}"]
-    return _Lean("ACC *", f"&{a}[r0 + g][t]", f"&{b}[t][c0 + g]", a_loads, b_loads,
-                 f"c0 + {8 * blocks} <= vc_{b}", a_pitch)
+def _lean_16_bit_a(g: _Generator, a: str) -> _LeanOperand:
+    """a's fragment of a 16-bit product: a packed a's 16 x 16 block by one ldmatrix; a float
+    one's A(g, 2t..), A(g + 8, 2t..), A(g, 2t + 8..), A(g + 8, 2t + 8..) as pairs from a's
+    (r0 + g, 2t), each rounded to T (pto_pack_pair)."""
+    pitch = g.pitch(a)
+    if a in g.packed:
+        size = g.tiles[a].dtype.numpy.itemsize
+        place = f"pto_shared_address(&{a}[r0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}][{_MATRIX_COL}])"
+        loads = ["unsigned fa[4];", f"pto_ldmatrix_at(fa, pto_a_row + {size} * k0);"]
+        return _LeanOperand("pto_shared_t", place, loads, size * pitch)
+    pair = f"pto_a_row[k0 + {8 * pitch} * (q % 2) + 8 * (q / 2)"
+    loads = ["unsigned fa[4];", "PTO_UNROLL",
+             f"for (int q = 0; q < 4; ++q) fa[q] = pto_pack_pair({pair}], {pair} + 1]);"]
+    return _LeanOperand("ACC *", f"&{a}[r0 + g][t2]", loads, pitch)
+
+
+def _lean_16_bit_b(g: _Generator, b: str, blocks: int) -> _LeanOperand | None:
+    """b's fragments of a 16-bit product: a packed b's two 16 x 8 blocks at a time by one
+    ldmatrix.trans (its transposed source's across, by ldmatrix), where the unit's blocks come
+    in pairs (else None); a float b's B(2t.., c), B(2t + 8.., c) of each block's column
+    c = c0 + 8n + g as pairs from b's (2t, c0 + g), each rounded to T."""
+    source = g.transposed.get(b)
+    size = g.tiles[b].dtype.numpy.itemsize
+    if b in g.packed or source:
+        if blocks % 2 != 0:
+            return None
+        if source:  # b's block of k0.. x c0 + 16p.. is the source's across: its matrices as they are
+            place = f"pto_shared_address(&{source}[c0 + {_MATRIX_COL} + {_MATRIX_LANE_ROW}][{_MATRIX_ROW}])"
+            pair = f"pto_ldmatrix_at(&fb[4 * p], pto_b_row + {size} * (k0 + {16 * g.pitch(source)} * p));"
+        else:
+            place = f"pto_shared_address(&{b}[{_MATRIX_ROW} + {_MATRIX_LANE_ROW}][c0 + {_MATRIX_COL}])"
+            pair = f"pto_ldmatrix_trans_at(&fb[4 * p], pto_b_row + {size} * ({g.pitch(b)} * k0 + 16 * p));"
+        loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL",
+                 f"for (int p = 0; p < {blocks // 2}; ++p) {pair}"]
+        return _LeanOperand("pto_shared_t", place, loads, size * g.pitch(b))
+    pitch = g.pitch(b)
+    element = f"pto_b_row[(k0 + 8 * q) * {pitch} + 8 * n"
+    loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
+             "    PTO_UNROLL", f"    for (int q = 0; q < 2; ++q) fb[2 * n + q] = "
+             f"pto_pack_pair({element}], {element} + {pitch}]);", "}"]
+    return _LeanOperand("ACC *", f"&{b}[t2][c0 + g]", loads, pitch)
+
+
+def _lean_tf32_a(g: _Generator, a: str) -> _LeanOperand:
+    """a's fragment of a TF32 product: A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4) at
+    constant offsets from a's (r0 + g, t), each rounded to TF32 (pto_tf32)."""
+    pitch = g.pitch(a)
+    element = f"pto_a_row[k0 + {8 * pitch} * (q % 2) + 4 * (q / 2)]"
+    loads = ["unsigned fa[4];", "PTO_UNROLL", f"for (int q = 0; q < 4; ++q) fa[q] = pto_tf32({element});"]
+    return _LeanOperand("ACC *", f"&{a}[r0 + g][t]", loads, pitch)
+
+
+def _lean_tf32_b(g: _Generator, b: str, blocks: int) -> _LeanOperand:
+    """b's fragments of a TF32 product: B(t, c), B(t + 4, c) of each block's column
+    c = c0 + 8n + g from b's (t, c0 + g), each rounded to TF32."""
+    pitch = g.pitch(b)
+    loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
+             "    PTO_UNROLL", f"    for (int q = 0; q < 2; ++q) fb[2 * n + q] = "
+             f"pto_tf32(pto_b_row[(k0 + 4 * q) * {pitch} + 8 * n]);", "}"]
+    return _LeanOperand("ACC *", f"&{b}[t][c0 + g]", loads, pitch)
 
 
 # The row a lane gives ldmatrix.x4 of a 16 x 16 block, as the offsets of its 8 x 8 matrix
