@@ -614,15 +614,17 @@ def test_float64_tiles_of_a_float16_kernel_count_as_double_in_shared_memory():
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-@pytest.mark.parametrize("m, k, n, accumulate", [(16, 8, 8, False), (32, 64, 48, False), (20, 37, 27, True)],
-                         ids=["one-instruction", "units", "tails-accumulate"])
+@pytest.mark.parametrize("m, k, n, accumulate", [(16, 8, 8, False), (32, 64, 48, False), (20, 37, 27, True),
+                                                 (128, 40, 64, False)],
+                         ids=["one-instruction", "units", "tails-accumulate", "turns-sharing-b"])
 def test_a_tf32_function_multiplies_float32_tiles_on_tensor_cores_and_an_exact_one_does_not(
         m, k, n, accumulate, tmp_path):
     """With `tf32` a float32 product is mma.sync.m16n8k8 over operands rounded to TF32: it is
     the float64 product of the rounded operands to float32's accumulation (k x 2^-24 of the
     sum of |a||b|), and TF32's rounding (up to 2^-10 of it) away from the exact product; without
     it, the exact product. Tails of every dim, and an accumulating product; whole units the lean
-    way (32 x 64 x 48: the first 32 columns), tails with tests."""
+    way (32 x 64 x 48: the first 32 columns; 128 x 64: a warp's two turns, sharing b), tails with
+    tests."""
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     c = rng.standard_normal((m, n)).astype(np.float32) if accumulate else np.zeros((m, n), np.float32)
@@ -646,6 +648,7 @@ def test_a_tf32_function_multiplies_float32_tiles_on_tensor_cores_and_an_exact_o
         assert ("pto_mma_tf32(acc" in source) == tf32
         # whole units' whole steps read their elements at offsets from places taken once
         assert ("pto_tf32(pto_a_row[" in source) == tf32
+        assert ("pto_a_row0 + " in source) == (tf32 and m == 128)  # the turns' places in a
         accumulation = (k + 2) * 2.0**-24 * magnitude
         want = tf32_rounded(a) @ tf32_rounded(b) + c if tf32 else exact
         assert np.all(np.abs(out - want) <= accumulation), (tf32, np.abs(out - want).max())
