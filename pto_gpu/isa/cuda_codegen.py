@@ -1450,10 +1450,12 @@ def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     they can be, else as float); the warps take units of dst (_Units), and a unit is a sum over
     k of pto_mma (float16, bfloat16 tiles: mma.sync.m16n8k16, in steps of 16) or pto_mma_tf32
     (float32 tiles: mma.sync.m16n8k8 of TF32, in steps of 8), float accumulators in registers,
-    its fragments from shared memory, zero outside the valid regions. Where dst is kept in
-    registers (_Generator._fragments), or its accumulators are across the loop the product is
-    in (_Context.loop), dst is neither read nor written in shared memory: the accumulators
-    carry over from the product before."""
+    its fragments from shared memory, zero outside the valid regions: a whole unit's whole steps
+    of k from places taken before them (_lean_fragments), the rest with a test an element
+    (_fragment_loads). Where dst is kept in registers (_Generator._fragments), or its
+    accumulators are across the loop the product is in (_Context.loop), dst is neither read nor
+    written in shared memory: the accumulators carry over from the product before. A warp whose
+    units share columns takes b's fragments once a step for all its turns (_Units.each_turn)."""
     dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
     ctx.g.whole.update((dst, a, b))
     ctx.g.reads.setdefault(a, set()).add("mma")
