@@ -2,9 +2,10 @@
 CuPy's RawModule runs it, to an sm_90 cubin, on this machine, no GPU needed. Target (issue
 41): at most 2 s an instance cold (a warm one is CuPy's disk cache, or the emulator's).
 
-Where nvcc is installed, ptxas's report of the float16 ones (the matmul in both band heights
-bench/test_gpu.py compares, and the LLaMA-7B MLP's matmul_acc in column blocks):
-extra_info["registers"] a thread and ["shared_bytes"] a block, no spills asserted."""
+Where nvcc is installed, ptxas's report of the float16 ones and of their float32 ones as TF32
+(the matmul in both band heights bench/test_gpu.py compares, and the LLaMA-7B MLP's matmul_acc
+in column blocks): extra_info["registers"] a thread and ["shared_bytes"] a block, no spills
+asserted."""
 
 import re
 import shutil
@@ -71,12 +72,14 @@ REPORTED = {**{name: (family_of(kernel), shapes, scalars)
 
 @pytest.mark.benchmark(group="cuda-ptxas")
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+@pytest.mark.parametrize("dtype, tf32", [(np.float16, False), (np.float32, True)],
+                         ids=["float16", "float32-tf32"])
 @pytest.mark.parametrize("name", REPORTED)
-def test_ptxas_report(benchmark, name, tmp_path):
+def test_ptxas_report(benchmark, name, dtype, tf32, tmp_path):
     instances, shapes, scalars = REPORTED[name]
-    source = instances.cuda(shapes, np.dtype(np.float16), scalars).source
+    source = instances.cuda(shapes, np.dtype(dtype), scalars, tf32=tf32).source
     command = ["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v",
-               *cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)], str(source), "-o", str(tmp_path / "k.cubin")]
+               *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)], str(source), "-o", str(tmp_path / "k.cubin")]
     done = benchmark.pedantic(subprocess.run, (command,), dict(capture_output=True, text=True), rounds=1)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "0 bytes spill stores" in done.stderr, done.stderr
