@@ -9,6 +9,7 @@ import numpy as np
 
 from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.backends.emulated_device import HOST_FLAGS
 from pto_gpu.kernel import CudaCode
 
 
@@ -20,9 +21,8 @@ def build(code: CudaCode, dtype, folder: Path) -> ctypes.CDLL:
 def compile_source(source: Path, dtype, library: Path) -> ctypes.CDLL:
     """Generated CUDA source (one kernel's, or several pasted together) built by g++ for
     `dtype` into `library` (a new path: dlopen caches by path), loaded."""
-    options = cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)]
-    subprocess.run(["g++", "-x", "c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-Wall",
-                    "-Werror", *options, str(source), "-o", str(library)], check=True)
+    options = (*HOST_FLAGS, "-Wall", "-Werror", *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)])
+    subprocess.run(["g++", "-x", "c++", *options, str(source), "-o", str(library)], check=True)
     return ctypes.CDLL(str(library))
 
 

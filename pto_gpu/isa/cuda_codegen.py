@@ -363,6 +363,7 @@ class _Generator:
         self.packed = self._packed()
         self.doubled: set[str] = set()  # tiles in two buffers: one read, one being copied into
         self.prefetched = self._prefetched()
+        self.doubled = {prefetch.tile for prefetch in self.prefetched}
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
             raise ISAError(f"@{name}: its rows cannot be split over blocks: it is in the row layout, whose "
@@ -481,14 +482,14 @@ class _Generator:
         whose barriers fence the buffers) from a memref the kernel never stores (so the copy
         may run early), in the loops' order while the second buffers fit SHARED_LIMIT as the
         tiles are laid out (shared_offsets: a packed tile's bytes are a multiple of 16)."""
-        chosen, room = set(), SHARED_LIMIT - self.shared_offsets()[1]
+        chosen, doubled, room = set(), set(), SHARED_LIMIT - self.shared_offsets()[1]
         for prefetch in self.prefetches:
             if prefetch.tile not in self.packed or prefetch.param in self.stored:
                 continue
-            extra = 0 if prefetch.tile in self.doubled else self.tile_bytes(prefetch.tile)
+            extra = 0 if prefetch.tile in doubled else self.tile_bytes(prefetch.tile)
             if extra <= room:
                 room -= extra
-                self.doubled.add(prefetch.tile)
+                doubled.add(prefetch.tile)
                 chosen.add(prefetch)
         return chosen
 

@@ -854,8 +854,16 @@ inline void pto_async_wait_one() {
 // matrix l / 8; it gets in r[q] two elements of matrix q: row l / 4, columns 2 (l % 4) and
 // 2 (l % 4) + 1 (pto_ldmatrix), or with the matrix transposed, rows 2 (l % 4) and 2 (l % 4) + 1
 // of column l / 4 (pto_ldmatrix_trans); the first in the low half. Every lane of the warp
-// must call it together. On the host, a rendezvous at which the lanes exchange their addresses.
+// must call it together. The row as a pointer, or (pto_ldmatrix_at, _trans_at) as an address
+// in shared memory taken once (pto_shared_address) and stepped by bytes in a product's loop
+// over k: 32-bit adds on a GPU, where a generic row address cost a 64-bit multiply and add and
+// a conversion for each ldmatrix. On the host, a rendezvous at which the lanes exchange their
+// addresses (pto_host_rows), and a shared address is the row's pointer.
 #ifdef __CUDACC__
+typedef unsigned pto_shared_t;
+__device__ inline pto_shared_t pto_shared_address(const T *row) {
+    return (pto_shared_t)__cvta_generic_to_shared(row);
+}
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 template <int Arch = __CUDA_ARCH__>
 __device__ inline void pto_ldmatrix(unsigned[4], const T *) {
@@ -865,24 +873,37 @@ template <int Arch = __CUDA_ARCH__>
 __device__ inline void pto_ldmatrix_trans(unsigned[4], const T *) {
     static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
 }
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_ldmatrix_at(unsigned[4], pto_shared_t) {
+    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
+}
+template <int Arch = __CUDA_ARCH__>
+__device__ inline void pto_ldmatrix_trans_at(unsigned[4], pto_shared_t) {
+    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
+}
 #else
-#define PTO_LDMATRIX_ASM(instruction, r, row)                                                   \
-    asm volatile("{ .reg .u64 g; .reg .u32 s; cvta.to.shared.u64 g, %4; cvt.u32.u64 s, g;\n\t" \
-                 instruction " {%0, %1, %2, %3}, [s]; }"                                         \
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                               \
-                 : "l"(row))
-__device__ inline void pto_ldmatrix(unsigned r[4], const T *row) {
+#define PTO_LDMATRIX_ASM(instruction, r, address)                                 \
+    asm volatile(instruction " {%0, %1, %2, %3}, [%4];"                           \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                 \
+                 : "r"(address))
+__device__ inline void pto_ldmatrix_at(unsigned r[4], pto_shared_t address) {
 #ifdef __CUDA_ARCH__
-    PTO_LDMATRIX_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16", r, row);
+    PTO_LDMATRIX_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16", r, address);
 #endif
 }
+__device__ inline void pto_ldmatrix_trans_at(unsigned r[4], pto_shared_t address) {
+#ifdef __CUDA_ARCH__
+    PTO_LDMATRIX_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", r, address);
+#endif
+}
+__device__ inline void pto_ldmatrix(unsigned r[4], const T *row) { pto_ldmatrix_at(r, pto_shared_address(row)); }
 __device__ inline void pto_ldmatrix_trans(unsigned r[4], const T *row) {
-#ifdef __CUDA_ARCH__
-    PTO_LDMATRIX_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", r, row);
-#endif
+    pto_ldmatrix_trans_at(r, pto_shared_address(row));
 }
 #endif
 #else
+typedef const unsigned char *pto_shared_t;
+inline pto_shared_t pto_shared_address(const T *row) { return (pto_shared_t)row; }
 inline void pto_ldmatrix(unsigned r[4], const T *row) {
     const unsigned char *rows[32];
     pto_host_rows(row, rows);
@@ -900,45 +921,6 @@ inline void pto_ldmatrix_trans(unsigned r[4], const T *row) {
         r[q] = pto_pair(low[lane / 4], high[lane / 4]);
     }
 }
-#endif
-
-// A lane's row for ldmatrix as an address in shared memory, taken once (pto_shared_address)
-// and stepped by bytes in a product's loop over k: 32-bit adds on a GPU, where a generic row
-// address cost a 64-bit multiply and add and a conversion for each ldmatrix. On the host, the
-// row's pointer.
-#ifdef __CUDACC__
-typedef unsigned pto_shared_t;
-__device__ inline pto_shared_t pto_shared_address(const T *row) {
-    return (pto_shared_t)__cvta_generic_to_shared(row);
-}
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-template <int Arch = __CUDA_ARCH__>
-__device__ inline void pto_ldmatrix_at(unsigned[4], pto_shared_t) {
-    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
-}
-template <int Arch = __CUDA_ARCH__>
-__device__ inline void pto_ldmatrix_trans_at(unsigned[4], pto_shared_t) {
-    static_assert(Arch >= 800, "16-bit tile products run on tensor cores: sm_80 or newer");
-}
-#else
-#define PTO_LDMATRIX_AT_ASM(instruction, r, address)                              \
-    asm volatile(instruction " {%0, %1, %2, %3}, [%4];"                           \
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                 \
-                 : "r"(address))
-__device__ inline void pto_ldmatrix_at(unsigned r[4], pto_shared_t address) {
-#ifdef __CUDA_ARCH__
-    PTO_LDMATRIX_AT_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16", r, address);
-#endif
-}
-__device__ inline void pto_ldmatrix_trans_at(unsigned r[4], pto_shared_t address) {
-#ifdef __CUDA_ARCH__
-    PTO_LDMATRIX_AT_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", r, address);
-#endif
-}
-#endif
-#else
-typedef const unsigned char *pto_shared_t;
-inline pto_shared_t pto_shared_address(const T *row) { return (pto_shared_t)row; }
 inline void pto_ldmatrix_at(unsigned r[4], pto_shared_t address) { pto_ldmatrix(r, (const T *)address); }
 inline void pto_ldmatrix_trans_at(unsigned r[4], pto_shared_t address) {
     pto_ldmatrix_trans(r, (const T *)address);
