@@ -275,8 +275,8 @@ def generated_matmul(dtype=np.float16, tf32: bool = False, band: int = TENSOR_BA
     """The matmul family's generated CUDA code for 1024 x 8192 @ 8192 x 128 tiles (float16, or
     float32 with its products as TF32), as a kernel of its own: the family's tasks would run
     cuBLAS. `band`: its rows a block; other than TENSOR_BAND, the same builder declared with
-    tensor_band=band (64 rows read b's chunks half as often as 32, in 108 registers a
-    thread to 124: two blocks an SM either way)."""
+    tensor_band=band (64 rows read b's chunks half as often as 32, in 112 registers a
+    thread to 128: two blocks an SM either way)."""
     shapes = ((GENERATED_ROWS, N), (N, GENERATED_COLS), (GENERATED_ROWS, GENERATED_COLS))
     code = matmul_in_bands(band).cuda(shapes, np.dtype(dtype), (), tf32=tf32)
     return pto.kernel(worker=pto.CUBE, name="matmul", cuda=code)(lambda a, b, out: None)

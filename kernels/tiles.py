@@ -85,9 +85,10 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     return f
 
 
-# The narrowest chunk of k worth two buffers: a chunk is a barrier's worth of products (CUTLASS's
-# float16 tiles on sm_80 take 32 of k a stage).
-PIPELINED_K = 32
+# The widest chunk of k a tensor-core product summed over a loop takes at a time: six steps of
+# the instruction. Wider ones pushed the kernels held to 128 registers for two blocks an SM into
+# spills (ptxas, sm_90: the 32 x 128 matmul band spilled 20 bytes at 144, none at 96).
+TENSOR_CHUNK_K = 96
 
 
 def _chunk(dtype: DataType, m: int, k: int, n: int, b_transposed: bool, local_memory: int,
@@ -96,22 +97,21 @@ def _chunk(dtype: DataType, m: int, k: int, n: int, b_transposed: bool, local_me
     result is in shared memory as float (unless it is in registers) and the chunks of the
     operands as T in padded rows (cuda_codegen's packed tiles; a transposed b is read from its
     load, n x kc): all of k where that fits beside the result, else the widest chunk of whole
-    steps of the instruction's k whose operands fit twice (a chunk's copies then run while the
-    chunk before is multiplied: cuda_codegen's prefetched loads) if one of PIPELINED_K or more
-    does, else the widest that fits once (else the product runs on FMA, and the chunk is as
-    there: b's kc x n, as float64, fills the budget)."""
+    steps of the instruction's k, at most TENSOR_CHUNK_K, that fits (the generator then gives
+    the operands second buffers above `local_memory`, so the next chunk's copies run while this
+    one is multiplied: cuda_codegen's prefetched loads), else the product runs on FMA, and the
+    chunk is as there: b's kc x n, as float64, fills the budget."""
     if dtype in TENSOR_CORE_DTYPES:
         size = dtype.numpy.itemsize
         result = 0 if result_in_registers else TENSOR_CORE_BYTES * m * n
 
-        def need(kc: int, buffers: int = 1) -> int:
+        def need(kc: int) -> int:
             right = size * n * packed_pitch(kc) if b_transposed else size * kc * packed_pitch(n)
-            return result + buffers * (size * m * packed_pitch(kc) + right)
+            return result + size * m * packed_pitch(kc) + right
 
         if need(k) <= local_memory:
             return k
-        pipelined = [kc for kc in range(PIPELINED_K, k, MMA_K) if need(kc, 2) <= local_memory]
-        fitting = pipelined or [kc for kc in range(MMA_K, k, MMA_K) if need(kc) <= local_memory]
+        fitting = [kc for kc in range(MMA_K, min(k, TENSOR_CHUNK_K + 1), MMA_K) if need(kc) <= local_memory]
         if fitting:
             return fitting[-1]
     whole = 2 if b_transposed else 1  # tiles of kc x n read whole: b's, and its transpose's source

@@ -39,6 +39,7 @@ import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu import jit as pj
 from pto_gpu.backends import emulator
+from pto_gpu.backends.cuda_abi import SHARED_LIMIT
 from pto_gpu.backends.driver import CudaError
 from pto_gpu.runtime import cuda_unavailable
 
@@ -229,21 +230,34 @@ def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, ba
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("executor", ["stream", "persistent"])
-@pytest.mark.parametrize("orchestration", [flash_attention, flash_attention_fused], ids=["tasks", "fused"])
-def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(orchestration, executor,
-                                                                                  backend):
+@pytest.mark.parametrize("orchestration, d", [
+    (flash_attention, 32), (flash_attention_fused, 32), (flash_attention_fused, 64)],
+    ids=["tasks", "fused", "fused-d64"])
+def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(orchestration, d, executor,
+                                                                                  backend, monkeypatch):
     """llama.pto's flash attention over float16 arrays (its memrefs retyped): the scores and
     PV products are mma.sync kernels on CUDA. Both runs compute in float and round to float16
     (the CPU's interpretation at every instruction; the three-task form stores the scores,
     probabilities and running output between tasks), so they agree to a float16 ulp or two of
-    the output's scale, and both are within a few of float64 attention."""
+    the output's scale, and both are within a few of float64 attention. At head dim 64 the
+    fused kernel's k and v blocks in two buffers take more than 48 KiB of shared memory a
+    block: its launches are opted in (the emulator, as a GPU, refuses them otherwise)."""
     rng = np.random.default_rng(7)
-    q, k, v = (rng.standard_normal((2, 100, 32)).astype(np.float16) for _ in range(3))
+    q, k, v = (rng.standard_normal((2, 100, d)).astype(np.float16) for _ in range(3))
     want = np.zeros_like(q)
     pto.Runtime(backend="cpu", executor="serial").run(orchestration, q, k, v, want, tile=64, causal=True)
     rt = pto.Runtime(backend=backend, executor=executor, workers={pto.CUBE: 2, pto.VECTOR: 2})
+    allowed = []  # the shared memory each instance's launches were allowed to give a block
+    allow_shared = rt.backend.allow_shared
+
+    def noted(function: int, shared: int) -> None:
+        allowed.append(shared)
+        allow_shared(function, shared)
+
+    monkeypatch.setattr(rt.backend, "allow_shared", noted)
     device = [rt.backend.to_device(x) for x in (q, k, v, np.zeros_like(q))]
     rt.run(orchestration, *device, tile=64, causal=True)
+    assert (max(allowed) > SHARED_LIMIT) == (d == 64)
     got = rt.backend.to_host(device[3]).astype(np.float64)
     exact = attention(q, k, v, causal=True)
     scale = np.abs(exact).max()

@@ -253,6 +253,28 @@ def test_kernel_params_are_copied_at_launch(emu):
     assert seen == [([2, 3, 4], [32, 2, 1], 128, 7, 2.5, 0x1234)]
 
 
+def test_dynamic_shared_memory_past_48_kib_needs_the_function_opted_in(emu):
+    """As on a GPU: a launch may give a block 48 KiB of dynamic shared memory, more once
+    cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) allows it, up to an
+    sm_90 block's 227 KiB; the bound is the function's."""
+    given = []
+    probe = emu.kernel(lambda grid, block, shared, params, context: given.append(shared) or 0, [])
+    other = emu.kernel(lambda grid, block, shared, params, context: 0, [])
+    stream, opt_in = emu.stream(), driver.MAX_DYNAMIC_SHARED_SIZE_BYTES
+    assert emu.launch(probe, stream, shared=48 * 1024) == SUCCESS
+    assert emu.launch(probe, stream, shared=48 * 1024 + 16) == INVALID_VALUE
+    assert emu.cu.func_set_attribute(probe, opt_in, 96 * 1024) == SUCCESS
+    assert emu.launch(probe, stream, shared=96 * 1024) == SUCCESS
+    assert emu.launch(probe, stream, shared=96 * 1024 + 16) == INVALID_VALUE
+    assert emu.launch(other, stream, shared=96 * 1024) == INVALID_VALUE
+    assert emu.cu.func_set_attribute(probe, opt_in, 227 * 1024 + 1) == INVALID_VALUE
+    assert emu.cu.func_set_attribute(probe, opt_in, -1) == INVALID_VALUE
+    assert emu.cu.func_set_attribute(probe, 0, 1024) == INVALID_VALUE  # attributes not emulated
+    assert emu.cu.func_set_attribute(None, opt_in, 1024) == INVALID_HANDLE
+    assert wait(emu.recorded(stream)) == SUCCESS
+    assert given == [48 * 1024, 96 * 1024]
+
+
 def test_a_wait_holds_a_stream_until_the_record_is_reached(emu):
     first, second = emu.stream(), emu.stream()
     assert emu.launch(emu.blocked, first) == SUCCESS

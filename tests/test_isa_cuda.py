@@ -28,7 +28,7 @@ from kernel_references import tf32_rounded
 
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
-from pto_gpu.backends.cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
+from pto_gpu.backends.cuda_abi import MAX_BLOCKS, SHARED_LIMIT, SHARED_OPT_IN, THREADS_PER_BLOCK
 from pto_gpu.isa import ISAError, interpret, optimize
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import WorkItems, cuda_code, cuda_source, packed_pitch
@@ -409,7 +409,7 @@ def test_nvcc_compiles_without_warnings_spills_or_local_memory(ptxas_reports, la
         # sin and cos keep an array for their argument reduction (sinf's Payne-Hanek path: 7
         # words, a 32-byte frame), not a tile
         assert stack == "0" or name == "pto_unary" or name in LOOP_STATE_SPILLS, (name, arch, report)
-        assert int(smem or 0) <= 48 * 1024, (name, arch)
+        assert int(smem or 0) == 0, (name, arch)  # tiles in dynamic shared memory, which the launch sizes
 
 
 # --- host build ---------------------------------------------------------------------------------
@@ -752,8 +752,8 @@ def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, 
     # in two buffers where those fit beside the float tiles (test_loads_copy_an_iteration_ahead...)
     doubled = "pto_buf_t_ta" in source
     a_tile, b_tile = ("pto_buf_t_ta, [2]", "pto_buf_t_tb, [2]") if doubled else ("t_ta, ", "t_tb, ")
-    assert f"PTO_SHARED_PACKED(T, {a_tile}[{m}][{packed_pitch(chunk)}], " in source
-    assert f"PTO_SHARED_PACKED(T, {b_tile}[{chunk}][{packed_pitch(n)}], " in source
+    assert f"PTO_SHARED(T, {a_tile}[{m}][{packed_pitch(chunk)}], " in source
+    assert f"PTO_SHARED(T, {b_tile}[{chunk}][{packed_pitch(n)}], " in source
     assert "pto_ldmatrix(fa" in loop and "pto_ldmatrix_trans(&fb" in loop  # the steps with tests
     # whole steps of whole units: from addresses taken before the loop over k, stepped by bytes
     assert "pto_ldmatrix_at(fa, pto_a_row + 2 * k0);" in loop and "pto_ldmatrix_trans_at(&fb[4 * p]" in loop
@@ -791,7 +791,7 @@ HAND_WRITTEN = {"moving by a scalar": (_moving_by_a_scalar, (64, 32)),
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("case, ahead", [
     ("fits", {"t_ta", "t_tb"}),  # beside a 20 x 27 result in registers and one in shared memory
-    ("no room", set()),  # 48 x 96 x 32: the second buffers would pass SHARED_LIMIT
+    ("past the static limit", {"t_ta", "t_tb"}),  # 48 x 96 x 32: the second buffers pass SHARED_LIMIT
     ("returns", set()),  # a RETURN may leave the loop with copies in flight
     ("moving by a scalar", {"t_ta"}),  # b's next window is not known an iteration before
     ("transpose read before", {"t_ta"}),  # b's tile is read (transposed) before its load
@@ -808,7 +808,7 @@ def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, tmp_path):
         arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((32, 64), b_shape)]
         arrays.append(np.zeros((32, 32), np.float16))
     else:
-        m, k, n, chunk = (48, 96, 96, 32) if case == "no room" else (20, 37, 27, 16)
+        m, k, n, chunk = (48, 96, 96, 32) if case == "past the static limit" else (20, 37, 27, 16)
         module = _chunked_product(m, k, n, chunk, returns=case == "returns")
         rng = np.random.default_rng(6)
         arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((m, k), (k, n), (m, n))]
@@ -819,7 +819,9 @@ def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, tmp_path):
     source = _run_host(module, arrays, np.float16, tmp_path, scalars)
     copied = set(re.findall(r"pto_copy8_async\(&pto_next_(\w+)\[", source))
     assert copied == ahead
-    assert all(f"PTO_SHARED_PACKED(T, pto_buf_{tile}, [2]" in source for tile in ahead)
+    assert all(f"PTO_SHARED(T, pto_buf_{tile}, [2]" in source for tile in ahead)
+    shared = cuda_code(module, "k", tmp_path).shared_bytes
+    assert (shared > SHARED_LIMIT) == (case == "past the static limit") and shared <= SHARED_OPT_IN
     for have, want in zip(arrays, expected):  # small integers: exact
         np.testing.assert_array_equal(have, want)
 
@@ -934,7 +936,7 @@ def test_a_packed_load_meets_the_owners_of_its_elements(case, tmp_path):
     out = np.zeros((16, 16), np.float16)
     operands = [m.copy(), y, b, out]
     source = _run_host(_tensor_core_module(build), operands, np.float16, tmp_path, scalars=(1,))
-    assert "PTO_SHARED_PACKED(T, t_ta," in source
+    assert "PTO_SHARED(T, t_ta," in source
     y16 = y[:, :16].astype(np.float64)
     a = {"store-then-load": 2 * y16, "load-then-store": m, "two-loads": m}[case]
     np.testing.assert_array_equal(out, a.astype(np.float64) @ b)
@@ -1070,7 +1072,7 @@ def test_an_operand_read_by_another_instruction_stays_float_in_shared_memory(tmp
     a, b = rng.uniform(-1, 1, (16, 32)).astype(np.float16), rng.uniform(-1, 1, (32, 16)).astype(np.float16)
     out, scaled = np.zeros((16, 16), np.float16), np.zeros((32, 16), np.float16)
     source = _run_host(_tensor_core_module(build), [a, b, out, scaled], np.float16, tmp_path)
-    assert f"PTO_SHARED_PACKED(T, t_ta, [16][{packed_pitch(32)}], " in source
+    assert f"PTO_SHARED(T, t_ta, [16][{packed_pitch(32)}], " in source
     assert "PTO_SHARED(ACC, t_tb, [32][16], " in source
     np.testing.assert_array_equal(scaled, ((b.astype(np.float32) / np.float32(3)) * 3).astype(np.float16))
     want = a.astype(np.float64) @ b

@@ -387,13 +387,15 @@ def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
     """The sizes _attention_sizes picks for CUDA keep every tile a float16 instance reads whole
     in shared memory, its products on tensor cores, at the head dims of real models; the
     output in registers (scaled there by its rows' factors), k read across where it was loaded
-    (no transpose), v as float16."""
+    (no transpose), v as float16, k and v in two buffers each (the next key block's copied
+    while this one's products run: past 48 KiB a block, opted in)."""
     for m, d in [(128, 128), (64, 128), (64, 64), (32, 256), (50, 72)]:
         code = family_of(llm.flash_attention_tile).cuda(((4, m, d), (4, 2048, d), (4, 2048, d), (4, m, d)),
                                                         np.dtype(np.float16), (0, 1))
         source = code.source.read_text()
         assert "pto_mma(acc" in source, (m, d)
-        assert "float pto_frag_t_o[" in source and "PTO_SHARED_PACKED(T, t_vt, [" in source, (m, d)
+        assert "float pto_frag_t_o[" in source, (m, d)
+        assert all(f"PTO_SHARED(T, pto_buf_{tile}, [2][" in source for tile in ("t_vt", "t_k_part")), (m, d)
         assert re.search(r"pto_ldmatrix\(&fb\[4 \* p\], &t_k_part", source), (m, d)
 
 

@@ -41,8 +41,8 @@ from ..native_call import compiled_entry
 from ..params import ParamKind
 from ..tensor import TensorDescriptor
 from . import ExternalArray, cublas, cuda_abi
-from .cuda_abi import MAX_BLOCKS, THREADS_PER_BLOCK
-from .driver import CAPTURE_MODE_RELAXED, Driver
+from .cuda_abi import MAX_BLOCKS, SHARED_LIMIT, THREADS_PER_BLOCK
+from .driver import CAPTURE_MODE_RELAXED, MAX_DYNAMIC_SHARED_SIZE_BYTES, Driver
 from .launches import (
     CALLS,
     GEMM,
@@ -87,8 +87,9 @@ class Device(Protocol):
         `dtype`, taking `words` 8-byte params (the persistent kernel's module, and `function`'s
         generated code)."""
 
-    def resident_blocks(self, function: int) -> int:
-        """Blocks of `function` the device runs at once (the persistent kernel's grid). The
+    def resident_blocks(self, function: int, shared: int) -> int:
+        """Blocks of `function`, each given `shared` bytes of dynamic shared memory, the device
+        runs at once (the persistent kernel's grid). The
         device is also the persistent scheduler's memory: persistent_host.Memory."""
 
     def stream(self) -> int:
@@ -191,15 +192,24 @@ class CudaBackend:
             launch = self._template(key, task)
         return launch, _own_words(launch, own, scalars)
 
-    def launch(self, function: int, blocks: int, params: tuple[int, ...], stream: int, event: int) -> None:
-        """Launch `function` over `blocks` blocks of THREADS_PER_BLOCK threads, its params the
-        8-byte words `params`, on `stream`, and record `event` behind it."""
+    def launch(self, function: int, blocks: int, shared: int, params: tuple[int, ...], stream: int,
+               event: int) -> None:
+        """Launch `function` over `blocks` blocks of THREADS_PER_BLOCK threads with `shared` bytes
+        of dynamic shared memory each, its params the 8-byte words `params`, on `stream`, and
+        record `event` behind it."""
         self._enter()
+        self.allow_shared(function, shared)
         words = np.array(params, np.uint64)
         pointers = (ctypes.c_void_p * len(params))(*(words.ctypes.data + 8 * i for i in range(len(params))))
-        self._driver.call("cuLaunchKernel", function, blocks, 1, 1, THREADS_PER_BLOCK, 1, 1, 0, stream,
+        self._driver.call("cuLaunchKernel", function, blocks, 1, 1, THREADS_PER_BLOCK, 1, 1, shared, stream,
                           pointers, None)
         self._driver.call("cuEventRecord", event, stream)
+
+    def allow_shared(self, function: int, shared: int) -> None:
+        """Let launches of `function` give a block `shared` bytes of dynamic shared memory: past
+        SHARED_LIMIT the driver refuses them until the function is opted in."""
+        if shared > SHARED_LIMIT:
+            self._driver.call("cuFuncSetAttribute", function, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
 
     def library(self, task, stream: int) -> None:
         """Run a task's library implementation on `stream` (no waits before, no event after)."""
@@ -333,7 +343,8 @@ class CudaBackend:
             return NO_WORK
         layout = [None if t is None else (t.shape, t.dtype.numpy) for t in params]
         function = self.device.function(code, kernel, layout, scalars)
-        return template(function, _grid(items), THREADS_PER_BLOCK, words, integer_scalars)
+        self.allow_shared(function, code.shared_bytes)
+        return template(function, _grid(items), THREADS_PER_BLOCK, words, integer_scalars, code.shared_bytes)
 
     def _generated(self, kernel, call: _Call) -> tuple[CudaCode, int, tuple[bool, ...]]:
         """The generated code of a call's instance, its work items, and each scalar's word type."""

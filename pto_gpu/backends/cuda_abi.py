@@ -17,7 +17,13 @@ from ..errors import PTOError
 
 MAX_DIMS = 3
 THREADS_PER_BLOCK = 256  # every launch's block: the generated kernels' warps and shared memory assume it
-SHARED_LIMIT = 48 * 1024  # static shared memory per block without opting in
+# A block's shared memory: its tiles are sized to SHARED_LIMIT (what a block gets without opting
+# in); with the second buffers of loads an iteration ahead it may take up to SHARED_OPT_IN, twice
+# that, which every GPU with tensor cores the generated code uses (sm_80 and later: 99 KiB a
+# block on sm_86, sm_89 and sm_120, 163 on sm_80, 227 on sm_90) gives a function opted in
+# (cuFuncSetAttribute), with 3 KiB to spare for static shared memory.
+SHARED_LIMIT = 48 * 1024
+SHARED_OPT_IN = 2 * SHARED_LIMIT
 # What every generated source pastes at its top, and the persistent kernel's module once.
 HEADER = Path(__file__).parent.parent / "isa" / "pto_isa.cuh"
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost

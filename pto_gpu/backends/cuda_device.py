@@ -112,11 +112,12 @@ class CupyDevice:
                 function = self._functions[key] = module.get_function(cuda_abi.symbol(name))
         return function.kernel.ptr  # a RawKernel's Function: the CUfunction, loaded on this device
 
-    def resident_blocks(self, function: int) -> int:
-        """Blocks of `function` (of THREADS_PER_BLOCK threads, no dynamic shared memory) the
-        GPU holds at once: its occupancy per SM times the SMs."""
+    def resident_blocks(self, function: int, shared: int) -> int:
+        """Blocks of `function` (of THREADS_PER_BLOCK threads, `shared` bytes of dynamic shared
+        memory) the GPU holds at once: its occupancy per SM times the SMs."""
         driver = self._cupy.cuda.driver
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function, cuda_abi.THREADS_PER_BLOCK, 0)
+        threads = cuda_abi.THREADS_PER_BLOCK
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function, threads, shared)
         return max(1, per_sm) * self._cupy.cuda.Device(self._device_id).attributes["MultiProcessorCount"]
 
     # --- the persistent scheduler's memory (persistent_host.Memory) ------------------------

@@ -15,7 +15,8 @@
  *
  * Not emulated: the legacy default stream (0, or CU_STREAM_LEGACY) is one more stream, without
  * its implicit synchronisation with blocking streams (the project uses non-blocking streams
- * only); cuLaunchKernel's `extra` argument (CUDA_ERROR_INVALID_VALUE). As in CUDA,
+ * only); cuLaunchKernel's `extra` argument (CUDA_ERROR_INVALID_VALUE); function attributes but
+ * the dynamic shared memory a launch may give (CUDA_ERROR_INVALID_VALUE). As in CUDA,
  * cuStreamDestroy_v2 returns at once and the stream's queued work still runs; its thread ends
  * when the queue is empty. Destroy calls made under the sticky error still free the handle.
  *
@@ -78,6 +79,12 @@ enum { CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_CAPTURE_STATUS_ACTIVE, CU_STREAM
 #define CU_STREAM_NON_BLOCKING 0x1u
 #define EVENT_FLAGS 0x7u /* CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS */
 #define MAX_BLOCK_THREADS 1024ull
+/* A launch's dynamic shared memory: at most 48 KiB, or what cuFuncSetAttribute's
+ * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES set, which may be up to an sm_90 block's
+ * 227 KiB (the emulated GPU is an H100's kind). */
+#define DEFAULT_DYNAMIC_SHARED 49152u
+#define MAX_DYNAMIC_SHARED 232448
+#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
 /* The first member of every handle's struct: what a handle is, or DEAD once destroyed. */
 enum magic {
@@ -111,6 +118,7 @@ struct function {
     enum magic magic;
     entry_fn entry;
     void *context;
+    unsigned max_shared; /* dynamic shared memory a launch may give it, bytes */
     int count;
     size_t sizes[]; /* parameter i's size in bytes */
 };
@@ -812,6 +820,19 @@ CUresult cuEventSynchronize(CUevent event) {
     return event_wait(event, -1);
 }
 
+/* Only the attribute the backend sets: the dynamic shared memory a launch may give `f`. */
+CUresult cuFuncSetAttribute(CUfunction f, int attribute, int value) {
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = status();
+    if (rc == CUDA_SUCCESS && (f == NULL || f->magic != FUNCTION)) rc = CUDA_ERROR_INVALID_HANDLE;
+    if (rc == CUDA_SUCCESS &&
+        (attribute != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES || value < 0 || value > MAX_DYNAMIC_SHARED))
+        rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) f->max_shared = (unsigned)value;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
 CUresult cuLaunchKernel(CUfunction f, unsigned gridX, unsigned gridY, unsigned gridZ, unsigned blockX,
                         unsigned blockY, unsigned blockZ, unsigned sharedMemBytes, CUstream handle,
                         void **kernelParams, void **extra) {
@@ -824,6 +845,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gridX, unsigned gridY, unsigned g
     if (rc == CUDA_SUCCESS &&
         (gridX == 0 || gridY == 0 || gridZ == 0 || blockX == 0 || blockY == 0 || blockZ == 0 ||
          (unsigned long long)blockX * blockY * blockZ > MAX_BLOCK_THREADS || extra != NULL ||
+         sharedMemBytes > f->max_shared ||
          (kernelParams == NULL && f->count > 0)))
         rc = CUDA_ERROR_INVALID_VALUE;
     size_t bytes = 0; /* the values' room in command.data */
@@ -1216,7 +1238,7 @@ static int gemm_entry(const unsigned grid[3], const unsigned block[3], unsigned 
     return 0;
 }
 
-static struct function g_gemm = {FUNCTION, gemm_entry, NULL, G_PARAMS,
+static struct function g_gemm = {FUNCTION, gemm_entry, NULL, DEFAULT_DYNAMIC_SHARED, G_PARAMS,
                                  {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8}};
 
 int cublasCreate_v2(cublasHandle_t *handle) {
@@ -1298,6 +1320,7 @@ CUresult pto_emu_function(CUfunction *out, void *entry, void *context, int count
     f->magic = FUNCTION;
     memcpy(&f->entry, &entry, sizeof entry); /* POSIX: the pointers share a representation */
     f->context = context;
+    f->max_shared = DEFAULT_DYNAMIC_SHARED;
     f->count = count;
     for (int i = 0; i < count; i++) f->sizes[i] = (size_t)sizes[i];
     *out = f;

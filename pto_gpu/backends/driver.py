@@ -24,6 +24,7 @@ SUCCESS, NOT_READY = 0, 600
 STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
 EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED: other threads may call the driver meanwhile
+MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 _int, _uint, _handle = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
 _deviceptr = ctypes.c_ulonglong
@@ -41,6 +42,7 @@ SIGNATURES: dict[str, type] = {
     "cuEventRecord": ctypes.CFUNCTYPE(_int, _handle, _handle),
     "cuEventQuery": ctypes.CFUNCTYPE(_int, _handle),
     "cuEventSynchronize": ctypes.CFUNCTYPE(_int, _handle),
+    "cuFuncSetAttribute": ctypes.CFUNCTYPE(_int, _handle, _int, _int),
     "cuLaunchKernel": ctypes.CFUNCTYPE(_int, _handle, *[_uint] * 7, _handle, ctypes.POINTER(ctypes.c_void_p),
                                        ctypes.POINTER(ctypes.c_void_p)),
     "cuMemsetD8Async": ctypes.CFUNCTYPE(_int, _deviceptr, ctypes.c_ubyte, ctypes.c_size_t, _handle),

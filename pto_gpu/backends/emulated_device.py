@@ -112,7 +112,7 @@ class EmulatedDevice:
                         ctypes.cast(entry, ctypes.c_void_p).value, [WORD] * words)
         return function
 
-    def resident_blocks(self, function: int) -> int:
+    def resident_blocks(self, function: int, shared: int) -> int:
         """Blocks of `function` the device runs at once: for the persistent kernel, whose host
         build runs its blocks side by side, each on a thread (PTO_HOST_THREADS), as many as
         make the blocks race for tasks, the wiring lock and the queue on any machine."""

@@ -89,10 +89,11 @@ class Template:
 NO_WORK = Template(0, 0, 0, 0, np.zeros(0, np.int64), np.zeros(0, np.int64), (), ())
 
 
-def template(function: int, grid: int, block: int, layout: list,
-             integer_scalars: tuple[bool, ...]) -> Template:
+def template(function: int, grid: int, block: int, layout: list, integer_scalars: tuple[bool, ...],
+             shared: int = 0) -> Template:
     """The template of a launch whose params are `layout`, in order: (shape, byte strides,
-    itemsize) for a tensor, None for a scalar (of the types `integer_scalars` says)."""
+    itemsize) for a tensor, None for a scalar (of the types `integer_scalars` says), giving a
+    block `shared` bytes of dynamic shared memory."""
     words: list[int] = []
     task_words = []
     scalar_slots = []
@@ -106,7 +107,7 @@ def template(function: int, grid: int, block: int, layout: list,
             words += [0, *(int(w) for w in cuda_abi.tensor_words(shape, byte_strides, itemsize))]
     if len(words) > MAX_WORDS:
         raise ValueError(f"a launch of {len(words)} argument words; at most {MAX_WORDS}")
-    return Template(function, grid, block, shared=0, words=np.array(words, np.int64),
+    return Template(function, grid, block, shared=shared, words=np.array(words, np.int64),
                     task_words=np.array(task_words, np.int64), scalar_slots=tuple(scalar_slots),
                     integer_scalars=integer_scalars)
 

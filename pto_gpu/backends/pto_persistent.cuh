@@ -4,16 +4,17 @@
 // run. persistent_module.py writes the module around this text:
 //
 //   #define PTO_WARPS, PTO_PERSISTENT, PTO_HOST_THREADS (the host build's blocks side by side,
-//   pto_isa.cuh) and PTO_TASK_SHARED_BYTES (the most any instance takes)
+//   pto_isa.cuh) and PTO_TASK_SHARED_BYTES (the dynamic shared memory its launch gives a block:
+//   the most any instance takes, and room for thread 0's words)
 //   pto_isa.cuh, persistent_protocol.h, then this file: how the instances are declared
 //   namespace pto_instance_<k> { <instance k's generated source> }   for each instance
 //   pto_run_task: a switch over the instances
 //   pto_persistent_kernel.cuh: the kernel, and its host build's entry
 //
 // Each generated source is pasted whole: its copy of pto_isa.cuh is skipped (include guard),
-// its kernel becomes a device function (PTO_ENTRY), its tiles in shared memory references into
-// pto_task_shared at the offsets the generator gave them (PTO_SHARED), so the instances take
-// turns in one block's shared memory instead of adding up, and PTO_TASK makes its
+// its kernel becomes a device function (PTO_ENTRY), its tiles in shared memory are references
+// into the block's dynamic shared memory at the offsets the generator gave them (PTO_SHARED,
+// pto_isa.cuh), so the instances take turns in it instead of adding up, and PTO_TASK makes its
 // `pto_task(words)`, which reads the task's argument words as its params.
 //
 // A task runs as the pieces its stream launch's grid would have been blocks: piece p on a
@@ -38,9 +39,6 @@
 #endif
 
 #define PTO_ENTRY(blocks) static __device__ __forceinline__ void
-#define PTO_SHARED(type, name, dims, offset) \
-    type(&name) dims = *reinterpret_cast<type(*) dims>(pto_task_shared + (offset))
-#define PTO_SHARED_PACKED PTO_SHARED
 #define PTO_TASK __device__ __noinline__ void pto_task
 
 // A task's argument word as its param's type, bit for bit (a pointer, a long long, a double).
@@ -50,10 +48,6 @@ __device__ inline V pto_word(const long long *word) {
     memcpy(&value, word, sizeof value);
     return value;
 }
-
-// The instances' tiles in shared memory, one instance at a time; their offsets are multiples
-// of 16 (CudaCode.shared_bytes). Between tasks, thread 0's words to the block.
-alignas(16) __shared__ unsigned char pto_task_shared[PTO_TASK_SHARED_BYTES > 32 ? PTO_TASK_SHARED_BYTES : 32];
 
 // The block and grid a task's code sees: the piece of the task the block runs, of how many
 // (pto_persistent_kernel.cuh).

@@ -31,9 +31,9 @@ struct PtoRecords {
 extern "C" __global__ void __launch_bounds__(PTO_THREADS, 1)
 pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
     // Thread 0's words to the block (the outcome, then the work: the slot, the instance, the
-    // pieces to run first..last of how many), in the instances' shared memory: read by all
-    // before a second barrier, then the task's.
-    pto_u32 *const said = reinterpret_cast<pto_u32 *>(pto_task_shared);
+    // pieces to run first..last of how many), in the dynamic shared memory the instances' tiles
+    // take turns in: read by all before a second barrier, then the task's.
+    pto_u32 *const said = reinterpret_cast<pto_u32 *>(pto_dynamic_shared);
     pto_sched s = *pto_scheduler;
     const PtoRecords r = *pto_records;
     const pto_board board = {r.ticket, r.pieces, r.began, r.pieces_run, r.board, r.board_entries, r.open};
@@ -92,12 +92,12 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
 // (PTO_HOST_THREADS, pto_isa.cuh), at most PTO_HOST_BLOCKS of them; its one symbol the others
 // hide
 #define PTO_HOST_BLOCKS 64
-extern "C" __attribute__((visibility("default"))) int pto_launch_persistent(const unsigned *pto_grid, const unsigned *pto_block, unsigned,
+extern "C" __attribute__((visibility("default"))) int pto_launch_persistent(const unsigned *pto_grid, const unsigned *pto_block, unsigned pto_shared,
                                      void **pto_params, void *) {
     if (pto_block[0] != PTO_THREADS || pto_block[1] != 1 || pto_block[2] != 1 || pto_grid[1] != 1 ||
-        pto_grid[2] != 1 || pto_grid[0] > PTO_HOST_BLOCKS)
+        pto_grid[2] != 1 || pto_grid[0] > PTO_HOST_BLOCKS || pto_shared < PTO_TASK_SHARED_BYTES)
         return 1;
-    pto_host_launch(pto_grid[0], [&] {
+    pto_host_launch(pto_grid[0], pto_shared, [&] {
         pto_persistent(*(const pto_sched **)pto_params[0], *(const PtoRecords **)pto_params[1]);
     });
     return 0;

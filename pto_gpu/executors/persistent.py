@@ -44,7 +44,7 @@ import numpy as np
 from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.launches import MAX_WORDS
 from ..backends.persistent_host import NO_WORK, Abort, Shown, Sizes, State
-from ..backends.persistent_module import NAME, check, write
+from ..backends.persistent_module import NAME, check, shared_bytes, write
 from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import DeadlockError, InvariantError, PTOError, TaskError
 from ..first_calls import first_calls, preparing
@@ -364,9 +364,12 @@ class PersistentExecutor:
             self._learnt.filled[:] = 0  # (some may be of those dropped)
             raise
         self._backend.persistent_compiled[self._dtype] = len(codes)
-        blocks = min(MAX_BLOCKS, self._device.resident_blocks(function))
+        shared = shared_bytes(codes)
         try:
-            self._backend.launch(function, blocks, self._state.kernel_args, self._stream, self._ended)
+            # occupancy counts the opted-in shared memory: opt in first
+            self._backend.allow_shared(function, shared)
+            blocks = min(MAX_BLOCKS, self._device.resident_blocks(function, shared))
+            self._backend.launch(function, blocks, shared, self._state.kernel_args, self._stream, self._ended)
         except Exception as cause:  # refused, or the device has faulted already
             raise self._fault(cause) from cause
         self._run[0]["launched"] = len(codes)

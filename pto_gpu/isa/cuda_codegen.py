@@ -23,7 +23,9 @@ Two layouts, chosen per function:
                 rows of one when the function is a band of a taller call), its warps
                 own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
                 memory, and a __syncthreads() comes before and after each whole-tile read and
-                each access of such a memref.
+                each access of such a memref. The tiles are references into the block's
+                dynamic shared memory at offsets (PTO_SHARED, _Generator.shared_offsets),
+                whose bytes the launch gives (CudaCode.shared_bytes).
 
 Broadcast rows: where nothing else needs the block layout, a one-row tile loaded only from
 memrefs the kernel never stores and read only as COL_EXPAND's b (a LayerNorm's weight) is every
@@ -75,7 +77,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backends.cuda_abi import HEADER, SHARED_LIMIT, THREADS_PER_BLOCK
+from ..backends.cuda_abi import HEADER, SHARED_LIMIT, SHARED_OPT_IN, THREADS_PER_BLOCK
 from ..dtypes import DataType
 from ..kernel import CudaCode
 from . import column_blocks
@@ -480,9 +482,11 @@ class _Generator:
         (cp.async into the tile's other buffer, _Generator._emit_prefetching), so the copy runs
         while this iteration's products do: each into a packed tile (read only by products,
         whose barriers fence the buffers) from a memref the kernel never stores (so the copy
-        may run early), in the loops' order while the second buffers fit SHARED_LIMIT as the
-        tiles are laid out (shared_offsets: a packed tile's bytes are a multiple of 16)."""
-        chosen, doubled, room = set(), set(), SHARED_LIMIT - self.shared_offsets()[1]
+        may run early), in the loops' order while the second buffers fit SHARED_OPT_IN as the
+        tiles are laid out (shared_offsets: a packed tile's bytes are a multiple of 16). The
+        tiles of a kernel within budget take at most SHARED_LIMIT, half of that, so every
+        such load is doubled; the room is checked all the same."""
+        chosen, doubled, room = set(), set(), SHARED_OPT_IN - self.shared_offsets()[1]
         for prefetch in self.prefetches:
             if prefetch.tile not in self.packed or prefetch.param in self.stored:
                 continue
@@ -530,19 +534,24 @@ class _Generator:
         cols = self.tiles[tile].cols
         return packed_pitch(cols) if tile in self.packed else cols
 
+    def buffer_bytes(self, tile: str) -> int:
+        """The shared memory one buffer of tile `tile`, read whole, takes."""
+        return self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile)
+
     def tile_bytes(self, tile: str) -> int:
         """The shared memory tile `tile` takes, read whole (both buffers of one prefetched)."""
-        buffers = 2 if tile in self.doubled else 1
-        return buffers * self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile)
+        return (2 if tile in self.doubled else 1) * self.buffer_bytes(tile)
 
     def shared_bytes(self) -> int:
-        return sum(map(self.tile_bytes, self.whole))
+        """The shared memory its tiles take, a buffer each: what SHARED_LIMIT bounds (second
+        buffers of loads an iteration ahead come on top, within SHARED_OPT_IN)."""
+        return sum(map(self.buffer_bytes, self.whole))
 
     def shared_offsets(self) -> tuple[dict[str, int], int]:
-        """Where each tile read whole lies in the persistent kernel's shared memory, which the
-        instances of a run take turns in (pto_persistent.cuh), and the bytes they span: in
-        name order, each at a multiple of 16 bytes (a packed tile's rows are read 16 bytes at
-        a time)."""
+        """Where each tile read whole lies in the block's dynamic shared memory (PTO_SHARED;
+        in the persistent kernel, the memory the instances of a run take turns in), and the
+        bytes they span, the launch's: in name order, each at a multiple of 16 bytes (a packed
+        tile's rows are read 16 bytes at a time)."""
         offsets, end = {}, 0
         for tile in sorted(self.whole):
             offsets[tile] = end
@@ -565,8 +574,8 @@ class _Generator:
         (__launch_bounds__): 2 for a tensor-core kernel whose tiles in registers are at most
         TWO_BLOCK_WORDS a lane, whose barriers then stall one block while the other multiplies
         (the 64 x 128 matmul band took 136 registers, one block an SM; held to two, 108 and no
-        spill); 1 otherwise, where holding to 128 spilled (flash_pv at 8 x 128 x 128 once: 196
-        bytes, with 234 needed; the fused attention at d 128: 192)."""
+        spill; 112 at chunks of 96 of k); 1 otherwise, where holding to 128 spilled (flash_pv
+        at 8 x 128 x 128 once: 196 bytes, with 234 needed; the fused attention at d 128: 192)."""
         small = self.tensor_products and self.register_words() <= TWO_BLOCK_WORDS
         return 2 if small else 1
 
@@ -620,14 +629,12 @@ class _Generator:
             offsets, _ = self.shared_offsets()
             for tile in sorted(self.whole):
                 shape = f"[{self.tiles[tile].rows}][{self.pitch(tile)}]"
-                # a packed tile's rows are read 16 bytes at a time (ldmatrix)
-                declare, ctype = ("PTO_SHARED_PACKED", "T") if tile in self.packed else ("PTO_SHARED",
-                                                                                        self.ctype(tile))
+                ctype = "T" if tile in self.packed else self.ctype(tile)
                 if tile in self.doubled:  # the tile is the buffer read now, the other is copied into
-                    out.add(f"{declare}({ctype}, pto_buf_{tile}, [2]{shape}, {offsets[tile]});")
+                    out.add(f"PTO_SHARED({ctype}, pto_buf_{tile}, [2]{shape}, {offsets[tile]});")
                     out.add(f"{ctype} (*{tile})[{self.pitch(tile)}] = pto_buf_{tile}[0];")
                 else:
-                    out.add(f"{declare}({ctype}, {tile}, {shape}, {offsets[tile]});")
+                    out.add(f"PTO_SHARED({ctype}, {tile}, {shape}, {offsets[tile]});")
             if self.split_param is None:
                 out.add("for (long long pto_b = blockIdx.x; pto_b < pto_batch; pto_b += gridDim.x) {"
                         "  // a block")
@@ -674,16 +681,19 @@ class _Generator:
         out.add(f"    pto_{name}({read});")
         out.add("}")
         out.add("#endif")
+        shared = self.shared_offsets()[1]
         out.add("#if !defined(__CUDACC__) && !defined(PTO_PERSISTENT)  // the host build: run a grid of "
                 "blocks of threads (pto_isa.cuh)")
         out.add(f'extern "C" void pto_host_{name}(long long pto_blocks, {", ".join(params)}) {{')
-        out.add(f"    pto_host_launch(pto_blocks, [&] {{ pto_{name}({args}); }});")
+        out.add(f"    pto_host_launch(pto_blocks, {shared}, [&] {{ pto_{name}({args}); }});")
         out.add("}")
+        # A launch with less dynamic shared memory than the tiles take faults, as its first
+        # access past the end would on a GPU.
         out.add(f'extern "C" int pto_launch_{name}(const unsigned *pto_grid, const unsigned *pto_block, '
-                "unsigned, void **pto_params, void *) {")
+                "unsigned pto_shared, void **pto_params, void *) {")
         out.add("    if (pto_block[0] != PTO_THREADS || pto_block[1] != 1 || pto_block[2] != 1 || "
-                "pto_grid[1] != 1 || pto_grid[2] != 1) return 1;")
-        out.add(f"    pto_host_launch(pto_grid[0], [&] {{ pto_{name}({unpacked}); }});")
+                f"pto_grid[1] != 1 || pto_grid[2] != 1 || pto_shared < {shared}) return 1;")
+        out.add(f"    pto_host_launch(pto_grid[0], pto_shared, [&] {{ pto_{name}({unpacked}); }});")
         out.add("    return 0;")
         out.add("}")
         out.add("#endif")

@@ -54,15 +54,19 @@
 #define PTO_THREADS (PTO_WARPS * 32)
 #define PTO_FULL 0xffffffffu
 
-// How a generated kernel is declared (with the blocks an SM ptxas fits its registers to), and
-// its tiles in shared memory (name, dims, and the offset the generator gives it in the
-// persistent kernel's shared memory): a kernel of its own here; the persistent kernel's module
-// defines PTO_PERSISTENT and these its own way (pto_persistent.cuh).
+// How a generated kernel is declared (with the blocks an SM ptxas fits its registers to): a
+// kernel of its own here; the persistent kernel's module defines PTO_PERSISTENT and this its own
+// way (pto_persistent.cuh).
 #ifndef PTO_PERSISTENT
 #define PTO_ENTRY(blocks) extern "C" __global__ void __launch_bounds__(PTO_THREADS, blocks)
-#define PTO_SHARED(type, name, dims, offset) __shared__ type name dims
-#define PTO_SHARED_PACKED(type, name, dims, offset) alignas(16) __shared__ type name dims
 #endif
+// A kernel's tiles in shared memory (name, dims): references into the block's dynamic shared
+// memory, pto_dynamic_shared (below), at the offsets the generator gives them (multiples of 16:
+// cuda_codegen's shared_offsets). The launch gives the bytes (CudaCode.shared_bytes), which may
+// pass the 48 KiB that static shared memory is held to: the backend opts the function in
+// (cuFuncSetAttribute). The persistent kernel's instances take turns in its one such memory.
+#define PTO_SHARED(type, name, dims, offset) \
+    type(&name) dims = *reinterpret_cast<type(*) dims>(pto_dynamic_shared + (offset))
 
 #ifdef __CUDACC__  // nvcc, or NVRTC through CuPy (which has no <cmath>)
 #ifdef PTO_HALF
@@ -75,6 +79,7 @@
 #define PTO_UNROLL _Pragma("unroll")
 #define PTO_PRAGMA(text) _Pragma(#text)
 #define PTO_UNROLL_BY(count) PTO_PRAGMA(unroll count)
+extern __shared__ __align__(16) unsigned char pto_dynamic_shared[];
 // The opcode table's templates mix the tile type with double literals (fmax(x, 0.0)); these keep
 // float tiles in float where nvcc would otherwise find only std's host-side template.
 __device__ inline float fmax(float a, double b) { return fmaxf(a, (float)b); }
@@ -145,6 +150,8 @@ inline V rsqrt(V x) { return V(1) / std::sqrt(x); }
 #endif
 struct PtoDim3 { unsigned x; };
 PTO_HOST_STATE PtoDim3 threadIdx, blockIdx, blockDim, gridDim;
+// The running block's dynamic shared memory: the launch's bytes, set by pto_host_run_blocks.
+PTO_HOST_STATE unsigned char *pto_dynamic_shared;
 
 #ifdef PTO_HOST_UCONTEXT
 struct PtoHostContext { ucontext_t context; };
@@ -632,9 +639,14 @@ inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], c
 inline std::mutex pto_host_grid;
 
 // Run blocks from..to-1 of `kernel`'s grid of `blocks` (a call of the __global__ function),
-// each of PTO_THREADS fibers, one after another on this thread.
+// each of PTO_THREADS fibers, one after another on this thread, with `shared` bytes of dynamic
+// shared memory. Each block finds them all ones (NaN in every float type), as a GPU leaves
+// shared memory as it was: a kernel that reads what it did not write gets no zeros by chance.
+struct alignas(16) PtoSharedLine { unsigned char bytes[16]; };
 template <typename F>
-inline void pto_host_run_blocks(long long from, long long to, long long blocks, F &kernel) {
+inline void pto_host_run_blocks(long long from, long long to, long long blocks, unsigned shared, F &kernel) {
+    std::unique_ptr<PtoSharedLine[]> memory(new PtoSharedLine[(shared + 15) / 16 + 1]);
+    pto_dynamic_shared = memory[0].bytes;
     std::unique_ptr<PtoHostRun> run(new PtoHostRun());
     run->block.count = PTO_THREADS;
     for (PtoBarrier &warp : run->warps) warp.count = 32;
@@ -646,6 +658,7 @@ inline void pto_host_run_blocks(long long from, long long to, long long blocks, 
     blockDim.x = PTO_THREADS;
     for (long long b = from; b < to; ++b) {
         blockIdx.x = (unsigned)b;
+        std::memset(pto_dynamic_shared, 0xff, shared);
         run->block_index = b;
         run->phase = 0;
         run->warp_position = 0;
@@ -681,20 +694,22 @@ inline void pto_host_run_blocks(long long from, long long to, long long blocks, 
         pto_host_switch(run->launcher, run->fibers[first].context);
     }
     pto_host_run = nullptr;
+    pto_dynamic_shared = nullptr;
 }
 
-// Run `kernel` over `blocks` blocks: one after another, or, built with PTO_HOST_THREADS, side
-// by side, each on a thread of its own (as many as start: a block that cannot leaves its share
-// of the grid's work to the others, which a persistent kernel's blocks take from one queue).
+// Run `kernel` over `blocks` blocks with `shared` bytes of dynamic shared memory each: one after
+// another, or, built with PTO_HOST_THREADS, side by side, each on a thread of its own (as many as
+// start: a block that cannot leaves its share of the grid's work to the others, which a
+// persistent kernel's blocks take from one queue).
 template <typename F>
-inline void pto_host_launch(long long blocks, F kernel) {
+inline void pto_host_launch(long long blocks, unsigned shared, F kernel) {
 #ifdef PTO_HOST_THREADS
     std::vector<std::thread> threads;
     try {
         for (long long b = 0; b < blocks; ++b)
-            threads.emplace_back([&kernel, b, blocks] {
+            threads.emplace_back([&kernel, b, blocks, shared] {
                 pto_host_stacks_take();
-                pto_host_run_blocks(b, b + 1, blocks, kernel);
+                pto_host_run_blocks(b, b + 1, blocks, shared, kernel);
                 pto_host_stacks_release();
             });
     } catch (const std::system_error &) {
@@ -703,7 +718,7 @@ inline void pto_host_launch(long long blocks, F kernel) {
     for (std::thread &thread : threads) thread.join();
 #else
     std::lock_guard<std::mutex> hold(pto_host_grid);
-    pto_host_run_blocks(0, blocks, blocks, kernel);
+    pto_host_run_blocks(0, blocks, blocks, shared, kernel);
 #endif
 }
 #endif
