@@ -33,8 +33,9 @@ import math
 
 import numpy as np
 import pytest
+from pto_gpu.kernels import tiles
 from pto_gpu.kernels.elementwise import scale
-from pto_gpu.kernels.tiles import TENSOR_BAND, matmul
+from pto_gpu.kernels.tiles import TENSOR_BAND, TENSOR_CHUNK_K, matmul
 from pto_gpu.orchestration.flash_attention import (
     flash_attention,
     flash_attention_compiled,
@@ -271,14 +272,20 @@ def test_gemm_runtime(benchmark, cupy, gemm_operands):
 GENERATED_ROWS, GENERATED_COLS = 1024, 128  # a task: bands of TENSOR_BAND rows (float32: SPLIT_ROWS)
 
 
-def generated_matmul(dtype=np.float16, tf32: bool = False, band: int = TENSOR_BAND):
+def generated_matmul(dtype=np.float16, tf32: bool = False, band: int = TENSOR_BAND,
+                     chunk_k: int = TENSOR_CHUNK_K):
     """The matmul family's generated CUDA code for 1024 x 8192 @ 8192 x 128 tiles (float16, or
     float32 with its products as TF32), as a kernel of its own: the family's tasks would run
     cuBLAS. `band`: its rows a block; other than TENSOR_BAND, the same builder declared with
     tensor_band=band (64 rows read b's chunks half as often as 32, in 112 registers a
-    thread to 128: two blocks an SM either way)."""
+    thread to 128: two blocks an SM either way). `chunk_k`: the widest chunk of k, made with
+    tiles.TENSOR_CHUNK_K set to it (48 at 64 rows: both buffers within 48 KiB, as before the
+    tiles went to dynamic shared memory; 96, the family's: 78,848 bytes a block)."""
     shapes = ((GENERATED_ROWS, N), (N, GENERATED_COLS), (GENERATED_ROWS, GENERATED_COLS))
-    code = matmul_in_bands(band).cuda(shapes, np.dtype(dtype), (), tf32=tf32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiles, "TENSOR_CHUNK_K", chunk_k)
+        instances = matmul_in_bands(band, fresh=chunk_k != TENSOR_CHUNK_K)
+        code = instances.cuda(shapes, np.dtype(dtype), (), tf32=tf32)
     return pto.kernel(worker=pto.CUBE, name="matmul", cuda=code)(lambda a, b, out: None)
 
 
@@ -300,9 +307,10 @@ def generated_rounds(benchmark, cupy, kernel, pairs, c) -> None:
     tflops(benchmark, 2 * N**3)
 
 
-@pytest.mark.parametrize("band", [TENSOR_BAND, SPLIT_ROWS])
-def test_gemm_generated_tiles(benchmark, cupy, gemm_operands, band):
-    generated_rounds(benchmark, cupy, generated_matmul(band=band), *gemm_operands)
+@pytest.mark.parametrize("band, chunk_k", [(TENSOR_BAND, TENSOR_CHUNK_K), (SPLIT_ROWS, TENSOR_CHUNK_K),
+                                            (TENSOR_BAND, 48)], ids=["band64", "band32", "band64-chunk48"])
+def test_gemm_generated_tiles(benchmark, cupy, gemm_operands, band, chunk_k):
+    generated_rounds(benchmark, cupy, generated_matmul(band=band, chunk_k=chunk_k), *gemm_operands)
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,11 @@ from pto_gpu.isa import nvrtc
 from pto_gpu.isa.family import SPLIT_ROWS, family, family_of
 
 
-def matmul_in_bands(band: int):
-    """The matmul family, or, for a band of other than its TENSOR_BAND rows on tensor cores,
-    its builder declared again with tensor_band=band."""
-    if band == tiles.TENSOR_BAND:
+def matmul_in_bands(band: int, fresh: bool = False):
+    """The matmul family, or, for a band of other than its TENSOR_BAND rows on tensor cores (or
+    `fresh`: instances made anew, not those made before), its builder declared again with
+    tensor_band=band."""
+    if band == tiles.TENSOR_BAND and not fresh:
         return family_of(tiles.matmul)
     return family_of(family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),
                             name="matmul")(family_of(tiles.matmul).build))

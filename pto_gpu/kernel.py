@@ -50,8 +50,8 @@ class CudaCode:
     # tasks of one instance whose tensors each advance by one stride may then go out as one launch
     # (executors/driver_streams.py).
     batches: bool = False
-    # The shared memory its tiles take in the persistent kernel (pto_persistent.cuh), where
-    # `source` is generated code; 0 for code that uses none.
+    # The dynamic shared memory its launch gives a block (its tiles: PTO_SHARED in pto_isa.cuh),
+    # where `source` is generated code; 0 for code that uses none.
     shared_bytes: int = 0
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,

@@ -38,6 +38,7 @@ from pto_gpu.orchestration.workloads import to_backend
 import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu import jit as pj
+from pto_gpu.backends import cuda as cuda_backend
 from pto_gpu.backends import emulator
 from pto_gpu.backends.cuda_abi import SHARED_LIMIT
 from pto_gpu.backends.driver import CudaError
@@ -738,6 +739,22 @@ def test_a_fault_is_the_task_error_of_the_faulted_task_not_of_the_later_call_it_
     emulator.fault_kernel(1)
     with pytest.raises(pto.TaskError, match=r"task 0 \(scale\) failed: CudaError: .*ILLEGAL_ADDRESS"):
         rt.run(fault_then_new_code, x)
+
+
+def test_a_launch_short_of_its_tiles_shared_memory_faults(fresh_emulator, monkeypatch):
+    """A launch record whose dynamic shared memory is less than the kernel's tiles take faults
+    the kernel (on a GPU its first access past the end would), rather than running it over
+    memory it was not given: 16 bytes short, the fused attention's first task is a TaskError."""
+    made = cuda_backend.template
+
+    def short(function, grid, block, layout, integer_scalars, shared=0):
+        return made(function, grid, block, layout, integer_scalars, max(0, shared - 16))
+
+    monkeypatch.setattr(cuda_backend, "template", short)
+    rt = pto.Runtime(backend="cuda-emulated", executor="serial")
+    q, out = (rt.backend.to_device(np.full((1, 64, 32), value, np.float16)) for value in (1, 0))
+    with pytest.raises(pto.TaskError, match=r"task 0 \(flash_attention_tile\) failed: .*ILLEGAL_ADDRESS"):
+        rt.run(flash_attention_fused, q, q, q, out, tile=64)
 
 
 @pytest.mark.parametrize("executor", ["serial", "stream"])

@@ -311,12 +311,15 @@ def attention_module():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_module_compiles_for_the_gpu(attention_module, arch, tmp_path):
-    """The module built by nvcc, with every warning an error."""
-    command = ["nvcc", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", "-c", "-o",
+    """The module built by nvcc, with every warning an error, and no static shared memory: all
+    of it is the launch's (tiles and piece words), which is what the backend opts in to."""
+    command = ["nvcc", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", "-Xptxas", "-v", "-c", "-o",
                str(tmp_path / "module.o"), *cuda_abi.compile_options(np.float16, "persistent"), "-x", "cu",
                str(attention_module)]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert "Compiling entry function 'pto_persistent'" in done.stderr, done.stderr[-4000:]
+    assert not re.search(r"[1-9]\d* bytes smem", done.stderr), done.stderr[-4000:]
 
 
 @pytest.mark.parametrize("arch", [80, 90])

@@ -207,8 +207,10 @@ class CudaBackend:
 
     def allow_shared(self, function: int, shared: int) -> None:
         """Let launches of `function` give a block `shared` bytes of dynamic shared memory: past
-        SHARED_LIMIT the driver refuses them until the function is opted in."""
+        SHARED_LIMIT the driver refuses them until the function is opted in (generated code
+        has no static shared memory, which would count against SHARED_LIMIT too)."""
         if shared > SHARED_LIMIT:
+            self._enter()
             self._driver.call("cuFuncSetAttribute", function, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
 
     def library(self, task, stream: int) -> None:

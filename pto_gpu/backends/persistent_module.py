@@ -34,10 +34,20 @@ def check(code: CudaCode) -> None:
                        f"memory, over the {SHARED_OPT_IN} of a block")
 
 
-def shared_bytes(codes: Sequence[CudaCode]) -> int:
-    """The dynamic shared memory the module's launch gives a block: the most an instance's tiles
-    take, and at least thread 0's words to the block between tasks (pto_persistent_kernel.cuh)."""
+PIECE_BYTES = 16  # the piece of its task a block runs and of how many (pto_persistent.cuh), padded
+
+
+def _task_bytes(codes: Sequence[CudaCode]) -> int:
+    """The dynamic shared memory the instances' tiles take turns in: the most an instance's take
+    (a multiple of 16), and at least thread 0's 32 bytes of words to the block between tasks
+    (pto_persistent_kernel.cuh)."""
     return max([32, *(code.shared_bytes for code in codes)])
+
+
+def shared_bytes(codes: Sequence[CudaCode]) -> int:
+    """The dynamic shared memory the module's launch gives a block: the tiles' room, then the
+    piece words."""
+    return _task_bytes(codes) + PIECE_BYTES
 
 
 def source(codes: Sequence[CudaCode]) -> str:
@@ -50,7 +60,8 @@ def source(codes: Sequence[CudaCode]) -> str:
              f"{len(sources)} instances.",
              f"#define PTO_WARPS {THREADS_PER_BLOCK // 32}", "#define PTO_PERSISTENT",
              "#define PTO_HOST_THREADS  // the host build's blocks side by side, as resident blocks",
-             f"#define PTO_TASK_SHARED_BYTES {shared_bytes(codes)}",
+             f"#define PTO_TASK_SHARED_BYTES {_task_bytes(codes)}",
+             f"#define PTO_LAUNCH_SHARED_BYTES {shared_bytes(codes)}",
              HEADER.read_text(), PROTOCOL.read_text(), SUPPORT.read_text()]
     for k, (path, text) in enumerate(zip(sources, texts)):
         lines += [f"namespace pto_instance_{k} {{  // {path.name}", text, f"}}  // pto_instance_{k}"]

@@ -4,8 +4,9 @@
 // run. persistent_module.py writes the module around this text:
 //
 //   #define PTO_WARPS, PTO_PERSISTENT, PTO_HOST_THREADS (the host build's blocks side by side,
-//   pto_isa.cuh) and PTO_TASK_SHARED_BYTES (the dynamic shared memory its launch gives a block:
-//   the most any instance takes, and room for thread 0's words)
+//   pto_isa.cuh), PTO_TASK_SHARED_BYTES (the dynamic shared memory the instances' tiles take
+//   turns in: the most any instance takes, and room for thread 0's words) and
+//   PTO_LAUNCH_SHARED_BYTES (what the launch gives a block: that, then the piece words below)
 //   pto_isa.cuh, persistent_protocol.h, then this file: how the instances are declared
 //   namespace pto_instance_<k> { <instance k's generated source> }   for each instance
 //   pto_run_task: a switch over the instances
@@ -50,11 +51,15 @@ __device__ inline V pto_word(const long long *word) {
 }
 
 // The block and grid a task's code sees: the piece of the task the block runs, of how many
-// (pto_persistent_kernel.cuh).
+// (pto_persistent_kernel.cuh). Words of the dynamic shared memory past the instances' tiles, so
+// that all the module's shared memory is the launch's: a static word would count against the
+// 48 KiB a launch may give a function not opted in.
 struct PtoPiece {
     unsigned x;
 };
-__shared__ PtoPiece pto_piece_index, pto_piece_count;
+static_assert(PTO_LAUNCH_SHARED_BYTES >= PTO_TASK_SHARED_BYTES + 2 * sizeof(PtoPiece), "room for the pieces");
+#define pto_piece_index (reinterpret_cast<PtoPiece *>(pto_dynamic_shared + PTO_TASK_SHARED_BYTES)[0])
+#define pto_piece_count (reinterpret_cast<PtoPiece *>(pto_dynamic_shared + PTO_TASK_SHARED_BYTES)[1])
 __device__ inline unsigned pto_block_index() { return blockIdx.x; }
 #define blockIdx pto_piece_index
 #define gridDim pto_piece_count

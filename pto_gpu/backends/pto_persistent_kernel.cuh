@@ -95,7 +95,7 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
 extern "C" __attribute__((visibility("default"))) int pto_launch_persistent(const unsigned *pto_grid, const unsigned *pto_block, unsigned pto_shared,
                                      void **pto_params, void *) {
     if (pto_block[0] != PTO_THREADS || pto_block[1] != 1 || pto_block[2] != 1 || pto_grid[1] != 1 ||
-        pto_grid[2] != 1 || pto_grid[0] > PTO_HOST_BLOCKS || pto_shared < PTO_TASK_SHARED_BYTES)
+        pto_grid[2] != 1 || pto_grid[0] > PTO_HOST_BLOCKS || pto_shared < PTO_LAUNCH_SHARED_BYTES)
         return 1;
     pto_host_launch(pto_grid[0], pto_shared, [&] {
         pto_persistent(*(const pto_sched **)pto_params[0], *(const PtoRecords **)pto_params[1]);

@@ -691,8 +691,9 @@ class _Generator:
         # access past the end would on a GPU.
         out.add(f'extern "C" int pto_launch_{name}(const unsigned *pto_grid, const unsigned *pto_block, '
                 "unsigned pto_shared, void **pto_params, void *) {")
+        too_little = f" || pto_shared < {shared}" if shared else ""
         out.add("    if (pto_block[0] != PTO_THREADS || pto_block[1] != 1 || pto_block[2] != 1 || "
-                f"pto_grid[1] != 1 || pto_grid[2] != 1 || pto_shared < {shared}) return 1;")
+                f"pto_grid[1] != 1 || pto_grid[2] != 1{too_little}) return 1;")
         out.add(f"    pto_host_launch(pto_grid[0], pto_shared, [&] {{ pto_{name}({unpacked}); }});")
         out.add("    return 0;")
         out.add("}")

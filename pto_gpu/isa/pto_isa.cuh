@@ -29,8 +29,10 @@
 // released, it is a deadlock (threads that skip a __syncthreads, __syncwarp or shuffle, or
 // return before one that others reach); lanes of a warp that meet at different rendezvous are
 // a bug too: the runner names the threads and what they wait at on stderr and aborts, at once.
-// threadIdx and blockIdx are plain globals that the runner sets on every switch; __shared__
-// arrays are function statics (one block runs at a time); pto_host_launch runs the blocks of a
+// threadIdx and blockIdx are plain globals that the runner sets on every switch; a block's
+// dynamic shared memory (its tiles) is the launch's buffer, pto_dynamic_shared, and __shared__
+// variables (the tests' own kernels) function statics (one block runs at a time);
+// pto_host_launch runs the blocks of a
 // grid one after another and one grid at a time in the process (a build with PTO_HOST_THREADS
 // runs them side by side, each on a thread, all of these per thread: see pto_host_launch). The
 // fibers' stacks are mapped once per process and reused: PTO_HOST_STACK bytes each (64 KiB; the generated kernels use
@@ -631,8 +633,9 @@ inline void pto_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2], c
     });
 }
 
-// One grid at a time in the process: the launch state, threadIdx and the rest, the stacks and the
-// __shared__ statics are globals, and the CUDA emulator's streams launch from several threads.
+// One grid at a time in the process: the launch state, threadIdx and the rest, the stacks, the
+// dynamic shared memory's pointer and the __shared__ statics are globals, and the CUDA emulator's
+// streams launch from several threads.
 // Inline variables are unique symbols, one for every library of generated code loaded, so this
 // one mutex covers them all, as pto_host_run is one pointer for them all. (A build with
 // PTO_HOST_THREADS has its own state, per block thread, and does not take it.)
