@@ -277,10 +277,10 @@ def generated_matmul(dtype=np.float16, tf32: bool = False, band: int = TENSOR_BA
     """The matmul family's generated CUDA code for 1024 x 8192 @ 8192 x 128 tiles (float16, or
     float32 with its products as TF32), as a kernel of its own: the family's tasks would run
     cuBLAS. `band`: its rows a block; other than TENSOR_BAND, the same builder declared with
-    tensor_band=band (64 rows read b's chunks half as often as 32, in 112 registers a
+    tensor_band=band (64 rows read b's chunks half as often as 32, in 108 registers a
     thread to 128: two blocks an SM either way). `chunk_k`: the widest chunk of k, made with
-    tiles.TENSOR_CHUNK_K set to it (48 at 64 rows: both buffers within 48 KiB, as before the
-    tiles went to dynamic shared memory; 96, the family's: 78,848 bytes a block)."""
+    tiles.TENSOR_CHUNK_K set to it, which sets how many buffers the chunks ahead take (at 64
+    rows: 64, the family's, 3 buffers, 79,872 bytes a block; 96, 2; 48, 4)."""
     shapes = ((GENERATED_ROWS, N), (N, GENERATED_COLS), (GENERATED_ROWS, GENERATED_COLS))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tiles, "TENSOR_CHUNK_K", chunk_k)
@@ -308,7 +308,8 @@ def generated_rounds(benchmark, cupy, kernel, pairs, c) -> None:
 
 
 @pytest.mark.parametrize("band, chunk_k", [(TENSOR_BAND, TENSOR_CHUNK_K), (SPLIT_ROWS, TENSOR_CHUNK_K),
-                                            (TENSOR_BAND, 48)], ids=["band64", "band32", "band64-chunk48"])
+                                            (TENSOR_BAND, 96), (TENSOR_BAND, 48)],
+                         ids=["band64", "band32", "band64-chunk96", "band64-chunk48"])
 def test_gemm_generated_tiles(benchmark, cupy, gemm_operands, band, chunk_k):
     generated_rounds(benchmark, cupy, generated_matmul(band=band, chunk_k=chunk_k), *gemm_operands)
 

@@ -4,9 +4,9 @@ CuPy's RawModule runs it, to an sm_90 cubin, on this machine, no GPU needed. Tar
 
 Where nvcc is installed, ptxas's report of the float16 ones and of their float32 ones as TF32
 (the matmul in both band heights bench/test_gpu.py compares, and the LLaMA-7B MLP's matmul_acc
-in column blocks): extra_info["registers"] a thread, ["spill_bytes"] (its spill stores) and
-["shared_bytes"], the dynamic shared memory a launch gives a block (CudaCode.shared_bytes: ptxas
-counts only static shared memory); no spills asserted but where SPILLS allows them."""
+in column blocks): extra_info["registers"] a thread and ["shared_bytes"], the dynamic shared
+memory a launch gives a block (CudaCode.shared_bytes: ptxas counts only static shared memory);
+no spills asserted."""
 
 import re
 import shutil
@@ -70,11 +70,6 @@ REPORTED = {**{name: (family_of(kernel), shapes, scalars)
             "matmul-1024x8192x128-band32": (matmul_in_bands(SPLIT_ROWS), INSTANCES["matmul-1024x8192x128"][1],
                                             ()),
             "matmul_acc-128x4096x11008": (family_of(tiles.matmul_acc), MLP_SHAPES, ())}
-# Spill stores allowed, in bytes. The MLP's float16 matmul_acc, held to 128 registers for two
-# blocks an SM, spills 4 at chunks of 96 of k (none at 48): a word of its loop over blocks of
-# columns, stored once and loaded once a block of columns, outside the loop over chunks of k
-# (cuobjdump -sass).
-SPILLS = {("matmul_acc-128x4096x11008", "float16"): 4}
 
 
 @pytest.mark.benchmark(group="cuda-ptxas")
@@ -90,7 +85,6 @@ def test_ptxas_report(benchmark, name, dtype, tf32, tmp_path):
                *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)], str(source), "-o", str(tmp_path / "k.cubin")]
     done = benchmark.pedantic(subprocess.run, (command,), dict(capture_output=True, text=True), rounds=1)
     assert done.returncode == 0, done.stderr[-3000:]
-    spilled = int(re.search(r"(\d+) bytes spill stores", done.stderr).group(1))
-    assert spilled <= SPILLS.get((name, np.dtype(dtype).name), 0), done.stderr
+    assert re.search(r"\b0 bytes spill stores", done.stderr), done.stderr  # not "20 bytes"
     registers = int(re.search(r"Used (\d+) registers", done.stderr).group(1))
-    benchmark.extra_info.update(registers=registers, spill_bytes=spilled, shared_bytes=code.shared_bytes)
+    benchmark.extra_info.update(registers=registers, shared_bytes=code.shared_bytes)

@@ -85,10 +85,13 @@ def contract(f: FunctionBuilder, dtype: DataType, dst: str, a: str, b: str, m: i
     return f
 
 
-# The widest chunk of k a tensor-core product summed over a loop takes at a time: six steps of
-# the instruction. Wider ones pushed the kernels held to 128 registers for two blocks an SM into
-# spills (ptxas, sm_90: the 32 x 128 matmul band spilled 20 bytes at 144, none at 96).
-TENSOR_CHUNK_K = 96
+# The widest chunk of k a tensor-core product summed over a loop takes at a time: four steps of
+# the instruction, so that the chunks ahead take three or four buffers (cuda_codegen's stages:
+# the 64 x 128 matmul band 3, 79,872 bytes; CUTLASS's sm_80 GEMMs take 32 or 64 of k a stage,
+# 3 to 5 stages). Wider ones pushed the kernels held to 128 registers for two blocks an SM
+# into spills (ptxas, sm_90: the 32 x 128 band spilled 20 bytes at 144) and leave two buffers;
+# bench/test_gpu.py -k generated_tiles sets it to 96 and 48 beside it.
+TENSOR_CHUNK_K = 64
 
 
 def _chunk(dtype: DataType, m: int, k: int, n: int, b_transposed: bool, local_memory: int,
@@ -98,7 +101,7 @@ def _chunk(dtype: DataType, m: int, k: int, n: int, b_transposed: bool, local_me
     operands as T in padded rows (cuda_codegen's packed tiles; a transposed b is read from its
     load, n x kc): all of k where that fits beside the result, else the widest chunk of whole
     steps of the instruction's k, at most TENSOR_CHUNK_K, that fits (the generator then gives
-    the operands second buffers above `local_memory`, so the next chunk's copies run while this
+    the operands more buffers above `local_memory`, so the next chunks' copies run while this
     one is multiplied: cuda_codegen's prefetched loads), else the product runs on FMA, and the
     chunk is as there: b's kc x n, as float64, fills the budget."""
     if dtype in TENSOR_CORE_DTYPES:

@@ -29,9 +29,9 @@ from kernel_references import tf32_rounded
 import pto_gpu as pto
 from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda_abi import MAX_BLOCKS, SHARED_LIMIT, SHARED_OPT_IN, THREADS_PER_BLOCK
-from pto_gpu.isa import ISAError, interpret, optimize
+from pto_gpu.isa import ISAError, cuda_codegen, interpret, optimize
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import WorkItems, cuda_code, cuda_source, packed_pitch
+from pto_gpu.isa.cuda_codegen import MAX_STAGES, WorkItems, cuda_code, cuda_source, packed_pitch
 from pto_gpu.isa.ir import (
     Call,
     CallArg,
@@ -749,9 +749,10 @@ def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, 
     source = code.source.read_text()
     loop = source.split("for (long long i_kk")[1].split("accumulators from registers")[0]
     assert "its products' accumulators in registers" in source and "t_c[r][c]" not in loop
-    # in two buffers where those fit beside the float tiles (test_loads_copy_an_iteration_ahead...)
-    doubled = "pto_buf_t_ta" in source
-    a_tile, b_tile = ("pto_buf_t_ta, [2]", "pto_buf_t_tb, [2]") if doubled else ("t_ta, ", "t_tb, ")
+    # in several buffers where those fit beside the float tiles (test_loads_copy_an_iteration_ahead...)
+    staged = re.search(r"PTO_SHARED\(T, pto_buf_t_ta, (\[\d+\])", source)
+    a_tile, b_tile = ((f"pto_buf_t_ta, {staged[1]}", f"pto_buf_t_tb, {staged[1]}") if staged
+                      else ("t_ta, ", "t_tb, "))
     assert f"PTO_SHARED(T, {a_tile}[{m}][{packed_pitch(chunk)}], " in source
     assert f"PTO_SHARED(T, {b_tile}[{chunk}][{packed_pitch(n)}], " in source
     assert "pto_ldmatrix(fa" in loop and "pto_ldmatrix_trans(&fb" in loop  # the steps with tests
@@ -796,11 +797,13 @@ HAND_WRITTEN = {"moving by a scalar": (_moving_by_a_scalar, (64, 32)),
     ("moving by a scalar", {"t_ta"}),  # b's next window is not known an iteration before
     ("transpose read before", {"t_ta"}),  # b's tile is read (transposed) before its load
 ])
-def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, tmp_path):
-    """A FOR's TLOADs into packed operands copy the next iteration's window at the top of this
-    one (cp.async into the tile's other buffer) where the loop, the window and shared memory
-    allow, and the results are the same: the host build lands each thread's copies at once and at
-    its wait in turn, so a copy read before its wait, or one into a buffer still read, is wrong."""
+@pytest.mark.parametrize("stages", range(2, MAX_STAGES + 1))
+def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, stages, tmp_path, monkeypatch):
+    """A FOR's TLOADs into packed operands copy a later iteration's window (`stages` - 1 ahead,
+    into the tile's next buffer) where the loop, the window and shared memory allow, and the
+    results are the same: the host build lands each thread's copies at once and at its wait in
+    turn, so a copy read before its wait, or one into a buffer still read, is wrong."""
+    monkeypatch.setattr(cuda_codegen, "MAX_STAGES", stages)
     if case in HAND_WRITTEN:
         build, b_shape = HAND_WRITTEN[case]
         module, scalars = _tensor_core_module(build), ()
@@ -819,7 +822,8 @@ def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, tmp_path):
     source = _run_host(module, arrays, np.float16, tmp_path, scalars)
     copied = set(re.findall(r"pto_copy8_async\(&pto_next_(\w+)\[", source))
     assert copied == ahead
-    assert all(f"PTO_SHARED(T, pto_buf_{tile}, [2]" in source for tile in ahead)
+    assert all(f"PTO_SHARED(T, pto_buf_{tile}, [{stages}]" in source for tile in ahead)
+    assert (f"pto_async_wait<{stages - 1}>();" in source) == bool(ahead)
     shared = cuda_code(module, "k", tmp_path).shared_bytes
     assert (shared > SHARED_LIMIT) == (case == "past the static limit") and shared <= SHARED_OPT_IN
     for have, want in zip(arrays, expected):  # small integers: exact
@@ -866,7 +870,7 @@ def test_packed_operands_load_8_elements_at_a_time_only_where_their_rows_allow(l
     code = cuda_code(_chunked_product(m, k, n, chunk), "k", tmp_path)
     host_cuda.call(host_cuda.build(code, np.float16, tmp_path), "k", code, [a, b, acc, out], (k,))
     source = code.source.read_text()
-    # a and b: before the loop; in it, copied an iteration ahead, the first before it
+    # a and b: before the loop; in it, copied ahead, the first ones before it
     assert source.count("pto_copy8(&t_t") == 2 and source.count("pto_copy8_async(&t_t") == 2
     assert source.count("pto_copy8_async(&pto_next_t_t") == 2
     _assert_chunked(out, a, b, acc, chunk, chunk)

@@ -395,7 +395,7 @@ def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
         source = code.source.read_text()
         assert "pto_mma(acc" in source, (m, d)
         assert "float pto_frag_t_o[" in source, (m, d)
-        assert all(f"PTO_SHARED(T, pto_buf_{tile}, [2][" in source for tile in ("t_vt", "t_k_part")), (m, d)
+        assert all(f"PTO_SHARED(T, pto_buf_{tile}, [" in source for tile in ("t_vt", "t_k_part")), (m, d)
         assert re.search(r"pto_ldmatrix\(&fb\[4 \* p\], &t_k_part", source), (m, d)
 
 

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 import pto_gpu as pto
-from pto_gpu.isa import interpret
+from pto_gpu.isa import cuda_codegen, interpret
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import cuda_code
+from pto_gpu.isa.cuda_codegen import MAX_STAGES, cuda_code
 from pto_gpu.isa.ir import Module
 
 F16 = pto.FLOAT16
@@ -128,14 +128,20 @@ def _inputs(case: dict, seed: int) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
-    """PROGRAMS random programs, their CUDA sources in one library built by g++."""
+    """PROGRAMS random programs, their CUDA sources in one library built by g++. Their tiles are
+    small, so loads ahead take all the buffers they may: program i may take 2 + i % (MAX_STAGES
+    - 1), so that every count of buffers is in the sample."""
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed")
     rng = random.Random(2026)
     module = Module("tensor_core_fuzz")
     cases = {f"p{i}": _program(module, f"p{i}", rng) for i in range(PROGRAMS)}
     folder = tmp_path_factory.mktemp("tensor-core-fuzz")
-    codes = {name: cuda_code(module, name, folder) for name in cases}
+    codes = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for i, name in enumerate(cases):
+            patch.setattr(cuda_codegen, "MAX_STAGES", 2 + i % (MAX_STAGES - 1))
+            codes[name] = cuda_code(module, name, folder)
     source, library = folder / "all.cpp", folder / "all.so"
     source.write_text("".join(code.source.read_text() for code in codes.values()))
     return module, cases, codes, host_cuda.compile_source(source, np.float16, library)
@@ -145,7 +151,8 @@ def test_the_programs_take_every_layout_the_generator_has(programs):
     """The sample is worth its time: between them the programs have packed operands read by
     ldmatrix and loaded 16 bytes at a time, a transpose read in place, results in registers
     throughout and across a loop only, results in shared memory, a loop's loads copied an
-    iteration ahead (b's and its transpose's source) and not (a's where a is rewritten), a
+    iteration or more ahead (b's and its transpose's source; in every count of buffers) and not
+    (a's where a is rewritten), a
     warp's turns sharing b's fragments, and fragments by whole blocks from addresses taken
     before the loop over k (b's transposed or its source's as they are)."""
     _, _, codes, _ = programs
@@ -156,20 +163,20 @@ def test_the_programs_take_every_layout_the_generator_has(programs):
                     "pto_copy8_async(&pto_next_t_tbt[", "TLOAD %ta, %a, 0, %kk\n",
                     "const int c0 = 32 * (pto_warp % 2);", "pto_ldmatrix_at(fa, pto_a_row",
                     "pto_ldmatrix_trans_at(&fb[4 * p], pto_b_row", "pto_ldmatrix_at(&fb[4 * p], pto_b_row",
-                    "pto_a_row0 + "):
+                    "pto_a_row0 + ", *(f"pto_async_wait<{pending}>();" for pending in range(1, MAX_STAGES))):
         assert feature in sources, feature
 
 
-# Copies an iteration ahead done wrong, as the generated code would have them: the wait for an
-# iteration's copies after its products rather than before, or no barrier between a buffer's
-# last products and the copies into it that follow. The host build lands a thread's copies at
-# once and at its wait in turn, so each gives some program a wrong result.
+# Copies ahead done wrong, as the generated code would have them: the wait for an iteration's
+# copies after its products rather than before, or no barrier between a buffer's last products
+# and the copies into it that follow. The host build lands a thread's copies at once and at its
+# wait in turn, so each gives some program a wrong result.
 MUTANTS = {
     "the wait after the products": [
-        (r"\n\s*pto_async_wait_one\(\);[^\n]*", ""),
-        (r"(\n\s*)(if \(pto_ahead_\w+\) \{\n\s*\{  // \w+'s buffers swap)", r"\1pto_async_wait_one();\1\2")],
-    "no barrier before a swap": [
-        (r"__syncthreads\(\);\n(\s*if \(pto_ahead_\w+\) \{\n\s*\{  // \w+'s buffers swap)", r"\1")],
+        (r"(?s)(\n\s*)(pto_async_wait<\d+>\(\);)[^\n]*(.*?)"
+         r"(\n\s*if \([^\n]*\) \{\n\s*\{  // \w+'s buffers turn)", r"\3\1\2\4")],
+    "no barrier before the buffers turn": [
+        (r"__syncthreads\(\);\n(\s*if \([^\n]*\) \{\n\s*\{  // \w+'s buffers turn)", r"\1")],
 }
 MUTATED = 16  # programs a mutant's library holds
 

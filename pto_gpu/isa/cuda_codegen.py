@@ -49,10 +49,11 @@ result of 16 rows x 32 columns, summing over k in steps of 16 with the accumulat
 registers. An operand only loaded and only read by such products is packed
 (_Generator._packed): kept as the element type in padded rows, its fragments read by
 ldmatrix. A product accumulated over a loop keeps its accumulators in registers across it
-(_Context.accumulated), and the loop's loads of its packed operands copy the next iteration's
-chunk while this one's is multiplied (cp.async into a second buffer: _Context.early_loads,
-_Generator._prefetched, _Generator._emit_prefetching). A warp whose units are all of the same
-columns loads b's fragments once a step of k for all of them (_Units.each_turn), and whole
+(_Context.accumulated), and the loop's loads of its packed operands copy later iterations'
+chunks while this one's is multiplied (cp.async into the tile's other buffers, as many as fit:
+_Context.early_loads, _Generator._prefetched, _Generator._emit_prefetching). A warp whose
+units are all of the same columns loads b's fragments once a step of k for all of them
+(_Units.each_turn), and whole
 16 x 16 blocks come by ldmatrix from addresses taken before the loop over k (_lean_fragments;
 float operands' elements at offsets from places taken so).
 In a kernel of float32 memrefs whose function says `tf32`, its float32 products are the same
@@ -123,6 +124,9 @@ REGISTER_ACCUMULATORS = 64
 # flash_scores (16, 0) fit 128 registers with no spill; the fused attention (40 at d 64, 56 at
 # d 128) is left its own count.
 TWO_BLOCK_WORDS = 32
+# The most buffers a tile loaded ahead takes (_Generator._prefetched): one read, the others'
+# copies in flight (CUTLASS's sm_80 GEMMs keep 3 to 5 stages). As many as fit SHARED_OPT_IN.
+MAX_STAGES = 4
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 
@@ -363,9 +367,9 @@ class _Generator:
         # a row's factor is read by the lanes that hold the row's elements in the units layout
         self.whole |= {b for tile in self.fragments for b in self.row_factors.get(tile, ())}
         self.packed = self._packed()
-        self.doubled: set[str] = set()  # tiles in two buffers: one read, one being copied into
-        self.prefetched = self._prefetched()
-        self.doubled = {prefetch.tile for prefetch in self.prefetched}
+        self.staged: set[str] = set()  # tiles in `stages` buffers: one read, the others copied into
+        self.prefetched, self.stages = self._prefetched()
+        self.staged = {prefetch.tile for prefetch in self.prefetched}
         self.block = bool(self.whole or self.hazards)
         if split and not self.block:
             raise ISAError(f"@{name}: its rows cannot be split over blocks: it is in the row layout, whose "
@@ -477,25 +481,32 @@ class _Generator:
                 if self.tiles[tile].dtype in TENSOR_CORE_DTYPES and self.reads.get(tile) and operand(tile)
                 and self.writes.get(tile) and all(kind == "load" for kind, _ in self.writes[tile])}
 
-    def _prefetched(self) -> set[_Prefetch]:
-        """The TLOADs whose copy for a FOR's next iteration starts at the top of this one
-        (cp.async into the tile's other buffer, _Generator._emit_prefetching), so the copy runs
-        while this iteration's products do: each into a packed tile (read only by products,
-        whose barriers fence the buffers) from a memref the kernel never stores (so the copy
-        may run early), in the loops' order while the second buffers fit SHARED_OPT_IN as the
-        tiles are laid out (shared_offsets: a packed tile's bytes are a multiple of 16). The
-        tiles of a kernel within budget take at most SHARED_LIMIT, half of that, so every
-        such load is doubled; the room is checked all the same."""
-        chosen, doubled, room = set(), set(), SHARED_OPT_IN - self.shared_offsets()[1]
-        for prefetch in self.prefetches:
-            if prefetch.tile not in self.packed or prefetch.param in self.stored:
-                continue
-            extra = 0 if prefetch.tile in doubled else self.tile_bytes(prefetch.tile)
+    def _prefetched(self) -> tuple[set[_Prefetch], int]:
+        """The TLOADs whose copies for a FOR's later iterations start before those iterations
+        (cp.async into the tile's other buffers, _Generator._emit_prefetching), so the copies
+        run while the products of the iterations before do, and the buffers each such tile
+        takes (stages): each into a packed tile (read only by products, whose barriers fence
+        the buffers) from a memref the kernel never stores (so the copy may run early). All
+        such loads, in as many buffers, up to MAX_STAGES, as fit SHARED_OPT_IN beside the
+        other tiles as they are laid out (shared_offsets: a packed tile's bytes are a multiple
+        of 16); where not even two do (the tiles of a kernel within budget take at most
+        SHARED_LIMIT, half of it, so only if their rounding to 16 bytes tips it), two for
+        those that fit, in the loops' order."""
+        candidates = [prefetch for prefetch in self.prefetches
+                      if prefetch.tile in self.packed and prefetch.param not in self.stored]
+        room = SHARED_OPT_IN - self.shared_offsets()[1]
+        per_stage = sum(map(self.buffer_bytes, {prefetch.tile for prefetch in candidates}))
+        stages = min(MAX_STAGES, 1 + room // per_stage) if per_stage else 1
+        if stages >= 2:
+            return set(candidates), stages
+        chosen, staged = set(), set()
+        for prefetch in candidates:
+            extra = 0 if prefetch.tile in staged else self.buffer_bytes(prefetch.tile)
             if extra <= room:
                 room -= extra
-                doubled.add(prefetch.tile)
+                staged.add(prefetch.tile)
                 chosen.add(prefetch)
-        return chosen
+        return chosen, 2
 
     def _hazards(self) -> set[str]:
         """Memrefs written where an element one thread writes may be one another thread
@@ -539,12 +550,12 @@ class _Generator:
         return self.tiles[tile].rows * self.pitch(tile) * self.element_bytes(tile)
 
     def tile_bytes(self, tile: str) -> int:
-        """The shared memory tile `tile` takes, read whole (both buffers of one prefetched)."""
-        return (2 if tile in self.doubled else 1) * self.buffer_bytes(tile)
+        """The shared memory tile `tile` takes, read whole (all the buffers of one loaded ahead)."""
+        return (self.stages if tile in self.staged else 1) * self.buffer_bytes(tile)
 
     def shared_bytes(self) -> int:
-        """The shared memory its tiles take, a buffer each: what SHARED_LIMIT bounds (second
-        buffers of loads an iteration ahead come on top, within SHARED_OPT_IN)."""
+        """The shared memory its tiles take, a buffer each: what SHARED_LIMIT bounds (the other
+        buffers of loads ahead come on top, within SHARED_OPT_IN)."""
         return sum(map(self.buffer_bytes, self.whole))
 
     def shared_offsets(self) -> tuple[dict[str, int], int]:
@@ -574,7 +585,7 @@ class _Generator:
         (__launch_bounds__): 2 for a tensor-core kernel whose tiles in registers are at most
         TWO_BLOCK_WORDS a lane, whose barriers then stall one block while the other multiplies
         (the 64 x 128 matmul band took 136 registers, one block an SM; held to two, 108 and no
-        spill; 112 at chunks of 96 of k); 1 otherwise, where holding to 128 spilled (flash_pv
+        spill; 108 at chunks of 64 of k in three buffers); 1 otherwise, where holding to 128 spilled (flash_pv
         at 8 x 128 x 128 once: 196 bytes, with 234 needed; the fused attention at d 128: 192)."""
         small = self.tensor_products and self.register_words() <= TWO_BLOCK_WORDS
         return 2 if small else 1
@@ -630,8 +641,8 @@ class _Generator:
             for tile in sorted(self.whole):
                 shape = f"[{self.tiles[tile].rows}][{self.pitch(tile)}]"
                 ctype = "T" if tile in self.packed else self.ctype(tile)
-                if tile in self.doubled:  # the tile is the buffer read now, the other is copied into
-                    out.add(f"PTO_SHARED({ctype}, pto_buf_{tile}, [2]{shape}, {offsets[tile]});")
+                if tile in self.staged:  # the tile is the buffer read now, the others are copied into
+                    out.add(f"PTO_SHARED({ctype}, pto_buf_{tile}, [{self.stages}]{shape}, {offsets[tile]});")
                     out.add(f"{ctype} (*{tile})[{self.pitch(tile)}] = pto_buf_{tile}[0];")
                 else:
                     out.add(f"PTO_SHARED({ctype}, {tile}, {shape}, {offsets[tile]});")
@@ -766,47 +777,58 @@ class _Generator:
                 out.barrier()
 
     def _emit_prefetching(self, out: _Lines, loop: _Loop, early: list[_Prefetch]) -> None:
-        """A FOR whose `early` loads copy an iteration ahead: the first iteration's before the
-        loop, each next one's at the top of the one before, into the tile's other buffer, one
-        commit group an iteration (empty in the last); an iteration waits for its own group,
-        and the buffers swap at its end. The load's place in the body keeps its valid region,
-        and the products' barriers order the buffers: the copy into a buffer starts after the
-        products of the iteration before the last have read it, and it lands before any
-        product of its own iteration reads it."""
-        ahead = loop.ahead
-        out.add(f"{{  // {', '.join(load.tile for load in early)} loaded an iteration ahead (cp.async)")
+        """A FOR whose `early` loads copy `stages` - 1 iterations ahead: the first iterations'
+        before the loop, each later one's at the top of the iteration that many before it, into
+        the tile's next buffer, one commit group an iteration (empty past the last); an
+        iteration waits for its own group, and the buffers turn at its end (the tile is the
+        buffer read, pto_next_ the one copied into). The load's place in the body keeps its
+        valid region, and the products' barriers order the buffers: the copy into a buffer
+        starts after the products of the iteration before have read it, and it lands before
+        any product of its own iteration reads it."""
+        ahead, stages = loop.ahead, self.stages
+
+        def buffer(tile: str, later: int) -> str:
+            """The buffer `later` iterations after the one the tile reads."""
+            if later == 0:
+                return tile
+            return f"pto_next_{tile}" if later == stages - 1 else f"pto_later{later}_{tile}"
+
+        out.add(f"{{  // {', '.join(load.tile for load in early)} loaded {stages - 1} iteration(s) ahead "
+                f"(cp.async), in {stages} buffers")
         out.indent += 1
         for load in early:
-            pitch = self.pitch(load.tile)
-            out.add(f"T (*pto_next_{load.tile})[{pitch}] = {load.tile} == pto_buf_{load.tile}[0] ? "
-                    f"pto_buf_{load.tile}[1] : pto_buf_{load.tile}[0];")
-        out.add("{  // the first iteration's, into the buffers it reads")
-        out.add(f"    const long long {ahead.next} = {ahead.start};")
-        out.add(f"    if ({ahead.runs}) {{")
-        for load in early:
-            out.extend(_indent(load.copy(self, load.tile), 2))
-        out.add("    }")
-        out.add("}")
-        out.add("pto_async_commit();")
+            pitch, rows = self.pitch(load.tile), self.tiles[load.tile].rows
+            out.add(f"const int pto_at_{load.tile} = (int)({load.tile} - pto_buf_{load.tile}[0]) / {rows};")
+            for later in range(1, stages):
+                out.add(f"T (*{buffer(load.tile, later)})[{pitch}] = "
+                        f"pto_buf_{load.tile}[(pto_at_{load.tile} + {later}) % {stages}];")
+        for later in range(stages - 1):
+            out.add(f"{{  // iteration {later}'s, into the buffer it reads")
+            out.add(f"    const long long {ahead.next} = {ahead.after(ahead.start, later)};")
+            out.add(f"    if ({ahead.runs(ahead.next)}) {{")
+            for load in early:
+                out.extend(_indent(load.copy(self, buffer(load.tile, later)), 2))
+            out.add("    }")
+            out.add("}")
+            out.add("pto_async_commit();")
         out.add(loop.head + " {")
         out.indent += 1
-        more = f"pto_ahead_{ahead.var}"
-        out.add(f"const long long {ahead.next} = {ahead.advanced};")
-        out.add(f"const bool {more} = {ahead.runs};")
-        out.add(f"if ({more}) {{  // the next iteration's, into the other buffers")
+        out.add(f"const long long {ahead.next} = {ahead.after(ahead.var, stages - 1)};")
+        out.add(f"if ({ahead.runs(ahead.next)}) {{  // iteration {stages - 1} ahead's, into the next buffers")
         for load in early:
-            out.extend(_indent(load.copy(self, f"pto_next_{load.tile}")))
+            out.extend(_indent(load.copy(self, buffer(load.tile, stages - 1))))
         out.add("}")
         out.add("pto_async_commit();")
-        out.add("pto_async_wait_one();  // this thread's copies for this iteration have landed")
+        out.add(f"pto_async_wait<{stages - 1}>();  // this thread's copies for this iteration have landed")
         for inner in loop.body:
             self._emit(out, inner)
-        out.add(f"if ({more}) {{")
+        out.add(f"if ({ahead.runs(ahead.after(ahead.var, 1))}) {{")
         for load in early:
-            out.add(f"    {{  // {load.tile}'s buffers swap")
+            out.add(f"    {{  // {load.tile}'s buffers turn")
             out.add(f"        T (*pto_read)[{self.pitch(load.tile)}] = {load.tile};")
-            out.add(f"        {load.tile} = pto_next_{load.tile};")
-            out.add(f"        pto_next_{load.tile} = pto_read;")
+            for later in range(stages - 1):
+                out.add(f"        {buffer(load.tile, later)} = {buffer(load.tile, later + 1)};")
+            out.add(f"        {buffer(load.tile, stages - 1)} = pto_read;")
             out.add("    }")
         out.add("}")
         out.indent -= 1
@@ -837,7 +859,7 @@ class _Lines:
 
 @dataclasses.dataclass
 class _Loop:
-    """A FOR or IF: its C head and bodies; a FOR whose loads may copy an iteration ahead, how."""
+    """A FOR or IF: its C head and bodies; a FOR whose loads may copy iterations ahead, how."""
 
     head: str
     body: list
@@ -858,16 +880,27 @@ class _Prefetch:
 
 @dataclasses.dataclass(frozen=True)
 class _Ahead:
-    """A FOR's variable, its first value, its next value (`advanced`, as C) and the test that the
-    loop runs at `next` (C, the name the prefetches' copies read the variable by), and its
-    TLOADs that may copy an iteration ahead (_Generator._emit_prefetching)."""
+    """A FOR's variable, the name the prefetches' copies read the variable's value by (`next`),
+    its first value, step and stop and how a value is compared to the stop (C), and its TLOADs
+    that may copy iterations ahead (_Generator._emit_prefetching)."""
 
     var: str
     next: str
     start: str
-    advanced: str
-    runs: str
+    step: str
+    compare: str  # the loop runs while value `compare` stop
+    stop: str
     loads: tuple[_Prefetch, ...]
+
+    def after(self, value: str, steps: int) -> str:
+        """The variable's value `steps` iterations after `value` (C)."""
+        if steps == 0:
+            return value
+        return f"{value} + {self.step}" if steps == 1 else f"{value} + {steps} * {self.step}"
+
+    def runs(self, value: str) -> str:
+        """Whether the loop runs an iteration at `value` (C)."""
+        return f"{value} {self.compare} {self.stop}"
 
 
 @dataclasses.dataclass
@@ -923,8 +956,8 @@ class _Context:
         self.symbols: dict[str, str] = {}  # loop variable -> the symbol of its (innermost current) loop
         # tile -> the registers its accumulators are in, inside a loop that keeps them there
         self.registers: dict[str, str] = {}
-        # a TLOAD (by id) that may copy an iteration ahead -> (its FOR's variable, the C name of
-        # the FOR's next value); then its _Prefetch, once made (early_loads, _transfer)
+        # a TLOAD (by id) that may copy iterations ahead -> (its FOR's variable, the C name of
+        # the FOR's value it copies for); then its _Prefetch, once made (early_loads, _transfer)
         self.early: dict[int, tuple[str, str]] = {}
         self.prefetches: dict[int, _Prefetch] = {}
 
@@ -1008,8 +1041,7 @@ class _Context:
         loads = tuple(self.prefetches.pop(id(load)) for load in early if id(load) in self.prefetches)
         ahead = None
         if loads:
-            runs = f"{following} {'<' if loop.step > 0 else '>'} {stop}"
-            ahead = _Ahead(var, following, start, f"{var} + {step}", runs, loads)
+            ahead = _Ahead(var, following, start, step, "<" if loop.step > 0 else ">", stop, loads)
         built = _Loop(f"for (long long {var} = {start}; {condition}; {var} += {step})", body, ahead=ahead)
         if not kept:
             return built
@@ -1761,14 +1793,14 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
 
         def copy(g: _Generator, buffer: str) -> list[str]:
             body = _packed_load(buffer, declared, window_next, p, "pto_copy8_async")
-            return _op_block(f"{where}, at the next iteration", *region_next, body, None)
+            return _op_block(f"{where}, for an iteration ahead", *region_next, body, None)
 
         prefetch = ctx.prefetches[id(op)] = _Prefetch(tile, p, copy)
         ctx.g.prefetches.append(prefetch)
 
     def lines(g: _Generator) -> list[str]:
         if prefetch in g.prefetched:  # copied an iteration before: only its valid region is set here
-            return _op_block(f"{where}: copied an iteration ahead", *region, [], tile)
+            return _op_block(f"{where}: copied ahead", *region, [], tile)
         if load:
             copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
         else:
@@ -1810,7 +1842,7 @@ def _packed_load(tile: str, declared: Tile, window: str, param: str, copy: str =
     thread: a group in one 16-byte copy where the memref's rows are contiguous and 16-byte
     aligned and the valid columns whole groups, else element by element (the rare case: a loop
     kept short, where the unrolled loads of the tile's own layout doubled the compile time).
-    `copy` makes a 16-byte copy: pto_copy8, or pto_copy8_async for a copy an iteration ahead
+    `copy` makes a 16-byte copy: pto_copy8, or pto_copy8_async for a copy ahead
     (element by element, the rare case stays synchronous: the buffer is not read before the
     barrier after the wait)."""
     groups = math.ceil(declared.cols / 8)  # of 8 columns in a row

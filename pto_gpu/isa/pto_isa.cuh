@@ -299,7 +299,7 @@ struct PtoMmaOffer {
     float c[4];
 };
 
-// cp.async as the host build runs it (pto_copy8_async, pto_async_commit, pto_async_wait_one):
+// cp.async as the host build runs it (pto_copy8_async, pto_async_commit, pto_async_wait):
 // a thread's copies land, in turn, at once or only when a wait needs their group (the earliest
 // a GPU may make them visible and the latest), so code that reads a buffer before its wait, or
 // copies into one that others still read, gets a wrong result here.
@@ -809,8 +809,8 @@ __device__ inline void pto_copy8(T *to, const T *from) {
 
 // cp.async.cg.shared.global of 16 bytes (8 elements, both addresses 16-byte aligned): the copy
 // runs while the thread goes on, and lands by the thread's wait for its group. A thread's copies
-// since its last commit are one group (pto_async_commit); pto_async_wait_one waits until at most
-// the newest group of its own is in flight. Other threads see what landed after a barrier.
+// since its last commit are one group (pto_async_commit); pto_async_wait<Pending> waits until at
+// most its own newest Pending groups are in flight. Other threads see what landed after a barrier.
 #ifdef __CUDACC__
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 template <int Arch = __CUDA_ARCH__>
@@ -833,9 +833,10 @@ __device__ inline void pto_async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
-__device__ inline void pto_async_wait_one() {
+template <int Pending>
+__device__ inline void pto_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 #endif
 }
 #else
@@ -854,11 +855,12 @@ inline void pto_copy8_async(T *to, const T *from) {
         mine.pending.push_back({to, from, mine.committed});
 }
 inline void pto_async_commit() { ++pto_host_run->async[threadIdx.x].committed; }
-inline void pto_async_wait_one() {
+template <int Pending>
+inline void pto_async_wait() {
     PtoAsyncThread &mine = pto_host_run->async[threadIdx.x];
     size_t kept = 0;
     for (const PtoAsyncCopy &copy : mine.pending) {
-        if (copy.group < mine.committed - 1)
+        if (copy.group < mine.committed - Pending)
             std::memcpy(copy.to, copy.from, 8 * sizeof(T));
         else
             mine.pending[kept++] = copy;
