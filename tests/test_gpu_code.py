@@ -15,6 +15,7 @@ from pto_gpu.kernels.tiles import matmul, matmul_acc
 
 import pto_gpu as pto
 from pto_gpu import cli, isa
+from pto_gpu.isa.family import family_of
 
 PROGRAMS = Path(__file__).resolve().parent.parent / "orchestration" / "programs"
 
@@ -69,13 +70,18 @@ def test_16_bit_products_run_on_tensor_cores(kernel, shapes, scalars, dtype, arc
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_a_products_chunks_of_k_copy_an_iteration_ahead(arch):
-    """A 16-bit product summed over chunks of k copies each next chunk's operands while this
+def test_a_products_chunks_of_k_are_copied_ahead(arch):
+    """A 16-bit product summed over chunks of k copies the next chunks' operands while this
     one's are multiplied: cp.async into shared memory, one commit group an iteration, each
-    iteration waiting for all but the newest."""
-    ptx = isa.gpu_code(matmul, [(64, 1024), (1024, 128), (64, 128)], np.float16, arch=arch)
+    iteration waiting for all but its newest S - 1, with S buffers a tile (3 for the 64 x 128
+    band of a matmul)."""
+    shapes = [(64, 1024), (1024, 128), (64, 128)]
+    source = family_of(matmul).cuda(shapes, np.dtype(np.float16), ()).source.read_text()
+    stages = {int(s) for s in re.findall(r"PTO_SHARED\(T, pto_buf_\w+, \[(\d)\]", source)}
+    assert stages == {3}, stages
+    ptx = isa.gpu_code(matmul, shapes, np.float16, arch=arch)
     assert "cp.async.cg.shared.global" in ptx and "cp.async.commit_group" in ptx
-    assert "cp.async.wait_group 1" in ptx
+    assert "cp.async.wait_group 2" in ptx
 
 
 def test_small_tensor_core_kernels_are_fitted_to_two_blocks_an_sm():

@@ -749,7 +749,7 @@ def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, 
     source = code.source.read_text()
     loop = source.split("for (long long i_kk")[1].split("accumulators from registers")[0]
     assert "its products' accumulators in registers" in source and "t_c[r][c]" not in loop
-    # in several buffers where those fit beside the float tiles (test_loads_copy_an_iteration_ahead...)
+    # in several buffers where those fit beside the float tiles (test_loads_copy_ahead_where_they_can)
     staged = re.search(r"PTO_SHARED\(T, pto_buf_t_ta, (\[\d+\])", source)
     a_tile, b_tile = ((f"pto_buf_t_ta, {staged[1]}", f"pto_buf_t_tb, {staged[1]}") if staged
                       else ("t_ta, ", "t_tb, "))
@@ -764,12 +764,17 @@ def test_a_product_summed_over_chunks_keeps_its_accumulators_in_registers(m, k, 
     _assert_chunked(out, a, b, acc, chunk, chunk if start is None else start)
 
 
+# The hand-written cases' loops run 7 iterations after the first chunk: more than MAX_STAGES + 1,
+# so that every buffer is copied into while the others are read, at every count of buffers.
+DEPTH = 128
+
+
 def _moving_by_a_scalar(f):
     """A FOR whose b window moves by a scalar its body changes, a's by the loop variable."""
-    f.memref("a", F16, (32, 64)).memref("b", F16, (64, 32)).memref("out", F16, (32, 32))
+    f.memref("a", F16, (32, DEPTH)).memref("b", F16, (DEPTH, 32)).memref("out", F16, (32, 32))
     f.scalar_var("row", INT).tile("ta", 32, 16, F16).tile("tb", 16, 32, F16).tile("c", 32, 32, F16)
     f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb")
-    f.for_loop("kk", 16, 64, 16).scalar_add("row", "kk", 0)
+    f.for_loop("kk", 16, DEPTH, 16).scalar_add("row", "kk", 0)
     f.load("ta", "a", 0, "kk").load("tb", "b", "row", 0).matmul_acc("c", "ta", "tb").end_for()
     f.store("out", "c")
 
@@ -777,28 +782,55 @@ def _moving_by_a_scalar(f):
 def _transpose_of_the_iteration_before(f):
     """A FOR whose product reads, in place, the transpose of b's chunk loaded in the iteration
     before (a loop pipelined by hand): b's load is not the first to touch its tile."""
-    f.memref("a", F16, (32, 64)).memref("b", F16, (32, 64)).memref("out", F16, (32, 32))
+    f.memref("a", F16, (32, DEPTH)).memref("b", F16, (32, DEPTH)).memref("out", F16, (32, 32))
     f.tile("ta", 32, 16, F16).tile("tbt", 32, 16, F16).tile("tb", 16, 32, F16).tile("c", 32, 32, F16)
     f.load("ta", "a").load("tbt", "b").trans("tb", "tbt").matmul("c", "ta", "tb")
-    f.for_loop("kk", 16, 64, 16).load("ta", "a", 0, "kk").matmul_acc("c", "ta", "tb")
+    f.for_loop("kk", 16, DEPTH, 16).load("ta", "a", 0, "kk").matmul_acc("c", "ta", "tb")
     f.load("tbt", "b", 0, "kk").trans("tb", "tbt").end_for()
     f.store("out", "c")
 
 
-HAND_WRITTEN = {"moving by a scalar": (_moving_by_a_scalar, (64, 32)),
-                "transpose read before": (_transpose_of_the_iteration_before, (32, 64))}
+def _read_after_the_loop(f):
+    """The chunks' product, and then, after the loop, the last chunk's once more: the tiles the
+    loop leaves are the buffers its last iteration read."""
+    f.memref("a", F16, (32, DEPTH)).memref("b", F16, (DEPTH, 32)).memref("out", F16, (32, 32))
+    f.tile("ta", 32, 16, F16).tile("tb", 16, 32, F16).tile("c", 32, 32, F16)
+    f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb")
+    f.for_loop("kk", 16, DEPTH, 16).load("ta", "a", 0, "kk").load("tb", "b", "kk", 0)
+    f.matmul_acc("c", "ta", "tb")
+    f.end_for().matmul_acc("c", "ta", "tb").store("out", "c")
+
+
+def _entered_again(f):
+    """The chunks' loop inside another, entered three times: each entry finds the tiles where
+    the one before left them, at a buffer past the first."""
+    f.memref("a", F16, (32, DEPTH)).memref("b", F16, (DEPTH, 32)).memref("out", F16, (32, 32))
+    f.tile("ta", 32, 16, F16).tile("tb", 16, 32, F16).tile("c", 32, 32, F16).tile("sum", 32, 32, F16)
+    f.load("sum", "out").for_loop("j", 0, 3, 1)
+    f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb")
+    f.for_loop("kk", 16, DEPTH, 16).load("ta", "a", 0, "kk").load("tb", "b", "kk", 0)
+    f.matmul_acc("c", "ta", "tb")
+    f.end_for().add("sum", "sum", "c").end_for().store("out", "sum")
+
+
+HAND_WRITTEN = {"moving by a scalar": (_moving_by_a_scalar, (DEPTH, 32)),
+                "transpose read before": (_transpose_of_the_iteration_before, (32, DEPTH)),
+                "read after the loop": (_read_after_the_loop, (DEPTH, 32)),
+                "entered again": (_entered_again, (DEPTH, 32))}
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("case, ahead", [
     ("fits", {"t_ta", "t_tb"}),  # beside a 20 x 27 result in registers and one in shared memory
-    ("past the static limit", {"t_ta", "t_tb"}),  # 48 x 96 x 32: the second buffers pass SHARED_LIMIT
+    ("past the static limit", {"t_ta", "t_tb"}),  # 48 x 224 x 96 by 32: the buffers pass SHARED_LIMIT
     ("returns", set()),  # a RETURN may leave the loop with copies in flight
     ("moving by a scalar", {"t_ta"}),  # b's next window is not known an iteration before
     ("transpose read before", {"t_ta"}),  # b's tile is read (transposed) before its load
+    ("read after the loop", {"t_ta", "t_tb"}),
+    ("entered again", {"t_ta", "t_tb"}),
 ])
 @pytest.mark.parametrize("stages", range(2, MAX_STAGES + 1))
-def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, stages, tmp_path, monkeypatch):
+def test_loads_copy_ahead_where_they_can(case, ahead, stages, tmp_path, monkeypatch):
     """A FOR's TLOADs into packed operands copy a later iteration's window (`stages` - 1 ahead,
     into the tile's next buffer) where the loop, the window and shared memory allow, and the
     results are the same: the host build lands each thread's copies at once and at its wait in
@@ -808,10 +840,11 @@ def test_loads_copy_an_iteration_ahead_where_they_can(case, ahead, stages, tmp_p
         build, b_shape = HAND_WRITTEN[case]
         module, scalars = _tensor_core_module(build), ()
         rng = np.random.default_rng(5)
-        arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((32, 64), b_shape)]
+        arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((32, DEPTH), b_shape)]
         arrays.append(np.zeros((32, 32), np.float16))
     else:
-        m, k, n, chunk = (48, 96, 96, 32) if case == "past the static limit" else (20, 37, 27, 16)
+        # 6 and 7 iterations after the first chunk, the last one's a tail in the second
+        m, k, n, chunk = (48, 224, 96, 32) if case == "past the static limit" else (20, 117, 27, 16)
         module = _chunked_product(m, k, n, chunk, returns=case == "returns")
         rng = np.random.default_rng(6)
         arrays = [rng.integers(-2, 3, s).astype(np.float16) for s in ((m, k), (k, n), (m, n))]

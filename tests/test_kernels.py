@@ -387,8 +387,8 @@ def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
     """The sizes _attention_sizes picks for CUDA keep every tile a float16 instance reads whole
     in shared memory, its products on tensor cores, at the head dims of real models; the
     output in registers (scaled there by its rows' factors), k read across where it was loaded
-    (no transpose), v as float16, k and v in two buffers each (the next key block's copied
-    while this one's products run: past 48 KiB a block, opted in)."""
+    (no transpose), v as float16, k and v in several buffers each (the next key blocks'
+    copied while this one's products run: past 48 KiB a block, opted in)."""
     for m, d in [(128, 128), (64, 128), (64, 64), (32, 256), (50, 72)]:
         code = family_of(llm.flash_attention_tile).cuda(((4, m, d), (4, 2048, d), (4, 2048, d), (4, m, d)),
                                                         np.dtype(np.float16), (0, 1))

@@ -202,6 +202,48 @@ def test_the_host_build_catches_copies_ahead_out_of_order(programs, tmp_path, mu
     assert wrong, f"{mutant}: every program still equals the interpreter"
 
 
+def _long_loop(module: Module) -> None:
+    """@long: c = a @ b over chunks of 16 of k, 7 iterations after the first: every buffer of
+    every count is copied into while others are read, where the random programs' loops are
+    mostly shorter than the buffers."""
+    f = FunctionBuilder("long", module=module).in_core()
+    f.memref("a", F16, (32, 128)).memref("b", F16, (128, 64)).memref("out", F16, (32, 64))
+    f.tile("ta", 32, 16, F16).tile("tb", 16, 64, F16).tile("c", 32, 64, F16)
+    f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb")
+    f.for_loop("kk", 16, 128, 16).load("ta", "a", 0, "kk").load("tb", "b", "kk", 0)
+    f.matmul_acc("c", "ta", "tb").end_for().store("out", "c")
+    f.build()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("stages", range(2, MAX_STAGES + 1))
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_every_count_of_buffers_catches_copies_ahead_out_of_order(stages, mutant, tmp_path, monkeypatch):
+    """With each count of buffers, a long loop is right as generated and wrong with either
+    mistake made in its text."""
+    monkeypatch.setattr(cuda_codegen, "MAX_STAGES", stages)
+    module = Module("long_loop")
+    _long_loop(module)
+    code = cuda_code(module, "long", tmp_path)
+    source = code.source.read_text()
+    assert f"pto_buf_t_ta, [{stages}]" in source
+    rng = np.random.default_rng(stages)
+    arrays = [rng.integers(-2, 3, shape).astype(np.float16) for shape in ((32, 128), (128, 64))]
+    expected = [*arrays, np.zeros((32, 64), np.float16)]
+    interpret.run(module, "long", *expected)
+    for pattern, replacement in MUTANTS[mutant]:
+        source, count = re.subn(pattern, replacement, source)
+        assert count > 0, pattern
+    results = {}
+    for label, text in (("as generated", code.source.read_text()), ("mutant", source)):
+        (tmp_path / f"{label}.cpp").write_text(text)
+        library = host_cuda.compile_source(tmp_path / f"{label}.cpp", np.float16, tmp_path / f"{label}.so")
+        got = [*(a.copy() for a in arrays), np.zeros((32, 64), np.float16)]
+        host_cuda.call(library, "long", code, got, ())
+        results[label] = np.array_equal(got[2], expected[2])
+    assert results == {"as generated": True, "mutant": False}
+
+
 @pytest.mark.parametrize("index", range(PROGRAMS))
 def test_a_random_tensor_core_program_equals_the_interpreter_bit_for_bit(programs, index):
     module, cases, codes, library = programs

@@ -18,7 +18,7 @@ from ..errors import PTOError
 MAX_DIMS = 3
 THREADS_PER_BLOCK = 256  # every launch's block: the generated kernels' warps and shared memory assume it
 # A block's shared memory: its tiles are sized to SHARED_LIMIT (what a block gets without opting
-# in); with the second buffers of loads an iteration ahead it may take up to SHARED_OPT_IN, twice
+# in); with the other buffers of loads ahead (cp.async) it may take up to SHARED_OPT_IN, twice
 # that, which every GPU with tensor cores the generated code uses (sm_80 and later: 99 KiB a
 # block on sm_86, sm_89 and sm_120, 163 on sm_80, 227 on sm_90) gives a function opted in
 # (cuFuncSetAttribute), with 3 KiB to spare for static shared memory.

@@ -1784,7 +1784,7 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     region = (f"pto_clip({rows}, {view.rows} - {row})", f"pto_clip({cols}, {view.cols} - {col})")
 
     prefetch = None
-    if op_ahead := ctx.early.get(id(op)):  # also a copy of the window at the loop's next value
+    if op_ahead := ctx.early.get(id(op)):  # also a copy of the window at a later value of the loop's
         var, following = op_ahead
         row_next, col_next = (following if v == var else ctx.operand(v) for v in op.srcs[1:3])
         window_next = f"{p}_p + ({view.row0} + {row_next}) * {p}_s1 + ({view.col0} + {col_next}) * {p}_s2"
@@ -1799,7 +1799,7 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         ctx.g.prefetches.append(prefetch)
 
     def lines(g: _Generator) -> list[str]:
-        if prefetch in g.prefetched:  # copied an iteration before: only its valid region is set here
+        if prefetch in g.prefetched:  # copied iterations before: only its valid region is set here
             return _op_block(f"{where}: copied ahead", *region, [], tile)
         if load:
             copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
