@@ -17,13 +17,13 @@ from numba import njit
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import (
-    COLUMN_BLOCK,
+from pto_gpu.isa.cuda_codegen import COLUMN_BLOCK
+from pto_gpu.isa.cuda_lines import WARP
+from pto_gpu.isa.cuda_mma import (
     MMA_K,
     REGISTER_ACCUMULATORS,
     TENSOR_CORE_BYTES,
     TENSOR_CORE_DTYPES,
-    WARP,
     accumulator_floats,
     packed_pitch,
 )

@@ -31,7 +31,8 @@ from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.cuda_abi import MAX_BLOCKS, SHARED_LIMIT, SHARED_OPT_IN, THREADS_PER_BLOCK
 from pto_gpu.isa import ISAError, cuda_codegen, interpret, optimize
 from pto_gpu.isa.builder import FunctionBuilder
-from pto_gpu.isa.cuda_codegen import MAX_STAGES, WorkItems, cuda_code, cuda_source, packed_pitch
+from pto_gpu.isa.cuda_codegen import MAX_STAGES, WorkItems, cuda_code, cuda_source
+from pto_gpu.isa.cuda_mma import packed_pitch
 from pto_gpu.isa.ir import (
     Call,
     CallArg,

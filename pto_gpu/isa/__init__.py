@@ -11,6 +11,8 @@ and CUDA implementations.
     interpret  the numpy reference: run(module, name, *arrays_and_scalars)
     cpu_codegen   one generated numba function per InCore function (cached as .py files)
     cuda_codegen  one generated `extern "C" __global__` per InCore function (pto_isa.cuh)
+    cuda_mma      its tensor-core products: mma.sync units over warps, fragments, lean steps
+    cuda_lines    the text it writes and what its instructions' rules share
     column_blocks blocked(function, block): wide rows walked in blocks of columns, for CUDA
 
     nvrtc      NVRTC through ctypes, as CuPy's RawModule compiles (no GPU needed)

@@ -24,7 +24,7 @@ Two layouts, chosen per function:
                 own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
                 memory, and a __syncthreads() comes before and after each whole-tile read and
                 each access of such a memref. The tiles are references into the block's
-                dynamic shared memory at offsets (PTO_SHARED, _Generator.shared_offsets),
+                dynamic shared memory at offsets (PTO_SHARED, Generator.shared_offsets),
                 whose bytes the launch gives (CudaCode.shared_bytes).
 
 Broadcast rows: where nothing else needs the block layout, a one-row tile loaded only from
@@ -44,16 +44,16 @@ Tensor cores: in a kernel of float16 or bfloat16 memrefs (ACC float) a product (
 MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 instructions
 (pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
 its operands and result are in shared memory (the result, where only products, its loads and
-its stores touch it, in registers: _Generator._fragments), and each warp takes units of the
+its stores touch it, in registers: Generator._fragments), and each warp takes units of the
 result of 16 rows x 32 columns, summing over k in steps of 16 with the accumulators in
 registers. An operand only loaded and only read by such products is packed
-(_Generator._packed): kept as the element type in padded rows, its fragments read by
+(Generator._packed): kept as the element type in padded rows, its fragments read by
 ldmatrix. A product accumulated over a loop keeps its accumulators in registers across it
-(_Context.accumulated), and the loop's loads of its packed operands copy later iterations'
+(Context.accumulated), and the loop's loads of its packed operands copy later iterations'
 chunks while this one's is multiplied (cp.async into the tile's other buffers, as many as fit:
-_Context.early_loads, _Generator._prefetched, _Generator._emit_prefetching). A warp whose
+Context.early_loads, Generator._prefetched, Generator._emit_prefetching). A warp whose
 units are all of the same columns loads b's fragments once a step of k for all of them
-(_Units.each_turn), and whole
+(Units.each_turn), and whole
 16 x 16 blocks come by ldmatrix from addresses taken before the loop over k (_lean_fragments;
 float operands' elements at offsets from places taken so).
 In a kernel of float32 memrefs whose function says `tf32`, its float32 products are the same
@@ -82,6 +82,19 @@ from ..backends.cuda_abi import HEADER, SHARED_LIMIT, SHARED_OPT_IN, THREADS_PER
 from ..dtypes import DataType
 from ..kernel import CudaCode
 from . import column_blocks
+from .cuda_lines import WARP, WARPS, Code, Lines, indent, op_block
+from .cuda_mma import (
+    REGISTER_ACCUMULATORS,
+    TENSOR_CORE_BYTES,
+    TENSOR_CORE_DTYPES,
+    Units,
+    accumulators_moved,
+    packed_pitch,
+    tensor_core_dtypes,
+    tensor_core_kernel,
+    tensor_core_product,
+    tensor_matmul,
+)
 from .dataflow import directions
 from .describe import describe
 from .errors import ISAError
@@ -90,8 +103,6 @@ from .operands import Kind, signature
 from .ops import OPCODES, Form, OpSpec
 from .verify import verify_module
 
-WARP = 32
-WARPS = THREADS_PER_BLOCK // WARP
 # Registers a lane may hold tiles in before a function's widest tiles are walked in blocks of
 # columns (column_blocks.py), counting every tile in registers at once: the library's RMSNorm
 # at 32 x 4096 held 64 in the block layout (two tiles of 4 rows x 8 columns a lane); a 64 x 768
@@ -108,23 +119,12 @@ _BLOCK_WIDTHS = (COLUMN_BLOCK, 128, 64, WARP)
 # about 2 s each. The loop indexes no register array, so a partial unroll cannot push a tile
 # out of registers: only the loops that index one (rows, slots) must unroll whole.
 MATMUL_K_UNROLL = 4
-# The products that run on tensor cores (float accumulators): of float16 and bfloat16 tiles
-# (mma.sync.m16n8k16), and of float32 tiles in a function that says tf32 (mma.sync.m16n8k8 of
-# operands rounded to TF32). Operands not packed, and results not in registers, are in shared
-# memory as float (TENSOR_CORE_BYTES an element).
-TENSOR_CORE_DTYPES = (DataType.FLOAT16, DataType.BFLOAT16)
-TENSOR_CORE_BYTES = 4
-MMA_K, TF32_MMA_K = 16, 8  # k of one instruction: 16-bit operands, TF32 ones
-# The floats of accumulators a lane may keep in registers, four units of 16 x 32 (a 128 x 128
-# result over 8 warps): for the results kept there throughout (_Generator._fragments), and as
-# many again for those a loop keeps there (_Context.accumulated). Beyond it, shared memory.
-REGISTER_ACCUMULATORS = 64
 # The registers a lane may hold tiles in for a tensor-core kernel to be fitted to two blocks an
-# SM (_Generator.resident_blocks): the matmul bands and the MLP's matmul_acc (32), flash_pv and
+# SM (Generator.resident_blocks): the matmul bands and the MLP's matmul_acc (32), flash_pv and
 # flash_scores (16, 0) fit 128 registers with no spill; the fused attention (40 at d 64, 56 at
 # d 128) is left its own count.
 TWO_BLOCK_WORDS = 32
-# The most buffers a tile loaded ahead takes (_Generator._prefetched): one read, the others'
+# The most buffers a tile loaded ahead takes (Generator._prefetched): one read, the others'
 # copies in flight (CUTLASS's sm_80 GEMMs keep 3 to 5 stages). As many as fit SHARED_OPT_IN.
 MAX_STAGES = 4
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
@@ -133,7 +133,7 @@ _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.
 
 def cuda_source(module: Module, function: str, split: tuple[str, ...] = ()) -> str:
     """The CUDA C of InCore function `function` of `module`, callees inlined; with `split`, its
-    rows over blocks (see _Generator)."""
+    rows over blocks (see Generator)."""
     return _generator(module, function, split).source()
 
 
@@ -154,14 +154,14 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
                     batches=True, shared_bytes=generator.shared_offsets()[1])
 
 
-def _generator(module: Module, function: str, split: tuple[str, ...]) -> _Generator:
+def _generator(module: Module, function: str, split: tuple[str, ...]) -> Generator:
     """The generator of `function`: products on tensor cores (tensor_core_dtypes) where what
     they keep in shared memory fits (operands, and results not in registers), else every
     product on FMA; in column blocks where its tiles need more registers or shared memory than
     a block has."""
-    generator = _Generator(module, function, split, tensor_cores=True)
+    generator = Generator(module, function, split, tensor_cores=True)
     if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
-        generator = _Generator(module, function, split, tensor_cores=False)
+        generator = Generator(module, function, split, tensor_cores=False)
     if not generator.within_budget():
         generator = _in_column_blocks(generator, split)
     generator.check_shared()
@@ -173,10 +173,10 @@ def fits(module: Module, function: str) -> bool:
     tensor cores where their dtypes allow, its tiles within SHARED_LIMIT of shared memory and
     REGISTER_WORDS registers a lane (else cuda_code takes FMA or column blocks, or refuses):
     for a family trying sizes of its tiles."""
-    return _Generator(module, function, tensor_cores=True).within_budget()
+    return Generator(module, function, tensor_cores=True).within_budget()
 
 
-def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generator:
+def _in_column_blocks(generator: Generator, split: tuple[str, ...]) -> Generator:
     """The generator of the function walked in blocks of columns (column_blocks.py): of the
     widest block whose code's tiles fit (counted in the blocked code, whose layout may differ),
     else of the narrowest it can be blocked in; or `generator`, its source saying why the
@@ -191,7 +191,7 @@ def _in_column_blocks(generator: _Generator, split: tuple[str, ...]) -> _Generat
             refusal = refusal or why
             continue
         module = Module(generator.module.name, {**generator.module.functions, function.name: narrowed})
-        blocked = _Generator(module, function.name, split, tensor_cores=True)
+        blocked = Generator(module, function.name, split, tensor_cores=True)
         blocked.note = (f"columns in blocks of {block} (at {width}, its tiles would hold "
                         f"{generator.register_words()} registers a lane)")
         if blocked.within_budget():
@@ -250,7 +250,7 @@ class _Affine:
 class _Inlined:
     """A braced scope: a call inlined (its windows' definitions, then its body under the
     callee's C names), or a loop with its products' accumulators moved into registers before it
-    and out after it (_Context.loop)."""
+    and out after it (Context.loop)."""
 
     where: str
     body: list
@@ -293,7 +293,7 @@ class _Access:
 
 
 
-class _Generator:
+class Generator:
     """The CUDA code of one InCore function. With `split` (names of its memrefs, all of R rows)
     the function is one band of R rows of a taller call: the block layout's blocks take (batch
     index, band) pairs, each with those memrefs' windows moved down by its band's first row
@@ -344,7 +344,7 @@ class _Generator:
         # tile -> its TLOADs a TTRANS of it follows at once
         self.loads_transposed: collections.Counter[str] = collections.Counter()
         self.activations = 0
-        self.prefetches: list[_Prefetch] = []  # TLOADs a FOR's earlier iteration may start (_Context.loop)
+        self.prefetches: list[_Prefetch] = []  # TLOADs a FOR's earlier iteration may start (Context.loop)
         self.params = [s for s in function.scalars if s.param]
         self.split_param, self.split_rows = self._split(function, split)
         self.directions = directions(function, module)
@@ -408,7 +408,7 @@ class _Generator:
             self.types[names[scalar.name]] = ctype
             if not scalar.param:
                 self.scalars[names[scalar.name]] = ctype
-        context = _Context(self, function, names, views, offsets, suffix)
+        context = Context(self, function, names, views, offsets, suffix)
         body = context.block(function.body)
         return body, context.returns, context.label
 
@@ -447,18 +447,18 @@ class _Generator:
 
     def _fragments(self) -> set[str]:
         """The tensor-core products' results kept in registers, as the products' units hold
-        them (_Units; pto_frag_<tile>), from the kernel's start to its end: written only by the
+        them (Units; pto_frag_<tile>), from the kernel's start to its end: written only by the
         products, TLOADs and ROW_EXPANDs in place (attention's output scaled by a row's factor,
         which is then in shared memory), and read only by those, TSTOREs and accumulating
         products, which then touch no shared memory for it. So a tile product's result needs no
         shared memory, and its products no barrier for it (its TLOADs and TSTOREs may:
         _transfer). In name order while a lane's share of them all is at most
-        REGISTER_ACCUMULATORS floats (a loop's kept accumulators, _Context.accumulated, have as
+        REGISTER_ACCUMULATORS floats (a loop's kept accumulators, Context.accumulated, have as
         many more); others stay in shared memory."""
         kept, floats = set(), 0
         for tile in sorted(self.whole):
             writes, reads = self.writes.get(tile, set()), self.reads.get(tile, set())
-            units = _Units.of(self.tiles[tile])
+            units = Units.of(self.tiles[tile])
             if ("mma", None) in writes and all(kind in ("mma", "load", "scaled") for kind, _ in writes) \
                     and reads <= {"store", "mma_acc", "scaled"} \
                     and floats + units.floats <= REGISTER_ACCUMULATORS:
@@ -483,7 +483,7 @@ class _Generator:
 
     def _prefetched(self) -> tuple[set[_Prefetch], int]:
         """The TLOADs whose copies for a FOR's later iterations start before those iterations
-        (cp.async into the tile's other buffers, _Generator._emit_prefetching), so the copies
+        (cp.async into the tile's other buffers, Generator._emit_prefetching), so the copies
         run while the products of the iterations before do, and the buffers each such tile
         takes (stages): each into a packed tile (read only by products, whose barriers fence
         the buffers) from a memref the kernel never stores (so the copy may run early). All
@@ -578,7 +578,7 @@ class _Generator:
         elsewhere = self.whole | set(self.transposed) | self.fragments
         return sum(rows(tile) * math.ceil(tile.cols / WARP)
                    for c_name, tile in self.tiles.items() if c_name not in elsewhere) + \
-            sum(_Units.of(self.tiles[tile]).floats for tile in self.fragments)
+            sum(Units.of(self.tiles[tile]).floats for tile in self.fragments)
 
     def resident_blocks(self) -> int:
         """The blocks an SM should hold at once, which ptxas fits the registers to
@@ -613,7 +613,7 @@ class _Generator:
                                                                   ("d0", "d1", "d2", "s0", "s1", "s2")))
         for scalar in self.params:  # as the ABI passes them; rounded to their type below
             params.append(f"{'long long' if _integer(scalar.dtype) else 'double'} p_{_c(scalar.name)}")
-        out = _Lines()
+        out = Lines()
         layout = "block layout: a block per batch index" if self.block else "row layout: a warp per row"
         layout += f"; {self.note}" if self.note else ""
         out.add(f"// Generated by pto_gpu.isa.cuda_codegen from @{name} ({self.module.name}): {layout}.")
@@ -716,7 +716,7 @@ class _Generator:
         double for a float64 tile in a kernel of another element type (TCVT's other side)."""
         return "double" if self.tiles[tile].dtype == DataType.FLOAT64 else "ACC"
 
-    def _windows(self, out: _Lines) -> None:
+    def _windows(self, out: Lines) -> None:
         """Each memref's window for batch index pto_b."""
         for memref in self.function.memrefs:
             prefix = f"m_{_c(memref.name)}"
@@ -724,10 +724,10 @@ class _Generator:
             band = f" + pto_row0 * {prefix}_s1" if memref.name in self.split else ""
             out.add(f"{const}T *{prefix}_p = {prefix}_base + pto_b % {prefix}_d0 * {prefix}_s0{band};")
 
-    def _declarations(self, out: _Lines) -> None:
+    def _declarations(self, out: Lines) -> None:
         for c_name, tile in self.tiles.items():
             if c_name in self.fragments:
-                out.add(_Units.of(tile).registers(f"pto_frag_{c_name}"))
+                out.add(Units.of(tile).registers(f"pto_frag_{c_name}"))
             elif c_name not in self.whole and c_name not in self.transposed:
                 slots = math.ceil(tile.rows / WARPS) if self.block else 1
                 # zeroed: a shuffle reads every lane's slot, owned or not
@@ -736,13 +736,13 @@ class _Generator:
         for c_name, ctype in self.scalars.items():
             out.add(f"[[maybe_unused]] {ctype} {c_name} = 0;")
 
-    def _emit_body(self, out: _Lines, body: list, returns: bool, label: str) -> None:
+    def _emit_body(self, out: Lines, body: list, returns: bool, label: str) -> None:
         for statement in body:
             self._emit(out, statement)
         if returns:
             out.add(f"{label}:;")
 
-    def _emit(self, out: _Lines, statement) -> None:
+    def _emit(self, out: Lines, statement) -> None:
         if isinstance(statement, str):
             out.add(statement)
         elif isinstance(statement, _Inlined):
@@ -776,7 +776,7 @@ class _Generator:
             if barrier:
                 out.barrier()
 
-    def _emit_prefetching(self, out: _Lines, loop: _Loop, early: list[_Prefetch]) -> None:
+    def _emit_prefetching(self, out: Lines, loop: _Loop, early: list[_Prefetch]) -> None:
         """A FOR whose `early` loads copy `stages` - 1 iterations ahead: the first iterations'
         before the loop, each later one's at the top of the iteration that many before it, into
         the tile's next buffer, one commit group an iteration (empty past the last); an
@@ -807,7 +807,7 @@ class _Generator:
             out.add(f"    const long long {ahead.next} = {ahead.after(ahead.start, later)};")
             out.add(f"    if ({ahead.runs(ahead.next)}) {{")
             for load in early:
-                out.extend(_indent(load.copy(self, buffer(load.tile, later)), 2))
+                out.extend(indent(load.copy(self, buffer(load.tile, later)), 2))
             out.add("    }")
             out.add("}")
             out.add("pto_async_commit();")
@@ -816,7 +816,7 @@ class _Generator:
         out.add(f"const long long {ahead.next} = {ahead.after(ahead.var, stages - 1)};")
         out.add(f"if ({ahead.runs(ahead.next)}) {{  // iteration {stages - 1} ahead's, into the next buffers")
         for load in early:
-            out.extend(_indent(load.copy(self, buffer(load.tile, stages - 1))))
+            out.extend(indent(load.copy(self, buffer(load.tile, stages - 1))))
         out.add("}")
         out.add("pto_async_commit();")
         out.add(f"pto_async_wait<{stages - 1}>();  // this thread's copies for this iteration have landed")
@@ -837,26 +837,6 @@ class _Generator:
         out.add("}")
 
 
-class _Lines:
-    def __init__(self):
-        self.lines: list[str] = []
-        self.indent = 0
-
-    def add(self, line: str) -> None:
-        self.lines.extend("    " * self.indent + part for part in line.split("\n"))
-
-    def extend(self, lines) -> None:
-        for line in lines:
-            self.add(line)
-
-    def barrier(self) -> None:
-        if not self.lines or self.lines[-1].strip() != "__syncthreads();":
-            self.add("__syncthreads();")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 @dataclasses.dataclass
 class _Loop:
     """A FOR or IF: its C head and bodies; a FOR whose loads may copy iterations ahead, how."""
@@ -870,19 +850,19 @@ class _Loop:
 @dataclasses.dataclass(eq=False)
 class _Prefetch:
     """A TLOAD of a FOR's own body whose copy for the next iteration may start in this one
-    (_Context.early_loads): its tile, its memref's parameter, and `copy(generator, buffer)`, the
+    (Context.early_loads): its tile, its memref's parameter, and `copy(generator, buffer)`, the
     lines copying its window at the FOR's next value (_Ahead.next) into `buffer` (C: rows of T)."""
 
     tile: str
     param: str
-    copy: Callable[[_Generator, str], list[str]]
+    copy: Callable[[Generator, str], list[str]]
 
 
 @dataclasses.dataclass(frozen=True)
 class _Ahead:
     """A FOR's variable, the name the prefetches' copies read the variable's value by (`next`),
     its first value, step and stop and how a value is compared to the stop (C), and its TLOADs
-    that may copy iterations ahead (_Generator._emit_prefetching)."""
+    that may copy iterations ahead (Generator._emit_prefetching)."""
 
     var: str
     next: str
@@ -901,18 +881,6 @@ class _Ahead:
     def runs(self, value: str) -> str:
         """Whether the loop runs an iteration at `value` (C)."""
         return f"{value} {self.compare} {self.stop}"
-
-
-@dataclasses.dataclass
-class _Code:
-    """One tile instruction: `lines(generator)` writes it once the layout is known. In the block
-    layout a __syncthreads() comes before and after it when it reads or writes a tile whole
-    (`whole`, or `whole(generator)` where that depends on the layout) or accesses a memref that
-    needs it (_Generator.hazards)."""
-
-    lines: Callable[[_Generator], list[str]]
-    whole: bool | Callable[[_Generator], bool] = False
-    memref: str | None = None
 
 
 def _c(name: str) -> str:
@@ -945,10 +913,10 @@ def _literal(value: int | float) -> str:
 _SCALAR_FORMS = (Form.SCALAR, Form.COMPARE, Form.DIM)  # instructions that write a scalar
 
 
-class _Context:
+class Context:
     """Turns one activation's statements into the generator's tree, with C names."""
 
-    def __init__(self, generator: _Generator, function: Function, names: dict[str, str],
+    def __init__(self, generator: Generator, function: Function, names: dict[str, str],
                  views: dict[str, _View], offsets: dict, suffix: str):
         self.g, self.function, self.names = generator, function, names
         self.views, self.offsets = views, offsets
@@ -1047,14 +1015,14 @@ class _Context:
             return built
         for tile in kept:
             del self.registers[tile]
-        units = {tile: _Units.of(self.g.tiles[tile]) for tile in kept}
+        units = {tile: Units.of(self.g.tiles[tile]) for tile in kept}
 
-        def moved(into_registers: bool) -> list[_Code]:
-            return [_accumulators_moved(tile, f"pto_acc_{tile}", units[tile], into_registers)
+        def moved(into_registers: bool) -> list[Code]:
+            return [accumulators_moved(tile, f"pto_acc_{tile}", units[tile], into_registers)
                     for tile in kept]
 
-        def declared(tile: str) -> _Code:
-            return _Code(lambda g: [] if tile in g.fragments else [units[tile].registers(f"pto_acc_{tile}")])
+        def declared(tile: str) -> Code:
+            return Code(lambda g: [] if tile in g.fragments else [units[tile].registers(f"pto_acc_{tile}")])
 
         return _Inlined(f"FOR %{loop.var}, its products' accumulators in registers",
                         [*(declared(tile) for tile in kept), *moved(True), built, *moved(False)], False, "")
@@ -1064,10 +1032,10 @@ class _Context:
         one: in a tensor-core kernel, a loop of a constant step to a stop its body does not
         change, which no RETURN leaves; each load the only one of its tile in the loop and the
         first statement of the body to touch the tile (a TTRANS's source and result count as
-        one: a product may read the result in place, _Generator._transposed), its window
+        one: a product may read the result in place, Generator._transposed), its window
         moving only with the loop's variable (its other offsets constants, parameters or
         scalars the body does not change). Whether one does is the layout's to say
-        (_Generator._prefetched)."""
+        (Generator._prefetched)."""
         statements = list(walk(loop.body))
         if not self.g.tensor_cores or not isinstance(loop.step, int) or \
                 any(isinstance(s, Return) for s in statements):
@@ -1124,7 +1092,7 @@ class _Context:
 
         kept, floats = [], 0
         for op in (s for s in loop.body if isinstance(s, Op) and candidate(s)):
-            units = _Units.of(self.g.tiles[self.names[op.dst]])
+            units = Units.of(self.g.tiles[self.names[op.dst]])
             if floats + units.floats <= REGISTER_ACCUMULATORS:
                 kept.append(self.names[op.dst])
                 floats += units.floats
@@ -1168,7 +1136,7 @@ class _Context:
         return rule(self, op, spec, where)
 
     def note_uses(self, op: Op, spec: OpSpec) -> None:
-        """How the instruction writes and reads tiles (_Generator._broadcast, _transposed,
+        """How the instruction writes and reads tiles (Generator._broadcast, _transposed,
         _fragments and _packed read it). A product's tiles are recorded by its rule (_matmul: on
         tensor cores or not), and a TLOAD that a TTRANS of its tile follows at once by `block`."""
         operands = signature(spec)
@@ -1219,39 +1187,28 @@ class _Context:
 # lives in the thread that owns it: lane c % 32 of the warp owning row r.
 
 
-def _indent(lines: list[str], levels: int = 1) -> list[str]:
-    return ["    " * levels + line for line in lines]
-
-
-def _rows(g: _Generator, tile: Tile, valid: str, body: list[str]) -> list[str]:
+def _rows(g: Generator, tile: Tile, valid: str, body: list[str]) -> list[str]:
     """`body` for each row r < valid of `tile` that this warp owns."""
     if not g.block:
         return [f"if (pto_r < {valid}) {{", "    [[maybe_unused]] const int i = 0;",
-                "    [[maybe_unused]] const long long r = pto_r;", *_indent(body), "}"]
+                "    [[maybe_unused]] const long long r = pto_r;", *indent(body), "}"]
     return ["PTO_UNROLL", f"for (int i = 0; i < {math.ceil(tile.rows / WARPS)}; ++i) {{",
             "    const long long r = pto_warp + PTO_WARPS * i;", f"    if (r < {valid}) {{",
-            *_indent(body, 2), "    }", "}"]
+            *indent(body, 2), "    }", "}"]
 
 
 def _cols(tile: Tile, valid: str, body: list[str]) -> list[str]:
     """`body` for each column c < valid of `tile` that this lane owns."""
     return ["PTO_UNROLL", f"for (int j = 0; j < {math.ceil(tile.cols / WARP)}; ++j) {{",
-            "    const long long c = pto_lane + 32 * j;", f"    if (c < {valid}) {{", *_indent(body, 2),
+            "    const long long c = pto_lane + 32 * j;", f"    if (c < {valid}) {{", *indent(body, 2),
             "    }", "}"]
 
 
-def _el(g: _Generator, tile: str, row: str = "r", col: str = "c", slot: str = "j") -> str:
+def _el(g: Generator, tile: str, row: str = "r", col: str = "c", slot: str = "j") -> str:
     return f"{tile}[{row}][{col}]" if tile in g.whole else f"{tile}[i][{slot}]"
 
 
-def _op_block(where: str, rows: str, cols: str, body: list[str], dst: str | None) -> list[str]:
-    """An instruction's lines: the valid region it works on (rows x cols) computed first (dst
-    may be a source), the work, then the region recorded as dst's."""
-    record = [] if dst is None else [f"    vr_{dst} = vr;", f"    vc_{dst} = vc;"]
-    return [f"{{  // {where}", f"    const long long vr = {rows}, vc = {cols};", *_indent(body), *record, "}"]
-
-
-def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+def _elementwise(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     """UNARY, CONVERT, BINARY, TILE_SCALAR, ROW_EXPAND, COL_EXPAND, MASK: dst(r, c) from a(r, c)."""
     dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
     form = spec.form
@@ -1266,12 +1223,12 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         expression = spec.cuda.format(a="x_a", b="x_b", s=f"({ctx.g.ctype(dst)})({scalar})")
     tile = ctx.g.tiles[dst]
 
-    def lines(g: _Generator) -> list[str]:
+    def lines(g: Generator) -> list[str]:
         if dst in g.fragments:  # a ROW_EXPAND in place: each lane its accumulators' elements
-            units = _Units.of(tile)
+            units = Units.of(tile)
             scaled = f"{{ const float x_a = acc[n][e], x_b = (float){b}[r][0]; acc[n][e] = {expression}; }}"
             body = units.each([units.bound(f"pto_frag_{dst}"), *units.moved(scaled)], unrolled=True)
-            return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
+            return op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
         x_b = "" if b is None else f"const {g.ctype(b)} x_b"
         per_row, after_row, per_element = [], [], [f"const {g.ctype(a)} x_a = {_el(g, a)};"]
         if form is Form.BINARY:
@@ -1285,23 +1242,23 @@ def _elementwise(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             per_row = [f"{x_b} = __shfl_sync(PTO_FULL, {b}[i][0], 0);"]
         per_element.append(f"{_el(g, dst)} = ({g.ctype(dst)})({expression});")
         body = _rows(g, tile, "vr", per_row + _cols(tile, "vc", per_element) + after_row)
-        return _op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
+        return op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
 
     # COL_EXPAND's b is read whole unless every warp holds it (broadcast); a ROW_EXPAND of a
     # tile in registers reads its rows' factors where other threads wrote them
-    return _Code(lines, whole=lambda g: (form is Form.COL_EXPAND and b in g.whole) or dst in g.fragments)
+    return Code(lines, whole=lambda g: (form is Form.COL_EXPAND and b in g.whole) or dst in g.fragments)
 
 
 def _identity(spec: OpSpec, ctype: str) -> str:
     return f"({ctype})({_literal(float(spec.identity))})"
 
 
-def _row_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+def _row_reduce(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
     combine = spec.cuda.format(acc="acc", x="x")
     source = ctx.g.tiles[a]
 
-    def lines(g: _Generator) -> list[str]:
+    def lines(g: Generator) -> list[str]:
         t = g.ctype(a)
         body = [f"{t} acc = {_identity(spec, t)};",
                 *_cols(source, "vc_a", [f"const {t} x = {_el(g, a)};", f"acc = {combine};"]),
@@ -1309,34 +1266,34 @@ def _row_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
                 f"    const {t} x = __shfl_xor_sync(PTO_FULL, acc, o);", f"    acc = {combine};", "}",
                 f"if (pto_lane == 0) {_el(g, dst, col='0', slot='0')} = acc;"]
         work = [f"const long long vc_a = vc_{a};", *_rows(g, source, "vr", body)]
-        return _op_block(where, f"vr_{a}", "1", work, dst)
+        return op_block(where, f"vr_{a}", "1", work, dst)
 
-    return _Code(lines)
+    return Code(lines)
 
 
-def _col_reduce(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+def _col_reduce(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
     ctx.g.whole.add(a)
     combine = spec.cuda.format(acc="acc", x="x")
     tile = ctx.g.tiles[dst]
 
-    def lines(g: _Generator) -> list[str]:
+    def lines(g: Generator) -> list[str]:
         t = g.ctype(a)
         per_element = [f"{t} acc = {_identity(spec, t)};", f"for (long long k = 0; k < vr_{a}; ++k) {{",
                        f"    const {t} x = {a}[k][c];", f"    acc = {combine};", "}", f"{_el(g, dst)} = acc;"]
-        return _op_block(where, "1", f"vc_{a}", _rows(g, tile, "vr", _cols(tile, "vc", per_element)), dst)
+        return op_block(where, "1", f"vc_{a}", _rows(g, tile, "vr", _cols(tile, "vc", per_element)), dst)
 
-    return _Code(lines, whole=True)
+    return Code(lines, whole=True)
 
 
-def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+def _matmul(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
     if dst == b:
         raise ctx.fail(where, "the CUDA code generator needs the destination to differ from the right "
                               "operand (other warps still read it while the product is written)")
     if ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype,
                                                   ctx.g.tensor_core_dtypes):
-        return _tensor_matmul(ctx, op, spec, where)
+        return tensor_matmul(ctx, op, spec, where)
     for operand in (a, b, *((dst,) if spec.accumulate else ())):
         ctx.g.reads.setdefault(operand, set()).add("other")
     ctx.g.writes.setdefault(dst, set()).add(("op", None))
@@ -1344,7 +1301,7 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
     tile, left = ctx.g.tiles[dst], ctx.g.tiles[a]
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
 
-    def lines(g: _Generator) -> list[str]:
+    def lines(g: Generator) -> list[str]:
         slots = math.ceil(tile.cols / WARP)
         # a(r, k): from shared memory, or from lane k % 32 of this warp, which holds it in slot k / 32
         x_a = f"{a}[r][k]" if a in g.whole else f"__shfl_sync(PTO_FULL, {a}[i][kj], kl)"
@@ -1356,416 +1313,16 @@ def _matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
                 f"    PTO_UNROLL_BY({MATMUL_K_UNROLL})",
                 "    for (int kl = 0; kl < 32; ++kl) {", "        const long long k = 32 * kj + kl;",
                 "        if (k >= kn) break;", f"        const {g.ctype(a)} x_a = {x_a};",
-                *_indent(_cols(tile, "vc", [f"acc[j] += x_a * {b}[k][c];"]), 2), "    }", "}",
+                *indent(_cols(tile, "vc", [f"acc[j] += x_a * {b}[k][c];"]), 2), "    }", "}",
                 # a in shared memory and written in place: every lane's reads of the row first
                 *(["__syncwarp();"] if dst == a and a in g.whole else []),
                 *_cols(tile, "vc", [f"{_el(g, dst)} = acc[j];"])]
-        return _op_block(where, *region, [f"const long long kn = vc_{a};", *_rows(g, tile, "vr", body)], dst)
+        return op_block(where, *region, [f"const long long kn = vc_{a};", *_rows(g, tile, "vr", body)], dst)
 
-    return _Code(lines, whole=True)
+    return Code(lines, whole=True)
 
 
-def tensor_core_dtypes(function: Function) -> tuple[DataType, ...]:
-    """The tile type whose products may take tensor cores in a function's CUDA code: the one
-    type of its memrefs (the build's element type: its pto_mma is that type's) where that is
-    16-bit, or float32 where the function says tf32; none otherwise. Tiles of another type
-    (TCVT's) multiply on FMA."""
-    types = {m.dtype for m in function.memrefs}
-    if len(types) == 1 and ((dtype := types.pop()) in TENSOR_CORE_DTYPES
-                            or (dtype == DataType.FLOAT32 and function.tf32)):
-        return (dtype,)
-    return ()
-
-
-def tensor_core_kernel(function: Function) -> bool:
-    """Whether a function's products may take tensor cores (tensor_core_dtypes)."""
-    return bool(tensor_core_dtypes(function))
-
-
-def tensor_core_product(op: Op, dtype: Callable[[str], DataType], allowed: tuple[DataType, ...]) -> bool:
-    """Whether a MATMUL(_ACC) of a tensor-core kernel runs on tensor cores: its three tiles of
-    the `allowed` types (tensor_core_dtypes; `dtype` of a tile name) and its destination neither
-    operand (the units of the result are written while other warps still read the operands)."""
-    dst, a, b = op.dst, op.srcs[0], op.srcs[1]
-    return dst not in (a, b) and all(dtype(tile) in allowed for tile in (dst, a, b))
-
-
-def packed_pitch(cols: int) -> int:
-    """The row pitch, in elements, of a packed tile (_Generator._packed): at least `cols`, and 8
-    more than a multiple of 16 (16 bytes more than a multiple of 32): every row starts 16-byte
-    aligned (ldmatrix and 16-byte copies read 16-byte rows), and the 8 rows of an ldmatrix
-    matrix fall in 8 different 16-byte groups of banks (a pitch of a multiple of 16 elements
-    would put them in 4), as do a tail block's pairs of elements read a lane at a time."""
-    return cols + (8 - cols % 16) % 16
-
-
-@dataclasses.dataclass(frozen=True)
-class _Units:
-    """How the warps share out a tensor-core product's result: units of 16 rows x `blocks`
-    blocks of 8 columns (up to 4: a unit's accumulators are blocks x 4 floats a lane), unit u
-    taken by warp u % PTO_WARPS, in its turn u / PTO_WARPS."""
-
-    blocks: int
-    bands: int
-    slices: int
-
-    @classmethod
-    def of(cls, tile: Tile) -> _Units:
-        return cls.shaped(tile.rows, tile.cols)
-
-    @classmethod
-    def shaped(cls, rows: int, cols: int) -> _Units:
-        blocks = min(4, math.ceil(cols / 8))
-        return cls(blocks, math.ceil(rows / 16), math.ceil(cols / (8 * blocks)))
-
-    @property
-    def count(self) -> int:
-        return self.bands * self.slices
-
-    @property
-    def turns(self) -> int:
-        return math.ceil(self.count / WARPS)
-
-    @property
-    def floats(self) -> int:
-        """A lane's accumulators, every turn's."""
-        return self.turns * self.blocks * 4
-
-    def each(self, body: list[str], unrolled: bool = False) -> list[str]:
-        """`body` for each unit this warp takes: pto_ui its turn, (r0, c0) its first element, g
-        and t (t2 = 2t) the lane's group and thread in the group, as the fragment layouts name
-        them. `unrolled` for a body that indexes registers by the turn."""
-        return [*(["PTO_UNROLL"] if unrolled else []),
-                f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
-                "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
-                f"    if (pto_u >= {self.count}) break;",
-                f"    [[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices}), "
-                f"c0 = {8 * self.blocks} * (pto_u % {self.slices});",
-                "    [[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
-                *_indent(body), "}"]
-
-    @property
-    def shares_columns(self) -> bool:
-        """Whether a warp takes more than one unit, all of the same columns (PTO_WARPS a multiple
-        of the slices): its turns may share b's fragments (each_turn)."""
-        return self.turns > 1 and WARPS % self.slices == 0
-
-    def warp_columns(self) -> list[str]:
-        """c0, the first column of every unit of this warp (shares_columns), and the lane's g, t
-        and t2, as `each` names them."""
-        return [f"const int c0 = {8 * self.blocks} * (pto_warp % {self.slices});",
-                "[[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;"]
-
-    def each_turn(self, body: list[str]) -> list[str]:
-        """`body` for each unit this warp takes, unrolled (pto_ui its turn, r0 its first row), in
-        the columns of warp_columns: so a step of k loads b's fragments once for every turn, and
-        the turns' products of the step go side by side (their accumulators are not one chain).
-        Each unit still sums its steps in order: the same bits as a turn at a time."""
-        return ["PTO_UNROLL", f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
-                "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
-                f"    if (pto_u >= {self.count}) break;",
-                f"    [[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices});",
-                *_indent(body), "}"]
-
-    def moved(self, statement: str) -> list[str]:
-        """`statement` for each accumulator acc[n][e] of the unit and its element (r, c) of the
-        result, where that is in the valid region (vr, vc)."""
-        return ["PTO_UNROLL", f"for (int n = 0; n < {self.blocks}; ++n) {{", "    PTO_UNROLL",
-                "    for (int e = 0; e < 4; ++e) {",
-                "        const long long r = r0 + g + 8 * (e / 2), c = c0 + 8 * n + t2 + e % 2;",
-                f"        if (r < vr && c < vc) {statement}", "    }", "}"]
-
-    def registers(self, name: str) -> str:
-        """The declaration of `name`, every turn's accumulators, zero."""
-        return f"float {name}[{self.turns}][{self.blocks}][4] = {{}};"
-
-    def bound(self, name: str) -> str:
-        """acc, this turn's accumulators in `name`."""
-        return f"float (&acc)[{self.blocks}][4] = {name}[pto_ui];"
-
-
-def accumulator_floats(rows: int, cols: int) -> int:
-    """The floats a lane holds of a tensor-core product's rows x cols result in registers."""
-    return _Units.shaped(rows, cols).floats
-
-
-def _tensor_matmul(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
-    """MATMUL(_ACC) on tensor cores: a, b and dst all in shared memory (a and b packed as T where
-    they can be, else as float); the warps take units of dst (_Units), and a unit is a sum over
-    k of pto_mma (float16, bfloat16 tiles: mma.sync.m16n8k16, in steps of 16) or pto_mma_tf32
-    (float32 tiles: mma.sync.m16n8k8 of TF32, in steps of 8), float accumulators in registers,
-    its fragments from shared memory, zero outside the valid regions: a whole unit's whole steps
-    of k from places taken before them (_lean_fragments), the rest with a test an element
-    (_fragment_loads). Where dst is kept in registers (_Generator._fragments), or its
-    accumulators are across the loop the product is in (_Context.loop), dst is neither read nor
-    written in shared memory: the accumulators carry over from the product before. A warp whose
-    units share columns takes b's fragments once a step for all its turns (_Units.each_turn)."""
-    dst, a, b = ctx.names[op.dst], ctx.names[op.srcs[0]], ctx.names[op.srcs[1]]
-    ctx.g.whole.update((dst, a, b))
-    ctx.g.reads.setdefault(a, set()).add("mma")
-    ctx.g.reads.setdefault(b, set()).add("mma_b")
-    if spec.accumulate:
-        ctx.g.reads.setdefault(dst, set()).add("mma_acc")
-    ctx.g.writes.setdefault(dst, set()).add(("mma", None))
-    ctx.g.tensor_products += 1
-    units = _Units.of(ctx.g.tiles[dst])
-    looped = ctx.registers.get(dst)
-    region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
-
-    def lines(g: _Generator) -> list[str]:
-        step, product, a_loads, b_loads = _fragment_loads(g, a, b, units.blocks)
-        lean = _lean_fragments(g, a, b, units.blocks)
-        products = ["PTO_UNROLL",
-                    f"for (int n = 0; n < {units.blocks}; ++n) {product}(acc[n], fa, &fb[2 * n], acc[n]);"]
-
-        def steps(body: list[str], first: str = "0") -> list[str]:
-            return [f"for (int k0 = {first}; k0 < pto_kn; k0 += {step}) {{", *_indent(body), "}"]
-
-        def lean_steps(whole_rows: str, setup: list[str], body: list[str]) -> list[str]:
-            """The whole steps of k where the rows of a and columns of b are whole (`whole_rows`):
-            after them the loop with tests (steps(first="pto_k0")) takes what is left."""
-            if lean is None:
-                return []
-            return ["int pto_k0 = 0;  // the first step of k the loop with tests takes",
-                    f"if ({whole_rows} && {lean.b_whole}) {{", *_indent(setup),
-                    f"    for (int k0 = 0; k0 + {step} <= pto_kn; k0 += {step}) {{", *_indent(body, 2),
-                    "    }", f"    pto_k0 = pto_kn - pto_kn % {step};", "}"]
-
-        first = "0" if lean is None else "pto_k0"
-        registers = f"pto_frag_{dst}" if dst in g.fragments else looped
-        zero = [] if spec.accumulate or dst not in g.fragments else \
-            ["PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) "
-             "acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;"]
-        if registers is not None and units.shares_columns:
-            turns = units.each_turn
-            lean_rows, lean_body = [], []
-            if lean is not None:
-                # a turn's unit is 16 (PTO_WARPS / slices) rows below the turn before's: its place
-                # in a a constant step from the first's
-                turn_step = 16 * (WARPS // units.slices) * lean.a.row_step
-                lean_rows = [f"const int r0 = 16 * (pto_warp / {units.slices});  // the first turn's",
-                             f"const {lean.b.pointer} pto_b_row = {lean.b.place};",
-                             f"const {lean.a.pointer} pto_a_row0 = {lean.a.place};"]
-                a_row = f"const {lean.a.pointer} pto_a_row = pto_a_row0 + {turn_step} * pto_ui;"
-                lean_body = [*lean.b.loads, *turns([units.bound(registers), a_row, *lean.a.loads, *products])]
-            last = f"pto_warp + PTO_WARPS * (({units.count} - 1 - pto_warp) / PTO_WARPS)"  # greatest rows
-            whole_rows = f"16 * (({last}) / {units.slices}) + 16 <= vr_{a}"
-            body = [*(units.each([units.bound(registers), *zero], unrolled=True) if zero else []),
-                    *units.warp_columns(), *lean_steps(whole_rows, lean_rows, lean_body),
-                    *steps([*b_loads, *turns([units.bound(registers), *a_loads, *products])], first)]
-        else:
-            lean_rows, lean_body = [], []
-            if lean is not None:
-                lean_rows = [f"const {lean.a.pointer} pto_a_row = {lean.a.place};",
-                             f"const {lean.b.pointer} pto_b_row = {lean.b.place};"]
-                lean_body = [*lean.a.loads, *lean.b.loads, *products]
-            k_loops = [*lean_steps(f"r0 + 16 <= vr_{a}", lean_rows, lean_body),
-                       *steps(a_loads + b_loads + products, first)]
-            if registers is not None:
-                body = units.each([units.bound(registers), *zero, *k_loops], unrolled=True)
-            else:
-                body = units.each([f"float acc[{units.blocks}][4] = {{}};",
-                                   *(units.moved(f"acc[n][e] = {dst}[r][c];") if spec.accumulate else []),
-                                   *k_loops, *units.moved(f"{dst}[r][c] = acc[n][e];")])
-        return _op_block(where, *region, [f"const int pto_kn = (int)vc_{a};", *body], dst)
-
-    return _Code(lines, whole=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class _LeanOperand:
-    """How a lane reads one operand's fragments by whole blocks (_lean_fragments): the C type of
-    its place in the operand (a shared address for ldmatrix, else a pointer to ACC), that place
-    (in a at (r0, 0), in b at (0, c0)), the lines that fill the fragment (fa, fb) at the step
-    from k0 from the place once taken (pto_a_row, pto_b_row), and how far the place moves from
-    a row of the operand to the next."""
-
-    pointer: str
-    place: str
-    loads: list[str]
-    row_step: int
-
-
-@dataclasses.dataclass(frozen=True)
-class _Lean:
-    """A tensor-core product's fragments by whole blocks only: a's and b's, and the test that
-    a unit's columns of b are whole."""
-
-    a: _LeanOperand
-    b: _LeanOperand
-    b_whole: str
-
-
-def _lean_fragments(g: _Generator, a: str, b: str, blocks: int) -> _Lean | None:
-    """The lean form of a product's fragments, with no test of the valid region a step (the
-    unit's rows and columns are tested once, whole steps of k are the loop's), each read from a
-    place in its operand taken before the loop over k: a packed operand's (or b's transposed
-    source's) by ldmatrix at an address stepped by bytes (b's where a unit's columns are whole
-    pairs of 8-column blocks), a float one's (a 16-bit product's operand computed in shared
-    memory, as attention's probabilities; a TF32 product's) element by element at constant
-    offsets. None where the fragments need the tests (_fragment_loads)."""
-    if g.tiles[a].dtype == DataType.FLOAT32:
-        return _Lean(_lean_tf32_a(g, a), _lean_tf32_b(g, b, blocks), f"c0 + {8 * blocks} <= vc_{b}")
-    lean_b = _lean_16_bit_b(g, b, blocks)
-    if lean_b is None:
-        return None
-    return _Lean(_lean_16_bit_a(g, a), lean_b, f"c0 + {8 * blocks} <= vc_{b}")
-
-
-def _lean_16_bit_a(g: _Generator, a: str) -> _LeanOperand:
-    """a's fragment of a 16-bit product: a packed a's 16 x 16 block by one ldmatrix; a float
-    one's A(g, 2t..), A(g + 8, 2t..), A(g, 2t + 8..), A(g + 8, 2t + 8..) as pairs from a's
-    (r0 + g, 2t), each rounded to T (pto_pack_pair)."""
-    pitch = g.pitch(a)
-    if a in g.packed:
-        size = g.tiles[a].dtype.numpy.itemsize
-        place = f"pto_shared_address(&{a}[r0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}][{_MATRIX_COL}])"
-        loads = ["unsigned fa[4];", f"pto_ldmatrix_at(fa, pto_a_row + {size} * k0);"]
-        return _LeanOperand("pto_shared_t", place, loads, size * pitch)
-    pair = f"pto_a_row[k0 + {8 * pitch} * (q % 2) + 8 * (q / 2)"
-    loads = ["unsigned fa[4];", "PTO_UNROLL",
-             f"for (int q = 0; q < 4; ++q) fa[q] = pto_pack_pair({pair}], {pair} + 1]);"]
-    return _LeanOperand("ACC *", f"&{a}[r0 + g][t2]", loads, pitch)
-
-
-def _lean_16_bit_b(g: _Generator, b: str, blocks: int) -> _LeanOperand | None:
-    """b's fragments of a 16-bit product: a packed b's two 16 x 8 blocks at a time by one
-    ldmatrix.trans (its transposed source's across, by ldmatrix), where the unit's blocks come
-    in pairs (else None); a float b's B(2t.., c), B(2t + 8.., c) of each block's column
-    c = c0 + 8n + g as pairs from b's (2t, c0 + g), each rounded to T."""
-    source = g.transposed.get(b)
-    size = g.tiles[b].dtype.numpy.itemsize
-    if b in g.packed or source:
-        if blocks % 2 != 0:
-            return None
-        if source:  # b's block of k0.. x c0 + 16p.. is the source's across: its matrices as they are
-            place = f"pto_shared_address(&{source}[c0 + {_MATRIX_COL} + {_MATRIX_LANE_ROW}][{_MATRIX_ROW}])"
-            pair = f"pto_ldmatrix_at(&fb[4 * p], pto_b_row + {size} * (k0 + {16 * g.pitch(source)} * p));"
-        else:
-            place = f"pto_shared_address(&{b}[{_MATRIX_ROW} + {_MATRIX_LANE_ROW}][c0 + {_MATRIX_COL}])"
-            pair = f"pto_ldmatrix_trans_at(&fb[4 * p], pto_b_row + {size} * ({g.pitch(b)} * k0 + 16 * p));"
-        loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL",
-                 f"for (int p = 0; p < {blocks // 2}; ++p) {pair}"]
-        return _LeanOperand("pto_shared_t", place, loads, size * g.pitch(b))
-    pitch = g.pitch(b)
-    element = f"pto_b_row[(k0 + 8 * q) * {pitch} + 8 * n"
-    loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
-             "    PTO_UNROLL", f"    for (int q = 0; q < 2; ++q) fb[2 * n + q] = "
-             f"pto_pack_pair({element}], {element} + {pitch}]);", "}"]
-    return _LeanOperand("ACC *", f"&{b}[t2][c0 + g]", loads, pitch)
-
-
-def _lean_tf32_a(g: _Generator, a: str) -> _LeanOperand:
-    """a's fragment of a TF32 product: A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4) at
-    constant offsets from a's (r0 + g, t), each rounded to TF32 (pto_tf32)."""
-    pitch = g.pitch(a)
-    element = f"pto_a_row[k0 + {8 * pitch} * (q % 2) + 4 * (q / 2)]"
-    loads = ["unsigned fa[4];", "PTO_UNROLL", f"for (int q = 0; q < 4; ++q) fa[q] = pto_tf32({element});"]
-    return _LeanOperand("ACC *", f"&{a}[r0 + g][t]", loads, pitch)
-
-
-def _lean_tf32_b(g: _Generator, b: str, blocks: int) -> _LeanOperand:
-    """b's fragments of a TF32 product: B(t, c), B(t + 4, c) of each block's column
-    c = c0 + 8n + g from b's (t, c0 + g), each rounded to TF32."""
-    pitch = g.pitch(b)
-    loads = [f"unsigned fb[{2 * blocks}];", "PTO_UNROLL", f"for (int n = 0; n < {blocks}; ++n) {{",
-             "    PTO_UNROLL", f"    for (int q = 0; q < 2; ++q) fb[2 * n + q] = "
-             f"pto_tf32(pto_b_row[(k0 + 4 * q) * {pitch} + 8 * n]);", "}"]
-    return _LeanOperand("ACC *", f"&{b}[t][c0 + g]", loads, pitch)
-
-
-# The row a lane gives ldmatrix.x4 of a 16 x 16 block, as the offsets of its 8 x 8 matrix
-# (matrix pto_lane / 8: 0 and 1 one above the other, 2 and 3 to their right) and its row in it:
-# the matrix's first row and column in the block, and the lane's row in the matrix.
-_MATRIX_ROW, _MATRIX_COL, _MATRIX_LANE_ROW = "8 * (pto_lane / 8 % 2)", "8 * (pto_lane / 16)", "pto_lane % 8"
-
-
-def _fragment_loads(g: _Generator, a: str, b: str, blocks: int) -> tuple[int, str, list[str], list[str]]:
-    """(the step of k, the product function, the lines that fill a's fragment fa, and those that
-    fill b's, for each block n of 8 columns, fb[2n], fb[2n + 1], at the step from k0), zero
-    outside the valid regions. A packed operand's elements are read as they are: a whole 16 x 16
-    block of it by one ldmatrix (b's transposed, two blocks of columns), else a pair of elements
-    at a time."""
-    source = g.transposed.get(b)  # b is this loaded tile, transposed: b(k, c) is source(c, k)
-
-    def at(operand: str, row: str, col: str) -> str:
-        return f"{source}[{col}][{row}]" if operand == b and source else f"{operand}[{row}][{col}]"
-
-    def element(operand: str, row: str, col: str, valid: str) -> str:
-        """An element of an operand in shared memory, 0 where `valid` (of the element's row
-        {0} and column {1}) is false: as float, or as T where the operand is packed."""
-        if operand in g.packed or (operand == b and source):
-            return f"{valid.format(row, col)} ? {at(operand, row, col)} : (T)0.0f"
-        return f"{valid.format(row, col)} ? (float){at(operand, row, col)} : 0.0f"
-
-    def pair(operand: str, row: str, col: str, valid: str, row2: str, col2: str) -> str:
-        """A register of two 16-bit elements: the bits of a packed operand's, else floats rounded."""
-        packed = operand in g.packed or (operand == b and source)
-        return f"{'pto_pair' if packed else 'pto_pack_pair'}({element(operand, row, col, valid)}, " \
-            f"{element(operand, row2, col2, valid)})"
-
-    a_valid, b_valid = f"r < vr_{a} && {{1}} < pto_kn", f"c < vc_{b} && {{0}} < pto_kn"
-    if g.tiles[a].dtype == DataType.FLOAT32:  # TF32: an element a register, rounded
-        step, a_k, b_k, product = TF32_MMA_K, "k0 + t + 4 * (q / 2)", "k0 + t + 4 * q", "pto_mma_tf32"
-        a_register = f"pto_tf32({element(a, 'r', 'k', a_valid)})"
-        b_register = f"pto_tf32({element(b, 'k', 'c', b_valid)})"
-        fragments = ("A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4)", "B(t, c), B(t + 4, c)")
-    else:  # 16-bit: two elements a register, along k
-        step, a_k, b_k, product = MMA_K, "k0 + t2 + 8 * (q / 2)", "k0 + t2 + 8 * q", "pto_mma"
-        a_register = pair(a, "r", "k", a_valid, "r", "k + 1")
-        b_register = pair(b, "k", "c", b_valid, "k + 1", "c")
-        fragments = ("A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..)",
-                     "B(t2.., c), B(t2 + 8.., c)")
-    a_lines = ["PTO_UNROLL", "for (int q = 0; q < 4; ++q) {",
-               f"    const int r = r0 + g + 8 * (q % 2), k = {a_k};", f"    fa[q] = {a_register};", "}"]
-    if a in g.packed:
-        a_lines = [f"if (r0 + 16 <= vr_{a} && k0 + 16 <= pto_kn) {{",
-                   f"    pto_ldmatrix(fa, &{a}[r0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}]"
-                   f"[k0 + {_MATRIX_COL}]);",
-                   "} else {", *_indent(a_lines), "}"]
-
-    def b_blocks(first: int | str, stop: int | str) -> list[str]:
-        return ["PTO_UNROLL", f"for (int n = {first}; n < {stop}; ++n) {{", "    PTO_UNROLL",
-                "    for (int q = 0; q < 2; ++q) {",
-                f"        const int c = c0 + 8 * n + g, k = {b_k};",
-                f"        fb[2 * n + q] = {b_register};", "    }", "}"]
-
-    pairs = blocks // 2 if b in g.packed or source else 0
-    # b's block of k0.. x c0 + 16p..: matrix (q, n) of fb's order, its rows along k transposed;
-    # in the source, whose rows are b's columns, the same block across, its matrices as they are
-    if source:
-        whole_block = f"pto_ldmatrix(&fb[4 * p], " \
-            f"&{source}[c0 + 16 * p + {_MATRIX_COL} + {_MATRIX_LANE_ROW}][k0 + {_MATRIX_ROW}]);"
-    else:
-        whole_block = f"pto_ldmatrix_trans(&fb[4 * p], &{b}[k0 + {_MATRIX_ROW} + {_MATRIX_LANE_ROW}]" \
-            f"[c0 + 16 * p + {_MATRIX_COL}]);"
-    b_lines = [] if not pairs else [
-        "PTO_UNROLL", f"for (int p = 0; p < {pairs}; ++p) {{",
-        f"    if (k0 + 16 <= pto_kn && c0 + 16 * (p + 1) <= vc_{b}) {{", f"        {whole_block}",
-        "    } else {", *_indent(b_blocks("2 * p", "2 * p + 2"), 2), "    }", "}"]
-    if 2 * pairs < blocks:
-        b_lines += b_blocks(2 * pairs, blocks)
-    b_declared = f"unsigned fb[{2 * blocks}];  // block n's, of columns c = c0 + 8 n + g: {fragments[1]}"
-    return step, product, [f"unsigned fa[4];  // {fragments[0]}", *a_lines], [b_declared, *b_lines]
-
-
-def _accumulators_moved(tile: str, registers: str, units: _Units, into_registers: bool) -> _Code:
-    """The valid region of `tile`'s accumulators moved between shared memory and `registers`
-    (before and after a loop that keeps them there); nothing where the tile is in registers
-    throughout (_Generator._fragments)."""
-    statement = f"acc[n][e] = {tile}[r][c];" if into_registers else f"{tile}[r][c] = acc[n][e];"
-    where = f"{tile}'s accumulators {'into' if into_registers else 'from'} registers"
-
-    def lines(g: _Generator) -> list[str]:
-        if tile in g.fragments:
-            return []
-        body = units.each([units.bound(registers), *units.moved(statement)], unrolled=True)
-        return _op_block(where, f"vr_{tile}", f"vc_{tile}", body, None)
-
-    return _Code(lines, whole=lambda g: tile not in g.fragments)
-
-
-def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+def _transfer(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     """TLOAD and TSTORE: a tile's valid region from or to a window of a memref."""
     load = spec.form is Form.LOAD
     tile_name, memref = (op.dst, op.srcs[0]) if load else (op.srcs[0], op.dst)
@@ -1791,22 +1348,22 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         region_next = (f"pto_clip({rows}, {view.rows} - {row_next})",
                        f"pto_clip({cols}, {view.cols} - {col_next})")
 
-        def copy(g: _Generator, buffer: str) -> list[str]:
+        def copy(g: Generator, buffer: str) -> list[str]:
             body = _packed_load(buffer, declared, window_next, p, "pto_copy8_async")
-            return _op_block(f"{where}, for an iteration ahead", *region_next, body, None)
+            return op_block(f"{where}, for an iteration ahead", *region_next, body, None)
 
         prefetch = ctx.prefetches[id(op)] = _Prefetch(tile, p, copy)
         ctx.g.prefetches.append(prefetch)
 
-    def lines(g: _Generator) -> list[str]:
+    def lines(g: Generator) -> list[str]:
         if prefetch in g.prefetched:  # copied iterations before: only its valid region is set here
-            return _op_block(f"{where}: copied ahead", *region, [], tile)
+            return op_block(f"{where}: copied ahead", *region, [], tile)
         if load:
             copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
         else:
             copy = f"{element} = (T)({_el(g, tile)});"
         if tile in g.fragments:  # each lane its accumulators' elements
-            units = _Units.of(declared)
+            units = Units.of(declared)
             move = f"acc[n][e] = (float)({element});" if load else f"{element} = (T)(acc[n][e]);"
             body = units.each([units.bound(f"pto_frag_{tile}"), *units.moved(move)], unrolled=True)
         elif load and tile in g.packed:
@@ -1814,15 +1371,15 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
             body = _packed_load(tile, declared, window, p)
         elif load and tile in g.broadcast:  # every warp its own copy of the row
             body = ["{", "    [[maybe_unused]] const int i = 0;", "    const long long r = 0;",
-                    "    if (r < vr) {", *_indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
+                    "    if (r < vr) {", *indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
         else:
             body = _rows(g, declared, "vr", _cols(declared, "vc", [copy]))
-        return _op_block(where, *region, body, tile if load else None)
+        return op_block(where, *region, body, tile if load else None)
 
     # a window that moves from one iteration of a loop to the next (or cannot be told)
     moving = offset is None or any("@" in name for axis in offset for name, _ in axis.terms)
 
-    def whole(g: _Generator) -> bool:
+    def whole(g: Generator) -> bool:
         """A packed tile is loaded in groups of 8 columns a thread (_packed_load), a tile in
         registers by the lanes its units give each element: not the threads that own those
         elements in the row layout _hazards reasons about. So where the kernel stores the memref
@@ -1832,7 +1389,7 @@ def _transfer(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
         return (load and tile in g.packed and p in g.stored) or \
             (tile in g.fragments and (others or (not load and moving)))
 
-    return _Code(lines, memref=p, whole=whole)
+    return Code(lines, memref=p, whole=whole)
 
 
 def _packed_load(tile: str, declared: Tile, window: str, param: str, copy: str = "pto_copy8") -> list[str]:
@@ -1853,40 +1410,40 @@ def _packed_load(tile: str, declared: Tile, window: str, param: str, copy: str =
     return [f"const T *pto_window = {window};",
             f"if ({param}_s2 == 1 && {param}_s1 % 8 == 0 && (unsigned long long)pto_window % 16 == 0 "
             "&& vc % 8 == 0) {",
-            "    PTO_UNROLL", *_indent(each_group),
+            "    PTO_UNROLL", *indent(each_group),
             f"        if (r < vr && c < vc) {copy}(&{tile}[r][c], pto_window + r * {param}_s1 + c);",
-            "    }", "} else {", *_indent(each_group),
+            "    }", "} else {", *indent(each_group),
             f"        for (long long e = c; r < vr && e < c + 8 && e < vc; ++e) "
             f"{tile}[r][e] = pto_window[r * {param}_s1 + e * {param}_s2];", "    }", "}"]
 
 
-def _generate(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+def _generate(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     """GENERATE: the whole of dst from a scalar and each element's (row, col)."""
     dst, tile = ctx.names[op.dst], ctx.g.tiles[ctx.names[op.dst]]
     t = ctx.g.ctype(dst)
     expression = spec.cuda.format(s=f"({t})({ctx.operand(op.srcs[0])})", r=f"({t})({ctx.g.call_row('r')})",
                                   c=f"({t})c")
 
-    def lines(g: _Generator) -> list[str]:
+    def lines(g: Generator) -> list[str]:
         body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = ({t})({expression});"]))
-        return _op_block(where, str(tile.rows), str(tile.cols), body, dst)
+        return op_block(where, str(tile.rows), str(tile.cols), body, dst)
 
-    return _Code(lines)
+    return Code(lines)
 
 
-def _transpose(ctx: _Context, op: Op, spec: OpSpec, where: str) -> _Code:
+def _transpose(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     """TRANSPOSE: dst(r, c) = a(c, r); a is read whole, from shared memory."""
     dst, a = ctx.names[op.dst], ctx.names[op.srcs[0]]
     ctx.g.whole.add(a)
     tile = ctx.g.tiles[dst]
 
-    def lines(g: _Generator) -> list[str]:
+    def lines(g: Generator) -> list[str]:
         if dst in g.transposed:  # the products read a, transposed: only the valid region moves
-            return _op_block(f"{where}: read as {a}, transposed", f"vc_{a}", f"vr_{a}", [], dst)
+            return op_block(f"{where}: read as {a}, transposed", f"vc_{a}", f"vr_{a}", [], dst)
         body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = {a}[c][r];"]))
-        return _op_block(where, f"vc_{a}", f"vr_{a}", body, dst)
+        return op_block(where, f"vc_{a}", f"vr_{a}", body, dst)
 
-    return _Code(lines, whole=lambda g: dst not in g.transposed)  # read in place: nothing moves
+    return Code(lines, whole=lambda g: dst not in g.transposed)  # read in place: nothing moves
 
 
 _TILE_RULES = {Form.LOAD: _transfer, Form.STORE: _transfer, Form.UNARY: _elementwise,

@@ -24,7 +24,7 @@ try sizes against the generator itself (the fused attention's passes, key blocks
 
 `split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
 more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
-(cuda_codegen._Generator), so a product of 128-row tiles fills four SMs where it filled one
+(cuda_codegen.Generator), so a product of 128-row tiles fills four SMs where it filled one
 (two, in 64-row bands). A family whose products' results live in registers on tensor cores
 may take taller bands there (`tensor_band`): each chunk of b a block reads then serves more
 rows. The family vouches that the rows of its params whose rows are that size depend only on the
@@ -48,6 +48,7 @@ from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel
 from . import cpu_codegen, cuda_codegen, optimize
 from .asm import print_module
 from .builder import FunctionBuilder
+from .cuda_mma import TENSOR_CORE_DTYPES
 from .dataflow import directions
 from .errors import ISAError
 from .ir import Direction, Function, Module
@@ -228,7 +229,7 @@ class Family:
         """The rows of a band of the split size: `tensor_band` for 16-bit instances (whose
         products run on tensor cores with their result in registers, which the families size
         for 16-bit types only), SPLIT_ROWS for others (TF32 ones included)."""
-        return self.tensor_band if dtype in cuda_codegen.TENSOR_CORE_DTYPES else SPLIT_ROWS
+        return self.tensor_band if dtype in TENSOR_CORE_DTYPES else SPLIT_ROWS
 
     def _banded(self, sizes: tuple[tuple[str, int], ...], dtype: DataType) -> tuple[tuple[str, int], ...]:
         """The sizes of the CUDA instance for a call of `sizes`: a band's rows of the split

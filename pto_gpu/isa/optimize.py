@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from .cuda_codegen import TENSOR_CORE_DTYPES, tensor_core_dtypes, tensor_core_kernel, tensor_core_product
+from .cuda_mma import TENSOR_CORE_DTYPES, tensor_core_dtypes, tensor_core_kernel, tensor_core_product
 from .errors import ISAError
 from .ir import Call, For, Function, If, Module, Op, Return, Statement, Tile, walk
 from .operands import Kind, signature
