@@ -40,7 +40,8 @@ So one task can cover every head of an attention tile.
 Tiles are computed in ACC (the kernel's compute type), float64 tiles in double whatever the
 kernel's element type (TCVT converts between them: RoPE's angles).
 
-Tensor cores: in a kernel of float16 or bfloat16 memrefs (ACC float) a product (MATMUL,
+Tensor cores (the products' text: cuda_mma.py; the layout they need: here): in a kernel of
+float16 or bfloat16 memrefs (ACC float) a product (MATMUL,
 MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 instructions
 (pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
 its operands and result are in shared memory (the result, where only products, its loads and
