@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..backends.cuda_abi import THREADS_PER_BLOCK
-
-if TYPE_CHECKING:
-    from .cuda_codegen import Generator
 
 WARP = 32  # lanes a warp
 WARPS = THREADS_PER_BLOCK // WARP  # warps a block, every launch's
@@ -46,10 +43,11 @@ class Code:
     """One tile instruction: `lines(generator)` writes it once the layout is known. In the block
     layout a __syncthreads() comes before and after it when it reads or writes a tile whole
     (`whole`, or `whole(generator)` where that depends on the layout) or accesses a memref that
-    needs it (Generator.hazards)."""
+    needs it (Generator.hazards). The generator is cuda_codegen's Generator, whose rules read
+    more of it than any one Protocol would say."""
 
-    lines: Callable[[Generator], list[str]]
-    whole: bool | Callable[[Generator], bool] = False
+    lines: Callable[[Any], list[str]]
+    whole: bool | Callable[[Any], bool] = False
     memref: str | None = None
 
 

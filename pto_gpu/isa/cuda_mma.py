@@ -9,15 +9,39 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..dtypes import DataType
 from .cuda_lines import WARPS, Code, indent, op_block
 from .ir import Function, Op, Tile
 from .ops import OpSpec
 
-if TYPE_CHECKING:
-    from .cuda_codegen import Context, Generator
+
+class Layout(Protocol):
+    """What a product's text reads of its kernel's layout (cuda_codegen.Generator): the tiles
+    by C name, those packed (kept as T), kept in registers (fragments) or read as another's
+    transpose (result -> source), each row's pitch in shared memory, and what the rules
+    record of their tiles' uses."""
+
+    tiles: dict[str, Tile]
+    packed: set[str]
+    fragments: set[str]
+    transposed: dict[str, str]
+    whole: set[str]
+    reads: dict[str, set]
+    writes: dict[str, set]
+    tensor_products: int
+
+    def pitch(self, tile: str) -> int: ...
+
+
+class Scope(Protocol):
+    """Where a product is written (cuda_codegen.Context): the layout, the C names of the IR's
+    tiles, and the registers a loop keeps a result's accumulators in."""
+
+    g: Layout
+    names: dict[str, str]
+    registers: dict[str, str]
 
 # The products that run on tensor cores (float accumulators): of float16 and bfloat16 tiles
 # (mma.sync.m16n8k16), and of float32 tiles in a function that says tf32 (mma.sync.m16n8k8 of
@@ -156,7 +180,7 @@ def accumulator_floats(rows: int, cols: int) -> int:
     return Units.shaped(rows, cols).floats
 
 
-def tensor_matmul(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
+def tensor_matmul(ctx: Scope, op: Op, spec: OpSpec, where: str) -> Code:
     """MATMUL(_ACC) on tensor cores: a, b and dst all in shared memory (a and b packed as T where
     they can be, else as float); the warps take units of dst (Units), and a unit is a sum over
     k of pto_mma (float16, bfloat16 tiles: mma.sync.m16n8k16, in steps of 16) or pto_mma_tf32
@@ -179,7 +203,7 @@ def tensor_matmul(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     looped = ctx.registers.get(dst)
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
 
-    def lines(g: Generator) -> list[str]:
+    def lines(g: Layout) -> list[str]:
         step, product, a_loads, b_loads = _fragment_loads(g, a, b, units.blocks)
         lean = _lean_fragments(g, a, b, units.blocks)
         products = ["PTO_UNROLL",
@@ -263,7 +287,7 @@ class _Lean:
     b_whole: str
 
 
-def _lean_fragments(g: Generator, a: str, b: str, blocks: int) -> _Lean | None:
+def _lean_fragments(g: Layout, a: str, b: str, blocks: int) -> _Lean | None:
     """The lean form of a product's fragments, with no test of the valid region a step (the
     unit's rows and columns are tested once, whole steps of k are the loop's), each read from a
     place in its operand taken before the loop over k: a packed operand's (or b's transposed
@@ -279,7 +303,7 @@ def _lean_fragments(g: Generator, a: str, b: str, blocks: int) -> _Lean | None:
     return _Lean(_lean_16_bit_a(g, a), lean_b, f"c0 + {8 * blocks} <= vc_{b}")
 
 
-def _lean_16_bit_a(g: Generator, a: str) -> _LeanOperand:
+def _lean_16_bit_a(g: Layout, a: str) -> _LeanOperand:
     """a's fragment of a 16-bit product: a packed a's 16 x 16 block by one ldmatrix; a float
     one's A(g, 2t..), A(g + 8, 2t..), A(g, 2t + 8..), A(g + 8, 2t + 8..) as pairs from a's
     (r0 + g, 2t), each rounded to T (pto_pack_pair)."""
@@ -295,7 +319,7 @@ def _lean_16_bit_a(g: Generator, a: str) -> _LeanOperand:
     return _LeanOperand("ACC *", f"&{a}[r0 + g][t2]", loads, pitch)
 
 
-def _lean_16_bit_b(g: Generator, b: str, blocks: int) -> _LeanOperand | None:
+def _lean_16_bit_b(g: Layout, b: str, blocks: int) -> _LeanOperand | None:
     """b's fragments of a 16-bit product: a packed b's two 16 x 8 blocks at a time by one
     ldmatrix.trans (its transposed source's across, by ldmatrix), where the unit's blocks come
     in pairs (else None); a float b's B(2t.., c), B(2t + 8.., c) of each block's column
@@ -322,7 +346,7 @@ def _lean_16_bit_b(g: Generator, b: str, blocks: int) -> _LeanOperand | None:
     return _LeanOperand("ACC *", f"&{b}[t2][c0 + g]", loads, pitch)
 
 
-def _lean_tf32_a(g: Generator, a: str) -> _LeanOperand:
+def _lean_tf32_a(g: Layout, a: str) -> _LeanOperand:
     """a's fragment of a TF32 product: A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4) at
     constant offsets from a's (r0 + g, t), each rounded to TF32 (pto_tf32)."""
     pitch = g.pitch(a)
@@ -331,7 +355,7 @@ def _lean_tf32_a(g: Generator, a: str) -> _LeanOperand:
     return _LeanOperand("ACC *", f"&{a}[r0 + g][t]", loads, pitch)
 
 
-def _lean_tf32_b(g: Generator, b: str, blocks: int) -> _LeanOperand:
+def _lean_tf32_b(g: Layout, b: str, blocks: int) -> _LeanOperand:
     """b's fragments of a TF32 product: B(t, c), B(t + 4, c) of each block's column
     c = c0 + 8n + g from b's (t, c0 + g), each rounded to TF32."""
     pitch = g.pitch(b)
@@ -347,7 +371,7 @@ def _lean_tf32_b(g: Generator, b: str, blocks: int) -> _LeanOperand:
 _MATRIX_ROW, _MATRIX_COL, _MATRIX_LANE_ROW = "8 * (pto_lane / 8 % 2)", "8 * (pto_lane / 16)", "pto_lane % 8"
 
 
-def _fragment_loads(g: Generator, a: str, b: str, blocks: int) -> tuple[int, str, list[str], list[str]]:
+def _fragment_loads(g: Layout, a: str, b: str, blocks: int) -> tuple[int, str, list[str], list[str]]:
     """(the step of k, the product function, the lines that fill a's fragment fa, and those that
     fill b's, for each block n of 8 columns, fb[2n], fb[2n + 1], at the step from k0), zero
     outside the valid regions. A packed operand's elements are read as they are: a whole 16 x 16
@@ -423,7 +447,7 @@ def accumulators_moved(tile: str, registers: str, units: Units, into_registers: 
     statement = f"acc[n][e] = {tile}[r][c];" if into_registers else f"{tile}[r][c] = acc[n][e];"
     where = f"{tile}'s accumulators {'into' if into_registers else 'from'} registers"
 
-    def lines(g: Generator) -> list[str]:
+    def lines(g: Layout) -> list[str]:
         if tile in g.fragments:
             return []
         body = units.each([units.bound(registers), *units.moved(statement)], unrolled=True)
