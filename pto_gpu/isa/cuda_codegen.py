@@ -498,7 +498,7 @@ class Generator:
         room = SHARED_OPT_IN - self.shared_offsets()[1]
         per_stage = sum(map(self.buffer_bytes, {prefetch.tile for prefetch in candidates}))
         stages = min(MAX_STAGES, 1 + room // per_stage) if per_stage else 1
-        if stages >= 2:
+        if stages >= 2 or not candidates:
             return set(candidates), stages
         chosen, staged = set(), set()
         for prefetch in candidates:
