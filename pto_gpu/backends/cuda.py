@@ -195,10 +195,10 @@ class CudaBackend:
     def launch(self, function: int, blocks: int, shared: int, params: tuple[int, ...], stream: int,
                event: int) -> None:
         """Launch `function` over `blocks` blocks of THREADS_PER_BLOCK threads with `shared` bytes
-        of dynamic shared memory each, its params the 8-byte words `params`, on `stream`, and
+        of dynamic shared memory each (allowed already: allow_shared, which the occupancy that
+        sizes `blocks` needs first), its params the 8-byte words `params`, on `stream`, and
         record `event` behind it."""
         self._enter()
-        self.allow_shared(function, shared)
         words = np.array(params, np.uint64)
         pointers = (ctypes.c_void_p * len(params))(*(words.ctypes.data + 8 * i for i in range(len(params))))
         self._driver.call("cuLaunchKernel", function, blocks, 1, 1, THREADS_PER_BLOCK, 1, 1, shared, stream,

@@ -90,6 +90,10 @@ def packed_pitch(cols: int) -> int:
     return cols + (8 - cols % 16) % 16
 
 
+# A lane's group and thread in the group (t2 = 2t), as the fragment layouts name them.
+_LANE = "[[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;"
+
+
 @dataclasses.dataclass(frozen=True)
 class Units:
     """How the warps share out a tensor-core product's result: units of 16 rows x `blocks`
@@ -126,14 +130,16 @@ class Units:
         """`body` for each unit this warp takes: pto_ui its turn, (r0, c0) its first element, g
         and t (t2 = 2t) the lane's group and thread in the group, as the fragment layouts name
         them. `unrolled` for a body that indexes registers by the turn."""
+        first = (f"[[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices}), "
+                 f"c0 = {8 * self.blocks} * (pto_u % {self.slices});")
+        return self._turns([first, _LANE, *body], unrolled)
+
+    def _turns(self, body: list[str], unrolled: bool) -> list[str]:
+        """`body` for each unit this warp takes, pto_ui its turn and pto_u the unit."""
         return [*(["PTO_UNROLL"] if unrolled else []),
                 f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
                 "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
-                f"    if (pto_u >= {self.count}) break;",
-                f"    [[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices}), "
-                f"c0 = {8 * self.blocks} * (pto_u % {self.slices});",
-                "    [[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;",
-                *indent(body), "}"]
+                f"    if (pto_u >= {self.count}) break;", *indent(body), "}"]
 
     @property
     def shares_columns(self) -> bool:
@@ -144,19 +150,14 @@ class Units:
     def warp_columns(self) -> list[str]:
         """c0, the first column of every unit of this warp (shares_columns), and the lane's g, t
         and t2, as `each` names them."""
-        return [f"const int c0 = {8 * self.blocks} * (pto_warp % {self.slices});",
-                "[[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 * t;"]
+        return [f"const int c0 = {8 * self.blocks} * (pto_warp % {self.slices});", _LANE]
 
     def each_turn(self, body: list[str]) -> list[str]:
         """`body` for each unit this warp takes, unrolled (pto_ui its turn, r0 its first row), in
         the columns of warp_columns: so a step of k loads b's fragments once for every turn, and
         the turns' products of the step go side by side (their accumulators are not one chain).
         Each unit still sums its steps in order: the same bits as a turn at a time."""
-        return ["PTO_UNROLL", f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
-                "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
-                f"    if (pto_u >= {self.count}) break;",
-                f"    [[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices});",
-                *indent(body), "}"]
+        return self._turns([f"[[maybe_unused]] const int r0 = 16 * (pto_u / {self.slices});", *body], True)
 
     def moved(self, statement: str) -> list[str]:
         """`statement` for each accumulator acc[n][e] of the unit and its element (r, c) of the
@@ -296,11 +297,10 @@ def _lean_fragments(g: Layout, a: str, b: str, blocks: int) -> _Lean | None:
     memory, as attention's probabilities; a TF32 product's) element by element at constant
     offsets. None where the fragments need the tests (_fragment_loads)."""
     if g.tiles[a].dtype == DataType.FLOAT32:
-        return _Lean(_lean_tf32_a(g, a), _lean_tf32_b(g, b, blocks), f"c0 + {8 * blocks} <= vc_{b}")
-    lean_b = _lean_16_bit_b(g, b, blocks)
-    if lean_b is None:
-        return None
-    return _Lean(_lean_16_bit_a(g, a), lean_b, f"c0 + {8 * blocks} <= vc_{b}")
+        lean_a, lean_b = _lean_tf32_a(g, a), _lean_tf32_b(g, b, blocks)
+    else:
+        lean_a, lean_b = _lean_16_bit_a(g, a), _lean_16_bit_b(g, b, blocks)
+    return None if lean_b is None else _Lean(lean_a, lean_b, f"c0 + {8 * blocks} <= vc_{b}")
 
 
 def _lean_16_bit_a(g: Layout, a: str) -> _LeanOperand:
