@@ -16,8 +16,9 @@
 - GEMM 8192x8192 float16 as 4x4 output tiles through the runtime (a cuBLAS call per tile) against one
   cupy.matmul. extra_info["tflops"]. Target: at least 70% of cuBLAS.
 - The same GEMM as 1024x128 output tiles of the generated tile kernel (mma.sync on tensor
-  cores, each task's rows in bands of 64 rows over 16 blocks, and of 32 over 32 beside it;
-  not cuBLAS). Target (issue 41): at least 60% of one cuBLAS call.
+  cores, each task's rows in bands of 64 rows over 16 blocks; beside it bands of 32 and of 128,
+  and other chunks of k: test_gpu_code.BAND_FORMS; not cuBLAS). Target (issue 41): at least
+  60% of one cuBLAS call.
 - Flash attention through the runtime against torch's scaled_dot_product_attention, when
   PyTorch is installed: float32, and float16 at head dims 64 and 128 (tensor cores), as
   three tasks a (query tile, key tile) pair and as one task a query tile (`fused`).
@@ -33,9 +34,8 @@ import math
 
 import numpy as np
 import pytest
-from pto_gpu.kernels import tiles
 from pto_gpu.kernels.elementwise import scale
-from pto_gpu.kernels.tiles import TENSOR_BAND, TENSOR_CHUNK_K, matmul
+from pto_gpu.kernels.tiles import matmul
 from pto_gpu.orchestration.flash_attention import (
     flash_attention,
     flash_attention_compiled,
@@ -44,7 +44,7 @@ from pto_gpu.orchestration.flash_attention import (
 from pto_gpu.orchestration.llama import llama_layer_compiled, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 from pto_gpu.orchestration.workloads import to_backend
-from test_gpu_code import matmul_in_bands
+from test_gpu_code import BAND_FORMS, band_code
 from tiny_tasks import TASKS as COMPILED_TASKS
 from tiny_tasks import generated, rows
 from user_kernels import user_module
@@ -52,7 +52,7 @@ from user_kernels import user_module
 import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu.backends import cuda_abi
-from pto_gpu.isa.family import SPLIT_ROWS, family_of
+from pto_gpu.isa.family import family_of
 from pto_gpu.runtime import cuda_unavailable
 
 NO_GPU = cuda_unavailable()
@@ -269,23 +269,16 @@ def test_gemm_runtime(benchmark, cupy, gemm_operands):
     tflops(benchmark, 2 * N**3)
 
 
-GENERATED_ROWS, GENERATED_COLS = 1024, 128  # a task: bands of TENSOR_BAND rows (float32: SPLIT_ROWS)
+GENERATED_ROWS, GENERATED_COLS = 1024, 128  # a task: bands of tiles.TENSOR_BAND rows (float32: SPLIT_ROWS)
 
 
-def generated_matmul(dtype=np.float16, tf32: bool = False, band: int = TENSOR_BAND,
-                     chunk_k: int = TENSOR_CHUNK_K):
+def generated_matmul(dtype=np.float16, tf32: bool = False, form: str = "band64"):
     """The matmul family's generated CUDA code for 1024 x 8192 @ 8192 x 128 tiles (float16, or
     float32 with its products as TF32), as a kernel of its own: the family's tasks would run
-    cuBLAS. `band`: its rows a block; other than TENSOR_BAND, the same builder declared with
-    tensor_band=band (64 rows read b's chunks half as often as 32, in 108 registers a
-    thread to 128: two blocks an SM either way). `chunk_k`: the widest chunk of k, made with
-    tiles.TENSOR_CHUNK_K set to it, which sets how many buffers the chunks ahead take (at 64
-    rows: 64, the family's, 3 buffers, 79,872 bytes a block; 96, 2; 48, 4)."""
+    cuBLAS. `form`: its bands' rows, chunks of k and result registers (test_gpu_code.BAND_FORMS;
+    bench/test_gpu_code.py -k ptxas has their registers and shared memory)."""
     shapes = ((GENERATED_ROWS, N), (N, GENERATED_COLS), (GENERATED_ROWS, GENERATED_COLS))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tiles, "TENSOR_CHUNK_K", chunk_k)
-        instances = matmul_in_bands(band, fresh=chunk_k != TENSOR_CHUNK_K)
-        code = instances.cuda(shapes, np.dtype(dtype), (), tf32=tf32)
+    code = band_code(shapes, dtype, *BAND_FORMS[form], tf32=tf32)
     return pto.kernel(worker=pto.CUBE, name="matmul", cuda=code)(lambda a, b, out: None)
 
 
@@ -307,11 +300,9 @@ def generated_rounds(benchmark, cupy, kernel, pairs, c) -> None:
     tflops(benchmark, 2 * N**3)
 
 
-@pytest.mark.parametrize("band, chunk_k", [(TENSOR_BAND, TENSOR_CHUNK_K), (SPLIT_ROWS, TENSOR_CHUNK_K),
-                                            (TENSOR_BAND, 96), (TENSOR_BAND, 48)],
-                         ids=["band64", "band32", "band64-chunk96", "band64-chunk48"])
-def test_gemm_generated_tiles(benchmark, cupy, gemm_operands, band, chunk_k):
-    generated_rounds(benchmark, cupy, generated_matmul(band=band, chunk_k=chunk_k), *gemm_operands)
+@pytest.mark.parametrize("form", BAND_FORMS)
+def test_gemm_generated_tiles(benchmark, cupy, gemm_operands, form):
+    generated_rounds(benchmark, cupy, generated_matmul(form=form), *gemm_operands)
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,24 @@ from pto_gpu.isa import nvrtc
 from pto_gpu.isa.family import SPLIT_ROWS, family, family_of
 
 
-def matmul_in_bands(band: int, fresh: bool = False):
-    """The matmul family, or, for a band of other than its TENSOR_BAND rows on tensor cores (or
-    `fresh`: instances made anew, not those made before), its builder declared again with
-    tensor_band=band."""
-    if band == tiles.TENSOR_BAND and not fresh:
-        return family_of(tiles.matmul)
-    return family_of(family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),
-                            name="matmul")(family_of(tiles.matmul).build))
+def band_code(shapes, dtype, band: int = tiles.TENSOR_BAND, chunk_k: int = tiles.TENSOR_CHUNK_K,
+              result_floats: int = tiles.BAND_RESULT_FLOATS, tf32: bool = False) -> pto.CudaCode:
+    """The matmul family's CUDA code for `shapes`, on tensor cores in bands of `band` rows, with
+    chunks of k of at most `chunk_k` (tiles.TENSOR_CHUNK_K: which sets how many buffers the
+    chunks ahead take) and a band's result in registers of at most `result_floats` a lane
+    (tiles.BAND_RESULT_FLOATS: which sets its columns a block): the family's own instance where
+    all three are the family's, else its builder declared again with tensor_band=band and made
+    with the module's constants set to the others."""
+    if (band, chunk_k, result_floats) == (tiles.TENSOR_BAND, tiles.TENSOR_CHUNK_K, tiles.BAND_RESULT_FLOATS):
+        return family_of(tiles.matmul).cuda(shapes, np.dtype(dtype), (), tf32=tf32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tiles, "TENSOR_CHUNK_K", chunk_k)
+        patch.setattr(tiles, "BAND_RESULT_FLOATS", result_floats)
+        declared = family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),
+                          name="matmul")
+        instances = family_of(declared(family_of(tiles.matmul).build))
+        return instances.cuda(shapes, np.dtype(dtype), (), tf32=tf32)
+
 
 INSTANCES = {
     "matmul-1024x8192x128": (tiles.matmul, ((1024, 8192), (8192, 128), (1024, 128)), ()),
@@ -64,12 +74,32 @@ def test_cold_compile(benchmark, name, dtype, tf32):
     assert ok and cubin, log
 
 
+# The generated GEMM tile's forms bench/test_gpu.py -k generated_tiles measures (band_code's rows
+# a band, widest chunk of k, a band's result floats a lane): the family's, a 32-row band, chunks
+# of 96 and 48 (2 and 4 buffers at 64 rows, to the family's 3), a 128 x 128 band (a block an SM;
+# chunks of 64 in 2 buffers, of 32 in 4).
+BAND_FORMS = {"band64": (tiles.TENSOR_BAND, tiles.TENSOR_CHUNK_K, tiles.BAND_RESULT_FLOATS),
+              "band32": (SPLIT_ROWS, tiles.TENSOR_CHUNK_K, tiles.BAND_RESULT_FLOATS),
+              "band64-chunk96": (tiles.TENSOR_BAND, 96, tiles.BAND_RESULT_FLOATS),
+              "band64-chunk48": (tiles.TENSOR_BAND, 48, tiles.BAND_RESULT_FLOATS),
+              "band128": (128, tiles.TENSOR_CHUNK_K, 2 * tiles.BAND_RESULT_FLOATS),
+              "band128-chunk32": (128, 32, 2 * tiles.BAND_RESULT_FLOATS)}
+GEMM_TILE = INSTANCES["matmul-1024x8192x128"][1]
 MLP_SHAPES = ((128, 4096), (4096, 11008), (128, 11008))
-REPORTED = {**{name: (family_of(kernel), shapes, scalars)
-               for name, (kernel, shapes, scalars) in INSTANCES.items()},
-            "matmul-1024x8192x128-band32": (matmul_in_bands(SPLIT_ROWS), INSTANCES["matmul-1024x8192x128"][1],
-                                            ()),
-            "matmul_acc-128x4096x11008": (family_of(tiles.matmul_acc), MLP_SHAPES, ())}
+
+
+def _family_code(kernel, shapes, scalars=()):
+    return lambda dtype, tf32: family_of(kernel).cuda(shapes, np.dtype(dtype), scalars, tf32=tf32)
+
+
+def _band_code(form: str):
+    return lambda dtype, tf32: band_code(GEMM_TILE, dtype, *BAND_FORMS[form], tf32=tf32)
+
+
+REPORTED = {**{name: _family_code(*instance) for name, instance in INSTANCES.items()},
+            **{f"matmul-1024x8192x128-{form}": _band_code(form)
+               for form in ("band32", "band128", "band128-chunk32")},
+            "matmul_acc-128x4096x11008": _family_code(tiles.matmul_acc, MLP_SHAPES)}
 
 
 @pytest.mark.benchmark(group="cuda-ptxas")
@@ -78,8 +108,7 @@ REPORTED = {**{name: (family_of(kernel), shapes, scalars)
                          ids=["float16", "float32-tf32"])
 @pytest.mark.parametrize("name", REPORTED)
 def test_ptxas_report(benchmark, name, dtype, tf32, tmp_path):
-    instances, shapes, scalars = REPORTED[name]
-    code = instances.cuda(shapes, np.dtype(dtype), scalars, tf32=tf32)
+    code = REPORTED[name](dtype, tf32)
     source = code.source
     command = ["nvcc", "-cubin", "-arch=sm_90", "-std=c++17", "-Xptxas", "-v",
                *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)], str(source), "-o", str(tmp_path / "k.cubin")]

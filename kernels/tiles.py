@@ -175,18 +175,27 @@ def _cpu_library(native, numpy_way):
     return run
 
 
+# The floats a lane holds of a tensor-core band's result in registers (_product): half of what
+# the generator allows, which leaves registers for the loads in flight and two blocks an SM. For
+# the LLaMA MLP's matmul_acc (64 x 11008 in column blocks) a 64 x 256 block took 254 registers a
+# thread when it was allowed, 64 x 128 takes 128 (bench/test_gpu_code.py -k ptxas). A warp's
+# share of the band is then 32 x 32, whose fragments cost a byte of ldmatrix for 16 flops: an
+# SM's shared memory (128 bytes a clock) feeds half an H100's or H200's mma peak at most. A
+# 128 x 128 band (64 floats, a warp's share 64 x 32: 21 flops a byte) takes 180 registers, a
+# block an SM; bench/test_gpu.py -k generated_tiles measures it beside the family's.
+BAND_RESULT_FLOATS = REGISTER_ACCUMULATORS // 2
+
+
 def _product(f: FunctionBuilder, dtype: DataType, out: str, m: int, k: int, n: int, local_memory: int | None,
              accumulate: bool, source: str | None = None) -> None:
     """out = a @ b, plus `source` (default: out itself) with `accumulate`; on CUDA in blocks of
     COLUMN_BLOCK columns when b is too wide for even 8 of its rows to fit shared memory (a
     4096 x 11008 weight), and on tensor cores (float16, bfloat16) as well, the result of a
-    band's rows (TENSOR_BAND: the families split m) in registers, at most half a lane's
-    accumulators (REGISTER_ACCUMULATORS // 2), which leaves registers for the loads in flight:
-    for the LLaMA MLP's matmul_acc (64 x 11008 in column blocks) a 64 x 256 block took 254
-    registers a thread when it was allowed, 64 x 128 takes 128 (bench/test_gpu_code.py -k ptxas)."""
+    band's rows (TENSOR_BAND: the families split m) in registers, at most BAND_RESULT_FLOATS a
+    lane."""
     if local_memory is not None and dtype in TENSOR_CORE_DTYPES:
         cols = min(n, COLUMN_BLOCK)
-        while cols > WARP and accumulator_floats(m, cols) > REGISTER_ACCUMULATORS // 2:
+        while cols > WARP and accumulator_floats(m, cols) > BAND_RESULT_FLOATS:
             cols //= 2
     elif local_memory is not None and 8 * n * min(k, 8) > local_memory:
         cols = min(n, COLUMN_BLOCK)

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from kernel_references import REFERENCES, tf32_rounded
 from kernel_samples import KERNELS, SCALARS, SIZES, arrays, shapes, strided
-from pto_gpu.kernels import llm
+from pto_gpu.kernels import llm, tiles
 from pto_gpu.kernels.elementwise import scale
 from pto_gpu.kernels.tiles import TENSOR_BAND
 
@@ -37,7 +37,7 @@ from pto_gpu.dtypes import as_dtype
 from pto_gpu.isa import ISAError
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_codegen import SHARED_LIMIT
-from pto_gpu.isa.family import SPLIT_ROWS, family_of, first_fitting
+from pto_gpu.isa.family import SPLIT_ROWS, family, family_of, first_fitting
 
 BFLOAT16 = ml_dtypes.bfloat16
 TOLERANCE = {np.float16: dict(rtol=4e-3, atol=4e-3), np.float32: dict(rtol=2e-5, atol=2e-6),
@@ -236,6 +236,37 @@ def test_tall_product_tiles_are_bands_of_rows_over_blocks(name, sizes, dtype, tm
     assert code.items(call_shapes) == THREADS_PER_BLOCK * batch * -(-sizes["m"] // band)
     _host_call(library, kernel, code, inputs, scalars)
     _assert_matches(kernel, inputs, expected, dtype)
+
+
+# Other bands, chunks of k and result widths of the matmul family, as bench/test_gpu.py's
+# generated GEMM compares them on a GPU (test_gpu_code.BAND_FORMS): rows a band, the widest chunk
+# of k (tiles.TENSOR_CHUNK_K: the chunks ahead's buffers), a band's result floats a lane
+# (tiles.BAND_RESULT_FLOATS: the columns of a block).
+BAND_FORMS = [(128, 64, 64), (128, 32, 64), (64, 96, 32), (64, 48, 32)]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("band, chunk_k, result_floats", BAND_FORMS,
+                         ids=[f"band{b}-chunk{c}-floats{f}" for b, c, f in BAND_FORMS])
+def test_the_matmul_bands_a_gpu_benchmark_compares_match_numpy(band, chunk_k, result_floats, monkeypatch,
+                                                               tmp_path):
+    """The float16 matmul declared with those bands, made with those chunks and result widths:
+    bands over blocks (the last partial), chunks of k with a tail, column blocks with a tail
+    (a 128-row band's result is 128 x 128 in registers: four turns of a warp share b's
+    fragments), the same as the numpy reference within float16's tolerance."""
+    monkeypatch.setattr(tiles, "TENSOR_CHUNK_K", chunk_k)
+    monkeypatch.setattr(tiles, "BAND_RESULT_FLOATS", result_floats)
+    declared = family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),
+                      name="matmul")
+    instances = family_of(declared(family_of(tiles.matmul).build))
+    kernel = BY_NAME["matmul"]
+    inputs = arrays(kernel, np.float16, {"m": band + 40, "k": 3 * chunk_k + 16, "n": 296})
+    expected = _expected(kernel, inputs, ())
+    code = instances.cuda(tuple(a.shape for a in inputs), np.dtype(np.float16), ())
+    assert f"float pto_frag_t_c[{band // 32}][4][4]" in code.source.read_text()  # band x 128: band / 32 turns
+    assert code.items([a.shape for a in inputs]) == THREADS_PER_BLOCK * 2
+    _host_call(host_cuda.build(code, np.float16, tmp_path), kernel, code, inputs, ())
+    _assert_matches(kernel, inputs, expected, np.float16)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
