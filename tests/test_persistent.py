@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -26,7 +27,7 @@ from test_cuda import ON_GPU, axpy_kernel, random_buffers, random_kernel_program
 import pto_gpu as pto
 import pto_gpu.tasks
 from pto_gpu import jit as pj
-from pto_gpu.backends import cuda_abi, emulated_device, emulator, persistent_module
+from pto_gpu.backends import cuda_abi, emulated_device, emulator, persistent_host, persistent_module
 from pto_gpu.errors import DeadlockError, PTOError, TaskError
 from pto_gpu.executors import persistent
 
@@ -306,6 +307,18 @@ def attention_module():
     codes = rt.backend.persistent_codes[np.dtype(np.float16)]
     assert len(codes) >= 2 and max(code.shared_bytes for code in codes) > 0
     return persistent_module.write(codes)
+
+
+def test_the_hosts_record_of_the_task_records_is_the_kernels_field_by_field():
+    """persistent_host.RECORDS (what the host writes) and pto_persistent_kernel.cuh's PtoRecords
+    (what the kernel reads) name the same fields in the same order, each 8 bytes (a pointer or
+    an unsigned long long): two fields of one type swapped would run, and read the wrong one."""
+    header = (Path(persistent_module.__file__).parent / "pto_persistent_kernel.cuh").read_text()
+    body = re.search(r"struct PtoRecords \{(.*?)\n\};", header, re.S).group(1)
+    fields = re.findall(r"^\s+(const )?([\w ]+?)\s*(\*?)\s*(\w+);", body, re.M)
+    assert tuple(name for *_, name in fields) == persistent_host.RECORDS.names
+    assert all(pointer or kind == "unsigned long long" for _, kind, pointer, _ in fields), fields
+    assert persistent_host.RECORDS.itemsize == 8 * len(fields)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
