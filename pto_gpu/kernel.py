@@ -37,12 +37,15 @@ class CudaCode:
     and walks `items(shapes)` work items, given its tensor params' shapes. `library`, when
     set, is a CuPy-level implementation (cuBLAS, say) taking the same views and scalars as
     the CPU one, which the CUDA backend runs instead of the .cu kernel, except while capturing
-    a CUDA graph (Runtime.capture): CuPy refuses cuBLAS calls then, so the .cu kernel runs.
+    a CUDA graph (Runtime.capture): CuPy refuses cuBLAS calls then, so the .cu kernel runs;
+    nor in a TF32 run (CudaBackend.runs_library). `library_only`: there is no .cu kernel (a
+    host function: a distributed run's transfers), so the library runs in every run.
     """
 
     source: Path
     items: Callable[[list[tuple[int, ...]]], int]
     library: Callable | None = None
+    library_only: bool = False
     # Whether each scalar param is passed as long long (else double), when the source says so
     # (generated code); None: from each value's Python type.
     integer_scalars: tuple[bool, ...] | None = None
@@ -78,6 +81,7 @@ class CudaInstances:
     structural: tuple[int, ...] | None = None
     gemm: float | None = None
     batches = True  # generated code (or a strided-batched GEMM): see CudaCode.batches
+    library_only = False  # see CudaCode's
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
                  tf32: bool = False) -> CudaCode:

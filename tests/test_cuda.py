@@ -338,6 +338,27 @@ def test_back_pressure_with_a_heap_of_two_tiles(executor, backend):
     np.testing.assert_allclose(rt.backend.to_host(c), expected, atol=1e-4 * np.abs(expected).max())
 
 
+@needs_gpu
+def test_a_copy_in_and_a_received_regions_unpacking_have_landed_when_they_return():
+    """Both write on the legacy default stream, which the backend's streams (non-blocking) do
+    not wait for: the persistent scheduler's copy_in (cudaMemcpy from pageable memory may
+    return once the data is staged, before its DMA lands) and a transfer's unpack (a CuPy
+    kernel on this thread's stream) wait for it before they return, and the data is there."""
+    import cupy
+
+    from pto_gpu.distributed.transport import unpack
+
+    data = np.random.default_rng(0).integers(0, 256, 64 << 20, np.uint8)
+    target = cupy.zeros(data.size, cupy.uint8)
+    pto.Runtime(backend="cuda").backend.device.copy_in(target.data.ptr, data)
+    assert cupy.cuda.Stream.null.done
+    np.testing.assert_array_equal(target.get(), data)
+    region = cupy.zeros((4096, 4096), cupy.float32)[:, ::2]
+    unpack(data[:4096 * 2048 * 4], region, None)
+    assert cupy.cuda.get_current_stream().done
+    np.testing.assert_array_equal(region.get().reshape(-1).view(np.uint8), data[:4096 * 2048 * 4])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_auto_chooses_the_stream_executor_on_a_gpu(backend):
     assert pto.Runtime(backend=backend).executor == "stream"

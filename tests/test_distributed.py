@@ -16,6 +16,7 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import scale
+from pto_gpu.kernels.tiles import matmul_panels_add
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
@@ -131,6 +132,21 @@ def test_an_owner_table_kept_from_an_earlier_run_serves_only_its_own_shape_and_o
     placement.start(None, record=False)
     with pytest.raises(pto.RankError, match="neither a rank"):
         placement.external(tall, True)
+
+
+@pytest.mark.parametrize("precision", ["exact", "tf32"])
+def test_the_transfers_run_their_host_function_on_cuda_whatever_the_precision(monkeypatch, precision):
+    """The transfers' only CUDA implementation is their host function (CudaCode.library_only):
+    a CUDA backend that runs libraries runs it in a TF32 run too, where a family's CuPy
+    library gives way to its generated TF32 code (CudaBackend.runs_library); launched as
+    their code of no work items instead, no send would go and no receive be posted."""
+    placement = Placement(types.SimpleNamespace(rank=0, size=2, ordered=False, native=None))
+    backend = pto.Runtime(backend="cuda-emulated", precision=precision).backend
+    monkeypatch.setattr(backend.device, "runs_libraries", True)  # as on a GPU (CupyDevice)
+    transfers = (placement.send_kernel, placement.recv_kernel, placement.native_send, placement.native_recv)
+    for transfer in transfers:
+        assert backend.runs_library(transfer), transfer.name
+    assert backend.runs_library(matmul_panels_add) == (precision == "exact")
 
 
 def test_a_buffer_one_rank_owns_is_that_ranks_whatever_came_first():

@@ -221,10 +221,12 @@ class CudaBackend:
 
     def runs_library(self, kernel) -> bool:
         """Whether the kernel's tasks run its `library` implementation here, not a launch. Not
-        in a TF32 run: CuPy's float32 products are exact (its TF32 switch is process-wide), so
-        the families' generated TF32 code runs instead."""
-        return (kernel.cuda.library is not None and self.device.runs_libraries and not self._capturing
-                and not self.tf32)
+        while capturing, nor in a TF32 run (CuPy's float32 products are exact, its TF32 switch
+        process-wide: the families' generated TF32 code runs instead), unless the library is
+        all there is (`library_only`)."""
+        cuda = kernel.cuda
+        return (cuda.library is not None and self.device.runs_libraries
+                and (cuda.library_only or not (self._capturing or self.tf32)))
 
     def _enqueue(self, task, stream: int, after, event: int) -> None:
         prepared = self.prepare(task)

@@ -139,6 +139,9 @@ class CupyDevice:
     def copy_in(self, address: int, data: np.ndarray) -> None:
         runtime = self._cupy.cuda.runtime
         runtime.memcpy(address, data.ctypes.data, data.nbytes, runtime.memcpyHostToDevice)
+        # From pageable memory cudaMemcpy returns once `data` is staged, its DMA perhaps still
+        # under way on the legacy stream, which the kernel's non-blocking stream does not wait for.
+        runtime.streamSynchronize(0)
 
     def stream(self) -> int:
         stream = self._cupy.cuda.Stream(non_blocking=True)

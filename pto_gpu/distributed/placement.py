@@ -99,7 +99,7 @@ class Placement:
         self.rank, self.size = transport.rank, transport.size
         self.inbox = Inbox(transport)
         # Their CUDA "implementation" is the same host function (library=): no device code.
-        no_device_code = CudaCode(Path(__file__), lambda shapes: 0)
+        no_device_code = CudaCode(Path(__file__), lambda shapes: 0, library_only=True)
         self.send_kernel = kernel(WorkerType.ACCELERATOR, name="send", mixed_dtypes=True,
                                   cuda=dataclasses.replace(no_device_code, library=self._send))(self._send)
         self.recv_kernel = kernel(WorkerType.ACCELERATOR, name="recv", mixed_dtypes=True,

@@ -137,13 +137,21 @@ def pack(view, mask: np.ndarray | None) -> np.ndarray:
 
 
 def unpack(data: np.ndarray, view, mask: np.ndarray | None) -> None:
-    """Write bytes made by `pack` into view[mask]."""
+    """Write bytes made by `pack` into view[mask]; landed when this returns."""
     values = data.view(view.dtype)
-    if on_device(view):
-        import cupy
+    if not on_device(view):
+        _write(view, mask, values)
+        return
+    import cupy
 
-        values = cupy.asarray(values)
-        mask = None if mask is None else cupy.asarray(mask)
+    _write(view, None if mask is None else cupy.asarray(mask), cupy.asarray(values))
+    # Written on this thread's CuPy stream (the legacy default stream), which the backend's
+    # streams, non-blocking, do not wait for: the receive completes, and its consumers are
+    # launched, as this returns.
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def _write(view, mask, values) -> None:
     if mask is None:
         view[...] = values.reshape(view.shape)
     else:
