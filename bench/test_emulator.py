@@ -270,25 +270,38 @@ def _one_task_each(o, x, y, kernel_ids):
         pj.submit(o, kernel_ids[i], (pj.input(x), pj.output(pj.narrow(y, 0, 32 * i, 32 * i + 32))))
 
 
+def _one_task_each_from_python(o, x, y, kernels):
+    X, Y = o.external(x), o.external(y)
+    for i, kernel in enumerate(kernels):
+        o.submit(kernel, pto.input(X), pto.output(Y[32 * i:32 * i + 32]))
+
+
 @pytest.mark.benchmark(group="emulator-first-run")
+@pytest.mark.parametrize("orchestration", ["compiled", "python"])
 @pytest.mark.parametrize("together", [True, False], ids=["compiled-together", "one-by-one"])
-def test_first_run_of_new_instances(benchmark, monkeypatch, together):
-    """A compiled orchestration's first run whose six kernels are new (emulate='gpu-code': each
-    instance a g++ build of its generated CUDA): compiled side by side when its log is admitted
-    (CudaBackend.prefetch), against one by one as each is issued (prefetch switched off)."""
+def test_first_run_of_new_instances(benchmark, monkeypatch, orchestration, together):
+    """A first run whose six kernels are new (emulate='gpu-code': each instance a g++ build of
+    its generated CUDA), its instances compiled side by side (a compiled orchestration's when
+    its log is admitted, CudaBackend.prefetch; a Python one's as each submit comes, the submits
+    after it waiting behind it, DriverStreamExecutor._waits), against one by one as each task
+    is issued (both switched off)."""
     if not together:
         monkeypatch.setattr(DriverStreamExecutor, "_prefetch", lambda *args: None)
+        monkeypatch.setattr(DriverStreamExecutor, "_waits", lambda *args: False)
     x = np.ones((32, 64), np.float32)
 
     def setup():
         kernels = _fresh_program()
         y = np.zeros((32 * NEW_INSTANCES, 64), np.float32)
         rt = pto.Runtime(backend="cuda-emulated", executor="stream")
-        ids = np.array([k.id for k in kernels], np.int64)
-        return (rt, ids, y), {}
+        return (rt, kernels, y), {}
 
-    def first_run(rt, ids, y):
-        rt.run(lambda o: o.compiled(_one_task_each, o.external(x), o.external(y), ids))
+    def first_run(rt, kernels, y):
+        if orchestration == "compiled":
+            ids = np.array([k.id for k in kernels], np.int64)
+            rt.run(lambda o: o.compiled(_one_task_each, o.external(x), o.external(y), ids))
+        else:
+            rt.run(_one_task_each_from_python, x, y, kernels)
         assert np.all(y[::32, 0] > np.arange(1, NEW_INSTANCES + 1))  # each kernel ran: (i + 1) + salt
 
     benchmark.pedantic(first_run, setup=setup, rounds=3)

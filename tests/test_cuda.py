@@ -601,6 +601,80 @@ def test_a_compiled_runs_new_instances_compile_side_by_side_before_its_first_lau
     np.testing.assert_array_equal(x[:4], 4 * want_y[:4])
 
 
+def _three_instances_from_python(o, x, y, z):
+    X, Y, Z = o.external(x), o.external(y), o.external(z)
+    o.submit(add, pto.input(X), pto.input(X), pto.output(Y))
+    o.submit(scale, pto.input(Y), pto.output(Z), 2.0)
+    o.submit(add, pto.input(Z[:4]), pto.input(Z[:4]), pto.output(X[:4]))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: the compile pool has one thread, builds go "
+                    "one at a time")
+def test_a_python_orchestrations_new_instances_compile_side_by_side(monkeypatch):
+    """A Python submit whose instance is new starts its compile and waits for it behind the
+    submits to come (DriverStreamExecutor._waits), so the orchestration goes on and the next
+    new instance compiles beside it: the first two host builds meet at a barrier, which builds
+    made one at a time as each task is issued never would (it would break after 60 s). The
+    tasks still go in order: results are numpy's."""
+    from pto_gpu.backends import emulated_device
+
+    meeting = threading.Barrier(2, timeout=60)
+    calls = []
+    build = emulated_device.host_build
+
+    def met(source, dtype):
+        calls.append(source.name)
+        if len(calls) <= 2:
+            meeting.wait()
+        return build(source, dtype)
+
+    monkeypatch.setattr(emulated_device, "host_build", met)
+    x = np.arange(128, dtype=np.float32).reshape(8, 16)
+    y, z = np.zeros_like(x), np.zeros_like(x)
+    pto.Runtime(backend="cuda-emulated", executor="stream").run(_three_instances_from_python, x, y, z)
+    assert len(calls) == 3  # add at 8 x 16 and at 4 x 16, scale
+    want_y = 2 * np.arange(128, dtype=np.float32).reshape(8, 16)
+    np.testing.assert_array_equal(y, want_y)
+    np.testing.assert_array_equal(z, 2 * want_y)
+    np.testing.assert_array_equal(x[:4], 4 * want_y[:4])
+
+
+def test_python_submits_behind_a_compile_that_fill_the_task_window_wait_for_it(monkeypatch):
+    """Submits waiting behind a compile hold their task-window slots: a full window issues
+    them (waiting for the compile) and then waits for room, as it would for issued tasks,
+    instead of finding nothing in flight and calling it a deadlock."""
+    from pto_gpu.backends import emulated_device
+
+    build = emulated_device.host_build
+    monkeypatch.setattr(emulated_device, "host_build", lambda *args: time.sleep(0.2) or build(*args))
+    x = np.arange(64, dtype=np.float32).reshape(4, 16)
+
+    def orchestration(o):
+        X = o.external(x)
+        for _ in range(20):
+            o.submit(scale, pto.input(X), pto.output(X), 2.0)
+
+    rt = pto.Runtime(backend="cuda-emulated", executor="stream", task_window=4)
+    assert rt.run(orchestration).stalls
+    np.testing.assert_array_equal(x, 2.0**20 * np.arange(64, dtype=np.float32).reshape(4, 16))
+
+
+def test_python_submits_behind_a_compile_run_before_the_orchestrations_error_is_raised():
+    """Submits waiting behind a new instance's compile when the orchestration raises are
+    issued and run before the run raises its error, as every executor runs what was submitted
+    (docs/ERRORS.md)."""
+    x = np.arange(128, dtype=np.float32).reshape(8, 16)
+    y, z = np.zeros_like(x), np.zeros_like(x)
+
+    def orchestration(o):
+        _three_instances_from_python(o, x, y, z)
+        raise ValueError("the orchestration's own")
+
+    with pytest.raises(ValueError, match="the orchestration's own"):
+        pto.Runtime(backend="cuda-emulated", executor="stream").run(orchestration)
+    np.testing.assert_array_equal(z, 4 * np.arange(128, dtype=np.float32).reshape(8, 16))
+
+
 def test_a_run_whose_compiles_find_no_thread_compiles_them_as_it_issues(monkeypatch):
     """Where the pool cannot take a compile (a thread limit; the interpreter exiting), prefetch
     makes that instance on the caller's thread and leaves the rest to their launches: the run
@@ -646,6 +720,32 @@ def test_an_instance_that_fails_to_compile_ahead_fails_the_task_that_needs_it(tm
         pto.Runtime(backend="cuda-emulated", executor="stream").run(
             lambda o: o.compiled(_broken_second, o.external(x), o.external(y), add.id, broken.id))
     np.testing.assert_array_equal(y, 2)
+
+
+def test_a_python_submits_instance_that_fails_to_compile_behind_fails_its_task_and_none_after(tmp_path):
+    """From Python, a new instance that g++ refuses, compiled while the submits after it wait
+    (DriverStreamExecutor._waits), is the TaskError of its own task, the second, once the first
+    has run; the third, behind it, is not issued."""
+    source = tmp_path / "broken.cu"
+    source.write_text(BROKEN_CU)
+
+    @pto.kernel(worker=pto.VECTOR, cuda=pto.CudaCode(source, lambda shapes: 1))
+    def broken(out):
+        pass
+
+    x = np.ones((4, 16), np.float32)
+    y, z = np.zeros_like(x), np.zeros_like(x)
+
+    def orchestration(o):
+        X, Y, Z = o.external(x), o.external(y), o.external(z)
+        o.submit(add, pto.input(X), pto.input(X), pto.output(Y))
+        o.submit(broken, pto.output(X))
+        o.submit(add, pto.input(Y), pto.input(Y), pto.output(Z))
+
+    with pytest.raises(pto.TaskError, match=r"task 1 \(broken\) failed: .*g\+\+ could not build"):
+        pto.Runtime(backend="cuda-emulated", executor="stream").run(orchestration)
+    np.testing.assert_array_equal(y, 2)
+    np.testing.assert_array_equal(z, 0)
 
 
 FAULTING = textwrap.dedent("""

@@ -277,26 +277,41 @@ class CudaBackend:
         that need them, which wait for theirs. A failure is the failure of the first task
         that needs the instance, as if it had compiled it itself."""
         for task in tasks:
-            if task.kernel.cuda is None or self.runs_library(task.kernel):
-                continue
-            key = _split(task)[0]
-            with self._templates_lock:
-                if key in self._templates or key in self._making:
-                    continue
-                making = self._making[key] = Future()
-            try:
-                if self._compilers is None:
-                    self._compilers = ThreadPoolExecutor(os.cpu_count() or 1, "pto-compile")
-                    weakref.finalize(self, self._compilers.shutdown, wait=False)
-                self._compilers.submit(self._make, key, task, making)
-            except Exception:  # no thread for it (the interpreter exiting, a thread limit): here,
-                self._make(key, task, making)  # and the rest as they are issued
+            if self._start(task)[1]:  # no thread took it: the rest are made as they are issued
                 return
-            except BaseException as interrupted:  # nothing may wait for it forever
-                with self._templates_lock:
-                    del self._making[key]
-                making.set_exception(interrupted)
-                raise
+
+    def start(self, task) -> Future | None:
+        """Start making `task`'s launch on a thread of its own where its instance is neither
+        made nor being made, and return the Future of its making (done where no thread could
+        take it: made here); None where there is nothing to wait for (made already, a library
+        call, no CUDA code: `prepare` says what)."""
+        return self._start(task)[0]
+
+    def _start(self, task) -> tuple[Future | None, bool]:
+        """`start`'s Future, and whether it was made on this thread (no thread took it)."""
+        if task.kernel.cuda is None or self.runs_library(task.kernel):
+            return None, False
+        key = _split(task)[0]
+        with self._templates_lock:
+            if key in self._templates:
+                return None, False
+            if key in self._making:
+                return self._making[key], False
+            making = self._making[key] = Future()
+        try:
+            if self._compilers is None:
+                self._compilers = ThreadPoolExecutor(os.cpu_count() or 1, "pto-compile")
+                weakref.finalize(self, self._compilers.shutdown, wait=False)
+            self._compilers.submit(self._make, key, task, making)
+        except Exception:  # no thread for it (the interpreter exiting, a thread limit): here
+            self._make(key, task, making)
+            return making, True
+        except BaseException as interrupted:  # nothing may wait for it forever
+            with self._templates_lock:
+                del self._making[key]
+            making.set_exception(interrupted)
+            raise
+        return making, False
 
     def _make(self, key: tuple, task, making: Future) -> None:
         """Make the launch of `key` into `making`, and publish it (a failure is not kept: the

@@ -24,7 +24,11 @@ trace, measure or validate (those keep a record of every task):
     steps go out as one launch over a batch (their tensors' leading dim), on one stream, and
     retire together on its one event (`_batch`, `_joins`, `_send`): compiled tasks as a flush
     brings them, Python submits held until a submit that does not join them
-    (`submit_python`).
+    (`submit_python`);
+  - a run's new kernel instances compile side by side before the launches that need them: a
+    flush's all at once (`_prefetch`), and a Python submit's as it comes, the submits from it
+    on waiting in order (`_behind`) while the orchestration goes on, issued as their compiles
+    end.
 
 State is plain arrays (`Tables`) that only the orchestrator's thread changes, so there is no
 lock: producers reach a task through the pending table (from the compiled edge log, or a
@@ -37,6 +41,8 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections import deque
+from concurrent.futures import Future
 from typing import NamedTuple, NoReturn
 
 import numpy as np
@@ -924,6 +930,9 @@ class DriverStreamExecutor:
         self._submit_python = self._release_python = None
         self._one = np.zeros(1, np.int64)  # a task issued the Python way: its id
         self._released = False  # held submits were issued since make_room last looked
+        # Python submits from one whose instance was compiling when it came, in order: each with
+        # its producers and its own instance's compile (None where made), issued as those end.
+        self._behind: deque[tuple[Task, np.ndarray, Future | None]] = deque()
 
     @property
     def native_tasks(self) -> int:
@@ -952,12 +961,14 @@ class DriverStreamExecutor:
 
     def edges(self, edge_log: np.ndarray) -> None:
         """A flush's edge log, which the next `admit` reads."""
-        self._release_held()  # submitted before the log's tasks: issued before them
+        self._issue_behind(wait=True)  # submitted before the log's tasks: issued before them
+        self._release_held()
         self._edges = edge_log
         self._t.state[0]["edge"] = 0
 
     def admit(self, log: np.ndarray, logged: int) -> int:
         """Issue a flushed log's tasks, in order; none is left for the session to submit."""
+        self._issue_behind(wait=True)
         self._issue_log(log, 0, logged, self._edges)
         note_edges(self._t, self._edges)  # those of consumers the next flush brings
         self._edges = _NO_EDGES
@@ -965,6 +976,15 @@ class DriverStreamExecutor:
 
     # --- the orchestrator's side ---------------------------------------------------------
     def submitted(self, task: Task, ready: bool, producers) -> None:
+        if self._behind:  # after a submit whose instance is compiling: in order behind it
+            self._behind.append((task, np.array(producers, np.int64), self._backend.start(task)))
+            self._issue_behind(wait=False)
+        else:
+            self._submit(task, producers, may_wait=True)
+
+    def _submit(self, task: Task, producers, may_wait: bool) -> None:
+        """Issue (or hold) a Python submit; `may_wait`: where its instance is compiling, have
+        it wait for that behind the submits to come (_waits) instead of waiting here."""
         prepared = False  # not yet
         while task.native:  # its arguments are in the tables: issued (or held) from there
             status = self._submit_python(self._t, self._addresses, *self._core, self._args, task.id,
@@ -980,15 +1000,50 @@ class DriverStreamExecutor:
                 if len(producers) > len(self._t.held_edges):
                     self._t = self._t._replace(held_edges=np.zeros((2 * len(producers), 2), np.int64))
             elif status == UNLEARNT and prepared is False:  # its instance's first task: learnt here
+                if may_wait and self._waits(task, producers):
+                    return
                 prepared = self._prepare(task)
                 if not self._learn(task.id, None if prepared is None else prepared[0]):
                     break
             else:
                 break  # PYTHON_WAY, or an instance the table did not take
+        if prepared is False and may_wait and self._waits(task, producers):
+            return
         self._release_held()
         self._issue(task, np.ascontiguousarray(producers, np.int64), prepared)
 
+    def _waits(self, task: Task, producers) -> bool:
+        """Whether `task` waits for its instance's compile, started now or under way: then the
+        submits before it go out, and it and those after wait in order (_behind) while the
+        orchestration goes on submitting, whose new instances so compile side by side."""
+        making = self._backend.start(task)
+        if making is None or making.done():
+            return False
+        self._release_held()
+        self._behind.append((task, np.array(producers, np.int64), making))
+        return True
+
+    def _issue_behind(self, wait: bool) -> None:
+        """Issue the submits behind a compile, in order: those whose instances are made (every
+        one, waiting for each compile, with `wait`). A compile that failed is the TaskError of
+        its first task, and none after it is issued."""
+        while self._behind:
+            task, producers, making = self._behind[0]
+            if not wait and making is not None and not making.done():
+                return
+            self._behind.popleft()
+            self._released = True  # issued since make_room last looked, as held submits are
+            try:
+                if making is not None and (failed := making.exception()) is not None:
+                    self._release_held()
+                    self._fail(task, failed)
+                self._submit(task, producers, may_wait=False)
+            except BaseException:
+                self._behind.clear()
+                raise
+
     def make_room(self, status: int, unfreed) -> None:
+        self._issue_behind(wait=True)
         self._release_held()
         released, self._released = self._released, False
         state = self._t.state[0]
@@ -1032,6 +1087,7 @@ class DriverStreamExecutor:
             i += 1
 
     def finish(self) -> None:
+        self._issue_behind(wait=True)
         self._release_held()
         state = self._t.state[0]
         while state["head"] != state["tail"]:
@@ -1044,8 +1100,10 @@ class DriverStreamExecutor:
         every executor), leaving nothing enqueued: the next run's buffers may take this run's
         heap space."""
         try:
+            self._issue_behind(wait=True)
             self._release_held()
         except Exception:  # the error being raised is the one to report
+            self._behind.clear()
             self._forget_held()
         t = self._t
         state = t.state[0]
