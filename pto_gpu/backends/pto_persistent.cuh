@@ -42,11 +42,14 @@
 #define PTO_ENTRY(blocks) static __device__ __forceinline__ void
 #define PTO_TASK __device__ __noinline__ void pto_task
 
-// A task's argument word as its param's type, bit for bit (a pointer, a long long, a double).
+// A task's argument word as its param's type, bit for bit (a pointer, a long long, a double):
+// loaded whole, then its bits moved (a memcpy from the word itself was 8 byte loads a word).
 template <typename V>
 __device__ inline V pto_word(const long long *word) {
+    static_assert(sizeof(V) == sizeof(long long), "a word is 8 bytes");
+    const long long whole = *word;
     V value;
-    memcpy(&value, word, sizeof value);
+    memcpy(&value, &whole, sizeof value);
     return value;
 }
 
