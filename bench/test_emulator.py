@@ -283,11 +283,12 @@ def test_first_run_of_new_instances(benchmark, monkeypatch, orchestration, toget
     """A first run whose six kernels are new (emulate='gpu-code': each instance a g++ build of
     its generated CUDA), its instances compiled side by side (a compiled orchestration's when
     its log is admitted, CudaBackend.prefetch; a Python one's as each submit comes, the submits
-    after it waiting behind it, DriverStreamExecutor._waits), against one by one as each task
+    after it waiting behind it, DriverStreamExecutor._wait_behind), against one by one as each task
     is issued (both switched off)."""
     if not together:
         monkeypatch.setattr(DriverStreamExecutor, "_prefetch", lambda *args: None)
-        monkeypatch.setattr(DriverStreamExecutor, "_waits", lambda *args: False)
+        prepare = DriverStreamExecutor._prepare  # each compile waited for where its task is issued
+        monkeypatch.setattr(DriverStreamExecutor, "_prepare", lambda run, task, wait=True: prepare(run, task))
     x = np.ones((32, 64), np.float32)
 
     def setup():

@@ -612,7 +612,7 @@ def _three_instances_from_python(o, x, y, z):
                     "one at a time")
 def test_a_python_orchestrations_new_instances_compile_side_by_side(monkeypatch):
     """A Python submit whose instance is new starts its compile and waits for it behind the
-    submits to come (DriverStreamExecutor._waits), so the orchestration goes on and the next
+    submits to come (DriverStreamExecutor._wait_behind), so the orchestration goes on and the next
     new instance compiles beside it: the first two host builds meet at a barrier, which builds
     made one at a time as each task is issued never would (it would break after 60 s). The
     tasks still go in order: results are numpy's."""
@@ -659,20 +659,29 @@ def test_python_submits_behind_a_compile_that_fill_the_task_window_wait_for_it(m
     np.testing.assert_array_equal(x, 2.0**20 * np.arange(64, dtype=np.float32).reshape(4, 16))
 
 
-def test_python_submits_behind_a_compile_run_before_the_orchestrations_error_is_raised():
-    """Submits waiting behind a new instance's compile when the orchestration raises are
-    issued and run before the run raises its error, as every executor runs what was submitted
-    (docs/ERRORS.md)."""
+def test_python_submits_behind_a_compile_run_before_the_orchestrations_error_is_raised(monkeypatch):
+    """Submits waiting behind a new instance's compile when the orchestration raises (all
+    three: each build takes 0.2 s) are issued and run before the run raises its error, as
+    every executor runs what was submitted (docs/ERRORS.md)."""
+    from pto_gpu.backends import emulated_device
+
+    build = emulated_device.host_build
+    monkeypatch.setattr(emulated_device, "host_build", lambda *args: time.sleep(0.2) or build(*args))
     x = np.arange(128, dtype=np.float32).reshape(8, 16)
     y, z = np.zeros_like(x), np.zeros_like(x)
+    waiting = []
 
     def orchestration(o):
         _three_instances_from_python(o, x, y, z)
+        waiting.append(len(o._executor._behind))
         raise ValueError("the orchestration's own")
 
     with pytest.raises(ValueError, match="the orchestration's own"):
         pto.Runtime(backend="cuda-emulated", executor="stream").run(orchestration)
-    np.testing.assert_array_equal(z, 4 * np.arange(128, dtype=np.float32).reshape(8, 16))
+    assert waiting == [3]
+    want_y = 2 * np.arange(128, dtype=np.float32).reshape(8, 16)
+    np.testing.assert_array_equal(z, 2 * want_y)
+    np.testing.assert_array_equal(x[:4], 4 * want_y[:4])
 
 
 def test_a_run_whose_compiles_find_no_thread_compiles_them_as_it_issues(monkeypatch):
@@ -724,7 +733,7 @@ def test_an_instance_that_fails_to_compile_ahead_fails_the_task_that_needs_it(tm
 
 def test_a_python_submits_instance_that_fails_to_compile_behind_fails_its_task_and_none_after(tmp_path):
     """From Python, a new instance that g++ refuses, compiled while the submits after it wait
-    (DriverStreamExecutor._waits), is the TaskError of its own task, the second, once the first
+    (DriverStreamExecutor._wait_behind), is the TaskError of its own task, the second, once the first
     has run; the third, behind it, is not issued."""
     source = tmp_path / "broken.cu"
     source.write_text(BROKEN_CU)

@@ -179,16 +179,20 @@ class CudaBackend:
             self._events.append(event)  # recorded or not, nothing waits on it
             raise
 
-    def prepare(self, task) -> tuple[Template, np.ndarray] | None:
+    def prepare(self, task, wait: bool = True) -> tuple[Template, np.ndarray] | Future | None:
         """A task's launch: its instance's template and the task's own words (in param order,
         as `launches.issue` takes them); None where its kernel's library implementation runs
-        instead (`library`)."""
+        instead (`library`). Not `wait`: where the instance is still to be made, the Future of
+        its making (started now, on a thread of its own, or under way) instead."""
         _check_cuda(task)
         if self.runs_library(task.kernel):
             return None
         key, own, scalars = _split(task)
         launch = self._templates.get(key)  # a dict read is atomic under the GIL
         if launch is None:
+            making = None if wait else self._start_key(key, task)[0]
+            if making is not None and not making.done():
+                return making
             launch = self._template(key, task)
         return launch, _own_words(launch, own, scalars)
 
@@ -291,7 +295,10 @@ class CudaBackend:
         """`start`'s Future, and whether it was made on this thread (no thread took it)."""
         if task.kernel.cuda is None or self.runs_library(task.kernel):
             return None, False
-        key = _split(task)[0]
+        return self._start_key(_split(task)[0], task)
+
+    def _start_key(self, key: tuple, task) -> tuple[Future | None, bool]:
+        """_start for the instance `key` (_split's) of `task`."""
         with self._templates_lock:
             if key in self._templates:
                 return None, False

@@ -984,7 +984,7 @@ class DriverStreamExecutor:
 
     def _submit(self, task: Task, producers, may_wait: bool) -> None:
         """Issue (or hold) a Python submit; `may_wait`: where its instance is compiling, have
-        it wait for that behind the submits to come (_waits) instead of waiting here."""
+        it wait for that behind the submits to come (_wait_behind) instead of waiting here."""
         prepared = False  # not yet
         while task.native:  # its arguments are in the tables: issued (or held) from there
             status = self._submit_python(self._t, self._addresses, *self._core, self._args, task.id,
@@ -1000,28 +1000,28 @@ class DriverStreamExecutor:
                 if len(producers) > len(self._t.held_edges):
                     self._t = self._t._replace(held_edges=np.zeros((2 * len(producers), 2), np.int64))
             elif status == UNLEARNT and prepared is False:  # its instance's first task: learnt here
-                if may_wait and self._waits(task, producers):
+                prepared = self._prepare(task, wait=not may_wait)
+                if isinstance(prepared, Future):
+                    self._wait_behind(task, producers, prepared)
                     return
-                prepared = self._prepare(task)
                 if not self._learn(task.id, None if prepared is None else prepared[0]):
                     break
             else:
                 break  # PYTHON_WAY, or an instance the table did not take
-        if prepared is False and may_wait and self._waits(task, producers):
-            return
+        if prepared is False and may_wait:
+            prepared = self._prepare(task, wait=False)
+            if isinstance(prepared, Future):
+                self._wait_behind(task, producers, prepared)
+                return
         self._release_held()
         self._issue(task, np.ascontiguousarray(producers, np.int64), prepared)
 
-    def _waits(self, task: Task, producers) -> bool:
-        """Whether `task` waits for its instance's compile, started now or under way: then the
-        submits before it go out, and it and those after wait in order (_behind) while the
-        orchestration goes on submitting, whose new instances so compile side by side."""
-        making = self._backend.start(task)
-        if making is None or making.done():
-            return False
+    def _wait_behind(self, task: Task, producers, making: Future) -> None:
+        """`task` waits for its instance's compile (`making`, started by `prepare`, or under
+        way): the submits before it go out, and it and those after wait in order (_behind)
+        while the orchestration goes on submitting, whose new instances so compile beside it."""
         self._release_held()
         self._behind.append((task, np.array(producers, np.int64), making))
-        return True
 
     def _issue_behind(self, wait: bool) -> None:
         """Issue the submits behind a compile, in order: those whose instances are made (every
@@ -1031,9 +1031,9 @@ class DriverStreamExecutor:
             task, producers, making = self._behind[0]
             if not wait and making is not None and not making.done():
                 return
-            self._behind.popleft()
             self._released = True  # issued since make_room last looked, as held submits are
             try:
+                self._behind.popleft()
                 if making is not None and (failed := making.exception()) is not None:
                     self._release_held()
                     self._fail(task, failed)
@@ -1098,13 +1098,19 @@ class DriverStreamExecutor:
     def abort(self) -> None:
         """Run what was submitted (held submits too: the tasks submitted before a raise run, as on
         every executor), leaving nothing enqueued: the next run's buffers may take this run's
-        heap space."""
+        heap space. An interrupt while it waits for compiles drops the submits behind them and
+        is raised once nothing is enqueued."""
+        interrupted = None
         try:
             self._issue_behind(wait=True)
             self._release_held()
         except Exception:  # the error being raised is the one to report
             self._behind.clear()
             self._forget_held()
+        except BaseException as again:  # an interrupt while waiting for compiles: stop waiting
+            self._behind.clear()
+            self._forget_held()
+            interrupted = again
         t = self._t
         state = t.state[0]
         for position in range(int(state["head"]), int(state["tail"])):
@@ -1118,12 +1124,15 @@ class DriverStreamExecutor:
                 continue
         state["head"] = state["tail"]
         self._scheduler.release_records()
+        if interrupted is not None:
+            raise interrupted
 
     # --- helpers -------------------------------------------------------------------------
-    def _prepare(self, task: Task) -> tuple[Template, np.ndarray] | None:
-        """The task's launch and own words (the backend's `prepare`), None for a library call."""
+    def _prepare(self, task: Task, wait: bool = True) -> tuple[Template, np.ndarray] | Future | None:
+        """The task's launch and own words (the backend's `prepare`), None for a library call;
+        not `wait`: the Future of its instance's compile where that is still to end."""
         try:
-            return self._backend.prepare(task)
+            return self._backend.prepare(task, wait)
         except Exception as cause:  # a compile error, or a new instance's module load under a fault
             self._release_held()
             self._fail(task, cause)
