@@ -569,13 +569,24 @@ def _three_instances(o, x, y, z, add_id, scale_id):
                           pj.output(pj.narrow(x, 0, 0, 4))))
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: prefetch's pool has one thread, builds go "
+def _three_instances_from_python(o, x, y, z):
+    X, Y, Z = o.external(x), o.external(y), o.external(z)
+    o.submit(add, pto.input(X), pto.input(X), pto.output(Y))
+    o.submit(scale, pto.input(Y), pto.output(Z), 2.0)
+    o.submit(add, pto.input(Z[:4]), pto.input(Z[:4]), pto.output(X[:4]))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: the compile pool has one thread, builds go "
                     "one at a time")
-def test_a_compiled_runs_new_instances_compile_side_by_side_before_its_first_launch(monkeypatch):
-    """The stream executor on a CUDA driver has the backend compile the new instances of a
-    flushed log together (CudaBackend.prefetch): the first two host builds meet at a barrier,
-    which builds made one at a time never would (it would break after 60 s). Results are
-    numpy's."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_a_runs_new_instances_compile_side_by_side(monkeypatch, compiled):
+    """The stream executor on a CUDA driver has the backend compile a run's new instances side
+    by side: a compiled orchestration's flushed log's all together before its first launch
+    (CudaBackend.prefetch); a Python submit's as it comes, the submit waiting for its compile
+    behind the submits to come (DriverStreamExecutor._wait_behind), so that the orchestration
+    goes on to the next. The first two host builds meet at a barrier, which builds made one at
+    a time as each task is issued never would (it would break after 60 s). The tasks still go
+    in order: results are numpy's."""
     from pto_gpu.backends import emulated_device
 
     meeting = threading.Barrier(2, timeout=60)
@@ -592,46 +603,11 @@ def test_a_compiled_runs_new_instances_compile_side_by_side_before_its_first_lau
     x = np.arange(128, dtype=np.float32).reshape(8, 16)
     y, z = np.zeros_like(x), np.zeros_like(x)
     rt = pto.Runtime(backend="cuda-emulated", executor="stream")
-    rt.run(lambda o: o.compiled(_three_instances, o.external(x), o.external(y), o.external(z), add.id,
-                                scale.id))
-    assert len(calls) == 3  # add at 8 x 16 and at 4 x 16, scale
-    want_y = 2 * np.arange(128, dtype=np.float32).reshape(8, 16)
-    np.testing.assert_array_equal(y, want_y)
-    np.testing.assert_array_equal(z, 2 * want_y)
-    np.testing.assert_array_equal(x[:4], 4 * want_y[:4])
-
-
-def _three_instances_from_python(o, x, y, z):
-    X, Y, Z = o.external(x), o.external(y), o.external(z)
-    o.submit(add, pto.input(X), pto.input(X), pto.output(Y))
-    o.submit(scale, pto.input(Y), pto.output(Z), 2.0)
-    o.submit(add, pto.input(Z[:4]), pto.input(Z[:4]), pto.output(X[:4]))
-
-
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: the compile pool has one thread, builds go "
-                    "one at a time")
-def test_a_python_orchestrations_new_instances_compile_side_by_side(monkeypatch):
-    """A Python submit whose instance is new starts its compile and waits for it behind the
-    submits to come (DriverStreamExecutor._wait_behind), so the orchestration goes on and the next
-    new instance compiles beside it: the first two host builds meet at a barrier, which builds
-    made one at a time as each task is issued never would (it would break after 60 s). The
-    tasks still go in order: results are numpy's."""
-    from pto_gpu.backends import emulated_device
-
-    meeting = threading.Barrier(2, timeout=60)
-    calls = []
-    build = emulated_device.host_build
-
-    def met(source, dtype):
-        calls.append(source.name)
-        if len(calls) <= 2:
-            meeting.wait()
-        return build(source, dtype)
-
-    monkeypatch.setattr(emulated_device, "host_build", met)
-    x = np.arange(128, dtype=np.float32).reshape(8, 16)
-    y, z = np.zeros_like(x), np.zeros_like(x)
-    pto.Runtime(backend="cuda-emulated", executor="stream").run(_three_instances_from_python, x, y, z)
+    if compiled:
+        rt.run(lambda o: o.compiled(_three_instances, o.external(x), o.external(y), o.external(z), add.id,
+                                    scale.id))
+    else:
+        rt.run(_three_instances_from_python, x, y, z)
     assert len(calls) == 3  # add at 8 x 16 and at 4 x 16, scale
     want_y = 2 * np.arange(128, dtype=np.float32).reshape(8, 16)
     np.testing.assert_array_equal(y, want_y)
