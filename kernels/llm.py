@@ -185,7 +185,7 @@ def _attention(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int, rows
     valid rows of the pass (a tile's last pass may be a tail) from the scores."""
     f.memref("q", dtype, (m, d)).memref("k", dtype, (n, d)).memref("v", dtype, (n, d))
     f.memref("out", dtype, (m, d)).scalar("q_start", pto.INT64).scalar("causal", pto.INT64)
-    for scalar in ("first_query", "last_key", "stop"):
+    for scalar in ("first_query", "last_key", "stop", "block_last"):
         f.scalar_var(scalar, pto.INT64)
     f.tile("s", rows, keys, dtype).tile("q_part", rows, chunk, dtype).tile("k_part", keys, chunk, dtype)
     f.tile("k_t", chunk, keys, dtype).tile("vt", keys, d, dtype).tile("o", rows, d, dtype)
@@ -211,7 +211,11 @@ def _attention(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int, rows
         f.load("k_part", "k", "key", "column").trans("k_t", "k_part").matmul_acc("s", "q_part", "k_t")
         f.end_for()
     f.muls("s", "s", 1.0 / math.sqrt(d))
-    f.if_then("causal", "ne", 0).causal_mask("s", "s", "first_query", "key").end_if()
+    # The mask changes a block only where a key of it is past the pass's first query: the
+    # blocks below the diagonal skip its pass over the scores.
+    f.if_then("causal", "ne", 0).scalar_add("block_last", "key", keys - 1)
+    f.if_then("block_last", "gt", "first_query").causal_mask("s", "s", "first_query", "key").end_if()
+    f.end_if()
     f.load("vt", "v", "key", 0)
     f.if_then("key", "eq", 0)
     f.rowmax("running_max", "s").rowexpandsub("s", "s", "running_max").exp("s", "s")
