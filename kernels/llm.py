@@ -95,13 +95,16 @@ def flash_init(f: FunctionBuilder, dtype: DataType, m: int, d: int) -> None:
         scalars=("q_start", "k_start", "causal"))
 def flash_scores(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int,
                  local_memory: int | None) -> None:
-    """scores = q·kᵀ/√d, -inf where a key comes after its query (when causal)."""
+    """scores = q·kᵀ/√d, -inf where a key comes after its query (when causal: a tile whose keys
+    all come before its first query has none)."""
     f.memref("q", dtype, (m, d)).memref("k", dtype, (n, d)).memref("scores", dtype, (m, n))
     f.scalar("q_start", pto.INT64).scalar("k_start", pto.INT64).scalar("causal", pto.INT64)
-    f.tile("s", m, n, dtype)
+    f.scalar_var("last_key", pto.INT64).tile("s", m, n, dtype)
     contract(f, dtype, "s", "q", "k", m, d, n, local_memory, b_transposed=True)
     f.muls("s", "s", 1.0 / math.sqrt(d))
-    f.if_then("causal", "ne", 0).causal_mask("s", "s", "q_start", "k_start").end_if()
+    f.if_then("causal", "ne", 0).scalar_add("last_key", "k_start", n - 1)
+    f.if_then("last_key", "gt", "q_start").causal_mask("s", "s", "q_start", "k_start").end_if()
+    f.end_if()
     f.store("scores", "s")
 
 

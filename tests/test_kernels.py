@@ -150,6 +150,25 @@ def test_each_head_of_a_batch_is_the_two_dimensional_kernel():
     assert np.isinf(scores[:, 0, 3:]).all() and np.isfinite(scores[:, 0, :3]).all()
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("q_start", [3, 40, 100])
+def test_a_causal_score_tile_masks_only_where_a_key_comes_after_its_query(q_start, tmp_path):
+    """flash_scores skips the mask where every key of the tile (k_start 1, 48 keys) comes before
+    its first query (q_start 100), masks where some come after (3: most of each row; 40: a
+    corner): the CPU code and the CUDA code built for the host equal the reference."""
+    kernel = llm.flash_scores
+    inputs = arrays(kernel, np.float32, {"h": 2, "m": 20, "d": 16, "n": 48})
+    scalars = (q_start, 1, True)
+    expected = _expected(kernel, inputs, scalars)
+    assert np.isinf(expected[2]).any() == (q_start < 48)
+    cpu = [a.copy() for a in inputs]
+    kernel.cpu(*cpu, *scalars)
+    _assert_matches(kernel, cpu, expected, np.float32)
+    code, library = _host_library(kernel, np.float32, [a.shape for a in inputs], scalars, tmp_path)
+    _host_call(library, kernel, code, inputs, scalars)
+    _assert_matches(kernel, inputs, expected, np.float32)
+
+
 def test_rope_refuses_heads_that_do_not_split_the_row():
     x = np.ones((2, 12))
     with pytest.raises(pto.ParamError, match=r"rope: a row of 12 does not split into 5 heads"):
