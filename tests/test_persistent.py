@@ -6,11 +6,13 @@ its instances are known, the errors, and the module's GPU build."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import shutil
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 import numba
@@ -64,6 +66,52 @@ def test_a_graph_larger_than_the_rings_runs_and_a_later_run_launches_one_kernel(
             assert rt.backend.to_host(array).tobytes() == want.tobytes(), f"run {run}"
         if backend == "cuda-emulated" and run == 1:
             assert emulator.launches() - launched == 1
+
+
+def test_no_garbage_collection_runs_while_a_persistent_kernel_does():
+    """A collection may free device memory or a cuBLAS handle, which waits for every kernel,
+    the persistent one too, whose blocks wait for the thread in that call: so collections are
+    held off from the kernel's launch (the first wait: here a full task window) to its end, an
+    aborted run's too, and run again after."""
+    enabled = []
+
+    def orchestration(o, x, fail):
+        X = o.external(x)
+        for _ in range(12):
+            o.submit(scale, pto.input(X), pto.output(X), 2.0)
+            enabled.append(gc.isenabled())
+        if fail:
+            raise ValueError("the orchestration's own")
+
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=4)
+    x = np.ones((4, 16), np.float32)
+    assert gc.isenabled()
+    rt.run(orchestration, x, False)
+    assert enabled[0] and not enabled[-1] and gc.isenabled()
+    np.testing.assert_array_equal(x, 2.0**12)
+    enabled.clear()
+    with pytest.raises(ValueError, match="the orchestration's own"):
+        rt.run(orchestration, x, True)
+    assert not enabled[-1] and gc.isenabled()
+
+
+@pytest.mark.parametrize("executor", ["serial", "parallel", "stream", "persistent"])
+def test_a_runtime_and_its_device_memory_go_with_its_last_reference(executor):
+    """No collection is needed to free a backend and its device memory (a collection held off
+    while a persistent kernel runs would otherwise keep an earlier runtime's heap alive; the
+    parallel executor's schedule once kept it in a cycle)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        rt = pto.Runtime(backend="cuda-emulated", executor=executor)
+        x = np.ones((4, 16), np.float32)
+        rt.run(lambda o: o.submit(scale, pto.input(o.external(x)), pto.output(o.external(x)), 2.0))
+        backend = weakref.ref(rt.backend)
+        del rt
+        assert backend() is None
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def planned(seed: int, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

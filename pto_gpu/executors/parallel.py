@@ -84,7 +84,8 @@ class ParallelExecutor:
         # a kernel without a model, beside kernels with one: a typical call (1: a path's length in tasks)
         self._typical = self._costs.typical()  # a run adds to its history only at the end
         self._missing_cost = self._typical or 1.0
-        self._heft = Heft(workers, self._seconds, self._placement.ranges, active=multi_class())
+        self._heft = Heft(workers, _predicted(self._costs, self._typical), self._placement.ranges,
+                          active=multi_class())
         # Nothing to register, place or count as a task is queued and started (no schedule's
         # bookkeeping, no kernel of several classes): the two calls return at once (~0.5 µs a
         # task, three times on a hop between ranks).
@@ -324,12 +325,6 @@ class ParallelExecutor:
         if self._paths is None:
             return 0.0
         return mean_cost(task, lambda t: self._costs.cost(t, missing=self._missing_cost))
-
-    def _seconds(self, task: Task) -> float | None:
-        """What Heft weighs: a task's predicted seconds, the history's typical call where it has
-        no model, None without a history (not 1, the critical path's count of tasks)."""
-        known = self._costs.known(task)
-        return known if known is not None else self._typical
 
     def _register_locked(self, task: Task, cost: float, producers) -> None:
         if self._paths is not None:
@@ -802,3 +797,17 @@ class ParallelExecutor:
     def _raise_failure(self) -> None:
         if self._error is not None:
             raise self._error
+
+
+def _predicted(costs, typical: float | None) -> Callable[[Task], float | None]:
+    """What Heft weighs: a task's predicted seconds, the history's typical call where it has no
+    model, None without a history (not 1, the critical path's count of tasks). Not a method of
+    the executor, which keeps its Heft: the two would be a cycle that only a garbage collection
+    frees, with the backend and its device memory (a collection is held off while a persistent
+    kernel runs: executors/persistent.py)."""
+
+    def seconds(task: Task) -> float | None:
+        known = costs.known(task)
+        return known if known is not None else typical
+
+    return seconds

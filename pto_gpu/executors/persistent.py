@@ -31,11 +31,15 @@ a kernel that faults fails the run with the task that was running named.
 
 While the kernel runs it holds the GPU until the run ends, its idle blocks waiting for the
 host: an orchestration must not wait for the device meanwhile (a synchronize, a copy back to
-the host, freeing device memory), which would wait for the kernel's end.
+the host, freeing device memory), which would wait for the kernel's end. Nor does Python's
+garbage collection run then (_COLLECTIONS): a collection may free another backend's device
+memory or cuBLAS handle, calls that wait for every kernel on the device, this one too.
 """
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 import weakref
 
@@ -78,6 +82,34 @@ PATIENCE = 10.0  # seconds without progress, with a task unfinished, before a wa
 KERNEL_PARAMS = 2  # pto_persistent's (pto_persistent_kernel.cuh)
 WORDS_PER_SLOT = 16  # producers' words in the ring per task slot
 BOARD = 64  # entries of the kernel's board of tasks whose pieces blocks share (pto_persistent_kernel.cuh)
+
+
+class _Collections:
+    """Python's cyclic garbage collection, held off while any persistent kernel runs: it may
+    free device memory or a cuBLAS handle (cudaFree, cublasDestroy), which waits for every
+    kernel on the device, a persistent one too, whose idle blocks wait for the very thread in
+    that call: a deadlock no patience sees (a review's find, 2026-11-30)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kernels = 0  # running
+        self._was_enabled = False  # when the first of them started
+
+    def hold(self) -> None:
+        with self._lock:
+            if self._kernels == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._kernels += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._kernels -= 1
+            if self._kernels == 0 and self._was_enabled:
+                gc.enable()
+
+
+_COLLECTIONS = _Collections()
 _NO_EDGES = np.zeros((0, 2), np.int64)
 # The states of kernels stopped before they were seen to end (held from starting): they may
 # still read them, so they are kept for the process.
@@ -255,7 +287,7 @@ class PersistentExecutor:
                 _ABANDONED.append(self._state)
             except Exception:  # a fault's: the error being raised is the one to report
                 pass
-            run["launched"] = -1
+            self._kernel_gone()
         run["head"] = run["next"]
         self._backend.release(self._ended)
         self._scheduler.release_records()
@@ -373,6 +405,7 @@ class PersistentExecutor:
         except Exception as cause:  # refused, or the device has faulted already
             raise self._fault(cause) from cause
         self._run[0]["launched"] = len(codes)
+        _COLLECTIONS.hold()
         self.kernels_launched += 1
 
     def _codes(self) -> list:
@@ -398,12 +431,17 @@ class PersistentExecutor:
                 raise PTOError(f"the persistent kernel ended with {int(run['next'] - run['head'])} tasks "
                                f"unretired and its abort word {self._state.device_abort().name} "
                                f"({self._counters()})")
-        run["launched"] = -1
+            self._kernel_gone()
         self._state.reset()
         run["base"] += run["next"]
         for field in ("head", "next", "next_word", "named", "count"):
             run[field] = 0
         self._t.flights["named"] = 0
+
+    def _kernel_gone(self) -> None:
+        """The kernel has ended (or been given up on): collections may run again."""
+        self._run[0]["launched"] = -1
+        _COLLECTIONS.release()
 
     # --- waits ---------------------------------------------------------------------------
     def _retire_until(self, ticket: int, why: str) -> None:
