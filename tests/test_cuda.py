@@ -72,6 +72,19 @@ def test_auto_falls_back_to_the_cpu_with_one_log_line(caplog):
 
 
 @pytest.mark.skipif(NO_GPU is None, reason="there is a GPU here")
+def test_the_environment_may_say_how_long_a_wait_for_the_gpu_may_take(monkeypatch):
+    """PTO_GPU_TIMEOUT (seconds; make gpu-check sets 60) in place of GPU_TIMEOUT; anything but a
+    positive number is refused by name."""
+    monkeypatch.setenv("PTO_GPU_TIMEOUT", "45")
+    assert pto.Runtime(backend="cuda-emulated").backend.gpu_timeout == 45
+    for wrong in ("soon", "0", "nan"):
+        monkeypatch.setenv("PTO_GPU_TIMEOUT", wrong)
+        with pytest.raises(pto.PTOError, match=f"PTO_GPU_TIMEOUT='{wrong}': give the seconds"):
+            pto.Runtime(backend="cuda-emulated")
+    monkeypatch.delenv("PTO_GPU_TIMEOUT")
+    assert pto.Runtime(backend="cuda-emulated").backend.gpu_timeout == cuda_backend.GPU_TIMEOUT
+
+
 def test_cuda_without_a_gpu_is_refused_by_name():
     with pytest.raises(pto.PTOError, match=f"backend='cuda' cannot be used: {NO_GPU}; use backend='cpu'"):
         pto.Runtime(backend="cuda")

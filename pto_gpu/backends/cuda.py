@@ -55,7 +55,7 @@ from .launches import (
     template,
 )
 
-GPU_TIMEOUT = 600.0  # seconds an event may take before a wait calls it a hang
+GPU_TIMEOUT = 600.0  # seconds an event may take before a wait calls it a hang (PTO_GPU_TIMEOUT)
 
 
 class Device(Protocol):
@@ -108,15 +108,30 @@ class Device(Protocol):
         """The cuBLAS library the GEMMs call (backends/cublas.py), loaded."""
 
 
+def default_gpu_timeout() -> float:
+    """GPU_TIMEOUT, or the seconds the environment's PTO_GPU_TIMEOUT says (make gpu-check sets
+    less, so that a hung wait costs a test, not the budget of them all)."""
+    configured = os.environ.get("PTO_GPU_TIMEOUT")
+    if configured is None:
+        return GPU_TIMEOUT
+    try:
+        seconds = float(configured)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise PTOError(f"PTO_GPU_TIMEOUT={configured!r}: give the seconds a wait for the GPU may take (> 0)")
+    return seconds
+
+
 class CudaBackend:
-    def __init__(self, device: Device, gpu_timeout: float = GPU_TIMEOUT, precision: str = "exact"):
+    def __init__(self, device: Device, gpu_timeout: float | None = None, precision: str = "exact"):
         self.name = device.name
         self.device = device
         self.tf32 = precision == "tf32"  # families' float32 products as TF32 (cuda_abi.PRECISIONS)
         self._driver = device.driver
         self.heap_base = device.heap_base
         self.heap_bytes = device.heap_bytes
-        self.gpu_timeout = gpu_timeout
+        self.gpu_timeout = default_gpu_timeout() if gpu_timeout is None else gpu_timeout
         self._templates: dict[tuple, Template] = {}
         self._making: dict[tuple, Future] = {}  # instances being compiled, by template key
         self._templates_lock = threading.Lock()  # guards both
