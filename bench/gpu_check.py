@@ -30,7 +30,7 @@ INTERRUPT_GRACE_S = 20
 # after all the others, which leave them at least this much: it has never run on a GPU, and a
 # fault there costs ~20 s a test (patience, then the wait for the kernel's end).
 PERSISTENT_S = 60
-PARTS = ("not persistent", "persistent")
+PARTS = {"rest": "not persistent", "persistent": "persistent"}  # each part's name and -k expression
 # A wait for the GPU that long is a hang (the backend's default is 600 s; pytest-timeout, which
 # would stop the test, may not be there): one test's cost, not the budget's.
 WAIT_S = "60"
@@ -81,13 +81,15 @@ def run(command: list[str], budget: float, log: Path) -> tuple[int, float]:
 
 
 def run_parts(command, budget: float, out: Path, name: str) -> tuple[int, float]:
-    """`command(part, i)` for each of PARTS in turn, the first within the budget less
-    PERSISTENT_S, the second within what is left; logs gpu-{name}-rest.log and
-    gpu-{name}-persistent.log. The worse exit status and the seconds in all."""
-    first, seconds = run(command(PARTS[0], 0), budget - PERSISTENT_S, out / f"gpu-{name}-rest.log")
-    second, more = run(command(PARTS[1], 1), budget - seconds, out / f"gpu-{name}-persistent.log")
-    worst = next((code for code in (first, second) if code not in (0, 5)), 0)  # 5: nothing selected
-    return worst, seconds + more
+    """`command(expression, part)` for each of PARTS in turn (its log gpu-{name}-{part}.log),
+    the first within the budget less PERSISTENT_S and the interrupt's grace, the second within
+    what is left: the first nonzero exit status (the second part's 5, nothing selected, is not
+    one) and the seconds in all."""
+    (first, expression), (second, rest) = PARTS.items()
+    code, seconds = run(command(expression, first), budget - PERSISTENT_S - INTERRUPT_GRACE_S,
+                        out / f"gpu-{name}-{first}.log")
+    code_after, more = run(command(rest, second), budget - seconds, out / f"gpu-{name}-{second}.log")
+    return code or (0 if code_after == 5 else code_after), seconds + more
 
 
 def test_counts(junits: list[Path]) -> dict:
@@ -150,18 +152,19 @@ def main() -> int:
     # end the process and lose the reports).
     timeout = ([f"--timeout={TEST_TIMEOUT_S}", "--timeout-method=signal"]
                if importlib.util.find_spec("pytest_timeout") else [])
-    junits = [out / f"gpu-tests-{part}.xml" for part in ("rest", "persistent")]
-    code, seconds = run_parts(lambda part, i: [
-        sys.executable, "-m", "pytest", "-m", "gpu", "-k", part, "-q", "-rfE", "--durations=20", "-p",
-        "no:cacheprovider", *parallel, *timeout, f"--junitxml={junits[i]}", "tests"],
+    code, seconds = run_parts(lambda expression, part: [
+        sys.executable, "-m", "pytest", "-m", "gpu", "-k", expression, "-q", "-rfE", "--durations=20", "-p",
+        "no:cacheprovider", *parallel, *timeout, f"--junitxml={out / f'gpu-tests-{part}.xml'}", "tests"],
         TEST_BUDGET_S, out, "tests")
+    junits = [out / f"gpu-tests-{part}.xml" for part in PARTS]
     tests = {**test_counts(junits), "seconds": seconds, "exit": code}
-    bench_jsons = [out / f"gpu-bench-{part}.json" for part in ("rest", "persistent")]
-    bench_code, bench_seconds = run_parts(lambda part, i: [
-        sys.executable, "-m", "pytest", "-k", part, "-q", "-p", "no:cacheprovider", "bench/test_gpu.py",
-        "--benchmark-only", *timeout, f"--benchmark-json={bench_jsons[i]}"], BENCH_BUDGET_S, out, "bench")
+    bench_code, bench_seconds = run_parts(lambda expression, part: [
+        sys.executable, "-m", "pytest", "-k", expression, "-q", "-p", "no:cacheprovider", "bench/test_gpu.py",
+        "--benchmark-only", *timeout, f"--benchmark-json={out / f'gpu-bench-{part}.json'}"],
+        BENCH_BUDGET_S, out, "bench")
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tests": tests,
-              "benchmarks": benchmark_rows(bench_jsons), "bench_exit": bench_code,
+              "benchmarks": benchmark_rows([out / f"gpu-bench-{part}.json" for part in PARTS]),
+              "bench_exit": bench_code,
               "bench_seconds": bench_seconds}
     (out / "gpu-check.json").write_text(json.dumps(report, indent=2))
     (out / "gpu-check.md").write_text(markdown(report))

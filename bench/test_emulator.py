@@ -287,8 +287,12 @@ def test_first_run_of_new_instances(benchmark, monkeypatch, orchestration, toget
     is issued (both switched off)."""
     if not together:
         monkeypatch.setattr(DriverStreamExecutor, "_prefetch", lambda *args: None)
-        prepare = DriverStreamExecutor._prepare  # each compile waited for where its task is issued
-        monkeypatch.setattr(DriverStreamExecutor, "_prepare", lambda run, task, wait=True: prepare(run, task))
+        prepare = DriverStreamExecutor._prepare
+
+        def waiting(executor, task, wait=True):  # each compile waited for where its task is issued
+            return prepare(executor, task)
+
+        monkeypatch.setattr(DriverStreamExecutor, "_prepare", waiting)
     x = np.ones((32, 64), np.float32)
 
     def setup():

@@ -71,7 +71,6 @@ def test_auto_falls_back_to_the_cpu_with_one_log_line(caplog):
         assert logged == [f"pto-gpu: no CUDA ({NO_GPU}); using the CPU backend"]
 
 
-@pytest.mark.skipif(NO_GPU is None, reason="there is a GPU here")
 def test_the_environment_may_say_how_long_a_wait_for_the_gpu_may_take(monkeypatch):
     """PTO_GPU_TIMEOUT (seconds; make gpu-check sets 60) in place of GPU_TIMEOUT; anything but a
     positive number is refused by name."""
@@ -85,6 +84,7 @@ def test_the_environment_may_say_how_long_a_wait_for_the_gpu_may_take(monkeypatc
     assert pto.Runtime(backend="cuda-emulated").backend.gpu_timeout == cuda_backend.GPU_TIMEOUT
 
 
+@pytest.mark.skipif(NO_GPU is None, reason="there is a GPU here")
 def test_cuda_without_a_gpu_is_refused_by_name():
     with pytest.raises(pto.PTOError, match=f"backend='cuda' cannot be used: {NO_GPU}; use backend='cpu'"):
         pto.Runtime(backend="cuda")

@@ -155,9 +155,10 @@ def test_each_head_of_a_batch_is_the_two_dimensional_kernel():
 def test_a_causal_score_tile_masks_only_where_a_key_comes_after_its_query(q_start, tmp_path):
     """flash_scores skips the mask where every key of the tile (k_start 1, 48 keys) comes before
     its first query (q_start 100), masks where some come after (3: most of each row; 40: a
-    corner): the CPU code and the CUDA code built for the host equal the reference."""
+    corner): the CPU code and the CUDA code built for the host (70 rows: bands of 32, which
+    count their rows from the tile's top) equal the reference."""
     kernel = llm.flash_scores
-    inputs = arrays(kernel, np.float32, {"h": 2, "m": 20, "d": 16, "n": 48})
+    inputs = arrays(kernel, np.float32, {"h": 2, "m": 70, "d": 16, "n": 48})
     scalars = (q_start, 1, True)
     expected = _expected(kernel, inputs, scalars)
     assert np.isinf(expected[2]).any() == (q_start < 48)
@@ -261,7 +262,9 @@ def test_tall_product_tiles_are_bands_of_rows_over_blocks(name, sizes, dtype, tm
 # generated GEMM compares them on a GPU (test_gpu_code.BAND_FORMS): rows a band, the widest chunk
 # of k (tiles.TENSOR_CHUNK_K: the chunks ahead's buffers), a band's result floats a lane
 # (tiles.BAND_RESULT_FLOATS: the columns of a block).
-BAND_FORMS = [(128, 64, 64), (128, 32, 64), (64, 96, 32), (64, 48, 32)]
+_BAND, _FLOATS = tiles.TENSOR_BAND, tiles.BAND_RESULT_FLOATS
+BAND_FORMS = [(128, tiles.TENSOR_CHUNK_K, 2 * _FLOATS), (128, 32, 2 * _FLOATS), (_BAND, 96, _FLOATS),
+              (_BAND, 48, _FLOATS)]
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")

@@ -278,18 +278,21 @@ class PersistentExecutor:
         held) stops at its first look at the state, which is kept for it. Its tasks are
         dropped unretired, as on the other executors."""
         run = self._run[0]
-        if run["launched"] >= 0:
-            self._state.stop(Abort.FAULTED)
-            try:
-                self._backend.synchronize(self._ended, self._patience)
-                self._backend.persistent_states[self._state.sizes] = self._state
-            except DeadlockError:  # not ended in time
-                _ABANDONED.append(self._state)
-            except Exception:  # a fault's: the error being raised is the one to report
-                pass
-            self._kernel_gone()
-        run["head"] = run["next"]
-        self._backend.release(self._ended)
+        try:
+            if run["launched"] >= 0:
+                self._state.stop(Abort.FAULTED)
+                try:
+                    self._backend.synchronize(self._ended, self._patience)
+                    self._backend.persistent_states[self._state.sizes] = self._state
+                except DeadlockError:  # not ended in time
+                    _ABANDONED.append(self._state)
+                except Exception:  # a fault's: the error being raised is the one to report
+                    pass
+        finally:  # an interrupt in that wait too: collections must not stay held off
+            if run["launched"] >= 0:
+                self._kernel_gone()
+            run["head"] = run["next"]
+            self._backend.release(self._ended)
         self._scheduler.release_records()
 
     # --- the Python way ------------------------------------------------------------------
@@ -397,6 +400,10 @@ class PersistentExecutor:
             raise
         self._backend.persistent_compiled[self._dtype] = len(codes)
         shared = shared_bytes(codes)
+        # Launched from here on, whatever fails below (the event recorded after the launch, say):
+        # abort then stops it; and no collection from before the kernel starts (_COLLECTIONS).
+        self._run[0]["launched"] = len(codes)
+        _COLLECTIONS.hold()
         try:
             # occupancy counts the opted-in shared memory: opt in first
             self._backend.allow_shared(function, shared)
@@ -404,8 +411,6 @@ class PersistentExecutor:
             self._backend.launch(function, blocks, shared, self._state.kernel_args, self._stream, self._ended)
         except Exception as cause:  # refused, or the device has faulted already
             raise self._fault(cause) from cause
-        self._run[0]["launched"] = len(codes)
-        _COLLECTIONS.hold()
         self.kernels_launched += 1
 
     def _codes(self) -> list:
