@@ -372,6 +372,22 @@ def test_a_copy_in_and_a_received_regions_unpacking_have_landed_when_they_return
     np.testing.assert_array_equal(region.get().reshape(-1).view(np.uint8), data[:4096 * 2048 * 4])
 
 
+@needs_gpu
+def test_an_array_on_another_gpu_is_refused_by_name():
+    """A runtime's kernels run on its heap's GPU: an array on another one is refused, not read
+    across devices (a distributed run's ranks each take a GPU of their node)."""
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("one GPU here")
+    rt = pto.Runtime(backend="cuda")
+    with cupy.cuda.Device(1):
+        elsewhere = cupy.ones((4, 16), cupy.float32)
+    with pytest.raises(pto.PTOError, match="an array on GPU 1 given to a runtime on GPU 0"):
+        rt.run(lambda o: o.submit(scale, pto.input(o.external(elsewhere)), pto.output(o.external(elsewhere)),
+                                  2.0))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_auto_chooses_the_stream_executor_on_a_gpu(backend):
     assert pto.Runtime(backend=backend).executor == "stream"

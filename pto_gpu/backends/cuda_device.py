@@ -45,6 +45,10 @@ class CupyDevice:
     def resolve(self, array: object) -> ExternalArray:
         device_array, readonly = self._as_cupy(array)
         data = device_array.data
+        if data.device_id != self._device_id:  # its kernels would read another GPU's memory
+            raise PTOError(f"an array on GPU {data.device_id} given to a runtime on GPU {self._device_id}: "
+                           "move it there first (cupy.asarray under cupy.cuda.Device"
+                           f"({self._device_id}))")
         storage = torch_storage(array)
         if isinstance(array, self._cupy.ndarray):
             owner = data.mem  # the allocation (a memory pool chunk, say) its views share

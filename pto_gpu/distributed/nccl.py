@@ -17,7 +17,14 @@ import time
 
 import numpy as np
 
+from ..errors import PTOError
 from .transport import MpiTransport, PeerFailed, Posted, packed_bytes
+
+
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
 
 
 def use_local_gpu(comm) -> int:
@@ -47,6 +54,11 @@ class NcclTransport(MpiTransport):
         self._communicator = self._connect(comm)
 
     def _connect(self, comm):
+        # CuPy imports its nccl module without NCCL (its `available` says): every rank must know
+        # before rank 0 is asked for an id, or the others would wait for it for ever.
+        if not comm.allreduce(bool(self._nccl.available), op=_mpi().LAND):
+            raise PTOError("transport='nccl': NCCL is not installed on every rank (CuPy finds no libnccl: "
+                           "install nvidia-nccl-cu12 or -cu13 beside CuPy)")
         uid = comm.bcast(self._nccl.get_unique_id() if self.rank == 0 else None, root=0)
         return self._nccl.NcclCommunicator(self.size, uid, self.rank)
 
@@ -57,7 +69,8 @@ class NcclTransport(MpiTransport):
 
     def conclude(self, failure: tuple | None) -> list[tuple[int, tuple]]:
         failures = super().conclude(failure)
-        if failures:  # its unfinished operations would pair with the next run's: a fresh one then
+        if failures and self._communicator is not None:  # (None: a reconnect in `begin` failed)
+            # its unfinished operations would pair with the next run's: a fresh one then
             if not self._aborted:
                 self._communicator.abort()
             self._communicator, self._aborted = None, False

@@ -144,11 +144,13 @@ def unpack(data: np.ndarray, view, mask: np.ndarray | None) -> None:
         return
     import cupy
 
-    _write(view, None if mask is None else cupy.asarray(mask), cupy.asarray(values))
-    # Written on this thread's CuPy stream (the legacy default stream), which the backend's
-    # streams, non-blocking, do not wait for: the receive completes, and its consumers are
-    # launched, as this returns.
-    cupy.cuda.get_current_stream().synchronize()
+    # On the view's GPU (the worker that polls may never have run a GPU task, and CuPy's current
+    # device is then GPU 0), written on this thread's CuPy stream there (the legacy default
+    # stream), which the backend's streams, non-blocking, do not wait for: the receive
+    # completes, and its consumers are launched, as this returns.
+    with view.device:
+        _write(view, None if mask is None else cupy.asarray(mask), cupy.asarray(values))
+        cupy.cuda.get_current_stream().synchronize()
 
 
 def _write(view, mask, values) -> None:
