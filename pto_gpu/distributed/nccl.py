@@ -31,9 +31,8 @@ def use_local_gpu(comm) -> int:
     """Make the GPU of this rank's index among the ranks on its node the current device (before
     the runtime allocates its heap there); its index."""
     import cupy
-    from mpi4py import MPI
 
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local = comm.Split_type(_mpi().COMM_TYPE_SHARED)
     index = local.Get_rank()
     local.Free()
     cupy.cuda.Device(index % cupy.cuda.runtime.getDeviceCount()).use()
