@@ -712,6 +712,18 @@ def test_a_run_whose_compiles_find_no_thread_compiles_them_as_it_issues(monkeypa
 BROKEN_CU = "this is not CUDA\n"
 
 
+def _broken_kernel(folder) -> pto.Kernel:
+    """A kernel whose CUDA source (in `folder`) g++ refuses."""
+    source = folder / "broken.cu"
+    source.write_text(BROKEN_CU)
+
+    @pto.kernel(worker=pto.VECTOR, cuda=pto.CudaCode(source, lambda shapes: 1))
+    def broken(out):
+        pass
+
+    return broken
+
+
 @numba.njit(cache=True)
 def _broken_second(o, x, y, add_id, broken_id):
     pj.submit(o, add_id, (pj.input(x), pj.input(x), pj.output(y)))
@@ -721,13 +733,7 @@ def _broken_second(o, x, y, add_id, broken_id):
 def test_an_instance_that_fails_to_compile_ahead_fails_the_task_that_needs_it(tmp_path):
     """Compiled ahead with the first task's instance (prefetch), a source g++ refuses is the
     TaskError of its own task, the second, once the first has run."""
-    source = tmp_path / "broken.cu"
-    source.write_text(BROKEN_CU)
-
-    @pto.kernel(worker=pto.VECTOR, cuda=pto.CudaCode(source, lambda shapes: 1))
-    def broken(out):
-        pass
-
+    broken = _broken_kernel(tmp_path)
     x = np.ones((4, 16), np.float32)
     y = np.zeros_like(x)
     with pytest.raises(pto.TaskError, match=r"task 1 \(broken\) failed: .*g\+\+ could not build"):
@@ -740,13 +746,7 @@ def test_a_python_submits_instance_that_fails_to_compile_behind_fails_its_task_a
     """From Python, a new instance that g++ refuses, compiled while the submits after it wait
     (DriverStreamExecutor._wait_behind), is the TaskError of its own task, the second, once the first
     has run; the third, behind it, is not issued."""
-    source = tmp_path / "broken.cu"
-    source.write_text(BROKEN_CU)
-
-    @pto.kernel(worker=pto.VECTOR, cuda=pto.CudaCode(source, lambda shapes: 1))
-    def broken(out):
-        pass
-
+    broken = _broken_kernel(tmp_path)
     x = np.ones((4, 16), np.float32)
     y, z = np.zeros_like(x), np.zeros_like(x)
 
