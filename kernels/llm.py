@@ -157,16 +157,20 @@ def flash_attention_tile(f: FunctionBuilder, dtype: DataType, m: int, d: int, n:
     if local_memory is None:  # the CPU: the whole tile a pass, BLAS over CPU_KEY_BLOCK keys
         sizes = m, min(n, CPU_KEY_BLOCK), d
     else:
-        sizes = first_fitting(f, attention_sizes(m, d, n),
+        # 16-bit tiles keep the scores and output in registers in whole rows, a warp 16 rows of
+        # the pass: 128 rows keep every warp at work; the other forms stay at 64
+        widest = 128 if dtype in (pto.FLOAT16, pto.BFLOAT16) else 64
+        sizes = first_fitting(f, attention_sizes(m, d, n, widest),
                               lambda trial, sizes: _attention(trial, dtype, m, d, n, *sizes))
     _attention(f, dtype, m, d, n, *sizes)
 
 
-def attention_sizes(m: int, d: int, n: int) -> list[tuple[int, int, int]]:
-    """The (query rows a pass, keys a block, columns of d a chunk of q·kᵀ) a CUDA instance may
-    take, preferred first: the most scores a key block (the work between two of its barriers),
-    then the most rows (a key block read serves more of them), then the widest chunk."""
-    candidates = [(rows, keys, chunk) for rows in _halves(m, 64) for keys in _halves(n, 64)
+def attention_sizes(m: int, d: int, n: int, widest: int = 64) -> list[tuple[int, int, int]]:
+    """The (query rows a pass, at most `widest`; keys a block; columns of d a chunk of q·kᵀ) a
+    CUDA instance may take, preferred first: the most scores a key block (the work between two
+    of its barriers), then the most rows (a key block read serves more of them), then the
+    widest chunk."""
+    candidates = [(rows, keys, chunk) for rows in _halves(m, widest) for keys in _halves(n, 64)
                   for chunk in _halves(d, d)]
     return sorted(candidates, key=lambda c: (c[0] * c[1], c[0], c[2]), reverse=True)
 

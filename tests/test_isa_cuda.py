@@ -823,7 +823,8 @@ HAND_WRITTEN = {"moving by a scalar": (_moving_by_a_scalar, (DEPTH, 32)),
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("case, ahead", [
     ("fits", {"t_ta", "t_tb"}),  # beside a 20 x 27 result in registers and one in shared memory
-    ("past the static limit", {"t_ta", "t_tb"}),  # 48 x 224 x 96 by 32: the buffers pass SHARED_LIMIT
+    # 48 x 224 x 96 by 32, the results in shared memory: the buffers pass SHARED_LIMIT
+    ("past the static limit", {"t_ta", "t_tb"}),
     ("returns", set()),  # a RETURN may leave the loop with copies in flight
     ("moving by a scalar", {"t_ta"}),  # b's next window is not known an iteration before
     ("transpose read before", {"t_ta"}),  # b's tile is read (transposed) before its load
@@ -837,6 +838,8 @@ def test_loads_copy_ahead_where_they_can(case, ahead, stages, tmp_path, monkeypa
     results are the same: the host build lands each thread's copies at once and at its wait in
     turn, so a copy read before its wait, or one into a buffer still read, is wrong."""
     monkeypatch.setattr(cuda_codegen, "MAX_STAGES", stages)
+    if case == "past the static limit":  # no registers for the results: they take shared memory
+        monkeypatch.setattr(cuda_codegen, "REGISTER_ACCUMULATORS", 0)
     if case in HAND_WRITTEN:
         build, b_shape = HAND_WRITTEN[case]
         module, scalars = _tensor_core_module(build), ()
@@ -1071,6 +1074,113 @@ def test_a_product_result_scaled_by_row_factors_in_place_lives_in_registers(m, k
     interpret.run(module, "k", *want)
     scale = np.abs(want[3].astype(np.float64)).max()
     np.testing.assert_allclose(out.astype(np.float64), want[3], rtol=0, atol=8 * 2.0**-11 * scale)
+
+
+def _softmax_weighted(rows: int, keys: int, d: int, dtype=F16, tf32: bool = False):
+    """FlashAttention-2's block on tiles of rows x keys scores: s = q·kᵀ / 4, the row max
+    mx = max(m, rowmax(s)) (m loaded, mx stored back to it), p = exp(s - mx), l = rowsum(p) + 1,
+    out = p·v / l; k, v and m may have fewer rows than their tiles (a tail of keys, of rows)."""
+    def build(f):
+        if tf32:
+            f.tf32()
+        f.memref("q", dtype, (rows, d)).memref("k", dtype, (keys, d)).memref("v", dtype, (keys, d))
+        f.memref("m", dtype, (rows, 1)).memref("out", dtype, (rows, d))
+        f.tile("tq", rows, d, dtype).tile("tk", keys, d, dtype).tile("kt", d, keys, dtype)
+        f.tile("tv", keys, d, dtype).tile("s", rows, keys, dtype).tile("o", rows, d, dtype)
+        for column in ("mx", "part", "l"):
+            f.tile(column, rows, 1, dtype)
+        f.load("tq", "q").load("tk", "k").trans("kt", "tk").matmul("s", "tq", "kt").muls("s", "s", 0.25)
+        f.load("mx", "m").rowmax("part", "s").max("mx", "mx", "part").store("m", "mx")
+        f.rowexpandsub("s", "s", "mx").exp("s", "s").fill("l", 1.0).rowsum("part", "s").add("l", "part", "l")
+        f.load("tv", "v").matmul("o", "s", "tv").rowexpanddiv("o", "o", "l").store("out", "o")
+
+    return _tensor_core_module(build)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("rows, keys, valid_rows, valid_keys", [
+    (64, 48, 64, 48), (40, 48, 37, 45), (144, 32, 144, 32)], ids=["whole", "tails", "turns"])
+def test_scores_reduced_by_rows_and_multiplied_again_stay_in_registers_in_whole_rows(
+        rows, keys, valid_rows, valid_keys, tmp_path):
+    """The scores, their rows' values and the output stay in registers, a warp a band of 16
+    rows (two bands a warp at 144 rows): rows reduced by each group's four lanes, the scores'
+    accumulators handed to p·v as its a fragments, zero past the valid keys (45 of 48: a step
+    of k partly valid, b's fragments tested there), and no float tile in shared memory. The
+    interpreter's results to float16's precision (it rounds every instruction to float16, the
+    kernel keeps float), the row max stored by one lane a row."""
+    d = 32
+    rng = np.random.default_rng(rows + valid_keys)
+    q = rng.uniform(-2, 2, (valid_rows, d)).astype(np.float16)
+    k, v = (rng.uniform(-2, 2, (valid_keys, d)).astype(np.float16) for _ in range(2))
+    m = rng.uniform(-1, 3, (valid_rows, 1)).astype(np.float16)
+    out = np.full((valid_rows, d), np.nan, np.float16)
+    module = _softmax_weighted(rows, keys, d)
+    arrays = [q, k, v, m.copy(), out]
+    source = _run_host(module, arrays, np.float16, tmp_path)
+    assert "pto_a[kb]" in source and "PTO_SHARED(ACC" not in source
+    assert all(re.search(rf"float pto_frag_t_{column}\[\d\]\[2\]", source) for column in ("mx", "part", "l"))
+    want = [q, k, v, m.copy(), np.zeros_like(out)]
+    interpret.run(module, "k", *want)
+    for have, expected in zip(arrays[3:], want[3:]):
+        scale = np.abs(expected.astype(np.float64)).max()
+        np.testing.assert_allclose(have.astype(np.float64), expected, rtol=0, atol=8 * 2.0**-11 * scale)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(tmp_path):
+    """s = exp(q·kᵀ) is infinite everywhere, then loaded over from w, 13 columns of its 16: the
+    columns past them keep the infinities, which p·v must not read (inf · 0 is NaN; the
+    interpreter refuses to read them at all)."""
+    def build(f):
+        f.memref("q", F16, (16, 16)).memref("k", F16, (16, 16)).memref("w", F16, (16, 16))
+        f.memref("v", F16, (16, 16)).memref("out", F16, (16, 16))
+        f.tile("tq", 16, 16, F16).tile("tk", 16, 16, F16).tile("kt", 16, 16, F16).tile("tv", 16, 16, F16)
+        f.tile("s", 16, 16, F16).tile("o", 16, 16, F16)
+        f.load("tq", "q").load("tk", "k").trans("kt", "tk").matmul("s", "tq", "kt").exp("s", "s")
+        f.load("s", "w").load("tv", "v").matmul("o", "s", "tv").store("out", "o")
+
+    rng = np.random.default_rng(1)
+    q, k = np.full((16, 16), 8, np.float16), np.full((16, 16), 8, np.float16)
+    w = rng.integers(-2, 3, (16, 13)).astype(np.float16)
+    v = rng.integers(-2, 3, (16, 16)).astype(np.float16)
+    out = np.full((16, 16), np.nan, np.float16)
+    source = _run_host(_tensor_core_module(build), [q, k, w, v, out], np.float16, tmp_path)
+    assert "pto_a[kb]" in source
+    np.testing.assert_array_equal(out, w.astype(np.float64) @ v[:13])  # small integers: exact
+
+
+def test_tiles_kept_in_registers_are_chosen_by_every_instruction_that_touches_them():
+    """Whole rows where a group of tiles reduces rows or hands a product its a; a result's own
+    units where it does neither (flash_pv's output: its row factor, loaded, in shared memory,
+    and p, only loaded, packed for ldmatrix); none for a result an instruction reads across
+    rows (a column sum); none in whole rows for TF32, whose a fragments are not its results'
+    layout (the output alone then, in its own units)."""
+    attention = cuda_codegen.Generator(_softmax_weighted(64, 48, 32), "k", tensor_cores=True)
+    assert attention.row_owned == attention.fragments == {"t_s", "t_o", "t_mx", "t_part", "t_l"}
+    assert {"t_tq", "t_tv"} <= attention.packed and attention.units("t_o").blocks == 4
+    assert attention.units("t_s").slices == 1 and attention.row_values("t_mx")
+
+    def pv(f):
+        f.memref("p", F16, (64, 64)).memref("v", F16, (64, 128)).memref("w", F16, (64, 1))
+        f.memref("out", F16, (64, 128)).tile("tp", 64, 64, F16).tile("tv", 64, 128, F16)
+        f.tile("o", 64, 128, F16).tile("factor", 64, 1, F16)
+        f.load("o", "out").load("factor", "w").rowexpandmul("o", "o", "factor")
+        f.load("tp", "p").load("tv", "v").matmul_acc("o", "tp", "tv").store("out", "o")
+
+    flash_pv = cuda_codegen.Generator(_tensor_core_module(pv), "k", tensor_cores=True)
+    assert flash_pv.fragments == {"t_o"} and not flash_pv.row_owned
+    assert "t_factor" in flash_pv.whole and "t_tp" in flash_pv.packed and flash_pv.units("t_o").slices == 4
+
+    def column_sum(f):
+        f.memref("a", F16, (32, 16)).memref("b", F16, (16, 32)).memref("out", F16, (1, 32))
+        f.tile("ta", 32, 16, F16).tile("tb", 16, 32, F16).tile("c", 32, 32, F16).tile("sum", 1, 32, F16)
+        f.load("ta", "a").load("tb", "b").matmul("c", "ta", "tb").muls("c", "c", 2.0)
+        f.colsum("sum", "c").store("out", "sum")
+
+    summed = cuda_codegen.Generator(_tensor_core_module(column_sum), "k", tensor_cores=True)
+    assert not summed.fragments and "t_c" in summed.whole
+    tf32 = cuda_codegen.Generator(_softmax_weighted(64, 48, 32, F32, tf32=True), "k", tensor_cores=True)
+    assert tf32.fragments == {"t_o"} and not tf32.row_owned and "t_s" in tf32.whole
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")

@@ -379,12 +379,13 @@ def test_wide_tiles_are_blocked_for_shared_memory_only_on_cuda(name, sizes, tmp_
 def test_flash_attention_tile_in_passes_and_key_blocks_matches_numpy(q_start, causal, dtype, tmp_path):
     """flash_attention_tile's CUDA instance goes over a tall tile's rows in passes and the keys
     in blocks (the last a tail; the first sizes that fit a block); the causal loop stops after
-    each pass's last query (q_start = 37: its first pass sees 101 of the 150 keys; at -40 its
-    first pass's first 40 rows see none, NaN as in numpy, and its loop still runs), and a block
-    whose keys all come before the pass's first query skips the mask (at 130 the first two
-    blocks of 64 do, and the CPU's first of CPU_KEY_BLOCK). The CPU's is one pass, blocks of
-    CPU_KEY_BLOCK keys. Both equal float64 numpy within the kernel tolerance."""
-    h, m, d, n = 2, 70, 40, 150
+    each pass's last query (q_start = 37: its first pass, of 128 rows in float16 and 64 in
+    float32, sees 165 or 101 of the 300 keys; at -40 its first pass's first 40 rows see none,
+    NaN as in numpy, and its loop still runs), and a block whose keys all come before the
+    pass's first query skips the mask (at 130 the first two blocks of 64 do, and the CPU's first
+    of CPU_KEY_BLOCK). The CPU's is one pass, blocks of CPU_KEY_BLOCK keys. Both equal float64
+    numpy within the kernel tolerance."""
+    h, m, d, n = 2, 200, 40, 300
     kernel = llm.flash_attention_tile
     inputs = arrays(kernel, dtype, {"h": h, "m": m, "d": d, "n": n})
     call_shapes = tuple(a.shape for a in inputs)

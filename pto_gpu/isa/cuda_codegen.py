@@ -85,6 +85,7 @@ from ..kernel import CudaCode
 from . import column_blocks
 from .cuda_lines import WARP, WARPS, Code, Lines, indent, op_block
 from .cuda_mma import (
+    MMA_K,
     REGISTER_ACCUMULATORS,
     TENSOR_CORE_BYTES,
     TENSOR_CORE_DTYPES,
@@ -125,6 +126,14 @@ MATMUL_K_UNROLL = 4
 # flash_scores (16, 0) fit 128 registers with no spill; the fused attention (40 at d 64, 56 at
 # d 128) is left its own count.
 TWO_BLOCK_WORDS = 32
+# The floats a lane may hold of the tiles kept in whole rows (Generator._fragments): a 128-row
+# attention pass at d 128 and 64 keys holds 106 (o 64, the scores 32, five row values 2 each),
+# under REGISTER_WORDS with room for the rest; d 256 (o alone 128) keeps its tiles the other way.
+WHOLE_ROW_FLOATS = 112
+# The forms whose tiles may all be kept in registers together (Generator._fragments), besides
+# the transfers and tensor-core products.
+_IN_REGISTERS = frozenset({Form.UNARY, Form.BINARY, Form.TILE_SCALAR, Form.MASK, Form.GENERATE,
+                           Form.ROW_EXPAND, Form.ROW_REDUCE})
 # The most buffers a tile loaded ahead takes (Generator._prefetched): one read, the others'
 # copies in flight (CUTLASS's sm_80 GEMMs keep 3 to 5 stages). As many as fit SHARED_OPT_IN.
 MAX_STAGES = 4
@@ -340,7 +349,7 @@ class Generator:
         # product's a and b), "mma_acc" (its accumulated result), "transpose" (TRANSPOSE's
         # source), "store" (TSTORE's), "scaled" (a ROW_EXPAND's a, in place), "other"
         self.reads: dict[str, set] = {}
-        self.row_factors: dict[str, set[str]] = {}  # tile -> the b of each ROW_EXPAND of it in place
+        self.uses: list[_TileUse] = []  # every tile instruction, as _fragments weighs it
         self.loads: collections.Counter[str] = collections.Counter()  # tile -> its TLOADs
         # tile -> its TLOADs a TTRANS of it follows at once
         self.loads_transposed: collections.Counter[str] = collections.Counter()
@@ -363,10 +372,11 @@ class Generator:
         self.broadcast = self._broadcast()
         self.whole |= self.expanded - self.broadcast
         self.transposed = self._transposed()
-        self.fragments = self._fragments()
+        self.fragments, self.row_owned = self._fragments()
         self.whole -= set(self.transposed) | self.fragments
-        # a row's factor is read by the lanes that hold the row's elements in the units layout
-        self.whole |= {b for tile in self.fragments for b in self.row_factors.get(tile, ())}
+        # a row's factor not in registers is read by the lanes that hold the row's elements
+        self.whole |= {use.srcs[1] for use in self.uses if use.form is Form.ROW_EXPAND
+                       and use.dst in self.fragments and use.srcs[1] not in self.fragments}
         self.packed = self._packed()
         self.staged: set[str] = set()  # tiles in `stages` buffers: one read, the others copied into
         self.prefetched, self.stages = self._prefetched()
@@ -446,26 +456,134 @@ class Generator:
                 views[tile] = source
         return views
 
-    def _fragments(self) -> set[str]:
-        """The tensor-core products' results kept in registers, as the products' units hold
-        them (Units; pto_frag_<tile>), from the kernel's start to its end: written only by the
-        products, TLOADs and ROW_EXPANDs in place (attention's output scaled by a row's factor,
-        which is then in shared memory), and read only by those, TSTOREs and accumulating
-        products, which then touch no shared memory for it. So a tile product's result needs no
-        shared memory, and its products no barrier for it (its TLOADs and TSTOREs may:
-        _transfer). In name order while a lane's share of them all is at most
-        REGISTER_ACCUMULATORS floats (a loop's kept accumulators, Context.accumulated, have as
-        many more); others stay in shared memory."""
-        kept, floats = set(), 0
-        for tile in sorted(self.whole):
-            writes, reads = self.writes.get(tile, set()), self.reads.get(tile, set())
-            units = Units.of(self.tiles[tile])
-            if ("mma", None) in writes and all(kind in ("mma", "load", "scaled") for kind, _ in writes) \
-                    and reads <= {"store", "mma_acc", "scaled"} \
-                    and floats + units.floats <= REGISTER_ACCUMULATORS:
-                kept.add(tile)
-                floats += units.floats
+    def _fragments(self) -> tuple[set[str], set[str]]:
+        """(the tiles kept in registers from the kernel's start to its end, as tensor-core
+        products' units hold them (pto_frag_<tile>), those of them in whole rows). A tile may be
+        (_in_registers) where every instruction that touches it can work on registers: a
+        tensor-core product (as its result, or as its a where that is the result's own rows),
+        a transfer, or an element-wise, generated, row-expanded or row-reduced instruction
+        whose tiles are all in registers (a ROW_EXPAND's b may be in shared memory). Of those,
+        the groups the instructions join that hold a product's result are kept:
+
+        - in whole rows (Units.rows_of: a warp a band of 16 rows, one-column tiles as each
+          row's value in the lanes that hold its elements) where the group reduces rows or
+          hands a product its a: attention's scores, their row max and sum, its output, with
+          no shared memory and no barrier between its products (FlashAttention-2's form), while
+          a lane holds at most WHOLE_ROW_FLOATS of them all;
+        - else in the result's own units (Units.of), its tiles all of the result's shape (a
+          ROW_EXPAND's b, the row factors of attention's output, then in shared memory), while
+          a lane holds at most REGISTER_ACCUMULATORS floats of them.
+
+        In the order of their first tile's name; a group over its budget, and a tile a group
+        cannot take, go to shared memory (of a group in whole rows, all but its results, which
+        may then be kept in their own units), and the choice is made again without them."""
+        excluded: set[str] = set()
+        while True:
+            candidates = self._in_registers(excluded)
+            kept, owned, dropped, floats = set(), set(), set(), 0
+            for group in self._groups(candidates):
+                results = sorted(use.dst for use in self.uses if use.tensor and use.dst in group)
+                if not results:
+                    dropped |= group
+                    continue
+                whole_rows = any(use.form is Form.ROW_REDUCE and use.dst in group or
+                                 use.tensor and use.srcs[0] in group for use in self.uses)
+                if whole_rows:
+                    cost = sum(self._row_floats(tile) for tile in group)
+                    budget = WHOLE_ROW_FLOATS
+                else:
+                    shape = self._shape(results[0])
+                    misfits = {tile for tile in group if self._shape(tile) != shape}
+                    if misfits:
+                        dropped |= misfits
+                        continue
+                    cost = sum(Units.of(self.tiles[tile]).floats for tile in group)
+                    budget = REGISTER_ACCUMULATORS
+                if floats + cost > budget:  # whole rows past the budget: its results alone, maybe
+                    dropped |= (group - set(results) if whole_rows else set()) or group
+                    continue
+                floats += cost
+                kept |= group
+                if whole_rows:
+                    owned |= group
+            if not dropped:
+                return kept, owned
+            excluded |= dropped
+
+    def _shape(self, tile: str) -> tuple[int, int]:
+        return self.tiles[tile].rows, self.tiles[tile].cols
+
+    def _in_registers(self, excluded: set[str]) -> set[str]:
+        """The tiles that may be kept in registers (_fragments), but for `excluded`: of a
+        tensor-core kernel's type, every instruction touching them able to work on them there
+        with the others so kept, found by dropping misfits until none is left. A product's a
+        is one only in a 16-bit kernel (a TF32 fragment is not its C's layout), of whole steps
+        of k, computed in the kernel (a tile only loaded is read better packed, by ldmatrix)
+        and where its result is one too."""
+        if not self.tensor_cores:
+            return set()
+        kept = {tile for tile, declared in self.tiles.items()
+                if declared.dtype in self.tensor_core_dtypes and tile not in excluded}
+        only_loaded = {tile for tile, writes in self.writes.items()
+                       if all(kind == "load" for kind, _ in writes)}
+        sixteen_bit = self.tensor_core_dtypes[0] in TENSOR_CORE_DTYPES
+
+        def misfits(use: _TileUse) -> set[str]:
+            tiles = {use.dst, *use.srcs} - {None}
+            if use.form in (Form.LOAD, Form.STORE):
+                return set()
+            if use.form is Form.MATMUL:
+                if not use.tensor:
+                    return tiles
+                dst, a, b = use.dst, *use.srcs
+                drop_a = a in kept and (not sixteen_bit or a in only_loaded or dst not in kept
+                                        or self.tiles[a].cols % MMA_K != 0)
+                return {b, *((a,) if drop_a else ())}
+            if use.form not in _IN_REGISTERS:
+                return tiles
+            together = {use.dst, use.srcs[0]} if use.form is Form.ROW_EXPAND else tiles
+            if together & kept and not together <= kept:
+                return tiles
+            return {use.srcs[1]} if use.form is Form.ROW_EXPAND and use.dst not in kept else set()
+
+        while dropped := set().union(*map(misfits, self.uses)) & kept:
+            kept -= dropped
         return kept
+
+    def _groups(self, kept: set[str]) -> list[set[str]]:
+        """The tiles of `kept` in groups that instructions join (a product's result and its a,
+        an element-wise instruction's tiles, a ROW_EXPAND's b), by their first tile's name."""
+        group_of = {tile: {tile} for tile in kept}
+        for use in self.uses:
+            joined = [tile for tile in (use.dst, *use.srcs) if tile in kept]
+            if use.form is Form.MATMUL:
+                joined = joined[:2] if use.srcs[0] in kept else joined[:1]
+            for tile in joined[1:]:
+                first, other = group_of[joined[0]], group_of[tile]
+                if first is not other:
+                    first |= other
+                    for member in other:
+                        group_of[member] = first
+        groups = {id(group): group for group in group_of.values()}
+        return sorted(groups.values(), key=min)
+
+    def _row_floats(self, tile: str) -> int:
+        """The floats a lane holds of a tile kept in whole rows."""
+        units = Units.rows_of(self.tiles[tile].rows, self.tiles[tile].cols)
+        return 2 * units.turns if self.tiles[tile].cols == 1 else units.floats
+
+    def units(self, tile: str) -> Units:
+        """How the warps share a tile kept in registers (or a product's result) out."""
+        declared = self.tiles[tile]
+        return Units.rows_of(declared.rows, declared.cols) if tile in self.row_owned else Units.of(declared)
+
+    def row_values(self, tile: str) -> bool:
+        """Whether a tile in registers is one column in whole rows: a row's value a lane."""
+        return tile in self.row_owned and self.tiles[tile].cols == 1
+
+    def fragment_floats(self, tile: str) -> int:
+        """The floats a lane holds of a tile kept in registers."""
+        return self._row_floats(tile) if tile in self.row_owned else Units.of(self.tiles[tile]).floats
 
     def _packed(self) -> set[str]:
         """The tiles kept in shared memory as T, 16-bit, in rows of packed_pitch elements: read
@@ -579,7 +697,7 @@ class Generator:
         elsewhere = self.whole | set(self.transposed) | self.fragments
         return sum(rows(tile) * math.ceil(tile.cols / WARP)
                    for c_name, tile in self.tiles.items() if c_name not in elsewhere) + \
-            sum(Units.of(self.tiles[tile]).floats for tile in self.fragments)
+            sum(map(self.fragment_floats, self.fragments))
 
     def resident_blocks(self) -> int:
         """The blocks an SM should hold at once, which ptxas fits the registers to
@@ -728,7 +846,9 @@ class Generator:
     def _declarations(self, out: Lines) -> None:
         for c_name, tile in self.tiles.items():
             if c_name in self.fragments:
-                out.add(Units.of(tile).registers(f"pto_frag_{c_name}"))
+                units = self.units(c_name)
+                declare = units.row_values if self.row_values(c_name) else units.registers
+                out.add(declare(f"pto_frag_{c_name}"))
             elif c_name not in self.whole and c_name not in self.transposed:
                 slots = math.ceil(tile.rows / WARPS) if self.block else 1
                 # zeroed: a shuffle reads every lane's slot, owned or not
@@ -836,6 +956,18 @@ class Generator:
         out.add("}")
         out.indent -= 1
         out.add("}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _TileUse:
+    """A tile instruction as Generator._fragments weighs it: its form, its destination tile
+    (None for a TSTORE) and source tiles (C names; a product's a, then b), and whether it is a
+    product on tensor cores."""
+
+    form: Form
+    dst: str | None
+    srcs: tuple[str, ...]
+    tensor: bool = False
 
 
 @dataclasses.dataclass
@@ -1142,6 +1274,11 @@ class Context:
         tensor cores or not), and a TLOAD that a TTRANS of its tile follows at once by `block`."""
         operands = signature(spec)
         scaled = spec.form is Form.ROW_EXPAND and op.dst == op.srcs[0]
+        if spec.form is not Form.MATMUL:
+            tiles = tuple(self.names[value] for value, operand in zip(op.srcs, operands[1:])
+                          if operand.kind is Kind.TILE)
+            dst = self.names[op.dst] if operands[0].kind is Kind.TILE else None
+            self.g.uses.append(_TileUse(spec.form, dst, tiles))
         for position, (value, operand) in enumerate(zip(op.srcs, operands[1:])):
             if operand.kind is Kind.TILE and spec.form is not Form.MATMUL:  # _matmul says how
                 use = {Form.TRANSPOSE: "transpose", Form.STORE: "store"}.get(spec.form, "other")
@@ -1157,7 +1294,6 @@ class Context:
                 self.g.loads[dst] += 1
             elif scaled:
                 write = ("scaled", None)
-                self.g.row_factors.setdefault(dst, set()).add(self.names[op.srcs[1]])
             else:
                 write = ("transpose", self.names[op.srcs[0]]) if spec.form is Form.TRANSPOSE else ("op", None)
             self.g.writes.setdefault(dst, set()).add(write)
@@ -1225,11 +1361,8 @@ def _elementwise(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     tile = ctx.g.tiles[dst]
 
     def lines(g: Generator) -> list[str]:
-        if dst in g.fragments:  # a ROW_EXPAND in place: each lane its accumulators' elements
-            units = Units.of(tile)
-            scaled = f"{{ const float x_a = acc[n][e], x_b = (float){b}[r][0]; acc[n][e] = {expression}; }}"
-            body = units.each([units.bound(f"pto_frag_{dst}"), *units.moved(scaled)], unrolled=True)
-            return op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
+        if dst in g.fragments:  # each lane its elements of the units
+            return op_block(where, f"vr_{a}", f"vc_{a}", _in_registers(g, dst, a, b, form, expression), dst)
         x_b = "" if b is None else f"const {g.ctype(b)} x_b"
         per_row, after_row, per_element = [], [], [f"const {g.ctype(a)} x_a = {_el(g, a)};"]
         if form is Form.BINARY:
@@ -1246,8 +1379,28 @@ def _elementwise(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
         return op_block(where, f"vr_{a}", f"vc_{a}", body, dst)
 
     # COL_EXPAND's b is read whole unless every warp holds it (broadcast); a ROW_EXPAND of a
-    # tile in registers reads its rows' factors where other threads wrote them
-    return Code(lines, whole=lambda g: (form is Form.COL_EXPAND and b in g.whole) or dst in g.fragments)
+    # tile in registers reads its rows' factors in shared memory where other threads wrote them
+    return Code(lines, whole=lambda g: (form is Form.COL_EXPAND and b in g.whole) or
+                (dst in g.fragments and b is not None and b not in g.fragments))
+
+
+def _in_registers(g: Generator, dst: str, a: str, b: str | None, form: Form, expression: str) -> list[str]:
+    """An element-wise instruction over tiles in registers (Generator._fragments): each lane its
+    elements of dst's units from its own of a and b (BINARY), or from its rows' values of b
+    (ROW_EXPAND; a row's factor in shared memory where b is there); one-column tiles in whole
+    rows a value a row."""
+    units = g.units(dst)
+    rows = g.row_values(dst)
+    element = "[pto_ui][h]" if rows else "[pto_ui][n][e]"
+    x_b = ""
+    if form is Form.BINARY or (b is not None and rows):
+        x_b = f", x_b = pto_frag_{b}{element}" if b in g.fragments else f", x_b = (float){b}[r][0]"
+    elif form is Form.ROW_EXPAND:
+        x_b = f", x_b = pto_frag_{b}[pto_ui][e / 2]" if b in g.fragments else f", x_b = (float){b}[r][0]"
+    statement = f"{{ const float x_a = pto_frag_{a}{element}{x_b}; pto_frag_{dst}{element} = {expression}; }}"
+    if rows:
+        return units.each(units.each_row(statement), unrolled=True)
+    return units.each(units.moved(statement), unrolled=True)
 
 
 def _identity(spec: OpSpec, ctype: str) -> str:
@@ -1260,6 +1413,18 @@ def _row_reduce(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     source = ctx.g.tiles[a]
 
     def lines(g: Generator) -> list[str]:
+        if dst in g.fragments:  # a's rows whole in this warp: its lanes combine in their groups of four
+            units = g.units(a)
+            row = [f"float acc = {_identity(spec, 'float')};",
+                   "PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) {{", "    PTO_UNROLL",
+                   "    for (int e = 0; e < 2; ++e) {",
+                   f"        const float x = pto_frag_{a}[pto_ui][n][2 * h + e];",
+                   f"        if (c0 + 8 * n + t2 + e < vc_{a}) acc = {combine};", "    }", "}",
+                   "for (int o = 1; o < 4; o *= 2) {  // every lane of the group gets the row's result",
+                   "    const float x = __shfl_xor_sync(PTO_FULL, acc, o);", f"    acc = {combine};", "}",
+                   "const long long r = r0 + g + 8 * h;", f"if (r < vr) pto_frag_{dst}[pto_ui][h] = acc;"]
+            rows = ["PTO_UNROLL", "for (int h = 0; h < 2; ++h) {", *indent(row), "}"]
+            return op_block(where, f"vr_{a}", "1", units.each(rows, unrolled=True), dst)
         t = g.ctype(a)
         body = [f"{t} acc = {_identity(spec, t)};",
                 *_cols(source, "vc_a", [f"const {t} x = {_el(g, a)};", f"acc = {combine};"]),
@@ -1292,8 +1457,10 @@ def _matmul(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     if dst == b:
         raise ctx.fail(where, "the CUDA code generator needs the destination to differ from the right "
                               "operand (other warps still read it while the product is written)")
-    if ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype,
-                                                  ctx.g.tensor_core_dtypes):
+    tensor = ctx.g.tensor_cores and tensor_core_product(op, lambda name: ctx.g.tiles[ctx.names[name]].dtype,
+                                                         ctx.g.tensor_core_dtypes)
+    ctx.g.uses.append(_TileUse(Form.MATMUL, dst, (a, b), tensor))
+    if tensor:
         return tensor_matmul(ctx, op, spec, where)
     for operand in (a, b, *((dst,) if spec.accumulate else ())):
         ctx.g.reads.setdefault(operand, set()).add("other")
@@ -1363,8 +1530,13 @@ def _transfer(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
             copy = f"{_el(g, tile)} = ({g.ctype(tile)})({element});"
         else:
             copy = f"{element} = (T)({_el(g, tile)});"
-        if tile in g.fragments:  # each lane its accumulators' elements
-            units = Units.of(declared)
+        if g.row_values(tile):  # each group's lanes their rows' values, the first of them stores
+            units = g.units(tile)
+            move = f"pto_frag_{tile}[pto_ui][h] = (float)({element});" if load else \
+                f"if (t == 0) {element} = (T)(pto_frag_{tile}[pto_ui][h]);"
+            body = units.each(units.each_row(move), unrolled=True)
+        elif tile in g.fragments:  # each lane its accumulators' elements
+            units = g.units(tile)
             move = f"acc[n][e] = (float)({element});" if load else f"{element} = (T)(acc[n][e]);"
             body = units.each([units.bound(f"pto_frag_{tile}"), *units.moved(move)], unrolled=True)
         elif load and tile in g.packed:
@@ -1426,7 +1598,15 @@ def _generate(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
                                   c=f"({t})c")
 
     def lines(g: Generator) -> list[str]:
-        body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = ({t})({expression});"]))
+        units = g.units(dst) if dst in g.fragments else None
+        if g.row_values(dst):
+            value = f"pto_frag_{dst}[pto_ui][h] = (float)({expression});"
+            body = units.each(units.each_row(value), unrolled=True)
+        elif units is not None:
+            value = f"pto_frag_{dst}[pto_ui][n][e] = (float)({expression});"
+            body = units.each(units.moved(value), unrolled=True)
+        else:
+            body = _rows(g, tile, "vr", _cols(tile, "vc", [f"{_el(g, dst)} = ({t})({expression});"]))
         return op_block(where, str(tile.rows), str(tile.cols), body, dst)
 
     return Code(lines)

@@ -34,6 +34,8 @@ class Layout(Protocol):
 
     def pitch(self, tile: str) -> int: ...
 
+    def units(self, tile: str) -> Units: ...
+
 
 class Scope(Protocol):
     """Where a product is written (cuda_codegen.Context): the layout, the C names of the IR's
@@ -97,8 +99,9 @@ _LANE = "[[maybe_unused]] const int g = pto_lane / 4, t = pto_lane % 4, t2 = 2 *
 @dataclasses.dataclass(frozen=True)
 class Units:
     """How the warps share out a tensor-core product's result: units of 16 rows x `blocks`
-    blocks of 8 columns (up to 4: a unit's accumulators are blocks x 4 floats a lane), unit u
-    taken by warp u % PTO_WARPS, in its turn u / PTO_WARPS."""
+    blocks of 8 columns (a unit's accumulators are blocks x 4 floats a lane), unit u taken by
+    warp u % PTO_WARPS, in its turn u / PTO_WARPS. A result's own units (`of`) are up to 4
+    blocks wide; a tile kept in whole rows (`rows_of`) has a unit a band of 16 rows."""
 
     blocks: int
     bands: int
@@ -112,6 +115,13 @@ class Units:
     def shaped(cls, rows: int, cols: int) -> Units:
         blocks = min(4, math.ceil(cols / 8))
         return cls(blocks, math.ceil(rows / 16), math.ceil(cols / (8 * blocks)))
+
+    @classmethod
+    def rows_of(cls, rows: int, cols: int) -> Units:
+        """Units of whole rows, a band of 16 rows each: every element of a row in one warp's
+        lanes (the four of a group), so the warp reduces a row by itself, and a row of a
+        product's result there is also its rows of a (Generator._fragments)."""
+        return cls(math.ceil(cols / 8), math.ceil(rows / 16), 1)
 
     @property
     def count(self) -> int:
@@ -171,6 +181,19 @@ class Units:
         """The declaration of `name`, every turn's accumulators, zero."""
         return f"float {name}[{self.turns}][{self.blocks}][4] = {{}};"
 
+    def row_values(self, name: str) -> str:
+        """The declaration of `name`, a one-column tile in whole rows: a unit's two rows a lane
+        (r0 + g, r0 + g + 8), the same in the four lanes of the group, zero."""
+        return f"float {name}[{self.turns}][2] = {{}};"
+
+    @staticmethod
+    def each_row(statement: str) -> list[str]:
+        """`statement` for each row r of this lane in the unit (h: 0 for r0 + g, 1 for
+        r0 + g + 8; its column c is 0), where that is in the valid region (vr rows, vc columns)."""
+        return ["PTO_UNROLL", "for (int h = 0; h < 2; ++h) {",
+                "    [[maybe_unused]] const long long r = r0 + g + 8 * h, c = 0;",
+                f"    if (r < vr && vc > 0) {statement}", "}"]
+
     def bound(self, name: str) -> str:
         """acc, this turn's accumulators in `name`."""
         return f"float (&acc)[{self.blocks}][4] = {name}[pto_ui];"
@@ -200,11 +223,11 @@ def tensor_matmul(ctx: Scope, op: Op, spec: OpSpec, where: str) -> Code:
         ctx.g.reads.setdefault(dst, set()).add("mma_acc")
     ctx.g.writes.setdefault(dst, set()).add(("mma", None))
     ctx.g.tensor_products += 1
-    units = Units.of(ctx.g.tiles[dst])
     looped = ctx.registers.get(dst)
     region = (f"vr_{dst}", f"vc_{dst}") if spec.accumulate else (f"vr_{a}", f"vc_{b}")
 
     def lines(g: Layout) -> list[str]:
+        units = g.units(dst)
         step, product, a_loads, b_loads = _fragment_loads(g, a, b, units.blocks)
         lean = _lean_fragments(g, a, b, units.blocks)
         products = ["PTO_UNROLL",
@@ -228,7 +251,10 @@ def tensor_matmul(ctx: Scope, op: Op, spec: OpSpec, where: str) -> Code:
         zero = [] if spec.accumulate or dst not in g.fragments else \
             ["PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) "
              "acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;"]
-        if registers is not None and units.shares_columns:
+        if a in g.fragments:  # dst's rows are a's in whole rows (Generator._fragments)
+            body = units.each([units.bound(registers), *zero,
+                               *_a_in_registers(g, a, b, units.blocks, b_loads, products)], unrolled=True)
+        elif registers is not None and units.shares_columns:
             turns = units.each_turn
             lean_rows, lean_body = [], []
             if lean is not None:
@@ -262,6 +288,35 @@ def tensor_matmul(ctx: Scope, op: Op, spec: OpSpec, where: str) -> Code:
         return op_block(where, *region, [f"const int pto_kn = (int)vc_{a};", *body], dst)
 
     return Code(lines, whole=True)
+
+
+def _a_in_registers(g: Layout, a: str, b: str, blocks: int, b_loads: list[str],
+                    products: list[str]) -> list[str]:
+    """The loop over k of a 16-bit product whose a is in registers in whole rows, the unit's own
+    rows (FlashAttention-2's probabilities handed to p·v): a's accumulators are A's fragments as
+    they lie (C(g, 2t..) of a's 8-column blocks kb and kb + 1 are A(g, 2t..) and A(g, 2t + 8..)
+    of the step from 8 kb), rounded to T in pairs, zero past a's valid columns. b's fragments
+    by ldmatrix where the step and the unit's columns are whole (_lean_16_bit_b), else with a
+    test an element (`b_loads`, _fragment_loads's). The loop is unrolled whole: a's registers are
+    indexed by the step."""
+    lean = _lean_16_bit_b(g, b, blocks)
+    declared, tested = b_loads[0], b_loads[1:]
+    assert declared.startswith("unsigned fb[")
+    a_lines = [f"const float (&pto_a)[{g.units(a).blocks}][4] = pto_frag_{a}[pto_ui];"]
+    fa = ["unsigned fa[4];  // A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..): C(g, 2t..)",
+          "PTO_UNROLL", "for (int q = 0; q < 4; ++q) {",
+          "    const int kb = k0 / 8 + q / 2, e = 2 * (q % 2), k = 8 * kb + t2;",
+          "    fa[q] = pto_pack_pair(k < pto_kn ? pto_a[kb][e] : 0.0f,",
+          "                          k + 1 < pto_kn ? pto_a[kb][e + 1] : 0.0f);", "}"]
+    if lean is None:
+        fb = [declared, *tested]
+    else:
+        a_lines.append(f"const {lean.pointer} pto_b_row = {lean.place};")
+        assert lean.loads[0].startswith("unsigned fb[")
+        fb = [declared, f"if (k0 + {MMA_K} <= pto_kn && c0 + {8 * blocks} <= vc_{b}) {{",
+              *indent(lean.loads[1:]), "} else {", *indent(tested), "}"]
+    return [*a_lines, "PTO_UNROLL", f"for (int k0 = 0; k0 < {g.tiles[a].cols}; k0 += {MMA_K}) {{",
+            "    if (k0 >= pto_kn) break;", *indent(fa), *indent(fb), *indent(products), "}"]
 
 
 @dataclasses.dataclass(frozen=True)
