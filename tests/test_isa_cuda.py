@@ -1149,6 +1149,54 @@ def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(tmp_path):
     np.testing.assert_array_equal(out, w.astype(np.float64) @ v[:13])  # small integers: exact
 
 
+def _one_column_result_beside_scores(f):
+    """y = q·w (one column) + the scores' row max."""
+    f.memref("q", F16, (32, 16)).memref("k", F16, (16, 16)).memref("w", F16, (16, 1))
+    f.memref("out", F16, (32, 1)).tile("tq", 32, 16, F16).tile("tk", 16, 16, F16)
+    f.tile("kt", 16, 16, F16).tile("tw", 16, 1, F16).tile("s", 32, 16, F16).tile("mx", 32, 1, F16)
+    f.tile("y", 32, 1, F16).load("tq", "q").load("tk", "k").trans("kt", "tk").matmul("s", "tq", "kt")
+    f.rowmax("mx", "s").load("tw", "w").matmul("y", "tq", "tw").add("y", "y", "mx").store("out", "y")
+
+
+def _one_column_result_scaled(f):
+    """y = q·w (one column), scaled by a loaded factor a row."""
+    f.memref("q", F16, (32, 16)).memref("w", F16, (16, 1)).memref("k", F16, (32, 1))
+    f.memref("out", F16, (32, 1)).tile("tq", 32, 16, F16).tile("tw", 16, 1, F16)
+    f.tile("y", 32, 1, F16).tile("factor", 32, 1, F16).load("tq", "q").load("tw", "w").load("factor", "k")
+    f.matmul("y", "tq", "tw").rowexpandmul("y", "y", "factor").store("out", "y")
+
+
+def _row_value_reduced(f):
+    """The row max of the scores' row sums (a one-column tile's rows reduced)."""
+    f.memref("q", F16, (32, 16)).memref("k", F16, (16, 16)).memref("out", F16, (32, 1))
+    f.tile("tq", 32, 16, F16).tile("tk", 16, 16, F16)
+    f.tile("kt", 16, 16, F16).tile("s", 32, 16, F16).tile("l", 32, 1, F16).tile("l2", 32, 1, F16)
+    f.load("tq", "q").load("tk", "k").trans("kt", "tk").matmul("s", "tq", "kt").rowsum("l", "s")
+    f.rowmax("l2", "l").store("out", "l2")
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("build", [_one_column_result_beside_scores, _one_column_result_scaled,
+                                   _row_value_reduced], ids=["beside scores", "scaled", "row value reduced"])
+def test_one_column_tiles_beside_tiles_kept_in_registers(build, tmp_path):
+    """A product of one column is its accumulators, not a row's value, and a one-column tile's
+    rows are reduced in the row layout: such tiles leave the register groups (a review's
+    cases, which did not compile), and the results are the interpreter's to float16's
+    precision."""
+    rng = np.random.default_rng(4)
+    shapes = {_one_column_result_beside_scores: ((32, 16), (16, 16), (16, 1)),
+              _one_column_result_scaled: ((32, 16), (16, 1), (32, 1)),
+              _row_value_reduced: ((32, 16), (16, 16))}
+    arrays = [rng.uniform(-1, 1, shape).astype(np.float16) for shape in shapes[build]]
+    arrays.append(np.full((32, 1), np.nan, np.float16))
+    module = _tensor_core_module(build)
+    want = [a.copy() for a in arrays]
+    interpret.run(module, "k", *want)
+    _run_host(module, arrays, np.float16, tmp_path)
+    scale = np.abs(want[-1].astype(np.float64)).max()
+    np.testing.assert_allclose(arrays[-1].astype(np.float64), want[-1], rtol=0, atol=8 * 2.0**-11 * scale)
+
+
 def test_tiles_kept_in_registers_are_chosen_by_every_instruction_that_touches_them():
     """Whole rows where a group of tiles reduces rows or hands a product its a; a result's own
     units where it does neither (flash_pv's output: its row factor, loaded, in shared memory,

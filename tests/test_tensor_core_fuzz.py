@@ -12,7 +12,8 @@ warps in both orders between barriers, so a missing barrier gives a wrong result
 
 Inputs are integers in [-2, 2] (doubled once, where a is rewritten) and the instructions on
 results add 1 or double, so every value on either side is an integer below 2048 in magnitude
-(at most 4 x 2 x 48 + 6, doubled twice): exact in float16. The generated code and the
+(at most 4 x 2 x 48 + 6, doubled twice): exact in float16 (a column sum of c's, up to 80 of
+them, exact in float and rounded to float16 once on either side). The generated code and the
 interpreter (which rounds every instruction) must agree exactly, not within a tolerance.
 """
 
@@ -44,8 +45,10 @@ def _program(module: Module, name: str, rng: random.Random) -> dict:
     start = rng.choice(["load", "matmul", "overwrite"])
     rewrite_a = rng.random() < 0.2  # a doubled through the memref first: its later loads read what was stored
     keep_b = rng.random() < 0.2  # b's last chunk also stored: b a tile of its own, not a view
-    inside = rng.choice(["", "", "add"])  # an instruction on c in the loop: c in shared memory
-    after = rng.choice(["", "double"])  # one on c after the loop: c kept in registers only across it
+    inside = rng.choice(["", "", "add"])  # an instruction on c in the loop: not kept across it alone
+    # one on c after the loop (c in registers throughout), or a column sum (c in shared memory,
+    # kept in registers only across the loop; the sums exact in float, rounded once either side)
+    after = rng.choice(["", "double", "column sums"])
     branch = rng.random() < 0.3  # the loop's product under an IF
     stores = rng.choice(["one", "overlapping"])  # c stored once, or at columns 0 and n / 2 in a loop
     read_back = rng.random() < 0.5  # the stored memref loaded again by a tile of the row layout
@@ -94,6 +97,8 @@ def _program(module: Module, name: str, rng: random.Random) -> dict:
     f.end_for()
     if after == "double":
         f.add("c", "c", "c")
+    elif after == "column sums":
+        f.tile("sums", 1, n, F16).colsum("sums", "c").store("out", "sums")
     if stores == "one":
         f.store("out", "c", 0, n // 2)
     else:

@@ -44,10 +44,12 @@ Tensor cores (the products' text: cuda_mma.py; the layout they need: here): in a
 float16 or bfloat16 memrefs (ACC float) a product (MATMUL,
 MATMUL_ACC) whose destination differs from both operands is mma.sync.m16n8k16 instructions
 (pto_isa.cuh's pto_mma: operands of the element type, float accumulators; sm_80 and later):
-its operands and result are in shared memory (the result, where only products, its loads and
-its stores touch it, in registers: Generator._fragments), and each warp takes units of the
-result of 16 rows x 32 columns, summing over k in steps of 16 with the accumulators in
-registers. An operand only loaded and only read by such products is packed
+its operands and result are in shared memory, and each warp takes units of the result of 16
+rows x 32 columns, summing over k in steps of 16 with the accumulators in registers. A result
+whose every instruction can work on registers stays in them (Generator._fragments), in those
+units, or in whole rows (a warp 16 rows, FlashAttention-2's form) with the tiles it is reduced
+to by rows and the product it is the a of: attention's scores, row max and sum and output.
+An operand only loaded and only read by such products is packed
 (Generator._packed): kept as the element type in padded rows, its fragments read by
 ldmatrix. A product accumulated over a loop keeps its accumulators in registers across it
 (Context.accumulated), and the loop's loads of its packed operands copy later iterations'
@@ -488,17 +490,18 @@ class Generator:
                     continue
                 whole_rows = any(use.form is Form.ROW_REDUCE and use.dst in group or
                                  use.tensor and use.srcs[0] in group for use in self.uses)
-                if whole_rows:
-                    cost = sum(self._row_floats(tile) for tile in group)
-                    budget = WHOLE_ROW_FLOATS
-                else:
-                    shape = self._shape(results[0])
-                    misfits = {tile for tile in group if self._shape(tile) != shape}
-                    if misfits:
-                        dropped |= misfits
-                        continue
+                if whole_rows:  # a one-column result is a product's accumulators, not its rows' values
+                    misfits = {tile for tile in results if self.tiles[tile].cols == 1}
+                    cost, budget = sum(map(self._row_floats, group)), WHOLE_ROW_FLOATS
+                else:  # one shape; a ROW_EXPAND's b, read by rows, in shared memory
+                    factors = {use.srcs[1] for use in self.uses if use.form is Form.ROW_EXPAND}
+                    misfits = {tile for tile in group if self._shape(tile) != self._shape(results[0])
+                               or tile in factors}
                     cost = sum(Units.of(self.tiles[tile]).floats for tile in group)
                     budget = REGISTER_ACCUMULATORS
+                if misfits:
+                    dropped |= misfits
+                    continue
                 if floats + cost > budget:  # whole rows past the budget: its results alone, maybe
                     dropped |= (group - set(results) if whole_rows else set()) or group
                     continue
@@ -539,7 +542,8 @@ class Generator:
                 drop_a = a in kept and (not sixteen_bit or a in only_loaded or dst not in kept
                                         or self.tiles[a].cols % MMA_K != 0)
                 return {b, *((a,) if drop_a else ())}
-            if use.form not in _IN_REGISTERS:
+            one_column = use.form is Form.ROW_REDUCE and self.tiles[use.srcs[0]].cols == 1
+            if use.form not in _IN_REGISTERS or one_column:  # a row value is not reduced again
                 return tiles
             together = {use.dst, use.srcs[0]} if use.form is Form.ROW_EXPAND else tiles
             if together & kept and not together <= kept:

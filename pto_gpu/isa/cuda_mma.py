@@ -2,7 +2,8 @@
 which products and kernels take them, the padded rows of operands kept as their element type
 (packed), how a result's units of 16 x 32 lie over a block's warps (Units), and the text of a
 product: mma.sync over fragments read by ldmatrix or element by element, whole blocks of k the
-lean way, accumulators carried in registers across a loop."""
+lean way, accumulators carried in registers across a loop, an a kept in registers in whole rows
+read as it lies."""
 
 from __future__ import annotations
 
