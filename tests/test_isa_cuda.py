@@ -1130,7 +1130,7 @@ def test_scores_reduced_by_rows_and_multiplied_again_stay_in_registers_in_whole_
 def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(tmp_path):
     """s = exp(q·kᵀ) is infinite everywhere, then loaded over from w, 13 columns of its 16: the
     columns past them keep the infinities, which p·v must not read (inf · 0 is NaN; the
-    interpreter refuses to read them at all)."""
+    interpreter refuses to read them at all), nor v's rows past the 13th, infinite too."""
     def build(f):
         f.memref("q", F16, (16, 16)).memref("k", F16, (16, 16)).memref("w", F16, (16, 16))
         f.memref("v", F16, (16, 16)).memref("out", F16, (16, 16))
@@ -1143,6 +1143,7 @@ def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(tmp_path):
     q, k = np.full((16, 16), 8, np.float16), np.full((16, 16), 8, np.float16)
     w = rng.integers(-2, 3, (16, 13)).astype(np.float16)
     v = rng.integers(-2, 3, (16, 16)).astype(np.float16)
+    v[13:] = np.inf
     out = np.full((16, 16), np.nan, np.float16)
     source = _run_host(_tensor_core_module(build), [q, k, w, v, out], np.float16, tmp_path)
     assert "pto_a[kb]" in source

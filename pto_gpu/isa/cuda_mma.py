@@ -296,10 +296,12 @@ def _a_in_registers(g: Layout, a: str, b: str, blocks: int, b_loads: list[str],
     """The loop over k of a 16-bit product whose a is in registers in whole rows, the unit's own
     rows (FlashAttention-2's probabilities handed to p·v): a's accumulators are A's fragments as
     they lie (C(g, 2t..) of a's 8-column blocks kb and kb + 1 are A(g, 2t..) and A(g, 2t + 8..)
-    of the step from 8 kb), rounded to T in pairs, zero past a's valid columns. b's fragments
-    by ldmatrix where the step and the unit's columns are whole (_lean_16_bit_b), else with a
-    test an element (`b_loads`, _fragment_loads's). The loop is unrolled whole: a's registers are
-    indexed by the step."""
+    of the step from 8 kb), rounded to T in pairs, zero past a's valid columns. b's fragments by
+    ldmatrix where b is read in whole pairs of blocks (_lean_16_bit_b), its rows past a's valid
+    columns (the last step's tail) zeroed in the registers: what lies there may be anything, NaN
+    too; its columns past its valid ones reach only dst's past them. Else with a test an element
+    (`b_loads`, _fragment_loads's). The loop is unrolled whole: a's registers are indexed by the
+    step."""
     lean = _lean_16_bit_b(g, b, blocks)
     declared, tested = b_loads[0], b_loads[1:]
     assert declared.startswith("unsigned fb[")
@@ -314,8 +316,11 @@ def _a_in_registers(g: Layout, a: str, b: str, blocks: int, b_loads: list[str],
     else:
         a_lines.append(f"const {lean.pointer} pto_b_row = {lean.place};")
         assert lean.loads[0].startswith("unsigned fb[")
-        fb = [declared, f"if (k0 + {MMA_K} <= pto_kn && c0 + {8 * blocks} <= vc_{b}) {{",
-              *indent(lean.loads[1:]), "} else {", *indent(tested), "}"]
+        fb = [declared, *lean.loads[1:], f"if (k0 + {MMA_K} > pto_kn) {{  // B(k, c) past the valid k: zero",
+              "    PTO_UNROLL", f"    for (int j = 0; j < {2 * blocks}; ++j) {{",
+              "        const int k = k0 + t2 + 8 * (j % 2);  // the pair's first k",
+              "        fb[j] &= (k < pto_kn ? 0xffffu : 0u) | (k + 1 < pto_kn ? 0xffff0000u : 0u);",
+              "    }", "}"]
     return [*a_lines, "PTO_UNROLL", f"for (int k0 = 0; k0 < {g.tiles[a].cols}; k0 += {MMA_K}) {{",
             "    if (k0 >= pto_kn) break;", *indent(fa), *indent(fb), *indent(products), "}"]
 
