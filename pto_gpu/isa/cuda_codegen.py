@@ -344,12 +344,11 @@ class Generator:
         self.whole: set[str] = set()  # tiles some instruction reads whole: shared memory
         self.expanded: set[str] = set()  # COL_EXPAND's b operands: whole, unless broadcast
         # tile -> per write ("load", memref param), ("transpose", the source tile), ("mma", None)
-        # (a tensor-core product's result), ("scaled", None) (a ROW_EXPAND of it in place) or
-        # ("op", None)
+        # (a tensor-core product's result) or ("op", None)
         self.writes: dict[str, set] = {}
         # tile -> how it is read: "expand" (COL_EXPAND's b), "mma" and "mma_b" (a tensor-core
         # product's a and b), "mma_acc" (its accumulated result), "transpose" (TRANSPOSE's
-        # source), "store" (TSTORE's), "scaled" (a ROW_EXPAND's a, in place), "other"
+        # source), "store" (TSTORE's), "other"
         self.reads: dict[str, set] = {}
         self.uses: list[_TileUse] = []  # every tile instruction, as _fragments weighs it
         self.loads: collections.Counter[str] = collections.Counter()  # tile -> its TLOADs
@@ -1277,7 +1276,6 @@ class Context:
         _fragments and _packed read it). A product's tiles are recorded by its rule (_matmul: on
         tensor cores or not), and a TLOAD that a TTRANS of its tile follows at once by `block`."""
         operands = signature(spec)
-        scaled = spec.form is Form.ROW_EXPAND and op.dst == op.srcs[0]
         if spec.form is not Form.MATMUL:
             tiles = tuple(self.names[value] for value, operand in zip(op.srcs, operands[1:])
                           if operand.kind is Kind.TILE)
@@ -1288,16 +1286,12 @@ class Context:
                 use = {Form.TRANSPOSE: "transpose", Form.STORE: "store"}.get(spec.form, "other")
                 if spec.form is Form.COL_EXPAND and position == 1:
                     use = "expand"
-                elif scaled and position == 0:
-                    use = "scaled"
                 self.g.reads.setdefault(self.names[value], set()).add(use)
         if operands[0].kind is Kind.TILE and spec.form is not Form.MATMUL:
             dst = self.names[op.dst]
             if spec.form is Form.LOAD:
                 write = ("load", self.views[op.srcs[0]].param)
                 self.g.loads[dst] += 1
-            elif scaled:
-                write = ("scaled", None)
             else:
                 write = ("transpose", self.names[op.srcs[0]]) if spec.form is Form.TRANSPOSE else ("op", None)
             self.g.writes.setdefault(dst, set()).add(write)
