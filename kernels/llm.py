@@ -16,6 +16,7 @@ from pto_gpu.kernels.tiles import COLUMN_BLOCK, column_blocks, contract
 import pto_gpu as pto
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
+from pto_gpu.isa.cuda_mma import TENSOR_CORE_DTYPES
 from pto_gpu.isa.family import family, first_fitting
 
 
@@ -159,7 +160,7 @@ def flash_attention_tile(f: FunctionBuilder, dtype: DataType, m: int, d: int, n:
     else:
         # 16-bit tiles keep the scores and output in registers in whole rows, a warp 16 rows of
         # the pass: 128 rows keep every warp at work; the other forms stay at 64
-        widest = 128 if dtype in (pto.FLOAT16, pto.BFLOAT16) else 64
+        widest = 128 if dtype in TENSOR_CORE_DTYPES else 64
         sizes = first_fitting(f, attention_sizes(m, d, n, widest),
                               lambda trial, sizes: _attention(trial, dtype, m, d, n, *sizes))
     _attention(f, dtype, m, d, n, *sizes)

@@ -18,6 +18,13 @@ def build(code: CudaCode, dtype, folder: Path) -> ctypes.CDLL:
     return compile_source(code.source, dtype, folder / f"{code.source.stem}-{np.dtype(dtype)}.so")
 
 
+def build_all(codes, dtype, folder: Path) -> ctypes.CDLL:
+    """Several codes' sources pasted together into one library (one g++ run for them all)."""
+    source = folder / "all.cpp"
+    source.write_text("".join(code.source.read_text() for code in codes))
+    return compile_source(source, dtype, folder / "all.so")
+
+
 def compile_source(source: Path, dtype, library: Path) -> ctypes.CDLL:
     """Generated CUDA source (one kernel's, or several pasted together) built by g++ for
     `dtype` into `library` (a new path: dlopen caches by path), loaded."""

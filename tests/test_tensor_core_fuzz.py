@@ -147,9 +147,7 @@ def programs(tmp_path_factory):
         for i, name in enumerate(cases):
             patch.setattr(cuda_codegen, "MAX_STAGES", 2 + i % (MAX_STAGES - 1))
             codes[name] = cuda_code(module, name, folder)
-    source, library = folder / "all.cpp", folder / "all.so"
-    source.write_text("".join(code.source.read_text() for code in codes.values()))
-    return module, cases, codes, host_cuda.compile_source(source, np.float16, library)
+    return module, cases, codes, host_cuda.build_all(codes.values(), np.float16, folder)
 
 
 def test_the_programs_take_every_layout_the_generator_has(programs):

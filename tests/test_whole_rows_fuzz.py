@@ -268,9 +268,7 @@ def programs(tmp_path_factory):
     cases = {f"w{i}": _program(module, f"w{i}", rng) for i in range(PROGRAMS)}
     folder = tmp_path_factory.mktemp("whole-rows-fuzz")
     codes = {name: cuda_code(module, name, folder) for name in cases}
-    source, library = folder / "all.cpp", folder / "all.so"
-    source.write_text("".join(code.source.read_text() for code in codes.values()))
-    return module, cases, codes, host_cuda.compile_source(source, np.float16, library)
+    return module, cases, codes, host_cuda.build_all(codes.values(), np.float16, folder)
 
 
 def _run(programs, index: int):
