@@ -10,8 +10,12 @@ emulate="cpu-code"), so it runs on any machine; the same code issues to a GPU's 
   backend: the launch template's lookup, the task's words, one numba call) and the stream
   executor's host cost per task, from a compiled orchestration and from Python submits (issue
   and retirement: the run's time less the same orchestration's on the dry executor, which
-  submits and completes the same tasks without issuing them).
+  submits and completes the same tasks without issuing them), independent, a chain, and from
+  compiled code independent tasks each of a factor of its own (where a flush's plan looks for a
+  batch and finds none).
   extra_info["us_per_task"]. Targets: at most 5 us from Python, at most 1 us from compiled code.
+- The compiled tiled matmul (512², 32-row tiles: 4,608 tasks in chains of 18): the launches its
+  flushes' plans make (extra_info["launches"]).
 - The same 20,000 tasks through the persistent executor (its kernel's host build runs them), and
   the host's own CPU time a task there (less its waits for the kernel).
 - Python submits that no batch takes (a chain; factors that differ): extra_info["us_per_task"].
@@ -26,6 +30,7 @@ import numba
 import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import scale
+from pto_gpu.orchestration.matmul import tiled_matmul_compiled
 from tiny_tasks import TASKS, generated, generated_python, rows
 
 import pto_gpu as pto
@@ -224,8 +229,9 @@ def test_issue_from_compiled_code(benchmark, no_op):
 
 
 @pytest.mark.parametrize("orchestration, shape", [
-    (generated, "independent"), (generated_python, "independent"), (generated_python, "chain")],
-    ids=["compiled", "python-independent", "python-chain"])
+    (generated, "independent"), (generated, "chain"), (generated, "factors"),
+    (generated_python, "independent"), (generated_python, "chain")],
+    ids=["compiled", "compiled-chain", "compiled-factors", "python-independent", "python-chain"])
 def test_stream_executor_host_cost(benchmark, null_driver, orchestration, shape):
     """Over a driver whose per-task calls do nothing: the executor's own issue and retirement
     of a task, from a compiled orchestration or a Python submit (its arguments written to the
@@ -244,6 +250,22 @@ def test_stream_executor_host_cost(benchmark, null_driver, orchestration, shape)
         submits.append(time.perf_counter() - started)
     benchmark.extra_info["us_per_task"] = (benchmark.stats.stats.median - np.median(submits)) / TASKS * 1e6
     benchmark.extra_info["orchestration_us_per_task"] = np.median(submits) / TASKS * 1e6
+
+
+def test_tiled_matmul_launches_on_the_emulator(benchmark):
+    """The compiled tiled matmul's chains (a tile of C each) on the stream executor: its flushes'
+    plans send a row of tiles' k-th products as one cuBLAS call (the emulator's)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((512, 512)).astype(np.float32) for _ in range(2))
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream")
+    c = rt.backend.to_device(np.zeros((512, 512), np.float32))
+    result = benchmark.pedantic(rt.run, (tiled_matmul_compiled, a, b, c), {"tile": 32}, rounds=3,
+                                warmup_rounds=1)
+    expected = a.astype(np.float64) @ b
+    assert result.num_tasks == result.native_tasks == 16 * 16 * 18
+    assert np.abs(rt.backend.to_host(c) - expected).max() <= 1e-4 * np.abs(expected).max()
+    benchmark.extra_info["launches"] = result.native_launches
+    benchmark.extra_info["tasks"] = result.num_tasks
 
 
 # --- a run's new instances compile side by side (issue 41, item 5) ---------------------------------

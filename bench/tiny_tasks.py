@@ -1,6 +1,7 @@
 """Graphs of tiny generated-kernel tasks, shared by the throughput benchmarks (native workers
 on the CPU) and the CUDA emulator's: each task scales one 16-float row, out = 2 * x
-(independent: 64 rows over and over) or x *= 1 in place (one chain), submitted by a compiled
+(independent: 64 rows over and over; `factors`: the same, each task by a factor of its own, so
+that no two go out in one launch) or x *= 1 in place (one chain), submitted by a compiled
 orchestration (`generated`) or from Python (`generated_python`), with the library's `scale`
 or the same kernel as a user writes it (`user_scale`)."""
 
@@ -16,12 +17,12 @@ TASKS = 20_000
 
 
 @numba.njit(cache=True)
-def _generated_independent(o, x, y, tasks, scale_id):
+def _generated_independent(o, x, y, tasks, scale_id, factors):
     rows = pj.shape(x, 0)
     for i in range(tasks):
         r = i % rows
         pj.submit(o, scale_id, (pj.input(pj.narrow(x, 0, r, r + 1)), pj.output(pj.narrow(y, 0, r, r + 1))),
-                  (2.0,))
+                  (i + 1.0 if factors else 2.0,))
 
 
 @numba.njit(cache=True)
@@ -45,8 +46,8 @@ user_scale = _user_scale()
 
 
 def generated(o, x, y, shape, kernel=scale):
-    if shape == "independent":
-        o.compiled(_generated_independent, o.external(x), o.external(y), TASKS, kernel.id)
+    if shape in ("independent", "factors"):
+        o.compiled(_generated_independent, o.external(x), o.external(y), TASKS, kernel.id, shape == "factors")
     else:
         o.compiled(_generated_chain, o.external(x), TASKS, kernel.id)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.tiles import copy
+from pto_gpu.orchestration.matmul import tiled_matmul, tiled_matmul_compiled
 
 import pto_gpu as pto
 from pto_gpu import jit as pj
@@ -94,17 +95,18 @@ def _serial(orchestration, *arrays, **kwargs):
 
 @pytest.mark.parametrize("emulate", ["gpu-code", "cpu-code"])
 def test_tasks_of_one_instance_whose_tiles_advance_by_one_stride_go_out_as_one_launch(emulate):
-    """Consecutive independent logged tasks of one instance whose pointers each advance by the
-    same stride are one launch over a batch (their tensors' leading dim); a stride that changes,
-    a task of another instance, or one that depends on an earlier one of the run, starts a new
-    launch. Each result equals the serial CPU executor's."""
+    """Independent logged tasks of one instance whose pointers each advance by the same stride
+    are one launch over a batch (their tensors' leading dim), led by the first task not issued
+    and joined by later ones of the flush whose producers there are issued, even past tasks
+    that do not join; a stride that changes, a task of another instance, or one that depends on
+    a task not issued, does not join. Each result equals the serial CPU executor's."""
     rt = pto.Runtime(backend="cuda-emulated", emulate=emulate, executor="stream", task_window=256)
     x0 = np.arange(16 * 16, dtype=np.float32).reshape(16, 16)
     order = [0, 1, 2, 3, 4, 5, 6, 7,  # a stride of one row: one launch
              9, 11, 13,  # two rows: another
-             -1,  # x[0] += x[0]: add's
-             0, 1, 2,  # reads the add's output: waits for it, in one launch
-             8, 8]  # the second writes y[8] after the first: a dependency, two launches
+             -1,  # x[0] += x[0]: add's, after the first task read x[0]
+             0, 1, 2,  # the first reads the add's output: waits for it, in one launch
+             8, 8]  # the first joins [0..7]; the second writes y[8] after it: a launch of its own
     x, y = rt.backend.to_device(x0), rt.backend.to_device(np.zeros_like(x0))
     rt.run(rows_in_order, x, y, [0, -1])  # both instances learnt: the run below is all native
     x[:], y[:] = rt.backend.to_device(x0), 0
@@ -113,7 +115,7 @@ def test_tasks_of_one_instance_whose_tiles_advance_by_one_stride_go_out_as_one_l
     np.testing.assert_array_equal(rt.backend.to_host(x), want_x)
     np.testing.assert_array_equal(rt.backend.to_host(y), want_y)
     assert result.native_tasks == len(order)
-    assert result.native_launches == 6  # [0..7], [9, 11, 13], add, [0, 1, 2], [8], [8]
+    assert result.native_launches == 5  # [0..8], [9, 11, 13], add, [0, 1, 2], [8]
 
 
 def rows_in_order_python(o, x, y, order, compiled_tail: bool = False):
@@ -392,6 +394,66 @@ def test_a_fan_outs_consumers_spread_and_a_batch_continues_the_batch_it_reads(mo
     x, y, z = (rt.backend.to_device(np.zeros((8, 4), np.float32)) for _ in range(3))
     result = rt.run(two_stages, x, y, z)
     assert result.native_launches == 2 and result.cross_waits == 0
+
+
+@pytest.mark.parametrize("emulate", ["gpu-code", "cpu-code"])
+def test_a_flushs_chains_go_out_together(emulate):
+    """The tiled matmul's compiled graph is a chain per tile of C (zero its accumulator, the
+    products into it, the copy into C), logged one chain after another. A launch is led by the
+    first task not issued and takes the later ones of its flush whose producers there are
+    issued, so the chains of a row of tiles go out as one launch a step (their k-th products one
+    cuBLAS call, A's tile a step of 0): far fewer launches than tasks, where Python submits of
+    the same graph, issued in order, are a launch each. C equals the product."""
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    expected = a.astype(np.float64) @ b
+    rt = pto.Runtime(backend="cuda-emulated", emulate=emulate, executor="stream")
+    launches = {}
+    for orchestration in (tiled_matmul_compiled, tiled_matmul):
+        c = rt.backend.to_device(np.zeros((256, 256), np.float32))
+        rt.run(orchestration, a, b, c, tile=32)  # the instances learnt
+        c[:] = 0
+        result = rt.run(orchestration, a, b, c, tile=32)
+        np.testing.assert_allclose(rt.backend.to_host(c), expected, atol=1e-4 * np.abs(expected).max())
+        assert result.native_tasks == result.num_tasks == 8 * 8 * (8 + 2)
+        launches[orchestration] = result.native_launches
+    assert launches[tiled_matmul_compiled] < 640 / 4 and launches[tiled_matmul] == 640
+
+
+@numba.njit(cache=True)
+def _pulled_ahead(o, x, y, scale_id, add_id):
+    """t0: y[0] = 2 x[0]; t1: y[2] = y[0] + y[0]; t2: y[1] = 2 x[1], which joins t0's launch;
+    t3: y[3] = 20 y[2]; t4: y[4] = y[1] + y[2], of t1 and t2."""
+    def row(a, r):
+        return pj.narrow(a, 0, r, r + 1)
+
+    pj.submit(o, scale_id, (pj.input(row(x, 0)), pj.output(row(y, 0))), (2.0,))
+    pj.submit(o, add_id, (pj.input(row(y, 0)), pj.input(row(y, 0)), pj.output(row(y, 2))), ())
+    pj.submit(o, scale_id, (pj.input(row(x, 1)), pj.output(row(y, 1))), (2.0,))
+    pj.submit(o, scale_id, (pj.input(row(y, 2)), pj.output(row(y, 3))), (20.0,))
+    pj.submit(o, add_id, (pj.input(row(y, 1)), pj.input(row(y, 2)), pj.output(row(y, 4))), ())
+
+
+def pulled_ahead(o, x, y):
+    o.compiled(_pulled_ahead, o.external(x), o.external(y), scale.id, add.id)
+
+
+def test_a_task_issued_ahead_of_its_turn_is_covered_by_the_wait_on_the_one_issued_last(monkeypatch):
+    """t2 joins t0's launch, ahead of t1, on one stream; t1 and t3 continue it there, so t4 (of
+    t1 and t2) goes to the other stream and waits on one event there: t1's, issued after t2's
+    launch, which stream order then covers (not t2's, the newer task: t4 would start before t1
+    ended). Kernels that sleep (scale by 2: 30 ms; by 20: 10; add: 5) show the order."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", workers={pto.VECTOR: 2})
+    runs = slow_kernels(monkeypatch, rt)
+    x = rt.backend.to_device(np.arange(8 * 4, dtype=np.float32).reshape(8, 4))
+    y = rt.backend.to_device(np.zeros((8, 4), np.float32))
+    rt.run(pulled_ahead, x, y)  # the instances learnt
+    runs.clear()
+    result = rt.run(pulled_ahead, x, y)
+    assert result.native_launches == 4 and result.cross_waits == 1
+    ran = {what: (started, ended) for what, started, ended in runs}
+    t1, t4 = ran[y[2:3].ctypes.data], ran[y[4:5].ctypes.data]
+    assert t4[0] >= max(t1[1], ran[2.0][1])
 
 
 @pytest.mark.parametrize("fault", ["kernel", "launch"])

@@ -16,15 +16,17 @@ trace, measure or validate (those keep a record of every task):
     stream of its class) goes to that stream, whose order stands for a wait; any other to
     the stream of its class given a task least recently; either after a wait on the event of
     the newest producer still in flight on each other stream (stream order covers the rest);
-  - tasks retire in submission order as their events are reached: polled after each issue,
-    waited on when a ring is full, and when the orchestration has ended;
+  - tasks retire in the order they were issued as their events are reached: polled after each
+    issue, waited on when a ring is full, and when the orchestration has ended;
   - an event is recorded again only once its task has retired and no wait issued on it is
     still ahead of its stream;
-  - consecutive independent tasks of one instance whose tensors' pointers advance by constant
-    steps go out as one launch over a batch (their tensors' leading dim), on one stream, and
-    retire together on its one event (`_batch`, `_joins`, `_send`): compiled tasks as a flush
-    brings them, Python submits held until a submit that does not join them
-    (`submit_python`);
+  - independent tasks of one instance whose tensors' pointers advance by constant steps go out
+    as one launch over a batch (their tensors' leading dim), on one stream, and retire together
+    on its one event (`_batch`, `_joins`, `_send`): a compiled flush's tasks in the order of its
+    log, each batch led by the first task not issued and taking any later task whose producers
+    in the flush have all been issued (`plan`: so the tiles of several chains, a row of a tiled
+    matmul's accumulators, go out together), Python submits in order, held until a submit that
+    does not join them (`submit_python`);
   - a run's new kernel instances compile side by side before the launches that need them: a
     flush's all at once (`_prefetch`), and a Python submit's as it comes, the submits from it
     on waiting in order (`_behind`) while the orchestration goes on, issued as their compiles
@@ -47,6 +49,7 @@ from typing import NamedTuple, NoReturn
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.driver import NOT_READY, CudaError
@@ -73,7 +76,7 @@ from ..core.lock import monotonic_ns
 from ..core.state import MAX_PARAMS
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, InvariantError, TaskError, UsageError
-from ..jit.context import LOG_CAPACITY, MAX_SCALARS, ArgTables
+from ..jit.context import EDGE_CAPACITY, LOG_CAPACITY, MAX_SCALARS, ArgTables
 from ..jit.descriptor import D_ITEMSIZE, D_NDIM
 from ..kernel import registered
 from ..native_call import compiled_entry
@@ -100,6 +103,10 @@ BATCH_LIMIT = LOG_CAPACITY
 PROBE = 32  # of an instance whose Python submits go alone, every PROBE-th is held again
 HELD_EDGES = 16 * BATCH_LIMIT  # producer edges of held Python submits, to start with
 PREFETCH = 64  # new instances a flushed log starts compiling at once (CudaBackend.prefetch)
+# Ready tasks of a planned flush that do not join a leader's batch, after which it looks no
+# further (`_batch`): a bound on the host's work a launch where few join.
+MISSES = 32
+ISSUING = np.iinfo(np.int64).max  # a slot's `seq` from its task's first driver call to its record
 
 STATE = np.dtype([
     ("head", np.int64),  # the in-flight ring: the oldest task retires from here
@@ -113,12 +120,12 @@ STATE = np.dtype([
     ("native", np.int64),  # tasks issued from the log without Python
     ("launches", np.int64),  # launches (and GEMM calls) made, for Python and logged tasks: a batch's one
     ("waits", np.int64),  # event waits enqueued: a stream waiting for a producer on another
-    ("edge", np.int64),  # the next edge of the flushed edge log to note
 ], align=True)
 FAILURE = ("failed_task", "failed_status", "failed_call")
 
 SLOT = np.dtype([  # per task slot: the task in flight there
-    ("task", np.int64),
+    ("task", np.int64),  # (-1: none yet)
+    ("seq", np.int64),  # its place in the in-flight ring (ISSUING until its event is recorded)
     ("kernel", np.int64),
     ("stream", np.int64),
     ("event", np.int64),  # index into `events`
@@ -137,6 +144,13 @@ EVENT = np.dtype([
 PENDING = np.dtype([  # per task slot: the producers of the task submitted there, not yet issued
     ("consumer", np.int64),  # the task the row is for (-1: none)
     ("newest", np.int64, (MAX_STREAMS,)),  # per stream: its newest producer there, or -1
+], align=True)
+
+PLAN = np.dtype([  # per position of a planned flush's log (`plan`)
+    ("left", np.int64),  # its producers in the log not issued yet
+    ("issued", np.int64),
+    ("first_successor", np.int64),  # its consumers in the log: successors[first_successor:next's]
+    ("fill", np.int64),  # (while planning)
 ], align=True)
 
 HELD = np.dtype([  # Python submits held to go out as one launch (`submit_python`)
@@ -184,7 +198,7 @@ class Tables(NamedTuple):
     class_streams: np.ndarray  # [class, i]: the i-th stream of the class
     class_count: np.ndarray  # [class]: how many streams it has
     handles: np.ndarray  # per stream: its CUstream
-    tails: np.ndarray  # per stream: the last task issued to it (-1: none yet)
+    given: np.ndarray  # per stream: the ring's tail when it was last given a task (-1: never)
     tail_events: np.ndarray  # and the event of its last launch
     blas: np.ndarray  # per stream: its cuBLAS handle, once a GEMM needs them (0 before)
     stream_end: np.ndarray  # per stream: when its last retired task ended (monotonic ns)
@@ -213,6 +227,11 @@ class Tables(NamedTuple):
     held_strides: np.ndarray  # per tensor: bytes from one held task's pointer to the next's
     alone: np.ndarray  # per instance slot: its last held batches that no task joined, in a row
     skipped: np.ndarray  # per instance slot: its tasks not held since
+    batch: np.ndarray  # the tasks of the launch being formed (`_batch`)
+    batch_at: np.ndarray  # and their positions in the log
+    plan: np.ndarray  # PLAN per position of the flush's log, and one more
+    successors: np.ndarray  # the plan's consumers in the log, by producer
+    ready_at: np.ndarray  # the plan's positions not issued whose producers in the log are: a bitset
 
 
 # --- the bookkeeping -----------------------------------------------------------------------------
@@ -220,13 +239,16 @@ class Tables(NamedTuple):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _in_flight(t, task_id):
-    """Whether an issued task has not retired: tasks retire in submission order."""
-    s = t.state[0]
-    return s.head != s.tail and task_id >= t.ring[s.head & (len(t.ring) - 1)]
+    """Whether a task was issued and has not retired: its slot holds it, at a place in the
+    in-flight ring that the head (tasks retire in the order they were issued) has not passed."""
+    slot = t.slots[task_id & (len(t.slots) - 1)]
+    return slot.task == task_id and slot.seq >= t.state[0].head
 
 
 @njit(cache=True, _nrt=False, inline="always")
 def _note(t, producer, consumer):
+    """Note a producer of `consumer` if it is in flight, where it is the last issued of the
+    consumer's producers on its stream (waiting for it covers those before it there)."""
     mask = len(t.pending) - 1
     row = t.pending[consumer & mask]
     if row.consumer != consumer:
@@ -234,25 +256,46 @@ def _note(t, producer, consumer):
         row.newest[:] = -1
     if _in_flight(t, producer):
         stream = t.slots[producer & mask].stream
-        if producer > row.newest[stream]:
+        newest = row.newest[stream]
+        if newest < 0 or not _in_flight(t, newest) or \
+                t.slots[producer & mask].seq > t.slots[newest & mask].seq:
             row.newest[stream] = producer
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _note_edges(t, edges, upto):
-    """Note the flushed edge log's (producer, consumer) pairs from state.edge on, up to those of
-    consumer `upto`. A consumer's producers were issued before it: its edges are noted when it
-    is about to be (in `issue_logged`), or at the end of a flush whose log ends before it (a
-    consumer's edges may come in two flushes, always before the consumer itself)."""
-    s = t.state[0]
-    while s.edge < len(edges) and edges[s.edge, 1] <= upto:
-        _note(t, edges[s.edge, 0], edges[s.edge, 1])
-        s.edge += 1
+def _edges_of(edges, consumer):
+    """Where a consumer's edges are in an edge log ordered by consumer (a flush's, the held
+    submits'): edges[first:end]."""
+    first, end = 0, len(edges)
+    while first < end:
+        middle = (first + end) >> 1
+        if edges[middle, 1] < consumer:
+            first = middle + 1
+        else:
+            end = middle
+    end = first
+    while end < len(edges) and edges[end, 1] == consumer:
+        end += 1
+    return first, end
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _note_producers_in(t, edges, consumer):
+    """Note a task's producers in an edge log, when it is about to be issued: they were issued
+    before it (a consumer's edges may come in two flushes: those of the first are noted at its
+    end, `note_after`)."""
+    first, end = _edges_of(edges, consumer)
+    for e in range(first, end):
+        _note(t, edges[e, 0], consumer)
 
 
 @njit(cache=True, _nrt=False)
-def note_edges(t, edges):
-    _note_edges(t, edges, np.iinfo(np.int64).max)
+def note_after(t, edges, last):
+    """Note the edges of the consumers after task `last` (a flush's last): those the next flush
+    brings, whose producers are issued."""
+    first, _ = _edges_of(edges, last + 1)
+    for e in range(first, len(edges)):
+        _note(t, edges[e, 0], edges[e, 1])
 
 
 @njit(cache=True, _nrt=False)
@@ -288,13 +331,13 @@ def _stream(t, task_id, worker):
         for i in range(t.class_count[worker]):
             candidate = t.class_streams[worker, i]
             producer = row.newest[candidate]
-            if producer > newest and _in_flight(t, producer) and \
+            if producer >= 0 and _in_flight(t, producer) and t.slots[producer & mask].seq > newest and \
                     t.slots[producer & mask].event == t.tail_events[candidate]:
-                stream, newest = candidate, producer
+                stream, newest = candidate, t.slots[producer & mask].seq
     if stream < 0:
         for i in range(t.class_count[worker]):
             candidate = t.class_streams[worker, i]
-            if stream < 0 or t.tails[candidate] < t.tails[stream]:
+            if stream < 0 or t.given[candidate] < t.given[stream]:
                 stream = candidate
     return stream
 
@@ -332,10 +375,11 @@ def _join(t, driver, task_id, kernel, stream, event, now, leader):
     CUresult that is not 0, or 0."""
     mask = len(t.slots) - 1
     t.events[event].busy += 1
-    t.tails[stream] = task_id
+    t.given[stream] = t.state[0].tail
     t.tail_events[stream] = event
     slot = t.slots[task_id & mask]
     slot.task = task_id
+    slot.seq = ISSUING
     slot.kernel = kernel
     slot.stream = stream
     slot.event = event
@@ -362,14 +406,21 @@ def _join(t, driver, task_id, kernel, stream, event, now, leader):
 @njit(cache=True, _nrt=False, inline="always")
 def _record(t, driver, task_id):
     """Record the task's event behind its kernel and put it in flight; a CUresult."""
-    s = t.state[0]
     slot = t.slots[task_id & (len(t.slots) - 1)]
     status = record_event(driver[RECORD], t.events[slot.event].handle, t.handles[slot.stream])
     if status != 0:
         return _fail(t, task_id, status, RECORD)
+    _enter(t, task_id)
+    return 0
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _enter(t, task_id):
+    """Put an issued task at the in-flight ring's tail."""
+    s = t.state[0]
+    t.slots[task_id & (len(t.slots) - 1)].seq = s.tail
     t.ring[s.tail & (len(t.ring) - 1)] = task_id
     s.tail += 1
-    return 0
 
 
 @njit(cache=True, _nrt=False)
@@ -532,26 +583,123 @@ def _joins(t, tasks, args, leader, key, words, strides, n, task_id, launch, gemm
 
 
 @njit(cache=True, _nrt=False)
-def _batch(t, tasks, args, log, first, logged, edges, launch, gemm):
-    """How many of log[first:logged] go out as one launch with log[first] (its key in t.key, its
-    words in t.words): it and the tasks right after it that depend on none of them and join it
-    (`_joins`; the steps in t.strides), at most BATCH_LIMIT. 1: it goes alone."""
+def _batch(t, tasks, args, log, first, logged, edges, planned, launch, gemm):
+    """How many tasks go out as one launch with log[first] (its key in t.key, its words in
+    t.words), left in t.batch[:n] (their positions in t.batch_at): it and later tasks of the
+    log that depend on none of them and join it (`_joins`; the steps in t.strides), at most
+    BATCH_LIMIT. In a planned log (`plan`) they are any of its ready tasks, in the log's order,
+    until MISSES of them did not join; in another, those right after it. 1: it goes alone."""
     leader = log[first, 0]
+    t.batch[0] = leader
+    t.batch_at[0] = first
     slot = leader & (len(t.slots) - 1)
     if not _batchable(t, tasks, args, slot, launch, gemm):
         return 1
-    edge = t.state[0].edge  # the leader's edges are noted: the followers' are from here
     n = 1
+    if planned:
+        misses = 0
+        at = _next_ready(t.ready_at, first + 1)
+        while 0 <= at < logged and n < BATCH_LIMIT and misses < MISSES:
+            if _joins(t, tasks, args, slot, t.key, t.words, t.strides, n, log[at, 0], launch, gemm):
+                t.batch[n] = log[at, 0]
+                t.batch_at[n] = at
+                n += 1
+            else:
+                misses += 1
+            at = _next_ready(t.ready_at, at + 1)
+        return n
     while first + n < logged and n < BATCH_LIMIT:
         task_id = log[first + n, 0]
+        edge, end = _edges_of(edges, task_id)
         dependent = False
-        while edge < len(edges) and edges[edge, 1] <= task_id:
-            dependent |= edges[edge, 1] == task_id and edges[edge, 0] >= leader
-            edge += 1
+        for e in range(edge, end):  # on the leader or a task after it: on one of the batch
+            dependent |= edges[e, 0] >= leader
         if dependent or not _joins(t, tasks, args, slot, t.key, t.words, t.strides, n, task_id, launch, gemm):
             break
+        t.batch[n] = task_id
+        t.batch_at[n] = first + n
         n += 1
     return n
+
+
+# --- a flush's plan: its tasks' producers in the flush, and which are ready ---------------------
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _position(log, logged, task_id):
+    """Where a task is in a log of ascending ids, or -1."""
+    first, end = 0, logged
+    while first < end:
+        middle = (first + end) >> 1
+        if log[middle, 0] < task_id:
+            first = middle + 1
+        else:
+            end = middle
+    return first if first < logged and log[first, 0] == task_id else -1
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _next_ready(ready, at):
+    """The first ready position from `at` on, or -1."""
+    word = at >> 6
+    if word >= len(ready):
+        return -1
+    bits = ready[word] & (np.int64(-1) << (at & 63))
+    while bits == 0:
+        word += 1
+        if word == len(ready):
+            return -1
+        bits = ready[word]
+    return (word << 6) + trailing_zeros(bits)
+
+
+@njit(cache=True, _nrt=False)
+def plan(t, log, logged, edges):
+    """Plan the issue of a flushed log: per position its producers in the log and its consumers
+    there (from the flush's edge log), and the positions whose producers in the log are all
+    issued (none yet: those with none). Whether it is planned; a log of more tasks or edges than
+    the plan holds, or not in ascending ids, is not, and issues in order."""
+    if logged >= len(t.plan) or len(edges) > len(t.successors):
+        return False
+    for at in range(1, logged):
+        if log[at, 0] <= log[at - 1, 0]:
+            return False
+    for at in range(logged + 1):
+        row = t.plan[at]
+        row.left = row.issued = row.first_successor = 0
+    for e in range(len(edges)):
+        consumer, producer = _position(log, logged, edges[e, 1]), _position(log, logged, edges[e, 0])
+        if consumer >= 0 and producer >= 0:
+            t.plan[consumer].left += 1
+            t.plan[producer + 1].first_successor += 1
+    for at in range(1, logged + 1):
+        t.plan[at].first_successor += t.plan[at - 1].first_successor
+    for at in range(logged):
+        t.plan[at].fill = t.plan[at].first_successor
+    for e in range(len(edges)):
+        consumer, producer = _position(log, logged, edges[e, 1]), _position(log, logged, edges[e, 0])
+        if consumer >= 0 and producer >= 0:
+            t.successors[t.plan[producer].fill] = consumer
+            t.plan[producer].fill += 1
+    t.ready_at[:] = 0
+    for at in range(logged):
+        if t.plan[at].left == 0:
+            t.ready_at[at >> 6] |= np.int64(1) << (at & 63)
+    return True
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _issued(t, at):
+    """Position `at` of a planned log is issued: its consumers there whose last producer it was
+    are ready."""
+    row = t.plan[at]
+    row.issued = 1
+    t.ready_at[at >> 6] &= ~(np.int64(1) << (at & 63))
+    for k in range(row.first_successor, t.plan[at + 1].first_successor):
+        consumer = t.successors[k]
+        t.plan[consumer].left -= 1
+        if t.plan[consumer].left == 0 and t.plan[consumer].issued == 0:
+            t.ready_at[consumer >> 6] |= np.int64(1) << (consumer & 63)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -595,8 +743,7 @@ def _send(t, driver, ids, kernel, worker, function, grid, block, shared, gemm, t
     if status != 0:
         return status
     for f in range(1, n):  # in flight behind the leader, on its event
-        t.ring[s.tail & (len(t.ring) - 1)] = ids[f]
-        s.tail += 1
+        _enter(t, ids[f])
     return 0
 
 
@@ -615,54 +762,72 @@ def _learnt(t, tasks, args, task_id):
 
 
 @njit(cache=True, _nrt=False, nogil=True)
-def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logged, edges):
-    """Issue the logged tasks log[first:logged] in order, each behind its producers in `edges`
-    (the flushed edge log), retiring those reached on the way, until one needs Python (an
-    instance not learnt yet, a kernel not issued here: state.why NEEDS_PYTHON; its edges are
-    noted), no event is free (NEEDS_EVENTS) or a driver call fails (FAILED); the index of the
-    first not issued."""
+def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logged, edges, planned):
+    """Issue the logged tasks log[first:logged], each behind its producers in `edges` (the
+    flushed edge log), retiring those reached on the way, until one needs Python (an instance
+    not learnt yet, a kernel not issued here: state.why NEEDS_PYTHON; its edges are noted), no
+    event is free (NEEDS_EVENTS) or a driver call fails (FAILED); the position of the first not
+    issued. Each launch is led by the first task not issued (in a `planned` log, `plan`, its
+    followers may be later ones, which the positions after it skip)."""
     s = t.state[0]
     s.why = 0
     window = len(t.slots)
     i = first
     while i < logged:
+        if planned and t.plan[i].issued:
+            i += 1
+            continue
         task_id = log[i, 0]
-        _note_edges(t, edges, task_id)
+        _note_producers_in(t, edges, task_id)
         slot = task_id & (window - 1)
         kernel = tasks[slot].kernel
         s.why = NEEDS_PYTHON
         if args.task[slot] != task_id or kernel >= len(t.kernel_info) or not t.kernel_info[kernel].native:
-            return i
+            return _to_python(t, i, planned)
         found = _learnt(t, tasks, args, task_id)
         if found < 0:
-            return i
+            return _to_python(t, i, planned)
         launch = t.launches[found]
         t.gemm[0] = t.gemms[found]  # a copy: a batch sets its count and strides
         gemm = t.gemm[0]
         n = 1
+        t.batch[0] = task_id
+        t.batch_at[0] = i
         if launch.grid != 0:
             task_words(t.words, args, slot, launch.integer, t.double, t.bits)
             if gemm.batch != 0 and not _gemm_takes(gemm, t.words):
-                return i  # learnt from tiles of these shapes but other strides: the Python way's
-            n = _batch(t, tasks, args, log, i, logged, edges, launch, gemm)
+                return _to_python(t, i, planned)  # learnt from tiles of these shapes, other strides
+            n = _batch(t, tasks, args, log, i, logged, edges, planned, launch, gemm)
         if s.free == 0:  # before the followers' edges are noted: a retry forms the batch again
             s.why = NEEDS_EVENTS
             return i
-        _note_edges(t, edges, log[i + n - 1, 0])
+        for f in range(1, n):
+            _note_producers_in(t, edges, t.batch[f])
         tensors = args.count[slot, 0]
         for p in range(tensors):
             t.tensors[p, 0] = p * TENSOR_WORDS
             t.tensors[p, 1] = args.desc[slot, p, D_ITEMSIZE]
-        if _send(t, driver, log[i:i + n, 0], kernel, tasks[slot].worker, launch.function, launch.grid,
+        if _send(t, driver, t.batch[:n], kernel, tasks[slot].worker, launch.function, launch.grid,
                  launch.block, launch.shared, gemm, t.tensors[:tensors]) != 0:
             return i
         s.native += n
+        if planned:
+            for f in range(n):
+                _issued(t, t.batch_at[f])
         retire_reached(t, driver, header, tasks, buffers, deps, n)
         if s.failed_task >= 0:
             s.why = FAILED
-            return i + n
-        i += n
+            return i + 1
+        i += 1 if planned else n
     return logged
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _to_python(t, at, planned):
+    """Position `at` goes the Python way, which issues it next (or fails the run)."""
+    if planned:
+        _issued(t, at)
+    return at
 
 
 # --- Python submits ------------------------------------------------------------------------------
@@ -675,9 +840,8 @@ def _issue_held(t, driver, header, tasks, buffers, deps, args, go):
     RESUME where issue_logged stopped (at the log's first task now; held.upto: the tasks from
     there that were to go)."""
     h = t.held[0]
-    t.state[0].edge = 0
     issued = issue_logged(t, driver, header, tasks, buffers, deps, args, t.held_log, 0, go,
-                          t.held_edges[:h.edges])
+                          t.held_edges[:h.edges], False)
     _drop_held(t, issued)
     if issued < go:
         h.upto = go - issued
@@ -687,17 +851,18 @@ def _issue_held(t, driver, header, tasks, buffers, deps, args, go):
 
 @njit(cache=True, _nrt=False, inline="always")
 def _drop_held(t, go):
-    """Forget the first `go` held tasks, issued, and the edges issue_logged noted for them."""
+    """Forget the first `go` held tasks, issued, and their edges."""
     h = t.held[0]
+    if go == 0:
+        return
+    noted, _ = _edges_of(t.held_edges[:h.edges], t.held_log[go - 1, 0] + 1)
     for i in range(go, h.count):
         t.held_log[i - go, 0] = t.held_log[i, 0]
     h.count -= go
-    noted = t.state[0].edge
     for e in range(noted, h.edges):
         t.held_edges[e - noted, 0] = t.held_edges[e, 0]
         t.held_edges[e - noted, 1] = t.held_edges[e, 1]
     h.edges -= noted
-    t.state[0].edge = 0
 
 
 @njit(cache=True, _nrt=False)
@@ -886,16 +1051,18 @@ class DriverStreamExecutor:
         pending["consumer"] = -1
         state_row = np.zeros(1, STATE)
         state_row["failed_task"] = -1
+        slots = np.zeros(window, SLOT)
+        slots["task"] = -1
         # A view of the field, tested after every submit: 80 ns, where state[0]["failed_task"]
         # took 380 of a Python submit's ~5 µs.
         self._failed_task = state_row["failed_task"]
         self._t = Tables(
-            state=state_row, ring=np.zeros(window, np.int64), slots=np.zeros(window, SLOT),
+            state=state_row, ring=np.zeros(window, np.int64), slots=slots,
             # In use at once: the tasks in flight, and the retired producers they wait on.
             events=np.zeros(window * len(handles) + EVENT_BATCH, EVENT),
             pool=np.zeros(window * len(handles) + EVENT_BATCH, np.int64), pending=pending,
             class_streams=class_streams, class_count=class_count, handles=np.array(handles, np.int64),
-            tails=np.full(len(handles), -1, np.int64), tail_events=np.full(len(handles), -1, np.int64),
+            given=np.full(len(handles), -1, np.int64), tail_events=np.full(len(handles), -1, np.int64),
             blas=np.zeros(len(handles), np.int64), stream_end=np.zeros(len(handles), np.int64),
             stats=np.zeros((len(handles), len(kernels), 2), np.int64),
             kernel_info=cuda_kernel_info(kernels, backend.runs_library), keys=instances.keys,
@@ -908,7 +1075,10 @@ class DriverStreamExecutor:
             held_log=np.zeros((BATCH_LIMIT + 1, 2), np.int64), held_edges=np.zeros((HELD_EDGES, 2), np.int64),
             held_key=np.zeros(KEY_WIDTH, np.int64),
             held_words=np.zeros_like(scratch.words), held_strides=np.zeros(MAX_PARAMS, np.int64),
-            alone=np.zeros(INSTANCES, np.int64), skipped=np.zeros(INSTANCES, np.int64))
+            alone=np.zeros(INSTANCES, np.int64), skipped=np.zeros(INSTANCES, np.int64),
+            batch=np.zeros(BATCH_LIMIT, np.int64), batch_at=np.zeros(BATCH_LIMIT, np.int64),
+            plan=np.zeros(LOG_CAPACITY + 1, PLAN), successors=np.zeros(EDGE_CAPACITY, np.int64),
+            ready_at=np.zeros((LOG_CAPACITY + 63) // 64, np.int64))
         # Python submits of these write their arguments to the run's tables (Scheduler.try_submit),
         # which `submit_python` issues from as a compiled flush's tasks are.
         self.kernel_ids = frozenset(int(k) for k in np.flatnonzero(self._t.kernel_info["native"]))
@@ -964,13 +1134,14 @@ class DriverStreamExecutor:
         self._issue_behind(wait=True)  # submitted before the log's tasks: issued before them
         self._release_held()
         self._edges = edge_log
-        self._t.state[0]["edge"] = 0
 
     def admit(self, log: np.ndarray, logged: int) -> int:
-        """Issue a flushed log's tasks, in order; none is left for the session to submit."""
+        """Issue a flushed log's tasks (`plan`: each launch led by the first not issued, in the
+        log's order); none is left for the session to submit."""
         self._issue_behind(wait=True)
-        self._issue_log(log, 0, logged, self._edges)
-        note_edges(self._t, self._edges)  # those of consumers the next flush brings
+        planned = plan(self._t, log, logged, self._edges)
+        self._issue_log(log, 0, logged, self._edges, planned=planned)
+        note_after(self._t, self._edges, int(log[logged - 1, 0]) if logged else -1)
         self._edges = _NO_EDGES
         return 0
 
@@ -1060,17 +1231,17 @@ class DriverStreamExecutor:
         self._profile.stalled(RINGS[status].key, time.perf_counter() - started)
 
     def _issue_log(self, log: np.ndarray, i: int, logged: int, edges: np.ndarray,
-                   stopped: bool = False) -> None:
-        """Issue log[i:logged] (a compiled flush's log, or the held Python submits') behind the
-        producers in `edges`, the Python way where issue_logged cannot; `stopped`: issue_logged
-        has just stopped at log[i] (why: in the state). At the first task of an instance not
-        learnt yet, the log's other new instances start compiling too, side by side, before it
-        is issued."""
+                   stopped: bool = False, planned: bool = False) -> None:
+        """Issue log[i:logged] (a compiled flush's log, `planned`, or the held Python submits')
+        behind the producers in `edges`, the Python way where issue_logged cannot; `stopped`:
+        issue_logged has just stopped at log[i] (why: in the state). At the first task of an
+        instance not learnt yet, the log's other new instances start compiling too, side by
+        side, before it is issued."""
         t = self._t
         prefetched = False
         while i < logged:
             if not stopped:
-                i = issue_logged(t, self._addresses, *self._core, self._args, log, i, logged, edges)
+                i = issue_logged(t, self._addresses, *self._core, self._args, log, i, logged, edges, planned)
             stopped = False
             why = int(t.state[0]["why"])
             if i == logged and why != FAILED:
