@@ -104,8 +104,9 @@ PROBE = 32  # of an instance whose Python submits go alone, every PROBE-th is he
 HELD_EDGES = 16 * BATCH_LIMIT  # producer edges of held Python submits, to start with
 PREFETCH = 64  # new instances a flushed log starts compiling at once (CudaBackend.prefetch)
 # Ready tasks of a planned flush that do not join a leader's batch, after which it looks no
-# further (`_batch`): a bound on the host's work a launch where few join.
-MISSES = 32
+# further (`_batch`): of other kernels (a glance each), and of its kernel (a comparison of
+# their instances and words): a bound on the host's work a launch where few join.
+STRANGERS, MISSES = 32, 4
 ISSUING = np.iinfo(np.int64).max  # a slot's `seq` from its task's first driver call to its record
 
 STATE = np.dtype([
@@ -588,7 +589,8 @@ def _batch(t, tasks, args, log, first, logged, edges, planned, launch, gemm):
     t.words), left in t.batch[:n] (their positions in t.batch_at): it and later tasks of the
     log that depend on none of them and join it (`_joins`; the steps in t.strides), at most
     BATCH_LIMIT. In a planned log (`plan`) they are any of its ready tasks, in the log's order,
-    until MISSES of them did not join; in another, those right after it. 1: it goes alone."""
+    until STRANGERS of other kernels or MISSES of its own did not join; in another, those right
+    after it. 1: it goes alone."""
     leader = log[first, 0]
     t.batch[0] = leader
     t.batch_at[0] = first
@@ -597,11 +599,14 @@ def _batch(t, tasks, args, log, first, logged, edges, planned, launch, gemm):
         return 1
     n = 1
     if planned:
-        misses = 0
+        strangers = misses = 0
         at = _next_ready(t.ready_at, first + 1)
-        while 0 <= at < logged and n < BATCH_LIMIT and misses < MISSES:
-            if _joins(t, tasks, args, slot, t.key, t.words, t.strides, n, log[at, 0], launch, gemm):
-                t.batch[n] = log[at, 0]
+        while 0 <= at < logged and n < BATCH_LIMIT and strangers < STRANGERS and misses < MISSES:
+            task_id = log[at, 0]
+            if tasks[task_id & (len(t.slots) - 1)].kernel != tasks[slot].kernel:
+                strangers += 1
+            elif _joins(t, tasks, args, slot, t.key, t.words, t.strides, n, task_id, launch, gemm):
+                t.batch[n] = task_id
                 t.batch_at[n] = at
                 n += 1
             else:
@@ -628,6 +633,9 @@ def _batch(t, tasks, args, log, first, logged, edges, planned, launch, gemm):
 @njit(cache=True, _nrt=False, inline="always")
 def _position(log, logged, task_id):
     """Where a task is in a log of ascending ids, or -1."""
+    if log[logged - 1, 0] - log[0, 0] == logged - 1:  # consecutive ids, as a compiled flush's mostly are
+        at = task_id - log[0, 0]
+        return at if 0 <= at < logged else -1
     first, end = 0, logged
     while first < end:
         middle = (first + end) >> 1
@@ -659,7 +667,7 @@ def plan(t, log, logged, edges):
     there (from the flush's edge log), and the positions whose producers in the log are all
     issued (none yet: those with none). Whether it is planned; a log of more tasks or edges than
     the plan holds, or not in ascending ids, is not, and issues in order."""
-    if logged >= len(t.plan) or len(edges) > len(t.successors):
+    if logged == 0 or logged >= len(t.plan) or len(edges) > len(t.successors):
         return False
     for at in range(1, logged):
         if log[at, 0] <= log[at - 1, 0]:
