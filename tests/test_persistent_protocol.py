@@ -6,6 +6,7 @@ data race. A completion lost on purpose is reported
 as a deadlock that names what waits for it, not a hang; a slow host is not one. The same
 header compiles for the GPU."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -130,7 +131,9 @@ def test_a_block_stalled_between_closed_and_submitted_misses_no_task(tmp_path):
 def test_the_protocol_compiles_for_the_gpu(arch, tmp_path):
     """A persistent worker over the header: thread 0 of a block wires and pulls work (a task,
     or a piece of one from the board) and completes the task after its last piece (PTX
-    acquire/release atomics, %globaltimer), the block runs it between barriers."""
+    acquire/release atomics, %globaltimer), the block runs it between barriers. Every
+    read-modify-write is at GPU scope (only blocks touch those words; at system scope each is
+    a MEMBAR.SYS), and so are the loads and stores of the ready queue's cells."""
     unit = tmp_path / "worker.cu"
     unit.write_text('''#include "persistent_protocol.h"
 __global__ void worker(pto_sched sched, pto_board board, float *out) {
@@ -156,3 +159,7 @@ __global__ void worker(pto_sched sched, pto_board board, float *out) {
                str(unit), "-o", str(tmp_path / "worker.o")]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    ptx = subprocess.run(command[:-3] + ["-ptx", str(unit), "-o", "-"], capture_output=True, text=True).stdout
+    atomics = re.findall(r"\batom\.acq_rel\.(\w+)\.", ptx)
+    assert atomics and set(atomics) == {"gpu"}
+    assert "ld.acquire.gpu.u64" in ptx and "st.release.gpu.u64" in ptx and "ld.acquire.sys" in ptx

@@ -3,7 +3,10 @@
  * ready ones, while the host keeps submitting. Written once for two builds:
  *
  *   - CUDA (nvcc, NVRTC): the persistent kernel's blocks, one thread of each speaking for it;
- *     atomics are PTX (ld.acquire, st.release, atom.acq_rel) at system scope;
+ *     atomics are PTX (ld.acquire, st.release, atom.acq_rel): at system scope on the words
+ *     the host shares (pto_load_*, pto_store_*), at GPU scope on the words only blocks touch
+ *     (pto_block_load_*, pto_block_store_*, and every read-modify-write: one writer a word
+ *     with the host, below), whose system-scope forms each cost a MEMBAR.SYS;
  *   - C11 on the host: the protocol's fuzz (tests/persistent_fuzz.c), host threads standing in
  *     for the blocks and for the host, under ThreadSanitizer, with GCC's __atomic builtins in
  *     the same orders. The host's side (pto_host_*) is host code, built by a C compiler.
@@ -132,6 +135,56 @@ typedef struct {
 
 /* --- atomics: one spelling, two builds ------------------------------------------------------- */
 #ifdef __CUDACC__
+/* Words only blocks touch: GPU scope. */
+PTO_FN pto_u32 pto_block_load_acquire32(const pto_u32 *p) {
+    pto_u32 v;
+    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+PTO_FN pto_u64 pto_block_load_acquire64(const pto_u64 *p) {
+    pto_u64 v;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+PTO_FN pto_u64 pto_block_load_relaxed64(const pto_u64 *p) {
+    pto_u64 v;
+    asm volatile("ld.relaxed.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+PTO_FN void pto_block_store_release32(pto_u32 *p, pto_u32 v) {
+    asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+PTO_FN void pto_block_store_release64(pto_u64 *p, pto_u64 v) {
+    asm volatile("st.release.gpu.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+PTO_FN pto_u32 pto_fetch_add32(pto_u32 *p, pto_u32 v) {
+    pto_u32 old;
+    asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+PTO_FN pto_u64 pto_fetch_add64(pto_u64 *p, pto_u64 v) {
+    pto_u64 old;
+    asm volatile("atom.acq_rel.gpu.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+    return old;
+}
+PTO_FN pto_u32 pto_fetch_or32(pto_u32 *p, pto_u32 v) {
+    pto_u32 old;
+    asm volatile("atom.acq_rel.gpu.or.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+PTO_FN int pto_cas32(pto_u32 *p, pto_u32 expected, pto_u32 desired) {
+    pto_u32 old;
+    asm volatile("atom.acq_rel.gpu.cas.b32 %0, [%1], %2, %3;"
+                 : "=r"(old) : "l"(p), "r"(expected), "r"(desired) : "memory");
+    return old == expected;
+}
+PTO_FN int pto_cas64(pto_u64 *p, pto_u64 expected, pto_u64 desired) {
+    pto_u64 old;
+    asm volatile("atom.acq_rel.gpu.cas.b64 %0, [%1], %2, %3;"
+                 : "=l"(old) : "l"(p), "l"(expected), "l"(desired) : "memory");
+    return old == expected;
+}
+/* Words the host shares: system scope. */
 PTO_FN pto_u32 pto_load_acquire32(const pto_u32 *p) {
     pto_u32 v;
     asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -142,43 +195,14 @@ PTO_FN pto_u64 pto_load_acquire64(const pto_u64 *p) {
     asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
-PTO_FN pto_u64 pto_load_relaxed64(const pto_u64 *p) {
-    pto_u64 v;
-    asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
 PTO_FN void pto_store_release32(pto_u32 *p, pto_u32 v) {
     asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 PTO_FN void pto_store_release64(pto_u64 *p, pto_u64 v) {
     asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-PTO_FN pto_u32 pto_fetch_add32(pto_u32 *p, pto_u32 v) {
-    pto_u32 old;
-    asm volatile("atom.acq_rel.sys.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-PTO_FN pto_u64 pto_fetch_add64(pto_u64 *p, pto_u64 v) {
-    pto_u64 old;
-    asm volatile("atom.acq_rel.sys.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
-    return old;
-}
-PTO_FN pto_u32 pto_fetch_or32(pto_u32 *p, pto_u32 v) {
-    pto_u32 old;
-    asm volatile("atom.acq_rel.sys.or.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-PTO_FN int pto_cas32(pto_u32 *p, pto_u32 expected, pto_u32 desired) {
-    pto_u32 old;
-    asm volatile("atom.acq_rel.sys.cas.b32 %0, [%1], %2, %3;"
-                 : "=r"(old) : "l"(p), "r"(expected), "r"(desired) : "memory");
-    return old == expected;
-}
-PTO_FN int pto_cas64(pto_u64 *p, pto_u64 expected, pto_u64 desired) {
-    pto_u64 old;
-    asm volatile("atom.acq_rel.sys.cas.b64 %0, [%1], %2, %3;"
-                 : "=l"(old) : "l"(p), "l"(expected), "l"(desired) : "memory");
-    return old == expected;
+PTO_FN void pto_store_relaxed64(pto_u64 *p, pto_u64 v) {
+    asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 PTO_FN pto_u64 pto_now_ns(void) {
     pto_u64 t;
@@ -187,11 +211,17 @@ PTO_FN pto_u64 pto_now_ns(void) {
 }
 PTO_FN void pto_pause(pto_u32 spins) { __nanosleep(spins < 64 ? 32 : 256); }
 #else
+/* One scope on the host: the blocks' words' functions are the others. */
+#define pto_block_load_acquire32 pto_load_acquire32
+#define pto_block_load_acquire64 pto_load_acquire64
+#define pto_block_store_release32 pto_store_release32
+#define pto_block_store_release64 pto_store_release64
 PTO_FN pto_u32 pto_load_acquire32(const pto_u32 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 PTO_FN pto_u64 pto_load_acquire64(const pto_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-PTO_FN pto_u64 pto_load_relaxed64(const pto_u64 *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+PTO_FN pto_u64 pto_block_load_relaxed64(const pto_u64 *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 PTO_FN void pto_store_release32(pto_u32 *p, pto_u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 PTO_FN void pto_store_release64(pto_u64 *p, pto_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+PTO_FN void pto_store_relaxed64(pto_u64 *p, pto_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 PTO_FN pto_u32 pto_fetch_add32(pto_u32 *p, pto_u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 PTO_FN pto_u64 pto_fetch_add64(pto_u64 *p, pto_u64 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 PTO_FN pto_u32 pto_fetch_or32(pto_u32 *p, pto_u32 v) { return __atomic_fetch_or(p, v, __ATOMIC_ACQ_REL); }
@@ -229,8 +259,8 @@ PTO_FN pto_u32 pto_aborted(const pto_sched *s) {
 /* The blocks' progress, as a block sees it: a sum of counters that only grow, so it moves when
  * any of them does. */
 PTO_FN pto_u64 pto_progress(const pto_sched *s) {
-    return pto_load_acquire64(&s->shown[PTO_WIRED]) + pto_load_acquire64(&s->counters[PTO_DEQUEUED]) +
-           pto_load_acquire64(&s->counters[PTO_FINISHED]);
+    return pto_load_acquire64(&s->shown[PTO_WIRED]) + pto_block_load_acquire64(&s->counters[PTO_DEQUEUED]) +
+           pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
 }
 
 /* Waiting on the blocks: how far they were and since when. */
@@ -262,11 +292,11 @@ PTO_FN int pto_out_of_patience(const pto_sched *s, pto_patience *patience, int o
  * positions move on past it, so a push that finds its cell not yet released waits for it. */
 PTO_FN int pto_ready_push(pto_sched *s, pto_u32 slot) {
     const pto_u64 mask = s->slots - 1;
-    pto_u64 position = pto_load_relaxed64(&s->counters[PTO_ENQUEUED]);
+    pto_u64 position = pto_block_load_relaxed64(&s->counters[PTO_ENQUEUED]);
     pto_u64 since = 0;
     for (pto_u32 spins = 0;; ++spins) {
         pto_u64 *sequence = &s->cell_sequence[position & mask];
-        const long long lag = (long long)(pto_load_acquire64(sequence) - position);
+        const long long lag = (long long)(pto_block_load_acquire64(sequence) - position);
         if (lag == 0) {
             if (pto_cas64(&s->counters[PTO_ENQUEUED], position, position + 1)) break;
         } else if (lag < 0) {
@@ -275,29 +305,29 @@ PTO_FN int pto_ready_push(pto_sched *s, pto_u32 slot) {
             if (now - since > PTO_PATIENCE_NS) return 1;
             pto_pause(spins);
         }
-        position = pto_load_relaxed64(&s->counters[PTO_ENQUEUED]);
+        position = pto_block_load_relaxed64(&s->counters[PTO_ENQUEUED]);
     }
     s->cell_slot[position & mask] = slot;
-    pto_store_release64(&s->cell_sequence[position & mask], position + 1);
+    pto_block_store_release64(&s->cell_sequence[position & mask], position + 1);
     return 0;
 }
 
 /* Pop a slot into *slot: 1, or 0 where the queue is empty. */
 PTO_FN int pto_ready_pop(pto_sched *s, pto_u32 *slot) {
     const pto_u64 mask = s->slots - 1;
-    pto_u64 position = pto_load_relaxed64(&s->counters[PTO_DEQUEUED]);
+    pto_u64 position = pto_block_load_relaxed64(&s->counters[PTO_DEQUEUED]);
     for (;;) {
         pto_u64 *sequence = &s->cell_sequence[position & mask];
-        const long long lag = (long long)(pto_load_acquire64(sequence) - (position + 1));
+        const long long lag = (long long)(pto_block_load_acquire64(sequence) - (position + 1));
         if (lag == 0) {
             if (pto_cas64(&s->counters[PTO_DEQUEUED], position, position + 1)) break;
         } else if (lag < 0) {
             return 0;
         }
-        position = pto_load_relaxed64(&s->counters[PTO_DEQUEUED]);
+        position = pto_block_load_relaxed64(&s->counters[PTO_DEQUEUED]);
     }
     *slot = s->cell_slot[position & mask];
-    pto_store_release64(&s->cell_sequence[position & mask], position + mask + 1);
+    pto_block_store_release64(&s->cell_sequence[position & mask], position + mask + 1);
     return 1;
 }
 
@@ -367,7 +397,7 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
         if (!failed && pto_pending_add(s, slot, -1) == 1) failed = pto_ready_push(s, slot);
     }
     pto_store_release64(&s->shown[PTO_WIRED], ticket);
-    pto_store_release32(s->wiring, 0);
+    pto_block_store_release32(s->wiring, 0);
     return failed;
 }
 
@@ -402,16 +432,16 @@ PTO_FN pto_u64 pto_board_word(pto_u64 ticket, pto_u32 pieces, pto_u32 taken) {
 
 /* Take a piece of a task on the board into *w: 1, or 0 where there is none. */
 PTO_FN int pto_take_piece(const pto_sched *s, const pto_board *b, pto_work *w) {
-    if (pto_load_acquire32(b->open) == 0) return 0;
+    if (pto_block_load_acquire32(b->open) == 0) return 0;
     for (pto_u64 e = 0; e < b->entries; ++e) {
         for (;;) {
-            const pto_u64 word = pto_load_acquire64(&b->board[e]);
+            const pto_u64 word = pto_block_load_acquire64(&b->board[e]);
             if (word == 0) break;
             const pto_u32 pieces = (pto_u32)(word >> 16) & 0xFFFFu, taken = (pto_u32)word & 0xFFFFu;
             if (taken >= pieces) break; /* the last taker frees the entry */
             if (pto_cas64(&b->board[e], word, word + 1)) {
                 if (taken + 1 == pieces) {
-                    pto_store_release64(&b->board[e], 0);
+                    pto_block_store_release64(&b->board[e], 0);
                     pto_fetch_add32(b->open, (pto_u32)-1);
                 }
                 w->slot = (pto_u32)((word >> 32) - 1) & (s->slots - 1);
@@ -455,13 +485,13 @@ PTO_FN int pto_wait_ready(pto_sched *s, const pto_board *b, pto_u32 *slot, pto_p
         const int closed = pto_load_acquire32(s->closed) != 0;
         PTO_BETWEEN_LOADS();
         const pto_u64 published = pto_load_acquire64(s->submitted);
-        const pto_u64 finished = pto_load_acquire64(&s->counters[PTO_FINISHED]);
+        const pto_u64 finished = pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
         if (closed && finished == published) return PTO_ALL_DONE;
         if (pto_out_of_patience(s, patience, finished == published)) {
             pto_store_release32(s->device_abort, PTO_STUCK);
             return PTO_ABORTED;
         }
-        if (pto_load_acquire32(b->open) != 0) return PTO_OTHER_WORK;
+        if (pto_block_load_acquire32(b->open) != 0) return PTO_OTHER_WORK;
         pto_pause(spins);
     }
 }
@@ -508,8 +538,8 @@ PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
         if (pto_pending_add(s, successor, -1) == 1) full |= pto_ready_push(s, successor);
     }
     pto_fetch_add64(&s->counters[PTO_FINISHED], 1);
-    pto_store_release64(&s->shown[PTO_LAST_DONE], ticket + 1);
     pto_store_release64(&s->done[slot], ticket);
+    pto_store_relaxed64(&s->shown[PTO_LAST_DONE], ticket + 1); /* a sign of progress, no more */
     return full;
 }
 
