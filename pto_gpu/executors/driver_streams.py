@@ -15,7 +15,8 @@ trace, measure or validate (those keep a record of every task):
   - a task that continues a chain (a producer of it, in flight, is in the last launch on a
     stream of its class) goes to that stream, whose order stands for a wait; any other to
     the stream of its class given a task least recently; either after a wait on the event of
-    the newest producer still in flight on each other stream (stream order covers the rest);
+    the producer issued last of those still in flight on each other stream (stream order
+    covers the rest);
   - tasks retire in the order they were issued as their events are reached: polled after each
     issue, waited on when a ring is full, and when the orchestration has ended;
   - an event is recorded again only once its task has retired and no wait issued on it is
@@ -34,7 +35,7 @@ trace, measure or validate (those keep a record of every task):
 
 State is plain arrays (`Tables`) that only the orchestrator's thread changes, so there is no
 lock: producers reach a task through the pending table (from the compiled edge log, or a
-Python submit's producers), which keeps, per consumer, the newest producer on each stream.
+Python submit's producers), which keeps, per consumer, its producer issued last on each stream.
 The instances' launches (the CUfunction, grid, block and each scalar's word type) are kept
 per backend, for its later runs.
 """
@@ -110,7 +111,7 @@ STRANGERS, MISSES = 32, 4
 ISSUING = np.iinfo(np.int64).max  # a slot's `seq` from its task's first driver call to its record
 
 STATE = np.dtype([
-    ("head", np.int64),  # the in-flight ring: the oldest task retires from here
+    ("head", np.int64),  # the in-flight ring: the task issued first retires from here
     ("tail", np.int64),  # and the next issued goes here
     ("free", np.int64),  # event indices on `pool`
     ("made", np.int64),  # event indices with a handle
@@ -144,7 +145,7 @@ EVENT = np.dtype([
 
 PENDING = np.dtype([  # per task slot: the producers of the task submitted there, not yet issued
     ("consumer", np.int64),  # the task the row is for (-1: none)
-    ("newest", np.int64, (MAX_STREAMS,)),  # per stream: its newest producer there, or -1
+    ("last", np.int64, (MAX_STREAMS,)),  # per stream: its producer issued last there, or -1
 ], align=True)
 
 PLAN = np.dtype([  # per position of a planned flush's log (`plan`)
@@ -191,7 +192,7 @@ class Tables(NamedTuple):
     """One run's state on the streams, and what its numba code reads beside it."""
 
     state: np.ndarray  # STATE, one row
-    ring: np.ndarray  # task ids in flight, in submission order
+    ring: np.ndarray  # task ids in flight, in the order they were issued
     slots: np.ndarray  # SLOT per task slot
     events: np.ndarray  # EVENT per event index
     pool: np.ndarray  # free event indices, pool[:state.free]
@@ -254,13 +255,12 @@ def _note(t, producer, consumer):
     row = t.pending[consumer & mask]
     if row.consumer != consumer:
         row.consumer = consumer
-        row.newest[:] = -1
+        row.last[:] = -1
     if _in_flight(t, producer):
         stream = t.slots[producer & mask].stream
-        newest = row.newest[stream]
-        if newest < 0 or not _in_flight(t, newest) or \
-                t.slots[producer & mask].seq > t.slots[newest & mask].seq:
-            row.newest[stream] = producer
+        last = row.last[stream]
+        if last < 0 or not _in_flight(t, last) or t.slots[producer & mask].seq > t.slots[last & mask].seq:
+            row.last[stream] = producer
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -303,7 +303,7 @@ def note_after(t, edges, last):
 def note_producers(t, task_id, producers):
     mask = len(t.pending) - 1
     t.pending[task_id & mask].consumer = task_id
-    t.pending[task_id & mask].newest[:] = -1
+    t.pending[task_id & mask].last[:] = -1
     for i in range(len(producers)):
         _note(t, producers[i], task_id)
 
@@ -322,19 +322,19 @@ def _fail(t, task_id, status, call):
 @njit(cache=True, _nrt=False, inline="always")
 def _stream(t, task_id, worker):
     """The stream a task goes to: where it continues a chain (a producer of it, in flight, is
-    in the last launch on a stream of its class; the newest such), that stream, whose order
+    in the last launch on a stream of its class; the one issued last), that stream, whose order
     then stands for a wait on another; else the stream of its class that was given a task
     least recently (so a fan-out's consumers spread, whatever went where in between)."""
     mask = len(t.slots) - 1
     row = t.pending[task_id & mask]
-    stream, newest = -1, -1
+    stream, latest = -1, -1
     if row.consumer == task_id:
         for i in range(t.class_count[worker]):
             candidate = t.class_streams[worker, i]
-            producer = row.newest[candidate]
-            if producer >= 0 and _in_flight(t, producer) and t.slots[producer & mask].seq > newest and \
+            producer = row.last[candidate]
+            if producer >= 0 and _in_flight(t, producer) and t.slots[producer & mask].seq > latest and \
                     t.slots[producer & mask].event == t.tail_events[candidate]:
-                stream, newest = candidate, t.slots[producer & mask].seq
+                stream, latest = candidate, t.slots[producer & mask].seq
     if stream < 0:
         for i in range(t.class_count[worker]):
             candidate = t.class_streams[worker, i]
@@ -355,7 +355,7 @@ def _waits_on(slot, event):
 @njit(cache=True, _nrt=False, inline="always")
 def _begin(t, driver, task_id, kernel, worker, now):
     """Take the task's slot, a stream of its class (`_stream`) and an event, and enqueue its
-    waits on the newest producer in flight on each other stream. -1 when no event is free
+    waits on its producer issued last of those in flight on each other stream. -1 when no event is free
     (nothing taken); else the first CUresult that is not 0, or 0."""
     s = t.state[0]
     if s.free == 0:
@@ -371,9 +371,9 @@ def _begin(t, driver, task_id, kernel, worker, now):
 @njit(cache=True, _nrt=False, inline="always")
 def _join(t, driver, task_id, kernel, stream, event, now, leader):
     """Take the task's slot for a launch on `stream` whose record is `event` (its own, or the
-    batch's it joins, led by `leader`), and enqueue its waits on the newest producer in flight
-    on each other stream, but for those the leader's stream already waits on; the first
-    CUresult that is not 0, or 0."""
+    batch's it joins, led by `leader`), and enqueue its waits on its producer issued last of
+    those in flight on each other stream, but for those the leader's stream already waits on;
+    the first CUresult that is not 0, or 0."""
     mask = len(t.slots) - 1
     t.events[event].busy += 1
     t.given[stream] = t.state[0].tail
@@ -389,7 +389,7 @@ def _join(t, driver, task_id, kernel, stream, event, now, leader):
     row = t.pending[task_id & mask]
     if row.consumer == task_id:
         for other in range(len(t.handles)):
-            producer = row.newest[other]
+            producer = row.last[other]
             if other != stream and producer >= 0 and _in_flight(t, producer):
                 waited = t.slots[producer & mask].event
                 if leader != task_id and _waits_on(t.slots[leader & mask], waited):
@@ -443,7 +443,7 @@ def _release(t, event):
 
 @njit(cache=True, _nrt=False)
 def retire_reached(t, driver, header, tasks, buffers, deps, limit):
-    """Retire, oldest first, up to `limit` tasks whose events are reached, up to the first that
+    """Retire, in the order issued, up to `limit` tasks whose events are reached, up to the first that
     is not (or whose kernel failed: state.failed_*); how many retired."""
     s = t.state[0]
     mask = len(t.slots) - 1
@@ -774,9 +774,11 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
     """Issue the logged tasks log[first:logged], each behind its producers in `edges` (the
     flushed edge log), retiring those reached on the way, until one needs Python (an instance
     not learnt yet, a kernel not issued here: state.why NEEDS_PYTHON; its edges are noted), no
-    event is free (NEEDS_EVENTS) or a driver call fails (FAILED); the position of the first not
-    issued. Each launch is led by the first task not issued (in a `planned` log, `plan`, its
-    followers may be later ones, which the positions after it skip)."""
+    event is free (NEEDS_EVENTS) or a driver call fails (FAILED); the position to go on from:
+    logged, the one that stopped it (NEEDS_*; the Python way's next, which a planned log marks
+    issued), or after the launch that failed. Each launch is led by the first task not issued
+    (in a `planned` log, `plan`, its followers may be later ones, which the positions after it
+    skip)."""
     s = t.state[0]
     s.why = 0
     window = len(t.slots)
@@ -825,7 +827,7 @@ def issue_logged(t, driver, header, tasks, buffers, deps, args, log, first, logg
         retire_reached(t, driver, header, tasks, buffers, deps, n)
         if s.failed_task >= 0:
             s.why = FAILED
-            return i + 1
+            return i + (1 if planned else n)
         i += 1 if planned else n
     return logged
 
