@@ -373,7 +373,8 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
     if (wired == pto_load_acquire64(s->submitted) || !pto_cas32(s->wiring, 0, 1)) return 0;
     pto_u64 ticket = pto_load_acquire64(&s->shown[PTO_WIRED]);  /* under the lock: current */
     const pto_u64 published = pto_load_acquire64(s->submitted);
-    int failed = 0;
+    int failed = 0, read = 0;
+    pto_u64 words_read = 0;
     for (; ticket < published && budget > 0 && !failed; ++ticket, --budget) {
         const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
         if (ticket >= s->slots) pto_retire(s, slot);  /* the host saw its task done */
@@ -393,9 +394,12 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
             if (producer + s->slots > ticket)  /* its slot still holds it */
                 failed = pto_link(s, (pto_u32)(producer & (s->slots - 1)), slot);
         }
-        pto_store_release64(&s->shown[PTO_WORDS_READ], first + count);
+        words_read = first + count;
+        read = 1;
         if (!failed && pto_pending_add(s, slot, -1) == 1) failed = pto_ready_push(s, slot);
     }
+    /* once a turn: each system-scope release is a MEMBAR.SYS on the GPU */
+    if (read) pto_store_release64(&s->shown[PTO_WORDS_READ], words_read);
     pto_store_release64(&s->shown[PTO_WIRED], ticket);
     pto_block_store_release32(s->wiring, 0);
     return failed;
