@@ -135,28 +135,33 @@ typedef struct {
 
 /* --- atomics: one spelling, two builds ------------------------------------------------------- */
 #ifdef __CUDACC__
+/* A load or store of one ordering and scope (PTX's names), on a word of `bits` (register
+ * constraint `reg`). */
+#define PTO_LOAD(name, order, scope, type, bits, reg)                                \
+    PTO_FN type name(const type *p) {                                                \
+        type v;                                                                      \
+        asm volatile("ld." #order "." #scope ".u" #bits " %0, [%1];"                 \
+                     : "=" reg(v) : "l"(p) : "memory");                              \
+        return v;                                                                    \
+    }
+#define PTO_STORE(name, order, scope, type, bits, reg)                               \
+    PTO_FN void name(type *p, type v) {                                              \
+        asm volatile("st." #order "." #scope ".u" #bits " [%0], %1;"                 \
+                     ::"l"(p), reg(v) : "memory");                                   \
+    }
 /* Words only blocks touch: GPU scope. */
-PTO_FN pto_u32 pto_block_load_acquire32(const pto_u32 *p) {
-    pto_u32 v;
-    asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-PTO_FN pto_u64 pto_block_load_acquire64(const pto_u64 *p) {
-    pto_u64 v;
-    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-PTO_FN pto_u64 pto_block_load_relaxed64(const pto_u64 *p) {
-    pto_u64 v;
-    asm volatile("ld.relaxed.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-PTO_FN void pto_block_store_release32(pto_u32 *p, pto_u32 v) {
-    asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-PTO_FN void pto_block_store_release64(pto_u64 *p, pto_u64 v) {
-    asm volatile("st.release.gpu.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+PTO_LOAD(pto_block_load_acquire32, acquire, gpu, pto_u32, 32, "r")
+PTO_LOAD(pto_block_load_acquire64, acquire, gpu, pto_u64, 64, "l")
+PTO_LOAD(pto_block_load_relaxed64, relaxed, gpu, pto_u64, 64, "l")
+PTO_STORE(pto_block_store_release32, release, gpu, pto_u32, 32, "r")
+PTO_STORE(pto_block_store_release64, release, gpu, pto_u64, 64, "l")
+/* Words the host shares: system scope. */
+PTO_LOAD(pto_load_acquire32, acquire, sys, pto_u32, 32, "r")
+PTO_LOAD(pto_load_acquire64, acquire, sys, pto_u64, 64, "l")
+PTO_STORE(pto_store_release32, release, sys, pto_u32, 32, "r")
+PTO_STORE(pto_store_release64, release, sys, pto_u64, 64, "l")
+PTO_STORE(pto_store_relaxed64, relaxed, sys, pto_u64, 64, "l")
+/* Every read-modify-write is on a word only blocks touch (one writer a word with the host). */
 PTO_FN pto_u32 pto_fetch_add32(pto_u32 *p, pto_u32 v) {
     pto_u32 old;
     asm volatile("atom.acq_rel.gpu.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -183,26 +188,6 @@ PTO_FN int pto_cas64(pto_u64 *p, pto_u64 expected, pto_u64 desired) {
     asm volatile("atom.acq_rel.gpu.cas.b64 %0, [%1], %2, %3;"
                  : "=l"(old) : "l"(p), "l"(expected), "l"(desired) : "memory");
     return old == expected;
-}
-/* Words the host shares: system scope. */
-PTO_FN pto_u32 pto_load_acquire32(const pto_u32 *p) {
-    pto_u32 v;
-    asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-PTO_FN pto_u64 pto_load_acquire64(const pto_u64 *p) {
-    pto_u64 v;
-    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-PTO_FN void pto_store_release32(pto_u32 *p, pto_u32 v) {
-    asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-PTO_FN void pto_store_release64(pto_u64 *p, pto_u64 v) {
-    asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-PTO_FN void pto_store_relaxed64(pto_u64 *p, pto_u64 v) {
-    asm volatile("st.relaxed.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 PTO_FN pto_u64 pto_now_ns(void) {
     pto_u64 t;

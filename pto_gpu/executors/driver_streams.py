@@ -264,16 +264,23 @@ def _note(t, producer, consumer):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _edges_of(edges, consumer):
-    """Where a consumer's edges are in an edge log ordered by consumer (a flush's, the held
-    submits'): edges[first:end]."""
-    first, end = 0, len(edges)
+def _first_from(rows, column, end, value):
+    """The first of rows[:end] whose `column` is at least `value` (they ascend there), or end."""
+    first = 0
     while first < end:
         middle = (first + end) >> 1
-        if edges[middle, 1] < consumer:
+        if rows[middle, column] < value:
             first = middle + 1
         else:
             end = middle
+    return first
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _edges_of(edges, consumer):
+    """Where a consumer's edges are in an edge log ordered by consumer (a flush's, the held
+    submits'): edges[first:end]."""
+    first = _first_from(edges, 1, len(edges), consumer)
     end = first
     while end < len(edges) and edges[end, 1] == consumer:
         end += 1
@@ -586,14 +593,13 @@ def _joins(t, tasks, args, leader, key, words, strides, n, task_id, launch, gemm
 @njit(cache=True, _nrt=False)
 def _batch(t, tasks, args, log, first, logged, edges, planned, launch, gemm):
     """How many tasks go out as one launch with log[first] (its key in t.key, its words in
-    t.words), left in t.batch[:n] (their positions in t.batch_at): it and later tasks of the
+    t.words; t.batch[0] and t.batch_at[0] the caller's), left in t.batch[:n] (their positions
+    in t.batch_at): it and later tasks of the
     log that depend on none of them and join it (`_joins`; the steps in t.strides), at most
     BATCH_LIMIT. In a planned log (`plan`) they are any of its ready tasks, in the log's order,
     until STRANGERS of other kernels or MISSES of its own did not join; in another, those right
     after it. 1: it goes alone."""
     leader = log[first, 0]
-    t.batch[0] = leader
-    t.batch_at[0] = first
     slot = leader & (len(t.slots) - 1)
     if not _batchable(t, tasks, args, slot, launch, gemm):
         return 1
@@ -636,14 +642,8 @@ def _position(log, logged, task_id):
     if log[logged - 1, 0] - log[0, 0] == logged - 1:  # consecutive ids, as a compiled flush's mostly are
         at = task_id - log[0, 0]
         return at if 0 <= at < logged else -1
-    first, end = 0, logged
-    while first < end:
-        middle = (first + end) >> 1
-        if log[middle, 0] < task_id:
-            first = middle + 1
-        else:
-            end = middle
-    return first if first < logged and log[first, 0] == task_id else -1
+    at = _first_from(log, 0, logged, task_id)
+    return at if at < logged and log[at, 0] == task_id else -1
 
 
 @njit(cache=True, _nrt=False, inline="always")
