@@ -19,7 +19,7 @@ import numba
 import numpy as np
 import nvrtc
 import pytest
-from fuzzing import PLAN_SHAPE, compiled_plan, native_plan, python_plan
+from fuzzing import HEAP_TILE, PLAN_SHAPE, compiled_plan, native_plan, python_plan
 from pto_gpu.kernels.elementwise import add, scale
 from pto_gpu.kernels.tiles import copy, matmul_acc, zero
 from pto_gpu.orchestration.flash_attention import flash_attention_fused
@@ -255,6 +255,80 @@ def test_a_task_runs_as_the_pieces_its_launch_has_blocks(monkeypatch, board):
     (state,) = rt.backend.persistent_states.values()
     assert (state.pieces[:16] == 32).all()  # the 16 tasks' slots: each published as 32 pieces
 
+
+@numba.njit(cache=True)
+def _averaging(o, a, b, plan, scale_id, add_id):
+    """native_plan's rows as tasks whose results stay within [-1, 1] and are the same bits
+    whichever code computes them (products by 0.75 and 0.5 and sums, each rounded once), and
+    depend on the order in which the tasks meet: op 0 scales a tile into another, op 1
+    averages one into another (an add and a halving), ops 2 and 3 the same through a heap
+    tile."""
+    for i in range(plan.shape[0]):
+        op, which, r, c, h, w, dr, dc = plan[i]
+        src, dst = (a, b) if which == 0 else (b, a)
+        source = pj.narrow(pj.narrow(src, 0, r, r + h), 1, c, c + w)
+        target = pj.narrow(pj.narrow(dst, 0, dr, dr + h), 1, dc, dc + w)
+        if op == 0:
+            pj.submit(o, scale_id, (pj.input(source), pj.output(target)), (0.75,))
+            continue
+        if op >= 2:
+            tile = pj.alloc(o, (h, w), pj.dtype(src))
+            pj.submit(o, scale_id, (pj.input(source), pj.output(tile)), (0.75,))
+            source = tile
+        pj.submit(o, add_id, (pj.input(source), pj.input(target), pj.output(target)))
+        pj.submit(o, scale_id, (pj.input(target), pj.output(target)), (0.5,))
+        if op >= 2:
+            pj.free(o, source)
+
+
+def averaging(o, a, b, plan) -> None:
+    o.compiled(_averaging, o.external(a), o.external(b), plan, scale.id, add.id)
+
+
+def averaging_submits(o, a, b, plan) -> None:
+    """The same tasks, through o.submit."""
+    arrays = (o.external(a), o.external(b))
+    for op, which, r, c, h, w, dr, dc in plan.tolist():
+        source = arrays[which][r:r + h, c:c + w]
+        target = arrays[1 - which][dr:dr + h, dc:dc + w]
+        if op == 0:
+            o.submit(scale, pto.input(source), pto.output(target), 0.75)
+            continue
+        tile = o.alloc((h, w), pto.FLOAT32) if op >= 2 else None
+        if tile is not None:
+            o.submit(scale, pto.input(source), pto.output(tile), 0.75)
+        o.submit(add, pto.input(tile if tile is not None else source), pto.input(target), pto.output(target))
+        o.submit(scale, pto.input(target), pto.output(target), 0.5)
+        if tile is not None:
+            o.free(tile)
+
+
+STRESS_ROWS = {"cuda": 12_000, "cuda-emulated": 2_000}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("orchestration", [averaging, averaging_submits], ids=["compiled", "python"])
+def test_thousands_of_tiny_tasks_through_small_rings_equal_the_serial_executor_bit_for_bit(orchestration,
+                                                                                          backend):
+    """The protocol under load (on a GPU, every resident block racing for tasks): thousands of
+    tasks of one or two tiles' work, each meeting the tasks before it through overlapping
+    tiles of two small arrays (a task run before a producer, or twice, or never, changes the
+    bits), through task rings of 2 to 256 slots and a heap of two tiles, twice on one runtime."""
+    rng = np.random.default_rng(11)
+    plan = native_plan(rng, STRESS_ROWS[backend])
+    start = rng.uniform(-1, 1, (2, *PLAN_SHAPE)).astype(np.float32)
+    want = start.copy()
+    reference = pto.Runtime(backend="cpu", executor="serial").run(averaging, want[0], want[1], plan)
+    assert np.isfinite(want).all() and 0 < np.abs(want - start).max() <= 2
+    for window in (2, 16, 256):
+        rt = pto.Runtime(backend=backend, executor="persistent", task_window=window, heap_bytes=2 * HEAP_TILE)
+        for run in range(2):
+            got = [rt.backend.to_device(x) for x in start]
+            result = rt.run(orchestration, *got, plan)
+            assert result.num_tasks == reference.num_tasks
+            for index, (expected, array) in enumerate(zip(want, got)):
+                assert rt.backend.to_host(array).tobytes() == expected.tobytes(), \
+                    f"window {window}, run {run}: array {index} differs"
 
 def test_a_heap_of_two_tiles_stalls_the_orchestrator_until_the_kernel_frees_one():
     rng = np.random.default_rng(6)
