@@ -6,6 +6,11 @@
  *
  *   persistent_fuzz SEED TASKS SLOTS BLOCKS FANIN WINDOW [LOSE [PAUSE_AT PAUSE_MS]]
  *
+ * Built with -DFUZZ_GPU and linked with tests/persistent_fuzz_gpu.cu (nvcc), the blocks are a
+ * GPU's: a kernel of BLOCKS blocks (at most those resident at once), thread 0 of each running
+ * the same loop (tests/persistent_fuzz_blocks.h), the state laid out by pto_layout in device
+ * and mapped memory as the executor's is, so the protocol's orders are the GPU's memory model's.
+ *
  * Built with -DFUZZ_MAX_PIECES=n (default 1), each task runs as 1..n pieces (random), which the
  * blocks share through a board of FUZZ_BOARD entries (default 4; the protocol's pto_board).
  *
@@ -29,67 +34,22 @@
 #ifdef FUZZ_STALL_US
 #define PTO_BETWEEN_LOADS() nanosleep(&(struct timespec){0, FUZZ_STALL_US * 1000}, NULL)
 #endif
-#include "persistent_protocol.h"
+#include "persistent_fuzz_blocks.h"
 
-#ifndef FUZZ_MAX_PIECES
-#define FUZZ_MAX_PIECES 1
-#endif
 #ifndef FUZZ_BOARD
 #define FUZZ_BOARD 4
 #endif
 
-static pto_sched sched;
-static pto_board board;
-static long tasks, fanin, window, lose = -1;
-static long *producers;          /* tasks x fanin: each task's producers, -1 past its last */
-static pto_u64 *slot_ticket;     /* per slot: the task in it (the host's, published with it) */
-static pto_u32 *slot_pieces;     /* per slot: its task's pieces (the host's, published with it) */
-static long *task_pieces;        /* per task: its pieces */
-static unsigned *finished_flag;  /* per task: 1 once it ran (release) */
-static unsigned *runs;           /* per task x FUZZ_MAX_PIECES: times the piece ran */
-static unsigned violations;
+#ifdef FUZZ_GPU
+/* tests/persistent_fuzz_gpu.cu */
+void *fuzz_gpu_device(size_t bytes);                               /* zeroed device memory */
+void *fuzz_gpu_mapped(size_t bytes);                               /* zeroed, the GPU's address too */
+void fuzz_gpu_copy(void *to, const void *from, size_t bytes);      /* between host and device */
+unsigned fuzz_gpu_start(const fuzz_world *world, unsigned blocks); /* the blocks launched */
+void fuzz_gpu_join(void);                                          /* exits where the kernel failed */
+#endif
 
-static void *block(void *unused) {
-    (void)unused;
-    pto_work work;
-    while (pto_next_work(&sched, &board, &work) == PTO_GOT_TASK) {
-        const pto_u64 task = slot_ticket[work.slot];
-        if (work.pieces != (pto_u32)task_pieces[task] || work.last > work.pieces)
-            __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
-        for (pto_u32 piece = work.first; piece < work.last && piece < FUZZ_MAX_PIECES; ++piece) {
-            for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
-                if (!__atomic_load_n(&finished_flag[producers[task * fanin + i]], __ATOMIC_ACQUIRE))
-                    __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&runs[task * FUZZ_MAX_PIECES + piece], 1, __ATOMIC_RELAXED);
-        }
-        if ((long)task == lose) continue;  /* the lost completion */
-        if (pto_pieces_ran(&board, &work)) {
-            __atomic_store_n(&finished_flag[task], 1, __ATOMIC_RELEASE);
-            if (pto_complete(&sched, work.slot, task)) __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);
-        }
-    }
-    return NULL;
-}
-
-/* The unfinished tasks and the producers each still waits for (the host's DeadlockError). */
-static void name_the_stuck(long submitted) {
-    printf("stuck: %llu of %ld tasks finished;", (unsigned long long)sched.counters[PTO_FINISHED], submitted);
-    for (long task = 0; task < submitted; ++task) {
-        if (__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE) ||
-            __atomic_load_n(&runs[task * FUZZ_MAX_PIECES], __ATOMIC_RELAXED))
-            continue;
-        printf(" task %ld waits for", task);
-        for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
-            if (!__atomic_load_n(&finished_flag[producers[task * fanin + i]], __ATOMIC_ACQUIRE))
-                printf(" %ld", producers[task * fanin + i]);
-        printf(";");
-    }
-    for (long task = 0; task < submitted; ++task)
-        if (__atomic_load_n(&runs[task * FUZZ_MAX_PIECES], __ATOMIC_RELAXED) &&
-            !__atomic_load_n(&finished_flag[task], __ATOMIC_ACQUIRE))
-            printf(" task %ld ran and did not complete;", task);
-    printf("\n");
-}
+static fuzz_world world;
 
 static void *zeroed(size_t count, size_t size) {
     void *p = calloc(count, size);
@@ -97,51 +57,137 @@ static void *zeroed(size_t count, size_t size) {
     return p;
 }
 
+/* Words the host writes or reads while the blocks run: mapped memory on a GPU. */
+static void *shared_words(size_t count, size_t size) {
+#ifdef FUZZ_GPU
+    return fuzz_gpu_mapped(count * size);
+#else
+    return zeroed(count, size);
+#endif
+}
+
+/* Words only the blocks touch while they run: device memory on a GPU. */
+static void *blocks_words(size_t count, size_t size) {
+#ifdef FUZZ_GPU
+    return fuzz_gpu_device(count * size);
+#else
+    return zeroed(count, size);
+#endif
+}
+
+/* The host's array, where the blocks read it (the graph, set before they start). */
+static const void *for_blocks(const void *host, size_t bytes) {
+#ifdef FUZZ_GPU
+    void *device = fuzz_gpu_device(bytes);
+    fuzz_gpu_copy(device, host, bytes);
+    return device;
+#else
+    (void)bytes;
+    return host;
+#endif
+}
+
+/* The blocks' words, where the host reads them once the blocks have ended. */
+static void *for_host(void *words, size_t bytes) {
+#ifdef FUZZ_GPU
+    void *host = zeroed(bytes, 1);
+    fuzz_gpu_copy(host, words, bytes);
+    return host;
+#else
+    (void)bytes;
+    return words;
+#endif
+}
+
+/* The unfinished tasks and the producers each still waits for (the host's DeadlockError),
+ * from the blocks' records. */
+static void name_the_stuck(long submitted, pto_u64 finished, const pto_u32 *finished_flag, const pto_u32 *runs,
+                           const long *producers) {
+    const long fanin = world.fanin;
+    printf("stuck: %llu of %ld tasks finished;", (unsigned long long)finished, submitted);
+    for (long task = 0; task < submitted; ++task) {
+        if (finished_flag[task] || runs[task * FUZZ_MAX_PIECES]) continue;
+        printf(" task %ld waits for", task);
+        for (long i = 0; i < fanin && producers[task * fanin + i] >= 0; ++i)
+            if (!finished_flag[producers[task * fanin + i]]) printf(" %ld", producers[task * fanin + i]);
+        printf(";");
+    }
+    for (long task = 0; task < submitted; ++task)
+        if (runs[task * FUZZ_MAX_PIECES] && !finished_flag[task]) printf(" task %ld ran and did not complete;", task);
+    printf("\n");
+}
+
+#ifndef FUZZ_GPU
+static void *block(void *unused) {
+    (void)unused;
+    fuzz_block(&world);
+    return NULL;
+}
+#endif
+
 int main(int argc, char **argv) {
     if (argc < 7) {
         fprintf(stderr, "usage: %s SEED TASKS SLOTS BLOCKS FANIN WINDOW [LOSE [PAUSE_AT PAUSE_MS]]\n", argv[0]);
         return 2;
     }
     srand((unsigned)atol(argv[1]));
-    tasks = atol(argv[2]);
-    const pto_u32 slots = (pto_u32)atol(argv[3]), blocks = (pto_u32)atol(argv[4]);
-    fanin = atol(argv[5]);
-    window = atol(argv[6]);
-    if (argc > 7) lose = atol(argv[7]);
+    const long tasks = atol(argv[2]);
+    const pto_u32 slots = (pto_u32)atol(argv[3]);
+    pto_u32 blocks = (pto_u32)atol(argv[4]);
+    const long fanin = atol(argv[5]), window = atol(argv[6]), lose = argc > 7 ? atol(argv[7]) : -1;
     const long pause_at = argc > 9 ? atol(argv[8]) : -1, pause_ms = argc > 9 ? atol(argv[9]) : 0;
 
     /* the words of a few slots' producers; the successor pool the header's bound asks for, at
-     * most `fanin` producers a task; both regions laid out and set as the executor's are */
+     * most `fanin` producers a task; both regions laid out and set as the executor's are (on a
+     * GPU the device region set in a host copy, then copied there) */
+    pto_sched *sched = &world.sched;
     pto_u32 words = 1;
     while (words < 4 * (pto_u32)fanin + 1) words *= 2;
     const pto_u32 chunks = pto_pool_chunks(slots, (pto_u64)slots * (pto_u64)fanin);
-    const pto_extent extent = pto_layout(&sched, slots, words, chunks, NULL, NULL);
-    pto_layout(&sched, slots, words, chunks, zeroed(extent.device_bytes, 1), zeroed(extent.mapped_bytes, 1));
-    pto_initial(&sched);
+    const pto_extent extent = pto_layout(sched, slots, words, chunks, NULL, NULL);
+    char *staging = zeroed(extent.device_bytes, 1), *mapped = shared_words(extent.mapped_bytes, 1);
+    pto_layout(sched, slots, words, chunks, staging, mapped);
+    pto_initial(sched);
+    char *device = blocks_words(extent.device_bytes, 1);
+#ifdef FUZZ_GPU
+    fuzz_gpu_copy(device, staging, extent.device_bytes);
+#else
+    memcpy(device, staging, extent.device_bytes);
+#endif
+    pto_layout(sched, slots, words, chunks, device, mapped);
 
-    producers = zeroed((size_t)tasks * fanin, sizeof(long));
-    slot_ticket = zeroed(slots, sizeof(pto_u64));
-    slot_pieces = zeroed(slots, sizeof(pto_u32));
-    task_pieces = zeroed(tasks, sizeof(long));
-    finished_flag = zeroed(tasks, sizeof(unsigned));
-    runs = zeroed((size_t)tasks * FUZZ_MAX_PIECES, sizeof(unsigned));
+    long *producers = zeroed((size_t)tasks * fanin, sizeof(long)), *task_pieces = zeroed(tasks, sizeof(long));
     for (long task = 0; task < tasks; ++task) {
         const long count = task ? rand() % (fanin + 1) : 0;
         for (long i = 0; i < fanin; ++i)
             producers[task * fanin + i] = i < count ? task - 1 - rand() % (task < window ? task : window) : -1;
         task_pieces[task] = 1 + rand() % FUZZ_MAX_PIECES;
     }
-    /* the board in the blocks' memory, as the kernel's is in device memory */
-    board = (pto_board){slot_ticket, slot_pieces, zeroed(slots, sizeof(pto_u64)), zeroed(slots, sizeof(pto_u32)),
-                        zeroed(FUZZ_BOARD, sizeof(pto_u64)), FUZZ_BOARD, zeroed(1, sizeof(pto_u32))};
+    /* the board: the host writes each slot's ticket and pieces with its record */
+    pto_u64 *slot_ticket = shared_words(slots, sizeof(pto_u64));
+    pto_u32 *slot_pieces = shared_words(slots, sizeof(pto_u32));
+    world.board = (pto_board){slot_ticket, slot_pieces, blocks_words(slots, sizeof(pto_u64)),
+                              blocks_words(slots, sizeof(pto_u32)), blocks_words(FUZZ_BOARD, sizeof(pto_u64)),
+                              FUZZ_BOARD, blocks_words(1, sizeof(pto_u32))};
+    world.fanin = fanin;
+    world.lose = lose;
+    world.producers = for_blocks(producers, (size_t)tasks * fanin * sizeof(long));
+    world.task_pieces = for_blocks(task_pieces, tasks * sizeof(long));
+    world.finished_flag = blocks_words(tasks, sizeof(pto_u32));
+    world.runs = blocks_words((size_t)tasks * FUZZ_MAX_PIECES, sizeof(pto_u32));
+    world.violations = blocks_words(1, sizeof(pto_u32));
 
+#ifdef FUZZ_GPU
+    blocks = fuzz_gpu_start(&world, blocks);
+#else
     pthread_t threads[64];
     if (blocks > 64) return 2;
     for (pto_u32 b = 0; b < blocks; ++b) pthread_create(&threads[b], NULL, block, NULL);
+#endif
 
     /* The host's view: the blocks' own words (device memory on a GPU, which the host cannot
      * read) are not there, so a host function that touched one would crash the fuzz. */
-    pto_sched host = sched;
+    pto_sched host = *sched;
     host.counters = NULL;
     host.wiring = host.state = host.first_chunk = host.chunk_next = host.chunk_entry = host.cell_slot = NULL;
     host.successor_count = host.last_chunk = host.free_chunk_next = host.free_chunk_first = NULL;
@@ -166,12 +212,19 @@ int main(int argc, char **argv) {
     int waited = 1;
     for (long task = submitted > (long)slots ? submitted - slots : 0; task < submitted && waited; ++task)
         waited = !pto_host_wait_done(&host, (pto_u32)(task % slots), (pto_u64)task);
-    if (waited && pto_load_acquire64(&sched.counters[PTO_FINISHED]) != (pto_u64)submitted)
-        __atomic_fetch_add(&violations, 1, __ATOMIC_RELAXED);  /* a done task not counted */
+#ifdef FUZZ_GPU
+    fuzz_gpu_join();
+#else
     for (pto_u32 b = 0; b < blocks; ++b) pthread_join(threads[b], NULL);
+#endif
 
-    if (pto_aborted(&sched) == PTO_STUCK) {
-        name_the_stuck(submitted);
+    const pto_u64 finished = *(pto_u64 *)for_host(&sched->counters[PTO_FINISHED], sizeof(pto_u64));
+    const pto_u32 *finished_flag = for_host(world.finished_flag, tasks * sizeof(pto_u32));
+    const pto_u32 *runs = for_host(world.runs, (size_t)tasks * FUZZ_MAX_PIECES * sizeof(pto_u32));
+    unsigned violations = *(pto_u32 *)for_host(world.violations, sizeof(pto_u32));
+    if (waited && finished != (pto_u64)submitted) ++violations; /* a done task not counted */
+    if (pto_aborted(sched) == PTO_STUCK) {
+        name_the_stuck(submitted, finished, finished_flag, runs, producers);
         return lose >= 0 ? 0 : 1;
     }
     unsigned twice = 0, never = 0;
@@ -181,15 +234,16 @@ int main(int argc, char **argv) {
             twice += ran > wanted;
             never += ran < wanted;
         }
-    unsigned left = *board.open != 0;  /* the board empty at the end */
-    for (long e = 0; e < FUZZ_BOARD; ++e) left += board.board[e] != 0;
+    /* the board empty at the end */
+    unsigned left = *(pto_u32 *)for_host(world.board.open, sizeof(pto_u32)) != 0;
+    const pto_u64 *entries = for_host(world.board.board, FUZZ_BOARD * sizeof(pto_u64));
+    for (long e = 0; e < FUZZ_BOARD; ++e) left += entries[e] != 0;
     violations += left;
-    if (twice || never || violations || submitted != tasks || lose >= 0 || pto_aborted(&sched) != PTO_RUNNING) {
+    if (twice || never || violations || submitted != tasks || lose >= 0 || pto_aborted(sched) != PTO_RUNNING) {
         printf("FAILED: submitted %ld of %ld, ran twice %u, never %u, before a producer %u, lost %ld, abort %u\n",
-               submitted, tasks, twice, never, violations, lose, pto_aborted(&sched));
+               submitted, tasks, twice, never, violations, lose, pto_aborted(sched));
         return 1;
     }
-    printf("ok: %ld tasks, %u slots, %u blocks, %llu finished\n", tasks, slots, blocks,
-           (unsigned long long)sched.counters[PTO_FINISHED]);
+    printf("ok: %ld tasks, %u slots, %u blocks, %llu finished\n", tasks, slots, blocks, (unsigned long long)finished);
     return 0;
 }

@@ -4,7 +4,8 @@ task slots while blocks (threads) wire, pull, run and complete their tasks, and 
 pieces of tasks of several; every piece runs once, after all of its task's producers, with no
 data race. A completion lost on purpose is reported
 as a deadlock that names what waits for it, not a hang; a slow host is not one. The same
-header compiles for the GPU."""
+header compiles for the GPU, and, marked gpu, the same fuzz runs with a GPU's blocks as its
+blocks (tests/persistent_fuzz_gpu.cu)."""
 
 import re
 import shutil
@@ -12,9 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_cuda import needs_gpu
 
 HEADER_DIR = Path(__file__).resolve().parent.parent / "pto_gpu" / "backends"
 FUZZ = Path(__file__).with_name("persistent_fuzz.c")
+FUZZ_GPU = FUZZ.with_name("persistent_fuzz_gpu.cu")
+# nvcc where it is on the PATH, else where the CUDA toolkit puts it (the device image's)
+NVCC = shutil.which("nvcc") or next((str(p) for p in [Path("/usr/local/cuda/bin/nvcc")] if p.exists()), None)
+NO_NVCC = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed (the CUDA toolkit)")
 
 
 def _build(folder: Path, *defines: str) -> Path:
@@ -126,7 +132,7 @@ def test_a_block_stalled_between_closed_and_submitted_misses_no_task(tmp_path):
         assert done.returncode == 0 and done.stdout.startswith("ok: 200 tasks"), done.stdout
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")
+@NO_NVCC
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_protocol_compiles_for_the_gpu(arch, tmp_path):
     """A persistent worker over the header: thread 0 of a block wires and pulls work (a task,
@@ -155,7 +161,7 @@ __global__ void worker(pto_sched sched, pto_board board, float *out) {
     }
 }
 ''')
-    command = ["nvcc", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", f"-I{HEADER_DIR}", "-c",
+    command = [NVCC, f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", f"-I{HEADER_DIR}", "-c",
                str(unit), "-o", str(tmp_path / "worker.o")]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -163,3 +169,54 @@ __global__ void worker(pto_sched sched, pto_board board, float *out) {
     atomics = re.findall(r"\batom\.acq_rel\.(\w+)\.", ptx)
     assert atomics and set(atomics) == {"gpu"}
     assert "ld.acquire.gpu.u64" in ptx and "st.release.gpu.u64" in ptx and "ld.acquire.sys" in ptx
+
+
+def _build_for_gpu(folder: Path, arch: str, *defines: str) -> Path:
+    """The fuzz with a GPU's blocks: its host side by the C compiler, its blocks' kernel by nvcc,
+    linked by nvcc."""
+    binary = folder / "persistent_fuzz_gpu"
+    include = [f"-I{HEADER_DIR}", f"-I{FUZZ.parent}"]
+    commands = [[NVCC, f"-arch={arch}", "-std=c++17", "-O2", "-Werror", "all-warnings", *defines, *include,
+                 "-c", str(FUZZ_GPU), "-o", str(folder / "blocks.o")],
+                ["cc", "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-DFUZZ_GPU", *defines, *include,
+                 "-c", str(FUZZ), "-o", str(folder / "host.o")],
+                [NVCC, f"-arch={arch}", str(folder / "blocks.o"), str(folder / "host.o"), "-o", str(binary)]]
+    for command in commands:
+        done = subprocess.run(command, capture_output=True, text=True)
+        assert done.returncode == 0, f"{' '.join(command)}: {done.stderr[-3000:]}"
+    return binary
+
+
+PIECES = ("-DFUZZ_MAX_PIECES=6", "-DFUZZ_BOARD=2")
+GPU_GRAPHS = GRAPHS + PIECES_GRAPHS
+
+
+@NO_NVCC
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc)")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_fuzz_builds_with_a_gpus_blocks(arch, tmp_path):
+    """What make gpu-check runs on a GPU (below) builds wherever nvcc is, warnings as errors."""
+    assert _build_for_gpu(tmp_path, arch, *PIECES).exists()
+
+
+@pytest.fixture(scope="module")
+def gpu_fuzz(tmp_path_factory):
+    """The fuzz with tasks of 1 to 6 pieces over a board of 2 entries, its blocks the GPU's."""
+    if NVCC is None or shutil.which("cc") is None:
+        pytest.skip("the GPU's fuzz needs nvcc and a C compiler (cc)")
+    return _build_for_gpu(tmp_path_factory.mktemp("gpu_fuzz"), "native", *PIECES)
+
+
+@needs_gpu
+@pytest.mark.parametrize("graph", GPU_GRAPHS, ids=[NAME.format(*g) for g in GPU_GRAPHS])
+@pytest.mark.parametrize("blocks", ["few", "resident"])
+def test_on_a_gpus_blocks_every_task_runs_once_after_its_producers(gpu_fuzz, graph, blocks):
+    """The host fuzz's graphs with the blocks a GPU's (few: the graph's own count; resident:
+    every block the GPU holds at once, thousands of them racing for the queue, the board and
+    the wiring lock), the words the host shares in mapped memory and the blocks' own in device
+    memory: the PTX model's orders, not x86's, and a popped task's record (host-written)
+    reached through the wirer's system-scope acquire, then GPU-scope releases and acquires."""
+    seed, tasks, slots, count, fanin, window = graph
+    done = _run(gpu_fuzz, seed, tasks, slots, count if blocks == "few" else 1 << 20, fanin, window)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert done.stdout.startswith(f"ok: {tasks} tasks"), done.stdout

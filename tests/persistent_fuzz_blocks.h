@@ -1,0 +1,50 @@
+/* The blocks of the persistent protocol's fuzz (tests/persistent_fuzz.c): what each does with
+ * the work it takes and the checks it makes, written once over the protocol's own atomics for
+ * both of the fuzz's builds: host threads as the blocks (C11, under ThreadSanitizer) and a
+ * GPU's blocks (tests/persistent_fuzz_gpu.cu, thread 0 of each). */
+#ifndef PERSISTENT_FUZZ_BLOCKS_H
+#define PERSISTENT_FUZZ_BLOCKS_H
+
+#include "persistent_protocol.h"
+
+#ifndef FUZZ_MAX_PIECES
+#define FUZZ_MAX_PIECES 1
+#endif
+
+/* What the blocks reach: the scheduler and the board, the graph (the host's, set before the
+ * blocks start) and what they record. */
+typedef struct {
+    pto_sched sched;
+    pto_board board;
+    long fanin, lose;
+    const long *producers;   /* tasks x fanin: each task's producers, -1 past its last */
+    const long *task_pieces; /* per task: its pieces */
+    pto_u32 *finished_flag;  /* per task: 1 once it ran (release) */
+    pto_u32 *runs;           /* per task x FUZZ_MAX_PIECES: times the piece ran */
+    pto_u32 *violations;     /* checks that failed */
+} fuzz_world;
+
+/* A block: take work until the run ends; run each piece after checking that every producer of
+ * its task has finished; the block whose pieces complete a task sets its flag, then completes
+ * it in the scheduler (except task `lose`, whose completion is lost). */
+PTO_FN void fuzz_block(fuzz_world *w) {
+    pto_work work;
+    while (pto_next_work(&w->sched, &w->board, &work) == PTO_GOT_TASK) {
+        const pto_u64 task = w->board.ticket[work.slot];
+        if (work.pieces != (pto_u32)w->task_pieces[task] || work.last > work.pieces)
+            pto_fetch_add32(w->violations, 1);
+        for (pto_u32 piece = work.first; piece < work.last && piece < FUZZ_MAX_PIECES; ++piece) {
+            for (long i = 0; i < w->fanin && w->producers[task * w->fanin + i] >= 0; ++i)
+                if (!pto_block_load_acquire32(&w->finished_flag[w->producers[task * w->fanin + i]]))
+                    pto_fetch_add32(w->violations, 1);
+            pto_fetch_add32(&w->runs[task * FUZZ_MAX_PIECES + piece], 1);
+        }
+        if ((long)task == w->lose) continue; /* the lost completion */
+        if (pto_pieces_ran(&w->board, &work)) {
+            pto_block_store_release32(&w->finished_flag[task], 1);
+            if (pto_complete(&w->sched, work.slot, task)) pto_fetch_add32(w->violations, 1);
+        }
+    }
+}
+
+#endif
