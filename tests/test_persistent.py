@@ -342,6 +342,42 @@ def test_a_heap_of_two_tiles_stalls_the_orchestrator_until_the_kernel_frees_one(
     np.testing.assert_allclose(c, want, atol=1e-4 * np.abs(want).max())
 
 
+class Planted(Exception):
+    pass
+
+
+@numba.njit(cache=True)
+def _doubles(o, x, y, rows, add_id):
+    for i in range(rows):
+        row, out = pj.narrow(x, 0, i, i + 1), pj.narrow(y, 0, i, i + 1)
+        pj.submit(o, add_id, (pj.input(row), pj.input(row), pj.output(out)))
+
+
+def doubles_then_raise(o, x, y, rows, compiled):
+    if compiled:
+        o.compiled(_doubles, o.external(x), o.external(y), rows, add.id)
+    else:
+        for i in range(rows):
+            o.submit(add, pto.input(o.external(x)[i:i + 1]), pto.input(o.external(x)[i:i + 1]),
+                     pto.output(o.external(y)[i:i + 1]))
+    raise Planted("the orchestration failed after submitting")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+@pytest.mark.parametrize("window, rows", [(1024, 1), (1024, 40), (4, 64)])
+def test_what_was_submitted_before_a_raise_runs(window, rows, compiled):
+    """docs/ERRORS.md: the tasks submitted before the orchestration raises run, whether the
+    kernel was launched before the raise (a ring of 4 slots fills) or not (the run's first
+    wait would have launched it), then the orchestration's error is raised and the runtime
+    runs again."""
+    x = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=window)
+    for _ in range(2):
+        y = np.zeros_like(x)
+        with pytest.raises(Planted):
+            rt.run(doubles_then_raise, x, y, rows, compiled)
+        assert np.array_equal(y[:rows], 2 * x[:rows]) and not y[rows:].any()
+
 def hold_the_stream(rt: pto.Runtime) -> None:
     """Put an event that is never reached on the persistent kernel's stream: a kernel launched
     behind it never starts."""

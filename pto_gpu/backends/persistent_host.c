@@ -34,3 +34,5 @@ pto_u64 pto_persistent_done(const pto_sched *s, pto_u32 slot) { return pto_load_
 pto_u64 pto_persistent_shown(const pto_sched *s, pto_u32 which) { return pto_load_acquire64(&s->shown[which]); }
 
 pto_u32 pto_persistent_device_abort(const pto_sched *s) { return pto_load_acquire32(s->device_abort); }
+
+pto_u32 pto_persistent_aborted(const pto_sched *s) { return pto_aborted(s); }

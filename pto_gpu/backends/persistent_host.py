@@ -132,7 +132,8 @@ def library() -> ctypes.CDLL:
                 ("pto_persistent_stop", None, (pointer, u32)),
                 ("pto_persistent_done", u64, (pointer, u32)),
                 ("pto_persistent_shown", u64, (pointer, u32)),
-                ("pto_persistent_device_abort", u32, (pointer,))):
+                ("pto_persistent_device_abort", u32, (pointer,)),
+                ("pto_persistent_aborted", u32, (pointer,))):
             function = getattr(loaded, name)
             function.restype, function.argtypes = result, arguments
         _library = loaded
@@ -233,6 +234,10 @@ class State:
 
     def device_abort(self) -> Abort:
         return Abort(self._lib.pto_persistent_device_abort(self._host))
+
+    def aborted(self) -> Abort:
+        """Why the run was stopped, by the host or a block (RUNNING: it was not)."""
+        return Abort(self._lib.pto_persistent_aborted(self._host))
 
     def close(self) -> None:
         """The last task is published: the blocks end once every task has finished."""

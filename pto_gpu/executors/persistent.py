@@ -38,6 +38,7 @@ memory or cuBLAS handle, calls that wait for every kernel on the device, this on
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
@@ -273,10 +274,22 @@ class PersistentExecutor:
         self._backend.release(self._ended)
 
     def abort(self) -> None:
-        """Stop the kernel and wait for it to end (the next run's buffers may take this run's
-        heap space), for `patience` at most: a kernel that has not started by then (its stream
-        held) stops at its first look at the state, which is kept for it. Its tasks are
-        dropped unretired, as on the other executors."""
+        """Run what was published, as every executor runs the tasks submitted before a raise
+        (launching the kernel if it has not been: a run that raised before its first wait),
+        unless the kernel was stopped (stuck) or that fails (a task faulted; the error being
+        raised is the one to report). Then, or where it failed, stop the kernel and wait for it to end
+        (the next run's buffers may take this run's heap space), for `patience` at most: a
+        kernel that has not started by then (its stream held) stops at its first look at the
+        state, which is kept for it. Tasks left are dropped unretired."""
+        try:
+            if self._state is not None and self._state.aborted() == Abort.RUNNING:
+                with contextlib.suppress(Exception):
+                    self._end_kernel()
+                    self._backend.persistent_states[self._state.sizes] = self._state
+        finally:  # an interrupt in that wait too: the kernel must not be left running
+            self._stop_kernel()
+
+    def _stop_kernel(self) -> None:
         run = self._run[0]
         try:
             if run["launched"] >= 0:
