@@ -51,6 +51,31 @@ def test_what_was_submitted_before_a_raise_runs_on_every_executor(executor, thre
     np.testing.assert_array_equal(again, 3.0)
 
 
+@pto.kernel(worker=pto.VECTOR)
+def leave(out, how):
+    raise (SystemExit(3) if how == 0 else KeyboardInterrupt())
+
+
+@pytest.mark.parametrize("how", [0, 1], ids=["SystemExit", "KeyboardInterrupt"])
+def test_a_kernel_that_raises_what_is_not_an_exception_fails_the_run_on_every_executor(executor, how):
+    """SystemExit and KeyboardInterrupt from a kernel are raised by `run` as they are (on the
+    stream executor the stream's thread once died of them, and the run waited for ever), and
+    the runtime runs again."""
+    rt = runtime(executor, task_window=8)
+    out = np.zeros(4, np.float32)
+
+    def orchestration(o):
+        target = o.external(out)
+        o.submit(fill, pto.output(target[:2]), 1.0)
+        o.submit(leave, pto.output(target), how)
+        o.submit(fill, pto.output(target[2:]), 2.0)
+
+    with pytest.raises(SystemExit if how == 0 else KeyboardInterrupt):
+        rt.run(orchestration)
+    again = np.zeros(4, np.float32)
+    rt.run(lambda o: o.submit(fill, pto.output(o.external(again)), 3.0))
+    np.testing.assert_array_equal(again, 3.0)
+
 def corrupt_before(o, rt, step):
     """Corrupt the dep-list pool's count, then take one transition of kind `step`."""
     kept = o.alloc((4,))

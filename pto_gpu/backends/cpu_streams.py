@@ -80,7 +80,7 @@ def _serve(work: queue.SimpleQueue, poison: _Poison) -> None:
             if poison.failure is None:
                 try:
                     subject()
-                except Exception as error:
+                except BaseException as error:  # SystemExit too: the thread must live to record
                     poison.failure = error
         elif action == "record":
             subject.reach(poison.failure)

@@ -166,6 +166,9 @@ class StreamExecutor:
                 break
             except Exception:  # a failed task's: the error being raised is the one to report
                 continue
+            except BaseException as failure:  # a kernel's SystemExit, say, which its stream kept
+                if failure is not getattr(record.event, "failure", None):
+                    raise  # an interrupt of this wait
         self._in_flight.clear()
         self._issued.clear()
 
