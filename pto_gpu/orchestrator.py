@@ -556,7 +556,7 @@ def _check_writable(tensor: TensorDescriptor, position: int, kernel: Kernel) -> 
     if not tensor.buffer.writeable:
         raise ParamError(f"param {position} of {kernel.name}: {tensor.buffer!r} is read-only memory "
                          "and cannot be an output or inout; pass a writeable array")
-    if 0 not in tensor.strides:  # the usual case, on the submit path: no per-dim loop
+    if 0 not in tensor.strides or 0 in tensor.repeats:  # the usual case; or no element to write over
         return
     for dim, (stride, count) in enumerate(zip(tensor.strides, tensor.repeats)):
         if stride == 0 and count > 1:

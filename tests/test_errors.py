@@ -14,12 +14,14 @@ import pathlib
 import re
 from collections.abc import Callable
 
+import numba
 import numpy as np
 import pytest
 from pto_gpu.kernels.tiles import copy, matmul
 
 import pto_gpu as pto
 from pto_gpu import isa
+from pto_gpu import jit as pj
 
 
 @pto.kernel(worker=pto.VECTOR)
@@ -347,6 +349,26 @@ def test_worker_classes_are_named_by_class_value_or_name():
     rt = pto.Runtime(backend="cpu", workers={"VECTOR": 1, 0: 3, pto.AI_CPU: np.int64(2)})
     assert (rt.workers[pto.VECTOR], rt.workers[pto.CUBE], rt.workers[pto.AI_CPU]) == (1, 3, 2)
 
+
+
+@numba.njit(cache=True)
+def _write_empty(o, out, kernel_id):
+    pj.submit(o, kernel_id, (pj.output(out),))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["python", "compiled"])
+def test_an_empty_array_is_an_output_though_numpy_gives_it_stride_0(compiled):
+    """numpy gives np.zeros((0, 8)) strides (0, 0): with no element, nothing is written over
+    itself, so it is not refused as a broadcast view (it was, naming its 8 positions)."""
+    out = np.zeros((0, 8), np.float32)
+    assert 0 in out.strides
+
+    def orchestration(o):
+        if compiled:
+            o.compiled(_write_empty, o.external(out), _noop.id)
+        else:
+            o.submit(_noop, pto.output(o.external(out)))
+    assert pto.Runtime(backend="cpu").run(orchestration).num_tasks == 1
 
 if __name__ == "__main__":
     print(render(), end="")

@@ -267,6 +267,9 @@ def unwritable(t, desc):
     if key < 0 and t.externals[-1 - key, EXTERNAL_WRITEABLE] == 0:
         return -1
     for d in range(desc[D_NDIM]):
+        if desc[D_SHAPE + d] == 0:  # no element to write over
+            return WRITABLE
+    for d in range(desc[D_NDIM]):
         if desc[D_STRIDE + d] == 0 and desc[D_SHAPE + d] > 1:
             return d
     return WRITABLE
