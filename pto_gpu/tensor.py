@@ -159,10 +159,15 @@ class TensorDescriptor:
             key = (key,)
         # Orchestrations slice the same tiles over and over (A[i, k] for every j); descriptors
         # are immutable, so each parent remembers its slices, with their layouts computed once.
-        memo_key = tuple([(k.start, k.stop, k.step) if type(k) is slice else k for k in key])
+        # (an index not an int is kept with its type: True and 1.0 equal 1 as keys)
+        memo_key = tuple([(k.start, k.stop, k.step) if type(k) is slice else k if type(k) is int
+                          else (type(k), k) for k in key])
         if self._slices is None:
             _SET(self, "_slices", {})
-        view = self._slices.get(memo_key)
+        try:
+            view = self._slices.get(memo_key)
+        except TypeError:  # unhashable: not an index _slice takes, which it says
+            return self._slice(key)
         if view is None:
             view = self._slice(key)
             if len(self._slices) < MAX_REMEMBERED_SLICES:
@@ -187,6 +192,8 @@ class TensorDescriptor:
                 offset += start * stride
                 strides.append(stride * step)
                 repeats.append(max(0, -(-(stop - start) // step)))
+            elif isinstance(index, (bool, np.bool_)):  # numpy's mask of a new axis, not row 0 or 1
+                raise LayoutError(f"unsupported index {index!r}: use ints and slices")
             elif isinstance(index, (int, np.integer)):
                 i = int(index) + count if index < 0 else int(index)
                 if not 0 <= i < count:

@@ -78,6 +78,12 @@ def run(orch, executor="serial", **config):
     return lambda made: runtime(made, executor=executor, **config).run(orch)
 
 
+def _float_after_int(o):
+    tensor = o.external(np.zeros((3, 4)))
+    assert tensor[1].shape == (4,)
+    return tensor[1.0]
+
+
 def alloc_then(action):
     def orch(o):
         action(o, o.alloc((4, 4)))
@@ -204,6 +210,11 @@ CASES = [
     Case("external that is not an array", run(lambda o: o.external([1.0, 2.0])), pto.PTOError),
     Case("GPU array on the CPU backend", run(lambda o: o.external(_GpuArray())), pto.PTOError),
     Case("external with negative strides", run(lambda o: o.external(np.zeros(8)[::-1])), pto.LayoutError),
+    Case("a boolean index", run(lambda o: o.external(np.zeros((3, 4)))[True]), pto.LayoutError,
+         "numpy's True adds an axis; it was taken as row 1"),
+    Case("a list index", run(lambda o: o.external(np.zeros((3, 4)))[[0, 1]]), pto.LayoutError),
+    Case("a float index after the int of its value", run(_float_after_int), pto.LayoutError,
+         "the remembered slice of X[1] once answered X[1.0]"),
     Case("read-only array as an output", run(lambda o: o.submit(
         _noop, pto.output(o.external(np.frombuffer(bytes(32)))))), pto.ParamError),
     Case("broadcast view as an output", run(lambda o: o.submit(_noop, pto.inout(o.external(
