@@ -64,7 +64,20 @@ def inout(tensor: TensorDescriptor) -> Param:
 def scalar(value: numbers.Number) -> Param:
     if not isinstance(value, numbers.Number):
         raise ParamError(f"pto.scalar() takes a number, not {type(value).__name__}")
-    return Param(ParamKind.SCALAR, value)
+    return Param(ParamKind.SCALAR, _real(value, "pto.scalar()"))
+
+
+def _real(value: numbers.Number, what: object) -> numbers.Number:
+    """A scalar as kernels take it: a real number; one of Python's other kinds (a Fraction, say)
+    as the int or float it equals, which every kernel's code takes. A complex one is refused:
+    no kernel takes it, and a conversion would drop its imaginary part."""
+    if type(value) in _PLAIN_NUMBERS or isinstance(value, (bool, np.integer, np.floating)):
+        return value
+    if not isinstance(value, numbers.Real):
+        where = what if isinstance(what, str) else f"param {what}"
+        raise ParamError(f"{where} is the {type(value).__name__} scalar {value!r}; kernels take real "
+                         "numbers (an int or a float)")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def as_param(value: object, position: int) -> Param:
@@ -74,7 +87,7 @@ def as_param(value: object, position: int) -> Param:
     if isinstance(value, Param):
         return value
     if isinstance(value, numbers.Number):
-        return Param(ParamKind.SCALAR, value)
+        return Param(ParamKind.SCALAR, _real(value, position))
     if isinstance(value, TensorDescriptor):
         raise ParamError(f"param {position} is a tensor without a direction: "
                          "wrap it in pto.input(), pto.output() or pto.inout()")

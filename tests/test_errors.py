@@ -210,6 +210,8 @@ CASES = [
     Case("external that is not an array", run(lambda o: o.external([1.0, 2.0])), pto.PTOError),
     Case("GPU array on the CPU backend", run(lambda o: o.external(_GpuArray())), pto.PTOError),
     Case("external with negative strides", run(lambda o: o.external(np.zeros(8)[::-1])), pto.LayoutError),
+    Case("a complex scalar", run(lambda o: o.submit(_noop, pto.output(o.external(np.zeros(4))), 2 + 3j)),
+         pto.ParamError, "the CUDA backend once took its real part"),
     Case("a boolean index", run(lambda o: o.external(np.zeros((3, 4)))[True]), pto.LayoutError,
          "numpy's True adds an axis; it was taken as row 1"),
     Case("a list index", run(lambda o: o.external(np.zeros((3, 4)))[[0, 1]]), pto.LayoutError),
@@ -380,6 +382,21 @@ def test_an_empty_array_is_an_output_though_numpy_gives_it_stride_0(compiled):
         else:
             o.submit(_noop, pto.output(o.external(out)))
     assert pto.Runtime(backend="cpu").run(orchestration).num_tasks == 1
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda-emulated"])
+def test_a_real_scalar_of_another_kind_is_taken_as_the_number_it_equals(backend):
+    """A Fraction reached the CPU's kernels as an object they could not type, and the CUDA
+    backend's as a float: both take it as the float it equals."""
+    from fractions import Fraction
+
+    from pto_gpu.kernels.elementwise import scale
+
+    rt = pto.Runtime(backend=backend)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out = rt.backend.to_device(np.zeros((2, 4), np.float32))
+    rt.run(lambda o: o.submit(scale, pto.input(o.external(x)), pto.output(o.external(out)), Fraction(3, 4)))
+    np.testing.assert_array_equal(rt.backend.to_host(out), x * np.float32(0.75))
 
 if __name__ == "__main__":
     print(render(), end="")
