@@ -229,6 +229,15 @@ def _module(dt) -> Module:
                    Op("TADDS", "t", ("t", "q")), Op("TSTORE", "y", ("t", 0, 0))],
                   [Scalar("alpha", pto.FLOAT32), Scalar("flag", INT, False),
                    Scalar("q", pto.FLOAT32, False)]))
+    # ... floor division as numpy's floor_divide: 1.0 // 0.1 is 9 (floor(1.0 / 0.1) is 10), an
+    # int by 0 is 0 (the host build died of SIGFPE), the least int by -1 wraps ...
+    m.add(_incore("floor_division", [MemRef("x", dt, (R, C)), MemRef("y", dt, (R, C))],
+                  [Tile("t", R, C, dt)],
+                  [Op("SDIV", "f", ("alpha", "beta")), Op("SDIV", "q", ("n", "d")),
+                   Op("TLOAD", "t", ("x", 0, 0)), Op("TADDS", "t", ("t", "f")),
+                   Op("TADDS", "t", ("t", "q")), Op("TSTORE", "y", ("t", 0, 0))],
+                  [Scalar("alpha", pto.FLOAT64), Scalar("beta", pto.FLOAT64), Scalar("n", INT),
+                   Scalar("d", INT), Scalar("f", pto.FLOAT64, False), Scalar("q", INT, False)]))
     # ... and a tile named like another's valid-region variable is its own C name.
     m.add(_incore("clash", [MemRef("x", dt, (R, C)), MemRef("y", dt, (R, C))],
                   [Tile("t", R, C, dt), Tile("t_vr", R, C, dt)],
@@ -241,7 +250,7 @@ FUNCTIONS = ["unary", "binary", "row_expand", "col_expand", "tile_scalar", "gene
              "convert", "row_reduce", "col_reduce", "matmul", "matmul_chunks", "matmul_chunks_doubled",
              "mask", "softmax", "control", "prefix", "whole_argument", "float_scalars", "clash",
              "columns_in_steps", "columns_overlapping", "triangular", "stale_step", "reused_name",
-             "aliased_windows", "two_passes", "col_expand_computed"]
+             "aliased_windows", "two_passes", "col_expand_computed", "floor_division"]
 # whole-tile reads, or moving offsets (hazards)
 # sm_90's ptxas spills 8 bytes of "triangular"'s nested loop state (float32): not a tile, which
 # is what the spill checks are about.
@@ -253,7 +262,9 @@ BLOCK_LAYOUT = {"col_expand_computed", "transpose", "col_reduce", "matmul", "mat
 # b's valid rows must be a's valid columns
 TAILS = {(name, "b"): (K - 7, N - 7) for name in ("matmul", "matmul_chunks", "matmul_chunks_doubled")}
 SCALARS = {"tile_scalar": [(1.5,)], "generate": [(2.5,)], "mask": [(0,), (4,)],
-           "control": [(2, 0.5), (-8, 0.25)], "float_scalars": [(0.1,), (0.3,)], "stale_step": [(1,)]}
+           "control": [(2, 0.5), (-8, 0.25)], "float_scalars": [(0.1,), (0.3,)], "stale_step": [(1,)],
+           "floor_division": [(1.0, 0.1, 7, 0), (-1.0, 0.1, -7, 2), (7.5, -2.0, 7, -2),
+                              (5.0, 2.5, -(2**63), -1)]}
 
 
 def _arrays(module, name, dt, tail, seed):

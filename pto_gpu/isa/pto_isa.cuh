@@ -984,11 +984,23 @@ __device__ inline long long pto_clip(long long size, long long available) {
     return available < 0 ? 0 : (size < available ? size : available);
 }
 
-// SDIV: floor division, as the interpreter's numpy floor_divide.
+// SDIV: floor division, as the interpreter's numpy floor_divide: an int by 0 is 0 (in C, and on
+// the host build's x86, a trap), the least int by -1 wraps; a float's quotient is numpy's
+// npy_divmod's (floor(a / b) is not: 1.0 // 0.1 is 9, where 1.0 / 0.1 rounds to 10).
 __device__ inline long long pto_floordiv(long long a, long long b) {
+    if (b == 0) return 0;
+    if (b == -1) return (long long)(0ull - (unsigned long long)a);
     const long long q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
-__device__ inline double pto_floordiv(double a, double b) { return floor(a / b); }
+__device__ inline double pto_floordiv(double a, double b) {
+    if (b == 0) return a / b;
+    const double mod = fmod(a, b);
+    double quotient = (a - mod) / b;
+    if (mod != 0 && ((b < 0) != (mod < 0))) quotient -= 1.0;
+    if (quotient == 0) return copysign(0.0, a / b);
+    const double whole = floor(quotient);
+    return quotient - whole > 0.5 ? whole + 1.0 : whole;
+}
 
 #endif  // PTO_ISA_CUH
