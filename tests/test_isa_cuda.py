@@ -548,6 +548,23 @@ def _run_host(module: Module, arrays, dt, tmp_path, scalars=()) -> str:
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("start, stop", [(0, 4), (5, 0)])
+def test_a_loop_whose_step_is_0_at_run_time_is_named_and_never_runs_for_ever(start, stop, tmp_path):
+    """A FOR's step a scalar parameter that is 0: the interpreter names the loop (it raised
+    range()'s bare ValueError); the CUDA code runs no iteration (with start > stop it looped for
+    ever)."""
+    def build(f):
+        f.memref("o", F32, (1, 8)).scalar("a", pto.INT64).scalar("b", pto.INT64).scalar("s", pto.INT64)
+        f.tile("t", 1, 8, F32).fill("t", 0.0).for_loop("i", "a", "b", "s").adds("t", "t", 1.0).end_for()
+        f.store("o", "t")
+    module = _tensor_core_module(build)
+    with pytest.raises(ISAError, match=r"FOR %i, %a, %b, %s: its step is 0"):
+        interpret.run(module, "k", np.zeros((1, 8), np.float32), start, stop, 0)
+    out = np.full((1, 8), 7.0, np.float32)
+    _run_host(module, [out], np.float32, tmp_path, (start, stop, 0))
+    assert (out == 0).all()
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 def test_a_product_written_over_its_left_operand_beside_tensor_core_products(tmp_path):
     """h = x @ w1 on tensor cores puts h in shared memory; h = h @ w2 (FMA: dst is an operand)
     then reads h's row from every lane while writing it: the lanes meet before the write."""

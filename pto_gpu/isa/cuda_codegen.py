@@ -1135,7 +1135,8 @@ class Context:
         if isinstance(loop.step, int):
             condition = f"{var} {'<' if loop.step > 0 else '>'} {stop}"
         else:
-            condition = f"({step} > 0 ? {var} < {stop} : {var} > {stop})"
+            # a step of 0 runs no iteration (where the interpreter and the CPU code raise), not for ever
+            condition = f"({step} > 0 ? {var} < {stop} : {step} < 0 && {var} > {stop})"
         kept = self.accumulated(loop)
         self.registers.update((tile, f"pto_acc_{tile}") for tile in kept)
         following = f"pto_next_{var}"

@@ -138,6 +138,8 @@ class _Frame:
                 where = describe(statement)
                 bounds = (statement.start, statement.stop, statement.step)
                 start, stop, step = (self.index(v, where) for v in bounds)
+                if step == 0:
+                    raise ISAError(f"{where}: its step is 0")
                 for value in range(start, stop, step):
                     self.scalars[statement.var] = value
                     self.block(statement.body)
