@@ -294,13 +294,14 @@ def averaging_submits(o, a, b, plan) -> None:
         if op == 0:
             o.submit(scale, pto.input(source), pto.output(target), 0.75)
             continue
-        tile = o.alloc((h, w), pto.FLOAT32) if op >= 2 else None
-        if tile is not None:
+        if op >= 2:
+            tile = o.alloc((h, w), pto.FLOAT32)
             o.submit(scale, pto.input(source), pto.output(tile), 0.75)
-        o.submit(add, pto.input(tile if tile is not None else source), pto.input(target), pto.output(target))
+            source = tile
+        o.submit(add, pto.input(source), pto.input(target), pto.output(target))
         o.submit(scale, pto.input(target), pto.output(target), 0.5)
-        if tile is not None:
-            o.free(tile)
+        if op >= 2:
+            o.free(source)
 
 
 STRESS_ROWS = {"cuda": 12_000, "cuda-emulated": 2_000}

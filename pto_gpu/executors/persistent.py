@@ -277,9 +277,9 @@ class PersistentExecutor:
         """Run what was published, as every executor runs the tasks submitted before a raise
         (launching the kernel if it has not been: a run that raised before its first wait),
         unless the kernel was stopped (stuck) or that fails (a task faulted; the error being
-        raised is the one to report). Then, or where it failed, stop the kernel and wait for it to end
-        (the next run's buffers may take this run's heap space), for `patience` at most: a
-        kernel that has not started by then (its stream held) stops at its first look at the
+        raised is the one to report). Then, or where it failed, stop the kernel and wait for it
+        to end (the next run's buffers may take this run's heap space), for `patience` at most:
+        a kernel that has not started by then (its stream held) stops at its first look at the
         state, which is kept for it. Tasks left are dropped unretired."""
         try:
             if self._state is not None and self._state.aborted() == Abort.RUNNING:
