@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -107,14 +108,29 @@ def test_counts(junits: list[Path]) -> dict:
     return counts
 
 
-def benchmark_rows(paths: list[Path]) -> list[dict]:
-    rows = []
-    runs = [json.loads(path.read_text()) for path in paths if path.exists()]
+def gpu_tests_collected() -> int | None:
+    """How many `gpu` tests there are (those a budget leaves unrun are counted as such), or None
+    where pytest cannot say."""
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p",
+                             "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True)
+    found = re.search(r"^(\d+)(?:/\d+)? tests? collected", listed.stdout, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def benchmark_rows(paths: list[Path]) -> tuple[list[dict], list[str]]:
+    """The benchmarks' figures from pytest-benchmark's JSON files, and the files that could not be
+    read (a run killed while it wrote one)."""
+    rows, runs, unreadable = [], [], []
+    for path in (path for path in paths if path.exists()):
+        try:
+            runs.append(json.loads(path.read_text()))
+        except ValueError:
+            unreadable.append(path.name)
     for bench in (bench for run in runs for bench in run["benchmarks"]):
         stats = bench["stats"]
         rows.append({"name": bench["name"], "median_ms": stats["median"] * 1e3, "min_ms": stats["min"] * 1e3,
                      "rounds": stats["rounds"], **bench.get("extra_info", {})})
-    return rows
+    return rows, unreadable
 
 
 def markdown(report: dict) -> str:
@@ -123,10 +139,12 @@ def markdown(report: dict) -> str:
              f"{device.get('cupy')}, CUDA runtime {device.get('cuda_runtime')}, Python {device['python']}, "
              f"{device['host_cpus']} host CPUs; {report['date']}", ""]
     tests = report["tests"]
-    lines += ["| gpu tests | passed | failed | skipped | seconds | exit |", "|---|---|---|---|---|---|",
+    lines += ["| gpu tests | passed | failed | skipped | not run (budget) | seconds | exit |",
+              "|---|---|---|---|---|---|---|",
               f"| `pytest -m gpu` | {tests['passed']} | {tests['failed']} | {tests['skipped']} | "
-              f"{tests['seconds']:.0f} | {tests['exit']} |", ""]
+              f"{tests['not_run']} | {tests['seconds']:.0f} | {tests['exit']} |", ""]
     lines += [f"- failed: `{name}`" for name in tests["failures"]]
+    lines += [f"- unreadable benchmark report: `{name}`" for name in report["unreadable"]]
     lines += ["", "| benchmark | median ms | min ms | rounds | figures |", "|---|---|---|---|---|"]
     for row in report["benchmarks"]:
         figures = ", ".join(f"{key} {value:.3g}" for key, value in row.items()
@@ -147,6 +165,7 @@ def main() -> int:
     # In place and offline: the image has the dependencies.
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
                     str(ROOT)], check=True)
+    collected = gpu_tests_collected()
     parallel = ["-n", "8"] if importlib.util.find_spec("xdist") else []
     # pytest-timeout's signal method fails the one test and goes on (its thread method would
     # end the process and lose the reports).
@@ -158,12 +177,15 @@ def main() -> int:
         TEST_BUDGET_S, out, "tests")
     junits = [out / f"gpu-tests-{part}.xml" for part in PARTS]
     tests = {**test_counts(junits), "seconds": seconds, "exit": code}
+    ran = tests["passed"] + tests["failed"] + tests["skipped"]
+    tests["not_run"] = "?" if collected is None else max(collected - ran, 0)
     bench_code, bench_seconds = run_parts(lambda expression, part: [
         sys.executable, "-m", "pytest", "-k", expression, "-q", "-p", "no:cacheprovider", "bench/test_gpu.py",
         "--benchmark-only", *timeout, f"--benchmark-json={out / f'gpu-bench-{part}.json'}"],
         BENCH_BUDGET_S, out, "bench")
+    rows, unreadable = benchmark_rows([out / f"gpu-bench-{part}.json" for part in PARTS])
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tests": tests,
-              "benchmarks": benchmark_rows([out / f"gpu-bench-{part}.json" for part in PARTS]),
+              "benchmarks": rows, "unreadable": unreadable,
               "bench_exit": bench_code,
               "bench_seconds": bench_seconds}
     (out / "gpu-check.json").write_text(json.dumps(report, indent=2))

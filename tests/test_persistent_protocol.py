@@ -155,7 +155,7 @@ __global__ void worker(pto_sched sched, pto_board board, float *out) {
         if (threadIdx.x == 0) {
             __threadfence_system();
             if (pto_pieces_ran(&board, &work) && pto_complete(&sched, work.slot, board.ticket[work.slot]))
-                pto_store_release32(sched.device_abort, PTO_FAULTED);
+                pto_stop(&sched, PTO_FAULTED);
         }
         __syncthreads();
     }

@@ -32,6 +32,14 @@
  * The ready queue is Vyukov's bounded multi-producer multi-consumer queue; it holds each slot
  * at most once, so a capacity of `slots` never fills.
  *
+ * The host's words cross PCIe: a block's load of one takes a microsecond or more, and every
+ * idle block looking at them on every turn (thousands on an H200) flooded the link, so that
+ * each task's own loads of its record took tens of microseconds (2026-11-30: 40-115 us a task,
+ * the fuzz's resident blocks too slow to end). So one block at a time looks at them: the
+ * wiring lock's holder (pto_look_at_host), as it wires, or where none has looked for
+ * PTO_LOOK_NS; it leaves what it saw in the blocks' own words (PTO_PUBLISHED, PTO_CLOSED,
+ * PTO_STOPPED), which the others read.
+ *
  * No wait is unbounded. While some submitted task is unfinished, a block that sees none of
  * the counters move (tasks wired, popped, finished) for PTO_PATIENCE_NS stores PTO_STUCK in
  * `device_abort`: a task has run that long, or tasks wait for producers that will never
@@ -76,6 +84,9 @@ typedef int32_t pto_i32;
 #ifndef PTO_PATIENCE_NS
 #define PTO_PATIENCE_NS 10000000000ull /* no progress this long, with work left: stuck */
 #endif
+#ifndef PTO_LOOK_NS
+#define PTO_LOOK_NS 2000ull /* the longest idle blocks go without looking at the host's words */
+#endif
 #ifndef PTO_BETWEEN_LOADS
 #define PTO_BETWEEN_LOADS() /* where the fuzz may stall a block (tests/persistent_fuzz.c) */
 #endif
@@ -89,6 +100,12 @@ enum {
     PTO_ENQUEUED,  /* the ready queue's enqueue position */
     PTO_DEQUEUED,  /* ... and dequeue position: tasks popped */
     PTO_FINISHED,  /* tasks completed */
+    /* the host's words and the wirer's, as the block that last looked saw them: */
+    PTO_WIRED_SEEN, /* records wired (shown[PTO_WIRED]) */
+    PTO_PUBLISHED,  /* records published (`submitted`) */
+    PTO_CLOSED,     /* 1 once a block has read `closed` as 1, its PTO_PUBLISHED then the last */
+    PTO_STOPPED,    /* PTO_RUNNING, or why the run stopped (`host_abort`, or a block's own) */
+    PTO_LOOKED_AT,  /* pto_now_ns() when a block last looked */
     PTO_COUNTERS
 };
 /* What the blocks show the host: words they only store (the wirer, under the lock; a completing
@@ -236,15 +253,23 @@ PTO_FN pto_i32 pto_pending_add(pto_sched *s, pto_u32 slot, pto_i32 delta) {
     return (pto_i32)pto_fetch_add32((pto_u32 *)&s->pending[slot], (pto_u32)delta);
 }
 
-PTO_FN pto_u32 pto_aborted(const pto_sched *s) {
-    const pto_u32 host = pto_load_acquire32(s->host_abort);
-    return host != PTO_RUNNING ? host : pto_load_acquire32(s->device_abort);
+/* Why the run stopped, as a block sees it: PTO_RUNNING, or the reason the last look found in
+ * `host_abort`, or a block's own (pto_aborted is the host's view). */
+PTO_FN pto_u32 pto_stopped(const pto_sched *s) {
+    return (pto_u32)pto_block_load_acquire64(&s->counters[PTO_STOPPED]);
+}
+
+/* A block stops the run: the host sees why, and so do the other blocks. */
+PTO_FN void pto_stop(pto_sched *s, pto_u32 why) {
+    pto_store_release32(s->device_abort, why);
+    pto_block_store_release64(&s->counters[PTO_STOPPED], why);
 }
 
 /* The blocks' progress, as a block sees it: a sum of counters that only grow, so it moves when
  * any of them does. */
 PTO_FN pto_u64 pto_progress(const pto_sched *s) {
-    return pto_load_acquire64(&s->shown[PTO_WIRED]) + pto_block_load_acquire64(&s->counters[PTO_DEQUEUED]) +
+    return pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]) +
+           pto_block_load_acquire64(&s->counters[PTO_DEQUEUED]) +
            pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
 }
 
@@ -351,13 +376,35 @@ PTO_FN int pto_link(pto_sched *s, pto_u32 producer, pto_u32 slot) {
     return 0;
 }
 
-/* Wire the published records after the last wired, at most `budget` of them, if no other block
- * is: 0, or 1 on an error (an empty chunk pool, a full queue), which stops the run. */
-PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
-    const pto_u64 wired = pto_load_acquire64(&s->shown[PTO_WIRED]);
-    if (wired == pto_load_acquire64(s->submitted) || !pto_cas32(s->wiring, 0, 1)) return 0;
-    pto_u64 ticket = pto_load_acquire64(&s->shown[PTO_WIRED]);  /* under the lock: current */
+/* The host's words, read by the wiring lock's holder and left in the blocks' own: what was
+ * published (the value returned) and whether that was the last, and whether the host stopped. */
+PTO_FN pto_u64 pto_look_at_host(pto_sched *s) {
+    const pto_u32 host = pto_load_acquire32(s->host_abort);
+    if (host != PTO_RUNNING) pto_block_store_release64(&s->counters[PTO_STOPPED], host);
+    /* `closed` first: once it reads 1, `submitted` is the last task's (read the other way
+     * round, a task published between the two loads would be left unrun) */
+    const int closed = pto_load_acquire32(s->closed) != 0;
+    PTO_BETWEEN_LOADS();
     const pto_u64 published = pto_load_acquire64(s->submitted);
+    pto_block_store_release64(&s->counters[PTO_PUBLISHED], published);
+    if (closed) pto_block_store_release64(&s->counters[PTO_CLOSED], 1);
+    pto_block_store_release64(&s->counters[PTO_LOOKED_AT], pto_now_ns());
+    return published;
+}
+
+/* Wire the published records after the last wired, at most `budget` of them, if no other block
+ * is, looking at the host's words first; where none is left to wire, only if none has looked
+ * for PTO_LOOK_NS. 0, or 1 on an error (an empty chunk pool, a full queue), which stops the
+ * run. */
+PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
+    if (pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]) ==
+            pto_block_load_acquire64(&s->counters[PTO_PUBLISHED]) &&
+        pto_now_ns() - pto_block_load_relaxed64(&s->counters[PTO_LOOKED_AT]) < PTO_LOOK_NS)
+        return 0;
+    if (pto_block_load_acquire32(s->wiring) != 0 || !pto_cas32(s->wiring, 0, 1)) return 0;
+    const pto_u64 published = pto_look_at_host(s);
+    const pto_u64 wired = pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]); /* under the lock: current */
+    pto_u64 ticket = wired;
     int failed = 0, read = 0;
     pto_u64 words_read = 0;
     for (; ticket < published && budget > 0 && !failed; ++ticket, --budget) {
@@ -385,7 +432,10 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
     }
     /* once a turn: each system-scope release is a MEMBAR.SYS on the GPU */
     if (read) pto_store_release64(&s->shown[PTO_WORDS_READ], words_read);
-    pto_store_release64(&s->shown[PTO_WIRED], ticket);
+    if (ticket != wired) {
+        pto_store_release64(&s->shown[PTO_WIRED], ticket);
+        pto_block_store_release64(&s->counters[PTO_WIRED_SEEN], ticket);
+    }
     pto_block_store_release32(s->wiring, 0);
     return failed;
 }
@@ -463,21 +513,20 @@ PTO_FN int pto_post_pieces(const pto_board *b, pto_u32 slot, pto_u64 ticket, pto
  * PTO_OTHER_WORK where a turn found no ready task and a piece open on the board. */
 PTO_FN int pto_wait_ready(pto_sched *s, const pto_board *b, pto_u32 *slot, pto_patience *patience) {
     for (pto_u32 spins = 0;; ++spins) {
-        if (pto_aborted(s) != PTO_RUNNING) return PTO_ABORTED;
+        if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
         if (pto_wire_some(s, 64)) {
-            pto_store_release32(s->device_abort, PTO_FAULTED);
+            pto_stop(s, PTO_FAULTED);
             return PTO_ABORTED;
         }
         if (pto_ready_pop(s, slot)) return PTO_GOT_TASK;
-        /* `closed` first: once it reads 1, `submitted` is the last task's (read the other way
-         * round, a task published between the two loads would be left unrun) */
-        const int closed = pto_load_acquire32(s->closed) != 0;
+        /* PTO_CLOSED first, as pto_look_at_host reads the host's words */
+        const int closed = pto_block_load_acquire64(&s->counters[PTO_CLOSED]) != 0;
         PTO_BETWEEN_LOADS();
-        const pto_u64 published = pto_load_acquire64(s->submitted);
+        const pto_u64 published = pto_block_load_acquire64(&s->counters[PTO_PUBLISHED]);
         const pto_u64 finished = pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
         if (closed && finished == published) return PTO_ALL_DONE;
         if (pto_out_of_patience(s, patience, finished == published)) {
-            pto_store_release32(s->device_abort, PTO_STUCK);
+            pto_stop(s, PTO_STUCK);
             return PTO_ABORTED;
         }
         if (pto_block_load_acquire32(b->open) != 0) return PTO_OTHER_WORK;
@@ -492,7 +541,7 @@ PTO_FN int pto_wait_ready(pto_sched *s, const pto_board *b, pto_u32 *slot, pto_p
 PTO_FN int pto_next_work(pto_sched *s, const pto_board *b, pto_work *w) {
     pto_patience patience = pto_patience_now(s);
     for (pto_u32 spins = 0;; ++spins) {
-        if (pto_aborted(s) != PTO_RUNNING) return PTO_ABORTED;
+        if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
         if (pto_take_piece(s, b, w)) return PTO_GOT_TASK;
         const int found = pto_wait_ready(s, b, &w->slot, &patience);
         if (found == PTO_GOT_TASK) {
@@ -594,6 +643,12 @@ PTO_FN void pto_initial(pto_sched *s) {
         s->done[i] = (pto_u64)-1;
     }
     for (pto_u32 i = 0; i < s->chunks; ++i) s->free_chunk_next[i] = i + 1 < s->chunks ? i + 1 : PTO_NO_CHUNK;
+}
+
+/* Why the run stopped, as the host sees it: PTO_RUNNING, or a reason of its own or a block's. */
+PTO_FN pto_u32 pto_aborted(const pto_sched *s) {
+    const pto_u32 host = pto_load_acquire32(s->host_abort);
+    return host != PTO_RUNNING ? host : pto_load_acquire32(s->device_abort);
 }
 
 /* The host's patience: it reads only the words the blocks show (their counters may be device

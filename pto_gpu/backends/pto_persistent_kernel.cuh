@@ -82,7 +82,7 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
                 r.ended[work.slot] = pto_now_ns();
                 r.ran_on[work.slot] = block;
                 if (pto_complete(&s, work.slot, r.ticket[work.slot]))
-                    pto_store_release32(s.device_abort, PTO_FAULTED);
+                    pto_stop(&s, PTO_FAULTED);
             }
         }
     }

@@ -1,0 +1,58 @@
+"""`make gpu-check`'s reporting (bench/gpu_check.py, bench/conftest.py), which runs only where a
+GPU is lent: here, that a budget running out inside a benchmark loses only that benchmark."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+
+INTERRUPTED_RUN = '''
+import os
+import signal
+
+
+def test_finishes(benchmark):
+    benchmark(sum, range(10))
+
+
+def test_interrupted_in_its_first_round(benchmark):
+    benchmark.pedantic(os.kill, (os.getpid(), signal.SIGINT), rounds=1)
+'''
+
+
+def test_a_run_interrupted_inside_a_benchmark_keeps_the_figures_of_those_that_finished(tmp_path):
+    """As gpu-check's budget does (SIGINT): pytest-benchmark alone failed on the benchmark with no
+    rounds and wrote an empty JSON file (an H200's persistent part, 2026-11-30)."""
+    (tmp_path / "test_run.py").write_text(INTERRUPTED_RUN)
+    report = tmp_path / "bench.json"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                    "--benchmark-only", f"--benchmark-json={report}", "test_run.py"], cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(BENCH)}, capture_output=True, timeout=120)
+    rows, unreadable = gpu_check.benchmark_rows([report])
+    assert [row["name"] for row in rows] == ["test_finishes"] and unreadable == []
+
+
+def test_the_report_names_an_unreadable_benchmark_file_and_keeps_the_others(tmp_path):
+    (tmp_path / "gpu-bench-persistent.json").write_text("")
+    (tmp_path / "gpu-bench-rest.json").write_text(json.dumps({"benchmarks": [
+        {"name": "test_x", "stats": {"median": 0.002, "min": 0.001, "rounds": 3},
+         "extra_info": {"tflops": 1.5}}]}))
+    paths = [tmp_path / f"gpu-bench-{part}.json" for part in gpu_check.PARTS]
+    rows, unreadable = gpu_check.benchmark_rows(paths)
+    assert unreadable == ["gpu-bench-persistent.json"]
+    assert rows == [{"name": "test_x", "median_ms": 2.0, "min_ms": 1.0, "rounds": 3, "tflops": 1.5}]
+    report = {"device": {"gpu": "G", "memory": "1 MiB", "driver": "1", "python": "3", "host_cpus": 1},
+              "date": "today", "unreadable": unreadable, "benchmarks": rows,
+              "tests": {"passed": 3, "failed": 0, "skipped": 1, "not_run": 16, "failures": [], "seconds": 9.0,
+                        "exit": 124}}
+    text = gpu_check.markdown(report)
+    assert "| `pytest -m gpu` | 3 | 0 | 1 | 16 | 9 | 124 |" in text
+    assert "unreadable benchmark report: `gpu-bench-persistent.json`" in text
+    assert "| `test_x` | 2.000 | 1.000 | 3 | tflops 1.5 |" in text
