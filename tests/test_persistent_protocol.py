@@ -132,6 +132,74 @@ def test_a_block_stalled_between_closed_and_submitted_misses_no_task(tmp_path):
         assert done.returncode == 0 and done.stdout.startswith("ok: 200 tasks"), done.stdout
 
 
+STOPPED_BEFORE_START = r'''
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "persistent_protocol.h"
+
+static pto_sched sched;
+static pto_board board;
+static unsigned ran;
+
+static void *block(void *unused) {
+    (void)unused;
+    pto_work work;
+    while (pto_next_work(&sched, &board, &work) == PTO_GOT_TASK) {
+        __atomic_fetch_add(&ran, 1, __ATOMIC_RELAXED);
+        if (pto_pieces_ran(&board, &work)) pto_complete(&sched, work.slot, board.ticket[work.slot]);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    const unsigned blocks = (unsigned)atoi(argv[1]);
+    const pto_u32 slots = 8, words = 8, chunks = pto_pool_chunks(slots, words);
+    const pto_extent extent = pto_layout(&sched, slots, words, chunks, NULL, NULL);
+    pto_layout(&sched, slots, words, chunks, calloc(extent.device_bytes, 1), calloc(extent.mapped_bytes, 1));
+    pto_initial(&sched);
+    pto_u64 *ticket = calloc(slots, sizeof *ticket);
+    pto_u32 *pieces = calloc(slots, sizeof *pieces);
+    board = (pto_board){ticket, pieces, calloc(slots, 8), calloc(slots, 4), calloc(4, 8), 4, calloc(1, 4)};
+    pto_u64 next_word = 0;
+    for (pto_u64 t = 0; t < 4; ++t) {
+        ticket[t] = t;
+        pieces[t] = 1;
+        pto_host_submit(&sched, t, &next_word, NULL, 0);
+    }
+    pto_store_release32(sched.host_abort, PTO_FAULTED);
+    pthread_t threads[8];
+    for (unsigned b = 0; b < blocks; ++b) pthread_create(&threads[b], NULL, block, NULL);
+    for (unsigned b = 0; b < blocks; ++b) pthread_join(threads[b], NULL);
+    printf("%u\n", ran);
+    return 0;
+}
+'''
+
+
+def test_a_kernel_that_starts_after_the_host_stopped_the_run_runs_nothing(tmp_path):
+    """Four tasks published, then the run stopped (the executor gives up on a kernel whose
+    stream is held, and the next run may take the heap space those tasks would write), then
+    the blocks start: none runs a task. A review found one run after the blocks took to
+    reading the host's words through one block's look (the look stopped, the wiring and the
+    pop went on)."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc)")
+    (tmp_path / "stopped.c").write_text(STOPPED_BEFORE_START)
+    binary = tmp_path / "stopped"
+    command = ["cc", "-std=c11", "-O1", "-fsanitize=thread", "-pthread", "-Wall", "-Werror",
+               f"-I{HEADER_DIR}", str(tmp_path / "stopped.c"), "-o", str(binary)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0 and "sanitize" in done.stderr:
+        pytest.skip(f"the C compiler cannot build with ThreadSanitizer: {done.stderr.strip()[-200:]}")
+    assert done.returncode == 0, done.stderr
+    for blocks in (1, 4):
+        done = _run(binary, blocks)
+        assert "ThreadSanitizer" not in done.stderr, done.stderr[-2000:]
+        assert done.returncode == 0 and done.stdout.split() == ["0"], (blocks, done.stdout, done.stderr)
+
+
 @NO_NVCC
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_protocol_compiles_for_the_gpu(arch, tmp_path):

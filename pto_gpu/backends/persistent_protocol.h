@@ -403,6 +403,10 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
         return 0;
     if (pto_block_load_acquire32(s->wiring) != 0 || !pto_cas32(s->wiring, 0, 1)) return 0;
     const pto_u64 published = pto_look_at_host(s);
+    if (pto_stopped(s) != PTO_RUNNING) { /* nothing more made ready: the host may have moved on */
+        pto_block_store_release32(s->wiring, 0);
+        return 0;
+    }
     const pto_u64 wired = pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]); /* under the lock: current */
     pto_u64 ticket = wired;
     int failed = 0, read = 0;
@@ -518,6 +522,9 @@ PTO_FN int pto_wait_ready(pto_sched *s, const pto_board *b, pto_u32 *slot, pto_p
             pto_stop(s, PTO_FAULTED);
             return PTO_ABORTED;
         }
+        /* again: this block's look may have found the run stopped (a kernel that starts after
+         * the host gave up on it runs nothing: its tasks' memory may be another run's now) */
+        if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
         if (pto_ready_pop(s, slot)) return PTO_GOT_TASK;
         /* PTO_CLOSED first, as pto_look_at_host reads the host's words */
         const int closed = pto_block_load_acquire64(&s->counters[PTO_CLOSED]) != 0;
