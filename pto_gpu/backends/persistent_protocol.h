@@ -407,7 +407,8 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
         pto_block_store_release32(s->wiring, 0);
         return 0;
     }
-    const pto_u64 wired = pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]); /* under the lock: current */
+    /* under the lock: current */
+    const pto_u64 wired = pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]);
     pto_u64 ticket = wired;
     int failed = 0, read = 0;
     pto_u64 words_read = 0;
