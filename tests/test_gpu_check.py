@@ -32,11 +32,13 @@ def test_a_run_interrupted_inside_a_benchmark_keeps_the_figures_of_those_that_fi
     rounds and wrote an empty JSON file (an H200's persistent part, 2026-11-30)."""
     (tmp_path / "test_run.py").write_text(INTERRUPTED_RUN)
     report = tmp_path / "bench.json"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
-                    "--benchmark-only", f"--benchmark-json={report}", "test_run.py"], cwd=tmp_path,
-                   env={**os.environ, "PYTHONPATH": str(BENCH)}, capture_output=True, timeout=120)
+    # without this pytest's own variables: an xdist worker's would turn pytest-benchmark off
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTEST_")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           "--benchmark-only", f"--benchmark-json={report}", "test_run.py"], cwd=tmp_path,
+                          env={**env, "PYTHONPATH": str(BENCH)}, capture_output=True, text=True, timeout=120)
     rows, unreadable = gpu_check.benchmark_rows([report])
-    assert [row["name"] for row in rows] == ["test_finishes"] and unreadable == []
+    assert [row["name"] for row in rows] == ["test_finishes"] and unreadable == [], done.stdout + done.stderr
 
 
 def test_the_report_names_an_unreadable_benchmark_file_and_keeps_the_others(tmp_path):
