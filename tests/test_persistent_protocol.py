@@ -23,10 +23,11 @@ NVCC = shutil.which("nvcc") or next((str(p) for p in [Path("/usr/local/cuda/bin/
 NO_NVCC = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed (the CUDA toolkit)")
 
 
-def _build(folder: Path, *defines: str) -> Path:
-    binary = folder / "persistent_fuzz"
+def _build(folder: Path, *defines: str, source: Path = FUZZ) -> Path:
+    """`source` (the fuzz) under ThreadSanitizer, against the protocol's header."""
+    binary = folder / source.stem
     command = ["cc", "-std=c11", "-O1", "-g", "-fsanitize=thread", "-pthread", "-Wall", "-Wextra", "-Werror",
-               *defines, f"-I{HEADER_DIR}", str(FUZZ), "-o", str(binary)]
+               *defines, f"-I{HEADER_DIR}", str(source), "-o", str(binary)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0 and "sanitize" in done.stderr:
         pytest.skip(f"the C compiler cannot build with ThreadSanitizer: {done.stderr.strip()[-200:]}")
@@ -154,7 +155,7 @@ static void *block(void *unused) {
 }
 
 int main(int argc, char **argv) {
-    const unsigned blocks = (unsigned)atoi(argv[1]);
+    const unsigned blocks = argc > 1 ? (unsigned)atoi(argv[1]) : 1;
     const pto_u32 slots = 8, words = 8, chunks = pto_pool_chunks(slots, words);
     const pto_extent extent = pto_layout(&sched, slots, words, chunks, NULL, NULL);
     pto_layout(&sched, slots, words, chunks, calloc(extent.device_bytes, 1), calloc(extent.mapped_bytes, 1));
@@ -186,14 +187,9 @@ def test_a_kernel_that_starts_after_the_host_stopped_the_run_runs_nothing(tmp_pa
     pop went on)."""
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (cc)")
-    (tmp_path / "stopped.c").write_text(STOPPED_BEFORE_START)
-    binary = tmp_path / "stopped"
-    command = ["cc", "-std=c11", "-O1", "-fsanitize=thread", "-pthread", "-Wall", "-Werror",
-               f"-I{HEADER_DIR}", str(tmp_path / "stopped.c"), "-o", str(binary)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0 and "sanitize" in done.stderr:
-        pytest.skip(f"the C compiler cannot build with ThreadSanitizer: {done.stderr.strip()[-200:]}")
-    assert done.returncode == 0, done.stderr
+    source = tmp_path / "stopped.c"
+    source.write_text(STOPPED_BEFORE_START)
+    binary = _build(tmp_path, source=source)
     for blocks in (1, 4):
         done = _run(binary, blocks)
         assert "ThreadSanitizer" not in done.stderr, done.stderr[-2000:]
