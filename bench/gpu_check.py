@@ -96,7 +96,8 @@ def run_parts(command, budget: float, out: Path, name: str) -> tuple[int, float]
 def test_counts(junits: list[Path]) -> dict:
     counts = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
     roots = [ElementTree.parse(junit).getroot() for junit in junits if junit.exists()]
-    for case in (case for root in roots for case in root.iter("testcase")):
+    # An interrupted xdist run may leave a <testcase> with no name: not a test that ran.
+    for case in (case for root in roots for case in root.iter("testcase") if case.get("name")):
         outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), None)
         if outcome in ("failure", "error"):
             counts["failed"] += 1

@@ -85,11 +85,16 @@ def tasks_ran(run, x, chain: bool) -> None:
 
 
 def how_it_ran(benchmark, result) -> None:
-    """What a stream run's last round did: tasks issued from the argument tables, launches
-    (fewer than tasks where they were batched), event waits between streams."""
+    """What a run's last round did: tasks issued from the argument tables, launches (fewer than
+    tasks where they were batched), event waits between streams; and where its time went, to
+    tell a host-bound run from a GPU-bound one: the calling thread's CPU (the orchestration and
+    the issue) and its waits for room in the rings (for the GPU to retire tasks)."""
     benchmark.extra_info.update(native_tasks=float(result.native_tasks),
                                 launches=float(result.native_launches),
-                                cross_waits=float(result.cross_waits or 0))  # None: no streams (persistent)
+                                cross_waits=float(result.cross_waits or 0),  # None: no streams (persistent)
+                                wall_ms=result.seconds * 1e3,
+                                caller_cpu_ms=result.cpu_seconds.get("caller", 0.0) * 1e3,
+                                stalled_ms=sum(result.stalls.values()) * 1e3)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +142,7 @@ def test_overhead_persistent(benchmark, cupy, chain):
     assert result.num_tasks == TASKS
     tasks_ran(lambda: rt.run(tiny_tasks, x, chain), x, chain)
     per_task(benchmark)
+    how_it_ran(benchmark, result)
 
 
 @pytest.mark.parametrize("chain", [True, False], ids=["chain", "independent"])
@@ -254,6 +260,7 @@ def test_llama_layer_compiled(benchmark, cupy, executor):
     rt, inputs = llama_layer(executor)
     result = benchmark.pedantic(rt.run, (llama_layer_compiled, inputs), rounds=3, warmup_rounds=1)
     benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / result.num_tasks * 1e6
+    how_it_ran(benchmark, result)
     out = cupy.asnumpy(inputs["out"]).astype(np.float64)
     assert np.isfinite(out).all() and np.abs(out).max() > 0
     if executor == "stream":

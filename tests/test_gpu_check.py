@@ -58,3 +58,13 @@ def test_the_report_names_an_unreadable_benchmark_file_and_keeps_the_others(tmp_
     assert "| `pytest -m gpu` | 3 | 0 | 1 | 16 | 9 | 124 |" in text
     assert "unreadable benchmark report: `gpu-bench-persistent.json`" in text
     assert "| `test_x` | 2.000 | 1.000 | 3 | tflops 1.5 |" in text
+
+
+def test_the_counts_leave_out_a_nameless_testcase_an_interrupted_run_wrote(tmp_path):
+    (tmp_path / "gpu-tests-rest.xml").write_text(
+        '<testsuites><testsuite><testcase classname="t" name="test_a"/>'
+        '<testcase classname="t" name="test_b"><failure message="no"/></testcase>'
+        '<testcase classname="t" name="test_c"><skipped/></testcase>'
+        '<testcase classname="" time="0"/></testsuite></testsuites>')
+    counts = gpu_check.test_counts([tmp_path / f"gpu-tests-{part}.xml" for part in gpu_check.PARTS])
+    assert counts == {"passed": 1, "failed": 1, "skipped": 1, "failures": ["t::test_b"]}
