@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 import pytest
-from pto_gpu.kernels.tiles import copy, matmul
+from pto_gpu.kernels.tiles import matmul
 
 import pto_gpu as pto
 from pto_gpu import isa
@@ -152,12 +152,6 @@ def _pinned(o):
         o.free(t)
 
 
-def _two_element_types(o):
-    for dtype in (np.float32, np.float64):
-        x = o.external(np.ones((4, 8), dtype))
-        o.submit(copy, pto.input(x[:2]), pto.output(x[2:]))
-
-
 CASES = [
     Case("use after free", run(alloc_then(lambda o, t: o.submit(_noop, pto.input(freed(o, t))))),
          pto.UseAfterFreeError),
@@ -242,8 +236,6 @@ CASES = [
          pto.UsageError),
     Case("the persistent executor without CUDA",
          lambda made: pto.Runtime(backend="cpu", executor="persistent"), pto.PTOError),
-    Case("a persistent run of two element types", lambda made: pto.Runtime(
-        backend="cuda-emulated", executor="persistent").run(_two_element_types), pto.TaskError),
     Case("a worker class with no workers", lambda made: runtime(made, workers={pto.CUBE: 0}), pto.PTOError),
     Case("workers= naming no worker class", lambda made: runtime(made, workers={"TENSOR": 2}), pto.PTOError),
     Case("negative threshold", lambda made: runtime(made).run(lambda o: None, threshold=-1), pto.PTOError),

@@ -15,6 +15,7 @@ import time
 import weakref
 from pathlib import Path
 
+import ml_dtypes
 import numba
 import numpy as np
 import nvrtc
@@ -445,28 +446,104 @@ def test_what_the_persistent_executor_cannot_run_is_named():
                                        r'backend="cuda" or "cuda-emulated", not "cpu"'):
         pto.Runtime(backend="cpu", executor="persistent")
 
-    def mixed(o, x, y):
-        o.submit(add, pto.input(o.external(x)), pto.input(o.external(x)), pto.output(o.external(x)))
-        o.submit(add, pto.input(o.external(y)), pto.input(o.external(y)), pto.output(o.external(y)))
 
+ELEMENT_TYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
+
+
+def scales_then_adds_of_each_type(o, pairs, n):
+    for x, y in pairs:
+        o.compiled(_scales_then_adds, o.external(x), o.external(y), n, scale.id, add.id)
+
+
+def scales_then_adds_submitted(o, pairs, n):
+    """scales_then_adds_of_each_type's tasks from Python, the element types interleaved, each
+    scale by 0.1 (rounded to the type: a 16-bit instance computing in T, not ACC, would differ)."""
+    views = [(o.external(x), o.external(y)) for x, y in pairs]
+    for i in range(n):
+        for x, y in views:
+            r = i % x.shape[0]
+            o.submit(scale, pto.input(x[r:r + 1]), pto.output(y[r:r + 1]), 0.1)
+    for i in range(n):
+        for x, y in views:
+            r = i % x.shape[0]
+            o.submit(add, pto.input(y[r:r + 1]), pto.input(y[r:r + 1]), pto.output(x[r:r + 1]))
+
+
+@pytest.mark.parametrize("orchestration", [scales_then_adds_of_each_type, scales_then_adds_submitted],
+                         ids=["compiled", "python"])
+def test_tasks_of_several_element_types_run_in_one_kernel_equal_to_the_serial_executor(orchestration):
+    """float32, float64, float16 and bfloat16 tasks in one run: one kernel over instances of
+    each (its module gives each instance pto_isa.cuh's typed part in its own namespace, with
+    its own T), each type's values bit for bit the serial CPU executor's (an instance reading
+    another type's bits would not be); in a second run one kernel, every task from the tables."""
+    start = np.random.default_rng(2).standard_normal((8, 16))
+
+    def pairs():
+        return [(start.astype(dtype), np.zeros(start.shape, dtype)) for dtype in ELEMENT_TYPES]
+
+    want = pairs()
+    pto.Runtime(backend="cpu", executor="serial").run(orchestration, want, 24)
+    rt = pto.Runtime(backend="cuda-emulated", executor="persistent", task_window=16)
+    for run in range(2):
+        got = pairs()
+        launched = emulator.launches()
+        result = rt.run(orchestration, got, 24)
+        for dtype, mine, theirs in zip(ELEMENT_TYPES, got, want):
+            for array, expected_array in zip(mine, theirs):
+                assert array.dtype == dtype, dtype
+                assert array.tobytes() == expected_array.tobytes(), f"{dtype}, run {run}"
+    assert emulator.launches() - launched == 1
+    assert result.native_tasks == result.num_tasks == 2 * 24 * len(ELEMENT_TYPES)
+    assert {member.dtype for member in rt.backend.persistent_codes} == {np.dtype(t) for t in ELEMENT_TYPES}
+
+
+def tiled_matmuls(o, operands):
+    for a, b, c in operands:
+        tiled_matmul(o, a, b, c, tile=64)
+
+
+def test_float16_and_bfloat16_products_on_tensor_cores_run_in_one_kernel_beside_float32():
+    """Tiled matmuls of float16 and bfloat16 (mma.sync of each type: one generated source, two
+    instances) and float32 in one kernel: each within a few roundings of its type of the serial
+    CPU executor's result (tests/test_cuda.py's tolerance for the stream executor)."""
+    rng = np.random.default_rng(6)
+    start = [(rng.standard_normal((128, 96)), rng.standard_normal((96, 80))) for _ in range(3)]
+    types = [np.float16, ml_dtypes.bfloat16, np.float32]
+
+    def operands():
+        return [(a.astype(t), b.astype(t), np.zeros((128, 80), t)) for (a, b), t in zip(start, types)]
+
+    want = operands()
+    pto.Runtime(backend="cpu", executor="serial").run(tiled_matmuls, want)
+    got = operands()
     rt = pto.Runtime(backend="cuda-emulated", executor="persistent")
-    with pytest.raises(TaskError, match=r"runs one element type in a run .*: add is float64, the run's tasks "
-                                        r"so far float32"):
-        rt.run(mixed, np.ones((4, 8), np.float32), np.ones((4, 8), np.float64))
+    rt.run(tiled_matmuls, got)
+    for t, (_, _, mine), (_, _, theirs) in zip(types, got, want):
+        reference = theirs.astype(np.float64)
+        rounding = 2.0**-11 if t == np.float16 else 2.0**-8 if t == ml_dtypes.bfloat16 else 2.0**-20
+        np.testing.assert_allclose(mine.astype(np.float64), reference, rtol=0,
+                                   atol=4 * rounding * np.abs(reference).max(), err_msg=str(t))
+    sources = {}
+    for member in rt.backend.persistent_codes:
+        sources.setdefault(member.code.source, set()).add(member.dtype)
+    assert {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)} in sources.values()
 
 
 @pytest.fixture(scope="module")
 def attention_module():
     """The module a float16 fused attention run makes (tensor-core instances whose tiles are
-    shared memory references), with a row-layout instance (add) beside them: its source."""
+    shared memory references), with row-layout instances (add) of every element type beside
+    them: its source."""
     rt = pto.Runtime(backend="cuda-emulated", executor="persistent")
     q = np.random.default_rng(0).standard_normal((2, 100, 32)).astype(np.float16)
     rt.run(flash_attention_fused, q, q, q, np.zeros_like(q), tile=64, causal=True)
-    rt.run(lambda o, x: o.submit(add, pto.input(o.external(x)), pto.input(o.external(x)),
-                                 pto.output(o.external(x))), np.ones((4, 8), np.float16))
-    codes = rt.backend.persistent_codes[np.dtype(np.float16)]
-    assert len(codes) >= 2 and max(code.shared_bytes for code in codes) > 0
-    return persistent_module.write(codes)
+    for dtype in ELEMENT_TYPES:
+        rt.run(lambda o, x: o.submit(add, pto.input(o.external(x)), pto.input(o.external(x)),
+                                     pto.output(o.external(x))), np.ones((4, 8), dtype))
+    members = rt.backend.persistent_codes
+    assert len(members) >= 5 and max(member.code.shared_bytes for member in members) > 0
+    assert {member.dtype for member in members} == {np.dtype(t) for t in ELEMENT_TYPES}
+    return persistent_module.write(members)
 
 
 def test_the_hosts_record_of_the_task_records_is_the_kernels_field_by_field():
@@ -487,7 +564,7 @@ def test_the_module_compiles_for_the_gpu(attention_module, arch, tmp_path):
     """The module built by nvcc, with every warning an error, and no static shared memory: all
     of it is the launch's (tiles and piece words), which is what the backend opts in to."""
     command = ["nvcc", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", "-Xptxas", "-v", "-c", "-o",
-               str(tmp_path / "module.o"), *cuda_abi.compile_options(np.float16, "persistent"), "-x", "cu",
+               str(tmp_path / "module.o"), "-x", "cu",
                str(attention_module)]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -501,8 +578,8 @@ def test_the_module_compiles_under_nvrtc_as_cupy_loads_it(attention_module, arch
     (CudaDevice.module_function) and its own. It compiles with nothing in the log but ptxas'
     report, whose one entry is the kernel's."""
     nvrtc.library_or_skip()
-    options = (*nvrtc.cupy_options(cuda_abi.nvrtc_options(attention_module.parent, np.float16,
-                                                          persistent_module.NAME), arch),
+    backend_options = cuda_abi.nvrtc_options(attention_module.parent, None, persistent_module.NAME)
+    options = (*nvrtc.cupy_options(backend_options, arch),
                "--ptxas-options=-v")
     ok, log = nvrtc.compile_cubin(attention_module.read_text(), options, attention_module.name)
     assert ok, log

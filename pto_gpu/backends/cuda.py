@@ -54,6 +54,7 @@ from .launches import (
     scalar_bits,
     template,
 )
+from .persistent_module import ModuleInstance
 
 GPU_TIMEOUT = 600.0  # seconds an event may take before a wait calls it a hang (PTO_GPU_TIMEOUT)
 
@@ -84,8 +85,8 @@ class Device(Protocol):
 
     def module_function(self, source: Path, dtype, name: str, words: int) -> int:
         """The CUfunction of `pto_<name>` in CUDA source `source` compiled for element type
-        `dtype`, taking `words` 8-byte params (the persistent kernel's module, and `function`'s
-        generated code)."""
+        `dtype` (None: the source defines its own, as the persistent kernel's module does),
+        taking `words` 8-byte params (that module, and `function`'s generated code)."""
 
     def resident_blocks(self, function: int, shared: int) -> int:
         """Blocks of `function`, each given `shared` bytes of dynamic shared memory, the device
@@ -144,13 +145,13 @@ class CudaBackend:
         self._issue = None  # launches.issue's compiled entry, once a launch has typed it
         self._blas_handles: cublas.Handles | None = None  # at the first GEMM
         # The persistent executor's (executors/persistent.py; only the orchestrator's thread uses
-        # them): instances by template key; the generated code of those its kernels have run,
-        # per element type, in the order first seen (a run's kernel holds all of them), and how
-        # many of them have compiled in a module (the rest are dropped when one fails); and the
-        # scheduler states of ended runs, by their sizes, for the next.
+        # them): instances by template key; the generated code of those its kernels have run
+        # and their element types, in the order first seen (a run's kernel holds all of them),
+        # and how many of them have compiled in a module (the rest are dropped when one fails);
+        # and the scheduler states of ended runs, by their sizes, for the next.
         self._instances: dict[tuple, Instance] = {}
-        self.persistent_codes: dict[np.dtype, list[CudaCode]] = {}
-        self.persistent_compiled: dict[np.dtype, int] = {}
+        self.persistent_codes: list[ModuleInstance] = []
+        self.persistent_compiled = 0
         self.persistent_states: dict = {}
 
     # --- memory: the device's ------------------------------------------------------------

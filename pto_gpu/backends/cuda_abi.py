@@ -50,7 +50,11 @@ def symbol(kernel_name: str) -> str:
     return f"pto_{kernel_name}"
 
 
-def compile_options(dtype: np.dtype, kernel_name: str) -> tuple[str, ...]:
+def compile_options(dtype: np.dtype | None, kernel_name: str) -> tuple[str, ...]:
+    """The element type's options; none for dtype None, a source that defines its element types
+    itself (the persistent kernel's module, whose instances may be of several)."""
+    if dtype is None:
+        return ()
     options = COMPILE_OPTIONS.get(np.dtype(dtype))
     if options is None:
         supported = ", ".join(str(d) for d in COMPILE_OPTIONS)
@@ -58,7 +62,17 @@ def compile_options(dtype: np.dtype, kernel_name: str) -> tuple[str, ...]:
     return options
 
 
-def nvrtc_options(source_dir: Path, dtype: np.dtype, kernel_name: str) -> tuple[str, ...]:
+def type_defines(dtype: np.dtype, kernel_name: str) -> list[str]:
+    """The element type's compile options as the #define lines a source gives itself, PTO_ACC
+    always among them (pto_isa.cuh makes it PTO_T where it is not defined)."""
+    defines = {"PTO_ACC": "PTO_T"}
+    for option in compile_options(dtype, kernel_name):
+        name, _, value = option.removeprefix("-D").partition("=")
+        defines[name] = value
+    return [f"#define {name} {value}".rstrip() for name, value in defines.items()]
+
+
+def nvrtc_options(source_dir: Path, dtype: np.dtype | None, kernel_name: str) -> tuple[str, ...]:
     """The options a kernel's source is compiled with (CuPy's RawModule, so NVRTC, adds its own)."""
     return ("-std=c++17", f"-I{source_dir}", *compile_options(dtype, kernel_name))
 

@@ -101,8 +101,9 @@ class CupyDevice:
 
     def module_function(self, source: Path, dtype, name: str, words: int) -> int:
         """The CUfunction of `pto_<name>` in CUDA source `source` compiled for element type
-        `dtype` (its params are the kernel's own: `words` is the emulator's to know)."""
-        key = (source, np.dtype(dtype), name)
+        `dtype` (None: the source defines its own) (its params are the kernel's own: `words` is
+        the emulator's to know)."""
+        key = (source, None if dtype is None else np.dtype(dtype), name)
         function = self._functions.get(key)  # a dict read is atomic under the GIL
         if function is None:
             # CuPy compiles a module at its first get_function, NVRTC without the GIL, so modules

@@ -95,8 +95,9 @@ class EmulatedDevice:
 
     def module_function(self, source: Path, dtype, name: str, words: int) -> int:
         """The CUfunction of `pto_<name>` in CUDA source `source` compiled for element type
-        `dtype`, taking `words` 8-byte params: its host build's pto_launch_<name>."""
-        key = (source, np.dtype(dtype), name)
+        `dtype` (None: the source defines its own), taking `words` 8-byte params: its host
+        build's pto_launch_<name>."""
+        key = (source, None if dtype is None else np.dtype(dtype), name)
         function = self._functions.get(key)
         if function is None:
             library = ctypes.CDLL(host_build(source, dtype))

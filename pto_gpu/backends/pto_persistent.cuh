@@ -4,16 +4,23 @@
 // run. persistent_module.py writes the module around this text:
 //
 //   #define PTO_WARPS, PTO_PERSISTENT, PTO_HOST_THREADS (the host build's blocks side by side,
-//   pto_isa.cuh), PTO_TASK_SHARED_BYTES (the dynamic shared memory the instances' tiles take
-//   turns in: the most any instance takes, and room for thread 0's words) and
-//   PTO_LAUNCH_SHARED_BYTES (what the launch gives a block: that, then the piece words below)
+//   pto_isa.cuh), PTO_WITH_HALF and PTO_WITH_BF16 where an instance is of that type (its
+//   header, its host build's type), PTO_ISA_TYPED (pto_isa.cuh's part that depends on the
+//   element type is each instance's, below), PTO_TASK_SHARED_BYTES (the dynamic shared memory
+//   the instances' tiles take turns in: the most any instance takes, and room for thread 0's
+//   words) and PTO_LAUNCH_SHARED_BYTES (what the launch gives a block: that, then the piece
+//   words below)
 //   pto_isa.cuh, persistent_protocol.h, then this file: how the instances are declared
-//   namespace pto_instance_<k> { <instance k's generated source> }   for each instance
+//   for each instance: #undef PTO_ISA_TYPED and the type macros, #define its PTO_T, PTO_ACC
+//   (and PTO_HALF or PTO_BF16), then
+//   namespace pto_instance_<k> { <instance k's generated source> }
 //   pto_run_task: a switch over the instances
 //   pto_persistent_kernel.cuh: the kernel, and its host build's entry
 //
-// Each generated source is pasted whole: its copy of pto_isa.cuh is skipped (include guard),
-// its kernel becomes a device function (PTO_ENTRY), its tiles in shared memory are references
+// Each generated source is pasted whole: of its copy of pto_isa.cuh, the part that depends on
+// the element type is taken again in its namespace, with its type (instances of several types
+// run in one kernel), and the rest skipped (include guard); its kernel becomes a device
+// function (PTO_ENTRY), its tiles in shared memory are references
 // into the block's dynamic shared memory at the offsets the generator gave them (PTO_SHARED,
 // pto_isa.cuh), so the instances take turns in it instead of adding up, and PTO_TASK makes its
 // `pto_task(words)`, which reads the task's argument words as its params.

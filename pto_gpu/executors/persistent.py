@@ -49,8 +49,8 @@ import numpy as np
 from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.launches import MAX_WORDS
 from ..backends.persistent_host import NO_WORK, Abort, Shown, Sizes, State
-from ..backends.persistent_module import NAME, check, shared_bytes, write
-from ..dtypes import DataType, WorkerType, as_dtype
+from ..backends.persistent_module import NAME, ModuleInstance, check, shared_bytes, write
+from ..dtypes import WorkerType
 from ..errors import DeadlockError, InvariantError, PTOError, TaskError
 from ..first_calls import first_calls, preparing
 from ..jit.context import MAX_SCALARS, ArgTables
@@ -143,7 +143,7 @@ class PersistentExecutor:
         self._slots = slots
         self._run = np.zeros(1, RUN)
         self._run[0] = 0
-        for field in ("launched", "dtype", "gathered"):
+        for field in ("launched", "gathered"):
             self._run[field] = -1
         self._run["ring"] = slots * WORDS_PER_SLOT
         self._state: State | None = None
@@ -157,7 +157,8 @@ class PersistentExecutor:
         self._learnt = learnt
         self._args: ArgTables | None = None
         self._edges = _NO_EDGES  # the flush's edge log (`edges`)
-        self._index: dict | None = None  # the backend's instances' index in their list, by source
+        # the backend's instances' index in their list, by source and element type (_key)
+        self._index: dict | None = None
         # Calls from Python by their compiled entries: numba's dispatch types each of the tables
         # at every call (µs)
         self._submit_python = self._retire_done = None
@@ -318,7 +319,6 @@ class PersistentExecutor:
             instance, words = self._backend.instance(task)
         except Exception as cause:
             raise TaskError.of(task, cause) from cause
-        self._check_dtype(task, instance.dtype)
         index = NO_WORK if instance.code is None else self._kernel_index(task, instance)
         pieces = max(1, instance.template.grid)
         first_call = first_calls() != prepared
@@ -330,7 +330,7 @@ class PersistentExecutor:
         if self._args is not None:
             integer = np.zeros(MAX_SCALARS, np.int64)
             integer[:len(instance.template.integer_scalars)] = instance.template.integer_scalars
-            learn(t, self._core[1], self._args, task.id, index, pieces, int(run["dtype"]), integer)
+            learn(t, self._core[1], self._args, task.id, index, pieces, integer)
         while (status := publish(t, task.id, task.kernel.id, index, pieces, first_call)) == NEEDS_WAIT:
             self._wait_done(int(run["wait"]), "room for its producers' words")
         if status:
@@ -345,34 +345,20 @@ class PersistentExecutor:
                              f"{int(run['next']) - self._slots}, in flight")
 
     # --- the kernel ----------------------------------------------------------------------
-    @property
-    def _dtype(self) -> np.dtype | None:
-        """The run's element type: its first task's."""
-        code = int(self._run[0]["dtype"])
-        return None if code < 0 else DataType(code).numpy
-
-    def _check_dtype(self, task: Task, dtype) -> None:
-        code = int(as_dtype(dtype))
-        if self._run[0]["dtype"] < 0:
-            self._run[0]["dtype"] = code
-        elif code != self._run[0]["dtype"]:
-            raise TaskError.of(task, PTOError(
-                f'executor="persistent" runs one element type in a run (its kernel is compiled for one): '
-                f"{task.kernel.name} is {dtype}, the run's tasks so far {self._dtype}"))
-
     def _kernel_index(self, task: Task, instance) -> int:
         """The instance's index in the kernel's module; a new instance (checked first: what
         the backend keeps must compile) ends the kernel running (it is launched again over
         every instance seen, at its next wait)."""
         codes = self._codes()
-        k = self._index.get(instance.code.source)
+        member = ModuleInstance(instance.code, np.dtype(instance.dtype))
+        k = self._index.get(_key(member))
         if k is None:
             try:
-                check(instance.code)
+                check(*member)
             except PTOError as cause:
                 raise TaskError.of(task, cause) from cause
-            k = self._index[instance.code.source] = len(codes)
-            codes.append(instance.code)
+            k = self._index[_key(member)] = len(codes)
+            codes.append(member)
         if 0 <= self._run[0]["launched"] <= k:
             self._end_kernel()
         return k
@@ -405,14 +391,14 @@ class PersistentExecutor:
         codes = self._codes()
         try:
             with preparing():
-                function = self._device.module_function(write(codes), self._dtype, NAME, KERNEL_PARAMS)
+                function = self._device.module_function(write(codes), None, NAME, KERNEL_PARAMS)
         except BaseException:  # what the backend keeps must compile: drop the instances not yet built
-            del codes[self._backend.persistent_compiled.get(self._dtype, 0):]
-            self._index = {code.source: k for k, code in enumerate(codes)}
+            del codes[self._backend.persistent_compiled:]
+            self._index = {_key(member): k for k, member in enumerate(codes)}
             self._learnt.filled[:] = 0  # (some may be of those dropped)
             raise
-        self._backend.persistent_compiled[self._dtype] = len(codes)
-        shared = shared_bytes(codes)
+        self._backend.persistent_compiled = len(codes)
+        shared = shared_bytes([member.code for member in codes])
         # Launched from here on, whatever fails below (the event recorded after the launch, say):
         # abort then stops it; and no collection from before the kernel starts (_COLLECTIONS).
         self._run[0]["launched"] = len(codes)
@@ -426,11 +412,11 @@ class PersistentExecutor:
             raise self._fault(cause) from cause
         self.kernels_launched += 1
 
-    def _codes(self) -> list:
-        """The instances of the run's element type that the backend's runs have seen, in order."""
-        codes = self._backend.persistent_codes.setdefault(self._dtype, [])
+    def _codes(self) -> list[ModuleInstance]:
+        """The instances the backend's runs have seen, in order: the kernel's module."""
+        codes = self._backend.persistent_codes
         if self._index is None:
-            self._index = {code.source: k for k, code in enumerate(codes)}
+            self._index = {_key(member): k for k, member in enumerate(codes)}
         return codes
 
     def _end_kernel(self) -> None:
@@ -632,3 +618,8 @@ class PersistentExecutor:
 def _no_library(kernel) -> bool:
     """The persistent kernel runs every kernel's generated code, never a library call."""
     return False
+
+
+def _key(member: ModuleInstance) -> tuple:
+    """An instance's key in the module: its source (one serves every element type) and type."""
+    return member.code.source, member.dtype

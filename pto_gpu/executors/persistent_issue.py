@@ -45,7 +45,6 @@ RUN = np.dtype([
     ("ring", np.int64),  # the ring's words; the most producers the last `slots` tickets may name
     ("named", np.int64),  # ... that they name now
     ("launched", np.int64),  # instances in the running kernel's module; -1: no kernel running
-    ("dtype", np.int64),  # the run's element type (a DataType); -1 before its first task
     ("wait", np.int64),  # NEEDS_WAIT's ticket
     ("gathered", np.int64),  # the task whose producers' tickets are tickets[:count]; -1: none
     ("count", np.int64),
@@ -65,9 +64,8 @@ FLIGHT = np.dtype([  # per slot: the task published there
 TICKET = np.dtype([("task", np.int64), ("sequence", np.int64)], align=True)  # per core task slot
 
 LEARNT = np.dtype([  # per instance table slot
-    ("index", np.int64),  # the instance's in the module of its element type; NO_WORK: it has no work
+    ("index", np.int64),  # the instance's in the module; NO_WORK: it has no work
     ("pieces", np.int64),  # the pieces a task of it runs as: its stream launch's grid
-    ("dtype", np.int64),  # its element type (a DataType)
     ("integer", np.int64, (MAX_SCALARS,)),  # each scalar's word: long long (1) or double
 ], align=True)
 
@@ -291,8 +289,7 @@ def retire_done(t, header, tasks, buffers, deps, limit):
 @njit(cache=True, _nrt=False, inline="always")
 def _from_tables(t, tasks, args, task_id):
     """Publish a task whose arguments are in the run's tables, its producers gathered, by its
-    learnt instance (whose element type the run's first task sets); NEEDS_PYTHON where there is
-    none to take (not learnt; another element type, which Python names; not in the running
+    learnt instance; NEEDS_PYTHON where there is none to take (not learnt; not in the running
     kernel's module), else what `_publish` answers."""
     r = t.run[0]
     window = len(t.ticket_of)
@@ -303,10 +300,6 @@ def _from_tables(t, tasks, args, task_id):
     if t.filled[found] == 0:
         return NEEDS_PYTHON
     entry = t.learnt[found]
-    if r.dtype < 0:  # the run's first task
-        r.dtype = entry.dtype
-    elif entry.dtype != r.dtype:
-        return NEEDS_PYTHON
     if not slot_free(t):
         return SLOT_TAKEN
     if entry.index != NO_WORK:
@@ -351,9 +344,9 @@ def submit_python(t, header, tasks, buffers, deps, args, task_id, producers):
 
 
 @njit(cache=True, _nrt=False)
-def learn(t, tasks, args, task_id, index, pieces, dtype, integer):
+def learn(t, tasks, args, task_id, index, pieces, integer):
     """Enter the instance of a task whose arguments are in the tables (its index in the module,
-    pieces, element type and scalars' word types), for its instance's later tasks."""
+    pieces and scalars' word types), for its instance's later tasks."""
     if not tables_key(tasks, t.kernel_info, args, len(t.ticket_of), task_id, t.key):
         return
     found = find(t.keys, t.filled, t.key)
@@ -364,7 +357,6 @@ def learn(t, tasks, args, task_id, index, pieces, dtype, integer):
     entry = t.learnt[found]
     entry.index = index
     entry.pieces = pieces
-    entry.dtype = dtype
     for k in range(MAX_SCALARS):
         entry.integer[k] = integer[k]
     t.filled[found] = 1

@@ -1,14 +1,17 @@
 // What the CUDA code generated from PTO InCore functions (pto_gpu/isa/cuda_codegen.py) needs
 // beyond its own text. The generator pastes this header at the top of every source it writes,
 // so a generated .cu compiles alone (nvcc, NVRTC through CuPy, g++) and several of them can be
-// pasted into one translation unit (the include guard below).
+// pasted into one translation unit (the include guard below; the part that depends on the
+// element type has a guard of its own, which the persistent kernel's module undefines before
+// each instance, so that each takes that part again in its namespace with its own type).
 //
 // The argument convention is pto_gpu/backends/cuda_abi.py's, written
 // out by the generator: a memref is its pointer, three sizes, three element strides; a scalar
 // is a double or a long long. T is the element type and ACC the type tiles are computed in,
 // chosen when the module is compiled (-DPTO_T=float, -DPTO_T=double, -DPTO_T=__half
-// -DPTO_ACC=float -DPTO_HALF, or -DPTO_T=__nv_bfloat16 -DPTO_ACC=float -DPTO_BF16). PTO_WARPS (warps per block) is defined by the generated source
-// from the backend's THREADS_PER_BLOCK.
+// -DPTO_ACC=float -DPTO_HALF, or -DPTO_T=__nv_bfloat16 -DPTO_ACC=float -DPTO_BF16), or by the
+// persistent kernel's module per instance (the same macros, #defined in its text). PTO_WARPS
+// (warps per block) is defined by the generated source from the backend's THREADS_PER_BLOCK.
 //
 // The host build (no __CUDACC__, used by the tests and the CUDA emulator on machines without a
 // GPU) runs the very same kernel text. Each thread of a block is a fiber (its own stack, a
@@ -71,10 +74,10 @@
     type(&name) dims = *reinterpret_cast<type(*) dims>(pto_dynamic_shared + (offset))
 
 #ifdef __CUDACC__  // nvcc, or NVRTC through CuPy (which has no <cmath>)
-#ifdef PTO_HALF
+#if defined(PTO_HALF) || defined(PTO_WITH_HALF)
 #include <cuda_fp16.h>
 #endif
-#ifdef PTO_BF16
+#if defined(PTO_BF16) || defined(PTO_WITH_BF16)
 #include <cuda_bf16.h>
 #endif
 #define PTO_INF __int_as_float(0x7f800000)
@@ -545,33 +548,37 @@ inline void pto_host_mma_sum(float d[4], const PtoMmaOffer *offers, int depth, P
     std::memcpy(d, result, sizeof result);
 }
 
-#if defined(PTO_HALF) || defined(PTO_BF16)
-#ifdef PTO_HALF
+// The 16-bit element types of the host build, and their bits as a GPU rounds to them: those of
+// the module's element types (PTO_HALF, PTO_BF16), or of the persistent kernel's instances
+// (PTO_WITH_HALF, PTO_WITH_BF16: its module's instances may be of several, each taking the
+// part of this header that depends on its element type, below, in a namespace of its own).
+#if defined(PTO_HALF) || defined(PTO_WITH_HALF)
 using __half = _Float16;  // g++ on x86-64: IEEE binary16, rounded to nearest even as on the GPU
 
-inline unsigned short pto_host_bits(float value) {
+inline unsigned short pto_host_half_bits(float value) {
     const _Float16 half = (_Float16)value;
     unsigned short bits;
     std::memcpy(&bits, &half, sizeof bits);
     return bits;
 }
 
-inline float pto_host_value(unsigned short bits) {
+inline float pto_host_half_value(unsigned short bits) {
     _Float16 half;
     std::memcpy(&half, &bits, sizeof half);
     return (float)half;
 }
-#else
+#endif
+#if defined(PTO_BF16) || defined(PTO_WITH_BF16)
 // bfloat16 (g++ 12 has no arithmetic type for it): a float's top 16 bits, rounded to nearest
 // even as __float2bfloat16_rn rounds (a NaN stays a NaN).
-inline unsigned short pto_host_bits(float value) {
+inline unsigned short pto_host_bf16_bits(float value) {
     unsigned bits;
     std::memcpy(&bits, &value, sizeof bits);
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((bits >> 16) | 0x40u);
     return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-inline float pto_host_value(unsigned short bits) {
+inline float pto_host_bf16_value(unsigned short bits) {
     const unsigned wide = (unsigned)bits << 16;
     float value;
     std::memcpy(&value, &wide, sizeof value);
@@ -581,32 +588,10 @@ inline float pto_host_value(unsigned short bits) {
 struct __nv_bfloat16 {
     unsigned short bits;
     __nv_bfloat16() = default;
-    __nv_bfloat16(float value) : bits(pto_host_bits(value)) {}
-    __nv_bfloat16(double value) : bits(pto_host_bits((float)value)) {}
-    operator float() const { return pto_host_value(bits); }
+    __nv_bfloat16(float value) : bits(pto_host_bf16_bits(value)) {}
+    __nv_bfloat16(double value) : bits(pto_host_bf16_bits((float)value)) {}
+    operator float() const { return pto_host_bf16_value(bits); }
 };
-#endif
-
-// mma.sync.m16n8k16 (see pto_mma below) as a warp rendezvous: each lane offers its fragments
-// (alternating buffers, as the shuffles' offers), and once all have, computes its own four
-// elements of D from the other lanes' A and B by the PTX fragment layout (the PTX ISA's "Matrix
-// Fragments for mma.m16n8k16 with floating point type"). So generated code that puts an element
-// in the wrong lane or register gets a wrong product here, as on a GPU.
-inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
-    const PtoMmaOffer *offers = pto_host_mma_offers(a, b, c);
-    pto_host_mma_sum(d, offers, 16, [offers](int row, int col, int k) {
-        // A(row, k): lane 4 * (row % 8) + (k % 8) / 2, register (row / 8) + 2 * (k / 8);
-        // B(k, col): lane 4 * col + (k % 8) / 2, register k / 8; the half k % 2 of the pair
-        const unsigned left = offers[4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)];
-        const unsigned right = offers[4 * col + (k % 8) / 2].b[k / 8];
-        return pto_host_value((unsigned short)(left >> (16 * (k % 2)))) *
-               pto_host_value((unsigned short)(right >> (16 * (k % 2))));
-    });
-}
-
-inline unsigned pto_pack_pair(float low, float high) {
-    return (unsigned)pto_host_bits(low) | ((unsigned)pto_host_bits(high) << 16);
-}
 #endif
 
 // cvt.rna.tf32.f32: a float rounded to TF32's 10 mantissa bits, to nearest with ties away from
@@ -726,8 +711,49 @@ inline void pto_host_launch(long long blocks, unsigned shared, F kernel) {
 }
 #endif
 
+#endif  // PTO_ISA_CUH
+
+// What follows depends on the element type (T, ACC; PTO_HALF or PTO_BF16 for the 16-bit ones).
+// A generated source takes it once, as the rest; the persistent kernel's module, whose
+// instances may be of several element types, has each take it again in its own namespace with
+// its own PTO_T (persistent_module.py): so nothing here may be a macro that differs by type
+// without being undefined first, or a definition outside the namespace it is read in.
+#ifndef PTO_ISA_TYPED
+#define PTO_ISA_TYPED
 using T = PTO_T;
 using ACC = PTO_ACC;
+
+#if !defined(__CUDACC__) && (defined(PTO_HALF) || defined(PTO_BF16))
+// T's bits, rounded as a GPU rounds to it, and back (the host build's products).
+#ifdef PTO_HALF
+inline unsigned short pto_host_bits(float value) { return pto_host_half_bits(value); }
+inline float pto_host_value(unsigned short bits) { return pto_host_half_value(bits); }
+#else
+inline unsigned short pto_host_bits(float value) { return pto_host_bf16_bits(value); }
+inline float pto_host_value(unsigned short bits) { return pto_host_bf16_value(bits); }
+#endif
+
+// mma.sync.m16n8k16 (see pto_mma below) as a warp rendezvous: each lane offers its fragments
+// (alternating buffers, as the shuffles' offers), and once all have, computes its own four
+// elements of D from the other lanes' A and B by the PTX fragment layout (the PTX ISA's "Matrix
+// Fragments for mma.m16n8k16 with floating point type"). So generated code that puts an element
+// in the wrong lane or register gets a wrong product here, as on a GPU.
+inline void pto_mma(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+    const PtoMmaOffer *offers = pto_host_mma_offers(a, b, c);
+    pto_host_mma_sum(d, offers, 16, [offers](int row, int col, int k) {
+        // A(row, k): lane 4 * (row % 8) + (k % 8) / 2, register (row / 8) + 2 * (k / 8);
+        // B(k, col): lane 4 * col + (k % 8) / 2, register k / 8; the half k % 2 of the pair
+        const unsigned left = offers[4 * (row % 8) + (k % 8) / 2].a[row / 8 + 2 * (k / 8)];
+        const unsigned right = offers[4 * col + (k % 8) / 2].b[k / 8];
+        return pto_host_value((unsigned short)(left >> (16 * (k % 2)))) *
+               pto_host_value((unsigned short)(right >> (16 * (k % 2))));
+    });
+}
+
+inline unsigned pto_pack_pair(float low, float high) {
+    return (unsigned)pto_host_bits(low) | ((unsigned)pto_host_bits(high) << 16);
+}
+#endif
 
 #ifdef __CUDACC__
 // One mma.sync `instruction` (its shape and types) over a warp's fragments: D, four floats, from
@@ -740,6 +766,7 @@ using ACC = PTO_ACC;
 #endif
 
 #if defined(__CUDACC__) && (defined(PTO_HALF) || defined(PTO_BF16))
+#undef PTO_MMA_INPUTS
 #ifdef PTO_HALF
 #define PTO_MMA_INPUTS "f16.f16"
 __device__ inline unsigned pto_bits(float value) { return __half_as_ushort(__float2half_rn(value)); }
@@ -1003,4 +1030,4 @@ __device__ inline double pto_floordiv(double a, double b) {
     return quotient - whole > 0.5 ? whole + 1.0 : whole;
 }
 
-#endif  // PTO_ISA_CUH
+#endif  // PTO_ISA_TYPED
