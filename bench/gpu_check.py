@@ -32,6 +32,12 @@ INTERRUPT_GRACE_S = 20
 # fault there costs ~20 s a test (patience, then the wait for the kernel's end).
 PERSISTENT_S = 60
 PARTS = {"rest": "not persistent", "persistent": "persistent"}  # each part's name and -k expression
+# pytest-xdist workers a part's tests run on. The persistent executor's are two: each worker is a
+# process, whose CUDA context the GPU runs in turns with the others' (time slices), and a
+# persistent kernel holds its blocks for its whole run, so each of 8 such kernels ran an eighth
+# of the time (2026-11-30: the tests with every resident block did not end in 80 s); two let one
+# compile its module on the host while the other's kernel runs.
+WORKERS = {"rest": 8, "persistent": 2}
 # A wait for the GPU that long is a hang (the backend's default is 600 s; pytest-timeout, which
 # would stop the test, may not be there): one test's cost, not the budget's.
 WAIT_S = "60"
@@ -167,14 +173,15 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
                     str(ROOT)], check=True)
     collected = gpu_tests_collected()
-    parallel = ["-n", "8"] if importlib.util.find_spec("xdist") else []
+    xdist = importlib.util.find_spec("xdist") is not None
     # pytest-timeout's signal method fails the one test and goes on (its thread method would
     # end the process and lose the reports).
     timeout = ([f"--timeout={TEST_TIMEOUT_S}", "--timeout-method=signal"]
                if importlib.util.find_spec("pytest_timeout") else [])
     code, seconds = run_parts(lambda expression, part: [
         sys.executable, "-m", "pytest", "-m", "gpu", "-k", expression, "-q", "-rfE", "--durations=20", "-p",
-        "no:cacheprovider", *parallel, *timeout, f"--junitxml={out / f'gpu-tests-{part}.xml'}", "tests"],
+        "no:cacheprovider", *(["-n", str(WORKERS[part])] if xdist else []), *timeout,
+        f"--junitxml={out / f'gpu-tests-{part}.xml'}", "tests"],
         TEST_BUDGET_S, out, "tests")
     junits = [out / f"gpu-tests-{part}.xml" for part in PARTS]
     tests = {**test_counts(junits), "seconds": seconds, "exit": code}
