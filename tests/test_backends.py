@@ -13,6 +13,7 @@ from pto_gpu.kernels.elementwise import scale
 from test_cuda import ON_GPU
 
 import pto_gpu as pto
+from pto_gpu import polling
 from pto_gpu.backends import Backend, StreamBackend, emulator, memory_of
 from pto_gpu.backends.cpu import CpuBackend
 from pto_gpu.backends.cuda import CudaBackend
@@ -80,6 +81,29 @@ def test_a_wait_for_an_event_never_reached_gives_up_with_a_deadlock_error(driver
     with pytest.raises(pto.DeadlockError, match="a CUDA event was not reached within 0.2 s"):
         driver.wait_until_reached(event, 0.2)
     assert 0.2 <= time.perf_counter() - started < 5
+
+
+def test_a_wait_for_an_event_sleeps_at_most_an_eighth_of_what_it_has_waited(driver, monkeypatch):
+    """So a wait of a few ms (a run's end on a GPU) sees the event within an eighth of its
+    length: the pauses (polling.pause) asked for, against the time waited when each was asked."""
+    stream, event = driver.new_stream(), driver.new_event()
+    emulator.lose_event(1)
+    driver.call("cuEventRecord", event, stream)
+    asked = []
+    real_sleep = time.sleep
+    started = time.perf_counter()
+
+    def sleep(seconds):
+        if threading.current_thread() is waiter:
+            asked.append((seconds, time.perf_counter() - started))
+        real_sleep(seconds)
+
+    waiter = threading.current_thread()
+
+    monkeypatch.setattr(polling.time, "sleep", sleep)
+    with pytest.raises(pto.DeadlockError):
+        driver.wait_until_reached(event, 0.05)
+    assert asked and all(seconds <= waited / 8 for seconds, waited in asked), asked[:8]
 
 
 NOTHING = emulator.ENTRY(lambda *_: 0)

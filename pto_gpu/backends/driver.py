@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from ..errors import DeadlockError, PTOError
+from ..polling import pause
 from .launches import CALLS
 
 CUBLAS_STATUS_NAMES = {1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
@@ -130,19 +131,17 @@ class Driver:
 
     def wait_until_reached(self, event: int, timeout: float) -> None:
         """Block until `event` is reached, polling (a kernel that never ends would hang
-        cuEventSynchronize): spin briefly, then sleep in growing naps up to 1 ms; DeadlockError
-        after `timeout` seconds."""
+        cuEventSynchronize) as polling.pause says: yielding for 50 us, then sleeping an eighth of
+        what it has waited, at most 1 ms, so that a wait of a few ms (a run's end on a GPU) ends
+        within an eighth of its length of the event; DeadlockError after `timeout` seconds."""
         started = time.perf_counter()
-        nap = 0.0
         while not self.reached(event):
             waited = time.perf_counter() - started
             if waited > timeout:
                 raise DeadlockError(f"a CUDA event was not reached within {timeout:g} s: a kernel that does "
                                     "not end, or a stream waiting for work that never comes (for kernels "
                                     "that run longer, raise rt.backend.gpu_timeout, in seconds)")
-            if waited > 50e-6:
-                nap = min(1e-3, nap * 2 or 10e-6)
-                time.sleep(nap)
+            pause(waited)
 
 
 def libcuda() -> Driver:

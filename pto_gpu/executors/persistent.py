@@ -56,6 +56,7 @@ from ..first_calls import first_calls, preparing
 from ..jit.context import MAX_SCALARS, ArgTables
 from ..kernel import registered
 from ..native_call import compiled_entry
+from ..polling import pause
 from ..profile import Lane, Profile
 from ..tasks import RINGS, Scheduler, Task
 from .instance_keys import cuda_kernel_info
@@ -463,18 +464,17 @@ class PersistentExecutor:
         state = self._state
         if state.done(ticket):
             return
-        seen, since, pause = state.progress(), time.perf_counter(), 0.0
+        seen, since = state.progress(), time.perf_counter()
         while not state.done(ticket):
             self._check_kernel(why, ticket)
             progress = state.progress()
             now = time.perf_counter()
             if progress != seen:
-                seen, since, pause = progress, now, 0.0
+                seen, since = progress, now
             elif now - since > self._patience:
                 state.stop(Abort.STUCK)
                 raise self._stuck(why)
-            time.sleep(pause)
-            pause = min(1e-3, pause * 2 or 1e-6)
+            pause(now - since)  # (since the blocks' last progress)
 
     def _wait_kernel_end(self) -> None:
         try:
