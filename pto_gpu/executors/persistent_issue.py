@@ -14,7 +14,7 @@ Tickets restart at 0 with each kernel; the core's tasks are known by a sequence 
 the run (`base` + ticket), so a producer published to an earlier kernel is never taken for one
 in flight. A task goes back to Python (NEEDS_PYTHON) when its instance is not learnt (its
 first task: its code is generated and checked, and may end the running kernel, whose module
-lacks it) or is of another element type than the run's, and waits in Python (NEEDS_WAIT, for
+lacks it), and waits in Python (NEEDS_WAIT, for
 the ticket in `run.wait`) when the producers' words it needs have no room until a producer
 finishes.
 """
