@@ -9,6 +9,11 @@ word is a dim, either a number, a name that must be the same size wherever it ap
 ("m k", "k n", "m n" for a matmul), or `<=N`, at most N (the tile of a generated kernel,
 whose tails are smaller). `submit` checks them, and that the tensor params share one dtype
 unless `mixed_dtypes=True`, and names the param that is wrong.
+
+`Kernel.sharing()` says which of a task's params may share memory with a param it writes
+(docs/DESIGN.md, "Params that share memory"): any, for a kernel written as a function (its code
+is the same on every backend, so it decides); the very view it writes, as an input, for
+generated code that updates in place (isa/in_place.py); none for other generated code.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 from .dtypes import DataType, WorkerType, as_dtype
 from .errors import ParamError
 from .native_abi import NjitEntries
+from .sharing import Sharing
 
 _REGISTRY: list[Kernel] = []
 
@@ -142,6 +148,10 @@ class Kernel:
     # with more than one, the sim and thread executors place each task by earliest finish.
     workers: tuple[WorkerType, ...] = ()
     native: NativeCode | None = None  # generated kernels' code for workers without the GIL
+    # Judges, once, what params sharing memory with a written one may be (generated code);
+    # None: Sharing.ANY.
+    sharing_rule: Callable[[], Sharing] | None = None
+    _sharing: Sharing | None = dataclasses.field(default=None, repr=False)
     # Shape-and-dtype signatures already checked: tiles repeat, so most submits hit this.
     _accepted: set = dataclasses.field(default_factory=set, repr=False)
 
@@ -150,6 +160,12 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.name}, {self.worker.name})"
+
+    def sharing(self) -> Sharing:
+        """What a param sharing memory with one this kernel's task writes may be (judged once)."""
+        if self._sharing is None:
+            self._sharing = Sharing.ANY if self.sharing_rule is None else self.sharing_rule()
+        return self._sharing
 
     def __call__(self, *args: object) -> None:
         """Run the kernel's CPU code on numpy arrays, its tensor params in order and then its
@@ -160,7 +176,7 @@ class Kernel:
         arrays = args[:count]
         for index, array in enumerate(arrays):
             if not isinstance(array, np.ndarray):
-                raise ParamError(f"{self.name}: {self._param(index)} must be a numpy array, got "
+                raise ParamError(f"{self.name}: {self.param_name(index)} must be a numpy array, got "
                                  f"{type(array).__name__}")
         self._check_signature([_ArrayParam(a.shape, a.ndim, as_dtype(a.dtype)) for a in arrays])
         self.cpu(*args)
@@ -183,36 +199,36 @@ class Kernel:
             sizes: dict[str, tuple[int, int]] = {}
             for index, (dims, tensor) in enumerate(zip(self.shapes, tensors)):
                 if len(dims) != tensor.ndim:
-                    raise ParamError(f"{self.name}: {self._param(index)} must be {len(dims)}-d "
+                    raise ParamError(f"{self.name}: {self.param_name(index)} must be {len(dims)}-d "
                                      f"({' '.join(dims)}), got shape {tensor.shape}")
                 for dim, (word, size) in enumerate(zip(dims, tensor.shape)):
                     if word.startswith("<="):
                         if size > int(word[2:]):
-                            raise ParamError(f"{self.name}: {self._param(index)} dim {dim} must be at most "
-                                             f"{word[2:]}, got shape {tensor.shape}")
+                            raise ParamError(f"{self.name}: {self.param_name(index)} dim {dim} must be at "
+                                             f"most {word[2:]}, got shape {tensor.shape}")
                     elif word.isdigit():
                         if int(word) != size:
-                            raise ParamError(f"{self.name}: {self._param(index)} dim {dim} must be "
+                            raise ParamError(f"{self.name}: {self.param_name(index)} dim {dim} must be "
                                              f"{word}, got shape {tensor.shape}")
                     elif word in sizes and sizes[word][0] != size:
                         first, where = sizes[word]
-                        raise ParamError(f"{self.name}: {self._param(index)} dim {dim} ({word}) is "
-                                         f"{size} but {self._param(where)} has {word}={first}")
+                        raise ParamError(f"{self.name}: {self.param_name(index)} dim {dim} ({word}) is "
+                                         f"{size} but {self.param_name(where)} has {word}={first}")
                     else:
                         sizes.setdefault(word, (size, index))
         if self.dtypes is not None:
             for index, (dtype, tensor) in enumerate(zip(self.dtypes, tensors)):
                 if tensor.dtype != dtype:
-                    raise ParamError(f"{self.name}: {self._param(index)} must be {dtype.name}, got "
+                    raise ParamError(f"{self.name}: {self.param_name(index)} must be {dtype.name}, got "
                                      f"{tensor.dtype.name}")
         elif not self.mixed_dtypes and tensors:
             first = tensors[0].dtype
             for index, tensor in enumerate(tensors):
                 if tensor.dtype != first:
-                    raise ParamError(f"{self.name}: {self._param(index)} is {tensor.dtype.name} but "
-                                     f"{self._param(0)} is {first.name}")
+                    raise ParamError(f"{self.name}: {self.param_name(index)} is {tensor.dtype.name} but "
+                                     f"{self.param_name(0)} is {first.name}")
 
-    def _param(self, index: int) -> str:
+    def param_name(self, index: int) -> str:
         """Tensor param `index` in an error: its name too where the kernel has names."""
         return f"tensor param {index}" + (f" ({self.names[index]})" if self.names else "")
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from . import sharing
 from .core import state as cs
 from .core.rings import heap_size
 from .distributed.dist_array import DistArray
@@ -354,6 +355,8 @@ class Orchestrator:
             tensors.append(tensor)
             signature.append((tensor.repeats, tensor.dtype))
         kernel.check(tensors, tuple(signature))
+        if written and kernel.sharing_rule is not None and _shares_a_buffer(tensors, written):
+            sharing.check(kernel, tensors, self._row_views[len(tensors)])
         if worker is None:
             task = Task(-1, kernel, kernel.worker, params, self._tags,
                         kernel.workers if len(kernel.workers) > 1 else None)
@@ -549,6 +552,19 @@ class _Placing:
 
 _SCALAR, _INPUT = ParamKind.SCALAR, ParamKind.INPUT
 _ROW_BYTES = PARAM_WIDTH * 8  # a param row's bytes in the rows submit hands the core
+
+
+def _shares_a_buffer(tensors: list[TensorDescriptor], written: list[TensorDescriptor]) -> bool:
+    """Whether a written tensor's buffer is another param's too: the test before sharing.check."""
+    for tensor in written:
+        buffer = tensor.buffer
+        count = 0
+        for other in tensors:
+            if other.buffer is buffer:
+                count += 1
+        if count > 1:
+            return True
+    return False
 
 
 def _check_writable(tensor: TensorDescriptor, position: int, kernel: Kernel) -> None:

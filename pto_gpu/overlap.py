@@ -168,13 +168,30 @@ def _same_lattice_overlap(a, b):
     return m + b[R_RUN] > stride and max(q + 1, 0) <= min(q + nb, na - 1)
 
 
+@njit(cache=True, _nrt=False, inline="always")
+def _ranges_meet(a, b):
+    """Whether two layout rows' byte ranges share a byte (neither empty)."""
+    return a[R_LO] < b[R_HI] and b[R_LO] < a[R_HI] and a[R_LO] != a[R_HI] and b[R_LO] != b[R_HI]
+
+
 @njit(cache=True, _nrt=False, inline="always")  # a TensorMap walk mostly ends in these tests
 def rows_overlap(a, b):
     """Whether two layout rows of the same owner share a byte, at their common level."""
-    if a[R_LO] >= b[R_HI] or b[R_LO] >= a[R_HI] or a[R_LO] == a[R_HI] or b[R_LO] == b[R_HI]:
+    if not _ranges_meet(a, b):
         return False
     # Both non-empty: each holds its first byte, so a common start is a shared byte.
     if a[R_LO] == b[R_LO] or min(a[R_LEVEL], b[R_LEVEL]) == 0 or (a[R_NDIM] == 0 and b[R_NDIM] == 0):
+        return True
+    return _layouts_overlap(a, b)
+
+
+@njit(cache=True, _nrt=False)
+def rows_share_bytes(a, b):
+    """Whether two layout rows of the same owner share a byte, judged by their leaves whatever
+    their levels (conservatively only for a non-nested layout): which bytes, not their order."""
+    if not _ranges_meet(a, b):
+        return False
+    if a[R_LO] == b[R_LO] or (a[R_NDIM] == 0 and b[R_NDIM] == 0):
         return True
     return _layouts_overlap(a, b)
 

@@ -103,6 +103,23 @@ MUTANTS = [
            "stats[kernel, 0] += 1",
            "stats[kernel, 0] += 2",
            ("tests/test_native.py",)),
+    # A task whose written param shares memory with another (pto_gpu/sharing.py, isa/in_place.py)
+    Mutant("in-place-work-between-stores-allowed", "pto_gpu/isa/in_place.py",
+           "if stored and form is not Form.STORE:",
+           "if stored and form is Form.LOAD:",
+           ("tests/test_sharing.py",)),
+    Mutant("compiled-sharing-never-asks", "pto_gpu/jit/api.py",
+           "if rule == _SHARING_UNJUDGED:",
+           "if rule == -1:",
+           ("tests/test_sharing.py",)),
+    Mutant("sharing-same-view-ignores-order", "pto_gpu/sharing.py",
+           "and all(n == 1 or s == t for n, s, t in zip(a.shape, a.strides, b.strides)))",
+           ")",
+           ("tests/test_sharing.py",)),
+    Mutant("compiled-sharing-same-view-ignores-order", "pto_gpu/jit/api.py",
+           "if a[D_SHAPE + d] != 1 and a[D_STRIDE + d] != b[D_STRIDE + d]:",
+           "if False:",
+           ("tests/test_sharing.py",)),
 ]
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 import pytest
+from pto_gpu.kernels.elementwise import add
 from pto_gpu.kernels.tiles import matmul
 
 import pto_gpu as pto
@@ -216,6 +217,12 @@ CASES = [
     Case("broadcast view as an output", run(lambda o: o.submit(_noop, pto.inout(o.external(
         np.lib.stride_tricks.as_strided(np.zeros(4), (3, 4), (0, 8)))))), pto.ParamError,
          "a writeable stride-0 view; np.broadcast_to's are read-only and refused as such"),
+    Case("an output sharing memory with another param of a generated kernel", run(alloc_then(
+        lambda o, t: o.submit(matmul, pto.input(t), pto.input(t), pto.output(t)))), pto.ParamError,
+         "generated code has its own order of reads and writes on each backend; an element-wise kernel "
+         "may take the very view it writes as an input"),
+    Case("an update in place through another view", run(alloc_then(
+        lambda o, t: o.submit(add, pto.input(t.T), pto.input(t), pto.output(t)))), pto.ParamError),
     Case("orchestrator used after its run", _leak_orchestrator, pto.UsageError),
     Case("tensor from another run", _tensor_from_another_run, pto.UsageError),
     Case("nested runs", _nested_run, pto.UsageError),

@@ -45,17 +45,22 @@ from ..dtypes import DataType, WorkerType, as_dtype
 from ..errors import ParamError
 from ..first_calls import preparing
 from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel
+from ..sharing import Sharing
 from . import cpu_codegen, cuda_codegen, optimize
 from .asm import print_module
 from .builder import FunctionBuilder
 from .cuda_mma import TENSOR_CORE_DTYPES
 from .dataflow import directions
 from .errors import ISAError
+from .in_place import updates_in_place
 from .ir import Direction, Function, Module
 
 Builder = Callable[..., None]
 T = TypeVar("T")
 SPLIT_ROWS = 32  # a band: two units of 16 rows on tensor cores, four rows a warp on FMA
+# Family.sharing's sizes: a tile of one warp's rows, and one past kernels/tiles.py's column
+# block of 256 with a tail.
+JUDGED_SIZES = (16, 320)
 
 
 class Family:
@@ -122,6 +127,27 @@ class Family:
                 module = optimize.optimize_module(module)  # tile reuse by liveness
                 self._modules[key] = module
         return module
+
+    def sharing(self) -> Sharing:
+        """SAME_VIEW when the family's function updates in place (isa/in_place.py) for the CPU
+        and within CUDA's budget, judged on the instances of float32 tiles whose every named
+        size is one of JUDGED_SIZES, a batch of 2; else NONE. A family with structural scalars,
+        or whose builder cannot build those instances, is NONE. So a builder must write one
+        structure for every size (the library's do: one pass, in column blocks past 256)."""
+        if self.structural:
+            return Sharing.NONE
+        budgets = (None, cuda_codegen.SHARED_LIMIT) if self.budgeted else (None,)
+        functions = []
+        for size in JUDGED_SIZES:
+            shapes = tuple(tuple(2 if len(words) == 3 and d == 0 else int(w) if w.isdigit() else size
+                                 for d, w in enumerate(words)) for words in self.shapes)
+            try:
+                sizes = self.sizes(shapes)
+                modules = [self.module(sizes, DataType.FLOAT32, (), budget) for budget in budgets]
+            except Exception:  # noqa: BLE001 - whatever a builder raises: not judged, so not shared
+                return Sharing.NONE
+            functions += [module.functions[self.name] for module in modules]
+        return Sharing.SAME_VIEW if all(map(updates_in_place, functions)) else Sharing.NONE
 
     def _check(self, function: Function, module: Module) -> None:
         """Params bind by position: the builder must declare them as the family says."""
@@ -309,9 +335,15 @@ def family(*, worker: WorkerType, shapes: tuple[str, ...], scalars: tuple[str, .
             declared.native = NativeCode(instances.native_entry, len(scalars), instances.structural)
         elif library_native is not None:  # else its tasks go to Python workers
             declared.native = NativeCode(library_native, len(scalars), instances.structural)
+        # A library (cuBLAS, BLAS) reads and writes in an order the function does not say.
+        declared.sharing_rule = _no_sharing if library or library_cpu else instances.sharing
         return declared
 
     return declare
+
+
+def _no_sharing() -> Sharing:
+    return Sharing.NONE
 
 
 def family_of(declared: Kernel) -> Family:

@@ -12,6 +12,7 @@ compiled beside its functions. InCore functions go through optimize.py's tile re
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 from collections.abc import Callable
@@ -22,10 +23,12 @@ from ..dtypes import DataType, WorkerType
 from ..errors import ParamError
 from ..first_calls import preparing
 from ..kernel import Kernel, NativeCode, kernel
+from ..sharing import Sharing
 from . import cpu_codegen, cuda_codegen, lowering, optimize, orchestrate, orchestration_codegen
 from .dataflow import directions
 from .errors import ISAError
 from .family import family_of
+from .in_place import updates_in_place
 from .ir import Call, Function, Module, Op, Statement, walk
 from .ops import OPCODES, Form
 from .verify import verify_function, verify_module
@@ -98,6 +101,7 @@ def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (docs/DE
         declared = declare(cpu_codegen.cpu_function(expanded, function.name, directory))
         declared.dtypes = tuple(m.dtype for m in function.memrefs)
         declared.names = tuple(m.name for m in function.memrefs)
+        declared.sharing_rule = functools.partial(_sharing, function)
         declared.native = NativeCode(_NativeEntry(expanded, function.name, directory),
                                      sum(1 for s in function.scalars if s.param))
         kernels[function.name] = declared
@@ -121,6 +125,10 @@ class _NativeEntry:
                     self._address = cpu_codegen.native_entry(self._module, self._name, self._directory)
                 self._made = True
             return self._address
+
+
+def _sharing(function: Function) -> Sharing:
+    return Sharing.SAME_VIEW if updates_in_place(function) else Sharing.NONE
 
 
 def _library_kernel(function: Function) -> Kernel:

@@ -28,6 +28,7 @@ from ..core.submit import submit as core_submit
 from ..dtypes import DataType
 from ..layout import P_KIND
 from ..overlap import Overlap
+from ..sharing import Sharing, next_shared
 from . import bridge, placing
 from .context import (
     C_LABEL,
@@ -37,6 +38,7 @@ from .context import (
     G_PARAM_WIDTH,
     K_MIXED,
     K_NAMES,
+    K_SHARING,
     K_TENSORS,
     K_WORKER,
     L_CHECKED,
@@ -103,6 +105,7 @@ from .descriptor import (
     D_LEVEL,
     D_NBYTES,
     D_NDIM,
+    D_OFFSET,
     D_SHAPE,
     D_STRIDE,
     D_VERSION,
@@ -116,6 +119,8 @@ from .pipeline import prefetch_slot
 ITEMSIZES = tuple(DataType(code).itemsize for code in range(len(DataType)))
 _ZERO_DESC = (0,) * DESC_WIDTH
 _STRIDED_EXACT = int(Overlap.STRIDED_EXACT)
+_SHARING_ANY, _SHARING_UNJUDGED = int(Sharing.ANY), int(Sharing.UNJUDGED)
+_SHARING_SAME_VIEW = int(Sharing.SAME_VIEW)
 
 
 # --- params ------------------------------------------------------------------------------
@@ -543,12 +548,48 @@ def _write_arguments(o, kernel_id, tensors, scalars, task_id, slot):
         params[p, P_KIND] = kinds[p]
     if not _same_signature(t.signatures[kernel_id], rows, n):
         _check_signature(o, kernel_id, rows, n)
+    if t.kernels[kernel_id, K_SHARING] != _SHARING_ANY:
+        _check_sharing(o, kernel_id, params, rows, n)
     t.arg_count[slot, 0] = n
     t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot], t.arg_scalar_kind[slot],
                                           scalars)
     # Released before the core publishes the task: whoever sees it sees its arguments.
     store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
     return params
+
+
+@njit(cache=True, _nrt=False)
+def _check_sharing(o, kernel_id, params, rows, n):
+    """sharing.check for a compiled submit: params its layout rows, rows its descriptors."""
+    t = tables(o)
+    pair = next_shared(params, n, -1)
+    while pair >= 0:
+        rule = t.kernels[kernel_id, K_SHARING]
+        if rule == _SHARING_UNJUDGED:
+            _service(t.meta, bridge.SERVICE_SHARING, kernel_id, 0, 0)
+            continue
+        written, other = pair // MAX_PARAMS, pair % MAX_PARAMS
+        if not (rule == _SHARING_SAME_VIEW and params[other, P_KIND] == INPUT
+                and _same_view(rows[written], rows[other])):
+            _name(t, rows[written], 0)
+            _name(t, rows[other], 1)
+            _service(t.meta, bridge.ERR_SHARED, kernel_id, written, other)
+        pair = next_shared(params, n, pair)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _same_view(a, b):
+    """sharing.same_view of two compiled descriptors."""
+    if a[D_KEY] != b[D_KEY] or a[D_OFFSET] != b[D_OFFSET] or a[D_DTYPE] != b[D_DTYPE]:
+        return False
+    if a[D_NDIM] != b[D_NDIM]:
+        return False
+    for d in range(a[D_NDIM]):
+        if a[D_SHAPE + d] != b[D_SHAPE + d]:
+            return False
+        if a[D_SHAPE + d] != 1 and a[D_STRIDE + d] != b[D_STRIDE + d]:
+            return False
+    return True
 
 
 @njit(cache=True, _nrt=False, inline="always")

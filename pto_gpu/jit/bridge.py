@@ -33,6 +33,7 @@ SERVICE_ALLOCATED = 4  # heap buffer a (its descriptor in named[0]) is owned by 
 SERVICE_FREED = 5  # heap buffer a was freed
 SERVICE_OWNER = 6  # answer: the rank owning the first element of the descriptor in named[0]
 SERVICE_DATATYPE = 7  # answer: the MPI datatype of the region in named[0] (native transfers), or NO_DATATYPE
+SERVICE_SHARING = 8  # judge kernel a's Sharing into its kernel table's K_SHARING
 
 CHECK_SUBMIT, CHECK_COMPLETE, CHECK_ALLOC, CHECK_FREE = 0, 1, 2, 3
 CHECKED_AFTER = ("submitting task", "completing task", "allocating heap buffer", "freeing heap buffer")
@@ -52,6 +53,7 @@ ERR_ALLOC_ARGS = 20  # a: dims, b: dtype code, c: a negative dim (or 0)
 ERR_VERSION_TAKEN = 21  # version_inc of a version that already has a successor (descriptor in named[0])
 ERR_UNWRITABLE = 22  # a: param position, b: kernel id, c: -1 read-only memory, else the dim of stride 0
 ERR_OWNER = 23  # alloc's owner a in a run of one process
+ERR_SHARED = 24  # a: kernel id, b: a written param, c: a param sharing its memory (named[0], named[1])
 
 RAISED = 1  # what the callback returns when the service raised
 

@@ -26,6 +26,7 @@ from typing import Protocol
 import numba
 import numpy as np
 
+from .. import sharing
 from ..core import rings
 from ..core import state as cs
 from ..dtypes import DataType, WorkerType
@@ -42,6 +43,7 @@ from ..errors import (
 )
 from ..kernel import RECEIVE, registered
 from ..params import Param, ParamKind
+from ..sharing import Sharing
 from ..tasks import Scheduler, Task
 from ..tensor import Buffer, BufferKind, TensorDescriptor
 from . import api, bridge, context, pipeline
@@ -58,6 +60,7 @@ from .context import (
     H_WRITTEN,
     K_MIXED,
     K_NAMES,
+    K_SHARING,
     K_TENSORS,
     K_WIDTH,
     K_WORKER,
@@ -112,7 +115,9 @@ MAX_REMEMBERED_BUFFERS = 4096
 def kernel_tables(count: int) -> tuple[np.ndarray, np.ndarray]:
     """The first `count` registered kernels' worker classes, dtype rules and shape declarations
     as int64 tables, which compiled code only reads: kernels are never changed or dropped, so
-    the tables of the same count are the same (made for each run, they took 0.1 ms of it).
+    the tables of the same count are the same (made for each run, they took 0.1 ms of it). The
+    one exception, K_SHARING, is the kernel's judgement (Kernel.sharing(), which may build
+    instances of it), written once when compiled code first asks for it (SERVICE_SHARING).
 
     shapes[kernel, param, 0] (PARAM_NDIM, PARAM_DTYPE) are the param's dims and the DataType it
     must have (-1: any); shapes[kernel, param, 1 + d] (SHAPE_CODE, SHAPE_BOUND) are the dim's
@@ -124,6 +129,7 @@ def kernel_tables(count: int) -> tuple[np.ndarray, np.ndarray]:
     shapes[..., SHAPE_BOUND] = -1  # and PARAM_DTYPE: any
     for k in registered()[:count]:
         table[k.id, K_WORKER] = int(k.worker)
+        table[k.id, K_SHARING] = Sharing.ANY if k.sharing_rule is None else Sharing.UNJUDGED
         table[k.id, K_MIXED] = int(k.mixed_dtypes)
         table[k.id, K_TENSORS] = -1
         if k.shapes is None or len(k.shapes) > cs.MAX_PARAMS:
@@ -345,6 +351,8 @@ class Session:
             self._make_room(a, b)
         elif code == bridge.SERVICE_CHECK:
             self._scheduler.check_invariants(f"{bridge.CHECKED_AFTER[b]} {a}")
+        elif code == bridge.SERVICE_SHARING:
+            self._fields["kernels"][a, K_SHARING] = self._kernels[a].sharing()
         elif self._placer is not None and bridge.SERVICE_PLACE <= code <= bridge.SERVICE_DATATYPE:
             self._place(code, a, b)
         else:
@@ -591,6 +599,9 @@ class Session:
             return ParamError(f"{what}: dim {c} has stride 0 (a broadcast view), so its elements are one "
                               "memory location and an output or inout would write over itself; pass a "
                               "real array")
+        if code == bridge.ERR_SHARED:
+            kernel = self._kernels[a]
+            return sharing.error(kernel, b, c, self._tensor(named[0]), self._tensor(named[1]))
         if code == bridge.ERR_SIGNATURE:
             kernel = self._kernels[a]
             try:
