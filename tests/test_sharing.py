@@ -261,3 +261,25 @@ def test_compiled_code_asks_for_a_kernels_judgement_once():
     table, _ = kernel_tables(len(registered()))
     assert table[add.id, K_SHARING] == Sharing.SAME_VIEW and table[scale.id, K_SHARING] == Sharing.SAME_VIEW
     assert table[_shift.id, K_SHARING] == Sharing.ANY
+
+
+@pto.kernel(worker=pto.VECTOR, name="shift_judged")
+def _shift_judged(a, out):
+    out[...] = a + 1
+
+
+_shift_judged.sharing_rule = lambda: Sharing.ANY  # a rule may allow anything, as no rule does
+
+
+@numba.njit(nogil=True)
+def _shift_body(o, x, kernel_id):
+    n = pj.shape(x, 0)
+    pj.submit(o, kernel_id, (pj.input(pj.narrow(x, 0, 0, n - 1)), pj.output(pj.narrow(x, 0, 1, n))))
+
+
+def test_compiled_code_follows_a_rule_that_allows_anything():
+    x = np.arange(8.0)
+    want = x.copy()
+    want[1:] = x[:-1] + 1
+    pto.Runtime().run(lambda o, x: o.compiled(_shift_body, o.external(x), _shift_judged.id), x)
+    np.testing.assert_array_equal(x, want)

@@ -568,6 +568,8 @@ def _check_sharing(o, kernel_id, params, rows, n):
         if rule == _SHARING_UNJUDGED:
             _service(t.meta, bridge.SERVICE_SHARING, kernel_id, 0, 0)
             continue
+        if rule == _SHARING_ANY:
+            return
         written, other = pair // MAX_PARAMS, pair % MAX_PARAMS
         if not (rule == _SHARING_SAME_VIEW and params[other, P_KIND] == INPUT
                 and _same_view(rows[written], rows[other])):

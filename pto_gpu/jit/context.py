@@ -172,7 +172,7 @@ K_WORKER = 0
 K_TENSORS = 1  # tensor params the shapes declare, -1 when undeclared
 K_MIXED = 2  # 1 when tensor params may differ in dtype
 K_NAMES = 3  # distinct dim names in the shapes
-K_SHARING = 4  # a kernel.Sharing: what may share memory with a written param (UNJUDGED: ask once)
+K_SHARING = 4  # a sharing.Sharing: what may share memory with a written param (UNJUDGED: ask once)
 K_WIDTH = 5
 
 # scalar kinds in the argument tables
