@@ -40,12 +40,12 @@ def test_library_kernels_are_judged_by_their_generated_code():
         assert kernel.sharing() == Sharing.NONE, kernel.name
 
 
-def _elementwise(loop_step: int = 16, tile_cols: int = 16, load_after_store: bool = False,
-                 window_var: bool = True, outer_tile: bool = False, reduce: bool = False) -> isa.Function:
-    """out = exp(a) + 1 over 8 x 64 in a FOR over column blocks, or a variant that breaks one
-    of in_place.py's rules."""
+def _elementwise(loop_step: int = 16, load_after_store: bool = False, window_var: bool = True,
+                 outer_tile: bool = False, reduce: bool = False) -> isa.Function:
+    """out = exp(a) + 1 over 8 x 64 in a FOR over column blocks of 16, or a variant that breaks
+    one of in_place.py's rules."""
     f = (isa.FunctionBuilder("f").in_core().memref("a", F32, (8, 64)).memref("out", F32, (8, 64))
-         .tile("t", 8, tile_cols, F32).tile("u", 8, tile_cols, F32).tile("s", 8, 1, F32))
+         .tile("t", 8, 16, F32).tile("u", 8, 16, F32).tile("s", 8, 1, F32))
     if outer_tile:
         f.fill("u", 1.0)
     f.for_loop("j", 0, 64, loop_step)
