@@ -46,13 +46,12 @@ from ..errors import ParamError
 from ..first_calls import preparing
 from ..kernel import CudaCode, CudaInstances, Kernel, NativeCode, kernel
 from ..sharing import Sharing
-from . import cpu_codegen, cuda_codegen, optimize
+from . import cpu_codegen, cuda_codegen, in_place, optimize
 from .asm import print_module
 from .builder import FunctionBuilder
 from .cuda_mma import TENSOR_CORE_DTYPES
 from .dataflow import directions
 from .errors import ISAError
-from .in_place import updates_in_place
 from .ir import Direction, Function, Module
 
 Builder = Callable[..., None]
@@ -147,7 +146,7 @@ class Family:
             except Exception:  # noqa: BLE001 - whatever a builder raises: not judged, so not shared
                 return Sharing.NONE
             functions += [module.functions[self.name] for module in modules]
-        return Sharing.SAME_VIEW if all(map(updates_in_place, functions)) else Sharing.NONE
+        return in_place.sharing(*functions)
 
     def _check(self, function: Function, module: Module) -> None:
         """Params bind by position: the builder must declare them as the family says."""

@@ -20,12 +20,19 @@ the GPU) cannot matter. The judgement is conservative (a "no" may be wrong, a "y
 
 from __future__ import annotations
 
+from ..sharing import Sharing
 from .ir import For, Function, Op, Statement, walk
 from .ops import OPCODES, Form
 
 # Forms whose every element depends only on the element at the same place (and on scalars).
 _SAME_PLACE = frozenset({Form.UNARY, Form.CONVERT, Form.BINARY, Form.TILE_SCALAR, Form.MASK,
                          Form.GENERATE, Form.SCALAR, Form.COMPARE, Form.DIM})
+
+
+def sharing(*functions: Function) -> Sharing:
+    """A kernel's Sharing from the functions its code is generated from: SAME_VIEW when every
+    one updates in place, else NONE."""
+    return Sharing.SAME_VIEW if all(map(updates_in_place, functions)) else Sharing.NONE
 
 
 def updates_in_place(function: Function) -> bool:

@@ -23,12 +23,10 @@ from ..dtypes import DataType, WorkerType
 from ..errors import ParamError
 from ..first_calls import preparing
 from ..kernel import Kernel, NativeCode, kernel
-from ..sharing import Sharing
-from . import cpu_codegen, cuda_codegen, lowering, optimize, orchestrate, orchestration_codegen
+from . import cpu_codegen, cuda_codegen, in_place, lowering, optimize, orchestrate, orchestration_codegen
 from .dataflow import directions
 from .errors import ISAError
 from .family import family_of
-from .in_place import updates_in_place
 from .ir import Call, Function, Module, Op, Statement, walk
 from .ops import OPCODES, Form
 from .verify import verify_function, verify_module
@@ -101,7 +99,7 @@ def compile(module: Module) -> Program:  # noqa: A001 - the spec's name (docs/DE
         declared = declare(cpu_codegen.cpu_function(expanded, function.name, directory))
         declared.dtypes = tuple(m.dtype for m in function.memrefs)
         declared.names = tuple(m.name for m in function.memrefs)
-        declared.sharing_rule = functools.partial(_sharing, function)
+        declared.sharing_rule = functools.partial(in_place.sharing, function)
         declared.native = NativeCode(_NativeEntry(expanded, function.name, directory),
                                      sum(1 for s in function.scalars if s.param))
         kernels[function.name] = declared
@@ -125,10 +123,6 @@ class _NativeEntry:
                     self._address = cpu_codegen.native_entry(self._module, self._name, self._directory)
                 self._made = True
             return self._address
-
-
-def _sharing(function: Function) -> Sharing:
-    return Sharing.SAME_VIEW if updates_in_place(function) else Sharing.NONE
 
 
 def _library_kernel(function: Function) -> Kernel:
