@@ -10,6 +10,7 @@ are inlined into their callers and run inside submit and complete in the runtime
 import numpy as np
 import pytest
 from numba import njit
+from pto_gpu.kernels.elementwise import scale
 
 import pto_gpu as pto
 from pto_gpu.core import rings
@@ -124,6 +125,21 @@ def test_python_submit(benchmark, slicing):
                 j = (i % 32) * 32
                 a, b = X[0:32, j:j + 32], Y[0:32, j:j + 32]
             o.submit(k, pto.input(a), pto.output(b))
+
+    rt = pto.Runtime(backend="cpu", executor="dry")
+    benchmark(rt.run, orch, np.zeros((32, 1024), np.float32), np.zeros((32, 1024), np.float32))
+    per_op(benchmark, n)
+
+
+def test_python_submit_of_a_generated_kernel(benchmark):
+    """The same for a kernel with generated code (the library's `scale`): its submit also asks
+    whether a written param shares memory with another (pto_gpu/sharing.py); here none does."""
+    n = 20_000
+
+    def orch(o, x, y):
+        a, b = o.external(x)[0:32, 0:32], o.external(y)[0:32, 0:32]
+        for _ in range(n):
+            o.submit(scale, pto.input(a), pto.output(b), 0.5)
 
     rt = pto.Runtime(backend="cpu", executor="dry")
     benchmark(rt.run, orch, np.zeros((32, 1024), np.float32), np.zeros((32, 1024), np.float32))
