@@ -57,11 +57,12 @@ def cuda_include_dir() -> Path:
                             "[ctk]) is not installed")
 
 
-def cupy_options(options: tuple[str, ...], arch: int, ptx: bool = False) -> tuple[str, ...]:
+def cupy_options(options: tuple[str, ...], arch: int | str, ptx: bool = False) -> tuple[str, ...]:
     """What cupy.RawModule(code=..., options=options) hands NVRTC on a device of compute
     capability `arch` (CuPy 14: cupy/_core/core.pyx assemble_cupy_compiler_options, and
     cupy/cuda/compiler.py _compile_with_cache_cuda and _compile_using_nvrtc_no_warning); with
-    `ptx`, for the virtual architecture instead (the PTX that cubin is assembled from).
+    `ptx`, for the virtual architecture instead (the PTX that cubin is assembled from). An
+    arch-specific target ("90a": wgmma's) is what CuPy would not pick itself.
 
     Left out: the -I of CuPy's own headers and of its bundled CCCL (cub, thrust, libcudacxx),
     which hold no header a source without #include <cupy/...> or CCCL includes can reach, and

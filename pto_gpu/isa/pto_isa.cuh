@@ -157,6 +157,7 @@ struct PtoDim3 { unsigned x; };
 PTO_HOST_STATE PtoDim3 threadIdx, blockIdx, blockDim, gridDim;
 // The running block's dynamic shared memory: the launch's bytes, set by pto_host_run_blocks.
 PTO_HOST_STATE unsigned char *pto_dynamic_shared;
+PTO_HOST_STATE unsigned pto_dynamic_shared_bytes;
 
 #ifdef PTO_HOST_UCONTEXT
 struct PtoHostContext { ucontext_t context; };
@@ -316,6 +317,20 @@ struct PtoAsyncThread {
     long long committed = 0, issued = 0;
 };
 
+// wgmma as the host build runs it (pto_wgmma.cuh): a thread's instructions wait in its list for
+// the wait of their group, when it computes its share of them.
+struct PtoWgmmaIssue {
+    float *d;
+    int n;
+    unsigned long long a, b;
+    bool accumulate, transpose_b;
+    long long group;  // the thread's commits before it
+};
+struct PtoWgmmaThread {
+    std::vector<PtoWgmmaIssue> pending;
+    long long committed = 0;
+};
+
 // One launch: a block's fibers, its barriers, and where the runner is.
 struct PtoHostRun {
     PtoBarrier block, warps[PTO_WARPS];
@@ -323,6 +338,7 @@ struct PtoHostRun {
     PtoMmaOffer mma[2][PTO_THREADS];                    // ... and to a product
     PtoFiber fibers[PTO_THREADS];
     PtoAsyncThread async[PTO_THREADS];
+    PtoWgmmaThread wgmma[PTO_THREADS];
     PtoHostContext launcher;
     void (*body)(void *);  // calls the kernel
     void *kernel;
@@ -458,6 +474,12 @@ inline void pto_host_wait(PtoBarrier &barrier, int kind) {
         std::fprintf(stderr, "pto_isa.cuh host build: block %lld: thread %u ended with %zu cp.async copies it "
                              "never waited for (cp.async.wait_group)\n",
                      run.block_index, threadIdx.x, run.async[threadIdx.x].pending.size());
+        std::abort();
+    }
+    if (!run.wgmma[threadIdx.x].pending.empty()) {  // accumulators nothing reads
+        std::fprintf(stderr, "pto_isa.cuh host build: block %lld: thread %u ended with %zu wgmma it never "
+                             "waited for (wgmma.wait_group)\n",
+                     run.block_index, threadIdx.x, run.wgmma[threadIdx.x].pending.size());
         std::abort();
     }
     run.fibers[threadIdx.x].done = true;
@@ -630,11 +652,15 @@ inline std::mutex pto_host_grid;
 // each of PTO_THREADS fibers, one after another on this thread, with `shared` bytes of dynamic
 // shared memory. Each block finds them all ones (NaN in every float type), as a GPU leaves
 // shared memory as it was: a kernel that reads what it did not write gets no zeros by chance.
-struct alignas(16) PtoSharedLine { unsigned char bytes[16]; };
+// The bytes are 1024-byte aligned, as wgmma's swizzled atoms (pto_wgmma.cuh) are, and 16 or
+// more follow them.
 template <typename F>
 inline void pto_host_run_blocks(long long from, long long to, long long blocks, unsigned shared, F &kernel) {
-    std::unique_ptr<PtoSharedLine[]> memory(new PtoSharedLine[(shared + 15) / 16 + 1]);
-    pto_dynamic_shared = memory[0].bytes;
+    std::unique_ptr<unsigned char, void (*)(void *)> memory(
+        (unsigned char *)std::aligned_alloc(1024, (shared + 16 + 1023) / 1024 * 1024), std::free);
+    if (!memory) std::abort();
+    pto_dynamic_shared = memory.get();
+    pto_dynamic_shared_bytes = shared;
     std::unique_ptr<PtoHostRun> run(new PtoHostRun());
     run->block.count = PTO_THREADS;
     for (PtoBarrier &warp : run->warps) warp.count = 32;
@@ -660,6 +686,7 @@ inline void pto_host_run_blocks(long long from, long long to, long long blocks, 
             fiber.barrier = nullptr;
             fiber.done = false;
             run->async[t] = PtoAsyncThread{};
+            run->wgmma[t] = PtoWgmmaThread{};
             unsigned char *top = pto_host_stack_top(t);
 #ifdef PTO_HOST_UCONTEXT
             pto_host_getcontext(&fiber.context.context);
@@ -683,6 +710,7 @@ inline void pto_host_run_blocks(long long from, long long to, long long blocks, 
     }
     pto_host_run = nullptr;
     pto_dynamic_shared = nullptr;
+    pto_dynamic_shared_bytes = 0;
 }
 
 // Run `kernel` over `blocks` blocks with `shared` bytes of dynamic shared memory each: one after
