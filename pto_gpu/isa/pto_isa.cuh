@@ -331,6 +331,20 @@ struct PtoWgmmaThread {
     long long committed = 0;
 };
 
+// A thread's wait for its groups (cp.async's, wgmma's): what it issued before its newest
+// `in_flight` commits is done (`finish`, in issue order) and leaves the list; the rest stays.
+template <typename Pending, typename Finish>
+inline void pto_host_wait_groups(std::vector<Pending> &pending, long long committed, int in_flight, Finish finish) {
+    size_t kept = 0;
+    for (const Pending &item : pending) {
+        if (item.group < committed - in_flight)
+            finish(item);
+        else
+            pending[kept++] = item;
+    }
+    pending.resize(kept);
+}
+
 // One launch: a block's fibers, its barriers, and where the runner is.
 struct PtoHostRun {
     PtoBarrier block, warps[PTO_WARPS];
@@ -913,14 +927,8 @@ inline void pto_async_commit() { ++pto_host_run->async[threadIdx.x].committed; }
 template <int Pending>
 inline void pto_async_wait() {
     PtoAsyncThread &mine = pto_host_run->async[threadIdx.x];
-    size_t kept = 0;
-    for (const PtoAsyncCopy &copy : mine.pending) {
-        if (copy.group < mine.committed - Pending)
-            std::memcpy(copy.to, copy.from, 8 * sizeof(T));
-        else
-            mine.pending[kept++] = copy;
-    }
-    mine.pending.resize(kept);
+    pto_host_wait_groups(mine.pending, mine.committed, Pending,
+                         [](const PtoAsyncCopy &copy) { std::memcpy(copy.to, copy.from, 8 * sizeof(T)); });
 }
 #endif
 

@@ -84,27 +84,23 @@ __device__ inline unsigned long long pto_wgmma_descriptor(unsigned start, unsign
     static_assert(PTO_WGMMA_HERE || (dependent) < 0, "wgmma runs on sm_90a only (NVRTC -arch=sm_90a; nvcc " \
                                                      "-gencode arch=compute_90a,code=sm_90a)")
 
-template <int Unused = 0>
-__device__ inline void pto_wgmma_fence_operands() {
-    PTO_WGMMA_ARCH(Unused);
+// An instruction of no operands, as a function of its own.
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#define PTO_WGMMA_STATEMENT(name, instruction)      \
+    template <int Unused = 0>                       \
+    __device__ inline void name() {                 \
+        asm volatile(instruction ::: "memory");     \
+    }
+#else
+#define PTO_WGMMA_STATEMENT(name, instruction) \
+    template <int Unused = 0>                  \
+    __device__ inline void name() {            \
+        PTO_WGMMA_ARCH(Unused);                \
+    }
 #endif
-}
-template <int Unused = 0>
-__device__ inline void pto_wgmma_fence() {
-    PTO_WGMMA_ARCH(Unused);
-#ifdef __CUDA_ARCH_FEAT_SM90_ALL
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#endif
-}
-template <int Unused = 0>
-__device__ inline void pto_wgmma_commit() {
-    PTO_WGMMA_ARCH(Unused);
-#ifdef __CUDA_ARCH_FEAT_SM90_ALL
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-#endif
-}
+PTO_WGMMA_STATEMENT(pto_wgmma_fence_operands, "fence.proxy.async.shared::cta;")
+PTO_WGMMA_STATEMENT(pto_wgmma_fence, "wgmma.fence.sync.aligned;")
+PTO_WGMMA_STATEMENT(pto_wgmma_commit, "wgmma.commit_group.sync.aligned;")
 // Waits until at most Pending of the warpgroup's newest groups are in flight.
 template <int Pending>
 __device__ inline void pto_wgmma_wait() {
@@ -122,12 +118,6 @@ __device__ inline void pto_wgmma_hold(float (&d)[Count]) {
     for (int i = 0; i < Count; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-#undef PTO_WGMMA_INPUTS
-#ifdef PTO_HALF
-#define PTO_WGMMA_INPUTS "f16.f16"
-#else
-#define PTO_WGMMA_INPUTS "bf16.bf16"
-#endif
 #define PTO_WGMMA_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
                         "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define PTO_WGMMA_D32(i) PTO_WGMMA_D8(i), PTO_WGMMA_D8(i + 8), PTO_WGMMA_D8(i + 16), PTO_WGMMA_D8(i + 24)
@@ -143,7 +133,7 @@ __device__ inline void pto_wgmma(float (&d)[N / 2], unsigned long long a, unsign
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
     if constexpr (N == 64) {
         asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n\t"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTO_WGMMA_INPUTS " {"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTO_MMA_INPUTS " {"
                      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
                      "%32, %33, p, 1, 1, 0, %35; }"
@@ -151,7 +141,7 @@ __device__ inline void pto_wgmma(float (&d)[N / 2], unsigned long long a, unsign
                      : "l"(a), "l"(b), "r"((int)accumulate), "n"((int)TransposeB));
     } else {
         asm volatile("{ .reg .pred p; setp.ne.b32 p, %66, 0;\n\t"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTO_WGMMA_INPUTS " {"
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTO_MMA_INPUTS " {"
                      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
                      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
                      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
@@ -226,14 +216,7 @@ template <int Pending>
 inline void pto_wgmma_wait() {
     static_assert(Pending >= 0 && Pending <= 7, "wgmma.wait_group takes 0 to 7 groups in flight");
     PtoWgmmaThread &mine = pto_host_run->wgmma[threadIdx.x];
-    size_t kept = 0;
-    for (const PtoWgmmaIssue &issue : mine.pending) {
-        if (issue.group < mine.committed - Pending)
-            pto_host_wgmma_run(issue);
-        else
-            mine.pending[kept++] = issue;
-    }
-    mine.pending.resize(kept);
+    pto_host_wait_groups(mine.pending, mine.committed, Pending, pto_host_wgmma_run);
 }
 #endif
 
