@@ -33,7 +33,6 @@ Every round ends with a stream synchronise, so host wall time is the time to fin
 """
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,7 +54,7 @@ from user_kernels import user_module
 import pto_gpu as pto
 from pto_gpu import isa
 from pto_gpu.backends import cuda_abi
-from pto_gpu.isa import nvrtc
+from pto_gpu.backends import wgmma_probe as wgmma
 from pto_gpu.isa.family import family_of
 from pto_gpu.runtime import cuda_unavailable
 
@@ -392,47 +391,39 @@ def test_gemm_cublas_float32(benchmark, cupy, gemm_operands_float32):
     tflops(benchmark, 2 * N**3)
 
 
-# wgmma's rate: tests/wgmma_probe.cu's m64n128k16 kernel (B MN-major, as a row-major tile lies),
-# each block multiplying its 64 x 128 @ 128 x 128 in shared memory WGMMA_ROUNDS times, 4 blocks
-# an SM: the tensor cores' rate fed from shared memory by descriptors, what the generated
-# kernels would reach with wgmma (issue 41's route; tests/test_cuda_wgmma.py checks the layouts).
-WGMMA_PROBE = Path(__file__).resolve().parent.parent / "tests" / "wgmma_probe.cu"
-WGMMA_ROUNDS, WGMMA_K, WGMMA_N = 2000, 128, 128
+# wgmma's rate: the probe's m64n128k16 kernel (pto_gpu/isa/wgmma_probe.cu; B MN-major, as a
+# row-major tile lies), each block multiplying its 64 x 128 @ 128 x 128 in shared memory
+# WGMMA_ROUNDS times, 4 blocks an SM: the tensor cores' rate fed from shared memory by
+# descriptors, the ceiling of the generated products that take wgmma (tests/test_cuda_wgmma.py
+# checks the layouts).
+WGMMA_ROUNDS, WGMMA_N = 2000, 128
 
 
 @pytest.fixture(scope="module")
-def wgmma_probe(cupy, tmp_path_factory):
+def wgmma_probe(cupy):
     if cupy.cuda.Device().compute_capability != "90":
         pytest.skip(f"wgmma is sm_90a's; this GPU is sm_{cupy.cuda.Device().compute_capability}")
-    source = "".join(path.read_text() for path in (cuda_abi.HEADER, cuda_abi.HEADER.parent / "pto_wgmma.cuh",
-                                                   WGMMA_PROBE))
-    options = (*cuda_abi.COMPILE_OPTIONS[np.dtype(np.float16)], "-DPTO_WARPS=4")
-    ok, log, cubin = nvrtc.compile_source(source, nvrtc.cupy_options(options, "90a"), "wgmma_probe.cu")
-    assert ok, log
-    path = tmp_path_factory.mktemp("wgmma") / "probe.cubin"
-    path.write_bytes(cubin)
-    return cupy.RawModule(path=str(path)).get_function("wgmma_n128_mn_major")
+    options = ("-std=c++17", *wgmma.options(np.float16), wgmma.SM_90A)
+    module = cupy.RawModule(code=wgmma.source(), options=options)
+    return module.get_function("wgmma_n128_mn_major")
 
 
 def test_wgmma_rate(benchmark, cupy, wgmma_probe):
     blocks = 4 * cupy.cuda.Device().attributes["MultiProcessorCount"]
-    shared = (64 * WGMMA_K + WGMMA_K * WGMMA_N) * 2 + 1024  # the probe's panels, and room to align them
-    wgmma_probe.max_dynamic_shared_size_bytes = shared
     generator = np.random.default_rng(0)
-    a = generator.integers(-2, 3, (64, WGMMA_K)).astype(np.float16)
-    b = generator.integers(-2, 3, (WGMMA_K, WGMMA_N)).astype(np.float16)
-    a_gpu, b_gpu = (cupy.asarray(x.view(np.uint16)) for x in (a, b))
-    d = cupy.zeros((blocks * 64, WGMMA_N), cupy.float32)
+    a = generator.integers(-2, 3, (64, wgmma.K)).astype(np.float16)
+    b = generator.integers(-2, 3, (wgmma.K, WGMMA_N)).astype(np.float16)
+    d = wgmma.launch(cupy, wgmma_probe, WGMMA_N, np.float16, a, b, WGMMA_ROUNDS, blocks)
 
     def one():
-        wgmma_probe((blocks,), (128,), (a_gpu, b_gpu, d, np.int32(WGMMA_ROUNDS)), shared_mem=shared)
+        wgmma.launch(cupy, wgmma_probe, WGMMA_N, np.float16, a, b, WGMMA_ROUNDS, blocks)
         cupy.cuda.get_current_stream().synchronize()
 
     benchmark.pedantic(one, rounds=ROUNDS, warmup_rounds=2)
     # small integers: every sum exact in float32 (|d| <= 2000 x 128 x 4)
     want = WGMMA_ROUNDS * (a.astype(np.float64) @ b.astype(np.float64))
     assert np.array_equal(cupy.asnumpy(d[-64:]), want) and np.array_equal(cupy.asnumpy(d[:64]), want)
-    tflops(benchmark, 2 * 64 * WGMMA_K * WGMMA_N * WGMMA_ROUNDS * blocks)
+    tflops(benchmark, 2 * 64 * wgmma.K * WGMMA_N * WGMMA_ROUNDS * blocks)
 
 
 # --- flash attention ---------------------------------------------------------------------

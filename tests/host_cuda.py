@@ -13,9 +13,11 @@ from pto_gpu.backends.emulated_device import HOST_FLAGS
 from pto_gpu.kernel import CudaCode
 
 
-def build(code: CudaCode, dtype, folder: Path) -> ctypes.CDLL:
-    """The code's source compiled for the host, as a loaded library."""
-    return compile_source(code.source, dtype, folder / f"{code.source.stem}-{np.dtype(dtype)}.so")
+def build(code: CudaCode, dtype, folder: Path, wgmma: bool = False) -> ctypes.CDLL:
+    """The code's source compiled for the host, as a loaded library; with `wgmma`, as sm_90a runs
+    it (PTO_HOST_WGMMA: the CUDA emulator's emulate="gpu-code-sm90a")."""
+    library = folder / f"{code.source.stem}-{np.dtype(dtype)}{'-wgmma' if wgmma else ''}.so"
+    return compile_source(code.source, dtype, library, wgmma)
 
 
 def build_all(codes, dtype, folder: Path) -> ctypes.CDLL:
@@ -25,10 +27,11 @@ def build_all(codes, dtype, folder: Path) -> ctypes.CDLL:
     return compile_source(source, dtype, folder / "all.so")
 
 
-def compile_source(source: Path, dtype, library: Path) -> ctypes.CDLL:
+def compile_source(source: Path, dtype, library: Path, wgmma: bool = False) -> ctypes.CDLL:
     """Generated CUDA source (one kernel's, or several pasted together) built by g++ for
-    `dtype` into `library` (a new path: dlopen caches by path), loaded."""
-    options = (*HOST_FLAGS, "-Wall", "-Werror", *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)])
+    `dtype` into `library` (a new path: dlopen caches by path), loaded; `wgmma` as build()'s."""
+    options = (*HOST_FLAGS, "-Wall", "-Werror", *cuda_abi.COMPILE_OPTIONS[np.dtype(dtype)],
+               *(("-DPTO_HOST_WGMMA",) if wgmma else ()))
     subprocess.run(["g++", "-x", "c++", *options, str(source), "-o", str(library)], check=True)
     return ctypes.CDLL(str(library))
 

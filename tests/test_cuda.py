@@ -95,7 +95,8 @@ def test_auto_never_picks_the_emulator_and_emulate_belongs_to_it():
     with pytest.raises(pto.PTOError, match=r"emulate='cpu-code' is an option of backend='cuda-emulated', "
                                            r"not of backend='cpu'"):
         pto.Runtime(backend="cpu", emulate="cpu-code")
-    with pytest.raises(pto.PTOError, match=r"emulate='fast'; choose one of gpu-code, cpu-code"):
+    with pytest.raises(pto.PTOError, match=r"emulate='fast'; choose one of gpu-code, gpu-code-sm90a, "
+                                           r"cpu-code"):
         pto.Runtime(backend="cuda-emulated", emulate="fast")
     with pytest.raises(pto.PTOError, match=r"a distributed run \(comm=\) cannot use backend='cuda-emulated'"):
         pto.Runtime(backend="cuda-emulated", comm=object())
@@ -623,11 +624,11 @@ def test_a_runs_new_instances_compile_side_by_side(monkeypatch, compiled):
     calls = []
     build = emulated_device.host_build
 
-    def met(source, dtype):
+    def met(source, dtype, wgmma):
         calls.append(source.name)
         if len(calls) <= 2:
             meeting.wait()
-        return build(source, dtype)
+        return build(source, dtype, wgmma)
 
     monkeypatch.setattr(emulated_device, "host_build", met)
     x = np.arange(128, dtype=np.float32).reshape(8, 16)

@@ -1,5 +1,5 @@
 """wgmma (pto_gpu/isa/pto_wgmma.cuh): Hopper's warpgroup tensor-core product with its operands in
-swizzled shared memory, through tests/wgmma_probe.cu (D = rounds x A B, A 64 x 128, B 128 x N, N
+swizzled shared memory, through pto_gpu/isa/wgmma_probe.cu (D = rounds x A B, A 64 x 128, B 128 x N, N
 64 or 128, B MN-major and K-major, float16 and bfloat16; a D a block).
 
 - On the host build (every machine): the emulation reads the layouts as the probe writes them,
@@ -16,48 +16,18 @@ from __future__ import annotations
 import ctypes
 import re
 import subprocess
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 from nvrtc import compile_source, cupy_options, library_or_skip
 
-from pto_gpu.backends import cuda_abi
 from pto_gpu.backends.emulated_device import HOST_FLAGS
+from pto_gpu.backends.wgmma_probe import KERNELS, differences, launch, operands, options, source
 from pto_gpu.runtime import cuda_unavailable
 
-WGMMA_HEADER = cuda_abi.HEADER.parent / "pto_wgmma.cuh"
-PROBE = Path(__file__).resolve().parent / "wgmma_probe.cu"
-K = 128
-KERNELS = {"wgmma_n64_mn_major": 64, "wgmma_n128_mn_major": 128,  # the probe's kernels and their N
-           "wgmma_n64_k_major": 64, "wgmma_n128_k_major": 128}
 DTYPES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
 NO_GPU = cuda_unavailable()
-
-
-def source() -> str:
-    return cuda_abi.HEADER.read_text() + WGMMA_HEADER.read_text() + PROBE.read_text()
-
-
-def options(dtype: np.dtype) -> tuple[str, ...]:
-    return (*cuda_abi.COMPILE_OPTIONS[dtype], "-DPTO_WARPS=4")  # one warpgroup a block
-
-
-def operands(n: int, dtype: np.dtype, seed: int, rounds: int = 1, blocks: int = 1):
-    """A (64 x K), B (K x N) of small integers, and what the probe writes: each block's rounds x
-    A B, numpy's in float64 (exact in float32)."""
-    rng = np.random.default_rng(seed)
-    a = rng.integers(-4, 5, (64, K)).astype(dtype)
-    b = rng.integers(-4, 5, (K, n)).astype(dtype)
-    return a, b, np.tile(rounds * (a.astype(np.float64) @ b.astype(np.float64)), (blocks, 1))
-
-
-def differences(got: np.ndarray, want: np.ndarray) -> str:
-    """Where a result differs from numpy's: how many elements, and the first few."""
-    rows, cols = np.nonzero(got != want)
-    shown = ", ".join(f"({r}, {c}): {got[r, c]} not {want[r, c]}" for r, c in zip(rows[:6], cols[:6]))
-    return f"{len(rows)} of {got.size} elements differ: {shown}"
 
 
 @pytest.fixture(scope="module")
@@ -144,16 +114,6 @@ def gpu_module(tmp_path_factory):
     return cupy, modules
 
 
-def launch_on_gpu(cupy, function, n: int, dtype: np.dtype, a, b, rounds: int, blocks: int):
-    """The probe's kernel on the GPU: its D, on the device."""
-    shared = (64 * K + K * n) * dtype.itemsize + 1024  # the probe's panels, and room to align them
-    function.max_dynamic_shared_size_bytes = shared
-    a_gpu, b_gpu = (cupy.asarray(x.view(np.uint16)) for x in (a, b))  # as bits: CuPy may have no bfloat16
-    d_gpu = cupy.full((blocks * 64, n), np.nan, cupy.float32)
-    function((blocks,), (128,), (a_gpu, b_gpu, d_gpu, np.int32(rounds)), shared_mem=shared)
-    return d_gpu
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_GPU is not None, reason=f"no CUDA GPU: {NO_GPU}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda dtype: dtype.name)
@@ -164,5 +124,51 @@ def test_wgmma_on_the_gpu_equals_numpy(gpu_module, kernel, dtype, rounds, blocks
     n = KERNELS[kernel]
     a, b, want = operands(n, dtype, seed=n, rounds=rounds, blocks=blocks)
     function = modules[dtype].get_function(kernel)
-    got = cupy.asnumpy(launch_on_gpu(cupy, function, n, dtype, a, b, rounds, blocks))
+    got = cupy.asnumpy(launch(cupy, function, n, dtype, a, b, rounds, blocks))
     assert np.array_equal(got, want), differences(got, want)
+
+
+class _FakeCupy:
+    """What wgmma_probe.disagreement uses of CuPy but launches (the test's): its builds' options,
+    or a build NVRTC refuses."""
+
+    def __init__(self, refuse: bool = False):
+        self.refuse, self.built = refuse, []
+
+    def RawModule(self, code, options):  # noqa: N802 - CuPy's name
+        if self.refuse:
+            raise RuntimeError("nvrtc: invalid option -arch=sm_90a")
+        self.built.append(options)
+        return self
+
+    def get_function(self, kernel):
+        return kernel
+
+    @staticmethod
+    def asnumpy(array):
+        return array
+
+
+@pytest.mark.parametrize("wrong", [None, ("wgmma_n128_mn_major", np.dtype(ml_dtypes.bfloat16))])
+def test_the_backends_probe_says_which_kernel_disagrees(monkeypatch, wrong):
+    """The CUDA backend's gate (CupyDevice.wgmma): None where every kernel gives numpy's D, in
+    float16 and bfloat16 built for sm_90a; else the first that does not, named with its type;
+    a build NVRTC refuses is a reason too, with nothing launched."""
+    from pto_gpu.backends import wgmma_probe
+
+    def launch(cupy, kernel, n, dtype, a, b):
+        want = operands(n, dtype, seed=n)[2].astype(np.float32)
+        if (kernel, dtype) == wrong:
+            want[3, 5] += 1
+        return want
+
+    monkeypatch.setattr(wgmma_probe, "launch", launch)
+    fake = _FakeCupy()
+    why = wgmma_probe.disagreement(fake)
+    assert all(wgmma_probe.SM_90A in options for options in fake.built) and len(fake.built) >= 1
+    if wrong is None:
+        assert why is None and len(fake.built) == 2
+    else:
+        assert why.startswith("wgmma_n128_mn_major, bfloat16: 1 of 8192 elements differ: (3, 5)")
+    refused = wgmma_probe.disagreement(_FakeCupy(refuse=True))
+    assert refused.startswith("the probe does not build for sm_90a: RuntimeError: nvrtc: invalid option")

@@ -25,5 +25,6 @@ def test_a_wheel_builds_without_warnings_and_holds_the_runtime_files(tmp_path):
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("pto_gpu/backends/cuda_emulator.c", "pto_gpu/isa/pto_isa.cuh", "pto_gpu/isa/pto_wgmma.cuh",
+                   "pto_gpu/isa/wgmma_probe.cu",
                    "pto_gpu/orchestration/programs/matmul.pto", "pto_gpu/orchestration/programs/llama.pto"):
         assert needed in names

@@ -26,6 +26,8 @@ SHARED_LIMIT = 48 * 1024
 SHARED_OPT_IN = 2 * SHARED_LIMIT
 # What every generated source pastes at its top, and the persistent kernel's module once.
 HEADER = Path(__file__).parent.parent / "isa" / "pto_isa.cuh"
+# What a generated source with products laid out for wgmma pastes after it (sm_90a's products).
+WGMMA_HEADER = HEADER.with_name("pto_wgmma.cuh")
 MAX_BLOCKS = 4096  # kernels loop over their work items, so more blocks only add launch cost
 COMPILE_OPTIONS = {
     np.dtype(np.float32): ("-DPTO_T=float",),

@@ -6,6 +6,8 @@ on their handles (cuda.py). External arrays are CuPy arrays or any array with
 from __future__ import annotations
 
 import ctypes
+import threading
+import warnings
 import weakref
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import numpy as np
 from ..errors import PTOError
 from ..kernel import CudaCode
 from ..tensor import TensorDescriptor
-from . import ExternalArray, ExternalMemory, cuda_abi, locate
+from . import ExternalArray, ExternalMemory, cuda_abi, locate, wgmma_probe
 from .driver import libcuda
 from .interop import dlpack_device, dlpack_read_only, extent, on_device, torch_storage, wrong_side
 from .keyed_locks import KeyedLocks
@@ -40,6 +42,8 @@ class CupyDevice:
         self._functions: dict[tuple[Path, np.dtype, str], object] = {}
         self._kept: list = []  # the CuPy streams and events whose handles the backend holds
         self._compiling = KeyedLocks()  # per module: NVRTC runs once for it, modules side by side
+        self._wgmma: bool | None = None  # whether generated code takes wgmma here (wgmma()), once asked
+        self._wgmma_asked = threading.Lock()
 
     # --- memory ----------------------------------------------------------------------------
     def resolve(self, array: object) -> ExternalArray:
@@ -111,11 +115,34 @@ class CupyDevice:
             with self._compiling(key[:2]):
                 module = self._modules.get(key[:2])
                 if module is None:
+                    text = source.read_text()
                     options = cuda_abi.nvrtc_options(source.parent, dtype, name)
-                    module = self._modules[key[:2]] = self._cupy.RawModule(code=source.read_text(),
-                                                                           options=options)
+                    if dtype is not None and "PTO_WGMMA_CUH" in text and self.wgmma():
+                        options = (*options, wgmma_probe.SM_90A)  # its products laid out for wgmma take it
+                    module = self._modules[key[:2]] = self._cupy.RawModule(code=text, options=options)
                 function = self._functions[key] = module.get_function(cuda_abi.symbol(name))
         return function.kernel.ptr  # a RawKernel's Function: the CUfunction, loaded on this device
+
+    def wgmma(self) -> bool:
+        """Whether generated code is built for sm_90a here, its products laid out for wgmma taking
+        it (docs/ISA.md): on a GPU of compute capability 9.0 (H100, H200) whose wgmma gives the
+        probe's products (wgmma_probe.disagreement), asked once. Where it does not, a warning
+        says why and the products take mma.sync, as on other GPUs; a probe whose launch fails
+        raises, as a kernel's fault would."""
+        with self._wgmma_asked:  # compiles run on threads of their own: one probe
+            if self._wgmma is None:
+                device = self._cupy.cuda.Device(self._device_id)
+                if device.compute_capability != "90":
+                    self._wgmma = False
+                    return False
+                with device:
+                    why = wgmma_probe.disagreement(self._cupy)
+                if why is not None:
+                    warnings.warn(f"wgmma on this GPU does not give the probe's products ({why}): the "
+                                  "generated kernels' products take mma.sync instead", RuntimeWarning,
+                                  stacklevel=2)
+                self._wgmma = why is None
+            return self._wgmma
 
     def resident_blocks(self, function: int, shared: int) -> int:
         """Blocks of `function` (of THREADS_PER_BLOCK threads, `shared` bytes of dynamic shared

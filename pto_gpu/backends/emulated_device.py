@@ -6,7 +6,10 @@ A launch runs one of two codes:
   gpu-code  the kernel's own generated CUDA source built for the host by g++ (pto_isa.cuh's host
             build: a block's threads are fibers meeting at its barriers and shuffles), entered
             through `pto_launch_<name>`, which reads the kernelParams words as a GPU kernel
-            would: the default, and what checks the GPU code and its arguments;
+            would: the default, and what checks the GPU code and its arguments, as any GPU
+            from sm_80 on runs it (tensor-core products by mma.sync);
+  gpu-code-sm90a  the same, as an H100 or H200 runs it (built with PTO_HOST_WGMMA: the products
+            laid out for wgmma take it, pto_isa.cuh's PTO_WGMMA);
   cpu-code  the kernel instance's CPU native entry, through launches.cpu_code, which reads the
             same words: for speed, when only the scheduling is under test.
 External arrays are numpy arrays (and what the CPU backend takes); `to_device` copies, as a GPU
@@ -35,7 +38,7 @@ from .cpu import CpuBackend
 from .keyed_locks import KeyedLocks
 from .launches import TENSOR_WORDS, cpu_code, cpu_code_context, instance_scalars
 
-EMULATE = ("gpu-code", "cpu-code")
+EMULATE = ("gpu-code", "gpu-code-sm90a", "cpu-code")
 WORD = 8  # every argument of the generated kernels is one 8-byte word (cuda_abi)
 PERSISTENT_BLOCKS = 4
 
@@ -81,7 +84,7 @@ class EmulatedDevice:
     def function(self, code: CudaCode, kernel, layout: list, scalars: tuple) -> int:
         words = sum(1 if param is None else TENSOR_WORDS for param in layout)
         dtype = np.dtype(next(param[1] for param in layout if param is not None))  # the first tensor's
-        if self.emulate == "gpu-code":
+        if self.emulate != "cpu-code":
             return self.module_function(code.source, dtype, kernel.name, words)
         key = (kernel.id, tuple(layout), instance_scalars(kernel, scalars))
         function = self._functions.get(key)  # a dict read is atomic under the GIL
@@ -100,11 +103,11 @@ class EmulatedDevice:
         key = (source, None if dtype is None else np.dtype(dtype), name)
         function = self._functions.get(key)
         if function is None:
-            library = ctypes.CDLL(host_build(source, dtype))
+            library = ctypes.CDLL(host_build(source, dtype, self.emulate == "gpu-code-sm90a"))
             entry = getattr(library, f"pto_launch_{name}", None)
             if entry is None:
-                raise PTOError(f"{name}: emulate='gpu-code' runs generated CUDA code (PTO programs), whose "
-                               f"pto_launch_{name} this source lacks; use emulate='cpu-code'")
+                raise PTOError(f"{name}: emulate={self.emulate!r} runs generated CUDA code (PTO programs), "
+                               f"whose pto_launch_{name} this source lacks; use emulate='cpu-code'")
             with self._lock:
                 self._kept.append(library)
                 function = self._functions.get(key)
@@ -177,14 +180,15 @@ HOST_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-pthread",
               *(("-mtls-dialect=gnu2",) if platform.machine() == "x86_64" else ()))
 
 
-def host_build(source: Path, dtype) -> str:
+def host_build(source: Path, dtype, wgmma: bool = False) -> str:
     """Generated CUDA source built for the host by g++ (once: cached under the source's
-    digest and the element type's options)."""
+    digest and the element type's options); with `wgmma`, as sm_90a runs it (PTO_HOST_WGMMA)."""
     compiler = shutil.which("g++")
     if compiler is None:
         raise PTOError("emulate='gpu-code' builds each kernel's CUDA source for the host with g++, which is "
                        "not installed; install it, or use emulate='cpu-code'")
-    options = (*HOST_FLAGS, *cuda_abi.compile_options(dtype, source.stem))
+    options = (*HOST_FLAGS, *cuda_abi.compile_options(dtype, source.stem),
+               *(("-DPTO_HOST_WGMMA",) if wgmma else ()))
     text = source.read_text()
     digest = hashlib.sha256("\0".join([text, *options]).encode()).hexdigest()[:24]
     target = emulator.cache_dir() / f"{source.stem}-{digest}.so"

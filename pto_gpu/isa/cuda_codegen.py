@@ -81,11 +81,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from ..backends.cuda_abi import HEADER, SHARED_LIMIT, SHARED_OPT_IN, THREADS_PER_BLOCK
+from ..backends.cuda_abi import HEADER, SHARED_LIMIT, SHARED_OPT_IN, THREADS_PER_BLOCK, WGMMA_HEADER
 from ..dtypes import DataType
 from ..kernel import CudaCode
 from . import column_blocks
-from .cuda_lines import WARP, WARPS, Code, Lines, indent, op_block
+from .cuda_lines import WARP, WARPS, Code, Lines, for_wgmma, indent, op_block
 from .cuda_mma import (
     MMA_K,
     REGISTER_ACCUMULATORS,
@@ -379,6 +379,7 @@ class Generator:
         self.whole |= {use.srcs[1] for use in self.uses if use.form is Form.ROW_EXPAND
                        and use.dst in self.fragments and use.srcs[1] not in self.fragments}
         self.packed = self._packed()
+        self.swizzled, self.wgmma = self._wgmma()
         self.staged: set[str] = set()  # tiles in `stages` buffers: one read, the others copied into
         self.prefetched, self.stages = self._prefetched()
         self.staged = {prefetch.tile for prefetch in self.prefetched}
@@ -578,7 +579,9 @@ class Generator:
     def units(self, tile: str) -> Units:
         """How the warps share a tile kept in registers (or a product's result) out."""
         declared = self.tiles[tile]
-        return Units.rows_of(declared.rows, declared.cols) if tile in self.row_owned else Units.of(declared)
+        if tile in self.row_owned:
+            return Units.rows_of(declared.rows, declared.cols)
+        return Units.for_wgmma(declared.rows, declared.cols) if tile in self.wgmma else Units.of(declared)
 
     def row_values(self, tile: str) -> bool:
         """Whether a tile in registers is one column in whole rows: a row's value a lane."""
@@ -602,6 +605,43 @@ class Generator:
         return {tile for tile in self.whole
                 if self.tiles[tile].dtype in TENSOR_CORE_DTYPES and self.reads.get(tile) and operand(tile)
                 and self.writes.get(tile) and all(kind == "load" for kind, _ in self.writes[tile])}
+
+    def _wgmma(self) -> tuple[set[str], set[str]]:
+        """(the tiles laid out for wgmma, the tiles whose units lie as its accumulators do), for
+        the products that take wgmma where the build says so (PTO_WGMMA: sm_90a), mma.sync
+        elsewhere. A product does whose result is kept in registers in its own units, of a shape
+        Units.for_wgmma fits, and whose a and b are packed with rows and columns of whole
+        64s: the operands (`swizzled`) then lie in panels of 64 columns of 128-byte swizzled
+        lines (pto_wgmma_operand_at), 1024-byte aligned, in the room every build gives them
+        (their padded rows as packed tiles take more). So every product that reads such an
+        operand must take wgmma, and every product whose result is in the register group of
+        such a result (its units then lie as wgmma's in every instruction touching the group):
+        the products for which that fails are dropped until none does."""
+        if not self.tensor_cores or self.tensor_core_dtypes[0] not in TENSOR_CORE_DTYPES:
+            return set(), set()
+        products = [use for use in self.uses if use.form is Form.MATMUL and use.tensor]
+        group_of = {tile: group for group in self._groups(self.fragments) for tile in group}
+
+        def fits(use: _TileUse) -> bool:
+            (dst, a, b), (rows, cols) = (use.dst, *use.srcs), self._shape(use.dst)
+            operands = (self._shape(a), self._shape(b))
+            return dst in self.fragments and dst not in self.row_owned \
+                and Units.for_wgmma(rows, cols) is not None \
+                and {a, b} <= self.packed and not {a, b} & set(self.transposed.values()) \
+                and operands[0][0] == rows and operands[1][1] == cols and operands[0][1] == operands[1][0] \
+                and all(size % 64 == 0 for shape in operands for size in shape)
+
+        chosen = [use for use in products if fits(use)]
+        while True:
+            dropped = {use.dst for use in products if use not in chosen}
+            operands = {tile for use in products if use not in chosen for tile in use.srcs}
+            kept = [use for use in chosen if not {*use.srcs} & operands
+                    and not any(group_of[use.dst] is group_of.get(tile) for tile in dropped)]
+            if kept == chosen:
+                break
+            chosen = kept
+        swizzled = {tile for use in chosen for tile in use.srcs}
+        return swizzled, {tile for use in chosen for tile in group_of[use.dst]}
 
     def _prefetched(self) -> tuple[set[_Prefetch], int]:
         """The TLOADs whose copies for a FOR's later iterations start before those iterations
@@ -684,9 +724,11 @@ class Generator:
         """Where each tile read whole lies in the block's dynamic shared memory (PTO_SHARED;
         in the persistent kernel, the memory the instances of a run take turns in), and the
         bytes they span, the launch's: in name order, each at a multiple of 16 bytes (a packed
-        tile's rows are read 16 bytes at a time)."""
+        tile's rows are read 16 bytes at a time), the tiles laid out for wgmma first: their
+        buffers' bytes are multiples of 1024 (rows of whole 64s), so each lies 1024-byte
+        aligned, as wgmma's atoms must, with no room lost to it."""
         offsets, end = {}, 0
-        for tile in sorted(self.whole):
+        for tile in sorted(self.whole, key=lambda tile: (tile not in self.swizzled, tile)):
             offsets[tile] = end
             end += -(-self.tile_bytes(tile) // 16) * 16
         return offsets, end
@@ -741,6 +783,8 @@ class Generator:
         out.add(f"// Generated by pto_gpu.isa.cuda_codegen from @{name} ({self.module.name}): {layout}.")
         out.add(f"#define PTO_WARPS {WARPS}")
         out.extend(HEADER.read_text().splitlines())
+        if self.wgmma:
+            out.extend(WGMMA_HEADER.read_text().splitlines())
         out.add("")
         out.add(f"PTO_ENTRY({self.resident_blocks()}) pto_{name}(")
         out.add("    " + ",\n    ".join(params) + ") {")
@@ -944,6 +988,8 @@ class Generator:
         out.add("}")
         out.add("pto_async_commit();")
         out.add(f"pto_async_wait<{stages - 1}>();  // this thread's copies for this iteration have landed")
+        if any(load.tile in self.swizzled for load in early):
+            out.extend(for_wgmma(["pto_wgmma_fence_operands();  // the copies, seen by wgmma's reads"]))
         for inner in loop.body:
             self._emit(out, inner)
         out.add(f"if ({ahead.runs(ahead.after(ahead.var, 1))}) {{")
@@ -1516,7 +1562,7 @@ def _transfer(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
                        f"pto_clip({cols}, {view.cols} - {col_next})")
 
         def copy(g: Generator, buffer: str) -> list[str]:
-            body = _packed_load(buffer, declared, window_next, p, "pto_copy8_async")
+            body = _packed_load(buffer, declared, window_next, p, tile in g.swizzled, "pto_copy8_async")
             return op_block(f"{where}, for an iteration ahead", *region_next, body, None)
 
         prefetch = ctx.prefetches[id(op)] = _Prefetch(tile, p, copy)
@@ -1540,7 +1586,7 @@ def _transfer(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
             body = units.each([units.bound(f"pto_frag_{tile}"), *units.moved(move)], unrolled=True)
         elif load and tile in g.packed:
             window = f"{p}_p + ({view.row0} + {row}) * {p}_s1 + ({view.col0} + {col}) * {p}_s2"
-            body = _packed_load(tile, declared, window, p)
+            body = _packed_load(tile, declared, window, p, tile in g.swizzled)
         elif load and tile in g.broadcast:  # every warp its own copy of the row
             body = ["{", "    [[maybe_unused]] const int i = 0;", "    const long long r = 0;",
                     "    if (r < vr) {", *indent(_cols(declared, "vc", [copy]), 2), "    }", "}"]
@@ -1564,7 +1610,8 @@ def _transfer(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     return Code(lines, memref=p, whole=whole)
 
 
-def _packed_load(tile: str, declared: Tile, window: str, param: str, copy: str = "pto_copy8") -> list[str]:
+def _packed_load(tile: str, declared: Tile, window: str, param: str, swizzled: bool,
+                 copy: str = "pto_copy8") -> list[str]:
     """A TLOAD into a packed tile (read only by products, after a barrier: any thread may write
     any element) in groups of 8 columns, group e of the tile's (rows x ceil(cols / 8)) to thread
     e % PTO_THREADS whatever the path, so two loads of the tile write each element from one
@@ -1573,20 +1620,32 @@ def _packed_load(tile: str, declared: Tile, window: str, param: str, copy: str =
     kept short, where the unrolled loads of the tile's own layout doubled the compile time).
     `copy` makes a 16-byte copy: pto_copy8, or pto_copy8_async for a copy ahead
     (element by element, the rare case stays synchronous: the buffer is not read before the
-    barrier after the wait)."""
+    barrier after the wait). A `swizzled` tile (Generator._wgmma) lies as wgmma reads it where
+    the build takes wgmma, its stores then fenced for wgmma's reads (pto_wgmma_fence_operands;
+    a copy ahead's after its wait: Generator._emit_prefetching)."""
     groups = math.ceil(declared.cols / 8)  # of 8 columns in a row
     turns = math.ceil(declared.rows * groups / THREADS_PER_BLOCK)
     each_group = [f"for (int pto_n = 0; pto_n < {turns}; ++pto_n) {{",
                   "    const long long pto_e = threadIdx.x + PTO_THREADS * pto_n;",
                   f"    const long long r = pto_e / {groups}, c = 8 * (pto_e % {groups});"]
-    return [f"const T *pto_window = {window};",
-            f"if ({param}_s2 == 1 && {param}_s1 % 8 == 0 && (unsigned long long)pto_window % 16 == 0 "
-            "&& vc % 8 == 0) {",
-            "    PTO_UNROLL", *indent(each_group),
-            f"        if (r < vr && c < vc) {copy}(&{tile}[r][c], pto_window + r * {param}_s1 + c);",
-            "    }", "} else {", *indent(each_group),
-            f"        for (long long e = c; r < vr && e < c + 8 && e < vc; ++e) "
-            f"{tile}[r][e] = pto_window[r * {param}_s1 + e * {param}_s2];", "    }", "}"]
+
+    def load(at: Callable[[str, str], str], fenced: bool) -> list[str]:
+        """The copies into element (r, c) at `at`, fenced for wgmma's reads where they are
+        synchronous (pto_copy8) and `fenced`."""
+        fence = ["pto_wgmma_fence_operands();"] if fenced and copy == "pto_copy8" else []
+        return [f"if ({param}_s2 == 1 && {param}_s1 % 8 == 0 && (unsigned long long)pto_window % 16 == 0 "
+                "&& vc % 8 == 0) {",
+                "    PTO_UNROLL", *indent(each_group),
+                f"        if (r < vr && c < vc) {copy}({at('r', 'c')}, pto_window + r * {param}_s1 + c);",
+                "    }", "} else {", *indent(each_group),
+                f"        for (long long e = c; r < vr && e < c + 8 && e < vc; ++e) "
+                f"*{at('r', 'e')} = pto_window[r * {param}_s1 + e * {param}_s2];", "    }", "}", *fence]
+
+    body = load(lambda r, c: f"&{tile}[{r}][{c}]", False)
+    if swizzled:
+        body = for_wgmma(load(lambda r, c: f"pto_wgmma_operand_at(&{tile}[0][0], {declared.rows}, {r}, {c})",
+                              True), body)
+    return [f"const T *pto_window = {window};", *body]
 
 
 def _generate(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:

@@ -56,6 +56,11 @@ def indent(lines: list[str], levels: int = 1) -> list[str]:
     return ["    " * levels + line for line in lines]
 
 
+def for_wgmma(lines: list[str], otherwise: list[str] | None = None) -> list[str]:
+    """`lines` where the build takes wgmma (PTO_WGMMA, pto_isa.cuh), else `otherwise`."""
+    return ["#if PTO_WGMMA", *lines, *(["#else", *otherwise] if otherwise else []), "#endif"]
+
+
 def op_block(where: str, rows: str, cols: str, body: list[str], dst: str | None) -> list[str]:
     """An instruction's lines: the valid region it works on (rows x cols) computed first (dst
     may be a source), the work, then the region recorded as dst's."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..dtypes import DataType
-from .cuda_lines import WARPS, Code, indent, op_block
+from .cuda_lines import WARPS, Code, for_wgmma, indent, op_block
 from .ir import Function, Op, Tile
 from .ops import OpSpec
 
@@ -21,11 +21,13 @@ from .ops import OpSpec
 class Layout(Protocol):
     """What a product's text reads of its kernel's layout (cuda_codegen.Generator): the tiles
     by C name, those packed (kept as T), kept in registers (fragments) or read as another's
-    transpose (result -> source), each row's pitch in shared memory, and what the rules
-    record of their tiles' uses."""
+    transpose (result -> source), those whose units lie as wgmma's accumulators (wgmma: the
+    results of the products that take it where the build does), each row's pitch in shared
+    memory, and what the rules record of their tiles' uses."""
 
     tiles: dict[str, Tile]
     packed: set[str]
+    wgmma: set[str]
     fragments: set[str]
     transposed: dict[str, str]
     whole: set[str]
@@ -102,11 +104,18 @@ class Units:
     """How the warps share out a tensor-core product's result: units of 16 rows x `blocks`
     blocks of 8 columns (a unit's accumulators are blocks x 4 floats a lane), unit u taken by
     warp u % PTO_WARPS, in its turn u / PTO_WARPS. A result's own units (`of`) are up to 4
-    blocks wide; a tile kept in whole rows (`rows_of`) has a unit a band of 16 rows."""
+    blocks wide; a tile kept in whole rows (`rows_of`) has a unit a band of 16 rows.
+
+    Where a wgmma product computes the result (`for_wgmma`), its units lie as the instruction's
+    accumulators do (pto_wgmma.cuh) wherever PTO_WGMMA says the build takes it: each warpgroup
+    a 64-row band of it, N columns wide, warp w of the group its 16 rows w % 4, its turns the
+    N / 32 units along them. `warpgroup_step` is then the units from the first warpgroup's
+    first unit to the second's (0: the order above in every build)."""
 
     blocks: int
     bands: int
     slices: int
+    warpgroup_step: int = 0
 
     @classmethod
     def of(cls, tile: Tile) -> Units:
@@ -116,6 +125,22 @@ class Units:
     def shaped(cls, rows: int, cols: int) -> Units:
         blocks = min(4, math.ceil(cols / 8))
         return cls(blocks, math.ceil(rows / 16), math.ceil(cols / (8 * blocks)))
+
+    @classmethod
+    def for_wgmma(cls, rows: int, cols: int) -> Units | None:
+        """The units of a rows x cols result a block's two warpgroups compute by wgmma, or None
+        where no instruction shape fits it: 64 rows split by columns (each warpgroup 64 or 128
+        of them), or 128 rows split by rows (each warpgroup 64 rows of 64 or 128 columns)."""
+        if WARPS != 8 or (rows, cols) not in ((64, 128), (64, 256), (128, 64), (128, 128)):
+            return None
+        slices = cols // 32
+        step = slices // 2 if rows == 64 else 4 * slices
+        return cls(4, rows // 16, slices, step)
+
+    @property
+    def wgmma_n(self) -> int:
+        """The N of a warpgroup's instruction over these units (for_wgmma)."""
+        return 32 * self.turns
 
     @classmethod
     def rows_of(cls, rows: int, cols: int) -> Units:
@@ -147,9 +172,13 @@ class Units:
 
     def _turns(self, body: list[str], unrolled: bool) -> list[str]:
         """`body` for each unit this warp takes, pto_ui its turn and pto_u the unit."""
+        unit = "pto_warp + PTO_WARPS * pto_ui"
+        if self.warpgroup_step:
+            wgmma = f"pto_warp % 4 * {self.slices} + pto_warp / 4 * {self.warpgroup_step} + pto_ui"
+            unit = f"PTO_WGMMA ? {wgmma} : {unit}"
         return [*(["PTO_UNROLL"] if unrolled else []),
                 f"for (int pto_ui = 0; pto_ui < {self.turns}; ++pto_ui) {{",
-                "    const int pto_u = pto_warp + PTO_WARPS * pto_ui;",
+                f"    const int pto_u = {unit};",
                 f"    if (pto_u >= {self.count}) break;", *indent(body), "}"]
 
     @property
@@ -286,9 +315,57 @@ def tensor_matmul(ctx: Scope, op: Op, spec: OpSpec, where: str) -> Code:
                 body = units.each([f"float acc[{units.blocks}][4] = {{}};",
                                    *(units.moved(f"acc[n][e] = {dst}[r][c];") if spec.accumulate else []),
                                    *k_loops, *units.moved(f"{dst}[r][c] = acc[n][e];")])
+        if dst in g.wgmma:
+            body = _wgmma_product(g, dst, a, b, spec.accumulate, body)
         return op_block(where, *region, [f"const int pto_kn = (int)vc_{a};", *body], dst)
 
     return Code(lines, whole=True)
+
+
+def _wgmma_product(g: Layout, dst: str, a: str, b: str, accumulate: bool, mma_sync: list[str]) -> list[str]:
+    """A product whose result's units lie as wgmma's (Generator._wgmma), where the build takes
+    it (PTO_WGMMA; else `mma_sync`, the product's text elsewhere): each warpgroup its band of
+    dst (its first unit: Units.for_wgmma), a pto_wgmma<N, true> a step of 16 of k, a and b
+    through descriptors of their panels (pto_wgmma.cuh: a K-major, its start 32 bytes on a step
+    within a panel, a panel's lines on past it; b MN-major, 2048 bytes a step, LBO a panel's
+    bytes), all committed as one group and waited for. The accumulators are the result's
+    registers as they are. wgmma has no tests: where k's valid part ends within a step, the
+    rest of the step is zeroed in a's columns and b's rows first (outside both valid regions,
+    which the interpreter holds equal: what lies there may be anything, NaN too)."""
+    units, declared_a, declared_b = g.units(dst), g.tiles[a], g.tiles[b]
+    floats, lines_a, lines_b = 16 * units.turns, declared_a.rows, declared_b.rows
+    a_panel, b_panel = 128 * lines_a, 128 * lines_b  # bytes of a panel of 64 columns
+
+    def zeroed(tile: str, lines: int, count: str, at: str) -> list[str]:
+        return [f"for (int pto_e = threadIdx.x; pto_e < {count}; pto_e += PTO_THREADS) {{", f"    {at}",
+                f"    if (k < pto_kw) *pto_wgmma_operand_at(&{tile}[0][0], {lines}, r, c) = (T)0.0f;", "}"]
+
+    tail = ["if (pto_kn % 16 != 0) {  // the last step's k past the valid ones: zero in a and b",
+            "    const int pto_kw = pto_kn + 15 - (pto_kn + 15) % 16;",
+            *indent(zeroed(a, lines_a, f"{16 * lines_a}",
+                           "const int r = pto_e / 16, c = pto_kn + pto_e % 16, k = c;")),
+            *indent(zeroed(b, lines_b, f"{16 * declared_b.cols}", f"const int r = pto_kn + pto_e / "
+                           f"{declared_b.cols}, c = pto_e % {declared_b.cols}, k = r;")),
+            "    pto_wgmma_fence_operands();", "    __syncthreads();", "}"]
+    zero = [] if accumulate else [f"for (int i = 0; i < {floats}; ++i) pto_d[i] = 0.0f;"]
+    steps = [
+        *tail,
+        f"float (&pto_d)[{floats}] = reinterpret_cast<float (&)[{floats}]>(pto_frag_{dst});",
+        *zero,
+        f"const int pto_u0 = pto_warp / 4 * {units.warpgroup_step};  // the warpgroup's first unit",
+        f"const unsigned pto_a = pto_wgmma_address(&{a}[0][0]), pto_b = pto_wgmma_address(&{b}[0][0]);",
+        "pto_wgmma_aligned(pto_a | pto_b);",
+        f"const unsigned pto_a_band = pto_a + 128 * 16 * (pto_u0 / {units.slices});",
+        f"const unsigned pto_b_band = pto_b + {b_panel} * (32 * (pto_u0 % {units.slices}) / 64);",
+        "pto_wgmma_take(pto_d);", "pto_wgmma_hold(pto_d);", "pto_wgmma_fence();",
+        "for (int k0 = 0; k0 < pto_kn; k0 += 16) {",
+        f"    const unsigned long long pto_da = pto_wgmma_descriptor(pto_a_band + {a_panel} * (k0 / 64) "
+        "+ 2 * (k0 % 64), 16, 1024);",
+        f"    const unsigned long long pto_db = pto_wgmma_descriptor(pto_b_band + 128 * k0, {b_panel}, "
+        "1024);",
+        f"    pto_wgmma<{units.wgmma_n}, true>(pto_d, pto_da, pto_db, true);", "}",
+        "pto_wgmma_commit();", "pto_wgmma_wait<0>();", "pto_wgmma_hold(pto_d);"]
+    return for_wgmma(steps, mma_sync)
 
 
 def _a_in_registers(g: Layout, a: str, b: str, blocks: int, b_loads: list[str],

@@ -65,6 +65,17 @@
 #ifndef PTO_PERSISTENT
 #define PTO_ENTRY(blocks) extern "C" __global__ void __launch_bounds__(PTO_THREADS, blocks)
 #endif
+// Whether a kernel's products laid out for wgmma (those of a source that pastes pto_wgmma.cuh:
+// cuda_codegen's Generator._wgmma) take it, rather than mma.sync: in a build for sm_90a, and in
+// the host build that runs the GPU code as an H100 or H200 would (-DPTO_HOST_WGMMA: the CUDA
+// emulator's emulate="gpu-code-sm90a"). Not in the persistent kernel's module, which CuPy builds
+// for the device's plain arch (sm_90), its host build likewise.
+#if (defined(__CUDA_ARCH_FEAT_SM90_ALL) || (!defined(__CUDACC__) && defined(PTO_HOST_WGMMA))) && \
+    !defined(PTO_PERSISTENT)
+#define PTO_WGMMA 1
+#else
+#define PTO_WGMMA 0
+#endif
 // A kernel's tiles in shared memory (name, dims): references into the block's dynamic shared
 // memory, pto_dynamic_shared (below), at the offsets the generator gives them (multiples of 16:
 // cuda_codegen's shared_offsets). The launch gives the bytes (CudaCode.shared_bytes), which may
@@ -84,7 +95,11 @@
 #define PTO_UNROLL _Pragma("unroll")
 #define PTO_PRAGMA(text) _Pragma(#text)
 #define PTO_UNROLL_BY(count) PTO_PRAGMA(unroll count)
+#if PTO_WGMMA  // wgmma's swizzled atoms are 1024-byte aligned (pto_wgmma.cuh)
+extern __shared__ __align__(1024) unsigned char pto_dynamic_shared[];
+#else
 extern __shared__ __align__(16) unsigned char pto_dynamic_shared[];
+#endif
 // The opcode table's templates mix the tile type with double literals (fmax(x, 0.0)); these keep
 // float tiles in float where nvcc would otherwise find only std's host-side template.
 __device__ inline float fmax(float a, double b) { return fmaxf(a, (float)b); }

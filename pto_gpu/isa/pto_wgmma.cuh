@@ -54,6 +54,17 @@ static_assert(PTO_THREADS % 128 == 0, "wgmma is a warpgroup's (4 warps): a block
 // The byte offset (from a 1024-byte aligned base) at which a panel's byte `offset` lies.
 __device__ inline unsigned pto_swizzle_128b(unsigned offset) { return offset ^ (((offset >> 7) & 7u) << 4); }
 
+// Where element (r, c) of a tile of `lines` rows lies in this layout, its row the line (a row-major
+// tile: K-major as a, MN-major as b): panel c / 64 of `lines` lines from `tile`, 1024-byte
+// aligned, `lines` a multiple of 8 (the generated code's operands: cuda_codegen's swizzled tiles).
+// The 8 elements of a 16-byte chunk stay together, so a chunk is copied whole.
+template <class E>
+__device__ inline E *pto_wgmma_operand_at(E *tile, long long lines, long long r, long long c) {
+    const long long line = c / PTO_WGMMA_PANEL * lines + r;
+    const unsigned offset = (unsigned)(line * 128 + c % PTO_WGMMA_PANEL * (long long)sizeof(E));
+    return (E *)((unsigned char *)tile + pto_swizzle_128b(offset));
+}
+
 // The shared-memory address a descriptor holds: the shared window's on a GPU; on the host the
 // offset in the block's dynamic shared memory (a 1024-byte aligned buffer, so that both swizzle
 // alike).
@@ -62,6 +73,20 @@ __device__ inline unsigned pto_wgmma_address(const void *at) {
     return (unsigned)__cvta_generic_to_shared(at);
 #else
     return (unsigned)((const unsigned char *)at - pto_dynamic_shared);
+#endif
+}
+
+// Faults unless shared-memory address bits `bits` are 1024-byte aligned, as the swizzled
+// operands' starts must be (the dynamic shared memory's alignment): a wrong base would read every
+// operand swizzled differently, a silent wrong product.
+__device__ inline void pto_wgmma_aligned(unsigned bits) {
+    if (bits % PTO_WGMMA_ATOM == 0) return;
+#ifdef __CUDACC__
+    __trap();
+#else
+    std::fprintf(stderr, "pto_isa.cuh host build: block %lld: wgmma operands at shared offsets not 1024-byte "
+                         "aligned (%#x)\n", pto_host_run->block_index, bits);
+    std::abort();
 #endif
 }
 
@@ -116,6 +141,19 @@ template <int Count>
 __device__ inline void pto_wgmma_hold(float (&d)[Count]) {
     PTO_UNROLL
     for (int i = 0; i < Count; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Each accumulator moved into its register by an instruction of its own, before a group's first
+// wgmma: where a load from memory wrote one straight into its register (a product's result loaded
+// to accumulate into), ptxas otherwise serializes every wgmma of the kernel, each waiting for the
+// one before (C7515: "non wgmma instructions defining accumulator registers").
+template <int Count>
+__device__ inline void pto_wgmma_take(float (&d)[Count]) {
+    PTO_UNROLL
+    for (int i = 0; i < Count; ++i) {
+        const float value = d[i];
+        asm volatile("mov.b32 %0, %1;" : "=f"(d[i]) : "f"(value));
+    }
 }
 
 #define PTO_WGMMA_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), \
@@ -202,6 +240,8 @@ inline void pto_wgmma_fence_operands() {}
 inline void pto_wgmma_fence() {}
 template <int Count>
 inline void pto_wgmma_hold(float (&)[Count]) {}
+template <int Count>
+inline void pto_wgmma_take(float (&)[Count]) {}
 
 template <int N, bool TransposeB>
 inline void pto_wgmma(float (&d)[N / 2], unsigned long long a, unsigned long long b, bool accumulate) {

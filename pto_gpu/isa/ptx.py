@@ -20,12 +20,15 @@ def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm
     """The PTX of `kernel`'s CUDA code for a call with tensors of `shapes`, element type `dtype`
     and these `scalars` (those that pick a family's instance), for `arch` ("sm_80", "sm_90",
     ...): the instance a kernel family picks, compiled as the CUDA backend compiles it, for the
-    virtual architecture (the cubin it loads is this PTX assembled). A kernel whose tasks run
-    a library on a GPU (the matmuls' cuBLAS) gives the generated code it runs while capturing.
+    virtual architecture (the cubin it loads is this PTX assembled). An H100 or H200 loads
+    "sm_90a" code (products laid out for wgmma take it: docs/ISA.md) where that runs right. A
+    kernel whose tasks run a library on a GPU (the matmuls' cuBLAS) gives the generated code it
+    runs while capturing.
     `precision` as Runtime's: "tf32" gives a family's float32 instance its TF32 products."""
-    match = re.fullmatch(r"sm_(\d+)", arch)
+    match = re.fullmatch(r"sm_(\d+a?)", arch)
     if match is None:
-        raise ParamError(f"gpu_code: arch={arch!r} is not a GPU architecture such as 'sm_80' or 'sm_90'")
+        raise ParamError(f"gpu_code: arch={arch!r} is not a GPU architecture such as 'sm_80', 'sm_90' or "
+                         "'sm_90a'")
     if not isinstance(kernel, Kernel) or kernel.cuda is None:
         name = getattr(kernel, "name", repr(kernel))
         raise PTOError(f"gpu_code: {name} has no CUDA code (a kernel family, a kernel compiled from a PTO "
@@ -35,7 +38,7 @@ def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm
     options = cuda_abi.nvrtc_options(code.source.parent, np.dtype(dtype), kernel.name)
     try:
         ok, log, ptx = nvrtc.compile_source(code.source.read_text(),
-                                            nvrtc.cupy_options(options, int(match.group(1)), ptx=True),
+                                            nvrtc.cupy_options(options, match.group(1), ptx=True),
                                             code.source.name)
     except OSError as error:  # no libnvrtc, or no CUDA headers (FileNotFoundError)
         raise PTOError(f"gpu_code needs NVRTC: {error}") from error

@@ -1,6 +1,6 @@
-// A probe of wgmma and its layouts (tests/test_cuda_wgmma.py), pasted after pto_isa.cuh and
-// pto_wgmma.cuh with PTO_WARPS 4 (one warpgroup a block): D = rounds x A B, A 64 x K and B K x N
-// row major in global memory, laid out in shared memory in pto_wgmma.cuh's swizzled panels (B
+// A probe of wgmma and its layouts (backends/wgmma_probe.py, tests/test_cuda_wgmma.py), pasted
+// after pto_isa.cuh and pto_wgmma.cuh with PTO_WARPS 4 (one warpgroup a block): D = rounds x A B,
+// A 64 x K and B K x N row major in global memory, laid out in shared memory in pto_wgmma.cuh's swizzled panels (B
 // MN-major where TransposeB, else K-major) and multiplied in steps of 16 of k, `rounds` times
 // over (the first step not adding the accumulators' NaN). The same text runs on the host build
 // (against its emulation) and on an sm_90a GPU (against the hardware), each held to numpy: where
@@ -8,15 +8,17 @@
 // probe's arithmetic. Each block writes its own D (d + 64 N blockIdx.x); with many rounds over
 // many blocks (bench/test_gpu.py) it measures the tensor cores' rate from shared memory.
 
-// The bytes of A's panels, then B's, past a 1024-byte aligned base.
+// The bytes of A's panels, then B's, from the 1024-byte aligned base.
 template <int N, int K>
 constexpr unsigned pto_probe_bytes() { return (64 * K + K * N) * sizeof(T); }
 
 template <int N, bool TransposeB, int K>
 __device__ void pto_wgmma_probe(const T *a, const T *b, float *d, int rounds) {
     static_assert(K % PTO_WGMMA_PANEL == 0 && N % PTO_WGMMA_PANEL == 0, "whole panels");
-    const unsigned skip = (PTO_WGMMA_ATOM - pto_wgmma_address(pto_dynamic_shared) % PTO_WGMMA_ATOM) % PTO_WGMMA_ATOM;
-    unsigned char *sa = pto_dynamic_shared + skip, *sb = sa + 64 * K * sizeof(T);
+    // The generated kernels rely on the dynamic shared memory's alignment (pto_isa.cuh's
+    // __align__(1024) where PTO_WGMMA); so does the probe: where it does not hold, D is NaN.
+    const bool aligned = pto_wgmma_address(pto_dynamic_shared) % PTO_WGMMA_ATOM == 0;
+    unsigned char *sa = pto_dynamic_shared, *sb = sa + 64 * K * sizeof(T);
     // A: a panel of 64 lines (its rows) for every 64 of k; B MN-major: a panel of K lines (its
     // rows) for every 64 columns; B K-major: a panel of N lines (its columns) for every 64 of k.
     for (int i = threadIdx.x; i < 64 * K; i += PTO_THREADS) {
@@ -57,7 +59,8 @@ __device__ void pto_wgmma_probe(const T *a, const T *b, float *d, int rounds) {
     d += (long long)blockIdx.x * 64 * N;
     for (int j = 0; j < N / 8; ++j)
         for (int e = 0; e < 4; ++e)
-            d[(16 * (thread / 32) + group + 8 * (e / 2)) * N + 8 * j + pair + e % 2] = acc[4 * j + e];
+            d[(16 * (thread / 32) + group + 8 * (e / 2)) * N + 8 * j + pair + e % 2] =
+                aligned ? acc[4 * j + e] : PTO_INF - PTO_INF;
 }
 
 // The kernels the test runs (name: N, B's major, K), and the host build's entries to them.
