@@ -325,16 +325,14 @@ def tensor_matmul(ctx: Scope, op: Op, spec: OpSpec, where: str) -> Code:
 def _wgmma_product(g: Layout, dst: str, a: str, b: str, accumulate: bool, mma_sync: list[str]) -> list[str]:
     """A product whose result's units lie as wgmma's (Generator._wgmma), where the build takes
     it (PTO_WGMMA; else `mma_sync`, the product's text elsewhere): each warpgroup its band of
-    dst (its first unit: Units.for_wgmma), a pto_wgmma<N, true> a step of 16 of k, a and b
-    through descriptors of their panels (pto_wgmma.cuh: a K-major, its start 32 bytes on a step
-    within a panel, a panel's lines on past it; b MN-major, 2048 bytes a step, LBO a panel's
-    bytes), all committed as one group and waited for. The accumulators are the result's
+    dst (its first unit: Units.for_wgmma), a pto_wgmma<N, true> a step of 16 of k, a K-major
+    and b MN-major through their descriptors (pto_wgmma_k_major, pto_wgmma_mn_major), all
+    committed as one group and waited for. The accumulators are the result's
     registers as they are. wgmma has no tests: where k's valid part ends within a step, the
     rest of the step is zeroed in a's columns and b's rows first (outside both valid regions,
     which the interpreter holds equal: what lies there may be anything, NaN too)."""
     units, declared_a, declared_b = g.units(dst), g.tiles[a], g.tiles[b]
     floats, lines_a, lines_b = 16 * units.turns, declared_a.rows, declared_b.rows
-    a_panel, b_panel = 128 * lines_a, 128 * lines_b  # bytes of a panel of 64 columns
 
     def zeroed(tile: str, lines: int, count: str, at: str) -> list[str]:
         return [f"for (int pto_e = threadIdx.x; pto_e < {count}; pto_e += PTO_THREADS) {{", f"    {at}",
@@ -356,13 +354,12 @@ def _wgmma_product(g: Layout, dst: str, a: str, b: str, accumulate: bool, mma_sy
         f"const unsigned pto_a = pto_wgmma_address(&{a}[0][0]), pto_b = pto_wgmma_address(&{b}[0][0]);",
         "pto_wgmma_aligned(pto_a | pto_b);",
         f"const unsigned pto_a_band = pto_a + 128 * 16 * (pto_u0 / {units.slices});",
-        f"const unsigned pto_b_band = pto_b + {b_panel} * (32 * (pto_u0 % {units.slices}) / 64);",
+        f"const unsigned pto_b_band = pto_b + {128 * lines_b} * (32 * (pto_u0 % {units.slices}) / 64);  "
+        "// its panel",
         "pto_wgmma_take(pto_d);", "pto_wgmma_hold(pto_d);", "pto_wgmma_fence();",
         "for (int k0 = 0; k0 < pto_kn; k0 += 16) {",
-        f"    const unsigned long long pto_da = pto_wgmma_descriptor(pto_a_band + {a_panel} * (k0 / 64) "
-        "+ 2 * (k0 % 64), 16, 1024);",
-        f"    const unsigned long long pto_db = pto_wgmma_descriptor(pto_b_band + 128 * k0, {b_panel}, "
-        "1024);",
+        f"    const unsigned long long pto_da = pto_wgmma_k_major(pto_a_band, {lines_a}, k0);",
+        f"    const unsigned long long pto_db = pto_wgmma_mn_major(pto_b_band, {lines_b}, k0);",
         f"    pto_wgmma<{units.wgmma_n}, true>(pto_d, pto_da, pto_db, true);", "}",
         "pto_wgmma_commit();", "pto_wgmma_wait<0>();", "pto_wgmma_hold(pto_d);"]
     return for_wgmma(steps, mma_sync)

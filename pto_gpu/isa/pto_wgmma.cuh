@@ -97,6 +97,19 @@ __device__ inline unsigned long long pto_wgmma_descriptor(unsigned start, unsign
            ((unsigned long long)((stride >> 4) & 0x3fffu) << 32) | (1ull << 62);
 }
 
+// The descriptors of an instruction's step of 16 of k from k0, for operands laid out by
+// pto_wgmma_operand_at, each a tile of `lines` rows from `start` (its first line's address):
+// K-major (k along its rows: a, or B^T) 32 bytes on a step within a panel of 64, a panel's lines
+// on past it; MN-major (k down its rows: a row-major K x N b) 16 lines on a step, LBO its panels'
+// stride, so an instruction of N 128 reads two panels.
+__device__ inline unsigned long long pto_wgmma_k_major(unsigned start, unsigned lines, int k0) {
+    return pto_wgmma_descriptor(start + lines * 128 * (k0 / PTO_WGMMA_PANEL) + 2 * (k0 % PTO_WGMMA_PANEL), 16,
+                                PTO_WGMMA_ATOM);
+}
+__device__ inline unsigned long long pto_wgmma_mn_major(unsigned start, unsigned lines, int k0) {
+    return pto_wgmma_descriptor(start + 128 * k0, lines * 128, PTO_WGMMA_ATOM);
+}
+
 #ifdef __CUDACC__
 // wgmma is sm_90a's: a kernel that uses it does not compile for another arch (the assertions
 // fire where the templates are instantiated; nvcc's host pass sees empty bodies).

@@ -18,18 +18,13 @@ __device__ void pto_wgmma_probe(const T *a, const T *b, float *d, int rounds) {
     // The generated kernels rely on the dynamic shared memory's alignment (pto_isa.cuh's
     // __align__(1024) where PTO_WGMMA); so does the probe: where it does not hold, D is NaN.
     const bool aligned = pto_wgmma_address(pto_dynamic_shared) % PTO_WGMMA_ATOM == 0;
-    unsigned char *sa = pto_dynamic_shared, *sb = sa + 64 * K * sizeof(T);
-    // A: a panel of 64 lines (its rows) for every 64 of k; B MN-major: a panel of K lines (its
-    // rows) for every 64 columns; B K-major: a panel of N lines (its columns) for every 64 of k.
-    for (int i = threadIdx.x; i < 64 * K; i += PTO_THREADS) {
-        const int row = i / K, k = i % K;
-        *(T *)(sa + (k / 64) * 64 * 128 + pto_swizzle_128b(row * 128 + (k % 64) * 2)) = a[i];
-    }
+    T *sa = (T *)pto_dynamic_shared, *sb = sa + 64 * K;
+    // Laid out as the generated code lays its operands (pto_wgmma_operand_at): A's rows its lines,
+    // B's rows where MN-major (a K x N tile), else its columns (B^T, an N x K tile).
+    for (int i = threadIdx.x; i < 64 * K; i += PTO_THREADS) *pto_wgmma_operand_at(sa, 64, i / K, i % K) = a[i];
     for (int i = threadIdx.x; i < K * N; i += PTO_THREADS) {
         const int k = i / N, n = i % N;
-        const unsigned at = TransposeB ? (n / 64) * K * 128 + pto_swizzle_128b(k * 128 + (n % 64) * 2)
-                                       : (k / 64) * N * 128 + pto_swizzle_128b(n * 128 + (k % 64) * 2);
-        *(T *)(sb + at) = b[i];
+        *(TransposeB ? pto_wgmma_operand_at(sb, K, k, n) : pto_wgmma_operand_at(sb, N, n, k)) = b[i];
     }
     pto_wgmma_fence_operands();
     __syncthreads();
@@ -43,12 +38,9 @@ __device__ void pto_wgmma_probe(const T *a, const T *b, float *d, int rounds) {
     for (int round = 0; round < rounds; ++round) {
         PTO_UNROLL
         for (int k0 = 0; k0 < K; k0 += PTO_WGMMA_K) {
-            const unsigned long long a_step =
-                pto_wgmma_descriptor(a_start + (k0 / 64) * 64 * 128 + (k0 % 64) * 2, 16, PTO_WGMMA_ATOM);
             const unsigned long long b_step =
-                TransposeB ? pto_wgmma_descriptor(b_start + k0 * 128, K * 128, PTO_WGMMA_ATOM)
-                           : pto_wgmma_descriptor(b_start + (k0 / 64) * N * 128 + (k0 % 64) * 2, 16, PTO_WGMMA_ATOM);
-            pto_wgmma<N, TransposeB>(acc, a_step, b_step, round > 0 || k0 > 0);
+                TransposeB ? pto_wgmma_mn_major(b_start, K, k0) : pto_wgmma_k_major(b_start, N, k0);
+            pto_wgmma<N, TransposeB>(acc, pto_wgmma_k_major(a_start, 64, k0), b_step, round > 0 || k0 > 0);
         }
     }
     pto_wgmma_commit();
