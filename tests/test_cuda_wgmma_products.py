@@ -151,11 +151,18 @@ def test_a_programs_product_runs_on_the_emulator_as_an_h100_would(dtype):
     assert np.array_equal(got, want)
 
 
-@pytest.mark.parametrize("name", ["matmul", "matmul_acc"])
-def test_the_sm_90a_code_holds_wgmma_unserialized_and_sm_90s_none(name):
+# The benchmark's GEMM tile, and the LLaMA MLP's accumulating product over column blocks (once
+# serialized and spilling at sm_90a: its tail's zeroing unrolled in 64-bit indices).
+PTXAS_CASES = [("matmul", ((1024, 8192), (8192, 128), (1024, 128))),
+               ("matmul_acc", ((1024, 8192), (8192, 128), (1024, 128))),
+               ("matmul_acc", ((128, 4096), (4096, 11008), (128, 11008)))]
+
+
+@pytest.mark.parametrize("name, shapes", PTXAS_CASES, ids=["matmul", "matmul_acc", "matmul_acc-mlp"])
+def test_the_sm_90a_code_holds_wgmma_unserialized_and_sm_90s_none(name, shapes):
     library_or_skip()
     dtype = DTYPES[0]
-    code = family_of(getattr(tiles, name)).cuda(((1024, 8192), (8192, 128), (1024, 128)), dtype, ())
+    code = family_of(getattr(tiles, name)).cuda(shapes, dtype, ())
     options = cuda_abi.nvrtc_options(code.source.parent, dtype, name)
     text = code.source.read_text()
     ok, log, ptx = compile_source(text, cupy_options(options, "90a", ptx=True), code.source.name)

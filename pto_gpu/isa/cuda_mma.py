@@ -335,7 +335,10 @@ def _wgmma_product(g: Layout, dst: str, a: str, b: str, accumulate: bool, mma_sy
     floats, lines_a, lines_b = 16 * units.turns, declared_a.rows, declared_b.rows
 
     def zeroed(tile: str, lines: int, count: str, at: str) -> list[str]:
-        return [f"for (int pto_e = threadIdx.x; pto_e < {count}; pto_e += PTO_THREADS) {{", f"    {at}",
+        # not unrolled: the LLaMA MLP's matmul_acc (a loop over column blocks) spilled 48 bytes
+        # at two blocks an SM with it, none without (115 registers)
+        return ["PTO_UNROLL_BY(1)",
+                f"for (int pto_e = threadIdx.x; pto_e < {count}; pto_e += PTO_THREADS) {{", f"    {at}",
                 f"    if (k < pto_kw) *pto_wgmma_operand_at(&{tile}[0][0], {lines}, r, c) = (T)0.0f;", "}"]
 
     tail = ["if (pto_kn % 16 != 0) {  // the last step's k past the valid ones: zero in a and b",
@@ -361,7 +364,7 @@ def _wgmma_product(g: Layout, dst: str, a: str, b: str, accumulate: bool, mma_sy
         f"    const unsigned long long pto_da = pto_wgmma_k_major(pto_a_band, {lines_a}, k0);",
         f"    const unsigned long long pto_db = pto_wgmma_mn_major(pto_b_band, {lines_b}, k0);",
         f"    pto_wgmma<{units.wgmma_n}, true>(pto_d, pto_da, pto_db, true);", "}",
-        "pto_wgmma_commit();", "pto_wgmma_wait<0>();", "pto_wgmma_hold(pto_d);"]
+        "pto_wgmma_commit();", "pto_wgmma_wait<0>();", "pto_wgmma_take(pto_d);", "pto_wgmma_hold(pto_d);"]
     return for_wgmma(steps, mma_sync)
 
 

@@ -59,10 +59,11 @@ __device__ inline unsigned pto_swizzle_128b(unsigned offset) { return offset ^ (
 // aligned, `lines` a multiple of 8 (the generated code's operands: cuda_codegen's swizzled tiles).
 // The 8 elements of a 16-byte chunk stay together, so a chunk is copied whole.
 template <class E>
-__device__ inline E *pto_wgmma_operand_at(E *tile, long long lines, long long r, long long c) {
-    const long long line = c / PTO_WGMMA_PANEL * lines + r;
-    const unsigned offset = (unsigned)(line * 128 + c % PTO_WGMMA_PANEL * (long long)sizeof(E));
-    return (E *)((unsigned char *)tile + pto_swizzle_128b(offset));
+__device__ inline E *pto_wgmma_operand_at(E *tile, int lines, int r, int c) {
+    // 32-bit: a tile's bytes are a block's shared memory (64-bit indices cost a kernel's tail of
+    // k, which zeroes elements in a loop, registers enough to spill)
+    const unsigned line = (unsigned)(c / PTO_WGMMA_PANEL * lines + r);
+    return (E *)((unsigned char *)tile + pto_swizzle_128b(line * 128 + (unsigned)(c % PTO_WGMMA_PANEL) * sizeof(E)));
 }
 
 // The shared-memory address a descriptor holds: the shared window's on a GPU; on the host the
