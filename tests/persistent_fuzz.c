@@ -7,17 +7,21 @@
  *   persistent_fuzz SEED TASKS SLOTS BLOCKS FANIN WINDOW [LOSE [PAUSE_AT PAUSE_MS]]
  *
  * Built with -DFUZZ_GPU and linked with tests/persistent_fuzz_gpu.cu (nvcc), the blocks are a
- * GPU's: a kernel of BLOCKS blocks (at most those resident at once), thread 0 of each running
- * the same loop (tests/persistent_fuzz_blocks.h), the state laid out by pto_layout in device
- * and mapped memory as the executor's is, so the protocol's orders are the GPU's memory model's.
+ * GPU's: a kernel of BLOCKS blocks of a warp (at most those resident at once), each running
+ * the same loop (tests/persistent_fuzz_blocks.h), its threads staging records together, the
+ * state laid out by pto_layout in device and mapped memory as the executor's is, so the
+ * protocol's orders are the GPU's memory model's.
  *
  * Built with -DFUZZ_MAX_PIECES=n (default 1), each task runs as 1..n pieces (random), which the
  * blocks share through a board of FUZZ_BOARD entries (default 4; the protocol's pto_board).
+ * Built with -DFUZZ_BLOCK_THREADS=n (default 1), each block is n threads meeting at a barrier
+ * (PTO_BLOCK_SYNC), which stage records together as a GPU block's threads do.
  *
  * Checks: every piece of every task runs once, after every one of the task's producers has
- * finished; the run ends with all of them finished. With LOSE = t (-1: none), the block that runs task t never
- * completes it: the run must then stop as stuck, and the host names the unfinished tasks and
- * what each waits for. With PAUSE_AT, the host sleeps PAUSE_MS before publishing that task
+ * finished, from its record as the host wrote it (its ticket, pieces and a random number of
+ * words of the executor's, staged by the wirer); the run ends with all of them finished. With
+ * LOSE = t (-1: none), the block that runs task t never completes it: the run must then stop
+ * as stuck, and the host names the unfinished tasks and what each waits for. With PAUSE_AT, the host sleeps PAUSE_MS before publishing that task
  * (a slow orchestration is not a deadlock). Built with -DFUZZ_STALL_US=n, a block stalls n
  * microseconds between its loads of `closed` and `submitted` (PTO_BETWEEN_LOADS), where a task
  * the host publishes and closes on meanwhile must not be missed. Prints "ok ..." or
@@ -33,6 +37,13 @@
 
 #ifdef FUZZ_STALL_US
 #define PTO_BETWEEN_LOADS() nanosleep(&(struct timespec){0, FUZZ_STALL_US * 1000}, NULL)
+#endif
+#ifndef FUZZ_BLOCK_THREADS
+#define FUZZ_BLOCK_THREADS 1
+#endif
+#if FUZZ_BLOCK_THREADS > 1 && !defined(FUZZ_GPU)
+static _Thread_local pthread_barrier_t *block_barrier; /* the calling thread's block's */
+#define PTO_BLOCK_SYNC() pthread_barrier_wait(block_barrier)
 #endif
 #include "persistent_fuzz_blocks.h"
 
@@ -118,9 +129,17 @@ static void name_the_stuck(long submitted, pto_u64 finished, const pto_u32 *fini
 }
 
 #ifndef FUZZ_GPU
-static void *block(void *unused) {
-    (void)unused;
-    fuzz_block(&world);
+#define FUZZ_MAX_BLOCKS 64
+static pthread_barrier_t barriers[FUZZ_MAX_BLOCKS];
+static pto_u64 said[FUZZ_MAX_BLOCKS][PTO_SAID_WORDS]; /* each block's shared words */
+
+/* Thread `at` % FUZZ_BLOCK_THREADS of block `at` / FUZZ_BLOCK_THREADS. */
+static void *block(void *at) {
+    const pto_u32 block = (pto_u32)(size_t)at / FUZZ_BLOCK_THREADS, thread = (pto_u32)(size_t)at % FUZZ_BLOCK_THREADS;
+#if FUZZ_BLOCK_THREADS > 1
+    block_barrier = &barriers[block];
+#endif
+    fuzz_block(&world, said[block], thread, FUZZ_BLOCK_THREADS);
     return NULL;
 }
 #endif
@@ -144,9 +163,10 @@ int main(int argc, char **argv) {
     pto_u32 words = 1;
     while (words < 4 * (pto_u32)fanin + 1) words *= 2;
     const pto_u32 chunks = pto_pool_chunks(slots, (pto_u64)slots * (pto_u64)fanin);
-    const pto_extent extent = pto_layout(sched, slots, words, chunks, NULL, NULL);
+    const pto_u32 record_words = PTO_RECORD_HEADER + FUZZ_OWN_WORDS;
+    const pto_extent extent = pto_layout(sched, slots, words, chunks, record_words, NULL, NULL);
     char *staging = zeroed(extent.device_bytes, 1), *mapped = shared_words(extent.mapped_bytes, 1);
-    pto_layout(sched, slots, words, chunks, staging, mapped);
+    pto_layout(sched, slots, words, chunks, record_words, staging, mapped);
     pto_initial(sched);
     char *device = blocks_words(extent.device_bytes, 1);
 #ifdef FUZZ_GPU
@@ -154,25 +174,24 @@ int main(int argc, char **argv) {
 #else
     memcpy(device, staging, extent.device_bytes);
 #endif
-    pto_layout(sched, slots, words, chunks, device, mapped);
+    pto_layout(sched, slots, words, chunks, record_words, device, mapped);
 
     long *producers = zeroed((size_t)tasks * fanin, sizeof(long)), *task_pieces = zeroed(tasks, sizeof(long));
+    long *own_words = zeroed(tasks, sizeof(long));
     for (long task = 0; task < tasks; ++task) {
         const long count = task ? rand() % (fanin + 1) : 0;
         for (long i = 0; i < fanin; ++i)
             producers[task * fanin + i] = i < count ? task - 1 - rand() % (task < window ? task : window) : -1;
         task_pieces[task] = 1 + rand() % FUZZ_MAX_PIECES;
+        own_words[task] = rand() % (FUZZ_OWN_WORDS + 1);
     }
-    /* the board: the host writes each slot's ticket and pieces with its record */
-    pto_u64 *slot_ticket = shared_words(slots, sizeof(pto_u64));
-    pto_u32 *slot_pieces = shared_words(slots, sizeof(pto_u32));
-    world.board = (pto_board){slot_ticket, slot_pieces, blocks_words(slots, sizeof(pto_u64)),
-                              blocks_words(slots, sizeof(pto_u32)), blocks_words(FUZZ_BOARD, sizeof(pto_u64)),
-                              FUZZ_BOARD, blocks_words(1, sizeof(pto_u32))};
+    world.board = (pto_board){blocks_words(slots, sizeof(pto_u64)), blocks_words(slots, sizeof(pto_u32)),
+                              blocks_words(FUZZ_BOARD, sizeof(pto_u64)), FUZZ_BOARD, blocks_words(1, sizeof(pto_u32))};
     world.fanin = fanin;
     world.lose = lose;
     world.producers = for_blocks(producers, (size_t)tasks * fanin * sizeof(long));
     world.task_pieces = for_blocks(task_pieces, tasks * sizeof(long));
+    world.own_words = for_blocks(own_words, tasks * sizeof(long));
     world.finished_flag = blocks_words(tasks, sizeof(pto_u32));
     world.runs = blocks_words((size_t)tasks * FUZZ_MAX_PIECES, sizeof(pto_u32));
     world.violations = blocks_words(1, sizeof(pto_u32));
@@ -180,9 +199,10 @@ int main(int argc, char **argv) {
 #ifdef FUZZ_GPU
     blocks = fuzz_gpu_start(&world, blocks);
 #else
-    pthread_t threads[64];
-    if (blocks > 64) return 2;
-    for (pto_u32 b = 0; b < blocks; ++b) pthread_create(&threads[b], NULL, block, NULL);
+    pthread_t threads[FUZZ_MAX_BLOCKS * FUZZ_BLOCK_THREADS];
+    if (blocks > FUZZ_MAX_BLOCKS) return 2;
+    for (pto_u32 b = 0; b < blocks; ++b) pthread_barrier_init(&barriers[b], NULL, FUZZ_BLOCK_THREADS);
+    for (size_t t = 0; t < blocks * FUZZ_BLOCK_THREADS; ++t) pthread_create(&threads[t], NULL, block, (void *)t);
 #endif
 
     /* The host's view: the blocks' own words (device memory on a GPU, which the host cannot
@@ -192,7 +212,7 @@ int main(int argc, char **argv) {
     host.wiring = host.state = host.first_chunk = host.chunk_next = host.chunk_entry = host.cell_slot = NULL;
     host.successor_count = host.last_chunk = host.free_chunk_next = host.free_chunk_first = NULL;
     host.pending = NULL;
-    host.cell_sequence = NULL;
+    host.cell_sequence = host.staged = host.staged_word = NULL;
     long submitted = 0;
     pto_u64 next_word = 0, ticket_producers[64];
     for (long task = 0; task < tasks; ++task) {
@@ -203,9 +223,11 @@ int main(int argc, char **argv) {
         const pto_u32 slot = (pto_u32)(task % slots);
         /* the slot's previous task must be done before its ticket is rewritten */
         if (task >= (long)slots && pto_host_wait_done(&host, slot, (pto_u64)(task - slots))) break;
-        slot_ticket[slot] = (pto_u64)task;
-        slot_pieces[slot] = (pto_u32)task_pieces[task];
-        if (pto_host_submit(&host, (pto_u64)task, &next_word, ticket_producers, count)) break;
+        for (pto_u32 i = 0; i < (pto_u32)own_words[task]; ++i)
+            host.record[(pto_u64)slot * record_words + PTO_RECORD_HEADER + i] = fuzz_own_word((pto_u64)task, i);
+        if (pto_host_submit(&host, (pto_u64)task, &next_word, ticket_producers, count, (pto_u32)task_pieces[task],
+                            (pto_u32)own_words[task]))
+            break;
         submitted = task + 1;
     }
     pto_store_release32(host.closed, 1);
@@ -215,7 +237,7 @@ int main(int argc, char **argv) {
 #ifdef FUZZ_GPU
     fuzz_gpu_join();
 #else
-    for (pto_u32 b = 0; b < blocks; ++b) pthread_join(threads[b], NULL);
+    for (size_t t = 0; t < blocks * FUZZ_BLOCK_THREADS; ++t) pthread_join(threads[t], NULL);
 #endif
 
     const pto_u64 finished = *(pto_u64 *)for_host(&sched->counters[PTO_FINISHED], sizeof(pto_u64));

@@ -1,6 +1,6 @@
 /* The persistent protocol's fuzz on a GPU's blocks: the GPU side of tests/persistent_fuzz.c
  * built with -DFUZZ_GPU (its host side, a C compiler's), linked by nvcc. A kernel of blocks
- * whose thread 0 runs the fuzz's block loop (tests/persistent_fuzz_blocks.h) over the state the
+ * whose threads run the fuzz's block loop (tests/persistent_fuzz_blocks.h) over the state the
  * host laid out in device and mapped memory. */
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +17,8 @@ static void check(cudaError_t status, const char *what) {
 }
 
 __global__ void fuzz_blocks(fuzz_world world) {
-    if (threadIdx.x == 0) fuzz_block(&world);
+    __shared__ pto_u64 said[PTO_SAID_WORDS];
+    fuzz_block(&world, said, threadIdx.x, blockDim.x);
 }
 
 extern "C" void *fuzz_gpu_device(size_t bytes) {

@@ -254,7 +254,8 @@ def test_a_task_runs_as_the_pieces_its_launch_has_blocks(monkeypatch, board):
         rt.run(wide_adds, x, y, got)
         assert np.array_equal(got, want)
     (state,) = rt.backend.persistent_states.values()
-    assert (state.pieces[:16] == 32).all()  # the 16 tasks' slots: each published as 32 pieces
+    # the 16 tasks' slots: each published as 32 pieces
+    assert (state.records[:16, persistent_host.Field.PIECES] == 32).all()
 
 
 @numba.njit(cache=True)
@@ -556,6 +557,21 @@ def test_the_hosts_record_of_the_task_records_is_the_kernels_field_by_field():
     assert tuple(name for *_, name in fields) == persistent_host.RECORDS.names
     assert all(pointer or kind == "unsigned long long" for _, kind, pointer, _ in fields), fields
     assert persistent_host.RECORDS.itemsize == 8 * len(fields)
+
+
+def test_the_hosts_words_of_a_task_record_are_the_protocols_and_the_kernels():
+    """persistent_host.Field (where the executor writes a record's instance and words, and reads
+    its pieces) is the protocol's header (PTO_RECORD_*, in order) and the kernel's words after
+    it (PTO_RECORD_INSTANCE, PTO_RECORD_WORDS)."""
+    folder = Path(persistent_module.__file__).parent
+    protocol = (folder / "persistent_protocol.h").read_text()
+    header = re.search(r"enum \{\s*(PTO_RECORD_TICKET.*?)\};", protocol, re.S).group(1)
+    names = re.findall(r"^\s*PTO_RECORD_(\w+)", header, re.M)
+    kernel = (folder / "pto_persistent_kernel.cuh").read_text()
+    assert "enum { PTO_RECORD_INSTANCE = PTO_RECORD_HEADER, PTO_RECORD_WORDS };" in kernel
+    assert [*names[:-1], "INSTANCE", "WORDS"] == list(persistent_host.Field.__members__)
+    assert [persistent_host.Field[name] for name in names[:-1]] == list(range(len(names) - 1))
+    assert names[-1] == "HEADER" and persistent_host.Field.INSTANCE == len(names) - 1
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed (the CUDA toolkit)")

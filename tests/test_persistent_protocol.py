@@ -55,6 +55,13 @@ def _run(binary: Path, *args: int) -> subprocess.CompletedProcess:
     return subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
+def _ran_every_task(done: subprocess.CompletedProcess, tasks: int) -> None:
+    """The fuzz's checks held for all `tasks`, and ThreadSanitizer found no race."""
+    assert "ThreadSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert done.stdout.startswith(f"ok: {tasks} tasks"), done.stdout
+
+
 # seed, tasks, slots, blocks, fan-in, window (producers among the `window` tasks before). The
 # third once found a push that took a cell a stalled block had not yet released for a full
 # queue; the last three give lists of many chunks (many links to few producers), which leak
@@ -70,9 +77,7 @@ def test_random_graphs_run_every_task_once_after_its_producers_with_no_race(fuzz
     """Rings of 2 to 64 slots reused hundreds of times (back-pressure), producers retired
     before their successors arrive (window > slots) or still running, fan-in 0 to 30."""
     done = _run(fuzz, *graph)
-    assert "ThreadSanitizer" not in done.stderr, done.stderr[-4000:]
-    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    assert done.stdout.startswith(f"ok: {graph[1]} tasks"), done.stdout
+    _ran_every_task(done, graph[1])
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +100,29 @@ def test_tasks_of_several_pieces_run_each_piece_once_after_the_producers(pieces_
     reset of a slot's count of pieces run, or freeing an entry one piece early, leaves tasks
     stuck here.)"""
     done = _run(pieces_fuzz, *graph)
-    assert "ThreadSanitizer" not in done.stderr, done.stderr[-4000:]
-    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    assert done.stdout.startswith(f"ok: {graph[1]} tasks"), done.stdout
+    _ran_every_task(done, graph[1])
+
+
+@pytest.fixture(scope="module")
+def threaded_fuzz(tmp_path_factory):
+    """The fuzz with blocks of 3 threads that stage the records together, with pieces."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc)")
+    return _build(tmp_path_factory.mktemp("threaded"), "-DFUZZ_BLOCK_THREADS=3", "-DFUZZ_MAX_PIECES=4")
+
+
+THREADED_GRAPHS = [(1, 3000, 8, 3, 3, 20), (2, 3000, 2, 2, 2, 8), (10, 3000, 16, 3, 30, 8),
+                   (13, 2000, 64, 2, 4, 100)]
+
+
+@pytest.mark.parametrize("graph", THREADED_GRAPHS, ids=[NAME.format(*g) for g in THREADED_GRAPHS])
+def test_blocks_of_several_threads_stage_each_record_whole_with_no_race(threaded_fuzz, graph):
+    """The wirer's block copies the records, and the producers' tickets they name, into the
+    blocks' memory each thread a share (ring positions wrapping, records of 0 to all of their
+    words in use); every record a block runs is the host's, and no thread's copy races
+    another's reads of it."""
+    done = _run(threaded_fuzz, *graph)
+    _ran_every_task(done, graph[1])
 
 
 @pytest.mark.parametrize("lost", [1500, 2990])
@@ -147,9 +172,11 @@ static unsigned ran;
 static void *block(void *unused) {
     (void)unused;
     pto_work work;
-    while (pto_next_work(&sched, &board, &work) == PTO_GOT_TASK) {
+    pto_u64 said[PTO_SAID_WORDS];
+    while (pto_block_next_work(&sched, &board, &work, said, 0, 1) == PTO_GOT_TASK) {
         __atomic_fetch_add(&ran, 1, __ATOMIC_RELAXED);
-        if (pto_pieces_ran(&board, &work)) pto_complete(&sched, work.slot, board.ticket[work.slot]);
+        if (pto_pieces_ran(&board, &work))
+            pto_complete(&sched, work.slot, pto_staged(&sched, work.slot, PTO_RECORD_TICKET));
     }
     return NULL;
 }
@@ -157,18 +184,13 @@ static void *block(void *unused) {
 int main(int argc, char **argv) {
     const unsigned blocks = argc > 1 ? (unsigned)atoi(argv[1]) : 1;
     const pto_u32 slots = 8, words = 8, chunks = pto_pool_chunks(slots, words);
-    const pto_extent extent = pto_layout(&sched, slots, words, chunks, NULL, NULL);
-    pto_layout(&sched, slots, words, chunks, calloc(extent.device_bytes, 1), calloc(extent.mapped_bytes, 1));
+    const pto_extent extent = pto_layout(&sched, slots, words, chunks, PTO_RECORD_HEADER, NULL, NULL);
+    pto_layout(&sched, slots, words, chunks, PTO_RECORD_HEADER, calloc(extent.device_bytes, 1),
+               calloc(extent.mapped_bytes, 1));
     pto_initial(&sched);
-    pto_u64 *ticket = calloc(slots, sizeof *ticket);
-    pto_u32 *pieces = calloc(slots, sizeof *pieces);
-    board = (pto_board){ticket, pieces, calloc(slots, 8), calloc(slots, 4), calloc(4, 8), 4, calloc(1, 4)};
+    board = (pto_board){calloc(slots, 8), calloc(slots, 4), calloc(4, 8), 4, calloc(1, 4)};
     pto_u64 next_word = 0;
-    for (pto_u64 t = 0; t < 4; ++t) {
-        ticket[t] = t;
-        pieces[t] = 1;
-        pto_host_submit(&sched, t, &next_word, NULL, 0);
-    }
+    for (pto_u64 t = 0; t < 4; ++t) pto_host_submit(&sched, t, &next_word, NULL, 0, 1, 0);
     pto_store_release32(sched.host_abort, PTO_FAULTED);
     pthread_t threads[8];
     for (unsigned b = 0; b < blocks; ++b) pthread_create(&threads[b], NULL, block, NULL);
@@ -199,29 +221,26 @@ def test_a_kernel_that_starts_after_the_host_stopped_the_run_runs_nothing(tmp_pa
 @NO_NVCC
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_protocol_compiles_for_the_gpu(arch, tmp_path):
-    """A persistent worker over the header: thread 0 of a block wires and pulls work (a task,
-    or a piece of one from the board) and completes the task after its last piece (PTX
-    acquire/release atomics, %globaltimer), the block runs it between barriers. Every
+    """A persistent worker over the header: a block stages and wires records, pulls work (a
+    task, or a piece of one from the board), runs it, and thread 0 completes the task after its
+    last piece (PTX acquire/release atomics, %globaltimer). Every
     read-modify-write is at GPU scope (only blocks touch those words; at system scope each is
     a MEMBAR.SYS), and so are the loads and stores of the ready queue's cells."""
     unit = tmp_path / "worker.cu"
     unit.write_text('''#include "persistent_protocol.h"
 __global__ void worker(pto_sched sched, pto_board board, float *out) {
-    __shared__ pto_work work;
-    __shared__ int outcome;
-    for (;;) {
-        if (threadIdx.x == 0) outcome = pto_next_work(&sched, &board, &work);
-        __syncthreads();
-        if (outcome != PTO_GOT_TASK) return;
+    __shared__ pto_u64 said[PTO_SAID_WORDS];
+    pto_work work;
+    while (pto_block_next_work(&sched, &board, &work, said, threadIdx.x, blockDim.x) == PTO_GOT_TASK) {
         for (unsigned piece = work.first; piece < work.last; ++piece)  /* the task's pieces */
             out[(work.slot * work.pieces + piece) * blockDim.x + threadIdx.x] += 1.0f;
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence_system();
-            if (pto_pieces_ran(&board, &work) && pto_complete(&sched, work.slot, board.ticket[work.slot]))
+            if (pto_pieces_ran(&board, &work) &&
+                pto_complete(&sched, work.slot, pto_staged(&sched, work.slot, PTO_RECORD_TICKET)))
                 pto_stop(&sched, PTO_FAULTED);
         }
-        __syncthreads();
     }
 }
 ''')

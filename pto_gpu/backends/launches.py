@@ -137,7 +137,8 @@ def task_words(words, args, slot, integer, double, bits):
     """A task's launch argument words from its arguments in the run's tables (slot `slot` of
     `args`), into `words`: per tensor its pointer, three sizes and three element strides
     (leading dims padded, as `template` pads them), then each scalar as its kernel takes it
-    (`integer[k]`: long long, else double). `double` is one float64 whose int64 view is `bits`."""
+    (`integer[k]`: long long, else double). `double` is one float64 whose int64 view is `bits`.
+    How many words it wrote."""
     w = 0
     for p in range(args.count[slot, 0]):
         ndim = args.desc[slot, p, D_NDIM]
@@ -157,6 +158,7 @@ def task_words(words, args, slot, integer, double, bits):
         else:
             words[w] = args.float_bits[slot, k]
         w += 1
+    return w
 
 
 class Scratch:

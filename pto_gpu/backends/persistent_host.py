@@ -3,14 +3,15 @@
 tasks with and polls.
 
 The state is two regions (pto_layout): the blocks' own words in device memory, the words the
-host writes or reads in mapped memory (host memory the GPU reaches). After the protocol's
-mapped words come the task records the blocks read beside it, per slot: the instance to run
-(its index in the kernel's module), the pieces it runs as, the ticket, and the argument words,
-and, written back, when and on which block it ran; then, per block, the ticket + 1 of the task
-it runs (0 between tasks); then the scheduler record and the records' record (PtoRecords) the
-kernel takes, their pointers the device's. Beside them in device memory, per block, the words
-of the task it runs, which the block copies there, and the board of tasks run as several
-pieces. On the emulator all of it is host memory.
+host writes or reads in mapped memory (host memory the GPU reaches). Among the protocol's
+mapped words are the task records, per slot: the protocol's header (the ticket, where its
+producers' tickets are, the pieces it runs as, its length), then the instance to run (its index
+in the kernel's module) and the argument words, which the blocks read as the wirer staged them
+in device memory. After them come, per slot, when and on which block its task ran (written
+back); per block, the ticket + 1 of the task it runs (0 between tasks); then the scheduler
+record and the records' record (PtoRecords) the kernel takes, their pointers the device's.
+Beside them in device memory, the board of tasks run as several pieces. On the emulator all of
+it is host memory.
 
 The executor publishes tasks from nogil numba (executors/persistent_issue.py), which calls the
 host's side by address (`HOST_CALLS`, `publish_at`, `look_at`).
@@ -40,6 +41,16 @@ class Shown(enum.IntEnum):  # what the blocks show the host (PTO_WIRED ...)
     LAST_DONE = 2  # the ticket + 1 of the task completed last
 
 
+class Field(enum.IntEnum):  # a task record's words: the protocol's header (PTO_RECORD_*), then the kernel's
+    TICKET = 0
+    FIRST_WORD = 1  # where its producers' tickets start in the ring
+    PRODUCERS = 2  # how many
+    PIECES = 3  # the pieces it runs as
+    LENGTH = 4  # the record's words in use
+    INSTANCE = 5  # the kernel's (PTO_RECORD_INSTANCE): its index in the module,
+    WORDS = 6  # then the argument words
+
+
 class Abort(enum.IntEnum):  # an abort word: PTO_RUNNING, or why the run stopped
     RUNNING = 0
     STUCK = 1
@@ -62,16 +73,15 @@ class Memory(Protocol):
 
 # The kernel's PtoRecords (pto_persistent_kernel.cuh): where the task records are, at the
 # device's addresses, in its field order.
-RECORDS = np.dtype([(name, np.uint64) for name in ("kernel", "ticket", "words", "words_per_task", "began",
-                                                   "ended", "ran_on", "running", "block_words", "pieces",
-                                                   "pieces_run", "board", "board_entries", "open")])
+RECORDS = np.dtype([(name, np.uint64) for name in ("began", "ended", "ran_on", "running", "pieces_run",
+                                                   "board", "board_entries", "open")])
 
 
 class Sizes(NamedTuple):
     slots: int  # task slots: tasks published and not yet seen done (a power of two)
     words: int  # the ring of producers' tickets (a power of two); also the most producers
     #             any `slots` consecutive tasks may name in all (the pool's bound)
-    words_per_task: int  # argument words a task's record holds
+    words_per_task: int  # argument words a task's record holds (past its instance)
     blocks: int  # of the kernel
     board: int  # entries of its board of tasks whose pieces blocks share
 
@@ -86,17 +96,18 @@ def _pointer(builder, value):
 
 
 @intrinsic
-def publish_at(typingctx, address, sched, ticket, next_word, producers, count):
-    """pto_persistent_publish(sched, ticket, next_word, producers, count): 0, or 1 (refused:
-    its producers are not all earlier tasks, or more than the ring of words holds)."""
+def publish_at(typingctx, address, sched, ticket, next_word, producers, count, pieces, own_words):
+    """pto_persistent_publish(sched, ticket, next_word, producers, count, pieces, own_words): 0,
+    or 1 (refused: its producers are not all earlier tasks, more than the ring of words holds,
+    or its record's words more than a record holds)."""
     def codegen(context, builder, signature, args):
         i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
-        fnty = ir.FunctionType(i32, [i8p, i64, i8p, i8p, i32])
+        fnty = ir.FunctionType(i32, [i8p, i64, i8p, i8p, i32, i32, i32])
         callee = builder.inttoptr(args[0], fnty.as_pointer())
         return builder.call(callee, [_pointer(builder, args[1]), args[2], _pointer(builder, args[3]),
-                                     _pointer(builder, args[4]), builder.trunc(args[5], i32)])
+                                     _pointer(builder, args[4]), *(builder.trunc(a, i32) for a in args[5:])])
 
-    return types.int32(*[types.int64] * 6), codegen
+    return types.int32(*[types.int64] * 8), codegen
 
 
 @intrinsic
@@ -126,7 +137,9 @@ def library() -> ctypes.CDLL:
         u32, u64, pointer = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
         for name, result, arguments in (
                 ("pto_persistent_sched_bytes", u64, ()),
-                ("pto_persistent_layout", None, (pointer, u32, u32, pointer, pointer, pointer)),
+                ("pto_persistent_layout", None, (pointer, u32, u32, u32, pointer, pointer, pointer)),
+                ("pto_persistent_records", pointer, (pointer,)),
+                ("pto_persistent_staged", pointer, (pointer,)),
                 ("pto_persistent_initial", None, (pointer,)),
                 ("pto_persistent_close", None, (pointer,)),
                 ("pto_persistent_stop", None, (pointer, u32)),
@@ -147,63 +160,65 @@ class State:
         self.sizes = sizes
         self._memory = memory
         self._lib = lib = library()
-        record = int(lib.pto_persistent_sched_bytes())
+        sched_bytes = int(lib.pto_persistent_sched_bytes())
+        record_words = Field.WORDS + sizes.words_per_task
         extent = (ctypes.c_uint64 * 2)()
 
         def laid_out(device: int | None, mapped: int | None) -> ctypes.Array:
             """A pto_sched over regions at these addresses (None: sizes only, in `extent`)."""
-            sched = ctypes.create_string_buffer(record)
-            lib.pto_persistent_layout(sched, sizes.slots, sizes.words, device, mapped, extent)
+            sched = ctypes.create_string_buffer(sched_bytes)
+            lib.pto_persistent_layout(sched, sizes.slots, sizes.words, record_words, device, mapped, extent)
             return sched
 
         laid_out(None, None)
         device_bytes, protocol_bytes = int(extent[0]), int(extent[1])
-        # The mapped region: the protocol's words, then the task records, each at 64 bytes.
+        # The mapped region: the protocol's words, then the kernel's, each at 64 bytes.
         offsets, end = {}, protocol_bytes
-        for name, count, dtype in (("kernel", sizes.slots, np.uint32), ("pieces", sizes.slots, np.uint32),
-                                   ("ticket", sizes.slots, np.uint64),
-                                   ("words", sizes.slots * sizes.words_per_task, np.int64),
-                                   ("began", sizes.slots, np.uint64), ("ended", sizes.slots, np.uint64),
+        for name, count, dtype in (("began", sizes.slots, np.uint64), ("ended", sizes.slots, np.uint64),
                                    ("ran_on", sizes.slots, np.uint64), ("running", sizes.blocks, np.uint64),
-                                   ("sched", record, np.uint8), ("records", 1, RECORDS)):
+                                   ("sched", sched_bytes, np.uint8), ("records", 1, RECORDS)):
             offsets[name] = end
             end += -(-count * np.dtype(dtype).itemsize // 64) * 64
         self._mapped, mapped_address = memory.mapped(end)
         self._device, device_address = memory.device_words(max(device_bytes, 64))
-        self._block_words, block_words = memory.device_words(sizes.blocks * sizes.words_per_task * 8)
         # The board of tasks whose pieces blocks share (pto_persistent_kernel.cuh), the count of
         # its open entries, and per slot the pieces run: zeros at each reset.
         pieces_run_bytes = -(-sizes.slots * 4 // 64) * 64
         self._shared_zeros = np.zeros(pieces_run_bytes + sizes.board * 8 + 64, np.uint8)
         self._pieces_memory, pieces_address = memory.device_words(len(self._shared_zeros))
-        device_records = {"block_words": block_words, "pieces_run": pieces_address,
-                          "board": pieces_address + pieces_run_bytes, "board_entries": sizes.board,
-                          "open": pieces_address + pieces_run_bytes + sizes.board * 8}
-        self._staging = np.zeros(max(device_bytes, 64), np.uint8)  # the device region's first state
+        board_address = pieces_address + pieces_run_bytes
+        device_records = {"pieces_run": pieces_address, "board": board_address, "board_entries": sizes.board,
+                          "open": board_address + sizes.board * 8}
         mapped = self._mapped
-        self.kernel = mapped[offsets["kernel"]:].view(np.uint32)[:sizes.slots]
-        self.pieces = mapped[offsets["pieces"]:].view(np.uint32)[:sizes.slots]
-        self.ticket = mapped[offsets["ticket"]:].view(np.uint64)[:sizes.slots]
-        self.words = mapped[offsets["words"]:].view(np.int64)[:sizes.slots * sizes.words_per_task].reshape(
-            sizes.slots, sizes.words_per_task)
+        # The host's pto_sched (it touches the mapped words only); one over the host's copy of
+        # the device region's state (its arrays before the staged records), which `reset` sets
+        # and copies in; and the kernel's, in mapped memory: the same layout at the device's
+        # addresses.
+        self._host = laid_out(device_address, mapped.ctypes.data)
+        self._state_bytes = lib.pto_persistent_staged(self._host) - device_address
+        self._staging = np.zeros(self._state_bytes, np.uint8)
+        self._first_state = laid_out(self._staging.ctypes.data, mapped.ctypes.data)
+        # the task records, the protocol's last array in the mapped region: the header the
+        # protocol writes (PTO_RECORD_*), then the instance and the argument words the executor
+        # writes (pto_persistent_kernel.cuh); reset leaves them as they are
+        records_at = lib.pto_persistent_records(self._host) - mapped.ctypes.data
+        self.records = mapped[records_at:].view(np.int64)[:sizes.slots * record_words].reshape(
+            sizes.slots, record_words)
+        self.kernel = self.records[:, Field.INSTANCE]
+        self.words = self.records[:, Field.WORDS:]
         self.running = mapped[offsets["running"]:].view(np.uint64)[:sizes.blocks]
         # when and where each slot's task ran: pto_now_ns() (the device's clock) and the block
         self.began, self.ended, self.ran_on = (mapped[offsets[name]:].view(np.uint64)[:sizes.slots]
                                                for name in ("began", "ended", "ran_on"))
-        # The host's pto_sched (it touches the mapped words only); one over the host's copy of
-        # the device region, which `reset` sets and copies in; and the kernel's, in mapped
-        # memory: the same layout at the device's addresses.
-        self._host = laid_out(device_address, mapped.ctypes.data)
-        self._staged = laid_out(self._staging.ctypes.data, mapped.ctypes.data)
-        mapped[offsets["sched"]:offsets["sched"] + record] = np.frombuffer(
+        mapped[offsets["sched"]:offsets["sched"] + sched_bytes] = np.frombuffer(
             laid_out(device_address, mapped_address).raw, np.uint8)
-        records = mapped[offsets["records"]:offsets["records"] + RECORDS.itemsize].view(RECORDS)
-        device_records["words_per_task"] = sizes.words_per_task
-        for name in RECORDS.names:
-            records[name] = device_records[name] if name in device_records else mapped_address + offsets[name]
+        kernel_records = mapped[offsets["records"]:offsets["records"] + RECORDS.itemsize].view(RECORDS)
+        in_mapped = {name: mapped_address + offsets[name] for name in ("began", "ended", "ran_on", "running")}
+        for name, value in (in_mapped | device_records).items():
+            kernel_records[name] = value
         self._pieces_address = pieces_address
         self.kernel_args = (mapped_address + offsets["sched"], mapped_address + offsets["records"])
-        self._protocol_bytes = protocol_bytes
+        self._records_at = records_at
         self._device_address = device_address
         self.calls = np.zeros(1, HOST_CALLS)
         self.calls[0] = (ctypes.addressof(self._host), *(
@@ -211,12 +226,12 @@ class State:
             for name in HOST_CALLS.names[1:]))
 
     def reset(self) -> None:
-        """The first state: no task published, every chunk free (the device region set through
-        a host copy of it, then copied there)."""
-        self._mapped[:self._protocol_bytes] = 0
+        """The first state: no task published, every chunk free (the device region's state set
+        through a host copy of it, then copied there)."""
+        self._mapped[:self._records_at] = 0
         self.running[:] = 0
         self._staging[:] = 0
-        self._lib.pto_persistent_initial(self._staged)
+        self._lib.pto_persistent_initial(self._first_state)
         self._memory.copy_in(self._device_address, self._staging)
         self._memory.copy_in(self._pieces_address, self._shared_zeros)
 

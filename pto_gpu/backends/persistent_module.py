@@ -59,9 +59,9 @@ PIECE_BYTES = 16  # the piece of its task a block runs and of how many (pto_pers
 
 def _task_bytes(codes: Sequence[CudaCode]) -> int:
     """The dynamic shared memory the instances' tiles take turns in: the most an instance's take
-    (a multiple of 16), and at least thread 0's 32 bytes of words to the block between tasks
-    (pto_persistent_kernel.cuh)."""
-    return max([32, *(code.shared_bytes for code in codes)])
+    (a multiple of 16), and at least the 64 bytes of thread 0's words to the block between
+    tasks (PTO_SAID_WORDS, persistent_protocol.h)."""
+    return max([64, *(code.shared_bytes for code in codes)])
 
 
 def shared_bytes(codes: Sequence[CudaCode]) -> int:

@@ -19,9 +19,11 @@
  *   - the host writes task `ticket`'s record (its slot is ticket % slots; the producers' tickets
  *     go into a ring of words) once the slot's previous task is done, then publishes it with a
  *     release store of `submitted`;
- *   - a block that holds the wiring lock wires the records in order (pto_wire_some): the
- *     slot's pending count starts at 1, a guard; for each producer whose slot it still holds,
- *     it writes the task into the producer's successor list (chunks of PTO_CHUNK from a pool it
+ *   - a block that holds the wiring lock copies the records published since the last it wired,
+ *     and the producers' tickets they name, into device memory (`staged`, `staged_word`), its
+ *     threads side by side (pto_stage), then wires them in order from those copies
+ *     (pto_wire_staged): the slot's pending count starts at 1, a guard; for each producer
+ *     whose slot it still holds, it writes the task into the producer's successor list (chunks of PTO_CHUNK from a pool it
  *     owns under the lock), adds 1 to pending, then publishes the entry with a fetch_add on the
  *     producer's state word, whose COMPLETED bit, where set, says the producer finished first:
  *     the 1 is taken back; then the guard is dropped. Whoever brings pending to 0 (the wirer, or
@@ -32,7 +34,11 @@
  * The ready queue is Vyukov's bounded multi-producer multi-consumer queue; it holds each slot
  * at most once, so a capacity of `slots` never fills.
  *
- * The host's words cross PCIe: a block's load of one takes a microsecond or more, and every
+ * The host's words cross PCIe: a block's load of one takes a microsecond or more. A record is
+ * read from there once, by the wirer's block with all its threads' loads in flight together (a
+ * few round trips for a batch of records, where the wirer reading each field in turn took two or
+ * three for each task and one more for each producer); the block that runs the task, and the
+ * blocks that take its pieces, read the staged copy in device memory. And every
  * idle block looking at them on every turn (thousands on an H200) flooded the link, so that
  * each task's own loads of its record took tens of microseconds (2026-11-30: 40-115 us a task,
  * the fuzz's resident blocks too slow to end). So one block at a time looks at them: the
@@ -91,8 +97,49 @@ typedef int32_t pto_i32;
 #define PTO_BETWEEN_LOADS() /* where the fuzz may stall a block (tests/persistent_fuzz.c) */
 #endif
 
+#define PTO_STAGE_LOADS 8 /* the loads of the host's memory a thread has in flight while it stages */
+#ifdef __CUDACC__
+#define PTO_UNROLL _Pragma("unroll")
+#else
+#define PTO_UNROLL
+#endif
+
 enum { PTO_RUNNING = 0, PTO_STUCK = 1, PTO_FAULTED = 2 }; /* an abort word */
-enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED, PTO_OTHER_WORK }; /* what a block's wait found */
+/* What a block's wait for work found (pto_block_next_work: the first three), and what one of
+ * thread 0's turns may find besides (pto_turn): records to stage, or nothing yet. */
+enum { PTO_GOT_TASK, PTO_ALL_DONE, PTO_ABORTED, PTO_TO_STAGE, PTO_NOTHING_YET };
+
+/* A task's record: per slot, `record_words` words (PTO_RECORD_HEADER at least) that the host
+ * writes before it publishes the task: the protocol's header (pto_host_submit writes it), then
+ * the executor's (the persistent kernel's: the instance, then the argument words). */
+enum {
+    PTO_RECORD_TICKET,     /* the task's ticket */
+    PTO_RECORD_FIRST_WORD, /* where its producers' tickets start in `word` */
+    PTO_RECORD_PRODUCERS,  /* how many */
+    PTO_RECORD_PIECES,     /* the pieces it runs as */
+    PTO_RECORD_LENGTH,     /* the record's words in use, the header's included (the wirer stages
+                              the header and the words up to this) */
+    PTO_RECORD_HEADER
+};
+
+/* The words a block's thread 0 tells its threads in the block's shared memory (`said`). */
+enum {
+    PTO_SAID_OUTCOME,                                              /* what the turn found */
+    PTO_SAID_SLOT, PTO_SAID_FIRST, PTO_SAID_LAST, PTO_SAID_PIECES, /* the work (pto_work) */
+    PTO_SAID_FROM, PTO_SAID_COUNT,                                 /* the records to stage */
+    PTO_SAID_WORDS
+};
+
+/* A barrier of a block's threads: a GPU's, and the persistent kernel's host build's (pto_isa.cuh's
+ * fibers); a block of one thread has none to wait for (the C11 fuzz defines its own where its
+ * blocks are several threads). */
+#ifndef PTO_BLOCK_SYNC
+#if defined(__CUDACC__) || defined(PTO_HOST_THREADS)
+#define PTO_BLOCK_SYNC() __syncthreads()
+#else
+#define PTO_BLOCK_SYNC() ((void)0)
+#endif
+#endif
 
 /* The blocks' counters: device words that only blocks touch (read-modify-writes, which must
  * not meet the host's accesses on one word, and are cheapest in device memory). */
@@ -120,20 +167,22 @@ enum {
 
 /* The scheduler's state: arrays in one allocation that the host and the blocks share. */
 typedef struct {
-    pto_u32 slots, words, chunks; /* task slots, producer words, successor chunks (slots and
+    pto_u32 slots, words, chunks, /* task slots, producer words, successor chunks (slots and
                                      words powers of two) */
+        record_words;             /* a task record's words */
     /* written by the host, read by the blocks */
     pto_u64 *submitted;           /* records published (tickets below it) */
     pto_u32 *closed;              /* 1 once the host has published its last record */
     pto_u32 *host_abort;          /* PTO_RUNNING, or why the host stopped the run */
-    pto_u64 *first_word;          /* per slot: where its producers' tickets start in `word` */
-    pto_u32 *producer_count;      /* per slot: how many */
+    pto_u64 *record;              /* per slot: its task's record (PTO_RECORD_TICKET ...) */
     pto_u64 *word;                /* the ring of producers' tickets */
     /* written by the blocks, read by the host */
     pto_u64 *done;                /* per slot: the ticket of the task that last finished in it */
     pto_u64 *shown;               /* PTO_WIRED ... PTO_LAST_DONE */
     pto_u32 *device_abort;        /* PTO_RUNNING, or why a block stopped the run */
     /* the blocks' own */
+    pto_u64 *staged;              /* per slot: its record as the wirer copied it */
+    pto_u64 *staged_word;         /* the ring of producers' tickets as the wirer copied them */
     pto_u64 *counters;            /* PTO_ENQUEUED ... PTO_FINISHED */
     pto_u32 *wiring;              /* the wiring lock: 1 while a block wires */
     pto_u32 *state;               /* per slot: PTO_COMPLETED | successors published */
@@ -392,28 +441,129 @@ PTO_FN pto_u64 pto_look_at_host(pto_sched *s) {
     return published;
 }
 
-/* Wire the published records after the last wired, at most `budget` of them, if no other block
- * is, looking at the host's words first; where none is left to wire, only if none has looked
- * for PTO_LOOK_NS. 0, or 1 on an error (an empty chunk pool, a full queue), which stops the
- * run. */
-PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
+/* A task's field (PTO_RECORD_TICKET ...) as the wirer staged it. */
+PTO_FN pto_u64 pto_staged(const pto_sched *s, pto_u32 slot, pto_u32 field) {
+    return s->staged[(pto_u64)slot * s->record_words + field];
+}
+
+/* Take the wiring lock for the records published after the last wired, at most `budget` of them,
+ * if no other block holds it, looking at the host's words first; where none is left to wire, only
+ * if none has looked for PTO_LOOK_NS. How many, from ticket *from, the caller holding the lock
+ * for its block to stage them (pto_stage) and then to wire them (pto_wire_staged); or 0, the
+ * lock not held. */
+PTO_FN pto_u32 pto_wire_claim(pto_sched *s, pto_u32 budget, pto_u64 *from) {
     if (pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]) ==
             pto_block_load_acquire64(&s->counters[PTO_PUBLISHED]) &&
         pto_now_ns() - pto_block_load_relaxed64(&s->counters[PTO_LOOKED_AT]) < PTO_LOOK_NS)
         return 0;
     if (pto_block_load_acquire32(s->wiring) != 0 || !pto_cas32(s->wiring, 0, 1)) return 0;
     const pto_u64 published = pto_look_at_host(s);
-    if (pto_stopped(s) != PTO_RUNNING) { /* nothing more made ready: the host may have moved on */
+    /* under the lock: current */
+    const pto_u64 wired = pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]);
+    /* a stopped run: nothing more made ready (the host may have moved on) */
+    if (pto_stopped(s) != PTO_RUNNING || published == wired) {
         pto_block_store_release32(s->wiring, 0);
         return 0;
     }
-    /* under the lock: current */
-    const pto_u64 wired = pto_block_load_acquire64(&s->counters[PTO_WIRED_SEEN]);
-    pto_u64 ticket = wired;
+    *from = wired;
+    return published - wired < budget ? (pto_u32)(published - wired) : budget;
+}
+
+/* A word to stage: where it comes from, in the host's memory, and where it goes (`from` 0: none). */
+typedef struct {
+    const pto_u64 *from;
+    pto_u64 *to;
+} pto_copy;
+
+/* The producers' tickets that the staged records of tickets [from, from + count) name: where
+ * they start in the ring and how many (contiguous: the host gives each task the words after the
+ * last's; kept within the ring, as every bound the host gives). */
+typedef struct {
+    pto_u64 begin, words;
+} pto_span;
+
+PTO_FN pto_span pto_named_words(const pto_sched *s, pto_u64 from, pto_u32 count) {
+    const pto_u64 mask = s->slots - 1;
+    const pto_u32 first = (pto_u32)(from & mask), last = (pto_u32)((from + count - 1) & mask);
+    const pto_u64 begin = pto_staged(s, first, PTO_RECORD_FIRST_WORD),
+                  end = pto_staged(s, last, PTO_RECORD_FIRST_WORD) + pto_staged(s, last, PTO_RECORD_PRODUCERS);
+    const pto_span span = {begin, end - begin < s->words ? end - begin : s->words};
+    return span;
+}
+
+/* The words to stage for records [from, from + count): in phase 0 their headers; in phase 1
+ * the producers' tickets they name (`named`), then the rest of each record, word by word
+ * across the records, so that the words in use (each record's first) come first. */
+PTO_FN pto_u64 pto_stage_words(const pto_sched *s, pto_u32 count, int phase, pto_span named) {
+    return phase == 0 ? (pto_u64)count * PTO_RECORD_HEADER
+                      : named.words + (pto_u64)count * (s->record_words - PTO_RECORD_HEADER);
+}
+
+/* Word `i` of that phase: where from and where to; none where it is past its record's length. */
+PTO_FN pto_copy pto_stage_word(const pto_sched *s, pto_u64 from, pto_u32 count, int phase, pto_span named,
+                               pto_u64 i) {
+    const pto_u64 mask = s->slots - 1, width = s->record_words;
+    pto_copy copy = {0, 0};
+    if (phase == 0) {
+        const pto_u64 at = ((from + i / PTO_RECORD_HEADER) & mask) * width + i % PTO_RECORD_HEADER;
+        copy.from = &s->record[at];
+        copy.to = &s->staged[at];
+    } else if (i < named.words) {
+        const pto_u64 at = (named.begin + i) & (s->words - 1);
+        copy.from = &s->word[at];
+        copy.to = &s->staged_word[at];
+    } else {
+        const pto_u64 slot = (from + (i - named.words) % count) & mask,
+                      word = PTO_RECORD_HEADER + (i - named.words) / count;
+        if (word < pto_staged(s, (pto_u32)slot, PTO_RECORD_LENGTH)) {
+            copy.from = &s->record[slot * width + word];
+            copy.to = &s->staged[slot * width + word];
+        }
+    }
+    return copy;
+}
+
+/* The block's staging of the records of tickets [from, from + count), the caller's thread
+ * `thread` of `threads`: in each phase (pto_stage_words) every threads-th word, PTO_STAGE_LOADS
+ * of its loads of the host's memory in flight together, so that the block's loads cross PCIe
+ * side by side. Every thread of the block calls it; a barrier ends each phase. */
+PTO_FN void pto_stage(pto_sched *s, pto_u64 from, pto_u32 count, pto_u32 thread, pto_u32 threads) {
+    pto_span named = {0, 0};
+    for (int phase = 0; phase < 2; ++phase) {
+        if (phase == 1) named = pto_named_words(s, from, count); /* from the headers staged */
+        const pto_u64 words = pto_stage_words(s, count, phase, named);
+        for (pto_u64 base = thread; base < words; base += (pto_u64)threads * PTO_STAGE_LOADS) {
+            pto_copy copy[PTO_STAGE_LOADS];
+            pto_u64 value[PTO_STAGE_LOADS];
+            PTO_UNROLL
+            for (pto_u32 k = 0; k < PTO_STAGE_LOADS; ++k) {
+                const pto_u64 i = base + (pto_u64)k * threads;
+                const pto_copy none = {0, 0};
+                copy[k] = i < words ? pto_stage_word(s, from, count, phase, named, i) : none;
+            }
+            PTO_UNROLL
+            for (pto_u32 k = 0; k < PTO_STAGE_LOADS; ++k)
+                if (copy[k].from) value[k] = *copy[k].from;
+            PTO_UNROLL
+            for (pto_u32 k = 0; k < PTO_STAGE_LOADS; ++k)
+                if (copy[k].from) *copy[k].to = value[k];
+        }
+        PTO_BLOCK_SYNC();
+    }
+}
+
+/* Wire the staged records of tickets [from, from + count), the wiring lock's holder, then let
+ * the lock go: 0, or 1 on an error (an empty chunk pool, a full queue, a record staged for
+ * another ticket), which stops the run. */
+PTO_FN int pto_wire_staged(pto_sched *s, pto_u64 from, pto_u32 count) {
+    pto_u64 ticket = from, words_read = 0;
     int failed = 0, read = 0;
-    pto_u64 words_read = 0;
-    for (; ticket < published && budget > 0 && !failed; ++ticket, --budget) {
+    for (; ticket < from + count && !failed; ++ticket) {
         const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
+        if (pto_staged(s, slot, PTO_RECORD_TICKET) != ticket) {
+            failed = 1;
+            break;
+        }
         if (ticket >= s->slots) pto_retire(s, slot);  /* the host saw its task done */
         const pto_u32 chunk = pto_take_chunk(s);
         if (chunk == PTO_NO_CHUNK) {
@@ -424,30 +574,33 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
         s->successor_count[slot] = 0;
         s->pending[slot] = 1;
         s->state[slot] = 0;
-        const pto_u64 first = s->first_word[slot];
-        const pto_u32 count = s->producer_count[slot];
-        for (pto_u32 i = 0; i < count && !failed; ++i) {
-            const pto_u64 producer = s->word[(first + i) & (s->words - 1)];
+        const pto_u64 first = pto_staged(s, slot, PTO_RECORD_FIRST_WORD);
+        const pto_u32 producers = (pto_u32)pto_staged(s, slot, PTO_RECORD_PRODUCERS);
+        for (pto_u32 i = 0; i < producers && !failed; ++i) {
+            const pto_u64 producer = s->staged_word[(first + i) & (s->words - 1)];
             if (producer + s->slots > ticket)  /* its slot still holds it */
                 failed = pto_link(s, (pto_u32)(producer & (s->slots - 1)), slot);
         }
-        words_read = first + count;
+        words_read = first + producers;
         read = 1;
         if (!failed && pto_pending_add(s, slot, -1) == 1) failed = pto_ready_push(s, slot);
     }
-    /* once a turn: each system-scope release is a MEMBAR.SYS on the GPU */
+    /* once a batch: each system-scope release is a MEMBAR.SYS on the GPU */
     if (read) pto_store_release64(&s->shown[PTO_WORDS_READ], words_read);
-    if (ticket != wired) {
+    if (ticket != from) {
         pto_store_release64(&s->shown[PTO_WIRED], ticket);
         pto_block_store_release64(&s->counters[PTO_WIRED_SEEN], ticket);
     }
+    /* the look counted from now: staging takes longer than PTO_LOOK_NS, and the block is to pop
+     * what it wired before it looks again (unless more was published than it took) */
+    pto_block_store_release64(&s->counters[PTO_LOOKED_AT], pto_now_ns());
     pto_block_store_release32(s->wiring, 0);
     return failed;
 }
 
 /* --- a block's side -------------------------------------------------------------------------- */
-/* Pieces. A task runs as `pieces[slot]` pieces (the blocks of its stream launch's grid: piece p
- * runs its code as block p of that many), each on one block. The block that pops a task of
+/* Pieces. A task runs as its record's PTO_RECORD_PIECES pieces (the blocks of its stream
+ * launch's grid: piece p runs its code as block p of that many), each on one block. The block that pops a task of
  * several runs piece 0 and puts the task on the board, where blocks waiting for work take its
  * other pieces one at a time; where the board is full, the popper runs them all. The block
  * whose pieces bring the count run to the total completes the task (pto_pieces_ran). A board
@@ -456,8 +609,6 @@ PTO_FN int pto_wire_some(pto_sched *s, pto_u32 budget) {
  * piece not taken. An entry's task cannot complete while it has a piece not taken, so its slot
  * holds it wherever a block's swap of the entry succeeds. */
 typedef struct {
-    const pto_u64 *ticket;  /* per slot: its task's (host-written with the record) */
-    const pto_u32 *pieces;  /* per slot: the pieces its task runs as (host-written) */
     pto_u64 *began;         /* per slot: pto_now_ns() when a block popped its task */
     pto_u32 *pieces_run;    /* per slot: pieces of its task run so far */
     pto_u64 *board;         /* `entries` of them */
@@ -511,57 +662,91 @@ PTO_FN int pto_post_pieces(const pto_board *b, pto_u32 slot, pto_u64 ticket, pto
     return 0;
 }
 
-/* One wait for a ready task, wiring what the host has published meanwhile: PTO_GOT_TASK (in
- * *slot), PTO_ALL_DONE once the host has closed and every task it published has finished,
- * PTO_ABORTED where the run was stopped (by the host, another block, or this one: a task left
- * unfinished and no progress for PTO_PATIENCE_NS; or a wiring error: PTO_FAULTED), or
- * PTO_OTHER_WORK where a turn found no ready task and a piece open on the board. */
-PTO_FN int pto_wait_ready(pto_sched *s, const pto_board *b, pto_u32 *slot, pto_patience *patience) {
-    for (pto_u32 spins = 0;; ++spins) {
-        if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
-        if (pto_wire_some(s, 64)) {
-            pto_stop(s, PTO_FAULTED);
-            return PTO_ABORTED;
-        }
-        /* again: this block's look may have found the run stopped (a kernel that starts after
-         * the host gave up on it runs nothing: its tasks' memory may be another run's now) */
-        if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
-        if (pto_ready_pop(s, slot)) return PTO_GOT_TASK;
-        /* PTO_CLOSED first, as pto_look_at_host reads the host's words */
-        const int closed = pto_block_load_acquire64(&s->counters[PTO_CLOSED]) != 0;
-        PTO_BETWEEN_LOADS();
-        const pto_u64 published = pto_block_load_acquire64(&s->counters[PTO_PUBLISHED]);
-        const pto_u64 finished = pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
-        if (closed && finished == published) return PTO_ALL_DONE;
-        if (pto_out_of_patience(s, patience, finished == published)) {
-            pto_stop(s, PTO_STUCK);
-            return PTO_ABORTED;
-        }
-        if (pto_block_load_acquire32(b->open) != 0) return PTO_OTHER_WORK;
-        pto_pause(spins);
+/* Thread 0's turn of its block's wait for work (pto_block_next_work): PTO_GOT_TASK (in *w: a
+ * piece of a task on the board, else a ready task, its piece 0, the task put on the board if it
+ * has more, all its pieces where the board is full); PTO_TO_STAGE, holding the wiring lock for
+ * *count records from ticket *from; PTO_ALL_DONE once the host has closed and every task it
+ * published has finished; PTO_ABORTED where the run was stopped (by the host, another block, or
+ * this one: a task left unfinished and no progress for PTO_PATIENCE_NS); or PTO_NOTHING_YET,
+ * after a pause. */
+PTO_FN int pto_turn(pto_sched *s, const pto_board *b, pto_work *w, pto_patience *patience, pto_u32 spins,
+                    pto_u64 *from, pto_u32 *count) {
+    if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
+    if (pto_take_piece(s, b, w)) return PTO_GOT_TASK;
+    if ((*count = pto_wire_claim(s, 64, from)) != 0) return PTO_TO_STAGE;
+    /* again: this block's look may have found the run stopped (a kernel that starts after the
+     * host gave up on it runs nothing: its tasks' memory may be another run's now) */
+    if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
+    if (pto_ready_pop(s, &w->slot)) {
+        const pto_u32 listed = (pto_u32)pto_staged(s, w->slot, PTO_RECORD_PIECES);
+        const pto_u32 pieces = listed > 0 ? listed : 1;
+        b->began[w->slot] = pto_now_ns(); /* before the board shows the task */
+        w->first = 0;
+        w->last = pieces > 1 && pto_post_pieces(b, w->slot, pto_staged(s, w->slot, PTO_RECORD_TICKET), pieces)
+                      ? 1 : pieces;
+        w->pieces = pieces;
+        return PTO_GOT_TASK;
     }
+    /* PTO_CLOSED first, as pto_look_at_host reads the host's words */
+    const int closed = pto_block_load_acquire64(&s->counters[PTO_CLOSED]) != 0;
+    PTO_BETWEEN_LOADS();
+    const pto_u64 published = pto_block_load_acquire64(&s->counters[PTO_PUBLISHED]);
+    const pto_u64 finished = pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
+    if (closed && finished == published) return PTO_ALL_DONE;
+    if (pto_out_of_patience(s, patience, finished == published)) {
+        pto_stop(s, PTO_STUCK);
+        return PTO_ABORTED;
+    }
+    pto_pause(spins);
+    return PTO_NOTHING_YET;
 }
 
-/* Wait for work: a piece of a task on the board, else a ready task (its piece 0, the task put
- * on the board if it has more; all its pieces where the board is full). PTO_GOT_TASK (in *w),
- * PTO_ALL_DONE or PTO_ABORTED as pto_wait_ready says, over one patience however many turns
- * find a piece open and another block takes it first. */
-PTO_FN int pto_next_work(pto_sched *s, const pto_board *b, pto_work *w) {
-    pto_patience patience = pto_patience_now(s);
-    for (pto_u32 spins = 0;; ++spins) {
-        if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
-        if (pto_take_piece(s, b, w)) return PTO_GOT_TASK;
-        const int found = pto_wait_ready(s, b, &w->slot, &patience);
-        if (found == PTO_GOT_TASK) {
-            const pto_u32 listed = b->pieces[w->slot], pieces = listed > 0 ? listed : 1;
-            b->began[w->slot] = pto_now_ns(); /* before the board shows the task */
-            w->first = 0;
-            w->last = pieces > 1 && pto_post_pieces(b, w->slot, b->ticket[w->slot], pieces) ? 1 : pieces;
-            w->pieces = pieces;
-            return PTO_GOT_TASK;
+/* Wait for work, the block's threads together: each calls it (the caller is thread `thread` of
+ * `threads`; `said`, PTO_SAID_WORDS words of the block's shared memory). Thread 0 takes turns
+ * (pto_turn) alone until one finds something, and tells the others what: records to stage,
+ * which the block stages together (pto_stage) and thread 0 then wires, or the outcome.
+ * PTO_GOT_TASK (in *w, for every thread), PTO_ALL_DONE or PTO_ABORTED as pto_turn says, over one
+ * patience however many turns it takes. The threads read `said` until they return: they must
+ * meet at a barrier before the block calls it again (where thread 0 writes it), as a task's run
+ * has them do. */
+PTO_FN int pto_block_next_work(pto_sched *s, const pto_board *b, pto_work *w, pto_u64 *said, pto_u32 thread,
+                               pto_u32 threads) {
+    pto_patience patience = {0, 0};
+    pto_u32 spins = 0;
+    if (thread == 0) patience = pto_patience_now(s);
+    for (;;) {
+        if (thread == 0) {
+            pto_u64 from = 0;
+            pto_u32 count = 0;
+            const pto_work none = {0, 0, 0, 0};
+            int found;
+            do { /* an idle block's turns cost its other threads no barrier */
+                *w = none;
+                found = pto_turn(s, b, w, &patience, spins++, &from, &count);
+            } while (found == PTO_NOTHING_YET);
+            said[PTO_SAID_OUTCOME] = (pto_u64)found;
+            said[PTO_SAID_SLOT] = w->slot;
+            said[PTO_SAID_FIRST] = w->first;
+            said[PTO_SAID_LAST] = w->last;
+            said[PTO_SAID_PIECES] = w->pieces;
+            said[PTO_SAID_FROM] = from;
+            said[PTO_SAID_COUNT] = count;
         }
-        if (found != PTO_OTHER_WORK) return found;
-        pto_pause(spins);
+        PTO_BLOCK_SYNC();
+        const int found = (int)said[PTO_SAID_OUTCOME];
+        if (found == PTO_TO_STAGE) { /* pto_stage's barriers come after every thread's reads */
+            const pto_u64 from = said[PTO_SAID_FROM];
+            const pto_u32 count = (pto_u32)said[PTO_SAID_COUNT];
+            pto_stage(s, from, count, thread, threads);
+            if (thread == 0 && pto_wire_staged(s, from, count)) pto_stop(s, PTO_FAULTED);
+            spins = 0;
+            continue;
+        }
+        w->slot = (pto_u32)said[PTO_SAID_SLOT];
+        w->first = (pto_u32)said[PTO_SAID_FIRST];
+        w->last = (pto_u32)said[PTO_SAID_LAST];
+        w->pieces = (pto_u32)said[PTO_SAID_PIECES];
+        return found;
     }
 }
 
@@ -611,21 +796,22 @@ PTO_FN void *pto_carve(char *base, pto_u64 *used, pto_u64 count, pto_u64 size) {
     return at;
 }
 
-PTO_FN pto_extent pto_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32 chunks, char *device,
-                             char *mapped) {
+PTO_FN pto_extent pto_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32 chunks, pto_u32 record_words,
+                             char *device, char *mapped) {
     pto_extent e = {0, 0};
     s->slots = slots;
     s->words = words;
     s->chunks = chunks;
+    s->record_words = record_words;
     s->submitted = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u64));
     s->closed = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u32));
     s->host_abort = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u32));
-    s->first_word = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u64));
-    s->producer_count = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u32));
     s->word = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, words, sizeof(pto_u64));
     s->done = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, slots, sizeof(pto_u64));
     s->shown = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, PTO_SHOWN, sizeof(pto_u64));
     s->device_abort = (pto_u32 *)pto_carve(mapped, &e.mapped_bytes, 1, sizeof(pto_u32));
+    /* last, what a run's first state leaves as it is (pto_initial) */
+    s->record = (pto_u64 *)pto_carve(mapped, &e.mapped_bytes, (pto_u64)slots * record_words, sizeof(pto_u64));
     s->counters = (pto_u64 *)pto_carve(device, &e.device_bytes, PTO_COUNTERS, sizeof(pto_u64));
     s->wiring = (pto_u32 *)pto_carve(device, &e.device_bytes, 1, sizeof(pto_u32));
     s->state = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
@@ -639,12 +825,17 @@ PTO_FN pto_extent pto_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32
     s->last_chunk = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
     s->free_chunk_next = (pto_u32 *)pto_carve(device, &e.device_bytes, chunks, sizeof(pto_u32));
     s->free_chunk_first = (pto_u32 *)pto_carve(device, &e.device_bytes, 1, sizeof(pto_u32));
+    /* last, what a run's first state leaves as it is (pto_initial) */
+    s->staged = (pto_u64 *)pto_carve(device, &e.device_bytes, (pto_u64)slots * record_words, sizeof(pto_u64));
+    s->staged_word = (pto_u64 *)pto_carve(device, &e.device_bytes, words, sizeof(pto_u64));
     return e;
 }
 
 /* A run's first state, written through `s` into zeroed regions (the host's view of both: on a
  * GPU, of a copy of the device region that the host then copies there): every cell of the
- * ready queue free, no task done in any slot, every chunk in the pool. */
+ * ready queue free, no task done in any slot, every chunk in the pool. The records and their
+ * staged copies, each region's last arrays, need none (each word is written before it is read):
+ * only the bytes before them need be zeroed. */
 PTO_FN void pto_initial(pto_sched *s) {
     for (pto_u32 i = 0; i < s->slots; ++i) {
         s->cell_sequence[i] = i;
@@ -696,14 +887,15 @@ PTO_FN int pto_host_wait_done(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
     return 0;
 }
 
-/* Publish task `ticket` (the next one) with its producers' tickets (each below `ticket`):
+/* Publish task `ticket` (the next one) with its producers' tickets (each below `ticket`), run as
+ * `pieces`, its record's words past the header (the caller's, written) `own_words` of them:
  * waits for its slot's previous task and for room in the ring of words. 0, or 1 where a wait
- * failed (pto_host_wait_done), or where the ring cannot hold `count` words or a producer is
- * not an earlier task (both stop the run: PTO_FAULTED). */
+ * failed (pto_host_wait_done), or where the ring cannot hold `count` words, a producer is not an
+ * earlier task or the record not `own_words` (each stops the run: PTO_FAULTED). */
 PTO_FN int pto_host_submit(pto_sched *s, pto_u64 ticket, pto_u64 *next_word, const pto_u64 *producers,
-                           pto_u32 count) {
+                           pto_u32 count, pto_u32 pieces, pto_u32 own_words) {
     const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
-    int refused = count > s->words;
+    int refused = count > s->words || (pto_u64)PTO_RECORD_HEADER + own_words > s->record_words;
     for (pto_u32 i = 0; i < count && !refused; ++i) refused = producers[i] >= ticket;
     if (refused) {
         pto_store_release32(s->host_abort, PTO_FAULTED);
@@ -717,8 +909,12 @@ PTO_FN int pto_host_submit(pto_sched *s, pto_u64 ticket, pto_u64 *next_word, con
         pto_pause(spins);
     }
     for (pto_u32 i = 0; i < count; ++i) s->word[(*next_word + i) & (s->words - 1)] = producers[i];
-    s->first_word[slot] = *next_word;
-    s->producer_count[slot] = count;
+    pto_u64 *record = &s->record[(pto_u64)slot * s->record_words];
+    record[PTO_RECORD_TICKET] = ticket;
+    record[PTO_RECORD_FIRST_WORD] = *next_word;
+    record[PTO_RECORD_PRODUCERS] = count;
+    record[PTO_RECORD_PIECES] = pieces;
+    record[PTO_RECORD_LENGTH] = PTO_RECORD_HEADER + own_words;
     *next_word += count;
     pto_store_release64(s->submitted, ticket + 1);
     return 0;

@@ -31,10 +31,11 @@
 // on several blocks side by side, or one after another on one (the protocol's board).
 //
 // Thread 0 of a block speaks for it in the protocol (persistent_protocol.h): it takes work (a
-// task, or a piece of one: pto_next_work), the block copies the task's words into its own
-// device memory, the block's threads run it, then thread 0 makes the block's writes visible at
-// system scope (__threadfence_system) and, for the task's last piece, completes it; barriers
-// between each step. Per block,
+// task, or a piece of one) for the block (pto_block_next_work, where the block's threads also
+// copy the records the host has published into device memory when it is their turn to wire),
+// the block's threads run it from its staged record, then thread 0 makes the block's writes
+// visible at system scope (__threadfence_system) and, for the task's last piece, completes it;
+// barriers between each step. Per block,
 // `running[block]` is the ticket + 1 of the task it runs (0 between tasks): what the host
 // names when the kernel dies in a fault.
 #ifndef PTO_PERSISTENT_CUH

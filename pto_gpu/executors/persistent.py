@@ -332,7 +332,8 @@ class PersistentExecutor:
             integer = np.zeros(MAX_SCALARS, np.int64)
             integer[:len(instance.template.integer_scalars)] = instance.template.integer_scalars
             learn(t, self._core[1], self._args, task.id, index, pieces, integer)
-        while (status := publish(t, task.id, task.kernel.id, index, pieces, first_call)) == NEEDS_WAIT:
+        while (status := publish(t, task.id, task.kernel.id, index, pieces, len(words),
+                                 first_call)) == NEEDS_WAIT:
             self._wait_done(int(run["wait"]), "room for its producers' words")
         if status:
             self._refused(task, status)
@@ -341,7 +342,8 @@ class PersistentExecutor:
         run = self._run[0]
         if status == REFUSED:
             raise PTOError(f"the persistent scheduler refused task {task.id}: its producers are not all "
-                           f"earlier tasks, or more than its ring of {int(run['ring'])} words holds")
+                           f"earlier tasks, more than its ring of {int(run['ring'])} words holds, or its "
+                           f"argument words more than a record's {MAX_WORDS}")
         raise InvariantError(f"task {task.id}: the slot of ticket {int(run['next'])} holds ticket "
                              f"{int(run['next']) - self._slots}, in flight")
 
@@ -382,8 +384,7 @@ class PersistentExecutor:
                 learnt=self._learnt.entries, kernel_info=self._kernel_info,
                 key=np.zeros_like(self._learnt.keys[0]), double=double, bits=double.view(np.int64),
                 ready=self._scheduler.ready_scratch(), calls=state.calls, kernel=state.kernel,
-                pieces=state.pieces, ticket=state.ticket, words=state.words, began=state.began,
-                ended=state.ended, ran_on=state.ran_on)
+                words=state.words, began=state.began, ended=state.ended, ran_on=state.ran_on)
         return self._t
 
     def _launch(self) -> None:

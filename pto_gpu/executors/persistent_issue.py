@@ -113,9 +113,7 @@ class Tables(NamedTuple):
     ready: np.ndarray  # the core's completion scratch
     calls: np.ndarray  # the state's HOST_CALLS
     kernel: np.ndarray  # the state's task records, per slot: the instance's index
-    pieces: np.ndarray  # ... the pieces it runs as
-    ticket: np.ndarray
-    words: np.ndarray  # (slots, words a task)
+    words: np.ndarray  # ... and the argument words (slots, words a task)
     began: np.ndarray  # what the blocks write back
     ended: np.ndarray
     ran_on: np.ndarray
@@ -206,10 +204,11 @@ def slot_free(t):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _publish(t, task_id, kernel, index, pieces, first_call):
+def _publish(t, task_id, kernel, index, pieces, words, first_call):
     """Publish the task (of kernel id `kernel`; the module's instance `index`, run as `pieces`;
-    its words in its slot's record) behind the gathered tickets: 0, NEEDS_WAIT (run.wait: the
-    producer whose end makes room for the words they take), REFUSED or SLOT_TAKEN."""
+    its `words` argument words in its slot's record) behind the gathered tickets: 0, NEEDS_WAIT
+    (run.wait: the producer whose end makes room for the words they take), REFUSED or
+    SLOT_TAKEN."""
     r = t.run[0]
     c = t.calls[0]
     slots = len(t.flights)
@@ -226,9 +225,8 @@ def _publish(t, task_id, kernel, index, pieces, first_call):
         r.wait = np.int64(t.tickets[0])
         return NEEDS_WAIT
     t.kernel[slot] = index
-    t.pieces[slot] = pieces
-    t.ticket[slot] = ticket
-    if publish_at(c.publish, c.sched, ticket, t.run.ctypes.data + _NEXT_WORD, t.tickets.ctypes.data, r.count):
+    if publish_at(c.publish, c.sched, ticket, t.run.ctypes.data + _NEXT_WORD, t.tickets.ctypes.data, r.count,
+                  pieces, 1 + words):  # the instance, then the words
         return REFUSED
     r.named = named + r.count
     flight = t.flights[slot]
@@ -250,9 +248,9 @@ _NEXT_WORD = RUN.fields["next_word"][1]  # the field's offset: the protocol adva
 
 
 @njit(cache=True, _nrt=False)
-def publish(t, task_id, kernel, index, pieces, first_call):
+def publish(t, task_id, kernel, index, pieces, words, first_call):
     """`_publish` from Python: the task's producers gathered, its words written."""
-    return _publish(t, task_id, kernel, index, pieces, first_call)
+    return _publish(t, task_id, kernel, index, pieces, words, first_call)
 
 
 @njit(cache=True, _nrt=False, nogil=True)
@@ -302,11 +300,13 @@ def _from_tables(t, tasks, args, task_id):
     entry = t.learnt[found]
     if not slot_free(t):
         return SLOT_TAKEN
+    words = 0
     if entry.index != NO_WORK:
         if 0 <= r.launched <= entry.index:
             return NEEDS_PYTHON
-        task_words(t.words[r.next & (len(t.flights) - 1)], args, slot, entry.integer, t.double, t.bits)
-    return _publish(t, task_id, tasks[slot].kernel, entry.index, entry.pieces, 0)
+        record_words = t.words[r.next & (len(t.flights) - 1)]
+        words = task_words(record_words, args, slot, entry.integer, t.double, t.bits)
+    return _publish(t, task_id, tasks[slot].kernel, entry.index, entry.pieces, words, 0)
 
 
 @njit(cache=True, _nrt=False, nogil=True)
