@@ -21,10 +21,11 @@
  * finished, from its record as the host wrote it (its ticket, pieces and a random number of
  * words of the executor's, staged by the wirer); the run ends with all of them finished. With
  * LOSE = t (-1: none), the block that runs task t never completes it: the run must then stop
- * as stuck, and the host names the unfinished tasks and what each waits for. With PAUSE_AT, the host sleeps PAUSE_MS before publishing that task
- * (a slow orchestration is not a deadlock). Built with -DFUZZ_STALL_US=n, a block stalls n
- * microseconds between its loads of `closed` and `submitted` (PTO_BETWEEN_LOADS), where a task
- * the host publishes and closes on meanwhile must not be missed. Prints "ok ..." or
+ * as stuck, and the host names the unfinished tasks and what each waits for. With PAUSE_AT,
+ * the host sleeps PAUSE_MS before publishing that task (a slow orchestration is not a
+ * deadlock). Built with -DFUZZ_STALL_US=n, a block stalls n microseconds between its loads of
+ * `closed` and `submitted` (PTO_BETWEEN_LOADS), where a task the host publishes and closes on
+ * meanwhile must not be missed. Prints "ok ..." or
  * "stuck ..." and exits 0, or prints what went wrong and exits 1.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -135,7 +136,8 @@ static pto_u64 said[FUZZ_MAX_BLOCKS][PTO_SAID_WORDS]; /* each block's shared wor
 
 /* Thread `at` % FUZZ_BLOCK_THREADS of block `at` / FUZZ_BLOCK_THREADS. */
 static void *block(void *at) {
-    const pto_u32 block = (pto_u32)(size_t)at / FUZZ_BLOCK_THREADS, thread = (pto_u32)(size_t)at % FUZZ_BLOCK_THREADS;
+    const pto_u32 index = (pto_u32)(size_t)at, block = index / FUZZ_BLOCK_THREADS,
+                  thread = index % FUZZ_BLOCK_THREADS;
 #if FUZZ_BLOCK_THREADS > 1
     block_barrier = &barriers[block];
 #endif
@@ -186,7 +188,8 @@ int main(int argc, char **argv) {
         own_words[task] = rand() % (FUZZ_OWN_WORDS + 1);
     }
     world.board = (pto_board){blocks_words(slots, sizeof(pto_u64)), blocks_words(slots, sizeof(pto_u32)),
-                              blocks_words(FUZZ_BOARD, sizeof(pto_u64)), FUZZ_BOARD, blocks_words(1, sizeof(pto_u32))};
+                              blocks_words(FUZZ_BOARD, sizeof(pto_u64)), FUZZ_BOARD,
+                              blocks_words(1, sizeof(pto_u32))};
     world.fanin = fanin;
     world.lose = lose;
     world.producers = for_blocks(producers, (size_t)tasks * fanin * sizeof(long));
@@ -202,7 +205,8 @@ int main(int argc, char **argv) {
     pthread_t threads[FUZZ_MAX_BLOCKS * FUZZ_BLOCK_THREADS];
     if (blocks > FUZZ_MAX_BLOCKS) return 2;
     for (pto_u32 b = 0; b < blocks; ++b) pthread_barrier_init(&barriers[b], NULL, FUZZ_BLOCK_THREADS);
-    for (size_t t = 0; t < blocks * FUZZ_BLOCK_THREADS; ++t) pthread_create(&threads[t], NULL, block, (void *)t);
+    for (size_t t = 0; t < blocks * FUZZ_BLOCK_THREADS; ++t)
+        pthread_create(&threads[t], NULL, block, (void *)t);
 #endif
 
     /* The host's view: the blocks' own words (device memory on a GPU, which the host cannot
@@ -224,9 +228,10 @@ int main(int argc, char **argv) {
         /* the slot's previous task must be done before its ticket is rewritten */
         if (task >= (long)slots && pto_host_wait_done(&host, slot, (pto_u64)(task - slots))) break;
         for (pto_u32 i = 0; i < (pto_u32)own_words[task]; ++i)
-            host.record[(pto_u64)slot * record_words + PTO_RECORD_HEADER + i] = fuzz_own_word((pto_u64)task, i);
-        if (pto_host_submit(&host, (pto_u64)task, &next_word, ticket_producers, count, (pto_u32)task_pieces[task],
-                            (pto_u32)own_words[task]))
+            host.record[(pto_u64)slot * record_words + PTO_RECORD_HEADER + i] =
+                fuzz_own_word((pto_u64)task, i);
+        if (pto_host_submit(&host, (pto_u64)task, &next_word, ticket_producers, count,
+                            (pto_u32)task_pieces[task], (pto_u32)own_words[task]))
             break;
         submitted = task + 1;
     }

@@ -195,8 +195,7 @@ class State:
         # and copies in; and the kernel's, in mapped memory: the same layout at the device's
         # addresses.
         self._host = laid_out(device_address, mapped.ctypes.data)
-        self._state_bytes = lib.pto_persistent_staged(self._host) - device_address
-        self._staging = np.zeros(self._state_bytes, np.uint8)
+        self._staging = np.zeros(lib.pto_persistent_staged(self._host) - device_address, np.uint8)
         self._first_state = laid_out(self._staging.ctypes.data, mapped.ctypes.data)
         # the task records, the protocol's last array in the mapped region: the header the
         # protocol writes (PTO_RECORD_*), then the instance and the argument words the executor

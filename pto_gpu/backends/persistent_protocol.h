@@ -22,12 +22,13 @@
  *   - a block that holds the wiring lock copies the records published since the last it wired,
  *     and the producers' tickets they name, into device memory (`staged`, `staged_word`), its
  *     threads side by side (pto_stage), then wires them in order from those copies
- *     (pto_wire_staged): the slot's pending count starts at 1, a guard; for each producer
- *     whose slot it still holds, it writes the task into the producer's successor list (chunks of PTO_CHUNK from a pool it
- *     owns under the lock), adds 1 to pending, then publishes the entry with a fetch_add on the
- *     producer's state word, whose COMPLETED bit, where set, says the producer finished first:
- *     the 1 is taken back; then the guard is dropped. Whoever brings pending to 0 (the wirer, or
- *     a producer completing) pushes the task to the ready queue: exactly one of them;
+ *     (pto_wire_staged): the slot's pending count starts at 1, a guard; for each producer whose
+ *     slot it still holds, it writes the task into the producer's successor list (chunks of
+ *     PTO_CHUNK from a pool it owns under the lock), adds 1 to pending, then publishes the entry
+ *     with a fetch_add on the producer's state word, whose COMPLETED bit, where set, says the
+ *     producer finished first: the 1 is taken back; then the guard is dropped. Whoever brings
+ *     pending to 0 (the wirer, or a producer completing) pushes the task to the ready queue:
+ *     exactly one of them;
  *   - a block that completes a task (pto_complete) sets COMPLETED (fetch_or: how many
  *     successors were published before it), decrements those and pushes the ones that reach 0,
  *     and stores the task's ticket as the slot's `done` (release), which the host polls.
@@ -486,7 +487,8 @@ PTO_FN pto_span pto_named_words(const pto_sched *s, pto_u64 from, pto_u32 count)
     const pto_u64 mask = s->slots - 1;
     const pto_u32 first = (pto_u32)(from & mask), last = (pto_u32)((from + count - 1) & mask);
     const pto_u64 begin = pto_staged(s, first, PTO_RECORD_FIRST_WORD),
-                  end = pto_staged(s, last, PTO_RECORD_FIRST_WORD) + pto_staged(s, last, PTO_RECORD_PRODUCERS);
+                  end = pto_staged(s, last, PTO_RECORD_FIRST_WORD) +
+                        pto_staged(s, last, PTO_RECORD_PRODUCERS);
     const pto_span span = {begin, end - begin < s->words ? end - begin : s->words};
     return span;
 }
@@ -600,14 +602,14 @@ PTO_FN int pto_wire_staged(pto_sched *s, pto_u64 from, pto_u32 count) {
 
 /* --- a block's side -------------------------------------------------------------------------- */
 /* Pieces. A task runs as its record's PTO_RECORD_PIECES pieces (the blocks of its stream
- * launch's grid: piece p runs its code as block p of that many), each on one block. The block that pops a task of
- * several runs piece 0 and puts the task on the board, where blocks waiting for work take its
- * other pieces one at a time; where the board is full, the popper runs them all. The block
- * whose pieces bring the count run to the total completes the task (pto_pieces_ran). A board
- * entry is the task's ticket + 1 (its low 32 bits: a run of 2^32 tasks would wrap), its pieces
- * (at most 0xFFFF) and how many are taken; 0 is free, and `open` counts the entries with a
- * piece not taken. An entry's task cannot complete while it has a piece not taken, so its slot
- * holds it wherever a block's swap of the entry succeeds. */
+ * launch's grid: piece p runs its code as block p of that many), each on one block. The block
+ * that pops a task of several runs piece 0 and puts the task on the board, where blocks waiting
+ * for work take its other pieces one at a time; where the board is full, the popper runs them
+ * all. The block whose pieces bring the count run to the total completes the task
+ * (pto_pieces_ran). A board entry is the task's ticket + 1 (its low 32 bits: a run of 2^32 tasks
+ * would wrap), its pieces (at most 0xFFFF) and how many are taken; 0 is free, and `open` counts
+ * the entries with a piece not taken. An entry's task cannot complete while it has a piece not
+ * taken, so its slot holds it wherever a block's swap of the entry succeeds. */
 typedef struct {
     pto_u64 *began;         /* per slot: pto_now_ns() when a block popped its task */
     pto_u32 *pieces_run;    /* per slot: pieces of its task run so far */
