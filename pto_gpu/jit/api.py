@@ -290,7 +290,13 @@ def scope_end(o):
 @njit(cache=True, _nrt=False)
 def submit(o, kernel_id, tensors, scalars=()):
     """Submit one kernel call: `tensors` a tuple of input()/output()/inout() params, then
-    `scalars` a tuple of numbers. Returns the task id."""
+    `scalars` a tuple of numbers. Returns the task id.
+
+    Only what reads the tuples (the checks of their lengths and the stores of the arguments
+    into the slot the task will have) is compiled for each signature of a call; what follows
+    takes the slot and is compiled once (`_enter`, `_queue`, `_placed`). A body calls submit
+    with several signatures (a LLaMA layer's, 8): compiled whole for each, they took ~15 s of
+    numba's time each on a fresh machine (a 2-core Xeon VM), ~2 s now."""
     t = tables(o)
     n = len(tensors)
     if n > MAX_PARAMS or len(scalars) > MAX_SCALARS:
@@ -298,22 +304,44 @@ def submit(o, kernel_id, tensors, scalars=()):
     if kernel_id < 0 or kernel_id >= len(t.kernels):
         _service(t.meta, bridge.ERR_KERNEL, kernel_id, 0, 0)
     if t.meta[M_PIPELINE]:
-        return _queue(o, kernel_id, tensors, scalars)
-    if t.meta[M_PLACED]:
-        return _placed(o, kernel_id, tensors, scalars)
+        slot = _queue_slot(o, n)
+        _store_arguments(tables(o), slot, tensors, scalars)
+        return _queue(o, kernel_id, slot)
+    slot = _free_slot(o, n)[1]
+    _store_arguments(tables(o), slot, tensors, scalars)
+    if not t.meta[M_PLACED]:
+        return _enter(o, kernel_id, slot)
+    label, again = _placed(o, kernel_id, slot)
+    if again < 0:
+        return label
+    _store_arguments(tables(o), again, tensors, scalars)  # its transfers took the slot
+    return _placed_enter(o, kernel_id, again)
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _store_arguments(t, slot, tensors, scalars):
+    """A submit's tensors and scalars into the slot's argument tables, unchecked."""
+    _store_params(tensors, t.arg_desc[slot], t.arg_kind[slot])
+    t.arg_count[slot, 0] = len(tensors)
+    t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot], t.arg_scalar_kind[slot],
+                                          scalars)
+
+
+@njit(cache=True, _nrt=False)
+def _enter(o, kernel_id, slot):
+    """A submit whose arguments are in `slot` (the next task's, free), into the core."""
+    t = tables(o)
+    task_id = t.header[0].next_task
+    n = t.arg_count[slot, 0]
     while True:
-        # The arguments go straight into the slot the task will have (_write_arguments).
-        h = t.header[0]
-        task_id = h.next_task
-        status = FULL_TASKS
-        if task_id - h.last_alive < h.window:
-            slot = task_id & (h.window - 1)
-            params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
-            status = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
-                                 t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], params[:n])
-            if status >= 0:
-                break
-            t.arg_task[slot] = -1  # the slot is not the task's yet: making room may raise
+        params = _checked_arguments(o, kernel_id, task_id, slot)
+        status = core_submit(t.header, t.tasks, t.buffers, t.deps, t.entries, t.buckets, t.producers,
+                             t.covered, kernel_id, t.kernels[kernel_id, K_WORKER], params[:n])
+        if status >= 0:
+            break
+        # The slot is not the task's yet: making room may raise. It stays free (the window had
+        # room for the task), so its arguments stay, checked again on the next try.
+        t.arg_task[slot] = -1
         _service(t.meta, bridge.SERVICE_ROOM, status, n, 0)
         t = tables(o)  # a recording run's room is a grown TensorMap: new entries, producers, covered
     _entered(o, task_id, slot, n)
@@ -345,17 +373,17 @@ def _entered(o, task_id, slot, n):
 
 
 @njit(cache=True, _nrt=False)
-def _placed(o, kernel_id, tensors, scalars):
-    """A distributed run's submit: checked and its arguments written as `submit` does, in the
-    slot the next task will have; then placed by compiled code where it can be
-    (jit/placing.py), with the transfers to and from this rank it needs entered first, and
-    entered into the core if it runs on this rank; else taken from the slot by the Python
-    orchestrator, which places it and enters it with the transfers it needs (SERVICE_PLACE).
-    Its id as users see it (the core's ids count transfers too)."""
-    n = len(tensors)
-    task_id, slot = _free_slot(o, n)
-    params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
+def _placed(o, kernel_id, slot):
+    """A distributed run's submit, its arguments in `slot` (the next task's): checked as
+    `_enter` does, then placed by compiled code where it can be (jit/placing.py), with the
+    transfers to and from this rank it needs entered first, and entered into the core if it
+    runs on this rank; else taken from the slot by the Python orchestrator, which places it and
+    enters it with the transfers it needs (SERVICE_PLACE). (Its id as users see it, -1) when
+    that is all; (-1, the slot) where the task's transfers took the slot first: `submit` writes
+    its arguments there again and `_placed_enter` enters it."""
     t = tables(o)
+    n = t.arg_count[slot, 0]
+    params = _checked_arguments(o, kernel_id, t.header[0].next_task, slot)
     rank, planned = placing.plan(t, slot, n) if t.meta[M_PLACED] == PLACED_COMPILED else (-1, 0)
     if planned and not _found_datatypes(o, planned):
         rank = -1
@@ -371,14 +399,28 @@ def _placed(o, kernel_id, tensors, scalars):
             _note_versions(o, slot, n)
         if rank < 0:
             _service(t.meta, bridge.SERVICE_PLACE, slot, kernel_id, 0)
-            return t.meta[M_ANSWER]
+            return t.meta[M_ANSWER], -1
         for j in range(planned):
             _enter_transfer(o, tables(o).plan[j])
         if not here:
-            return _next_label(tables(o))
-        task_id, slot = _free_slot(o, n)
-        params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
-        t = tables(o)  # (making room may have grown a recording run's TensorMap)
+            return _next_label(tables(o)), -1
+        return -1, _free_slot(o, n)[1]
+    return _placed_core(o, kernel_id, t.header[0].next_task, slot, params), -1
+
+
+@njit(cache=True, _nrt=False)
+def _placed_enter(o, kernel_id, slot):
+    """A placed task of this rank whose transfers went first, its arguments stored again in
+    `slot` (the next task's), into the core: its id as users see it."""
+    task_id = tables(o).header[0].next_task
+    return _placed_core(o, kernel_id, task_id, slot, _checked_arguments(o, kernel_id, task_id, slot))
+
+
+@njit(cache=True, _nrt=False, inline="always")
+def _placed_core(o, kernel_id, task_id, slot, params):
+    """A placed task of this rank, its arguments checked in `slot`, into the core."""
+    t = tables(o)  # (making room may have grown a recording run's TensorMap)
+    n = t.arg_count[slot, 0]
     label = _next_label(t)
     t.labels[slot] = label
     while True:
@@ -502,22 +544,31 @@ def _next_label(t):
     return label
 
 
-@njit(cache=True, _nrt=False, inline="always")
-def _queue(o, kernel_id, tensors, scalars):
-    """A pipelined run's submit: the checks, arguments and params as `submit` makes them, the
-    params copied into the task's slot for the core stage, which submits to the core in queue
-    order. The task id is the queue's next: the core stage's task ring alloc gives the same."""
+@njit(cache=True, _nrt=False)
+def _queue_slot(o, n):
+    """A pipelined run's next slot, once free, for a submit of n tensors. The task id is the
+    queue's next: the core stage's task ring alloc gives the same."""
     t = tables(o)
-    n = len(tensors)
     task_id = t.pipe[P_QUEUED]
     mask = t.meta[M_TASK_MASK]
     if task_id - t.meta[M_ALIVE_SEEN] > mask:  # the slot may be a live task's: look again
         t.meta[M_ALIVE_SEEN] = _wait_for_slot(t, task_id)
-    slot = task_id & mask
     # The core stage last read the slot's lines a window ago, from its cache: taken back
-    # early, they are here when the stores below need them (the stores stalled without).
+    # early, they are here when the stores of the arguments need them (the stores stalled
+    # without).
     prefetch_slot(t, (task_id + 2) & mask, n, 1)
-    params = _write_arguments(o, kernel_id, tensors, scalars, task_id, slot)
+    return task_id & mask
+
+
+@njit(cache=True, _nrt=False)
+def _queue(o, kernel_id, slot):
+    """A pipelined run's submit, its arguments in `slot` (_queue_slot's): the checks and params
+    as `_enter` makes them, the params copied into the task's slot for the core stage, which
+    submits to the core in queue order."""
+    t = tables(o)
+    task_id = t.pipe[P_QUEUED]
+    n = t.arg_count[slot, 0]
+    params = _checked_arguments(o, kernel_id, task_id, slot)
     queued = t.slot_params[slot]
     for p in range(n):
         for i in range(params.shape[1]):
@@ -532,15 +583,14 @@ def _queue(o, kernel_id, tensors, scalars):
 
 
 @njit(cache=True, _nrt=False, inline="always")
-def _write_arguments(o, kernel_id, tensors, scalars, task_id, slot):
-    """Check a submit's tensors and write its arguments into the task's slot, and its params
-    (layout rows and kinds) into layout_rows[kernel_id], which it returns. The slot is free
-    (its last task retired) and this code its only writer: a native worker
-    (executors/native.py) finds the arguments as soon as the core publishes the task."""
+def _checked_arguments(o, kernel_id, task_id, slot):
+    """Check the arguments a submit stored in the task's slot, and write its params (layout
+    rows and kinds) into layout_rows[kernel_id], which it returns. The slot is free (its last
+    task retired) and this code its only writer: a native worker (executors/native.py) finds
+    the arguments as soon as the core publishes the task."""
     t = tables(o)
-    n = len(tensors)
+    n = t.arg_count[slot, 0]
     rows, kinds = t.arg_desc[slot], t.arg_kind[slot]
-    _store_params(tensors, rows, kinds)
     params = t.layout_rows[kernel_id]
     for p in range(n):
         _check_usable(o, rows[p], p, kernel_id)
@@ -550,9 +600,6 @@ def _write_arguments(o, kernel_id, tensors, scalars, task_id, slot):
         _check_signature(o, kernel_id, rows, n)
     if t.kernels[kernel_id, K_SHARING] != _SHARING_ANY:
         _check_sharing(o, kernel_id, params, rows, n)
-    t.arg_count[slot, 0] = n
-    t.arg_count[slot, 1] = _store_scalars(t.arg_float[slot], t.arg_int[slot], t.arg_scalar_kind[slot],
-                                          scalars)
     # Released before the core publishes the task: whoever sees it sees its arguments.
     store_release(t.arg_task.ctypes.data + 8 * slot, task_id)
     return params
