@@ -23,7 +23,7 @@ import pytest
 from nvrtc import compile_source, cupy_options, library_or_skip
 
 from pto_gpu.backends.emulated_device import HOST_FLAGS
-from pto_gpu.backends.wgmma_probe import KERNELS, differences, launch, operands, options, source
+from pto_gpu.backends.wgmma_probe import KERNELS, differences, launch, module, operands, options, source
 from pto_gpu.runtime import cuda_unavailable
 
 DTYPES = [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
@@ -96,22 +96,14 @@ def test_wgmma_code_for_another_arch_is_refused_by_name(arch):
 
 
 @pytest.fixture(scope="module")
-def gpu_module(tmp_path_factory):
+def gpu_module():
     import cupy
 
     capability = cupy.cuda.Device().compute_capability  # "90", "100", ...
     if capability != "90":
         pytest.skip(f"wgmma is sm_90a's; this GPU is sm_{capability}")
-    library_or_skip()
-    folder = tmp_path_factory.mktemp("wgmma-gpu")
-    modules = {}
-    for dtype in DTYPES:
-        ok, log, cubin = compile_source(source(), cupy_options(options(dtype), "90a"), "probe.cu")
-        assert ok, log
-        path = folder / f"probe-{dtype.name}.cubin"
-        path.write_bytes(cubin)
-        modules[dtype] = cupy.RawModule(path=str(path))
-    return cupy, modules
+    # Built by CuPy's NVRTC, as the backend builds (the device image has no NVRTC wheel).
+    return cupy, {dtype: module(cupy, dtype) for dtype in DTYPES}
 
 
 @pytest.mark.gpu

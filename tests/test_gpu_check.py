@@ -46,7 +46,7 @@ def test_the_report_names_an_unreadable_benchmark_file_and_keeps_the_others(tmp_
     (tmp_path / "gpu-bench-rest.json").write_text(json.dumps({"benchmarks": [
         {"name": "test_x", "stats": {"median": 0.002, "min": 0.001, "rounds": 3},
          "extra_info": {"tflops": 1.5}}]}))
-    paths = [tmp_path / f"gpu-bench-{part}.json" for part in gpu_check.PARTS]
+    paths = [tmp_path / f"gpu-bench-{part}.json" for part in gpu_check.BENCH_PARTS]
     rows, unreadable = gpu_check.benchmark_rows(paths)
     assert unreadable == ["gpu-bench-persistent.json"]
     assert rows == [{"name": "test_x", "median_ms": 2.0, "min_ms": 1.0, "rounds": 3, "tflops": 1.5}]

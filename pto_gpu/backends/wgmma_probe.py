@@ -29,6 +29,11 @@ def options(dtype: np.dtype) -> tuple[str, ...]:
     return (*COMPILE_OPTIONS[np.dtype(dtype)], "-DPTO_WARPS=4")
 
 
+def module(cupy, dtype: np.dtype):
+    """The probe built for sm_90a by CuPy's NVRTC, as the backend builds generated code there."""
+    return cupy.RawModule(code=source(), options=("-std=c++17", *options(dtype), SM_90A))
+
+
 def shared_bytes(n: int, dtype: np.dtype) -> int:
     """The dynamic shared memory a launch of the N = `n` kernel gives a block: A's and B's
     panels."""
@@ -69,8 +74,8 @@ def disagreement(cupy) -> str | None:
     kernels = ("wgmma_n64_mn_major", "wgmma_n128_mn_major")
     for dtype in map(np.dtype, (np.float16, ml_dtypes.bfloat16)):
         try:
-            module = cupy.RawModule(code=source(), options=("-std=c++17", *options(dtype), SM_90A))
-            functions = {kernel: module.get_function(kernel) for kernel in kernels}  # NVRTC runs here
+            built = module(cupy, dtype)
+            functions = {kernel: built.get_function(kernel) for kernel in kernels}  # NVRTC runs here
         except Exception as error:  # noqa: BLE001 - whatever stops the build: no wgmma, nothing run
             return f"the probe does not build for sm_90a: {type(error).__name__}: {error}"
         for kernel, function in functions.items():
