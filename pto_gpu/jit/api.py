@@ -586,8 +586,8 @@ def _queue(o, kernel_id, slot):
 def _checked_arguments(o, kernel_id, task_id, slot):
     """Check the arguments a submit stored in the task's slot, and write its params (layout
     rows and kinds) into layout_rows[kernel_id], which it returns. The slot is free (its last
-    task retired) and this code its only writer: a native worker (executors/native.py) finds
-    the arguments as soon as the core publishes the task."""
+    task retired) and the submit's its only writer (_store_arguments, then this): a native
+    worker (executors/native.py) finds the arguments as soon as the core publishes the task."""
     t = tables(o)
     n = t.arg_count[slot, 0]
     rows, kinds = t.arg_desc[slot], t.arg_kind[slot]

@@ -2,8 +2,8 @@
 of its own (docs/ARCHITECTURE.md, "Pipelined submits").
 
 In a run whose tasks complete at submit (the dry executor), a compiled submit's two halves
-share nothing but the task's params: the checks, arguments and layout rows (jit/api.py's
-`_queue`), and the core's dependency analysis, ring allocation and completion. So the body's
+share nothing but the task's params: the arguments, checks and layout rows (jit/api.py's
+`submit` and `_queue`), and the core's dependency analysis, ring allocation and completion. So the body's
 thread queues each submit's params in its task slot and goes on, and this stage submits them
 to the core in queue order, a core ahead or behind. The two threads meet only where the
 program orders memory: an alloc, a free or a scope's end waits until the stage has caught up
