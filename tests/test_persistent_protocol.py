@@ -24,7 +24,10 @@ NO_NVCC = pytest.mark.skipif(NVCC is None, reason="nvcc is not installed (the CU
 
 
 def _build(folder: Path, *defines: str, source: Path = FUZZ) -> Path:
-    """`source` (the fuzz) under ThreadSanitizer, against the protocol's header."""
+    """`source` (the fuzz) under ThreadSanitizer, against the protocol's header; the test
+    skipped where there is no C compiler."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc)")
     binary = folder / source.stem
     command = ["cc", "-std=c11", "-O1", "-g", "-fsanitize=thread", "-pthread", "-Wall", "-Wextra", "-Werror",
                *defines, f"-I{HEADER_DIR}", str(source), "-o", str(binary)]
@@ -37,8 +40,6 @@ def _build(folder: Path, *defines: str, source: Path = FUZZ) -> Path:
 
 @pytest.fixture(scope="module")
 def fuzz(tmp_path_factory):
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc)")
     return _build(tmp_path_factory.mktemp("fuzz"))
 
 
@@ -46,8 +47,6 @@ def fuzz(tmp_path_factory):
 def impatient_fuzz(tmp_path_factory):
     """The fuzz with blocks and host that give up after 2 s without progress (a loaded CI
     machine may stall a thread for a fraction of that)."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc)")
     return _build(tmp_path_factory.mktemp("impatient"), "-DPTO_PATIENCE_NS=2000000000")
 
 
@@ -80,13 +79,14 @@ def test_random_graphs_run_every_task_once_after_its_producers_with_no_race(fuzz
     _ran_every_task(done, graph[1])
 
 
+PIECES = ("-DFUZZ_MAX_PIECES=6", "-DFUZZ_BOARD=2")
+
+
 @pytest.fixture(scope="module")
 def pieces_fuzz(tmp_path_factory):
     """The fuzz with tasks of 1 to 6 pieces shared through a board of 2 entries (so that some
     find it full and run all their pieces on one block)."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc)")
-    return _build(tmp_path_factory.mktemp("pieces"), "-DFUZZ_MAX_PIECES=6", "-DFUZZ_BOARD=2")
+    return _build(tmp_path_factory.mktemp("pieces"), *PIECES)
 
 
 PIECES_GRAPHS = [(1, 4000, 8, 4, 3, 20), (5, 6000, 4, 6, 4, 6), (8, 1500, 16, 3, 30, 30),
@@ -106,8 +106,6 @@ def test_tasks_of_several_pieces_run_each_piece_once_after_the_producers(pieces_
 @pytest.fixture(scope="module")
 def threaded_fuzz(tmp_path_factory):
     """The fuzz with blocks of 3 threads that stage the records together, with pieces."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc)")
     return _build(tmp_path_factory.mktemp("threaded"), "-DFUZZ_BLOCK_THREADS=3", "-DFUZZ_MAX_PIECES=4")
 
 
@@ -149,8 +147,6 @@ def test_a_block_stalled_between_closed_and_submitted_misses_no_task(tmp_path):
     after a 50 ms pause, publishes its last task and closes: the block must see that task (read
     the other way round, a block could see the old count and the close, end the run, and leave
     the task unrun)."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc)")
     stalling = _build(tmp_path, "-DPTO_PATIENCE_NS=2000000000", "-DFUZZ_STALL_US=2000")
     for seed in (1, 2, 3):
         done = _run(stalling, seed, 200, 8, 1, 3, 20, -1, 199, 50)
@@ -207,8 +203,6 @@ def test_a_kernel_that_starts_after_the_host_stopped_the_run_runs_nothing(tmp_pa
     the blocks start: none runs a task. A review found one run after the blocks took to
     reading the host's words through one block's look (the look stopped, the wiring and the
     pop went on)."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc)")
     source = tmp_path / "stopped.c"
     source.write_text(STOPPED_BEFORE_START)
     binary = _build(tmp_path, source=source)
@@ -270,7 +264,6 @@ def _build_for_gpu(folder: Path, arch: str, *defines: str) -> Path:
     return binary
 
 
-PIECES = ("-DFUZZ_MAX_PIECES=6", "-DFUZZ_BOARD=2")
 GPU_GRAPHS = GRAPHS + PIECES_GRAPHS
 
 
