@@ -25,7 +25,10 @@
  * the host sleeps PAUSE_MS before publishing that task (a slow orchestration is not a
  * deadlock). Built with -DFUZZ_STALL_US=n, a block stalls n microseconds between its loads of
  * `closed` and `submitted` (PTO_BETWEEN_LOADS), where a task the host publishes and closes on
- * meanwhile must not be missed. Prints "ok ..." or
+ * meanwhile must not be missed; with -DFUZZ_CELL_STALL_US=n, a block stalls n microseconds
+ * holding every fifth cell of the ready queue it pops, before it reads the cell's slot
+ * (PTO_HOLDING_CELL), while the positions move on past the cell, which no push may take
+ * until the block releases it. Prints "ok ..." or
  * "stuck ..." and exits 0, or prints what went wrong and exits 1.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -38,6 +41,10 @@
 
 #ifdef FUZZ_STALL_US
 #define PTO_BETWEEN_LOADS() nanosleep(&(struct timespec){0, FUZZ_STALL_US * 1000}, NULL)
+#endif
+#ifdef FUZZ_CELL_STALL_US
+#define PTO_HOLDING_CELL(position) \
+    ((position) % 5 == 0 ? (void)nanosleep(&(struct timespec){0, FUZZ_CELL_STALL_US * 1000}, NULL) : (void)0)
 #endif
 #ifndef FUZZ_BLOCK_THREADS
 #define FUZZ_BLOCK_THREADS 1
@@ -198,6 +205,7 @@ int main(int argc, char **argv) {
     world.finished_flag = blocks_words(tasks, sizeof(pto_u32));
     world.runs = blocks_words((size_t)tasks * FUZZ_MAX_PIECES, sizeof(pto_u32));
     world.violations = blocks_words(1, sizeof(pto_u32));
+    world.kept = blocks_words(1, sizeof(pto_u32));
 
 #ifdef FUZZ_GPU
     blocks = fuzz_gpu_start(&world, blocks);
@@ -213,7 +221,7 @@ int main(int argc, char **argv) {
      * read) are not there, so a host function that touched one would crash the fuzz. */
     pto_sched host = *sched;
     host.counters = NULL;
-    host.wiring = host.state = host.first_chunk = host.chunk_next = host.chunk_entry = host.cell_slot = NULL;
+    host.wiring = host.state = host.chunk_next = host.chunk_entry = host.cell_slot = NULL;
     host.successor_count = host.last_chunk = host.free_chunk_next = host.free_chunk_first = NULL;
     host.pending = NULL;
     host.cell_sequence = host.staged = host.staged_word = NULL;
@@ -271,6 +279,7 @@ int main(int argc, char **argv) {
                submitted, tasks, twice, never, violations, lose, pto_aborted(sched));
         return 1;
     }
-    printf("ok: %ld tasks, %u slots, %u blocks, %llu finished\n", tasks, slots, blocks, (unsigned long long)finished);
+    printf("ok: %ld tasks, %u slots, %u blocks, %llu finished, %u kept\n", tasks, slots, blocks,
+           (unsigned long long)finished, *(pto_u32 *)for_host(world.kept, sizeof(pto_u32)));
     return 0;
 }

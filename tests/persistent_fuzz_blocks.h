@@ -28,6 +28,7 @@ typedef struct {
     pto_u32 *finished_flag;  /* per task: 1 once it ran (release) */
     pto_u32 *runs;           /* per task x FUZZ_MAX_PIECES: times the piece ran */
     pto_u32 *violations;     /* checks that failed */
+    pto_u32 *kept;           /* tasks a block ran as the one its last completion kept */
 } fuzz_world;
 
 /* A block, thread `thread` of `threads` (`said`: PTO_SAID_WORDS of the block's shared words):
@@ -38,7 +39,12 @@ typedef struct {
  * lost). */
 PTO_FN void fuzz_block(fuzz_world *w, pto_u64 *said, pto_u32 thread, pto_u32 threads) {
     pto_work work;
-    while (pto_block_next_work(&w->sched, &w->board, &work, said, thread, threads) == PTO_GOT_TASK) {
+    pto_u32 kept = PTO_NO_SLOT;
+    for (;;) {
+        const int keeping = kept != PTO_NO_SLOT; /* thread 0's: the turn takes it first */
+        if (pto_block_next_work(&w->sched, &w->board, &work, &kept, said, thread, threads) != PTO_GOT_TASK)
+            break;
+        if (keeping) pto_fetch_add32(w->kept, 1);
         const pto_u64 task = pto_staged(&w->sched, work.slot, PTO_RECORD_TICKET);
         const pto_u32 own = (pto_u32)w->own_words[task];
         if (thread == 0 && pto_staged(&w->sched, work.slot, PTO_RECORD_LENGTH) != PTO_RECORD_HEADER + own)
@@ -59,7 +65,8 @@ PTO_FN void fuzz_block(fuzz_world *w, pto_u64 *said, pto_u32 thread, pto_u32 thr
         if ((long)task == w->lose) continue; /* the lost completion */
         if (pto_pieces_ran(&w->board, &work)) {
             pto_block_store_release32(&w->finished_flag[task], 1);
-            if (pto_complete(&w->sched, work.slot, task)) pto_fetch_add32(w->violations, 1);
+            if (pto_complete(&w->sched, work.slot, &kept)) pto_fetch_add32(w->violations, 1);
+            pto_show_done(&w->sched, work.slot, task);
         }
     }
 }

@@ -74,9 +74,13 @@ NAME = "seed{}-tasks{}-slots{}-blocks{}-fanin{}-window{}"
 @pytest.mark.parametrize("graph", GRAPHS, ids=[NAME.format(*g) for g in GRAPHS])
 def test_random_graphs_run_every_task_once_after_its_producers_with_no_race(fuzz, graph):
     """Rings of 2 to 64 slots reused hundreds of times (back-pressure), producers retired
-    before their successors arrive (window > slots) or still running, fan-in 0 to 30."""
+    before their successors arrive (window > slots) or still running, fan-in 0 to 30. Where
+    tasks have producers, blocks run some of them as the successor their last completion made
+    ready and kept (without the ready queue); without producers, none."""
     done = _run(fuzz, *graph)
     _ran_every_task(done, graph[1])
+    kept = int(re.search(r"(\d+) kept", done.stdout).group(1))
+    assert kept > 0 if graph[4] > 0 else kept == 0, done.stdout
 
 
 PIECES = ("-DFUZZ_MAX_PIECES=6", "-DFUZZ_BOARD=2")
@@ -142,6 +146,20 @@ def test_a_host_slower_than_the_patience_is_not_a_deadlock(impatient_fuzz):
     assert done.stdout.startswith("ok: 1000 tasks"), done.stdout
 
 
+def test_no_push_takes_a_cell_a_stalled_block_still_holds(tmp_path):
+    """Blocks stall 300 us holding every fifth ready-queue cell they pop, before they read its
+    slot, while the others go round queues of 4 and 8 cells: a push (of one task, or of several
+    into consecutive cells) must wait for such a cell, or the stalled block reads the slot
+    another push wrote there (a race, a task run twice). The positions pass a held cell only
+    where tasks become ready out of their order, so producers reach back past the ring (a
+    window wider than the slots). A push that took the cells it found without looking at
+    them failed 14 of 24 such runs (this test makes 8)."""
+    stalling = _build(tmp_path, "-DFUZZ_CELL_STALL_US=300")
+    for seed in (1, 2, 3, 4):
+        for slots, blocks, fanin, window in ((4, 6, 3, 20), (8, 4, 4, 16)):
+            _ran_every_task(_run(stalling, seed, 6000, slots, blocks, fanin, window), 6000)
+
+
 def test_a_block_stalled_between_closed_and_submitted_misses_no_task(tmp_path):
     """The one block stalls 2 ms between its loads of `closed` and `submitted` while the host,
     after a 50 ms pause, publishes its last task and closes: the block must see that task (read
@@ -168,11 +186,14 @@ static unsigned ran;
 static void *block(void *unused) {
     (void)unused;
     pto_work work;
+    pto_u32 kept = PTO_NO_SLOT;
     pto_u64 said[PTO_SAID_WORDS];
-    while (pto_block_next_work(&sched, &board, &work, said, 0, 1) == PTO_GOT_TASK) {
+    while (pto_block_next_work(&sched, &board, &work, &kept, said, 0, 1) == PTO_GOT_TASK) {
         __atomic_fetch_add(&ran, 1, __ATOMIC_RELAXED);
-        if (pto_pieces_ran(&board, &work))
-            pto_complete(&sched, work.slot, pto_staged(&sched, work.slot, PTO_RECORD_TICKET));
+        if (pto_pieces_ran(&board, &work)) {
+            pto_complete(&sched, work.slot, &kept);
+            pto_show_done(&sched, work.slot, pto_staged(&sched, work.slot, PTO_RECORD_TICKET));
+        }
     }
     return NULL;
 }
@@ -219,21 +240,24 @@ def test_the_protocol_compiles_for_the_gpu(arch, tmp_path):
     task, or a piece of one from the board), runs it, and thread 0 completes the task after its
     last piece (PTX acquire/release atomics, %globaltimer). Every
     read-modify-write is at GPU scope (only blocks touch those words; at system scope each is
-    a MEMBAR.SYS), and so are the loads and stores of the ready queue's cells."""
+    a MEMBAR.SYS), and so are the loads and stores of the ready queue's cells: a push's
+    relaxed, ordered by a GPU-scope fence each side."""
     unit = tmp_path / "worker.cu"
     unit.write_text('''#include "persistent_protocol.h"
 __global__ void worker(pto_sched sched, pto_board board, float *out) {
     __shared__ pto_u64 said[PTO_SAID_WORDS];
     pto_work work;
-    while (pto_block_next_work(&sched, &board, &work, said, threadIdx.x, blockDim.x) == PTO_GOT_TASK) {
+    pto_u32 kept = PTO_NO_SLOT;
+    while (pto_block_next_work(&sched, &board, &work, &kept, said, threadIdx.x, blockDim.x) == PTO_GOT_TASK) {
         for (unsigned piece = work.first; piece < work.last; ++piece)  /* the task's pieces */
             out[(work.slot * work.pieces + piece) * blockDim.x + threadIdx.x] += 1.0f;
         __syncthreads();
         if (threadIdx.x == 0) {
-            __threadfence_system();
-            if (pto_pieces_ran(&board, &work) &&
-                pto_complete(&sched, work.slot, pto_staged(&sched, work.slot, PTO_RECORD_TICKET)))
-                pto_stop(&sched, PTO_FAULTED);
+            __threadfence();
+            if (pto_pieces_ran(&board, &work)) {
+                if (pto_complete(&sched, work.slot, &kept)) pto_stop(&sched, PTO_FAULTED);
+                pto_show_done(&sched, work.slot, pto_staged(&sched, work.slot, PTO_RECORD_TICKET));
+            }
         }
     }
 }
@@ -246,6 +270,42 @@ __global__ void worker(pto_sched sched, pto_board board, float *out) {
     atomics = re.findall(r"\batom\.acq_rel\.(\w+)\.", ptx)
     assert atomics and set(atomics) == {"gpu"}
     assert "ld.acquire.gpu.u64" in ptx and "st.release.gpu.u64" in ptx and "ld.acquire.sys" in ptx
+    assert "fence.acq_rel.gpu" in ptx and "st.relaxed.gpu.u64" in ptx and "ld.relaxed.gpu.u64" in ptx
+
+
+def _orders_of(ptx: str) -> list[str]:
+    """The ready queue's accesses and fences in PTX text, in order."""
+    return re.findall(r"ld\.relaxed\.gpu|fence\.acq_rel\.gpu|atom\.acq_rel\.gpu\.cas|st\.relaxed\.gpu", ptx)
+
+
+@NO_NVCC
+def test_a_push_fences_the_cells_it_loads_and_their_release(tmp_path):
+    """A push loads its cells' sequences relaxed, side by side, and then a GPU-scope fence
+    makes them acquires (a popper's release of the cell is seen before the cell is taken);
+    after the compare-and-swap that takes them and the stores of their slots, another fence
+    makes its relaxed stores of the sequences releases (the slot is seen before the cell is
+    popped). The host build, under ThreadSanitizer, has acquire loads and release stores
+    instead, so only this test sees the fences: in the PTX, no compare-and-swap follows a
+    relaxed load, and no relaxed store a compare-and-swap, without a fence between."""
+    unit = tmp_path / "push.cu"
+    unit.write_text('''#include "persistent_protocol.h"
+__global__ void push(pto_sched sched, const pto_u32 *slots, pto_u32 count, int *full) {
+    *full = pto_ready_push(&sched, slots, count);
+}
+''')
+    command = [NVCC, "-arch=sm_90", "-std=c++17", f"-I{HEADER_DIR}", "-ptx", str(unit), "-o", "-"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    orders = _orders_of(done.stdout)
+    assert orders.count("atom.acq_rel.gpu.cas") == 1 and orders.count("fence.acq_rel.gpu") >= 2, orders
+    since_fence: set[str] = set()
+    for order in orders:
+        if order == "fence.acq_rel.gpu":
+            since_fence.clear()
+            continue
+        assert not (order == "atom.acq_rel.gpu.cas" and "ld.relaxed.gpu" in since_fence), orders
+        assert not (order == "st.relaxed.gpu" and "atom.acq_rel.gpu.cas" in since_fence), orders
+        since_fence.add(order)
 
 
 def _build_for_gpu(folder: Path, arch: str, *defines: str) -> Path:

@@ -172,7 +172,8 @@ class State:
 
         laid_out(None, None)
         device_bytes, protocol_bytes = int(extent[0]), int(extent[1])
-        # The mapped region: the protocol's words, then the kernel's, each at 64 bytes.
+        # The mapped region: the protocol's words (pto_layout: each array at 128 bytes), then the
+        # kernel's, each at 64 bytes.
         offsets, end = {}, protocol_bytes
         for name, count, dtype in (("began", sizes.slots, np.uint64), ("ended", sizes.slots, np.uint64),
                                    ("ran_on", sizes.slots, np.uint64), ("running", sizes.blocks, np.uint64),
@@ -182,9 +183,10 @@ class State:
         self._mapped, mapped_address = memory.mapped(end)
         self._device, device_address = memory.device_words(max(device_bytes, 64))
         # The board of tasks whose pieces blocks share (pto_persistent_kernel.cuh), the count of
-        # its open entries, and per slot the pieces run: zeros at each reset.
-        pieces_run_bytes = -(-sizes.slots * 4 // 64) * 64
-        self._shared_zeros = np.zeros(pieces_run_bytes + sizes.board * 8 + 64, np.uint8)
+        # its open entries (in a 128-byte line of its own: every idle block loads it each turn),
+        # and per slot the pieces run: zeros at each reset.
+        pieces_run_bytes = -(-sizes.slots * 4 // 128) * 128
+        self._shared_zeros = np.zeros(pieces_run_bytes + sizes.board * 8 + 128, np.uint8)
         self._pieces_memory, pieces_address = memory.device_words(len(self._shared_zeros))
         board_address = pieces_address + pieces_run_bytes
         device_records = {"pieces_run": pieces_address, "board": board_address, "board_entries": sizes.board,

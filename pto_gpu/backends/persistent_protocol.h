@@ -24,14 +24,18 @@
  *     threads side by side (pto_stage), then wires them in order from those copies
  *     (pto_wire_staged): the slot's pending count starts at 1, a guard; for each producer whose
  *     slot it still holds, it writes the task into the producer's successor list (chunks of
- *     PTO_CHUNK from a pool it owns under the lock), adds 1 to pending, then publishes the entry
- *     with a fetch_add on the producer's state word, whose COMPLETED bit, where set, says the
- *     producer finished first: the 1 is taken back; then the guard is dropped. Whoever brings
- *     pending to 0 (the wirer, or a producer completing) pushes the task to the ready queue:
- *     exactly one of them;
+ *     PTO_CHUNK: the producer slot's own first, then chunks from a pool it owns under the
+ *     lock), adds 1 to pending, then publishes the entry with a fetch_add on the producer's
+ *     state word, whose COMPLETED bit, where set, says the producer finished first: the 1 is
+ *     taken back; then the guard is dropped (by a fetch_add, or where no producer was linked
+ *     and none can take a 1 back, by none). Whoever brings pending to 0 (the wirer, or a
+ *     producer completing) pushes the task to the ready queue, or keeps it: exactly one of them;
  *   - a block that completes a task (pto_complete) sets COMPLETED (fetch_or: how many
- *     successors were published before it), decrements those and pushes the ones that reach 0,
- *     and stores the task's ticket as the slot's `done` (release), which the host polls.
+ *     successors were published before it), decrements those, keeps the first that reaches 0
+ *     to run next itself (a chain's next task starts on the block that finished its producer,
+ *     without a push or a pop, on the block's next turn's first check) and pushes the others,
+ *     then stores the task's ticket as the slot's `done` (release: pto_show_done), which the
+ *     host polls.
  * The ready queue is Vyukov's bounded multi-producer multi-consumer queue; it holds each slot
  * at most once, so a capacity of `slots` never fills.
  *
@@ -58,11 +62,12 @@
  * looks like no progress).
  *
  * Sizes. A producer's successor list holds the links of the tasks after it while its slot
- * holds it, and goes back to the pool when its slot is wired again, so every link alive is
- * from one of the last `slots` tasks wired (a repeated producer is a link each time). Where
- * any `slots` consecutive tasks name at most L producers in all, a pool of
- * slots + ceil(L / PTO_CHUNK) chunks never runs out (each slot's list takes one chunk, and one
- * more for every PTO_CHUNK links); for tasks of at most P producers each, L = slots x P.
+ * holds it, and its chunks past the slot's own first go back to the pool when its slot is
+ * wired again, so every link alive is from one of the last `slots` tasks wired (a repeated
+ * producer is a link each time). Where any `slots` consecutive tasks name at most L producers
+ * in all, slots + ceil(L / PTO_CHUNK) chunks never run out (each slot's own first chunk, and
+ * from the pool one more for every PTO_CHUNK links past a list's first); for tasks of at most
+ * P producers each, L = slots x P.
  * Running out stops the run (PTO_FAULTED). Memory the host writes must be write-back
  * (cudaHostAlloc without WriteCombined): the host's release stores are plain x86 stores,
  * ordered by TSO.
@@ -88,6 +93,7 @@ typedef int32_t pto_i32;
 #define PTO_COMPLETED 0x80000000u /* in a slot's state word, above its count of successors */
 #define PTO_CHUNK 14              /* successors a chunk holds */
 #define PTO_NO_CHUNK 0xFFFFFFFFu
+#define PTO_NO_SLOT 0xFFFFFFFFu
 #ifndef PTO_PATIENCE_NS
 #define PTO_PATIENCE_NS 10000000000ull /* no progress this long, with work left: stuck */
 #endif
@@ -97,7 +103,12 @@ typedef int32_t pto_i32;
 #ifndef PTO_BETWEEN_LOADS
 #define PTO_BETWEEN_LOADS() /* where the fuzz may stall a block (tests/persistent_fuzz.c) */
 #endif
+#ifndef PTO_HOLDING_CELL
+#define PTO_HOLDING_CELL(position) /* ... and where it may stall one holding a popped cell */
+#endif
 
+#define PTO_PUSH_MOST 8    /* the ready slots a push takes cells for at once */
+#define PTO_CHECK_EVERY 64 /* an idle block's turns between its looks at the end and at its patience */
 #define PTO_STAGE_LOADS 8 /* the loads of the host's memory a thread has in flight while it stages */
 #ifdef __CUDACC__
 #define PTO_UNROLL _Pragma("unroll")
@@ -143,18 +154,24 @@ enum {
 #endif
 
 /* The blocks' counters: device words that only blocks touch (read-modify-writes, which must
- * not meet the host's accesses on one word, and are cheapest in device memory). */
+ * not meet the host's accesses on one word, and are cheapest in device memory), each in a line
+ * of its own (PTO_LINE_WORDS: 128 bytes, an L2 line), as every idle block loads several of them
+ * on each of its turns: on one line, those loads queued the atomics of the blocks that push,
+ * pop, wire and complete. */
+#define PTO_LINE_WORDS 16
 enum {
-    PTO_ENQUEUED,  /* the ready queue's enqueue position */
-    PTO_DEQUEUED,  /* ... and dequeue position: tasks popped */
-    PTO_FINISHED,  /* tasks completed */
+    PTO_ENQUEUED = 0 * PTO_LINE_WORDS,  /* the ready queue's enqueue position */
+    PTO_DEQUEUED = 1 * PTO_LINE_WORDS,  /* ... and dequeue position: tasks popped */
+    PTO_FINISHED = 2 * PTO_LINE_WORDS,  /* tasks completed */
     /* the host's words and the wirer's, as the block that last looked saw them: */
-    PTO_WIRED_SEEN, /* records wired (shown[PTO_WIRED]) */
-    PTO_PUBLISHED,  /* records published (`submitted`) */
-    PTO_CLOSED,     /* 1 once a block has read `closed` as 1, its PTO_PUBLISHED then the last */
-    PTO_STOPPED,    /* PTO_RUNNING, or why the run stopped (`host_abort`, or a block's own) */
-    PTO_LOOKED_AT,  /* pto_now_ns() when a block last looked */
-    PTO_COUNTERS
+    PTO_WIRED_SEEN = 3 * PTO_LINE_WORDS, /* records wired (shown[PTO_WIRED]) */
+    PTO_PUBLISHED = 4 * PTO_LINE_WORDS,  /* records published (`submitted`) */
+    PTO_CLOSED = 5 * PTO_LINE_WORDS,     /* 1 once a block has read `closed` as 1, its PTO_PUBLISHED
+                                            then the last */
+    PTO_STOPPED = 6 * PTO_LINE_WORDS,    /* PTO_RUNNING, or why the run stopped (`host_abort`, or a
+                                            block's own) */
+    PTO_LOOKED_AT = 7 * PTO_LINE_WORDS,  /* pto_now_ns() when a block last looked */
+    PTO_COUNTERS = 8 * PTO_LINE_WORDS
 };
 /* What the blocks show the host: words they only store (the wirer, under the lock; a completing
  * block), which the host reads. */
@@ -188,8 +205,8 @@ typedef struct {
     pto_u32 *wiring;              /* the wiring lock: 1 while a block wires */
     pto_u32 *state;               /* per slot: PTO_COMPLETED | successors published */
     pto_i32 *pending;             /* per slot: unfinished producers, + 1 while it is wired */
-    pto_u32 *first_chunk;         /* per slot: its successor list's first chunk */
-    pto_u32 *chunk_next;          /* per chunk: the next chunk of its list */
+    pto_u32 *chunk_next;          /* per chunk: the next chunk of its list (chunk `slot`: slot's
+                                     first, for good) */
     pto_u32 *chunk_entry;         /* per chunk: PTO_CHUNK successor slots */
     pto_u64 *cell_sequence;       /* the ready queue: per cell, Vyukov's sequence number */
     pto_u32 *cell_slot;           /* ... and the slot it holds */
@@ -256,6 +273,16 @@ PTO_FN int pto_cas64(pto_u64 *p, pto_u64 expected, pto_u64 desired) {
                  : "=l"(old) : "l"(p), "l"(expected), "l"(desired) : "memory");
     return old == expected;
 }
+/* Fenced accesses, on words only blocks touch: one fence orders them all (one MEMBAR where an
+ * acquire load or a release store each is one each, and the loads are in flight side by side):
+ * loads that the fence after them makes acquires (pto_block_load_fenced64, then pto_fence_gpu),
+ * stores that the fence before them makes releases (pto_fence_gpu, then
+ * pto_block_store_fenced64). */
+PTO_FN void pto_fence_gpu(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+PTO_FN pto_u64 pto_block_load_fenced64(const pto_u64 *p) { return pto_block_load_relaxed64(p); }
+PTO_FN void pto_block_store_fenced64(pto_u64 *p, pto_u64 v) {
+    asm volatile("st.relaxed.gpu.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
 PTO_FN pto_u64 pto_now_ns(void) {
     pto_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -277,6 +304,11 @@ PTO_FN void pto_store_relaxed64(pto_u64 *p, pto_u64 v) { __atomic_store_n(p, v, 
 PTO_FN pto_u32 pto_fetch_add32(pto_u32 *p, pto_u32 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 PTO_FN pto_u64 pto_fetch_add64(pto_u64 *p, pto_u64 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 PTO_FN pto_u32 pto_fetch_or32(pto_u32 *p, pto_u32 v) { return __atomic_fetch_or(p, v, __ATOMIC_ACQ_REL); }
+/* Fenced accesses (above): ThreadSanitizer does not model fences, so here each fenced load is an
+ * acquire and each fenced store a release of its own, and the fence is none. */
+PTO_FN void pto_fence_gpu(void) {}
+PTO_FN pto_u64 pto_block_load_fenced64(const pto_u64 *p) { return pto_load_acquire64(p); }
+PTO_FN void pto_block_store_fenced64(pto_u64 *p, pto_u64 v) { pto_store_release64(p, v); }
 PTO_FN int pto_cas32(pto_u32 *p, pto_u32 expected, pto_u32 desired) {
     return __atomic_compare_exchange_n(p, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
@@ -346,30 +378,61 @@ PTO_FN int pto_out_of_patience(const pto_sched *s, pto_patience *patience, int o
 }
 
 /* --- the ready queue ------------------------------------------------------------------------- */
-/* Push `slot`: 0, or 1 where its cell stays taken for PTO_PATIENCE_NS (a protocol error). The
- * queue holds each slot at most once, but a cell is free only once the block that popped its
- * last entry has released it: a block stalled between the two holds its cell while the
- * positions move on past it, so a push that finds its cell not yet released waits for it. */
-PTO_FN int pto_ready_push(pto_sched *s, pto_u32 slot) {
+/* Push `count` slots into consecutive cells, as many at a time as are free: their sequences
+ * loaded side by side and fenced, one compare-and-swap to take them, one fence before their
+ * release. 0, or
+ * 1 where a cell stays taken for PTO_PATIENCE_NS (a protocol error). The queue holds each slot
+ * at most once, but a cell is free only once the block that popped its last entry has released
+ * it: a block stalled between the two holds its cell while the positions move on past it, so a
+ * push that finds its cell not yet released waits for it. */
+PTO_FN int pto_ready_push(pto_sched *s, const pto_u32 *slots, pto_u32 count) {
     const pto_u64 mask = s->slots - 1;
-    pto_u64 position = pto_block_load_relaxed64(&s->counters[PTO_ENQUEUED]);
     pto_u64 since = 0;
-    for (pto_u32 spins = 0;; ++spins) {
-        pto_u64 *sequence = &s->cell_sequence[position & mask];
-        const long long lag = (long long)(pto_block_load_acquire64(sequence) - position);
-        if (lag == 0) {
-            if (pto_cas64(&s->counters[PTO_ENQUEUED], position, position + 1)) break;
-        } else if (lag < 0) {
+    for (pto_u32 spins = 0; count > 0; ++spins) {
+        const pto_u64 position = pto_block_load_relaxed64(&s->counters[PTO_ENQUEUED]);
+        const pto_u32 trying = count < PTO_PUSH_MOST ? count : PTO_PUSH_MOST;
+        pto_u64 sequence[PTO_PUSH_MOST];
+        PTO_UNROLL
+        for (pto_u32 k = 0; k < PTO_PUSH_MOST; ++k)
+            if (k < trying) sequence[k] = pto_block_load_fenced64(&s->cell_sequence[(position + k) & mask]);
+        pto_fence_gpu();
+        pto_u32 free = 0;
+        while (free < trying && sequence[free] == position + free) ++free;
+        if (free > 0) {
+            if (!pto_cas64(&s->counters[PTO_ENQUEUED], position, position + free)) continue;
+            for (pto_u32 k = 0; k < free; ++k) s->cell_slot[(position + k) & mask] = slots[k];
+            pto_fence_gpu();
+            for (pto_u32 k = 0; k < free; ++k)
+                pto_block_store_fenced64(&s->cell_sequence[(position + k) & mask], position + k + 1);
+            slots += free;
+            count -= free;
+            since = 0;
+        } else if ((long long)(sequence[0] - position) < 0) {
             const pto_u64 now = pto_now_ns();
             if (since == 0) since = now;
             if (now - since > PTO_PATIENCE_NS) return 1;
             pto_pause(spins);
         }
-        position = pto_block_load_relaxed64(&s->counters[PTO_ENQUEUED]);
     }
-    s->cell_slot[position & mask] = slot;
-    pto_block_store_release64(&s->cell_sequence[position & mask], position + 1);
     return 0;
+}
+
+/* Ready slots gathered to be pushed together (pto_ready_push): pto_push_later adds one, pushing
+ * them all once there are PTO_PUSH_MOST, pto_push_now pushes what there is. 0, or 1 as the push. */
+typedef struct {
+    pto_u32 count;
+    pto_u32 slot[PTO_PUSH_MOST];
+} pto_ready_slots;
+
+PTO_FN int pto_push_now(pto_sched *s, pto_ready_slots *ready) {
+    const int full = pto_ready_push(s, ready->slot, ready->count);
+    ready->count = 0;
+    return full;
+}
+
+PTO_FN int pto_push_later(pto_sched *s, pto_ready_slots *ready, pto_u32 slot) {
+    ready->slot[ready->count++] = slot;
+    return ready->count == PTO_PUSH_MOST ? pto_push_now(s, ready) : 0;
 }
 
 /* Pop a slot into *slot: 1, or 0 where the queue is empty. */
@@ -386,12 +449,15 @@ PTO_FN int pto_ready_pop(pto_sched *s, pto_u32 *slot) {
         }
         position = pto_block_load_relaxed64(&s->counters[PTO_DEQUEUED]);
     }
+    PTO_HOLDING_CELL(position);
     *slot = s->cell_slot[position & mask];
     pto_block_store_release64(&s->cell_sequence[position & mask], position + mask + 1);
     return 1;
 }
 
 /* --- wiring (a block holding the lock) ------------------------------------------------------- */
+/* Successor lists: chunk `slot` is slot's first, for good (its list's other chunks come from
+ * the pool, the chunks past the slots', and go back when the slot is wired again). */
 PTO_FN pto_u32 pto_take_chunk(pto_sched *s) {
     const pto_u32 chunk = *s->free_chunk_first;
     if (chunk != PTO_NO_CHUNK) {
@@ -401,13 +467,14 @@ PTO_FN pto_u32 pto_take_chunk(pto_sched *s) {
     return chunk;
 }
 
-/* The chunks of the done task in `slot` back to the pool. */
+/* The pool's chunks of the done task in `slot` back to the pool. */
 PTO_FN void pto_retire(pto_sched *s, pto_u32 slot) {
-    for (pto_u32 chunk = s->first_chunk[slot], next; chunk != PTO_NO_CHUNK; chunk = next) {
+    for (pto_u32 chunk = s->chunk_next[slot], next; chunk != PTO_NO_CHUNK; chunk = next) {
         next = s->chunk_next[chunk];
         s->free_chunk_next[chunk] = *s->free_chunk_first;
         *s->free_chunk_first = chunk;
     }
+    s->chunk_next[slot] = PTO_NO_CHUNK;
 }
 
 /* Make the task in `slot` wait for the task in `producer`: 0, or 1 where the pool is empty. */
@@ -560,6 +627,7 @@ PTO_FN void pto_stage(pto_sched *s, pto_u64 from, pto_u32 count, pto_u32 thread,
 PTO_FN int pto_wire_staged(pto_sched *s, pto_u64 from, pto_u32 count) {
     pto_u64 ticket = from, words_read = 0;
     int failed = 0, read = 0;
+    pto_ready_slots ready = {0, {0}};
     for (; ticket < from + count && !failed; ++ticket) {
         const pto_u32 slot = (pto_u32)(ticket & (s->slots - 1));
         if (pto_staged(s, slot, PTO_RECORD_TICKET) != ticket) {
@@ -567,26 +635,27 @@ PTO_FN int pto_wire_staged(pto_sched *s, pto_u64 from, pto_u32 count) {
             break;
         }
         if (ticket >= s->slots) pto_retire(s, slot);  /* the host saw its task done */
-        const pto_u32 chunk = pto_take_chunk(s);
-        if (chunk == PTO_NO_CHUNK) {
-            failed = 1;
-            break;
-        }
-        s->first_chunk[slot] = s->last_chunk[slot] = chunk;
+        s->last_chunk[slot] = slot;
         s->successor_count[slot] = 0;
         s->pending[slot] = 1;
         s->state[slot] = 0;
         const pto_u64 first = pto_staged(s, slot, PTO_RECORD_FIRST_WORD);
         const pto_u32 producers = (pto_u32)pto_staged(s, slot, PTO_RECORD_PRODUCERS);
+        int linked = 0;
         for (pto_u32 i = 0; i < producers && !failed; ++i) {
             const pto_u64 producer = s->staged_word[(first + i) & (s->words - 1)];
-            if (producer + s->slots > ticket)  /* its slot still holds it */
+            if (producer + s->slots > ticket) {  /* its slot still holds it */
                 failed = pto_link(s, (pto_u32)(producer & (s->slots - 1)), slot);
+                linked = 1;
+            }
         }
         words_read = first + producers;
         read = 1;
-        if (!failed && pto_pending_add(s, slot, -1) == 1) failed = pto_ready_push(s, slot);
+        /* the guard dropped: by an atomic where a producer may take its 1 back, else none */
+        if (!failed && (!linked || pto_pending_add(s, slot, -1) == 1))
+            failed = pto_push_later(s, &ready, slot);
     }
+    failed |= pto_push_now(s, &ready);
     /* once a batch: each system-scope release is a MEMBAR.SYS on the GPU */
     if (read) pto_store_release64(&s->shown[PTO_WORDS_READ], words_read);
     if (ticket != from) {
@@ -611,7 +680,7 @@ PTO_FN int pto_wire_staged(pto_sched *s, pto_u64 from, pto_u32 count) {
  * the entries with a piece not taken. An entry's task cannot complete while it has a piece not
  * taken, so its slot holds it wherever a block's swap of the entry succeeds. */
 typedef struct {
-    pto_u64 *began;         /* per slot: pto_now_ns() when a block popped its task */
+    pto_u64 *began;         /* per slot: pto_now_ns() when a block took its task (pto_start) */
     pto_u32 *pieces_run;    /* per slot: pieces of its task run so far */
     pto_u64 *board;         /* `entries` of them */
     pto_u64 entries;
@@ -664,58 +733,75 @@ PTO_FN int pto_post_pieces(const pto_board *b, pto_u32 slot, pto_u64 ticket, pto
     return 0;
 }
 
-/* Thread 0's turn of its block's wait for work (pto_block_next_work): PTO_GOT_TASK (in *w: a
- * piece of a task on the board, else a ready task, its piece 0, the task put on the board if it
- * has more, all its pieces where the board is full); PTO_TO_STAGE, holding the wiring lock for
+/* The ready task in w->slot is the block's (popped, or kept): w says its piece 0, the task put
+ * on the board if it has more, all its pieces where the board is full. */
+PTO_FN void pto_start(const pto_sched *s, const pto_board *b, pto_work *w) {
+    const pto_u32 listed = (pto_u32)pto_staged(s, w->slot, PTO_RECORD_PIECES);
+    const pto_u32 pieces = listed > 0 ? listed : 1;
+    b->began[w->slot] = pto_now_ns(); /* before the board shows the task */
+    w->first = 0;
+    w->last = pieces > 1 && pto_post_pieces(b, w->slot, pto_staged(s, w->slot, PTO_RECORD_TICKET), pieces)
+                  ? 1 : pieces;
+    w->pieces = pieces;
+}
+
+/* Thread 0's turn of its block's wait for work (pto_block_next_work): PTO_GOT_TASK (in *w: the
+ * task in *kept, which the block's last completion made ready (pto_complete), else a piece of a
+ * task on the board, else a ready task: pto_start); PTO_TO_STAGE, holding the wiring lock for
  * *count records from ticket *from; PTO_ALL_DONE once the host has closed and every task it
  * published has finished; PTO_ABORTED where the run was stopped (by the host, another block, or
  * this one: a task left unfinished and no progress for PTO_PATIENCE_NS); or PTO_NOTHING_YET,
  * after a pause. */
-PTO_FN int pto_turn(pto_sched *s, const pto_board *b, pto_work *w, pto_patience *patience, pto_u32 spins,
-                    pto_u64 *from, pto_u32 *count) {
+PTO_FN int pto_turn(pto_sched *s, const pto_board *b, pto_work *w, pto_u32 *kept, pto_patience *patience,
+                    pto_u32 spins, pto_u64 *from, pto_u32 *count) {
     if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
+    if (*kept != PTO_NO_SLOT) {
+        w->slot = *kept;
+        *kept = PTO_NO_SLOT;
+        pto_start(s, b, w);
+        return PTO_GOT_TASK;
+    }
     if (pto_take_piece(s, b, w)) return PTO_GOT_TASK;
     if ((*count = pto_wire_claim(s, 64, from)) != 0) return PTO_TO_STAGE;
     /* again: this block's look may have found the run stopped (a kernel that starts after the
      * host gave up on it runs nothing: its tasks' memory may be another run's now) */
     if (pto_stopped(s) != PTO_RUNNING) return PTO_ABORTED;
     if (pto_ready_pop(s, &w->slot)) {
-        const pto_u32 listed = (pto_u32)pto_staged(s, w->slot, PTO_RECORD_PIECES);
-        const pto_u32 pieces = listed > 0 ? listed : 1;
-        b->began[w->slot] = pto_now_ns(); /* before the board shows the task */
-        w->first = 0;
-        w->last = pieces > 1 && pto_post_pieces(b, w->slot, pto_staged(s, w->slot, PTO_RECORD_TICKET), pieces)
-                      ? 1 : pieces;
-        w->pieces = pieces;
+        pto_start(s, b, w);
         return PTO_GOT_TASK;
     }
-    /* PTO_CLOSED first, as pto_look_at_host reads the host's words */
+    /* PTO_CLOSED first, as pto_look_at_host reads the host's words; the rest every
+     * PTO_CHECK_EVERY turns until the host closes (the end needs `closed`, and patience is
+     * seconds): an idle turn's loads are what every idle block puts on the L2 */
     const int closed = pto_block_load_acquire64(&s->counters[PTO_CLOSED]) != 0;
-    PTO_BETWEEN_LOADS();
-    const pto_u64 published = pto_block_load_acquire64(&s->counters[PTO_PUBLISHED]);
-    const pto_u64 finished = pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
-    if (closed && finished == published) return PTO_ALL_DONE;
-    if (pto_out_of_patience(s, patience, finished == published)) {
-        pto_stop(s, PTO_STUCK);
-        return PTO_ABORTED;
+    if (patience->since == 0) *patience = pto_patience_now(s);
+    if (closed || spins % PTO_CHECK_EVERY == 0) {
+        PTO_BETWEEN_LOADS();
+        const pto_u64 published = pto_block_load_acquire64(&s->counters[PTO_PUBLISHED]);
+        const pto_u64 finished = pto_block_load_acquire64(&s->counters[PTO_FINISHED]);
+        if (closed && finished == published) return PTO_ALL_DONE;
+        if (pto_out_of_patience(s, patience, finished == published)) {
+            pto_stop(s, PTO_STUCK);
+            return PTO_ABORTED;
+        }
     }
     pto_pause(spins);
     return PTO_NOTHING_YET;
 }
 
 /* Wait for work, the block's threads together: each calls it (the caller is thread `thread` of
- * `threads`; `said`, PTO_SAID_WORDS words of the block's shared memory). Thread 0 takes turns
- * (pto_turn) alone until one finds something, and tells the others what: records to stage,
- * which the block stages together (pto_stage) and thread 0 then wires, or the outcome.
+ * `threads`; `said`, PTO_SAID_WORDS words of the block's shared memory; `kept`, thread 0's).
+ * Thread 0 takes turns (pto_turn) alone until one finds something, and tells the others what:
+ * records to stage, which the block stages together (pto_stage) and thread 0 then wires, or
+ * the outcome.
  * PTO_GOT_TASK (in *w, for every thread), PTO_ALL_DONE or PTO_ABORTED as pto_turn says, over one
  * patience however many turns it takes. The threads read `said` until they return: they must
  * meet at a barrier before the block calls it again (where thread 0 writes it), as a task's run
  * has them do. */
-PTO_FN int pto_block_next_work(pto_sched *s, const pto_board *b, pto_work *w, pto_u64 *said, pto_u32 thread,
-                               pto_u32 threads) {
-    pto_patience patience = {0, 0};
+PTO_FN int pto_block_next_work(pto_sched *s, const pto_board *b, pto_work *w, pto_u32 *kept, pto_u64 *said,
+                               pto_u32 thread, pto_u32 threads) {
+    pto_patience patience = {0, 0}; /* from the first turn that finds nothing (pto_turn) */
     pto_u32 spins = 0;
-    if (thread == 0) patience = pto_patience_now(s);
     for (;;) {
         if (thread == 0) {
             pto_u64 from = 0;
@@ -724,7 +810,7 @@ PTO_FN int pto_block_next_work(pto_sched *s, const pto_board *b, pto_work *w, pt
             int found;
             do { /* an idle block's turns cost its other threads no barrier */
                 *w = none;
-                found = pto_turn(s, b, w, &patience, spins++, &from, &count);
+                found = pto_turn(s, b, w, kept, &patience, spins++, &from, &count);
             } while (found == PTO_NOTHING_YET);
             said[PTO_SAID_OUTCOME] = (pto_u64)found;
             said[PTO_SAID_SLOT] = w->slot;
@@ -752,28 +838,42 @@ PTO_FN int pto_block_next_work(pto_sched *s, const pto_board *b, pto_work *w, pt
     }
 }
 
-/* The block has run w's pieces (its writes fenced at system scope): 1 where they were the
- * task's last to finish, and the caller completes it. */
+/* The block has run w's pieces (its writes fenced at GPU scope): 1 where they were the task's
+ * last to finish, and the caller completes it. */
 PTO_FN int pto_pieces_ran(const pto_board *b, const pto_work *w) {
     const pto_u32 ran = w->last - w->first;
     return ran == w->pieces || pto_fetch_add32(&b->pieces_run[w->slot], ran) + ran == w->pieces;
 }
 
-/* The task in `slot` (ticket `ticket`) has run: its successors published so far lose a pending
- * producer (those that reach 0 are pushed), its slot says it is done. 0, or 1 on a full queue. */
-PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
+/* The task in `slot` has run: its successors published so far lose a pending producer (of
+ * those that reach 0, the first goes into *kept where that is PTO_NO_SLOT, for the block to run
+ * next, and the others are pushed), and it counts as finished; the caller then shows the host
+ * (pto_show_done). 0, or 1 on a full queue. */
+PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u32 *kept) {
     const pto_u32 published = pto_fetch_or32(&s->state[slot], PTO_COMPLETED) & ~PTO_COMPLETED;
     int full = 0;
-    pto_u32 chunk = s->first_chunk[slot];
+    pto_ready_slots ready = {0, {0}};
+    pto_u32 chunk = slot;  /* its list's first */
     for (pto_u32 i = 0; i < published; ++i) {
         if (i > 0 && i % PTO_CHUNK == 0) chunk = s->chunk_next[chunk];
         const pto_u32 successor = s->chunk_entry[(pto_u64)chunk * PTO_CHUNK + i % PTO_CHUNK];
-        if (pto_pending_add(s, successor, -1) == 1) full |= pto_ready_push(s, successor);
+        if (pto_pending_add(s, successor, -1) != 1) continue;
+        if (*kept == PTO_NO_SLOT)
+            *kept = successor;
+        else
+            full |= pto_push_later(s, &ready, successor);
     }
+    full |= pto_push_now(s, &ready);
     pto_fetch_add64(&s->counters[PTO_FINISHED], 1);
+    return full;
+}
+
+/* The completed task in `slot` (ticket `ticket`) is done, as the host sees it: a system-scope
+ * release of the slot's `done`, a MEMBAR.SYS that waits for the block's stores to the host's
+ * memory, which is why it comes after the successors' hand-over (pto_complete). */
+PTO_FN void pto_show_done(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
     pto_store_release64(&s->done[slot], ticket);
     pto_store_relaxed64(&s->shown[PTO_LAST_DONE], ticket + 1); /* a sign of progress, no more */
-    return full;
 }
 
 /* --- the host's side: loads and stores only ----------------------------------------------------- */
@@ -781,7 +881,8 @@ PTO_FN int pto_complete(pto_sched *s, pto_u32 slot, pto_u64 ticket) {
 /* Lay the arrays of a scheduler of these sizes out in two regions, and say how many bytes each
  * takes: the blocks' own words in `device` memory, the words the host writes or reads in
  * `mapped` memory (host memory the GPU reaches: cudaHostAllocMapped, write-back), each array
- * at a multiple of 64 bytes from its region's base. With bases of 0, only the sizes. */
+ * at a multiple of 128 bytes (an L2 line) from its region's base. With bases of 0, only the
+ * sizes. */
 typedef struct {
     pto_u64 device_bytes, mapped_bytes;
 } pto_extent;
@@ -794,7 +895,7 @@ PTO_FN pto_u32 pto_pool_chunks(pto_u32 slots, pto_u64 named) {
 
 PTO_FN void *pto_carve(char *base, pto_u64 *used, pto_u64 count, pto_u64 size) {
     void *at = (void *)((uintptr_t)base + *used);
-    *used += (count * size + 63) / 64 * 64;
+    *used += (count * size + 127) / 128 * 128;
     return at;
 }
 
@@ -818,7 +919,6 @@ PTO_FN pto_extent pto_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32
     s->wiring = (pto_u32 *)pto_carve(device, &e.device_bytes, 1, sizeof(pto_u32));
     s->state = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
     s->pending = (pto_i32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_i32));
-    s->first_chunk = (pto_u32 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u32));
     s->chunk_next = (pto_u32 *)pto_carve(device, &e.device_bytes, chunks, sizeof(pto_u32));
     s->chunk_entry = (pto_u32 *)pto_carve(device, &e.device_bytes, (pto_u64)chunks * PTO_CHUNK, sizeof(pto_u32));
     s->cell_sequence = (pto_u64 *)pto_carve(device, &e.device_bytes, slots, sizeof(pto_u64));
@@ -835,7 +935,8 @@ PTO_FN pto_extent pto_layout(pto_sched *s, pto_u32 slots, pto_u32 words, pto_u32
 
 /* A run's first state, written through `s` into zeroed regions (the host's view of both: on a
  * GPU, of a copy of the device region that the host then copies there): every cell of the
- * ready queue free, no task done in any slot, every chunk in the pool. The records and their
+ * ready queue free, no task done in any slot, each slot's first chunk alone in its list and
+ * the chunks past the slots' in the pool. The records and their
  * staged copies, each region's last arrays, need none (each word is written before it is read):
  * only the bytes before them need be zeroed. */
 PTO_FN void pto_initial(pto_sched *s) {
@@ -843,7 +944,11 @@ PTO_FN void pto_initial(pto_sched *s) {
         s->cell_sequence[i] = i;
         s->done[i] = (pto_u64)-1;
     }
-    for (pto_u32 i = 0; i < s->chunks; ++i) s->free_chunk_next[i] = i + 1 < s->chunks ? i + 1 : PTO_NO_CHUNK;
+    for (pto_u32 i = 0; i < s->chunks; ++i) {
+        if (i < s->slots) s->chunk_next[i] = PTO_NO_CHUNK;
+        s->free_chunk_next[i] = i + 1 < s->chunks ? i + 1 : PTO_NO_CHUNK;
+    }
+    *s->free_chunk_first = s->chunks > s->slots ? s->slots : PTO_NO_CHUNK;
 }
 
 /* Why the run stopped, as the host sees it: PTO_RUNNING, or a reason of its own or a block's. */

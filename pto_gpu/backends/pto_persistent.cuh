@@ -34,8 +34,9 @@
 // task, or a piece of one) for the block (pto_block_next_work, where the block's threads also
 // copy the records the host has published into device memory when it is their turn to wire),
 // the block's threads run it from its staged record, then thread 0 makes the block's writes
-// visible at system scope (__threadfence_system) and, for the task's last piece, completes it;
-// barriers between each step. Per block,
+// visible at GPU scope (__threadfence) and, for the task's last piece, completes it (a
+// successor it makes ready the block runs next; the host sees the completion behind a
+// system-scope release, after the successors); barriers between each step. Per block,
 // `running[block]` is the ticket + 1 of the task it runs (0 between tasks): what the host
 // names when the kernel dies in a fault.
 #ifndef PTO_PERSISTENT_CUH
@@ -44,7 +45,7 @@
 #ifndef __CUDACC__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
-#define __threadfence_system() __atomic_thread_fence(__ATOMIC_SEQ_CST)
+#define __threadfence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #endif
 
 #define PTO_ENTRY(blocks) static __device__ __forceinline__ void

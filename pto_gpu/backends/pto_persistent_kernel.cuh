@@ -14,7 +14,7 @@ __device__ void pto_run_task(unsigned kernel, const long long *words);
 enum { PTO_RECORD_INSTANCE = PTO_RECORD_HEADER, PTO_RECORD_WORDS };
 static_assert(PTO_TASK_SHARED_BYTES >= PTO_SAID_WORDS * sizeof(pto_u64), "room for thread 0's words");
 struct PtoRecords {
-    pto_u64 *began;                     // per slot: pto_now_ns() when a block popped the task
+    pto_u64 *began;                     // per slot: pto_now_ns() when a block took the task
     unsigned long long *ended;          // ... and once its last piece to finish had run
     unsigned long long *ran_on;         // per slot: the block that ran that piece
     unsigned long long *running;        // per block: the ticket + 1 of its task, 0 between tasks
@@ -34,9 +34,11 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
     const PtoRecords r = *pto_records;
     const pto_board board = {r.began, r.pieces_run, r.board, r.board_entries, r.open};
     const unsigned block = pto_block_index();
+    pto_u32 kept = PTO_NO_SLOT;  // thread 0's: the task its last completion made ready
     for (;;) {
         pto_work work;
-        if (pto_block_next_work(&s, &board, &work, said, threadIdx.x, PTO_THREADS) != PTO_GOT_TASK) return;
+        if (pto_block_next_work(&s, &board, &work, &kept, said, threadIdx.x, PTO_THREADS) != PTO_GOT_TASK)
+            return;
         const pto_u64 *const record = s.staged + (pto_u64)work.slot * s.record_words;
         const pto_u64 ticket = record[PTO_RECORD_TICKET];
         const unsigned kernel = (unsigned)record[PTO_RECORD_INSTANCE];
@@ -56,13 +58,19 @@ pto_persistent(const pto_sched *pto_scheduler, const PtoRecords *pto_records) {
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            r.running[block] = 0;
-            __threadfence_system();  // the block's writes, before its successors may start
+            // the block's writes, before its successors may start on this GPU (the host sees
+            // them through pto_show_done's system-scope release, which is cumulative)
+            __threadfence();
             if (pto_pieces_ran(&board, &work)) {
-                r.ended[work.slot] = pto_now_ns();
+                const pto_u64 ended = pto_now_ns();
+                if (pto_complete(&s, work.slot, &kept)) pto_stop(&s, PTO_FAULTED);
+                // the stores to mapped memory after the successors' hand-over (a fence waits
+                // for them), and before `done`, with which the host reads them
+                r.ended[work.slot] = ended;
                 r.ran_on[work.slot] = block;
-                if (pto_complete(&s, work.slot, ticket)) pto_stop(&s, PTO_FAULTED);
+                pto_show_done(&s, work.slot, ticket);
             }
+            r.running[block] = 0;
         }
     }
 }
