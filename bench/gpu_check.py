@@ -74,22 +74,34 @@ def run(command: list[str], budget: float, log: Path) -> tuple[int, float]:
 
     At the limit pytest is interrupted as by Ctrl-C, so it still writes its JUnit XML and
     benchmark JSON for what finished; it is killed only if it does not stop within a grace period.
+    Either way the signal goes to its process group, and at the end the group is killed: an
+    xdist worker left running (a test's kernel holding the GPU, its thread busy) would share the
+    GPU and the host with the next part, and slow what it measures.
     """
     started = time.perf_counter()
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                   env={"PTO_GPU_TIMEOUT": WAIT_S, **os.environ})
+                                   env={"PTO_GPU_TIMEOUT": WAIT_S, **os.environ}, start_new_session=True)
         try:
             code = process.wait(timeout=budget)
         except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGINT)
+            _signal_group(process, signal.SIGINT)
             try:
                 process.wait(timeout=INTERRUPT_GRACE_S)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
             code = 124
+        _signal_group(process, signal.SIGKILL)
     return code, time.perf_counter() - started
+
+
+def _signal_group(process: subprocess.Popen, sent: int) -> None:
+    """Send `sent` to the process group `process` leads (its own session), if any is left."""
+    try:
+        os.killpg(process.pid, sent)
+    except ProcessLookupError:
+        pass
 
 
 def run_parts(command, budget: float, out: Path, name: str, parts: dict[str, str]) -> tuple[int, float]:
@@ -194,7 +206,8 @@ def main() -> int:
     tests["not_run"] = "?" if collected is None else max(collected - ran, 0)
     bench_code, bench_seconds = run_parts(lambda expression, part: [
         sys.executable, "-m", "pytest", "-k", expression, "-q", "-p", "no:cacheprovider", "bench/test_gpu.py",
-        "--benchmark-only", *timeout, f"--benchmark-json={out / f'gpu-bench-{part}.json'}"],
+        "bench/test_host.py", "--benchmark-only", *timeout,
+        f"--benchmark-json={out / f'gpu-bench-{part}.json'}"],
         BENCH_BUDGET_S, out, "bench", BENCH_PARTS)
     rows, unreadable = benchmark_rows([out / f"gpu-bench-{part}.json" for part in BENCH_PARTS])
     report = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tests": tests,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -68,3 +69,26 @@ def test_the_counts_leave_out_a_nameless_testcase_an_interrupted_run_wrote(tmp_p
         '<testcase classname="" time="0"/></testsuite></testsuites>')
     counts = gpu_check.test_counts([tmp_path / f"gpu-tests-{part}.xml" for part in gpu_check.PARTS])
     assert counts == {"passed": 1, "failed": 1, "skipped": 1, "failures": ["t::test_b"]}
+
+
+def test_a_part_past_its_budget_leaves_none_of_its_processes_running(tmp_path):
+    """A budget's end stops the part's whole process group: a child (an xdist worker with a
+    kernel in flight) that outlived it would share the GPU and the host with the next part."""
+    pid_file = tmp_path / "child.pid"
+    # The child ignores SIGINT (as a worker deep in a wait may not stop for it) and the parent
+    # stops at once, so only the group's SIGKILL ends the child.
+    script = f"(trap '' INT; exec sleep 300) & echo $! > {pid_file}; wait"
+    code, seconds = gpu_check.run(["bash", "-c", script], 1.0, tmp_path / "part.log")
+    child = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    assert code == 124 and seconds < gpu_check.INTERRUPT_GRACE_S
+
+    def state() -> str:  # the child's, as the kernel has it: gone, or a zombie, once it has ended
+        try:
+            return child.read_text().split()[2]
+        except FileNotFoundError:
+            return "gone"
+
+    deadline = time.monotonic() + 10  # a SIGKILL takes effect at the process's next scheduling
+    while state() not in ("gone", "Z") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state() in ("gone", "Z"), f"the part's child ({child}) still runs"
