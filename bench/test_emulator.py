@@ -204,7 +204,7 @@ def test_enqueue_from_python(benchmark, null_driver):
 def _issue_many(driver, function, gemm, stream, words, at, own, waits, scratch_words, params, failed, count):
     for i in range(count):
         own[0] = i
-        if issue(driver, function, 1, 256, 0, gemm, 0, stream, words, at, own, waits, 0, scratch_words,
+        if issue(driver, function, 1, 256, 0, gemm, 0, stream, words, at, own, waits, 0, 0, scratch_words,
                  params, failed) != 0:
             return i
     return count

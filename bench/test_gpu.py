@@ -36,6 +36,8 @@ stalls on full rings, launches), which tells a host-bound round from a GPU-bound
 """
 
 import math
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,6 +95,17 @@ def how_it_ran(benchmark, result) -> None:
                                 wall_ms=result.seconds * 1e3,
                                 caller_cpu_ms=result.cpu_seconds.get("caller", 0.0) * 1e3,
                                 stalled_ms=sum(result.stalls.values()) * 1e3)
+
+
+def kernel_time(benchmark, run) -> None:
+    """`run(trace=path)` once more, traced, so each task is its own launch (the Python stream
+    executor) and its kernel is timed by events on the GPU: the mean kernel time a task,
+    extra_info["kernel_us"], which with the kernel's blocks a task says whether the kernel is
+    slow or the run is bound elsewhere (the host, too few blocks at once)."""
+    with tempfile.TemporaryDirectory() as folder:
+        result = run(trace=Path(folder) / "trace.json")
+    kernels = result.kernels.values()
+    benchmark.extra_info["kernel_us"] = sum(k.seconds for k in kernels) / sum(k.tasks for k in kernels) * 1e6
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +357,7 @@ def generated_rounds(benchmark, cupy, kernel, pairs, c, orchestration=gemm_in_ti
     gemm_check(cupy, *pairs[(3 + 1 - 1) % 2], c)
     tflops(benchmark, 2 * N**3)
     how_it_ran(benchmark, result)
+    kernel_time(benchmark, lambda **traced: rt.run(orchestration, kernel, *pairs[0], c, **traced))
 
 
 @pytest.mark.parametrize("form", BAND_FORMS)
@@ -466,10 +480,10 @@ def qkv_half_forms(cupy, request):
 
 
 def runtime_attention(benchmark, cupy, qkv, rounds: int, tolerance: float, orchestration=flash_attention,
-                      streams: int = 2, tile: int = 128) -> None:
+                      streams: int = 2, tile: int = 128, timed: bool = False) -> None:
     """Causal flash attention through the runtime in `tile`-row tiles, on `streams` streams a
     worker class; its first and last heads against float64 within `tolerance` of the output's
-    scale."""
+    scale; `timed`: its kernels' mean time a task too (kernel_time)."""
     out = cupy.zeros_like(qkv[0])
     dim = qkv[0].shape[-1]
     rt = pto.Runtime(backend="cuda", executor="stream", heap_bytes=1 << 30,
@@ -477,6 +491,9 @@ def runtime_attention(benchmark, cupy, qkv, rounds: int, tolerance: float, orche
     result = benchmark.pedantic(rt.run, (orchestration, *qkv, out), {"tile": tile, "causal": True},
                                 rounds=rounds, warmup_rounds=1)
     how_it_ran(benchmark, result)
+    if timed:
+        kernel_time(benchmark, lambda **traced: rt.run(orchestration, *qkv, out, tile=tile, causal=True,
+                                                       **traced))
     mask = cupy.triu(cupy.full((SEQ, SEQ), -cupy.inf), 1)
     for head in (0, HEADS - 1):
         q, k, v = (a[head].astype(cupy.float64) for a in qkv)
@@ -534,7 +551,7 @@ def test_flash_attention_float16_fused(benchmark, cupy, qkv_half_forms, tile):
     64-row tiles: 64 tasks of 32 blocks), from the compiled orchestration on 6 streams; the
     scores stay in float tiles, so the tolerance is the three-task form's."""
     runtime_attention(benchmark, cupy, qkv_half_forms, rounds=3, tolerance=1e-2,
-                      orchestration=flash_attention_fused_compiled, streams=6, tile=tile)
+                      orchestration=flash_attention_fused_compiled, streams=6, tile=tile, timed=True)
 
 
 # --- a user's kernel in column blocks -------------------------------------------------------------

@@ -114,8 +114,8 @@ def counted_events(rt: pto.Runtime) -> list:
     seen = []
     enqueue = rt.backend.enqueue
 
-    def counting(task, stream, after):
-        event = enqueue(task, stream, after)
+    def counting(task, stream, after, timed=False):
+        event = enqueue(task, stream, after, timed)
         seen.append(event)
         return event
 

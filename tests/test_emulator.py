@@ -6,6 +6,7 @@ instead of hanging it."""
 
 import ctypes
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -61,9 +62,9 @@ class Emulator:
         self._streams.append(handle.value)
         return handle.value
 
-    def event(self) -> int:
+    def event(self, timed: bool = False) -> int:
         handle = ctypes.c_void_p()
-        assert self.cu.event_create(ctypes.byref(handle), 2) == SUCCESS
+        assert self.cu.event_create(ctypes.byref(handle), 0 if timed else 2) == SUCCESS  # 2: DISABLE_TIMING
         self._events.append(handle.value)
         return handle.value
 
@@ -317,6 +318,38 @@ def test_an_event_never_recorded_is_reached(emu):
     emu.tagged(stream, 1)
     assert wait(emu.recorded(stream)) == SUCCESS
     assert emu.log == [1]
+
+
+def test_elapsed_time_between_timing_events_as_the_driver_answers(emu):
+    """cuEventElapsedTime: the milliseconds between two timing events' records being reached
+    (the streams' order, whatever stream each is on); INVALID_HANDLE for an event made with
+    CU_EVENT_DISABLE_TIMING or never recorded, NOT_READY while either is still to be reached."""
+    first, second = emu.stream(), emu.stream()
+    start, end, unrecorded = (emu.event(timed=True) for _ in range(3))
+    plain = emu.event()
+    ms = ctypes.c_float(-1.0)
+
+    def elapsed(a, b) -> int:
+        return emu.cu.event_elapsed_time(ctypes.byref(ms), a, b)
+
+    assert emu.cu.event_record(start, first) == SUCCESS
+    assert emu.launch(emu.blocked, first) == SUCCESS
+    assert emu.cu.event_record(end, first) == SUCCESS
+    assert emu.cu.event_record(plain, first) == SUCCESS
+    assert emu.started.wait(BOUND)
+    assert elapsed(start, end) == NOT_READY  # the kernel holds `end`
+    time.sleep(GLIMPSE)  # the kernel runs at least this long
+    emu.gate.set()
+    assert wait(end) == SUCCESS and wait(plain) == SUCCESS
+    assert elapsed(start, end) == SUCCESS and GLIMPSE * 1e3 <= ms.value < BOUND * 1e3
+    forward = ms.value
+    assert elapsed(end, start) == SUCCESS and ms.value == -forward
+    assert elapsed(start, plain) == INVALID_HANDLE and elapsed(plain, end) == INVALID_HANDLE
+    assert elapsed(start, unrecorded) == INVALID_HANDLE
+    assert emu.cu.event_elapsed_time(None, start, end) == INVALID_VALUE
+    # a record on another stream, later: the same clock
+    assert emu.cu.event_record(unrecorded, second) == SUCCESS and wait(unrecorded) == SUCCESS
+    assert elapsed(end, unrecorded) == SUCCESS and ms.value >= 0.0
 
 
 def test_memset_and_memcpy_are_ordered_with_kernels(emu):

@@ -1,7 +1,7 @@
 """The run timeline (trace=) and RunResult's statistics agree with the graph, with each other,
-and with when and where the kernels really ran (as the kernels themselves measured it: the
-stream executor's spans are inferred from issue and retirement, so only the kernels' own
-clocks can show a task that ran before its producer ended)."""
+and with when and where the kernels really ran (as the kernels themselves measured it; the
+stream executor's spans are what its backend measured where the kernels ran, a stream's
+thread or a GPU's timing events, not the host's issue and retirement)."""
 
 import json
 import threading
@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from conftest import CONCURRENT_EXECUTORS, EXECUTORS
+from pto_gpu.kernels.elementwise import scale
 from pto_gpu.orchestration.flash_attention import flash_attention
 from pto_gpu.orchestration.llama import llama_layer, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul
@@ -120,6 +121,32 @@ def test_spans_lie_within_the_run(timed):
     _, events, _, wall_us = timed
     spans = [e for e in events if e["ph"] == "X"]
     assert all(0 <= e["ts"] and 0 <= e["dur"] and e["ts"] + e["dur"] <= wall_us for e in spans)
+
+
+def _late_retirement(o, x, y, pause: float):
+    """A task, then `pause` seconds of the orchestration's own before the next submit: the stream
+    executor notices the first task's end no sooner (it polls at each submit)."""
+    X, Y = o.external(x), o.external(y)
+    o.submit(scale, pto.input(X[0:1]), pto.output(Y[0:1]), 2.0)
+    time.sleep(pause)
+    o.submit(scale, pto.input(X[1:2]), pto.output(Y[1:2]), 2.0)
+
+
+@pytest.mark.parametrize("backend, options", [("cpu", {}), ("cuda-emulated", {"emulate": "gpu-code"})])
+def test_stream_spans_are_when_the_kernels_ran_not_when_the_host_noticed(tmp_path, backend, options):
+    """A one-row kernel's span (and kernel time) on the stream executor is microseconds even
+    though the host saw it end only PAUSE later: as inferred from retirement it lasted PAUSE."""
+    pause = 0.2
+    rt = pto.Runtime(backend=backend, executor="stream", **options)
+    x, y = (rt.backend.to_device(a) for a in (np.ones((2, 16), np.float32), np.zeros((2, 16), np.float32)))
+    rt.run(_late_retirement, x, y, 0.0)  # the kernel's first call (a compile) before the timed run
+    path = tmp_path / "trace.json"
+    result = rt.run(_late_retirement, x, y, pause, trace=path)
+    spans = task_events(json.loads(path.read_text())["traceEvents"])
+    assert np.array_equal(rt.backend.to_host(y), 2 * np.ones((2, 16)))
+    assert spans[0]["dur"] < pause / 4 * 1e6 and result.kernels["scale"].seconds < pause / 4
+    assert spans[1]["ts"] - spans[0]["ts"] > pause / 2 * 1e6  # its submit came after the pause
+    assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= result.seconds * 1e6 for e in spans.values())
 
 
 def test_one_flow_arrow_per_dependency_bound_to_its_tasks(traced):

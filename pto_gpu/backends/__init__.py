@@ -84,9 +84,14 @@ class StreamBackend(Backend, Protocol):
     def stream(self, key: object) -> object:
         """The backend's stream for `key`, made on first use."""
 
-    def enqueue(self, task, stream: object, after: list[Event]) -> Event:
+    def enqueue(self, task, stream: object, after: list[Event], timed: bool = False) -> Event:
         """Enqueue a task's kernel on `stream` behind the events `after` (its producers on
-        other streams); returns at once, with an event reached when the kernel has run."""
+        other streams); returns at once, with an event reached when the kernel has run.
+        `timed`: also measure when the kernel starts and ends where it runs (`span`)."""
+
+    def span(self, event: Event) -> tuple[float, float]:
+        """When the kernel of a timed enqueue, whose `event` was reached, started and ended
+        where it ran (a GPU's clock, or the stream's thread), as time.perf_counter() readings."""
 
     def done(self, event: Event) -> bool:
         """Non-blocking; raises the failure of a kernel the event waited for."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 
 import numpy as np
 
@@ -75,9 +76,11 @@ class CpuBackend:
             stream = self._streams[key] = CpuStream(f"pto-stream-{key}")
         return stream
 
-    def enqueue(self, task, stream: CpuStream, after: list[CpuEvent]) -> CpuEvent:
+    def enqueue(self, task, stream: CpuStream, after: list[CpuEvent], timed: bool = False) -> CpuEvent:
         call = self._call(task)
         event = self._events.pop() if self._events else CpuEvent()
+        if timed:
+            call = functools.partial(_timed, call, event)
         if self._captured is not None:
             self._captured.append((task, call))
             event.reach()  # order within a capture is issue order: nothing to wait for
@@ -87,6 +90,9 @@ class CpuBackend:
         stream.call(call)
         stream.record(event)
         return event
+
+    def span(self, event: CpuEvent) -> tuple[float, float]:
+        return event.started, event.ended
 
     def done(self, event: CpuEvent) -> bool:
         if not event.done():
@@ -130,6 +136,13 @@ class CpuBackend:
         memory, offset = locate(tensor, self.heap, self.heap_base)
         return np.ndarray(tensor.shape, tensor.dtype.numpy, buffer=memory, offset=offset,
                           strides=tensor.byte_strides)
+
+
+def _timed(call: functools.partial, event: CpuEvent) -> None:
+    """`call` on its stream's thread, its start and end noted in `event` (CpuBackend.span)."""
+    event.started = time.perf_counter()
+    call()
+    event.ended = time.perf_counter()
 
 
 def _as_numpy(array: object) -> np.ndarray:

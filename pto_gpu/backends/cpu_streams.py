@@ -22,11 +22,13 @@ _STOP = None
 
 
 class CpuEvent:
-    __slots__ = ("_reached", "failure")
+    __slots__ = ("_reached", "failure", "started", "ended")
 
     def __init__(self):
         self._reached = threading.Event()
         self.failure: BaseException | None = None  # what poisoned its stream before the record
+        # A timed call's perf_counter() readings on the stream's thread, around the kernel.
+        self.started = self.ended = 0.0
 
     def done(self) -> bool:
         return self._reached.is_set()

@@ -27,10 +27,11 @@ import dataclasses
 import math
 import os
 import threading
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -57,6 +58,15 @@ from .launches import (
 from .persistent_module import ModuleInstance
 
 GPU_TIMEOUT = 600.0  # seconds an event may take before a wait calls it a hang (PTO_GPU_TIMEOUT)
+CLOCK_SECONDS = 1.0  # how old the timed enqueues' clock may grow before it is taken again
+
+
+class _Clock(NamedTuple):
+    """A timing event the GPU reached at `at` (a time.perf_counter() reading), against which
+    other timing events' elapsed times are host times."""
+
+    event: int
+    at: float
 
 
 class Device(Protocol):
@@ -96,8 +106,8 @@ class Device(Protocol):
     def stream(self) -> int:
         """A new non-blocking stream's handle, freed with the device."""
 
-    def event(self) -> int:
-        """A new event's handle (timing disabled), freed with the device."""
+    def event(self, timed: bool = False) -> int:
+        """A new event's handle, freed with the device; timing disabled unless `timed`."""
 
     def enter(self) -> None:
         """Make the device's context current on the calling thread (once per thread)."""
@@ -139,6 +149,11 @@ class CudaBackend:
         self._compilers: ThreadPoolExecutor | None = None  # prefetch's threads, made at its first use
         self._local = threading.local()  # per issuing thread: its Scratch and its own stream
         self._events: list[int] = []  # handed back by the stream executor, to record again
+        self._timed_events: list[int] = []  # the same, made with timing (timed enqueues)
+        # A timed enqueue's event -> the event recorded at its kernel's start, and the clock
+        # its span is read against (_clock).
+        self._starts: dict[int, tuple[int, _Clock]] = {}
+        self._clock: _Clock | None = None
         self._streams: dict[object, int] = {}
         self._origin: int | None = None  # the stream a capture begins and ends on
         self._capturing = False
@@ -183,17 +198,55 @@ class CudaBackend:
         finally:
             self.release(event)
 
-    def enqueue(self, task, stream: int, after) -> int:
+    def enqueue(self, task, stream: int, after, timed: bool = False) -> int:
         """Enqueue a task's kernel on `stream` behind the events `after` (producers on other
-        streams); the event recorded behind it."""
+        streams); the event recorded behind it. `timed`: a timing event, and another recorded
+        just before the kernel, once its waits are passed (`span`)."""
         self._enter()
-        event = self.take_event()
+        if not timed:
+            event = self.take_event()
+            try:
+                self._enqueue(task, stream, after, event)
+                return event
+            except BaseException:
+                self._events.append(event)  # recorded or not, nothing waits on it
+                raise
+        clock = self._timing_clock()
+        start, event = self._take_timed(), self._take_timed()
         try:
-            self._enqueue(task, stream, after, event)
-            return event
+            self._enqueue(task, stream, after, event, start)
         except BaseException:
-            self._events.append(event)  # recorded or not, nothing waits on it
+            self._timed_events += (start, event)
             raise
+        self._starts[event] = (start, clock)
+        return event
+
+    def span(self, event: int) -> tuple[float, float]:
+        start, clock = self._starts[event]
+        return (clock.at + self._driver.elapsed(clock.event, start),
+                clock.at + self._driver.elapsed(clock.event, event))
+
+    def _take_timed(self) -> int:
+        try:
+            return self._timed_events.pop()
+        except IndexError:
+            return self.device.event(timed=True)
+
+    def _timing_clock(self) -> _Clock:
+        """The clock timed enqueues' spans are read against: a timing event this thread's own
+        (idle) stream has reached, and when; made anew, while no timed event is out, once it is
+        CLOCK_SECONDS old (the elapsed times are floats of milliseconds: ~0.1 us fine a second
+        from their clock, ~8 us a minute)."""
+        clock = self._clock
+        if clock is None or (not self._starts and time.perf_counter() - clock.at > CLOCK_SECONDS):
+            if clock is not None:
+                self._timed_events.append(clock.event)
+            event, stream = self._take_timed(), self._thread_stream()
+            at = time.perf_counter()  # the idle stream reaches the record within microseconds
+            self._driver.call("cuEventRecord", event, stream)
+            self.synchronize(event)
+            clock = self._clock = _Clock(event, at)
+        return clock
 
     def prepare(self, task, wait: bool = True) -> tuple[Template, np.ndarray] | Future | None:
         """A task's launch: its instance's template and the task's own words (in param order,
@@ -248,11 +301,16 @@ class CudaBackend:
         return (cuda.library is not None and self.device.runs_libraries
                 and (cuda.library_only or not (self._capturing or self.tf32)))
 
-    def _enqueue(self, task, stream: int, after, event: int) -> None:
+    def _enqueue(self, task, stream: int, after, event: int, start: int | None = None) -> None:
+        """The launch (or library call) of `task` on `stream` after the waits `after`, `event`
+        recorded behind it; `start` (a timed enqueue's) recorded before it, once the waits are
+        passed and the instance made (a first call's compile is not the kernel's time)."""
         prepared = self.prepare(task)
         if prepared is None or prepared[0].grid == 0:  # a library call, or no work items
             for producer in after:
                 self._driver.call("cuStreamWaitEvent", stream, producer, 0)
+            if start is not None:
+                self._driver.call("cuEventRecord", start, stream)
             if prepared is None:
                 self.library(task, stream)
             self._driver.call("cuEventRecord", event, stream)
@@ -262,8 +320,8 @@ class CudaBackend:
         blas = self.blas_handle(stream) if launch.gemm[0]["batch"] else 0
         args = (self._driver.addresses, launch.function, launch.grid, launch.block, launch.shared,
                 launch.gemm, blas, stream, launch.words, launch.task_words, own,
-                np.array(after, np.int64) if after else _NO_WAITS, event, scratch.words, scratch.params,
-                scratch.failed)
+                np.array(after, np.int64) if after else _NO_WAITS, start or 0, event, scratch.words,
+                scratch.params, scratch.failed)
         if self._issue is None:  # issue's entry for these types: half of its call's cost was dispatch
             self._issue = compiled_entry(issue, *args)
         status = self._issue(*args)
@@ -451,7 +509,11 @@ class CudaBackend:
         self._driver.wait_until_reached(event, self.gpu_timeout if timeout is None else timeout)
 
     def release(self, event: int) -> None:
-        self._events.append(event)
+        timed = self._starts.pop(event, None)
+        if timed is None:
+            self._events.append(event)
+        else:
+            self._timed_events += (timed[0], event)
 
     def begin_capture(self, streams: list) -> None:
         """Capture everything enqueued on `streams` from here on into one CUDA graph: the

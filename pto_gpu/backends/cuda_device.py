@@ -180,8 +180,8 @@ class CupyDevice:
         self._kept.append(stream)
         return stream.ptr
 
-    def event(self) -> int:
-        event = self._cupy.cuda.Event(disable_timing=True)
+    def event(self, timed: bool = False) -> int:
+        event = self._cupy.cuda.Event(disable_timing=not timed)
         self._kept.append(event)
         return event.ptr
 

@@ -77,6 +77,7 @@ enum { CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_CAPTURE_STATUS_ACTIVE, CU_STREAM
 
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_NON_BLOCKING 0x1u
+#define CU_EVENT_DISABLE_TIMING 0x2u
 #define EVENT_FLAGS 0x7u /* CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS */
 #define MAX_BLOCK_THREADS 1024ull
 /* A launch's dynamic shared memory: at most 48 KiB, or what cuFuncSetAttribute's
@@ -102,6 +103,7 @@ enum magic {
  * stream is never enqueued nor reached: it names a point of the capture (see below). */
 struct record {
     int reached;
+    long long reached_ns;      /* CLOCK_MONOTONIC when reached (cuEventElapsedTime) */
     int refs;                  /* the event while it is the event's latest, and each command naming it */
     unsigned long long capture; /* the id of the capture it was made in; 0 for an enqueued record */
     int width;                 /* in a capture: its stream's vector clock then, clock[0..width) */
@@ -110,6 +112,7 @@ struct record {
 
 struct event {
     enum magic magic;
+    int timed; /* created without CU_EVENT_DISABLE_TIMING: cuEventElapsedTime may read it */
     struct record *latest; /* NULL until first recorded: queries and waits are then satisfied */
     struct event *next_free;
 };
@@ -270,6 +273,9 @@ static size_t round16(size_t n) {
 }
 
 static void reach(struct record *record) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    record->reached_ns = t.tv_sec * 1000000000LL + t.tv_nsec;
     record->reached = 1;
     pthread_cond_broadcast(&g_progress);
 }
@@ -709,6 +715,7 @@ CUresult cuEventCreate(CUevent *out, unsigned flags) {
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             e->magic = EVENT;
+            e->timed = !(flags & CU_EVENT_DISABLE_TIMING);
             e->latest = NULL;
             *out = e;
         }
@@ -782,6 +789,25 @@ CUresult cuEventQuery(CUevent event) {
     if (rc == CUDA_SUCCESS) rc = event_of(event);
     if (rc == CUDA_SUCCESS && event->latest != NULL && event->latest->capture != 0) rc = CUDA_ERROR_CAPTURED_EVENT;
     if (rc == CUDA_SUCCESS && event->latest != NULL && !event->latest->reached) rc = CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+/* The milliseconds from `start`'s latest record being reached to `end`'s, as the driver answers:
+ * CUDA_ERROR_INVALID_HANDLE for an event made with CU_EVENT_DISABLE_TIMING or never recorded,
+ * CUDA_ERROR_NOT_READY while either is still to be reached. */
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    pthread_mutex_lock(&g_lock);
+    CUresult rc = status();
+    if (rc == CUDA_SUCCESS) rc = event_of(start);
+    if (rc == CUDA_SUCCESS) rc = event_of(end);
+    if (rc == CUDA_SUCCESS && ms == NULL) rc = CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS && (!start->timed || !end->timed || start->latest == NULL || end->latest == NULL))
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    if (rc == CUDA_SUCCESS && (start->latest->capture != 0 || end->latest->capture != 0))
+        rc = CUDA_ERROR_CAPTURED_EVENT;
+    if (rc == CUDA_SUCCESS && (!start->latest->reached || !end->latest->reached)) rc = CUDA_ERROR_NOT_READY;
+    if (rc == CUDA_SUCCESS) *ms = (float)((double)(end->latest->reached_ns - start->latest->reached_ns) / 1e6);
     pthread_mutex_unlock(&g_lock);
     return rc;
 }

@@ -43,6 +43,7 @@ SIGNATURES: dict[str, type] = {
     "cuEventRecord": ctypes.CFUNCTYPE(_int, _handle, _handle),
     "cuEventQuery": ctypes.CFUNCTYPE(_int, _handle),
     "cuEventSynchronize": ctypes.CFUNCTYPE(_int, _handle),
+    "cuEventElapsedTime": ctypes.CFUNCTYPE(_int, ctypes.POINTER(ctypes.c_float), _handle, _handle),
     "cuFuncSetAttribute": ctypes.CFUNCTYPE(_int, _handle, _int, _int),
     "cuLaunchKernel": ctypes.CFUNCTYPE(_int, _handle, *[_uint] * 7, _handle, ctypes.POINTER(ctypes.c_void_p),
                                        ctypes.POINTER(ctypes.c_void_p)),
@@ -116,10 +117,18 @@ class Driver:
         self.call("cuStreamCreate", ctypes.byref(handle), STREAM_NON_BLOCKING)
         return handle.value
 
-    def new_event(self) -> int:
+    def new_event(self, timed: bool = False) -> int:
+        """A new event; `timed`: one whose records cuEventElapsedTime measures (`elapsed`)."""
         handle = ctypes.c_void_p()
-        self.call("cuEventCreate", ctypes.byref(handle), EVENT_DISABLE_TIMING)
+        self.call("cuEventCreate", ctypes.byref(handle), 0 if timed else EVENT_DISABLE_TIMING)
         return handle.value
+
+    def elapsed(self, start: int, end: int) -> float:
+        """Seconds from timed event `start` being reached to timed event `end` (both reached);
+        the driver's resolution is ~0.5 us, and a float of milliseconds."""
+        ms = ctypes.c_float()
+        self.call("cuEventElapsedTime", ctypes.byref(ms), start, end)
+        return ms.value / 1e3
 
     def reached(self, event: int) -> bool:
         """Whether `event` was reached; CudaError for a kernel that failed before it."""

@@ -150,8 +150,8 @@ class EmulatedDevice:
         self._streams.append(stream)
         return stream
 
-    def event(self) -> int:
-        event = self.driver.new_event()
+    def event(self, timed: bool = False) -> int:
+        event = self.driver.new_event(timed)
         self._events.append(event)
         return event
 

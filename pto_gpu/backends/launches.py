@@ -273,15 +273,21 @@ def start(driver, blas, function, grid, block, shared, gemm, stream, words, para
 
 @njit(nogil=True, cache=True)
 def issue(driver, function, grid, block, shared, gemm, blas, stream, template_words, task_at, task_words,
-          waits, event, words, params, failed):
-    """Enqueue one task's work on `stream`: wait for each event in `waits`, launch `function`
-    (or make the GEMM call `gemm[0]` through the stream's cuBLAS handle `blas`) over
-    `template_words` with `task_words` filled in at `task_at`, then record `event` (0: none).
-    Returns the first status that is not 0, and which call it was in failed[0]; else 0."""
+          waits, began, event, words, params, failed):
+    """Enqueue one task's work on `stream`: wait for each event in `waits`, record `began` (0:
+    none; a timed launch's start), launch `function` (or make the GEMM call `gemm[0]` through
+    the stream's cuBLAS handle `blas`) over `template_words` with `task_words` filled in at
+    `task_at`, then record `event` (0: none). Returns the first status that is not 0, and which
+    call it was in failed[0]; else 0."""
     for i in range(waits.size):
         status = wait_event(driver[WAIT], stream, waits[i])
         if status != 0:
             failed[0] = WAIT
+            return status
+    if began != 0:
+        status = record_event(driver[RECORD], began, stream)
+        if status != 0:
+            failed[0] = RECORD
             return status
     n = template_words.size
     words[:n] = template_words

@@ -14,6 +14,10 @@ Retiring in submission order keeps the core's view the serial executor's, every 
 completing after its producers, and only the orchestrator's thread touches the core, so
 there is no lock.
 
+A run that traces or measures enqueues its kernels timed: its spans and kernel times are
+when each kernel ran on its stream (a GPU's timing events, a CPU stream's thread), not
+inferred from issue and retirement, which the host may notice late.
+
 Capturing records the run into a graph instead (backend.begin_capture). Nothing may poll or
 wait while capturing, so no task retires before the run ends and a ring that fills is an
 error: a captured run must fit in the rings whole.
@@ -74,6 +78,7 @@ class StreamExecutor:
         self._room_batch = max(1, scheduler.state.sizes.task_window // 8)
         self.graph = None  # what a capture made, once the run has ended
         self._capturing = capture
+        self._timed = (profile.tracing or profile.measuring) and not capture  # see the docstring
         if capture:
             backend.begin_capture(self._streams)
 
@@ -90,7 +95,8 @@ class StreamExecutor:
                     newest[issued.stream] = issued
         prepared = first_calls()
         try:  # refused on the host (no CUDA implementation, bad arguments), or a device fault
-            event = self._backend.enqueue(task, stream, [issued.event for issued in newest.values()])
+            event = self._backend.enqueue(task, stream, [issued.event for issued in newest.values()],
+                                          timed=self._timed)
             for issued in newest.values():
                 issued.waiters += 1
         except Exception as cause:
@@ -191,10 +197,14 @@ class StreamExecutor:
     def _retire_oldest(self) -> None:
         record = self._in_flight.popleft()
         del self._issued[record.task.id]
-        # The host sees only when a task was issued and when its retirement was noticed; it
-        # ran no earlier than its stream's previous task and its producers elsewhere ended.
         record.end = time.perf_counter()
-        start = max(record.at, self._last_end[record.stream], *(a.end for a in record.after))
+        if self._timed:
+            start, end = self._backend.span(record.event)
+        else:
+            # The host sees only when a task was issued and when its retirement was noticed: it
+            # ran no earlier than its stream's previous task and its producers elsewhere ended.
+            start = max(record.at, self._last_end[record.stream], *(a.end for a in record.after))
+            end = record.end
         # Its stream has passed its waits, so producers' events may be recorded again once
         # no other wait refers to them (a CPU stream reads an event when it reaches the wait).
         for producer in record.after:
@@ -205,5 +215,5 @@ class StreamExecutor:
             self._backend.release(record.event)
         record.after = ()  # its producers' ends are used: let their records go
         self._last_end[record.stream] = record.end
-        self._lanes[record.stream].ran(record.task, start, record.end, record.first_call)
+        self._lanes[record.stream].ran(record.task, start, end, record.first_call)
         self._scheduler.retire(record.task.id, self._scratch)
