@@ -76,7 +76,9 @@ def run(command: list[str], budget: float, log: Path) -> tuple[int, float]:
     benchmark JSON for what finished; it is killed only if it does not stop within a grace period.
     Either way the signal goes to its process group, and at the end the group is killed: an
     xdist worker left running (a test's kernel holding the GPU, its thread busy) would share the
-    GPU and the host with the next part, and slow what it measures.
+    GPU and the host with the next part, and slow what it measures. The group has a session of
+    its own, out of the terminal's reach, so gpu-check stopped itself (Ctrl-C, SIGTERM: `main`
+    makes it an exception) stops it the same way first.
     """
     started = time.perf_counter()
     with log.open("w") as out:
@@ -85,15 +87,25 @@ def run(command: list[str], budget: float, log: Path) -> tuple[int, float]:
         try:
             code = process.wait(timeout=budget)
         except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGINT)
-            try:
-                process.wait(timeout=INTERRUPT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _interrupt(process)
             code = 124
-        _signal_group(process, signal.SIGKILL)
+        except BaseException:
+            _interrupt(process)
+            raise
+        finally:
+            _signal_group(process, signal.SIGKILL)
     return code, time.perf_counter() - started
+
+
+def _interrupt(process: subprocess.Popen) -> None:
+    """Interrupt pytest as Ctrl-C would, so that it writes its reports; kill it if it has not
+    stopped within the grace period."""
+    _signal_group(process, signal.SIGINT)
+    try:
+        process.wait(timeout=INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _signal_group(process: subprocess.Popen, sent: int) -> None:
@@ -180,6 +192,7 @@ def markdown(report: dict) -> str:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))  # `run` stops its part
     device = gpu()
     if device is None:
         print("gpu-check: no NVIDIA GPU here (nvidia-smi finds none); nothing was run")

@@ -1,13 +1,17 @@
 """`make gpu-check`'s reporting (bench/gpu_check.py, bench/conftest.py), which runs only where a
-GPU is lent: here, that a budget running out inside a benchmark loses only that benchmark."""
+GPU is lent: here, that a budget running out inside a benchmark loses only that benchmark, and that
+a part leaves no process of its own running."""
 
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu_check.py")
@@ -71,24 +75,54 @@ def test_the_counts_leave_out_a_nameless_testcase_an_interrupted_run_wrote(tmp_p
     assert counts == {"passed": 1, "failed": 1, "skipped": 1, "failures": ["t::test_b"]}
 
 
-def test_a_part_past_its_budget_leaves_none_of_its_processes_running(tmp_path):
-    """A budget's end stops the part's whole process group: a child (an xdist worker with a
-    kernel in flight) that outlived it would share the GPU and the host with the next part."""
-    pid_file = tmp_path / "child.pid"
-    # The child ignores SIGINT (as a worker deep in a wait may not stop for it) and the parent
-    # stops at once, so only the group's SIGKILL ends the child.
-    script = f"(trap '' INT; exec sleep 300) & echo $! > {pid_file}; wait"
-    code, seconds = gpu_check.run(["bash", "-c", script], 1.0, tmp_path / "part.log")
-    child = Path(f"/proc/{int(pid_file.read_text())}/stat")
-    assert code == 124 and seconds < gpu_check.INTERRUPT_GRACE_S
+# A part's child that ignores SIGINT (as a worker deep in a wait may not stop for it) while its
+# parent stops at once: only the group's SIGKILL ends the child. Its pid into the file named.
+STUBBORN_CHILD = "(trap '' INT; exec sleep 300) & echo $! > {}; wait"
 
-    def state() -> str:  # the child's, as the kernel has it: gone, or a zombie, once it has ended
+
+def ended(pid: int) -> bool:
+    """Whether process `pid` has ended (gone, or a zombie), waiting up to 10 s for a SIGKILL to
+    take effect; killed if not, so that a failing test leaves nothing behind."""
+    stat = Path(f"/proc/{pid}/stat")
+
+    def state() -> str:
         try:
-            return child.read_text().split()[2]
+            return stat.read_text().split()[2]
         except FileNotFoundError:
             return "gone"
 
     deadline = time.monotonic() + 10  # a SIGKILL takes effect at the process's next scheduling
     while state() not in ("gone", "Z") and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert state() in ("gone", "Z"), f"the part's child ({child}) still runs"
+    if state() in ("gone", "Z"):
+        return True
+    os.kill(pid, signal.SIGKILL)
+    return False
+
+
+def test_a_part_past_its_budget_leaves_none_of_its_processes_running(tmp_path):
+    """A budget's end stops the part's whole process group: a child (an xdist worker with a
+    kernel in flight) that outlived it would share the GPU and the host with the next part."""
+    pid_file = tmp_path / "child.pid"
+    code, seconds = gpu_check.run(["bash", "-c", STUBBORN_CHILD.format(pid_file)], 1.0, tmp_path / "part.log")
+    assert code == 124 and seconds < gpu_check.INTERRUPT_GRACE_S
+    assert ended(int(pid_file.read_text()))
+
+
+def test_gpu_check_stopped_stops_its_part_too(tmp_path):
+    """Ctrl-C (or SIGTERM, which main turns into an exception) while a part runs: the part's
+    group, in a session of its own that the terminal's signals do not reach, is stopped too."""
+    pid_file = tmp_path / "child.pid"
+
+    def interrupt(number, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gpu_check.run(["bash", "-c", STUBBORN_CHILD.format(pid_file)], 60.0, tmp_path / "part.log")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert ended(int(pid_file.read_text()))

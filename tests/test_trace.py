@@ -17,6 +17,7 @@ from pto_gpu.orchestration.llama import llama_layer, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
+from pto_gpu.backends import cuda
 
 WORKERS = {pto.CUBE: 2, pto.VECTOR: 2}
 EPSILON_US = 0.002  # the trace rounds start and duration to the nanosecond, each by up to 0.5 ns
@@ -147,6 +148,56 @@ def test_stream_spans_are_when_the_kernels_ran_not_when_the_host_noticed(tmp_pat
     assert spans[0]["dur"] < pause / 4 * 1e6 and result.kernels["scale"].seconds < pause / 4
     assert spans[1]["ts"] - spans[0]["ts"] > pause / 2 * 1e6  # its submit came after the pause
     assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= result.seconds * 1e6 for e in spans.values())
+
+
+def _chain(o, x, n: int):
+    X = o.external(x)
+    for _ in range(n):
+        o.submit(scale, pto.input(X[0:1]), pto.output(X[0:1]), 1.0)
+
+
+def test_cuda_spans_stay_right_when_the_clock_is_taken_anew_under_them(monkeypatch, tmp_path):
+    """The timed launches' clock taken again at every launch (its age bound 0), while earlier
+    launches' spans are still to be read against older clocks: the spans keep a chain's order,
+    lie within the run, and the events (the clocks' too) all go back to the pool, so a second
+    run makes none."""
+    monkeypatch.setattr(cuda, "CLOCK_SECONDS", 0.0)
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=16)
+    x = rt.backend.to_device(np.ones((1, 16), np.float32))
+    made = []
+    event = rt.backend.device.event
+    monkeypatch.setattr(rt.backend.device, "event", lambda timed=False: made.append(timed) or event(timed))
+    path = tmp_path / "trace.json"
+    for run in range(2):
+        made.clear()
+        result = rt.run(_chain, x, 40, trace=path)
+        assert result.num_tasks == 40 and (run == 0) == bool(made), made
+    events = task_events(json.loads(path.read_text())["traceEvents"]).values()
+    spans = sorted((e["ts"], e["ts"] + e["dur"], e["args"]["task"]) for e in events)
+    assert [task for _, _, task in spans] == list(range(40))
+    assert all(end <= start + EPSILON_US for (_, end, _), (start, _, _) in zip(spans, spans[1:]))
+    assert 0 <= spans[0][0] and spans[-1][1] <= result.seconds * 1e6
+
+
+def _chain_then_fail(o, x, n: int):
+    _chain(o, x, n)
+    raise ValueError("the orchestration fails with its tasks in flight")
+
+
+def test_a_failed_traced_run_gives_its_events_back(monkeypatch, tmp_path):
+    """A run that fails with timed launches in flight hands their events back once its streams
+    have passed them (StreamExecutor.abort): the next run makes none, and reads its spans
+    against a clock of its own."""
+    rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=64)
+    x = rt.backend.to_device(np.ones((1, 16), np.float32))
+    with pytest.raises(ValueError, match="in flight"):
+        rt.run(_chain_then_fail, x, 30, trace=tmp_path / "failed.json")
+    made = []
+    event = rt.backend.device.event
+    monkeypatch.setattr(rt.backend.device, "event", lambda timed=False: made.append(timed) or event(timed))
+    monkeypatch.setattr(cuda, "CLOCK_SECONDS", 0.0)  # the next run's clock is its own
+    result = rt.run(_chain, x, 30, trace=tmp_path / "trace.json")
+    assert result.num_tasks == 30 and made == []
 
 
 def test_one_flow_arrow_per_dependency_bound_to_its_tasks(traced):

@@ -31,7 +31,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -61,12 +61,15 @@ GPU_TIMEOUT = 600.0  # seconds an event may take before a wait calls it a hang (
 CLOCK_SECONDS = 1.0  # how old the timed enqueues' clock may grow before it is taken again
 
 
-class _Clock(NamedTuple):
+@dataclasses.dataclass(slots=True, eq=False)
+class _Clock:
     """A timing event the GPU reached at `at` (a time.perf_counter() reading), against which
-    other timing events' elapsed times are host times."""
+    other timing events' elapsed times are host times; `users`: the timed enqueues whose spans
+    are still to be read against it (its event is recorded again only once there are none)."""
 
     event: int
     at: float
+    users: int = 0
 
 
 class Device(Protocol):
@@ -219,6 +222,7 @@ class CudaBackend:
             self._timed_events += (start, event)
             raise
         self._starts[event] = (start, clock)
+        clock.users += 1
         return event
 
     def span(self, event: int) -> tuple[float, float]:
@@ -234,19 +238,27 @@ class CudaBackend:
 
     def _timing_clock(self) -> _Clock:
         """The clock timed enqueues' spans are read against: a timing event this thread's own
-        (idle) stream has reached, and when; made anew, while no timed event is out, once it is
-        CLOCK_SECONDS old (the elapsed times are floats of milliseconds: ~0.1 us fine a second
-        from their clock, ~8 us a minute)."""
-        clock = self._clock
-        if clock is None or (not self._starts and time.perf_counter() - clock.at > CLOCK_SECONDS):
-            if clock is not None:
-                self._timed_events.append(clock.event)
-            event, stream = self._take_timed(), self._thread_stream()
-            at = time.perf_counter()  # the idle stream reaches the record within microseconds
-            self._driver.call("cuEventRecord", event, stream)
-            self.synchronize(event)
-            clock = self._clock = _Clock(event, at)
-        return clock
+        stream has reached, and when; made anew once it is CLOCK_SECONDS old (the elapsed times
+        are floats of milliseconds: ~0.06 us fine a second from their clock, ~4 us a minute).
+        With nothing timed out, its time is the host's as the record is made (the GPU is idle
+        then, and reaches it within microseconds); while spans are still to be read against
+        the old clock, the new one is placed on the GPU's timeline from the old one, so that
+        spans read against either agree (the record may wait behind a kernel of a stream that
+        shares its hardware queue)."""
+        old = self._clock
+        if old is not None and time.perf_counter() - old.at <= CLOCK_SECONDS:
+            return old
+        self._clock = None
+        if old is not None and old.users == 0:
+            self._timed_events.append(old.event)
+        event = self._take_timed()
+        self._driver.call("cuEventRecord", event, self._thread_stream())
+        at = time.perf_counter()
+        self.synchronize(event)
+        if old is not None and old.users > 0:
+            at = old.at + self._driver.elapsed(old.event, event)
+        self._clock = _Clock(event, at)
+        return self._clock
 
     def prepare(self, task, wait: bool = True) -> tuple[Template, np.ndarray] | Future | None:
         """A task's launch: its instance's template and the task's own words (in param order,
@@ -512,8 +524,12 @@ class CudaBackend:
         timed = self._starts.pop(event, None)
         if timed is None:
             self._events.append(event)
-        else:
-            self._timed_events += (timed[0], event)
+            return
+        start, clock = timed
+        self._timed_events += (start, event)
+        clock.users -= 1
+        if clock.users == 0 and clock is not self._clock:  # an old clock no span reads any more
+            self._timed_events.append(clock.event)
 
     def begin_capture(self, streams: list) -> None:
         """Capture everything enqueued on `streams` from here on into one CUDA graph: the

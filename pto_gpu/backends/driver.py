@@ -31,6 +31,7 @@ _int, _uint, _handle = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
 _deviceptr = ctypes.c_ulonglong
 
 # The driver functions the backend calls, by their names in libcuda.so.1, as ctypes prototypes.
+# (A name of NEWER is loaded under its newer name where the library has it.)
 SIGNATURES: dict[str, type] = {
     "cuInit": ctypes.CFUNCTYPE(_int, _uint),
     "cuStreamCreate": ctypes.CFUNCTYPE(_int, ctypes.POINTER(_handle), _uint),
@@ -60,6 +61,9 @@ SIGNATURES: dict[str, type] = {
     "cuGraphDestroy": ctypes.CFUNCTYPE(_int, _handle),
 }
 DRIVER_FUNCTIONS = tuple(SIGNATURES)
+# The same call's later versions (CUDA 12.8's cuEventElapsedTime_v2: the same arguments and
+# answers, without the errors of earlier asynchronous work, which the executors get elsewhere).
+NEWER = {"cuEventElapsedTime": "cuEventElapsedTime_v2"}
 
 
 
@@ -76,6 +80,12 @@ def _attribute(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name[2:].removesuffix("_v2")).lower()
 
 
+def _exported(library: ctypes.CDLL, name: str) -> str:
+    """The name `library` exports call `name` under: its newer version's (NEWER) if it has it."""
+    newer = NEWER.get(name)
+    return newer if newer is not None and hasattr(library, newer) else name
+
+
 class Driver:
     """The driver functions of one library (libcuda, or the emulator), typed, as attributes
     named without `cu`, in snake case and without `_v2` (stream_create, launch_kernel, ...);
@@ -83,7 +93,8 @@ class Driver:
 
     def __init__(self, library: ctypes.CDLL, label: str):
         self.label = label  # "libcuda" or "the CUDA emulator", for messages
-        self._functions = {name: SIGNATURES[name]((name, library)) for name in DRIVER_FUNCTIONS}
+        self._functions = {name: SIGNATURES[name]((_exported(library, name), library))
+                           for name in DRIVER_FUNCTIONS}
         for name, function in self._functions.items():
             setattr(self, _attribute(name), function)
         # cuBLAS's GEMM is not the driver's: the backend enters it when it loads cuBLAS.

@@ -175,6 +175,9 @@ class StreamExecutor:
             except BaseException as failure:  # a kernel's SystemExit, say, which its stream kept
                 if failure is not getattr(record.event, "failure", None):
                     raise  # an interrupt of this wait
+        else:  # every stream has passed every wait and record: the events go back, as at retirement
+            for record in self._in_flight:
+                self._release_events(record)
         self._in_flight.clear()
         self._issued.clear()
 
@@ -194,6 +197,18 @@ class StreamExecutor:
         while self._in_flight and self._reached(self._in_flight[0], block=False):
             self._retire_oldest()
 
+    def _release_events(self, record: Issued) -> None:
+        """Its stream has passed the record's waits: its producers' events may be recorded
+        again once no other wait refers to them (a CPU stream reads an event when it reaches the
+        wait), and its own once none does."""
+        for producer in record.after:
+            producer.waiters -= 1
+            if producer.waiters == 0:
+                self._backend.release(producer.event)
+        if record.waiters == 0:
+            self._backend.release(record.event)
+        record.after = ()  # its producers' ends are used: let their records go
+
     def _retire_oldest(self) -> None:
         record = self._in_flight.popleft()
         del self._issued[record.task.id]
@@ -205,15 +220,7 @@ class StreamExecutor:
             # ran no earlier than its stream's previous task and its producers elsewhere ended.
             start = max(record.at, self._last_end[record.stream], *(a.end for a in record.after))
             end = record.end
-        # Its stream has passed its waits, so producers' events may be recorded again once
-        # no other wait refers to them (a CPU stream reads an event when it reaches the wait).
-        for producer in record.after:
-            producer.waiters -= 1
-            if producer.waiters == 0:
-                self._backend.release(producer.event)
-        if record.waiters == 0:
-            self._backend.release(record.event)
-        record.after = ()  # its producers' ends are used: let their records go
+        self._release_events(record)
         self._last_end[record.stream] = record.end
         self._lanes[record.stream].ran(record.task, start, end, record.first_call)
         self._scheduler.retire(record.task.id, self._scratch)
