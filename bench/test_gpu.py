@@ -423,9 +423,7 @@ WGMMA_ROUNDS, WGMMA_N = 2000, 128
 def wgmma_probe(cupy):
     if cupy.cuda.Device().compute_capability != "90":
         pytest.skip(f"wgmma is sm_90a's; this GPU is sm_{cupy.cuda.Device().compute_capability}")
-    options = ("-std=c++17", *wgmma.options(np.float16), wgmma.SM_90A)
-    module = cupy.RawModule(code=wgmma.source(), options=options)
-    return module.get_function("wgmma_n128_mn_major")
+    return wgmma.module(cupy, np.float16).get_function("wgmma_n128_mn_major")
 
 
 def test_wgmma_rate(benchmark, cupy, wgmma_probe):

@@ -17,7 +17,8 @@ from pto_gpu.orchestration.llama import llama_layer, llama_layer_inputs
 from pto_gpu.orchestration.matmul import tiled_matmul
 
 import pto_gpu as pto
-from pto_gpu.backends import cuda
+from pto_gpu.backends import cpu, cuda
+from pto_gpu.backends.cpu_streams import CpuEvent
 
 WORKERS = {pto.CUBE: 2, pto.VECTOR: 2}
 EPSILON_US = 0.002  # the trace rounds start and duration to the nanosecond, each by up to 0.5 ns
@@ -136,8 +137,8 @@ def _late_retirement(o, x, y, pause: float):
 @pytest.mark.parametrize("backend, options", [("cpu", {}), ("cuda-emulated", {"emulate": "gpu-code"})])
 def test_stream_spans_are_when_the_kernels_ran_not_when_the_host_noticed(tmp_path, backend, options):
     """A one-row kernel's span (and kernel time) on the stream executor is microseconds even
-    though the host saw it end only PAUSE later: as inferred from retirement it lasted PAUSE."""
-    pause = 0.2
+    though the host saw it end only `pause` later: as inferred from retirement it lasted `pause`."""
+    pause = 0.4  # the kernel takes microseconds: a quarter of it is room for a loaded machine
     rt = pto.Runtime(backend=backend, executor="stream", **options)
     x, y = (rt.backend.to_device(a) for a in (np.ones((2, 16), np.float32), np.zeros((2, 16), np.float32)))
     rt.run(_late_retirement, x, y, 0.0)  # the kernel's first call (a compile) before the timed run
@@ -150,28 +151,46 @@ def test_stream_spans_are_when_the_kernels_ran_not_when_the_host_noticed(tmp_pat
     assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= result.seconds * 1e6 for e in spans.values())
 
 
-def _chain(o, x, n: int):
+def _chain(o, x, n: int, kernel=scale):
     X = o.external(x)
     for _ in range(n):
-        o.submit(scale, pto.input(X[0:1]), pto.output(X[0:1]), 1.0)
+        o.submit(kernel, pto.input(X[0:1]), pto.output(X[0:1]), 1.0)
+
+
+def _timing_events_made(monkeypatch, backend) -> list[int]:
+    """The handles of the timing events a CUDA backend's device makes from now on."""
+    made = []
+    event = backend.device.event
+
+    def counted(timed: bool = False) -> int:
+        handle = event(timed)
+        if timed:
+            made.append(handle)
+        return handle
+
+    monkeypatch.setattr(backend.device, "event", counted)
+    return made
+
+
+def _all_back(backend, made: list[int]) -> bool:
+    """Whether every timing event made is the backend's clock, or back in its pool once. (Its
+    private state: a later run's needs, and so whether it makes more, depend on how many of its
+    tasks are in flight at once, which is the machine's timing.)"""
+    return sorted([*backend._timed_events, backend._clock.event]) == sorted(made)
 
 
 def test_cuda_spans_stay_right_when_the_clock_is_taken_anew_under_them(monkeypatch, tmp_path):
     """The timed launches' clock taken again at every launch (its age bound 0), while earlier
-    launches' spans are still to be read against older clocks: the spans keep a chain's order,
-    lie within the run, and the events (the clocks' too) all go back to the pool, so a second
-    run makes none."""
+    launches' spans are still to be read against older clocks: the spans keep a chain's order
+    and lie within the run, and after each run every event (the old clocks' too) is back."""
     monkeypatch.setattr(cuda, "CLOCK_SECONDS", 0.0)
     rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=16)
     x = rt.backend.to_device(np.ones((1, 16), np.float32))
-    made = []
-    event = rt.backend.device.event
-    monkeypatch.setattr(rt.backend.device, "event", lambda timed=False: made.append(timed) or event(timed))
+    made = _timing_events_made(monkeypatch, rt.backend)
     path = tmp_path / "trace.json"
-    for run in range(2):
-        made.clear()
+    for _ in range(2):
         result = rt.run(_chain, x, 40, trace=path)
-        assert result.num_tasks == 40 and (run == 0) == bool(made), made
+        assert result.num_tasks == 40 and _all_back(rt.backend, made)
     events = task_events(json.loads(path.read_text())["traceEvents"]).values()
     spans = sorted((e["ts"], e["ts"] + e["dur"], e["args"]["task"]) for e in events)
     assert [task for _, _, task in spans] == list(range(40))
@@ -179,25 +198,35 @@ def test_cuda_spans_stay_right_when_the_clock_is_taken_anew_under_them(monkeypat
     assert 0 <= spans[0][0] and spans[-1][1] <= result.seconds * 1e6
 
 
-def _chain_then_fail(o, x, n: int):
-    _chain(o, x, n)
+def _chain_then_fail(o, x, n: int, kernel=scale):
+    _chain(o, x, n, kernel)
     raise ValueError("the orchestration fails with its tasks in flight")
+
+
+@pto.kernel(worker=pto.VECTOR)
+def slow_scale(x, out, factor):
+    time.sleep(0.05)  # the run fails long before the chain has run
+    out[...] = x * factor
 
 
 def test_a_failed_traced_run_gives_its_events_back(monkeypatch, tmp_path):
     """A run that fails with timed launches in flight hands their events back once its streams
-    have passed them (StreamExecutor.abort): the next run makes none, and reads its spans
-    against a clock of its own."""
+    have passed them (StreamExecutor.abort): on a CUDA backend its timing events (which, kept,
+    also kept the clock from being taken again), and on the CPU one, whose kernels are slow
+    here, every event of its chain, all still in flight when it failed."""
     rt = pto.Runtime(backend="cuda-emulated", emulate="cpu-code", executor="stream", task_window=64)
-    x = rt.backend.to_device(np.ones((1, 16), np.float32))
+    made = _timing_events_made(monkeypatch, rt.backend)
     with pytest.raises(ValueError, match="in flight"):
-        rt.run(_chain_then_fail, x, 30, trace=tmp_path / "failed.json")
-    made = []
-    event = rt.backend.device.event
-    monkeypatch.setattr(rt.backend.device, "event", lambda timed=False: made.append(timed) or event(timed))
-    monkeypatch.setattr(cuda, "CLOCK_SECONDS", 0.0)  # the next run's clock is its own
-    result = rt.run(_chain, x, 30, trace=tmp_path / "trace.json")
-    assert result.num_tasks == 30 and made == []
+        rt.run(_chain_then_fail, rt.backend.to_device(np.ones((1, 16), np.float32)), 30,
+               trace=tmp_path / "cuda.json")
+    assert made and _all_back(rt.backend, made)
+
+    created = []
+    monkeypatch.setattr(cpu, "CpuEvent", lambda: created.append(CpuEvent()) or created[-1])
+    rt = pto.Runtime(backend="cpu", executor="stream")
+    with pytest.raises(ValueError, match="in flight"):
+        rt.run(_chain_then_fail, np.ones((1, 16), np.float32), 4, slow_scale, trace=tmp_path / "cpu.json")
+    assert len(created) == 4 and sorted(map(id, rt.backend._events)) == sorted(map(id, created))
 
 
 def test_one_flow_arrow_per_dependency_bound_to_its_tasks(traced):

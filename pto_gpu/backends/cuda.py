@@ -240,8 +240,9 @@ class CudaBackend:
         """The clock timed enqueues' spans are read against: a timing event this thread's own
         stream has reached, and when; made anew once it is CLOCK_SECONDS old (the elapsed times
         are floats of milliseconds: ~0.06 us fine a second from their clock, ~4 us a minute).
-        With nothing timed out, its time is the host's as the record is made (the GPU is idle
-        then, and reaches it within microseconds); while spans are still to be read against
+        With nothing timed out, its time is the host's just before the record is made (the GPU is
+        idle then, and reaches it within microseconds: no sooner, so that no span read against it
+        ends later than the host saw its event reached); while spans are still to be read against
         the old clock, the new one is placed on the GPU's timeline from the old one, so that
         spans read against either agree (the record may wait behind a kernel of a stream that
         shares its hardware queue)."""
@@ -251,9 +252,9 @@ class CudaBackend:
         self._clock = None
         if old is not None and old.users == 0:
             self._timed_events.append(old.event)
-        event = self._take_timed()
-        self._driver.call("cuEventRecord", event, self._thread_stream())
+        event, stream = self._take_timed(), self._thread_stream()
         at = time.perf_counter()
+        self._driver.call("cuEventRecord", event, stream)
         self.synchronize(event)
         if old is not None and old.users > 0:
             at = old.at + self._driver.elapsed(old.event, event)
