@@ -193,6 +193,9 @@ class Runtime:
         if threshold < 0:
             raise PTOError(f"threshold={threshold} must be >= 0")
         _check_orchestration("run", orchestration)
+        if trace is not None and not isinstance(trace, (str, os.PathLike)):
+            raise PTOError(f"trace={trace!r}: the path of the file to write the run's timeline to "
+                           "(a str or Path), not a flag")
         if trace is not None and self.executor == "dry":
             raise PTOError("trace= draws when kernels ran, and the dry executor runs none; "
                            "use executor='serial' or 'parallel'")

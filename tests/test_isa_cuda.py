@@ -1178,6 +1178,32 @@ def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(tmp_path):
     np.testing.assert_array_equal(out, w.astype(np.float64) @ v[:13])  # small integers: exact
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("rows", [16, 13])
+def test_rows_reduced_in_registers_read_only_their_valid_columns(rows, tmp_path):
+    """s = exp(q·kᵀ) is infinite everywhere, then loaded over from w, `rows` x 13 of its 16 x 16:
+    its rows' max and sum, taken in registers in whole rows, read the 13 valid columns alone (the
+    columns past them keep the infinities; a reduction whose columns are all valid reads them
+    without a test, and this one's tests each), and the element-wise instructions on s (whole
+    units untested, cut ones tested) change its valid region only."""
+    def build(f):
+        f.memref("q", F16, (16, 16)).memref("k", F16, (16, 16)).memref("w", F16, (16, 16))
+        f.memref("out", F16, (16, 1)).tile("tq", 16, 16, F16).tile("tk", 16, 16, F16)
+        f.tile("kt", 16, 16, F16).tile("s", 16, 16, F16).tile("mx", 16, 1, F16).tile("l", 16, 1, F16)
+        f.load("tq", "q").load("tk", "k").trans("kt", "tk").matmul("s", "tq", "kt").exp("s", "s")
+        f.load("s", "w").adds("s", "s", 1.0).rowmax("mx", "s").rowsum("l", "s").add("mx", "mx", "l")
+        f.store("out", "mx")
+
+    rng = np.random.default_rng(rows)
+    q, k = np.full((16, 16), 8, np.float16), np.full((16, 16), 8, np.float16)
+    w = rng.integers(-4, 0, (rows, 13)).astype(np.float16)  # every row's max below 0, the unset 0
+    out = np.full((rows, 1), np.nan, np.float16)
+    source = _run_host(_tensor_core_module(build), [q, k, w, out], np.float16, tmp_path)
+    assert "pto_frag_t_s" in source and "every column valid" in source
+    plus = w.astype(np.float64) + 1
+    np.testing.assert_array_equal(out[:, 0], plus.max(axis=1) + plus.sum(axis=1))  # small integers: exact
+
+
 def _one_column_result_beside_scores(f):
     """y = q·w (one column) + the scores' row max."""
     f.memref("q", F16, (32, 16)).memref("k", F16, (16, 16)).memref("w", F16, (16, 1))

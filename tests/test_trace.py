@@ -261,6 +261,17 @@ def test_the_dry_executor_cannot_trace(tmp_path):
     assert not (tmp_path / "t.json").exists()
 
 
+@pytest.mark.parametrize("flag", [True, 1])
+def test_a_trace_that_is_not_a_path_is_refused_before_anything_runs(flag):
+    """trace=True used to run the whole orchestration and then fail in pathlib with a bare
+    TypeError, its results thrown away."""
+    a = np.ones((4, 4), np.float32)
+    out = np.zeros_like(a)
+    with pytest.raises(pto.PTOError, match=r"trace=(True|1): the path of the file"):
+        pto.Runtime(backend="cpu", executor="serial").run(tiled_matmul, a, a, out, trace=flag)
+    assert not out.any()
+
+
 def test_statistics_add_up(executor):
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((2, 256, 16)).astype(np.float32) for _ in range(3))

@@ -1460,11 +1460,17 @@ def _row_reduce(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
     def lines(g: Generator) -> list[str]:
         if dst in g.fragments:  # a's rows whole in this warp: its lanes combine in their groups of four
             units = g.units(a)
+
+            def combined(test: str) -> list[str]:
+                return ["PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) {{", "    PTO_UNROLL",
+                        "    for (int e = 0; e < 2; ++e) {",
+                        f"        const float x = pto_frag_{a}[pto_ui][n][2 * h + e];",
+                        f"        {test}acc = {combine};", "    }", "}"]
+
             row = [f"float acc = {_identity(spec, 'float')};",
-                   "PTO_UNROLL", f"for (int n = 0; n < {units.blocks}; ++n) {{", "    PTO_UNROLL",
-                   "    for (int e = 0; e < 2; ++e) {",
-                   f"        const float x = pto_frag_{a}[pto_ui][n][2 * h + e];",
-                   f"        if (c0 + 8 * n + t2 + e < vc_{a}) acc = {combine};", "    }", "}",
+                   f"if (c0 + {8 * units.blocks} <= vc_{a}) {{  // every column valid: no test an element",
+                   *indent(combined("")), "} else {",
+                   *indent(combined(f"if (c0 + 8 * n + t2 + e < vc_{a}) ")), "}",
                    "for (int o = 1; o < 4; o *= 2) {  // every lane of the group gets the row's result",
                    "    const float x = __shfl_xor_sync(PTO_FULL, acc, o);", f"    acc = {combine};", "}",
                    "const long long r = r0 + g + 8 * h;", f"if (r < vr) pto_frag_{dst}[pto_ui][h] = acc;"]

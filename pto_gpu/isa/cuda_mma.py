@@ -201,11 +201,18 @@ class Units:
 
     def moved(self, statement: str) -> list[str]:
         """`statement` for each accumulator acc[n][e] of the unit and its element (r, c) of the
-        result, where that is in the valid region (vr, vc)."""
-        return ["PTO_UNROLL", f"for (int n = 0; n < {self.blocks}; ++n) {{", "    PTO_UNROLL",
-                "    for (int e = 0; e < 4; ++e) {",
-                "        const long long r = r0 + g + 8 * (e / 2), c = c0 + 8 * n + t2 + e % 2;",
-                f"        if (r < vr && c < vc) {statement}", "    }", "}"]
+        result, where that is in the valid region (vr, vc): a unit inside it (tested once) takes
+        every element with no test, the one whose elements the valid region cuts a test each."""
+
+        def each(test: str) -> list[str]:
+            return ["PTO_UNROLL", f"for (int n = 0; n < {self.blocks}; ++n) {{", "    PTO_UNROLL",
+                    "    for (int e = 0; e < 4; ++e) {",
+                    "        [[maybe_unused]] const int r = r0 + g + 8 * (e / 2), "
+                    "c = c0 + 8 * n + t2 + e % 2;",
+                    f"        {test}{statement}", "    }", "}"]
+
+        return [f"if (r0 + 16 <= vr && c0 + {8 * self.blocks} <= vc) {{", *indent(each("")), "} else {",
+                *indent(each("if (r < vr && c < vc) ")), "}"]
 
     def registers(self, name: str) -> str:
         """The declaration of `name`, every turn's accumulators, zero."""
@@ -373,7 +380,8 @@ def _a_in_registers(g: Layout, a: str, b: str, blocks: int, b_loads: list[str],
     """The loop over k of a 16-bit product whose a is in registers in whole rows, the unit's own
     rows (FlashAttention-2's probabilities handed to p·v): a's accumulators are A's fragments as
     they lie (C(g, 2t..) of a's 8-column blocks kb and kb + 1 are A(g, 2t..) and A(g, 2t + 8..)
-    of the step from 8 kb), rounded to T in pairs, zero past a's valid columns. b's fragments by
+    of the step from 8 kb), rounded to T in pairs, zero past a's valid columns (tested in the
+    step they end in alone). b's fragments by
     ldmatrix where b is read in whole pairs of blocks (_lean_16_bit_b), its rows past a's valid
     columns (the last step's tail) zeroed in the registers: what lies there may be anything, NaN
     too; its columns past its valid ones reach only dst's past them. Else with a test an element
@@ -383,11 +391,17 @@ def _a_in_registers(g: Layout, a: str, b: str, blocks: int, b_loads: list[str],
     declared, tested = b_loads[0], b_loads[1:]
     assert declared.startswith("unsigned fb[")
     a_lines = [f"const float (&pto_a)[{g.units(a).blocks}][4] = pto_frag_{a}[pto_ui];"]
+
+    def pairs(whole: bool) -> list[str]:
+        first, second = ("pto_a[kb][e]", "pto_a[kb][e + 1]") if whole else \
+            ("k < pto_kn ? pto_a[kb][e] : 0.0f", "k + 1 < pto_kn ? pto_a[kb][e + 1] : 0.0f")
+        return ["PTO_UNROLL", "for (int q = 0; q < 4; ++q) {",
+                "    [[maybe_unused]] const int kb = k0 / 8 + q / 2, e = 2 * (q % 2), k = 8 * kb + t2;",
+                f"    fa[q] = pto_pack_pair({first}, {second});", "}"]
+
     fa = ["unsigned fa[4];  // A(g, t2..), A(g + 8, t2..), A(g, t2 + 8..), A(g + 8, t2 + 8..): C(g, 2t..)",
-          "PTO_UNROLL", "for (int q = 0; q < 4; ++q) {",
-          "    const int kb = k0 / 8 + q / 2, e = 2 * (q % 2), k = 8 * kb + t2;",
-          "    fa[q] = pto_pack_pair(k < pto_kn ? pto_a[kb][e] : 0.0f,",
-          "                          k + 1 < pto_kn ? pto_a[kb][e + 1] : 0.0f);", "}"]
+          f"if (k0 + {MMA_K} <= pto_kn) {{  // a whole step: no test an element", *indent(pairs(True)),
+          "} else {", *indent(pairs(False)), "}"]
     if lean is None:
         fb = [declared, *tested]
     else:
