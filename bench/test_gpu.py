@@ -35,6 +35,7 @@ The runtime's benchmarks also record how the run went (`how_it_ran`: the caller'
 stalls on full rings, launches), which tells a host-bound round from a GPU-bound one.
 """
 
+import json
 import math
 import tempfile
 from pathlib import Path
@@ -101,11 +102,17 @@ def kernel_time(benchmark, run) -> None:
     """`run(trace=path)` once more, traced, so each task is its own launch (the Python stream
     executor) and its kernel is timed by events on the GPU: the mean kernel time a task,
     extra_info["kernel_us"], which with the kernel's blocks a task says whether the kernel is
-    slow or the run is bound elsewhere (the host, too few blocks at once)."""
+    slow or the run is bound elsewhere (the host, too few blocks at once); and
+    ["kernels_at_once"], the kernels' time over the span from the first one's start to the last
+    one's end: how many ran side by side on average (1: one after another, whatever the streams)."""
     with tempfile.TemporaryDirectory() as folder:
         result = run(trace=Path(folder) / "trace.json")
+        spans = [(e["ts"], e["ts"] + e["dur"]) for e in
+                 json.loads((Path(folder) / "trace.json").read_text())["traceEvents"] if e.get("ph") == "X"]
     kernels = result.kernels.values()
     benchmark.extra_info["kernel_us"] = sum(k.seconds for k in kernels) / sum(k.tasks for k in kernels) * 1e6
+    extent = max(end for _, end in spans) - min(start for start, _ in spans)
+    benchmark.extra_info["kernels_at_once"] = sum(end - start for start, end in spans) / extent
 
 
 @pytest.fixture(scope="module")
