@@ -104,7 +104,9 @@ def kernel_time(benchmark, run) -> None:
     extra_info["kernel_us"], which with the kernel's blocks a task says whether the kernel is
     slow or the run is bound elsewhere (the host, too few blocks at once); and
     ["kernels_at_once"], the kernels' time over the span from the first one's start to the last
-    one's end: how many ran side by side on average (1: one after another, whatever the streams)."""
+    one's end: how many were in flight on average (1: one after another, whatever the streams;
+    below 1 where the host left gaps; a span starts when its stream reaches it, so kernels whose
+    blocks wait for SMs count as in flight)."""
     with tempfile.TemporaryDirectory() as folder:
         result = run(trace=Path(folder) / "trace.json")
         spans = [(e["ts"], e["ts"] + e["dur"]) for e in

@@ -1155,10 +1155,12 @@ def test_scores_reduced_by_rows_and_multiplied_again_stay_in_registers_in_whole_
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
-def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(tmp_path):
-    """s = exp(q·kᵀ) is infinite everywhere, then loaded over from w, 13 columns of its 16: the
-    columns past them keep the infinities, which p·v must not read (inf · 0 is NaN; the
-    interpreter refuses to read them at all), nor v's rows past the 13th, infinite too."""
+@pytest.mark.parametrize("valid", [13, 15])
+def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(valid, tmp_path):
+    """s = exp(q·kᵀ) is infinite everywhere, then loaded over from w, `valid` columns of its 16:
+    the columns past them keep the infinities, which p·v must not read (inf · 0 is NaN; the
+    interpreter refuses to read them at all), nor v's rows past them, infinite too (15: one
+    column short of a whole step of k, which packs a's fragments with no test)."""
     def build(f):
         f.memref("q", F16, (16, 16)).memref("k", F16, (16, 16)).memref("w", F16, (16, 16))
         f.memref("v", F16, (16, 16)).memref("out", F16, (16, 16))
@@ -1169,13 +1171,13 @@ def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(tmp_path):
 
     rng = np.random.default_rng(1)
     q, k = np.full((16, 16), 8, np.float16), np.full((16, 16), 8, np.float16)
-    w = rng.integers(-2, 3, (16, 13)).astype(np.float16)
+    w = rng.integers(-2, 3, (16, valid)).astype(np.float16)
     v = rng.integers(-2, 3, (16, 16)).astype(np.float16)
-    v[13:] = np.inf
+    v[valid:] = np.inf
     out = np.full((16, 16), np.nan, np.float16)
     source = _run_host(_tensor_core_module(build), [q, k, w, v, out], np.float16, tmp_path)
     assert "pto_a[kb]" in source
-    np.testing.assert_array_equal(out, w.astype(np.float64) @ v[:13])  # small integers: exact
+    np.testing.assert_array_equal(out, w.astype(np.float64) @ v[:valid])  # small integers: exact
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
@@ -1196,7 +1198,7 @@ def test_rows_reduced_in_registers_read_only_their_valid_columns(rows, tmp_path)
 
     rng = np.random.default_rng(rows)
     q, k = np.full((16, 16), 8, np.float16), np.full((16, 16), 8, np.float16)
-    w = rng.integers(-4, 0, (rows, 13)).astype(np.float16)  # every row's max below 0, the unset 0
+    w = rng.integers(-4, 0, (rows, 13)).astype(np.float16)  # past its columns s holds +inf
     out = np.full((rows, 1), np.nan, np.float16)
     source = _run_host(_tensor_core_module(build), [q, k, w, out], np.float16, tmp_path)
     assert "pto_frag_t_s" in source and "every column valid" in source

@@ -1445,7 +1445,7 @@ def _in_registers(g: Generator, dst: str, a: str, b: str | None, form: Form, exp
     statement = f"{{ const float x_a = pto_frag_{a}{element}{x_b}; pto_frag_{dst}{element} = {expression}; }}"
     if rows:
         return units.each(units.each_row(statement), unrolled=True)
-    return units.each(units.moved(statement), unrolled=True)
+    return units.each(units.computed(statement), unrolled=True)
 
 
 def _identity(spec: OpSpec, ctype: str) -> str:

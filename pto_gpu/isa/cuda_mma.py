@@ -201,18 +201,25 @@ class Units:
 
     def moved(self, statement: str) -> list[str]:
         """`statement` for each accumulator acc[n][e] of the unit and its element (r, c) of the
-        result, where that is in the valid region (vr, vc): a unit inside it (tested once) takes
-        every element with no test, the one whose elements the valid region cuts a test each."""
+        result, where that is in the valid region (vr, vc)."""
+        return self._elements("if (r < vr && c < vc) ", statement, "const long long")
 
-        def each(test: str) -> list[str]:
-            return ["PTO_UNROLL", f"for (int n = 0; n < {self.blocks}; ++n) {{", "    PTO_UNROLL",
-                    "    for (int e = 0; e < 4; ++e) {",
-                    "        [[maybe_unused]] const int r = r0 + g + 8 * (e / 2), "
-                    "c = c0 + 8 * n + t2 + e % 2;",
-                    f"        {test}{statement}", "    }", "}"]
+    def computed(self, statement: str) -> list[str]:
+        """moved's, for an instruction computing on tiles in registers: a unit inside the valid
+        region (tested once) takes every element with no test, one the region cuts a test each.
+        Not for moves between registers and memory (a result's TLOAD and TSTORE, accumulators
+        around a loop), which run once outside the loops that matter and whose two bodies cost
+        registers (the LLaMA MLP's matmul_acc spilled 20 bytes with them at two blocks an SM)."""
+        return [f"if (r0 + 16 <= vr && c0 + {8 * self.blocks} <= vc) {{",
+                *indent(self._elements("", statement, "[[maybe_unused]] const int")), "} else {",
+                *indent(self._elements("if (r < vr && c < vc) ", statement, "const int")), "}"]
 
-        return [f"if (r0 + 16 <= vr && c0 + {8 * self.blocks} <= vc) {{", *indent(each("")), "} else {",
-                *indent(each("if (r < vr && c < vc) ")), "}"]
+    def _elements(self, test: str, statement: str, index: str) -> list[str]:
+        """`statement` for each element, under `test`, its indices r and c declared `index`."""
+        return ["PTO_UNROLL", f"for (int n = 0; n < {self.blocks}; ++n) {{", "    PTO_UNROLL",
+                "    for (int e = 0; e < 4; ++e) {",
+                f"        {index} r = r0 + g + 8 * (e / 2), c = c0 + 8 * n + t2 + e % 2;",
+                f"        {test}{statement}", "    }", "}"]
 
     def registers(self, name: str) -> str:
         """The declaration of `name`, every turn's accumulators, zero."""
