@@ -4,7 +4,9 @@ a run the host's Python took, and the same benchmark here says how that host com
 
 - `element_tasks`: SUBMITS `scale` kernels on one-element tiles, in a chain or independent.
 - `gemm_in_tiles` / `gemm_in_tiles_compiled`: the N x N GEMM as GEMM_ROWS x GEMM_COLS output
-  tiles of a tile kernel over all of k, submitted from Python or by compiled code."""
+  tiles of a tile kernel over all of k, submitted from Python or by compiled code.
+
+And the figure both report: `per_task`."""
 
 import numba
 from pto_gpu.kernels.elementwise import scale
@@ -15,6 +17,11 @@ from pto_gpu import jit as pj
 SUBMITS = 2_000
 N = 8192
 GEMM_ROWS, GEMM_COLS = 1024, 128  # a task of the generated tiles' GEMM: bands of its rows
+
+
+def per_task(benchmark, tasks: int = SUBMITS) -> None:
+    """extra_info["us_per_task"]: a round's median time over its `tasks`."""
+    benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / tasks * 1e6
 
 
 def element_tasks(o, x, chain: bool):

@@ -7,14 +7,10 @@ extra_info["us_per_task"] = median / tasks."""
 
 import numpy as np
 import pytest
-from gpu_graphs import GEMM_COLS, GEMM_ROWS, SUBMITS, N, element_tasks, gemm_in_tiles
+from gpu_graphs import GEMM_COLS, GEMM_ROWS, SUBMITS, N, element_tasks, gemm_in_tiles, per_task
 from pto_gpu.kernels.tiles import matmul
 
 import pto_gpu as pto
-
-
-def per_task(benchmark, tasks: int) -> None:
-    benchmark.extra_info["us_per_task"] = benchmark.stats.stats.median / tasks * 1e6
 
 
 @pytest.mark.parametrize("chain", [True, False], ids=["chain", "independent"])
