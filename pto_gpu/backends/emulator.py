@@ -118,9 +118,11 @@ def check(result: int, call: str) -> None:
 def function(entry: ctypes._CFuncPtr | int, sizes: Sequence[int], context: int = 0) -> int:
     """A CUfunction of `entry` (an ENTRY, or the address of a C function of its signature),
     called with `context`, whose parameter i is sizes[i] bytes. The caller keeps both alive
-    while launches of it may run."""
+    while launches of it may run. The emulator is initialised first (cuInit): like the driver,
+    it refuses a function before."""
     address = entry if isinstance(entry, int) else ctypes.cast(entry, ctypes.c_void_p).value
     handle = ctypes.c_void_p()
+    driver()
     check(library().pto_emu_function(ctypes.byref(handle), address, context or None, len(sizes),
                                      (ctypes.c_ulonglong * len(sizes))(*sizes)), "pto_emu_function")
     return handle.value

@@ -507,7 +507,7 @@ def issue_prepared(t, driver, header, tasks, buffers, deps, task, kernel, worker
             t.words[task_at[i]] = own[i]
     status = _send(t, driver, task, kernel, worker, function, grid, block, shared, gemm[0], t.tensors[:0])
     if status == 0:
-        retire_reached(t, driver, header, tasks, buffers, deps, 1)
+        retire_reached(t, driver, header, tasks, buffers, deps, np.int64(1))  # see _issue_held
     return status
 
 
@@ -850,8 +850,11 @@ def _issue_held(t, driver, header, tasks, buffers, deps, args, go):
     RESUME where issue_logged stopped (at the log's first task now; held.upto: the tasks from
     there that were to go)."""
     h = t.held[0]
-    issued = issue_logged(t, driver, header, tasks, buffers, deps, args, t.held_log, 0, go,
-                          t.held_edges[:h.edges], False)
+    # A constant argument is typed as its literal value, and numba compiles a callee again for
+    # each literal (issue_logged and its _batch took 10 s and 5 s cold): np.int64 and np.bool_
+    # give the types of the calls from Python.
+    issued = issue_logged(t, driver, header, tasks, buffers, deps, args, t.held_log, np.int64(0), go,
+                          t.held_edges[:h.edges], np.bool_(False))
     _drop_held(t, issued)
     if issued < go:
         h.upto = go - issued

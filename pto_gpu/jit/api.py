@@ -124,19 +124,23 @@ _SHARING_SAME_VIEW = int(Sharing.SAME_VIEW)
 
 
 # --- params ------------------------------------------------------------------------------
+# A param's kind is a run-time int64, not its constant: numba types a constant as its literal
+# value and compiles `submit` for each tuple of them, so a body's (input, input, output) and
+# (inout, input, input) calls took a compile each (~3 s cold); now one for each count of params
+# (and types of scalars).
 @njit(cache=True, _nrt=False)
 def input(desc):  # noqa: A001 - the contract's name
-    return INPUT, desc
+    return np.int64(INPUT), desc
 
 
 @njit(cache=True, _nrt=False)
 def output(desc):
-    return OUTPUT, desc
+    return np.int64(OUTPUT), desc
 
 
 @njit(cache=True, _nrt=False)
 def inout(desc):
-    return INOUT, desc
+    return np.int64(INOUT), desc
 
 
 # --- memory ------------------------------------------------------------------------------
@@ -295,7 +299,7 @@ def submit(o, kernel_id, tensors, scalars=()):
     Only what reads the tuples (the checks of their lengths and the stores of the arguments
     into the slot the task will have) is compiled for each signature of a call; what follows
     takes the slot and is compiled once (`_enter`, `_queue`, `_placed`). A body calls submit
-    with several signatures (a LLaMA layer's, 8): compiled whole for each, they took ~15 s of
+    with several signatures (a LLaMA layer's, 6): compiled whole for each, they took ~15 s of
     numba's time each on a fresh machine (a 2-core Xeon VM), ~2 s now."""
     t = tables(o)
     n = len(tensors)
