@@ -75,7 +75,6 @@ from .context import (
     PARAM_DTYPE,
     PARAM_NDIM,
     PLACED_COMPILED,
-    PLACED_NOT,
     PLAN_DATATYPE,
     PLAN_DESC,
     PLAN_INDEX,
@@ -95,6 +94,7 @@ from .context import (
     VERSION_LIVE,
     VERSION_MADE,
     VERSION_WRITTEN,
+    PlacedOrchestratorType,
     tables,
 )
 from .descriptor import (
@@ -194,18 +194,10 @@ def alloc(o, shape, dtype, owner=-1):
             _service(t.meta, bridge.ERR_SCOPE_FULL, SCOPE_CAPACITY, 0, 0)
         t.scope[top] = seq
         t.meta[M_SCOPE_TOP] = top + 1
-    if t.meta[M_PLACED] and not _placed_here(t, seq, nbytes, itemsize, dtype, owner):
+    if _placer_hears_of_alloc(o, seq, nbytes, itemsize, dtype, owner):
         _name(t, desc, 0)
         _service(t.meta, bridge.SERVICE_ALLOCATED, seq, owner, 0)
     return desc
-
-
-@njit(cache=True, _nrt=False, inline="always")
-def _placed_here(t, seq, nbytes, itemsize, dtype, owner):
-    """Whether compiled placement keeps a new heap tile's tables itself, so that the Python
-    placer hears of it only if it must (placing.hold_allocated)."""
-    return (t.meta[M_PLACED] == PLACED_COMPILED
-            and placing.hold_allocated(t, seq, nbytes, itemsize, dtype, owner))
 
 
 @njit(cache=True, _nrt=False)
@@ -230,7 +222,7 @@ def _free(o, key):
     rings.buffer_free(t.header, t.buffers, key)
     if t.meta[M_VALIDATE]:
         _service(t.meta, bridge.SERVICE_CHECK, key, bridge.CHECK_FREE, 0)
-    if t.meta[M_PLACED] and not placing.release_held(t, key):
+    if _placer_hears_of_free(o, key):
         _service(t.meta, bridge.SERVICE_FREED, key, 0, 0)
 
 
@@ -250,17 +242,8 @@ def version_inc(o, desc):
 def owner_of(o, desc):
     """The rank owning the first element of `desc` (0 in one process): where tasks writing it
     run, and the owner to give a heap tile that accumulates it (alloc's `owner`)."""
-    t = tables(o)
     _check_usable(o, desc, -2, -1)
-    if t.meta[M_PLACED] == PLACED_NOT:
-        return 0
-    if t.meta[M_PLACED] == PLACED_COMPILED:
-        owner = placing.owner_of(t, desc)
-        if owner >= 0:
-            return owner
-    _name(t, desc, 0)
-    _service(t.meta, bridge.SERVICE_OWNER, 0, 0, 0)
-    return t.meta[M_ANSWER]
+    return _owner(o, desc)
 
 
 @njit(cache=True, _nrt=False)
@@ -313,13 +296,7 @@ def submit(o, kernel_id, tensors, scalars=()):
         return _queue(o, kernel_id, slot)
     slot = _free_slot(o, n)[1]
     _store_arguments(tables(o), slot, tensors, scalars)
-    if not t.meta[M_PLACED]:
-        return _enter(o, kernel_id, slot)
-    label, again = _placed(o, kernel_id, slot)
-    if again < 0:
-        return label
-    _store_arguments(tables(o), again, tensors, scalars)  # its transfers took the slot
-    return _placed_enter(o, kernel_id, again)
+    return _into_core(o, kernel_id, slot, tensors, scalars)
 
 
 @njit(cache=True, _nrt=False, inline="always")
@@ -374,6 +351,86 @@ def _entered(o, task_id, slot, n):
     t.meta[M_LOGGED] = logged + 1
     if logged + 1 >= t.meta[M_LOG_LIMIT]:
         _service(t.meta, bridge.SERVICE_FLUSH, 0, 0, 0)
+
+
+# --- a distributed run's paths ----------------------------------------------------------------
+# Each chosen by the type of `o` (context.PlacedOrchestratorType: a distributed run's), so the
+# code of other runs never compiles jit/placing.py's functions, nor `_placed`.
+_PLACED_PATH = {"_nrt": False}  # as the rest of this module: `o` passed without reference counts
+
+
+def _into_core(o, kernel_id, slot, tensors, scalars):
+    """A submit whose arguments are in `slot`, into the core (`_enter`), or a distributed run's
+    placed (`_placed`, whose transfers may take the slot first: the arguments are stored again
+    in the one `_placed_enter` takes); the task's id as users see it."""
+
+
+@overload(_into_core, jit_options=_PLACED_PATH)
+def _into_core_impl(o, kernel_id, slot, tensors, scalars):
+    if not isinstance(o, PlacedOrchestratorType):
+        return lambda o, kernel_id, slot, tensors, scalars: _enter(o, kernel_id, slot)
+
+    def placed(o, kernel_id, slot, tensors, scalars):
+        label, again = _placed(o, kernel_id, slot)
+        if again < 0:
+            return label
+        _store_arguments(tables(o), again, tensors, scalars)  # its transfers took the slot
+        return _placed_enter(o, kernel_id, again)
+
+    return placed
+
+
+def _placer_hears_of_alloc(o, seq, nbytes, itemsize, dtype, owner):
+    """Whether a distributed run's Python placer hears of a new heap tile: unless compiled
+    placement keeps its tables itself (placing.hold_allocated). Other runs have no placer."""
+
+
+@overload(_placer_hears_of_alloc, jit_options=_PLACED_PATH)
+def _placer_hears_of_alloc_impl(o, seq, nbytes, itemsize, dtype, owner):
+    if not isinstance(o, PlacedOrchestratorType):
+        return lambda o, seq, nbytes, itemsize, dtype, owner: False
+
+    def hears(o, seq, nbytes, itemsize, dtype, owner):
+        t = tables(o)
+        return not (t.meta[M_PLACED] == PLACED_COMPILED
+                    and placing.hold_allocated(t, seq, nbytes, itemsize, dtype, owner))
+
+    return hears
+
+
+def _placer_hears_of_free(o, key):
+    """Whether a distributed run's Python placer hears of a freed buffer: unless compiled
+    placement held it (placing.release_held). Other runs have no placer."""
+
+
+@overload(_placer_hears_of_free, jit_options=_PLACED_PATH)
+def _placer_hears_of_free_impl(o, key):
+    if not isinstance(o, PlacedOrchestratorType):
+        return lambda o, key: False
+    return lambda o, key: not placing.release_held(tables(o), key)
+
+
+def _owner(o, desc):
+    """The rank owning the first element of `desc`: 0 in one process; in a distributed run
+    compiled placement's answer where it has one, else the Python placer's (SERVICE_OWNER)."""
+
+
+@overload(_owner, jit_options=_PLACED_PATH)
+def _owner_impl(o, desc):
+    if not isinstance(o, PlacedOrchestratorType):
+        return lambda o, desc: 0
+
+    def owner(o, desc):
+        t = tables(o)
+        if t.meta[M_PLACED] == PLACED_COMPILED:
+            found = placing.owner_of(t, desc)
+            if found >= 0:
+                return found
+        _name(t, desc, 0)
+        _service(t.meta, bridge.SERVICE_OWNER, 0, 0, 0)
+        return t.meta[M_ANSWER]
+
+    return owner
 
 
 @njit(cache=True, _nrt=False)

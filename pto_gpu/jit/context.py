@@ -218,6 +218,21 @@ class JitOrchestrator(structref.StructRefProxy):
 structref.define_proxy(JitOrchestrator, JitOrchestratorType, list(FIELDS))
 
 
+@structref.register
+class PlacedOrchestratorType(JitOrchestratorType):
+    """A distributed run's `o` (meta M_PLACED not PLACED_NOT): a type of its own, so that only
+    its code compiles the placement paths (jit/api.py, "a distributed run's paths"). Every
+    run's compiled them before: a fifth of a fresh process's numba time (Xeon VM)."""
+
+
+class PlacedOrchestrator(structref.StructRefProxy):
+    """What a distributed run's compiled orchestration receives as `o`. (A subclass of
+    JitOrchestrator would be typed as one.)"""
+
+
+structref.define_proxy(PlacedOrchestrator, PlacedOrchestratorType, list(FIELDS))
+
+
 # `o`'s fields as a named tuple, for code compiled without numba's runtime (see `tables`).
 Tables = collections.namedtuple("Tables", FIELDS)
 # numba's MemInfo: reference count, destructor, its argument, data, size (nrtdynmod.py).
@@ -347,9 +362,10 @@ _KIND_BYTES = {kind: struct.pack("=q", kind) for kind in ParamKind}
 
 
 def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: np.ndarray,
-             kernel_shapes: np.ndarray, meta: np.ndarray) -> tuple[JitOrchestrator, dict[str, np.ndarray]]:
-    """A new context over the state's tables and the run's argument tables, and its fields for
-    the host side to read."""
+             kernel_shapes: np.ndarray, meta: np.ndarray
+             ) -> tuple[JitOrchestrator | PlacedOrchestrator, dict[str, np.ndarray]]:
+    """A new context over the state's tables and the run's argument tables (a PlacedOrchestrator
+    where meta M_PLACED says the run is distributed), and its fields for the host side to read."""
     i64 = np.int64
     fields = dict(
         header=state.header, tasks=state.tasks, buffers=state.buffers, deps=state.deps,
@@ -385,7 +401,8 @@ def allocate(state: cs.CoreState, args: ArgTables, num_externals: int, kernels: 
     fields["datatypes"][:, T_NDIM] = -1  # no region has: none known yet
     fields["layouts"][:, :, L_DESC + D_NDIM] = -1  # no descriptor has: nothing remembered yet
     fields["signatures"][:, G_COUNT] = -1
-    return JitOrchestrator(*(fields[name] for name in FIELDS)), fields
+    proxy = JitOrchestrator if meta[M_PLACED] == PLACED_NOT else PlacedOrchestrator
+    return proxy(*(fields[name] for name in FIELDS)), fields
 
 
 @njit(cache=True)
