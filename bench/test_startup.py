@@ -79,7 +79,8 @@ for orchestration in (tiled_matmul, tiled_matmul_compiled):
 
 def test_first_stream_executor_runs_on_the_cuda_backend_with_cold_caches(benchmark, tmp_path_factory):
     """numba's cache and the generated sources' folder empty: the stream executor's issue path
-    (driver_streams), the core and the orchestration's body compile before the first task."""
+    (driver_streams), the core and the orchestration's body compile before the first task (and
+    the emulator's C library builds, a few seconds a GPU's process does not spend)."""
 
     cold_run(benchmark, tmp_path_factory, COLD_STREAMS)
 

@@ -281,7 +281,8 @@ def submit(o, kernel_id, tensors, scalars=()):
 
     Only what reads the tuples (the checks of their lengths and the stores of the arguments
     into the slot the task will have) is compiled for each signature of a call; what follows
-    takes the slot and is compiled once (`_enter`, `_queue`, `_placed`). A body calls submit
+    takes the slot and is compiled once (`_enter`, `_queue`; a distributed run's `_placed`,
+    behind `_into_core`, which its type chooses for each signature). A body calls submit
     with several signatures (a LLaMA layer's, 6): compiled whole for each, they took ~15 s of
     numba's time each on a fresh machine (a 2-core Xeon VM), ~2 s now."""
     t = tables(o)
@@ -355,7 +356,8 @@ def _entered(o, task_id, slot, n):
 
 # --- a distributed run's paths ----------------------------------------------------------------
 # Each chosen by the type of `o` (context.PlacedOrchestratorType: a distributed run's), so the
-# code of other runs never compiles jit/placing.py's functions, nor `_placed`.
+# code of other runs never compiles `_placed` nor jit/placing.py's placement (plan, apply,
+# hold_allocated, release_held, owner_of; its `unwritable` check serves every run).
 _PLACED_PATH = {"_nrt": False}  # as the rest of this module: `o` passed without reference counts
 
 
@@ -418,7 +420,7 @@ def _owner(o, desc):
 @overload(_owner, jit_options=_PLACED_PATH)
 def _owner_impl(o, desc):
     if not isinstance(o, PlacedOrchestratorType):
-        return lambda o, desc: 0
+        return lambda o, desc: np.int64(0)  # an int64, as the placed one's: not a literal (see `input`)
 
     def owner(o, desc):
         t = tables(o)
