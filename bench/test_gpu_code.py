@@ -21,6 +21,9 @@ from pto_gpu.backends import cuda_abi
 from pto_gpu.isa import nvrtc
 from pto_gpu.isa.family import SPLIT_ROWS, family, family_of
 
+# What the CUDA backend sizes instances to on an H100 or H200 (the cubins here are sm_90's).
+H100 = cuda_abi.instance_shared(cuda_abi.BLOCK_SHARED["sm_90"])
+
 
 def band_code(shapes, dtype, band: int = tiles.TENSOR_BAND, chunk_k: int = tiles.TENSOR_CHUNK_K,
               result_floats: int = tiles.BAND_RESULT_FLOATS, tf32: bool = False) -> pto.CudaCode:
@@ -31,14 +34,14 @@ def band_code(shapes, dtype, band: int = tiles.TENSOR_BAND, chunk_k: int = tiles
     all three are the family's, else its builder declared again with tensor_band=band and made
     with the module's constants set to the others."""
     if (band, chunk_k, result_floats) == (tiles.TENSOR_BAND, tiles.TENSOR_CHUNK_K, tiles.BAND_RESULT_FLOATS):
-        return family_of(tiles.matmul).cuda(shapes, np.dtype(dtype), (), tf32=tf32)
+        return family_of(tiles.matmul).cuda(shapes, np.dtype(dtype), (), tf32=tf32, block_shared=H100)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tiles, "TENSOR_CHUNK_K", chunk_k)
         patch.setattr(tiles, "BAND_RESULT_FLOATS", result_floats)
         declared = family(worker=pto.CUBE, split="m", tensor_band=band, shapes=("m k", "k n", "m n"),
                           name="matmul")
         instances = family_of(declared(family_of(tiles.matmul).build))
-        return instances.cuda(shapes, np.dtype(dtype), (), tf32=tf32)
+        return instances.cuda(shapes, np.dtype(dtype), (), tf32=tf32, block_shared=H100)
 
 
 INSTANCES = {
@@ -67,7 +70,7 @@ def needs_nvrtc():
 @pytest.mark.parametrize("name", INSTANCES)
 def test_cold_compile(benchmark, name, dtype, tf32):
     kernel, shapes, scalars = INSTANCES[name]
-    code = family_of(kernel).cuda(shapes, np.dtype(dtype), scalars, tf32=tf32)
+    code = family_of(kernel).cuda(shapes, np.dtype(dtype), scalars, tf32=tf32, block_shared=H100)
     options = nvrtc.cupy_options(cuda_abi.nvrtc_options(code.source.parent, np.dtype(dtype), kernel.name), 90)
     source = code.source.read_text()
     ok, log, cubin = benchmark.pedantic(nvrtc.compile_source, (source, options, code.source.name), rounds=3)
@@ -89,7 +92,8 @@ MLP_SHAPES = ((128, 4096), (4096, 11008), (128, 11008))
 
 
 def _family_code(kernel, shapes, scalars=()):
-    return lambda dtype, tf32: family_of(kernel).cuda(shapes, np.dtype(dtype), scalars, tf32=tf32)
+    return lambda dtype, tf32: family_of(kernel).cuda(shapes, np.dtype(dtype), scalars, tf32=tf32,
+                                                      block_shared=H100)
 
 
 def _band_code(form: str):

@@ -14,6 +14,7 @@ import math
 from pto_gpu.kernels.tiles import COLUMN_BLOCK, column_blocks, contract
 
 import pto_gpu as pto
+from pto_gpu.backends.cuda_abi import SHARED_OPT_IN
 from pto_gpu.dtypes import DataType
 from pto_gpu.isa.builder import FunctionBuilder
 from pto_gpu.isa.cuda_mma import TENSOR_CORE_DTYPES
@@ -147,14 +148,15 @@ CPU_KEY_BLOCK = 128
 
 @family(worker=pto.CUBE, shapes=("h m d", "h n d", "h n d", "h m d"), scalars=("q_start", "causal"))
 def flash_attention_tile(f: FunctionBuilder, dtype: DataType, m: int, d: int, n: int,
-                         local_memory: int | None) -> None:
+                         local_memory: int | None, block_shared: int = SHARED_OPT_IN) -> None:
     """out = softmax(q·kᵀ/√d)·v over the n keys of k and v, the keys after each query masked
     when causal (query i is row q_start + i, key j row j; a row that sees no key, q_start + i
     < 0, is NaN, as a softmax over nothing is): a query tile's attention in one task, the
     online softmax over blocks of keys in a loop inside it, which stops at the last key a
     causal tile sees. The CUDA code goes
     over the tile's rows in passes and d in chunks where its tiles would not fit a block whole
-    (the first of `attention_sizes` that does)."""
+    (the first of `attention_sizes` that does on the GPU: a block holds an SM, so where the GPU
+    gives it the shared memory, sm_80's and sm_90's, q stays whole at head dim 128)."""
     if local_memory is None:  # the CPU: the whole tile a pass, BLAS over CPU_KEY_BLOCK keys
         sizes = m, min(n, CPU_KEY_BLOCK), d
     else:
@@ -162,7 +164,7 @@ def flash_attention_tile(f: FunctionBuilder, dtype: DataType, m: int, d: int, n:
         # the pass: 128 rows keep every warp at work; the other forms stay at 64
         widest = 128 if dtype in TENSOR_CORE_DTYPES else 64
         sizes = first_fitting(f, attention_sizes(m, d, n, widest),
-                              lambda trial, sizes: _attention(trial, dtype, m, d, n, *sizes))
+                              lambda trial, sizes: _attention(trial, dtype, m, d, n, *sizes), block_shared)
     _attention(f, dtype, m, d, n, *sizes)
 
 

@@ -64,25 +64,28 @@ class CudaCode:
     shared_bytes: int = 0
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
-                 tf32: bool = False) -> CudaCode:
+                 tf32: bool = False, block_shared: int | None = None) -> CudaCode:
         """The code that runs a call with these tensor shapes, element type and scalar values,
-        in a run that asks for TF32 products or not: this one (made once; a generated
-        function's own `tf32` says how it multiplies)."""
+        in a run that asks for TF32 products or not, on a GPU whose blocks may opt in to
+        `block_shared` bytes of shared memory (None: any GPU with tensor cores): this one (made
+        once, for any such GPU; a generated function's own `tf32` says how it multiplies)."""
         return self
 
 
 @dataclasses.dataclass(frozen=True)
 class CudaInstances:
     """CUDA code made for each call (a kernel family's, pto_gpu/isa/family.py):
-    `instance(shapes, dtype, scalars, tf32)` gives the CudaCode of that call's instance (with
-    `tf32`, its float32 products as TF32: Runtime(precision="tf32")). `library` as
+    `instance(shapes, dtype, scalars, tf32, block_shared)` gives the CudaCode of that call's
+    instance (with `tf32`, its float32 products as TF32: Runtime(precision="tf32"); for a GPU
+    whose blocks may opt in to `block_shared` bytes of shared memory, None: any GPU with tensor
+    cores). `library` as
     CudaCode's. `structural`: the positions of the scalars whose values pick the instance
     (None: every scalar's), so that launches of one instance share their preparation.
     `gemm`: the family's tasks are the product c = a @ b + gemm * c of their params (a, b, c),
     which the CUDA backend makes one cuBLAS call (backends/cublas.py) wherever their layout is
     cuBLAS's; None: not a product."""
 
-    instance: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple, bool], CudaCode]
+    instance: Callable[[tuple[tuple[int, ...], ...], np.dtype, tuple, bool, int | None], CudaCode]
     library: Callable | None = None
     structural: tuple[int, ...] | None = None
     gemm: float | None = None
@@ -90,8 +93,8 @@ class CudaInstances:
     library_only = False  # see CudaCode's
 
     def code_for(self, shapes: list[tuple[int, ...]], dtype: np.dtype, scalars: tuple,
-                 tf32: bool = False) -> CudaCode:
-        return self.instance(tuple(shapes), np.dtype(dtype), scalars, tf32)
+                 tf32: bool = False, block_shared: int | None = None) -> CudaCode:
+        return self.instance(tuple(shapes), np.dtype(dtype), scalars, tf32, block_shared)
 
 
 @dataclasses.dataclass(frozen=True)

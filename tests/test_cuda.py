@@ -40,7 +40,7 @@ from pto_gpu import isa
 from pto_gpu import jit as pj
 from pto_gpu.backends import cuda as cuda_backend
 from pto_gpu.backends import emulator
-from pto_gpu.backends.cuda_abi import SHARED_LIMIT
+from pto_gpu.backends.cuda_abi import SHARED_LIMIT, SHARED_OPT_IN
 from pto_gpu.backends.driver import CudaError
 from pto_gpu.runtime import cuda_unavailable
 
@@ -246,8 +246,8 @@ def test_orchestrations_on_cuda_match_the_serial_cpu_executor(name, executor, ba
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("executor", ["stream", "persistent"])
 @pytest.mark.parametrize("orchestration, d", [
-    (flash_attention, 32), (flash_attention_fused, 32), (flash_attention_fused, 64)],
-    ids=["tasks", "fused", "fused-d64"])
+    (flash_attention, 32), (flash_attention_fused, 32), (flash_attention_fused, 64),
+    (flash_attention_fused, 128)], ids=["tasks", "fused", "fused-d64", "fused-d128"])
 def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor(orchestration, d, executor,
                                                                                   backend, monkeypatch):
     """llama.pto's flash attention over float16 arrays (its memrefs retyped): the scores and
@@ -256,9 +256,11 @@ def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor
     probabilities and running output between tasks), so they agree to a float16 ulp or two of
     the output's scale, and both are within a few of float64 attention. The fused kernel keeps
     its scores, their rows' max and sum and its output in registers in whole rows; at head dim
-    64 its blocks of q, k and v, k and v in three buffers each, take more than 48 KiB of shared
+    64 its blocks of q, k and v, k and v in four buffers each, take more than 48 KiB of shared
     memory a block: its launches are opted in (the emulator, as a GPU, refuses them otherwise);
-    at head dim 32 (k and v in four) and the three-task form's kernels take less."""
+    at head dim 32 and the three-task form's kernels take less. At head dim 128 a block holds
+    its q whole, which only a GPU with more than SHARED_OPT_IN a block gives it (the emulated
+    one is an H100's kind)."""
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((2, 100, d)).astype(np.float16) for _ in range(3))
     want = np.zeros_like(q)
@@ -274,7 +276,8 @@ def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor
     monkeypatch.setattr(rt.backend, "allow_shared", noted)
     device = [rt.backend.to_device(x) for x in (q, k, v, np.zeros_like(q))]
     rt.run(orchestration, *device, tile=64, causal=True)
-    assert (max(allowed) > SHARED_LIMIT) == (orchestration is flash_attention_fused and d == 64)
+    assert (max(allowed) > SHARED_LIMIT) == (orchestration is flash_attention_fused and d >= 64)
+    assert (max(allowed) > SHARED_OPT_IN) == (orchestration is flash_attention_fused and d == 128)
     got = rt.backend.to_host(device[3]).astype(np.float64)
     exact = attention(q, k, v, causal=True)
     scale = np.abs(exact).max()

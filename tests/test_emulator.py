@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pto_gpu.backends import driver, emulator
+from pto_gpu.backends.emulated_device import EmulatedDevice
 from pto_gpu.errors import PTOError
 
 SUCCESS, INVALID_VALUE, NOT_INITIALIZED, INVALID_HANDLE = 0, 1, 3, 400
@@ -257,7 +258,8 @@ def test_kernel_params_are_copied_at_launch(emu):
 def test_dynamic_shared_memory_past_48_kib_needs_the_function_opted_in(emu):
     """As on a GPU: a launch may give a block 48 KiB of dynamic shared memory, more once
     cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) allows it, up to an
-    sm_90 block's 227 KiB; the bound is the function's."""
+    sm_90 block's 227 KiB (what the emulated device says a block may opt in to); the bound is
+    the function's."""
     given = []
     probe = emu.kernel(lambda grid, block, shared, params, context: given.append(shared) or 0, [])
     other = emu.kernel(lambda grid, block, shared, params, context: 0, [])
@@ -268,7 +270,10 @@ def test_dynamic_shared_memory_past_48_kib_needs_the_function_opted_in(emu):
     assert emu.launch(probe, stream, shared=96 * 1024) == SUCCESS
     assert emu.launch(probe, stream, shared=96 * 1024 + 16) == INVALID_VALUE
     assert emu.launch(other, stream, shared=96 * 1024) == INVALID_VALUE
-    assert emu.cu.func_set_attribute(probe, opt_in, 227 * 1024 + 1) == INVALID_VALUE
+    ceiling = EmulatedDevice.block_shared
+    assert ceiling == 227 * 1024
+    assert emu.cu.func_set_attribute(other, opt_in, ceiling) == SUCCESS
+    assert emu.cu.func_set_attribute(probe, opt_in, ceiling + 1) == INVALID_VALUE
     assert emu.cu.func_set_attribute(probe, opt_in, -1) == INVALID_VALUE
     assert emu.cu.func_set_attribute(probe, 0, 1024) == INVALID_VALUE  # attributes not emulated
     assert emu.cu.func_set_attribute(None, opt_in, 1024) == INVALID_HANDLE

@@ -454,6 +454,39 @@ def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
         assert re.search(r"pto_ldmatrix\(&fb\[4 \* p\], &t_k_part", source), (m, d)
 
 
+# q, k and v of a 128-row pass at head dim 128 in float16, each a buffer: 69,632 bytes.
+ATTENTION_D128_TILES = (128 + 64 + 64) * 136 * 2  # rows of 128 columns padded to 136
+
+
+@pytest.mark.parametrize("arch", sorted(cuda_abi.BLOCK_SHARED))
+def test_the_fused_attention_keeps_q_whole_where_the_gpu_gives_its_block_the_room(arch):
+    """A fused attention block holds an SM (its registers allow one block an SM), so its tiles
+    may take half of what a block may opt in to on the GPU (Generator.tile_budget): at head dim
+    128 its 128-row passes keep q whole where that half holds q, k and v (sm_80's 163 KiB, sm_90's
+    227), loaded once a pass, and every load in the loop over key blocks is a copy started a
+    block or more ahead; on a GPU of 99 KiB a block (sm_86, sm_89, sm_120) q comes in chunks of
+    64 columns, loaded again every key block, as on every GPU before. Either way the block
+    takes no more than the GPU gives. A matmul band (two blocks an SM) is the same code on every
+    GPU."""
+    block_shared = cuda_abi.instance_shared(cuda_abi.BLOCK_SHARED[arch])
+    shapes = ((4, 128, 128), (4, 2048, 128), (4, 2048, 128), (4, 128, 128))
+    code = family_of(llm.flash_attention_tile).cuda(shapes, np.dtype(np.float16), (0, 1),
+                                                    block_shared=block_shared)
+    source = code.source.read_text()
+    loop = source.index("for (long long i_key")
+    whole = block_shared // 2 >= ATTENTION_D128_TILES
+    assert whole == (arch in ("sm_80", "sm_87", "sm_90", "sm_100"))
+    assert all(load.start() < loop for load in re.finditer("// TLOAD %q_part", source)) == whole
+    in_loop = re.findall(r"// TLOAD [^\n]*", source[loop:])
+    assert all(load.endswith("ahead") for load in in_loop) == whole, in_loop
+    assert code.shared_bytes <= block_shared and (code.shared_bytes > cuda_abi.SHARED_OPT_IN) == whole
+    band = ((1024, 512), (512, 128), (1024, 128))
+    matmul = family_of(tiles.matmul)
+    code = matmul.cuda(band, np.dtype(np.float16), (), block_shared=block_shared)
+    assert "PTO_ENTRY(2)" in code.source.read_text()
+    assert code.source == matmul.cuda(band, np.dtype(np.float16), ()).source
+
+
 @pytest.mark.parametrize("first_position", [4096, 32000])
 def test_rope_keeps_float32_accuracy_far_into_the_sequence(first_position, tmp_path):
     """The angles are float64 tiles (a float32 angle of 4000 is off by 2e-4 rad): float32 x

@@ -6,6 +6,7 @@ its instances are known, the errors, and the module's GPU build."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import re
@@ -545,6 +546,19 @@ def attention_module():
     assert len(members) >= 5 and max(member.code.shared_bytes for member in members) > 0
     assert {member.dtype for member in members} == {np.dtype(t) for t in ELEMENT_TYPES}
     return persistent_module.write(members)
+
+
+def test_an_instance_whose_tiles_leave_no_room_for_the_schedulers_words_is_refused_by_name():
+    """The persistent kernel's block holds an instance's tiles and then the scheduler's piece
+    words: an instance the CUDA backend sized for the GPU (cuda_abi.instance_shared of what a
+    block may opt in to) fits; 16 bytes more is refused, naming its source."""
+    ceiling = emulated_device.EmulatedDevice.block_shared
+    room = cuda_abi.instance_shared(ceiling)
+    fits = pto.CudaCode(Path("pto_k_0123.cu"), lambda shapes: 1, shared_bytes=room)
+    persistent_module.check_shared(fits, ceiling)
+    over = dataclasses.replace(fits, shared_bytes=room + 16)
+    with pytest.raises(PTOError, match=rf"pto_k_0123.cu takes {room + 16} bytes .* over the {ceiling}"):
+        persistent_module.check_shared(over, ceiling)
 
 
 def test_the_hosts_record_of_the_task_records_is_the_kernels_field_by_field():

@@ -80,6 +80,7 @@ class Device(Protocol):
     heap_base: int
     heap_bytes: int
     runs_libraries: bool  # whether kernels' `library` implementations (CuPy) run here
+    block_shared: int  # the dynamic shared memory a block may opt in to (cuda_abi.BLOCK_SHARED)
 
     def resolve(self, array: object) -> ExternalArray: ...
 
@@ -142,6 +143,7 @@ class CudaBackend:
         self.name = device.name
         self.device = device
         self.tf32 = precision == "tf32"  # families' float32 products as TF32 (cuda_abi.PRECISIONS)
+        self.block_shared = cuda_abi.instance_shared(device.block_shared)  # an instance's block's
         self._driver = device.driver
         self.heap_base = device.heap_base
         self.heap_bytes = device.heap_bytes
@@ -461,7 +463,7 @@ class CudaBackend:
 
     def _generated(self, kernel, call: _Call) -> tuple[CudaCode, int, tuple[bool, ...]]:
         """The generated code of a call's instance, its work items, and each scalar's word type."""
-        code = kernel.cuda.code_for(call.shapes, call.dtype, call.scalars, self.tf32)
+        code = kernel.cuda.code_for(call.shapes, call.dtype, call.scalars, self.tf32, self.block_shared)
         return code, code.items(call.shapes), cuda_abi.scalar_kinds(code.integer_scalars, call.scalars)
 
     def _blas(self) -> cublas.Handles:

@@ -19,11 +19,25 @@ MAX_DIMS = 3
 THREADS_PER_BLOCK = 256  # every launch's block: the generated kernels' warps and shared memory assume it
 # A block's shared memory: its tiles are sized to SHARED_LIMIT (what a block gets without opting
 # in); with the other buffers of loads ahead (cp.async) it may take up to SHARED_OPT_IN, twice
-# that, which every GPU with tensor cores the generated code uses (sm_80 and later: 99 KiB a
-# block on sm_86, sm_89 and sm_120, 163 on sm_80, 227 on sm_90) gives a function opted in
-# (cuFuncSetAttribute), with 3 KiB to spare for static shared memory.
+# that, which every GPU with tensor cores the generated code uses (sm_80 and later) gives a
+# function opted in (cuFuncSetAttribute), with 3 KiB to spare for static shared memory. A kernel
+# that holds an SM alone may take more where the GPU has it (cuda_codegen.Generator.tile_budget):
+# BLOCK_SHARED is what a block may opt in to on each (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 SHARED_LIMIT = 48 * 1024
 SHARED_OPT_IN = 2 * SHARED_LIMIT
+BLOCK_SHARED = {"sm_80": 166_912, "sm_86": 101_376, "sm_87": 166_912, "sm_89": 101_376, "sm_90": 232_448,
+                "sm_100": 232_448, "sm_120": 101_376}
+MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97  # the device attribute (CUdevice_attribute, cudaDeviceAttr)
+# The persistent kernel's words after an instance's tiles (persistent_module.shared_bytes): the
+# piece of its task a block runs and of how many (pto_persistent.cuh), padded.
+PIECE_BYTES = 16
+
+
+def instance_shared(block_shared: int) -> int:
+    """The shared memory a generated instance's block may take on a GPU whose blocks may opt in
+    to `block_shared` bytes: less the persistent kernel's words after its tiles, so that an
+    instance runs on either executor."""
+    return block_shared - PIECE_BYTES
 # What every generated source pastes at its top, and the persistent kernel's module once.
 HEADER = Path(__file__).parent.parent / "isa" / "pto_isa.cuh"
 # What a generated source with products laid out for wgmma pastes after it (sm_90a's products).

@@ -37,6 +37,8 @@ class CupyDevice:
         self.heap_base = self._heap.ptr
         self.heap_bytes = heap_bytes
         self._device_id = cupy.cuda.runtime.getDevice()
+        self.block_shared = cupy.cuda.runtime.deviceGetAttribute(cuda_abi.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                                                 self._device_id)
         self.driver = libcuda()
         self._modules: dict[tuple[Path, np.dtype], object] = {}
         self._functions: dict[tuple[Path, np.dtype, str], object] = {}

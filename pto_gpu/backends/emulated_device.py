@@ -46,6 +46,7 @@ PERSISTENT_BLOCKS = 4
 class EmulatedDevice:
     name = "cuda-emulated"
     runs_libraries = False  # CuPy's cuBLAS is not here: the matmuls run their generated code
+    block_shared = cuda_abi.BLOCK_SHARED["sm_90"]  # cuda_emulator.c's MAX_DYNAMIC_SHARED: an H100's
 
     def __init__(self, heap_bytes: int, emulate: str = "gpu-code"):
         if emulate not in EMULATE:

@@ -21,7 +21,7 @@ import numpy as np
 from .. import generated
 from ..errors import PTOError
 from ..kernel import CudaCode
-from .cuda_abi import HEADER, SHARED_OPT_IN, THREADS_PER_BLOCK, type_defines
+from .cuda_abi import HEADER, PIECE_BYTES, THREADS_PER_BLOCK, type_defines
 from .persistent_host import PROTOCOL
 
 SUPPORT = PROTOCOL.with_name("pto_persistent.cuh")
@@ -43,18 +43,20 @@ class ModuleInstance(NamedTuple):
 
 def check(code: CudaCode, dtype: np.dtype) -> None:
     """Raise PTOError where `code` for element type `dtype` cannot be an instance of the module:
-    not generated code, tiles over a block's shared memory as laid out here, or a type the CUDA
-    kernels are not built for."""
+    not generated code, or a type the CUDA kernels are not built for."""
     type_defines(dtype, code.source.stem)
     if "PTO_TASK(" not in code.source.read_text():
         raise PTOError(f'executor="persistent" runs the generated CUDA code of PTO programs; {code.source} '
                        "is not generated code (it has no PTO_TASK entry)")
-    if code.shared_bytes > SHARED_OPT_IN:
+
+
+def check_shared(code: CudaCode, block_shared: int) -> None:
+    """Raise PTOError where the module's block with `code`'s tiles as laid out here would take
+    more shared memory than a block may opt in to on the GPU, `block_shared` bytes."""
+    if shared_bytes([code]) > block_shared:
         raise PTOError(f'executor="persistent": {code.source.name} takes {code.shared_bytes} bytes of shared '
-                       f"memory, over the {SHARED_OPT_IN} of a block")
-
-
-PIECE_BYTES = 16  # the piece of its task a block runs and of how many (pto_persistent.cuh), padded
+                       f"memory, and the scheduler's words {PIECE_BYTES} more: over the {block_shared} a "
+                       "block may take on this GPU")
 
 
 def _task_bytes(codes: Sequence[CudaCode]) -> int:

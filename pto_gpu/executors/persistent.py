@@ -49,7 +49,7 @@ import numpy as np
 from ..backends.cuda_abi import MAX_BLOCKS
 from ..backends.launches import MAX_WORDS
 from ..backends.persistent_host import NO_WORK, Abort, Shown, Sizes, State
-from ..backends.persistent_module import NAME, ModuleInstance, check, shared_bytes, write
+from ..backends.persistent_module import NAME, ModuleInstance, check, check_shared, shared_bytes, write
 from ..dtypes import WorkerType
 from ..errors import DeadlockError, InvariantError, PTOError, TaskError
 from ..first_calls import first_calls, preparing
@@ -358,6 +358,7 @@ class PersistentExecutor:
         if k is None:
             try:
                 check(*member)
+                check_shared(member.code, self._device.block_shared)
             except PTOError as cause:
                 raise TaskError.of(task, cause) from cause
             k = self._index[_key(member)] = len(codes)

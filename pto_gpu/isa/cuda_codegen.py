@@ -137,22 +137,27 @@ WHOLE_ROW_FLOATS = 112
 _IN_REGISTERS = frozenset({Form.UNARY, Form.BINARY, Form.TILE_SCALAR, Form.MASK, Form.GENERATE,
                            Form.ROW_EXPAND, Form.ROW_REDUCE})
 # The most buffers a tile loaded ahead takes (Generator._prefetched): one read, the others'
-# copies in flight (CUTLASS's sm_80 GEMMs keep 3 to 5 stages). As many as fit SHARED_OPT_IN.
+# copies in flight (CUTLASS's sm_80 GEMMs keep 3 to 5 stages). As many as fit
+# Generator.block_room.
 MAX_STAGES = 4
 _COMPARE = {Predicate.LT: "<", Predicate.LE: "<=", Predicate.GT: ">", Predicate.GE: ">=", Predicate.EQ: "==",
             Predicate.NE: "!="}
 
 
-def cuda_source(module: Module, function: str, split: tuple[str, ...] = ()) -> str:
+def cuda_source(module: Module, function: str, split: tuple[str, ...] = (),
+                block_shared: int = SHARED_OPT_IN) -> str:
     """The CUDA C of InCore function `function` of `module`, callees inlined; with `split`, its
-    rows over blocks (see Generator)."""
-    return _generator(module, function, split).source()
+    rows over blocks (see Generator); for a GPU whose blocks may opt in to `block_shared` bytes
+    of shared memory (Generator.tile_budget)."""
+    return _generator(module, function, split, block_shared).source()
 
 
-def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, ...] = ()) -> CudaCode:
+def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, ...] = (),
+              block_shared: int = SHARED_OPT_IN) -> CudaCode:
     """The pto.CudaCode of an InCore function: its generated source, written to
-    cache_dir/<name>_<hash>.cu, and the work items of its launch."""
-    generator = _generator(module, function, split)
+    cache_dir/<name>_<hash>.cu, and the work items of its launch; `block_shared` as
+    cuda_source's."""
+    generator = _generator(module, function, split, block_shared)
     source = generator.source()
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{function}_{digest}.cu"
@@ -166,26 +171,27 @@ def cuda_code(module: Module, function: str, cache_dir: Path, split: tuple[str, 
                     batches=True, shared_bytes=generator.shared_offsets()[1])
 
 
-def _generator(module: Module, function: str, split: tuple[str, ...]) -> Generator:
+def _generator(module: Module, function: str, split: tuple[str, ...], block_shared: int) -> Generator:
     """The generator of `function`: products on tensor cores (tensor_core_dtypes) where what
     they keep in shared memory fits (operands, and results not in registers), else every
     product on FMA; in column blocks where its tiles need more registers or shared memory than
     a block has."""
-    generator = Generator(module, function, split, tensor_cores=True)
-    if generator.tensor_products and generator.shared_bytes() > SHARED_LIMIT:
-        generator = Generator(module, function, split, tensor_cores=False)
+    generator = Generator(module, function, split, tensor_cores=True, block_shared=block_shared)
+    if generator.tensor_products and generator.shared_bytes() > generator.tile_budget():
+        generator = Generator(module, function, split, tensor_cores=False, block_shared=block_shared)
     if not generator.within_budget():
         generator = _in_column_blocks(generator, split)
     generator.check_shared()
     return generator
 
 
-def fits(module: Module, function: str) -> bool:
+def fits(module: Module, function: str, block_shared: int = SHARED_OPT_IN) -> bool:
     """Whether the CUDA code of InCore `function` is laid out as first tried: its products on
-    tensor cores where their dtypes allow, its tiles within SHARED_LIMIT of shared memory and
-    REGISTER_WORDS registers a lane (else cuda_code takes FMA or column blocks, or refuses):
-    for a family trying sizes of its tiles."""
-    return Generator(module, function, tensor_cores=True).within_budget()
+    tensor cores where their dtypes allow, its tiles within its tile_budget of shared memory on
+    a GPU whose blocks may opt in to `block_shared` bytes, and within REGISTER_WORDS registers a
+    lane (else cuda_code takes FMA or column blocks, or refuses): for a family trying sizes of
+    its tiles."""
+    return Generator(module, function, tensor_cores=True, block_shared=block_shared).within_budget()
 
 
 def _in_column_blocks(generator: Generator, split: tuple[str, ...]) -> Generator:
@@ -203,7 +209,8 @@ def _in_column_blocks(generator: Generator, split: tuple[str, ...]) -> Generator
             refusal = refusal or why
             continue
         module = Module(generator.module.name, {**generator.module.functions, function.name: narrowed})
-        blocked = Generator(module, function.name, split, tensor_cores=True)
+        blocked = Generator(module, function.name, split, tensor_cores=True,
+                            block_shared=generator.block_shared)
         blocked.note = (f"columns in blocks of {block} (at {width}, its tiles would hold "
                         f"{generator.register_words()} registers a lane)")
         if blocked.within_budget():
@@ -315,7 +322,8 @@ class Generator:
     of the split memrefs depend only on the same rows of the others split (a product's a and
     result, attention's query rows), which the caller (a family) vouches for."""
 
-    def __init__(self, module: Module, name: str, split: tuple[str, ...] = (), tensor_cores: bool = False):
+    def __init__(self, module: Module, name: str, split: tuple[str, ...] = (), tensor_cores: bool = False,
+                 block_shared: int = SHARED_OPT_IN):
         verify_module(module)
         function = module.functions.get(name)
         if function is None:
@@ -329,6 +337,7 @@ class Generator:
             raise ISAError(f"@{name}: its memrefs are {', '.join(dtypes)}; CUDA code is generated for one "
                            "element type (PTO_T) per kernel")
         self.module, self.function = module, function
+        self.block_shared = block_shared  # what a block may opt in to on the GPU (tile_budget)
         # Products on tensor cores (mma.sync, compute type float): the tiles are float in every
         # build of such a kernel, so shared memory counts 4 bytes an element.
         self.tensor_cores = tensor_cores and tensor_core_kernel(function)
@@ -380,10 +389,10 @@ class Generator:
                        and use.dst in self.fragments and use.srcs[1] not in self.fragments}
         self.packed = self._packed()
         self.swizzled, self.wgmma = self._wgmma()
+        self.block = bool(self.whole or self.hazards)
         self.staged: set[str] = set()  # tiles in `stages` buffers: one read, the others copied into
         self.prefetched, self.stages = self._prefetched()
         self.staged = {prefetch.tile for prefetch in self.prefetched}
-        self.block = bool(self.whole or self.hazards)
         if split and not self.block:
             raise ISAError(f"@{name}: its rows cannot be split over blocks: it is in the row layout, whose "
                            "grid is over rows already")
@@ -649,14 +658,14 @@ class Generator:
         run while the products of the iterations before do, and the buffers each such tile
         takes (stages): each into a packed tile (read only by products, whose barriers fence
         the buffers) from a memref the kernel never stores (so the copy may run early). All
-        such loads, in as many buffers, up to MAX_STAGES, as fit SHARED_OPT_IN beside the
+        such loads, in as many buffers, up to MAX_STAGES, as fit block_room beside the
         other tiles as they are laid out (shared_offsets: a packed tile's bytes are a multiple
         of 16); where not even two do (the tiles of a kernel within budget take at most
-        SHARED_LIMIT, half of it, so only if their rounding to 16 bytes tips it), two for
+        tile_budget, half of it, so only if their rounding to 16 bytes tips it), two for
         those that fit, in the loops' order."""
         candidates = [prefetch for prefetch in self.prefetches
                       if prefetch.tile in self.packed and prefetch.param not in self.stored]
-        room = SHARED_OPT_IN - self.shared_offsets()[1]
+        room = self.block_room() - self.shared_offsets()[1]
         per_stage = sum(map(self.buffer_bytes, {prefetch.tile for prefetch in candidates}))
         stages = min(MAX_STAGES, 1 + room // per_stage) if per_stage else 1
         if stages >= 2 or not candidates:
@@ -716,8 +725,8 @@ class Generator:
         return (self.stages if tile in self.staged else 1) * self.buffer_bytes(tile)
 
     def shared_bytes(self) -> int:
-        """The shared memory its tiles take, a buffer each: what SHARED_LIMIT bounds (the other
-        buffers of loads ahead come on top, within SHARED_OPT_IN)."""
+        """The shared memory its tiles take, a buffer each: what tile_budget bounds (the other
+        buffers of loads ahead come on top, within block_room)."""
         return sum(map(self.buffer_bytes, self.whole))
 
     def shared_offsets(self) -> tuple[dict[str, int], int]:
@@ -754,17 +763,36 @@ class Generator:
         small = self.tensor_products and self.register_words() <= TWO_BLOCK_WORDS
         return 2 if small else 1
 
+    def holds_an_sm(self) -> bool:
+        """Whether a block of it is alone on its SM: a tensor-core kernel whose registers hold it
+        to one block an SM (resident_blocks), so the SM's shared memory is its block's."""
+        return bool(self.tensor_products) and self.resident_blocks() == 1
+
+    def tile_budget(self) -> int:
+        """The shared memory its tiles may take, a buffer each: SHARED_LIMIT, which leaves two
+        blocks an SM room for loads ahead on any GPU; a kernel that holds an SM, half of what a
+        block may opt in to where that is more (so that each load ahead still has a second
+        buffer beside them): the fused attention's q whole at head dim 128 on sm_80 and sm_90,
+        where it took q in chunks loaded again every key block."""
+        return max(SHARED_LIMIT, self.block_shared // 2) if self.holds_an_sm() else SHARED_LIMIT
+
+    def block_room(self) -> int:
+        """The shared memory a block of it may take, loads ahead's buffers included: what a
+        block may opt in to on the GPU where it holds an SM, else SHARED_OPT_IN (two blocks an
+        SM on an H100's 228 KiB)."""
+        return self.block_shared if self.holds_an_sm() else min(SHARED_OPT_IN, self.block_shared)
+
     def within_budget(self) -> bool:
-        """Whether its tiles fit a block: SHARED_LIMIT bytes of shared memory, REGISTER_WORDS
+        """Whether its tiles fit a block: tile_budget bytes of shared memory, REGISTER_WORDS
         registers a lane."""
-        return self.shared_bytes() <= SHARED_LIMIT and self.register_words() <= REGISTER_WORDS
+        return self.shared_bytes() <= self.tile_budget() and self.register_words() <= REGISTER_WORDS
 
     def check_shared(self) -> None:
-        size = self.shared_bytes()
-        if size > SHARED_LIMIT:
+        size, budget = self.shared_bytes(), self.tile_budget()
+        if size > budget:
             kind = "float" if self.tensor_cores else "float64"
             raise ISAError(f"@{self.function.name}: the tiles read whole ({', '.join(sorted(self.whole))}) "
-                           f"need {size} bytes of shared memory as {kind}, over {SHARED_LIMIT}")
+                           f"need {size} bytes of shared memory as {kind}, over {budget}")
 
     # --- emission ---------------------------------------------------------------------------
     def source(self) -> str:

@@ -20,7 +20,11 @@ passed to the builder by name and their value is part of the instance key. A bui
 takes a `local_memory` keyword is told the target's budget for tiles read whole, in bytes:
 None on the CPU (no limit), cuda_codegen.SHARED_LIMIT for CUDA code; so it can chunk a
 contraction for the GPU's shared memory and not for the CPU's BLAS. `first_fitting` lets it
-try sizes against the generator itself (the fused attention's passes, key blocks and chunks).
+try sizes against the generator itself (the fused attention's passes, key blocks and chunks);
+one that takes a `block_shared` keyword is told what a block may opt in to on the GPU the
+instance is for (not told on the CPU), which first_fitting passes on: a kernel that holds an SM may
+take more than SHARED_LIMIT where the GPU has it (cuda_codegen.Generator.tile_budget), so its
+instances are per such GPU.
 
 `split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
 more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
@@ -76,7 +80,9 @@ class Family:
         self.structural_names = structural
         self.tensors = len(self.shapes)
         self.batched = any(len(words) == 3 for words in self.shapes)
-        self.budgeted = "local_memory" in inspect.signature(build).parameters
+        parameters = inspect.signature(build).parameters
+        self.budgeted = "local_memory" in parameters
+        self.sized_to_gpu = "block_shared" in parameters
         self._modules: dict[tuple, Module] = {}
         self._cpu: dict[tuple, Callable] = {}  # call signature -> ready-to-call CPU entry
         self._cuda: dict[tuple, CudaCode] = {}
@@ -109,9 +115,13 @@ class Family:
         return tuple(sizes.items())
 
     def module(self, sizes: tuple[tuple[str, int], ...], dtype: DataType, structural: tuple,
-               local_memory: int | None = None, tf32: bool = False) -> Module:
-        """The instance's module; with `tf32` (float32 only), its function says tf32."""
+               local_memory: int | None = None, tf32: bool = False,
+               block_shared: int | None = None) -> Module:
+        """The instance's module; with `tf32` (float32 only), its function says tf32.
+        `local_memory` and `block_shared` reach a builder that takes them (the module's doc)."""
         budget = {"local_memory": local_memory} if self.budgeted else {}
+        if self.sized_to_gpu and block_shared is not None:
+            budget["block_shared"] = block_shared
         key = (sizes, dtype, structural, tf32, *budget.values())
         with self._lock:
             module = self._modules.get(key)
@@ -142,7 +152,9 @@ class Family:
                                  for d, w in enumerate(words)) for words in self.shapes)
             try:
                 sizes = self.sizes(shapes)
-                modules = [self.module(sizes, DataType.FLOAT32, (), budget) for budget in budgets]
+                modules = [self.module(sizes, DataType.FLOAT32, (), budget,
+                                       block_shared=None if budget is None else cuda_codegen.SHARED_OPT_IN)
+                           for budget in budgets]
             except Exception:  # noqa: BLE001 - whatever a builder raises: not judged, so not shared
                 return Sharing.NONE
             functions += [module.functions[self.name] for module in modules]
@@ -230,24 +242,29 @@ class Family:
             return self._native[key, batched]
 
     def cuda(self, shapes: tuple[tuple[int, ...], ...], dtype: np.dtype, scalars: tuple,
-             tf32: bool = False) -> CudaCode:
+             tf32: bool = False, block_shared: int | None = None) -> CudaCode:
         """The CUDA code of the instance for a call with these shapes and scalar values; with
         `tf32`, its float32 products on tensor cores as TF32 (docs/ISA.md; other element types
-        are as they are)."""
+        are as they are); for a GPU whose blocks may opt in to `block_shared` bytes of shared
+        memory (None: SHARED_OPT_IN, what every GPU with tensor cores gives)."""
         tf32 = tf32 and as_dtype(dtype) == DataType.FLOAT32
+        if block_shared is None:
+            block_shared = cuda_codegen.SHARED_OPT_IN
         sizes = self.sizes(shapes)
         banded = self._banded(sizes, as_dtype(dtype))
         instance = (banded, as_dtype(dtype), tuple(scalars[i] for i in self.structural))
-        key = (*instance, tf32, banded != sizes)  # a band of a taller call, or the whole of one
+        key = (*instance, tf32, banded != sizes, block_shared)  # banded: a band of a taller call
         code = self._cuda.get(key)
         if code is None:
             with preparing(), self._lock:
                 code = self._cuda.get(key)
                 if code is None:
-                    module = self.module(*instance, local_memory=cuda_codegen.SHARED_LIMIT, tf32=tf32)
+                    module = self.module(*instance, local_memory=cuda_codegen.SHARED_LIMIT, tf32=tf32,
+                                         block_shared=block_shared)
                     split = self._split_memrefs(module) if banded != sizes else ()
                     directory = generated.cache_dir()
-                    code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory, split)
+                    code = self._cuda[key] = cuda_codegen.cuda_code(module, self.name, directory, split,
+                                                                    block_shared)
         return code
 
     def band(self, dtype: DataType) -> int:
@@ -277,12 +294,13 @@ class Family:
         return print_module(self.module(self.sizes(shapes), as_dtype(dtype), structural, local_memory))
 
 
-def first_fitting(f: FunctionBuilder, candidates: Sequence[T],
-                  write: Callable[[FunctionBuilder, T], None]) -> T:
+def first_fitting(f: FunctionBuilder, candidates: Sequence[T], write: Callable[[FunctionBuilder, T], None],
+                  block_shared: int = cuda_codegen.SHARED_OPT_IN) -> T:
     """The first of `candidates` (a family's sizes for its tiles, most preferred first) with
     which `write` writes a function whose CUDA code, after tile reuse, is laid out as first
-    tried (cuda_codegen.fits): each written into a sibling of `f` (its name and precision).
-    None fitting is an ISAError naming the function and the last candidate."""
+    tried on a GPU whose blocks may opt in to `block_shared` bytes (cuda_codegen.fits): each
+    written into a sibling of `f` (its name and precision). None fitting is an ISAError naming
+    the function and the last candidate."""
     name = "?"
     for candidate in candidates:
         trial = f.sibling()
@@ -290,7 +308,7 @@ def first_fitting(f: FunctionBuilder, candidates: Sequence[T],
         module = Module("trial")
         module.add(function := trial.build())
         name = function.name
-        if cuda_codegen.fits(optimize.optimize_module(module), name):
+        if cuda_codegen.fits(optimize.optimize_module(module), name, block_shared):
             return candidate
     tried = f"the smallest tried: {candidates[-1]}" if candidates else "no size to try"
     raise ISAError(f"@{name}: no size of its tiles fits a CUDA block's shared memory and registers ({tried})")

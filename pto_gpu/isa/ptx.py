@@ -34,7 +34,8 @@ def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm
         raise PTOError(f"gpu_code: {name} has no CUDA code (a kernel family, a kernel compiled from a PTO "
                        "program, or one declared with cuda=pto.CudaCode(...) has)")
     code = kernel.cuda.code_for([tuple(s) for s in shapes], np.dtype(dtype), tuple(scalars),
-                                check_precision(precision, "gpu_code") == "tf32")
+                                check_precision(precision, "gpu_code") == "tf32",
+                                _block_shared(arch))
     options = cuda_abi.nvrtc_options(code.source.parent, np.dtype(dtype), kernel.name)
     try:
         ok, log, ptx = nvrtc.compile_source(code.source.read_text(),
@@ -45,3 +46,10 @@ def gpu_code(kernel: Kernel, shapes, dtype, scalars: tuple = (), arch: str = "sm
     if not ok:
         raise ISAError(f"{kernel.name}: NVRTC could not compile its CUDA code for {arch}:\n{log}")
     return ptx.rstrip(b"\0").decode()
+
+
+def _block_shared(arch: str) -> int | None:
+    """What an instance's block may take on a GPU of `arch`, as the CUDA backend sizes it there
+    (None where the table has no such GPU: any GPU with tensor cores)."""
+    block_shared = cuda_abi.BLOCK_SHARED.get(arch.removesuffix("a"))
+    return None if block_shared is None else cuda_abi.instance_shared(block_shared)
