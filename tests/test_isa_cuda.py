@@ -1155,6 +1155,50 @@ def test_scores_reduced_by_rows_and_multiplied_again_stay_in_registers_in_whole_
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("second_b", ["loaded before", "loaded over the first"])
+def test_products_that_only_read_shared_memory_meet_no_barrier_between_them_but_a_write_does(second_b,
+                                                                                              tmp_path):
+    """Two products of 16-bit tiles whose results stay in registers only read shared memory, so
+    no barrier comes between them, nor between them and the instructions on registers that
+    follow: the barrier after a read waits for an instruction that may write shared memory.
+    Where the second product's b is loaded over the first's tile, that load is such a write, and
+    the barrier comes before it (without it, warps that ran ahead would overwrite b while others
+    still read it for the first product: the host build runs warps in both orders between
+    barriers). Small integers: exact on both sides, equal to the interpreter bit for bit."""
+    over = second_b == "loaded over the first"
+
+    def build(f):
+        f.memref("a", F16, (16, 32)).memref("b", F16, (32, 32)).memref("c", F16, (32, 32))
+        f.memref("out", F16, (16, 32)).memref("out2", F16, (16, 32))
+        f.tile("ta", 16, 32, F16).tile("tb", 32, 32, F16).tile("r1", 16, 32, F16).tile("r2", 16, 32, F16)
+        f.load("ta", "a").load("tb", "b")
+        second = "tb" if over else "tc"
+        if not over:
+            f.tile("tc", 32, 32, F16).load("tc", "c")
+        f.matmul("r1", "ta", "tb").adds("r1", "r1", 1.0)
+        if over:
+            f.load("tb", "c")
+        f.matmul("r2", "ta", second).store("out", "r1").store("out2", "r2")
+
+    rng = np.random.default_rng(11)
+    a, b, c = (rng.integers(-2, 3, shape).astype(np.float16) for shape in ((16, 32), (32, 32), (32, 32)))
+    module = _tensor_core_module(build)
+    arrays = [a, b, c, np.zeros((16, 32), np.float16), np.zeros((16, 32), np.float16)]
+    source = _run_host(module, arrays, np.float16, tmp_path)
+    kernel = source[source.index("pto_k("):]
+    first, rest = kernel.split("// TMATMUL %r2")[0].split("// TMATMUL %r1")
+    assert "pto_frag_t_r1" in kernel and "pto_frag_t_r2" in kernel  # results in registers
+    assert ("__syncthreads" in rest) == over, rest
+    if over:  # the barrier before the load, which writes what the first product read
+        assert rest.index("__syncthreads") < rest.index("// TLOAD %tb, %c")
+    want = [a, b, c, np.zeros((16, 32), np.float16), np.zeros((16, 32), np.float16)]
+    interpret.run(module, "k", *want)
+    np.testing.assert_array_equal(arrays[3], want[3])
+    np.testing.assert_array_equal(arrays[4], want[4])
+    np.testing.assert_array_equal(arrays[3], a.astype(np.float64) @ b + 1)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 @pytest.mark.parametrize("valid", [13, 15])
 def test_a_product_reads_only_the_valid_columns_of_its_a_in_registers(valid, tmp_path):
     """s = exp(q·kᵀ) is infinite everywhere, then loaded over from w, `valid` columns of its 16:

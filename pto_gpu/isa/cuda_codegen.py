@@ -23,7 +23,8 @@ Two layouts, chosen per function:
                 rows of one when the function is a band of a taller call), its warps
                 own rows warp, warp+PTO_WARPS, ...; the whole-tile operands live in shared
                 memory, and a __syncthreads() comes before and after each whole-tile read and
-                each access of such a memref. The tiles are references into the block's
+                each access of such a memref, but none between reads (Generator._emit).
+                The tiles are references into the block's
                 dynamic shared memory at offsets (PTO_SHARED, Generator.shared_offsets),
                 whose bytes the launch gives (CudaCode.shared_bytes).
 
@@ -855,6 +856,7 @@ class Generator:
             self._declarations(out)
             self._emit_body(out, self.body, self.returns, self.label)
             out.add("__syncthreads();  // the next index's shared memory writes wait for this one's reads")
+            out.owed = False
             out.indent -= 1
             out.add("}")
         else:
@@ -936,10 +938,23 @@ class Generator:
         for statement in body:
             self._emit(out, statement)
         if returns:
+            out.settle()  # the paths that meet at the label owe nothing
             out.add(f"{label}:;")
 
     def _emit(self, out: Lines, statement) -> None:
+        """A statement's lines, and the barriers its shared memory needs (the block layout):
+        before and after an instruction that reads or writes a tile whole, or accesses a memref
+        where threads meet (hazards), except that reads need none between them: where an
+        instruction only reads shared memory whole (a product whose result is in registers),
+        its barrier after waits (`out.owed`) past instructions that touch no shared memory for
+        the first that may write it, and an instruction of such reads after it needs none
+        before. Scalar statements touch none. Paths meet owing the same: a loop settles what it
+        owes before it and at its body's end, an IF's branch what it owes that the other path
+        does not, a RETURN's jump before it (FlashAttention-2's key block: a barrier before its
+        products and one after, where four were)."""
         if isinstance(statement, str):
+            if statement.startswith("goto "):
+                out.settle()
             out.add(statement)
         elif isinstance(statement, _Inlined):
             out.add(f"{{  // {statement.where}")
@@ -949,28 +964,78 @@ class Generator:
             out.add("}")
         elif isinstance(statement, _Loop) and statement.ahead and \
                 (early := [load for load in statement.ahead.loads if load in self.prefetched]):
+            out.settle()
             self._emit_prefetching(out, statement, early)
+        elif isinstance(statement, _Loop) and statement.head.startswith("if "):
+            self._emit_if(out, statement)
         elif isinstance(statement, _Loop):
+            out.settle()
             out.add(statement.head + " {")
             out.indent += 1
             for inner in statement.body:
                 self._emit(out, inner)
+            out.settle()  # for the next iteration's instructions, or those after the loop
             out.indent -= 1
-            if statement.orelse is not None:
-                out.add("} else {")
-                out.indent += 1
-                for inner in statement.orelse:
-                    self._emit(out, inner)
-                out.indent -= 1
             out.add("}")
         else:
-            whole = statement.whole(self) if callable(statement.whole) else statement.whole
-            barrier = self.block and (whole or statement.memref in self.hazards)
+            self._emit_instruction(out, statement)
+
+    def _emit_if(self, out: Lines, statement: _Loop) -> None:
+        """An IF: each branch from the barrier owed before it; where the branches (or a branch
+        and the path around it) end owing differently, what is owed is settled."""
+        owed = out.owed
+        ends = []
+        out.add(statement.head + " {")
+        for branch in (statement.body, statement.orelse):
+            if branch is None:
+                ends.append(owed)
+                continue
+            if ends:
+                out.indent -= 1
+                out.add("} else {")
+            out.owed = owed
+            out.indent += 1
+            for inner in branch:
+                self._emit(out, inner)
+            if out.owed and not owed:  # started owing here: the other path does not
+                out.settle()
+            ends.append(out.owed)
+        out.indent -= 1
+        out.add("}")
+        out.owed = ends[0]
+        if ends[0] != ends[1]:
+            out.barrier()
+
+    def _emit_instruction(self, out: Lines, statement: Code) -> None:
+        whole = statement.whole(self) if callable(statement.whole) else statement.whole
+        barrier = self.block and (whole or statement.memref in self.hazards)
+        reads, writes = self._shared(statement)
+        if self.block and not barrier and reads is not None and not reads and not writes:
+            out.extend(statement.lines(self))  # no shared memory, no memref threads meet at
+        elif barrier and reads and writes is not None and not writes and statement.memref not in self.hazards:
+            if not out.owed:  # else only reads came since the last barrier
+                out.barrier()
+            out.extend(statement.lines(self))
+            out.owed = True
+        else:
+            out.settle()
             if barrier:
                 out.barrier()
             out.extend(statement.lines(self))
             if barrier:
                 out.barrier()
+
+    def _shared(self, statement: Code) -> tuple[set[str] | None, set[str] | None]:
+        """The tiles in shared memory an instruction reads and those it writes (a transpose
+        read in place stands for its source); (None, None) where it may touch any, as a product
+        laid out for wgmma (its reads are the async proxy's) may."""
+        if statement.touches is None:
+            return None, None
+        reads, writes = statement.touches(self)
+        if any(tile in self.wgmma or tile in self.swizzled for tile in (*reads, *writes)):
+            return None, None
+        return ({self.transposed.get(tile, tile) for tile in reads} & self.whole,
+                {self.transposed.get(tile, tile) for tile in writes} & self.whole)
 
     def _emit_prefetching(self, out: Lines, loop: _Loop, early: list[_Prefetch]) -> None:
         """A FOR whose `early` loads copy `stages` - 1 iterations ahead: the first iterations'
@@ -979,8 +1044,9 @@ class Generator:
         iteration waits for its own group, and the buffers turn at its end (the tile is the
         buffer read, pto_next_ the one copied into). The load's place in the body keeps its
         valid region, and the products' barriers order the buffers: the copy into a buffer
-        starts after the products of the iteration before have read it, and it lands before
-        any product of its own iteration reads it."""
+        starts after the products of the iteration before have read it (the barrier owed after
+        them is settled at the body's end), and it lands before any product of its own
+        iteration reads it."""
         ahead, stages = loop.ahead, self.stages
 
         def buffer(tile: str, later: int) -> str:
@@ -1020,6 +1086,7 @@ class Generator:
             out.extend(for_wgmma(["pto_wgmma_fence_operands();  // the copies, seen by wgmma's reads"]))
         for inner in loop.body:
             self._emit(out, inner)
+        out.settle()  # the next iteration's copies write buffers this one's products read
         out.add(f"if ({ahead.runs(ahead.after(ahead.var, 1))}) {{")
         for load in early:
             out.add(f"    {{  // {load.tile}'s buffers turn")
@@ -1343,8 +1410,14 @@ class Context:
         if spec.form in _SCALAR_FORMS:
             return self.scalar_op(op, spec, where)
         self.note_uses(op, spec)
-        rule = _TILE_RULES[spec.form]
-        return rule(self, op, spec, where)
+        code = _TILE_RULES[spec.form](self, op, spec, where)
+        if code.touches is None:  # its operands: the sources read, the destination written
+            operands = signature(spec)
+            reads = tuple(self.names[value] for value, operand in zip(op.srcs, operands[1:])
+                          if operand.kind is Kind.TILE)
+            writes = (self.names[op.dst],) if operands[0].kind is Kind.TILE else ()
+            code.touches = lambda g: (reads, writes)
+        return code
 
     def note_uses(self, op: Op, spec: OpSpec) -> None:
         """How the instruction writes and reads tiles (Generator._broadcast, _transposed,
@@ -1641,7 +1714,13 @@ def _transfer(ctx: Context, op: Op, spec: OpSpec, where: str) -> Code:
         return (load and tile in g.packed and p in g.stored) or \
             (tile in g.fragments and (others or (not load and moving)))
 
-    return Code(lines, memref=p, whole=whole)
+    def touches(g: Generator) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """A TLOAD copied ahead moves nothing here (its copies are the loop's: _emit_prefetching)."""
+        if not load:
+            return (tile,), ()
+        return (), () if prefetch in g.prefetched else (tile,)
+
+    return Code(lines, memref=p, whole=whole, touches=touches)
 
 
 def _packed_load(tile: str, declared: Tile, window: str, param: str, swizzled: bool,

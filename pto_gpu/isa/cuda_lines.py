@@ -16,11 +16,15 @@ WARPS = THREADS_PER_BLOCK // WARP  # warps a block, every launch's
 
 
 class Lines:
-    """A source being written: lines at the current indent (in levels of four spaces)."""
+    """A source being written: lines at the current indent (in levels of four spaces), and
+    whether a barrier is owed: shared memory read whole since the last one, by instructions
+    that wrote none of it, whose barrier after them waits for the next instruction that may
+    write it (Generator._emit)."""
 
     def __init__(self):
         self.lines: list[str] = []
         self.indent = 0
+        self.owed = False
 
     def add(self, line: str) -> None:
         self.lines.extend("    " * self.indent + part for part in line.split("\n"))
@@ -33,6 +37,12 @@ class Lines:
         """A __syncthreads(), unless the line before is one."""
         if not self.lines or self.lines[-1].strip() != "__syncthreads();":
             self.add("__syncthreads();")
+        self.owed = False
+
+    def settle(self) -> None:
+        """The barrier owed, if one is."""
+        if self.owed:
+            self.barrier()
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -43,12 +53,15 @@ class Code:
     """One tile instruction: `lines(generator)` writes it once the layout is known. In the block
     layout a __syncthreads() comes before and after it when it reads or writes a tile whole
     (`whole`, or `whole(generator)` where that depends on the layout) or accesses a memref that
-    needs it (Generator.hazards). The generator is cuda_codegen's Generator, whose rules read
-    more of it than any one Protocol would say."""
+    needs it (Generator.hazards), except where `touches(generator)`, the tiles it reads and
+    those it writes (C names), says that no other thread's access could meet its own there
+    (Generator._emit). None: it may touch any. The generator is cuda_codegen's Generator, whose
+    rules read more of it than any one Protocol would say."""
 
     lines: Callable[[Any], list[str]]
     whole: bool | Callable[[Any], bool] = False
     memref: str | None = None
+    touches: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]]] | None = None
 
 
 def indent(lines: list[str], levels: int = 1) -> list[str]:
