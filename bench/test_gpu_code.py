@@ -80,7 +80,7 @@ def test_cold_compile(benchmark, name, dtype, tf32):
 # The generated GEMM tile's forms bench/test_gpu.py -k generated_tiles measures (band_code's rows
 # a band, widest chunk of k, a band's result floats a lane): the family's, a 32-row band, chunks
 # of 96 and 48 (2 and 4 buffers at 64 rows, to the family's 3), a 128 x 128 band (a block an SM;
-# chunks of 64 in 2 buffers, of 32 in 4).
+# chunks of 64 and of 32, each in 4 buffers on an H100).
 BAND_FORMS = {"band64": (tiles.TENSOR_BAND, tiles.TENSOR_CHUNK_K, tiles.BAND_RESULT_FLOATS),
               "band32": (SPLIT_ROWS, tiles.TENSOR_CHUNK_K, tiles.BAND_RESULT_FLOATS),
               "band64-chunk96": (tiles.TENSOR_BAND, 96, tiles.BAND_RESULT_FLOATS),

@@ -97,6 +97,20 @@ def test_small_tensor_core_kernels_are_fitted_to_two_blocks_an_sm():
     assert blocks(llm.flash_attention_tile, attention, np.float16, (0, 1)) == 1
 
 
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32],
+                         ids=lambda t: np.dtype(t).name)
+def test_a_16_bit_kernels_exp_is_the_fast_one_and_others_keep_expf(dtype):
+    """TEXP in a 16-bit kernel is __expf, x times log2(e) and then ex2.approx, whose error stays
+    far inside the 16-bit rounding its results take (pto_isa.cuh, pto_exp); a float32 kernel's
+    exp keeps expf's range reduction around its ex2.approx."""
+    attention = [(2, 64, 64), (2, 256, 64), (2, 256, 64), (2, 64, 64)]
+    ptx = isa.gpu_code(llm.flash_attention_tile, attention, dtype, (0, 1), arch="sm_90")
+    exps = len(re.findall(r"ex2\.approx", ptx))
+    log2e_then_ex2 = r"mul(?:\.ftz)?\.f32\s+(%f\d+), %f\d+, 0f3FB8AA3B;\s*ex2\.approx\.ftz\.f32\s+%f\d+, \1;"
+    fast = re.findall(log2e_then_ex2, ptx)
+    assert exps > 0 and len(fast) == (exps if np.dtype(dtype).itemsize == 2 else 0)
+
+
 def test_16_bit_kernels_build_for_older_gpus_unless_they_need_tensor_cores():
     """sm_75 has no mma.sync.m16n8k16: a float16 kernel without products builds for it, one
     with a product is refused by the compiler with the reason."""

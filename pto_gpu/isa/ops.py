@@ -99,7 +99,7 @@ _SPECS = [
     OpSpec("TMAX", "max", Form.BINARY, np.maximum, "max({a}, {b})", "fmax({a}, {b})"),
     OpSpec("TMIN", "min", Form.BINARY, np.minimum, "min({a}, {b})", "fmin({a}, {b})"),
     # element-wise, one tile
-    OpSpec("TEXP", "exp", Form.UNARY, np.exp, "math.exp({a})", "exp({a})"),
+    OpSpec("TEXP", "exp", Form.UNARY, np.exp, "math.exp({a})", "pto_exp({a})"),
     OpSpec("TLOG", "log", Form.UNARY, np.log, "math.log({a})", "log({a})"),
     OpSpec("TSQRT", "sqrt", Form.UNARY, np.sqrt, "math.sqrt({a})", "sqrt({a})"),
     OpSpec("TRSQRT", "rsqrt", Form.UNARY, lambda x: 1.0 / np.sqrt(x), "math.sqrt(1.0 / {a})", "rsqrt({a})"),

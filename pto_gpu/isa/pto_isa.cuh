@@ -856,6 +856,18 @@ __device__ inline void pto_mma(float d[4], const unsigned a[4], const unsigned b
 #endif
 #endif
 
+// TEXP, computed in ACC. A 16-bit kernel's exp is the fast one, ex2.approx of x log2(e) (results
+// below float's normal range flush to 0): within 2 + 1.17 |x| ulps of float (the CUDA guide's
+// bound for __expf: 2^-18.7 relative where |x| <= 16, 2^-16.3 at 88), far inside the rounding to T
+// its results take when stored or multiplied, 2^-11 (float16) or 2^-8 (bfloat16), as
+// FlashAttention-2's scores take it. Other types keep exp; the host build has exp for all.
+#if defined(__CUDACC__) && (defined(PTO_HALF) || defined(PTO_BF16))
+__device__ inline float pto_exp(float x) { return __expf(x); }
+#else
+__device__ inline float pto_exp(float x) { return exp(x); }
+#endif
+__device__ inline double pto_exp(double x) { return exp(x); }
+
 #if defined(PTO_HALF) || defined(PTO_BF16)
 // Tensor-core operands kept in shared memory as T (cuda_codegen's packed tiles): a fragment
 // register is two neighbouring elements of T, the lower index in the low 16 bits, taken as their
