@@ -487,6 +487,26 @@ def test_the_fused_attention_keeps_q_whole_where_the_gpu_gives_its_block_the_roo
     assert code.source == matmul.cuda(band, np.dtype(np.float16), ()).source
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+@pytest.mark.parametrize("arch, d", [("sm_80", 128), ("sm_86", 256)])
+def test_the_fused_attention_sized_to_other_gpus_matches_numpy(arch, d, tmp_path):
+    """The instances sized to GPUs the emulator is not (it is an H100's kind), built for the
+    host: an A100's at head dim 128 (q whole, k and v in three buffers: 139,264 bytes a block),
+    and a 99 KiB GPU's at 256, whose room a little past 96 KiB gives k and v a third buffer
+    (100,864 bytes). Both equal float64 numpy within the kernel tolerance."""
+    kernel = llm.flash_attention_tile
+    block_shared = cuda_abi.instance_shared(cuda_abi.BLOCK_SHARED[arch])
+    rng = np.random.default_rng(d)
+    q, k, v = (rng.standard_normal((1, rows, d)).astype(np.float16) for rows in (128, 200, 200))
+    inputs = [q, k, v, np.zeros_like(q)]
+    code = family_of(kernel).cuda(tuple(a.shape for a in inputs), np.dtype(np.float16), (0, 1),
+                                  block_shared=block_shared)
+    assert cuda_abi.SHARED_OPT_IN < code.shared_bytes <= block_shared
+    expected = _expected(kernel, inputs, (0, 1))
+    _host_call(host_cuda.build(code, np.float16, tmp_path), kernel, code, inputs, (0, 1))
+    _assert_matches(kernel, inputs, expected, np.float16)
+
+
 @pytest.mark.parametrize("first_position", [4096, 32000])
 def test_rope_keeps_float32_accuracy_far_into_the_sequence(first_position, tmp_path):
     """The angles are float64 tiles (a float32 angle of 4000 is off by 2e-4 rad): float32 x
