@@ -259,8 +259,8 @@ def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor
     64 its blocks of q, k and v, k and v in four buffers each, take more than 48 KiB of shared
     memory a block: its launches are opted in (the emulator, as a GPU, refuses them otherwise);
     at head dim 32 and the three-task form's kernels take less. At head dim 128 a block holds
-    its q whole, which only a GPU with more than SHARED_OPT_IN a block gives it (the emulated
-    one is an H100's kind)."""
+    its q whole where the GPU gives it more than SHARED_OPT_IN (an A100, an H100: the emulated
+    one is an H100's kind; not a 99 KiB GPU)."""
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((2, 100, d)).astype(np.float16) for _ in range(3))
     want = np.zeros_like(q)
@@ -277,7 +277,9 @@ def test_float16_flash_attention_on_tensor_cores_matches_the_serial_cpu_executor
     device = [rt.backend.to_device(x) for x in (q, k, v, np.zeros_like(q))]
     rt.run(orchestration, *device, tile=64, causal=True)
     assert (max(allowed) > SHARED_LIMIT) == (orchestration is flash_attention_fused and d >= 64)
-    assert (max(allowed) > SHARED_OPT_IN) == (orchestration is flash_attention_fused and d == 128)
+    # q, k and v whole at 64 rows of 128 columns (rows padded to 136): on a GPU with the room
+    roomy = rt.backend.block_shared // 2 >= 3 * 64 * 136 * 2
+    assert (max(allowed) > SHARED_OPT_IN) == (orchestration is flash_attention_fused and d == 128 and roomy)
     got = rt.backend.to_host(device[3]).astype(np.float64)
     exact = attention(q, k, v, causal=True)
     scale = np.abs(exact).max()
