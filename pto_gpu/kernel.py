@@ -78,8 +78,7 @@ class CudaInstances:
     `instance(shapes, dtype, scalars, tf32, block_shared)` gives the CudaCode of that call's
     instance (with `tf32`, its float32 products as TF32: Runtime(precision="tf32"); for a GPU
     whose blocks may opt in to `block_shared` bytes of shared memory, None: any GPU with tensor
-    cores). `library` as
-    CudaCode's. `structural`: the positions of the scalars whose values pick the instance
+    cores). `library` as CudaCode's. `structural`: the positions of the scalars whose values pick the instance
     (None: every scalar's), so that launches of one instance share their preparation.
     `gemm`: the family's tasks are the product c = a @ b + gemm * c of their params (a, b, c),
     which the CUDA backend makes one cuBLAS call (backends/cublas.py) wherever their layout is

@@ -31,13 +31,6 @@ MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97  # the device attribute (CUdevice_attribu
 # The persistent kernel's words after an instance's tiles (persistent_module.shared_bytes): the
 # piece of its task a block runs and of how many (pto_persistent.cuh), padded.
 PIECE_BYTES = 16
-
-
-def instance_shared(block_shared: int) -> int:
-    """The shared memory a generated instance's block may take on a GPU whose blocks may opt in
-    to `block_shared` bytes: less the persistent kernel's words after its tiles, so that an
-    instance runs on either executor."""
-    return block_shared - PIECE_BYTES
 # What every generated source pastes at its top, and the persistent kernel's module once.
 HEADER = Path(__file__).parent.parent / "isa" / "pto_isa.cuh"
 # What a generated source with products laid out for wgmma pastes after it (sm_90a's products).
@@ -49,6 +42,13 @@ COMPILE_OPTIONS = {
     np.dtype(np.float16): ("-DPTO_T=__half", "-DPTO_ACC=float", "-DPTO_HALF"),
     np.dtype(ml_dtypes.bfloat16): ("-DPTO_T=__nv_bfloat16", "-DPTO_ACC=float", "-DPTO_BF16"),
 }
+
+
+def instance_shared(block_shared: int) -> int:
+    """The shared memory a generated instance's block may take on a GPU whose blocks may opt in
+    to `block_shared` bytes: less the persistent kernel's words after its tiles, so that an
+    instance runs on either executor."""
+    return block_shared - PIECE_BYTES
 
 
 # How a run's float32 tile products are computed in generated CUDA code: exactly (FMA), or on

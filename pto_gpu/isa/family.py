@@ -22,9 +22,9 @@ None on the CPU (no limit), cuda_codegen.SHARED_LIMIT for CUDA code; so it can c
 contraction for the GPU's shared memory and not for the CPU's BLAS. `first_fitting` lets it
 try sizes against the generator itself (the fused attention's passes, key blocks and chunks);
 one that takes a `block_shared` keyword is told what a block may opt in to on the GPU the
-instance is for (not told on the CPU), which first_fitting passes on: a kernel that holds an SM may
-take more than SHARED_LIMIT where the GPU has it (cuda_codegen.Generator.tile_budget), so its
-instances are per such GPU.
+instance is for (not on the CPU), which first_fitting passes on: a kernel that holds an SM
+may take more than SHARED_LIMIT where the GPU has it (cuda_codegen.Generator.tile_budget), so
+its instances are per GPU.
 
 `split` names a size whose rows the CUDA code spreads over blocks of SPLIT_ROWS: a call with
 more is the instance for SPLIT_ROWS of them, run over bands of rows by blocks side by side
