@@ -454,8 +454,8 @@ def test_flash_attention_tiles_sizes_fit_shared_memory_with_tensor_cores():
         assert re.search(r"pto_ldmatrix\(&fb\[4 \* p\], &t_k_part", source), (m, d)
 
 
-# q, k and v of a 128-row pass at head dim 128 in float16, each a buffer: 69,632 bytes.
-ATTENTION_D128_TILES = (128 + 64 + 64) * 136 * 2  # rows of 128 columns padded to 136
+# q, k and v of a 128-row pass at head dim 128 in float16, a buffer each (rows padded to 136)
+ATTENTION_D128_TILES = (128 + 64 + 64) * 136 * 2
 
 
 @pytest.mark.parametrize("arch", sorted(cuda_abi.BLOCK_SHARED))
